@@ -1,0 +1,46 @@
+// Attention entry points. Each dispatches on the tensors' device (CPU kernels, or CUDA kernels
+// when built with CUDA) and validates every argument first: bad input throws tessel::Error and
+// writes nothing.
+//
+// Layout: q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out (B, S_q, H_q, D), same dtype as q.
+// GQA: H_q % H_kv == 0, query head h reads kv head h / (H_q / H_kv).
+// lse: optional fp32 (B, H_q, S_q), natural log with the scale folded in; -inf for rows with no key
+// (their output is 0). Pass an empty TensorView{} to skip it.
+#pragma once
+
+#include <cstdint>
+
+#include "tessel/core/tensor.h"
+#include "tessel/kernels/block_mask_view.h"
+
+namespace tessel {
+
+struct AttentionOptions {
+  float scale = 0.0f;        // 0 means 1/sqrt(D)
+  bool causal = false;       // bottom-right aligned when S_q != S_kv (FlashAttention's convention)
+  int64_t window_left = -1;  // sliding window in tokens; -1 = unbounded
+  int64_t window_right = -1;
+
+  // Query i may see key j iff lo(i) <= j <= hi(i) where, with shift = S_kv - S_q,
+  //   hi = causal ? min(i + shift, i + shift + window_right) : i + shift + window_right (if >= 0)
+  //   lo = i + shift - window_left (if window_left >= 0)
+};
+
+// Effective scale: options.scale, or 1/sqrt(head_dim) when it is 0.
+float attention_scale(const AttentionOptions& options, int64_t head_dim);
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& lse, const AttentionOptions& options = {});
+
+// Visits only the kv blocks the mask keeps for each (batch, head, q block). Token-level causal /
+// window limits in `options` still apply inside kept blocks.
+void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+                                    const AttentionOptions& options = {});
+
+// Combines two partial results over disjoint key sets (max-shifted form of DESIGN.md).
+// out_* (B, S, H, D) any float dtype; lse_* fp32 (B, H, S). out/lse may alias a or b.
+void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                            const TensorView& lse_b, const TensorView& out, const TensorView& lse);
+
+}  // namespace tessel

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tessel needs, only those missing (idempotent: no-op when all present).
+set -euo pipefail
+packages=(
+  build-essential   # g++ (C++20) and make
+  cmake             # build system
+  libgtest-dev      # GoogleTest: unit tests
+  libbenchmark-dev  # Google Benchmark: micro-benchmarks
+  nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
+  libcli11-dev      # CLI11: command-line parsing of the tessel CLI
+  libpng-dev        # libpng: `tessel mask` pictures
+  libomp-dev        # OpenMP runtime headers (g++ uses libgomp; kept for clang builds)
+  libopenblas-dev   # BLAS: reference comparisons in CPU benchmarks
+)
+missing=()
+for entry in "${packages[@]}"; do
+  pkg=${entry%% *}
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

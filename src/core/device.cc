@@ -1,0 +1,52 @@
+#include "tessel/core/device.h"
+
+#include <string>
+
+#include "tessel/core/error.h"
+
+#ifdef TESSEL_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace tessel {
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+Device parse_device(std::string_view name) {
+  if (name == "cpu") return Device::cpu();
+  if (name == "cuda") return Device::cuda(0);
+  if (name.substr(0, 5) == "cuda:") {
+    const std::string digits(name.substr(5));
+    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos)
+      return Device::cuda(std::stoi(digits));
+  }
+  fail_argument("device", "cpu, cuda or cuda:N", std::string(name));
+}
+
+bool cuda_compiled() {
+#ifdef TESSEL_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_available() {
+#ifdef TESSEL_WITH_CUDA
+  static const bool available = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no driver/no device" error
+      return false;
+    }
+    return count > 0;
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+}  // namespace tessel

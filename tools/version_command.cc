@@ -1,0 +1,20 @@
+// `tessel version`: build facts a bug report needs.
+#include <iostream>
+
+#include "command.h"
+#include "tessel/core/device.h"
+#include "tessel/core/parallel.h"
+
+namespace tessel::cli {
+namespace {
+CommandRegistration registration{"version", "Print version and build configuration", [](CLI::App&) {
+  return CommandRunner([] {
+    std::cout << "tessel 0.1.0\n"
+              << "cuda compiled: " << (cuda_compiled() ? "yes" : "no") << "\n"
+              << "cuda available: " << (cuda_available() ? "yes" : "no") << "\n"
+              << "cpu threads: " << max_threads() << "\n";
+    return 0;
+  });
+}};
+}  // namespace
+}  // namespace tessel::cli
