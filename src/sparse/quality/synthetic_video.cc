@@ -105,7 +105,10 @@ SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
     // s² · scale = sink_bonus · β.
     std::vector<double> sink_dir(dim);
     double norm = 0.0;
-    for (double& x : sink_dir) norm += (x = normal(rng)) * x;
+    for (double& x : sink_dir) {
+      x = normal(rng);
+      norm += x * x;
+    }
     for (double& x : sink_dir) x /= std::sqrt(norm);
     const double sink_amp = std::sqrt(spec.sink_bonus * spec.beta / scale);
 
