@@ -3,6 +3,7 @@
 // are dropped.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string_view>
 

@@ -125,4 +125,11 @@ class Backend {
   bool supports(DeviceType device) const;
 };
 
+// The checks every plan() starts with: shape.validate(), spec.validate(), and that `backend`
+// supports the pattern type, the module type and the device. Throws Error naming the backend,
+// what it supports and what was asked.
+void check_plan_request(const Backend& backend, const PatternSpec& spec, ModuleType module, const AttentionShape& shape);
+// Throws Error unless q/k/v have the shape `metadata` was planned for.
+void check_forward_shape(const Metadata& metadata, const TensorView& q, const TensorView& k, const TensorView& v);
+
 }  // namespace tessel

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tessel/sparse/pattern.h"
 
@@ -52,6 +53,12 @@ struct SparseAttnConfig {
   bool keep_diagonal = false;
   int64_t sink_blocks = 0;               // >= 0
   bool keep_text = false;
+
+  // ---- nested patterns, by type name: arrow's image-to-image pattern and composite's children
+  // (each child/inner spec is this config with pattern_type replaced).
+  std::optional<std::string> i2i_pattern_type;
+  std::vector<std::string> children;
+  std::string composite_op = "union";    // "union" | "intersection"
 
   // ---- free-form backend options ("options": {"key": value}); values kept as strings
   std::map<std::string, std::string> options;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,7 +130,7 @@ struct SparseAttentionOptions {
   int64_t num_kv_heads = 0;  // 0 = num_heads
   ModuleType module = ModuleType::kDitSelf;
   SparseAttnConfig config;
-  DType dtype = DType::kF16;
+  DType dtype = DType::kF16; // element type of q/k/v (forward checks it)
   Device device{};           // device the layer runs on (used to resolve the backend)
   int64_t layer_index = 0;
   std::shared_ptr<PlanCache> plan_cache;  // null = PlanCache::shared()
@@ -155,6 +156,7 @@ class SparseAttention {
  private:
   Resolution resolution_;
   DiTSparseAttentionAdapter adapter_;
+  DType dtype_;
   int64_t masked_fallbacks_ = 0;
 };
 
