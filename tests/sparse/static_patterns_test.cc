@@ -185,9 +185,11 @@ TEST(StaticPatterns, SpatialAwareEqualsItsTokenRuleUnderThePermutation) {
 }
 
 TEST(StaticPatterns, HilbertOrderingMakesNeighbourhoodsDenserInBlocks) {
-  const StaticPlanRequest r = request({1, 32, 32}, 16, 16);
-  const double raster = plan_static_pattern(StaticPattern{SpatialAwarePattern{1, 2, SpatialOrdering::kRaster}}, r).mask.density();
-  const double hilbert = plan_static_pattern(StaticPattern{SpatialAwarePattern{1, 2, SpatialOrdering::kHilbert}}, r).mask.density();
+  // 128x128 patches, blocks of 64 tokens, radius 4: raster blocks are half rows, so a block's
+  // neighbourhood spans 9 rows x 2 blocks; Hilbert blocks are 8x8 squares, 3x3 of them.
+  const StaticPlanRequest r = request({1, 128, 128}, 64, 64);
+  const double raster = plan_static_pattern(StaticPattern{SpatialAwarePattern{4, 2, SpatialOrdering::kRaster}}, r).mask.density();
+  const double hilbert = plan_static_pattern(StaticPattern{SpatialAwarePattern{4, 2, SpatialOrdering::kHilbert}}, r).mask.density();
   EXPECT_LT(hilbert, raster * 0.75) << "raster " << raster << " hilbert " << hilbert;
 }
 
