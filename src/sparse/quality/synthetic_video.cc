@@ -23,7 +23,7 @@ struct HeadSpec {
 HeadSpec head_spec(SyntheticHeadType type, double sharpness) {
   switch (type) {
     case SyntheticHeadType::kSpatial: return {10.0 * sharpness, {{0.5, 0.3}, {0.25, 2.0}, {0.25, 2.0}}, 0.0};
-    case SyntheticHeadType::kTemporal: return {10.0 * sharpness, {{0.3, 1.5}, {0.35, 0.5}, {0.35, 0.5}}, 0.0};
+    case SyntheticHeadType::kTemporal: return {10.0 * sharpness, {{0.45, 1.5}, {0.275, 0.5}, {0.275, 0.5}}, 0.0};
     case SyntheticHeadType::kSink: return {10.0 * sharpness, {{0.2, 0.3}, {0.2, 2.0}, {0.2, 2.0}}, 0.6};
     case SyntheticHeadType::kDiffuse: return {1.5 * sharpness, {{0.34, 1.0}, {0.33, 3.0}, {0.33, 3.0}}, 0.0};
   }
@@ -42,6 +42,12 @@ std::string_view synthetic_head_type_name(SyntheticHeadType type) {
   return "spatial";
 }
 
+SyntheticHeadType parse_synthetic_head_type(std::string_view name) {
+  for (SyntheticHeadType t : {SyntheticHeadType::kSpatial, SyntheticHeadType::kTemporal, SyntheticHeadType::kSink, SyntheticHeadType::kDiffuse})
+    if (synthetic_head_type_name(t) == name) return t;
+  fail_argument("synthetic head type", "spatial, temporal, sink or diffuse", name);
+}
+
 SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
   validate_token_layout(TokenLayout{o.grid, 0, true}, "synthetic.grid");
   if (o.batch < 1) fail_argument("synthetic.batch", ">= 1", o.batch);
@@ -49,6 +55,9 @@ SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
   if (o.head_dim < 6 || o.head_dim % 2 != 0) fail_argument("synthetic.head_dim", "an even number >= 6", o.head_dim);
   if (!(o.sharpness > 0.0)) fail_argument("synthetic.sharpness", "> 0", o.sharpness);
   if (!(o.noise >= 0.0)) fail_argument("synthetic.noise", ">= 0", o.noise);
+  if (!(o.value_mean >= 0.0 && o.value_smooth >= 0.0 && o.value_mean + o.value_smooth <= 1.0))
+    fail_argument("synthetic.value_mean + value_smooth", "shares >= 0 summing to at most 1",
+                  detail::concat(o.value_mean, " + ", o.value_smooth));
   if (!o.head_types.empty() && static_cast<int64_t>(o.head_types.size()) != o.heads)
     fail_argument("synthetic.head_types", detail::concat(o.heads, " entries (one per head) or none"), o.head_types.size());
 
@@ -70,6 +79,29 @@ SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
   std::mt19937_64 rng(o.seed * 3 + 1);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_real_distribution<double> phase(0.0, 2.0 * M_PI);
+  std::uniform_real_distribution<double> low_frequency(0.0, 0.5);
+  // v = √(mean_share)·(per-head channel mean) + √(smooth_share)·(smooth field) + √(rest)·(white noise),
+  // each part of unit variance per element.
+  const double rest = std::max(0.0, 1.0 - o.value_mean - o.value_smooth);
+  float* vd = v.data_as<float>();
+  for (int64_t h = 0; h < o.heads; ++h)
+    for (int64_t c = 0; c < dim; ++c) {
+      const double mean = normal(rng);
+      double w[3][3], phi[3];  // three plane waves of frequency <= 0.5 rad per patch
+      for (int j = 0; j < 3; ++j) {
+        for (double& x : w[j]) x = low_frequency(rng);
+        phi[j] = phase(rng);
+      }
+      for (int64_t b = 0; b < o.batch; ++b)
+        for (int64_t t = 0; t < seq; ++t) {
+          const double f = static_cast<double>(t / g.tokens_per_frame()), y = static_cast<double>((t / g.width) % g.height),
+                       x = static_cast<double>(t % g.width);
+          double field = 0.0;
+          for (int j = 0; j < 3; ++j) field += std::sqrt(2.0 / 3.0) * std::cos(w[j][0] * f + w[j][1] * y + w[j][2] * x + phi[j]);
+          float& out = vd[((b * seq + t) * o.heads + h) * dim + c];
+          out = static_cast<float>(std::sqrt(o.value_mean) * mean + std::sqrt(o.value_smooth) * field + std::sqrt(rest) * out);
+        }
+    }
   float* qd = q.data_as<float>();
   float* kd = k.data_as<float>();
 

@@ -10,7 +10,10 @@
 //              carry (logit bonus 0.6 β on frame-0 keys), so frame 0 draws much of the mass;
 //   diffuse  — β small: attention nearly uniform.
 // β = peak logit (after the 1/√D scale) = 10 · sharpness (diffuse: 1.5 · sharpness).
-// v is standard normal. Deterministic for a seed.
+// v models latent values: each element has unit variance, split into a per-head channel mean
+// shared by all tokens (value_mean), a smooth field over (frame, row, column) made of three
+// plane waves of frequency <= 0.5 rad per patch (value_smooth), and white noise (the rest).
+// Deterministic for a seed.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,7 @@ namespace tessel {
 
 enum class SyntheticHeadType : uint8_t { kSpatial, kTemporal, kSink, kDiffuse };
 std::string_view synthetic_head_type_name(SyntheticHeadType type);
+SyntheticHeadType parse_synthetic_head_type(std::string_view name);  // throws Error
 
 struct SyntheticVideoOptions {
   TokenGrid grid{9, 16, 16};
@@ -33,6 +37,8 @@ struct SyntheticVideoOptions {
   int64_t head_dim = 128;
   double sharpness = 1.0;
   double noise = 0.1;
+  double value_mean = 0.3;
+  double value_smooth = 0.4;
   uint64_t seed = 0;
   DType dtype = DType::kF32;
   // Empty: the default mix, cycling spatial, temporal, spatial, temporal, sink, diffuse.
@@ -44,7 +50,8 @@ struct SyntheticQkv {
   std::vector<SyntheticHeadType> head_types;
 };
 
-// Throws Error on non-positive sizes, an odd head_dim < 6, or head_types of the wrong length.
+// Throws Error on non-positive sizes, an odd head_dim < 6, value shares outside [0, 1] (or summing
+// above 1), or head_types of the wrong length.
 SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& options);
 
 }  // namespace tessel
