@@ -30,9 +30,14 @@ RgbImage render_mask(const BlockMask& mask, const MaskImageOptions& options) {
   if (options.layout && (options.layout->seq_len() != s.seq_q || options.layout->seq_len() != s.seq_kv))
     fail_argument("mask image layout", detail::concat(s.seq_q, " tokens (the mask's)"), options.layout->seq_len());
   const int64_t qbs = s.q_blocks(), kvbs = s.kv_blocks();
-  int64_t ppb = options.pixels_per_block;
-  if (ppb <= 0) ppb = std::clamp<int64_t>(2048 / std::max<int64_t>(1, std::max(qbs, kvbs)), 1, 8);
-
+  // Pixels are drawn in proportion to tokens, so latent frames come out square: a q block gets
+  // ppb_q rows, a kv block ppb_kv columns, ppb_kv / ppb_q = block_kv / block_q where possible.
+  int64_t ppb_q = options.pixels_per_block;
+  if (ppb_q <= 0) {
+    const int64_t tokens_per_pixel = std::max<int64_t>({1, (std::max(s.seq_q, s.seq_kv) + 2047) / 2048, std::min(s.block_q, s.block_kv) / 8});
+    ppb_q = std::max<int64_t>(1, s.block_q / tokens_per_pixel);
+  }
+  const int64_t ppb_kv = std::max<int64_t>(1, (ppb_q * s.block_kv + s.block_q / 2) / s.block_q);
   std::vector<float> kept(static_cast<size_t>(qbs * kvbs), 0.0f);
   const int64_t h0 = options.head < 0 ? 0 : options.head, h1 = options.head < 0 ? s.mask_heads : options.head + 1;
   for (int64_t h = h0; h < h1; ++h)
@@ -40,19 +45,19 @@ RgbImage render_mask(const BlockMask& mask, const MaskImageOptions& options) {
       const int64_t row = (options.batch * s.mask_heads + h) * qbs + r;
       for (int32_t i = mask.indptr()[row]; i < mask.indptr()[row + 1]; ++i) kept[r * kvbs + mask.indices()[i]] += 1.0f;
     }
-  RgbImage img{kvbs * ppb, qbs * ppb, {}};
+  RgbImage img{kvbs * ppb_kv, qbs * ppb_q, {}};
   img.pixels.assign(static_cast<size_t>(img.width * img.height * 3), 255);
   for (int64_t r = 0; r < qbs; ++r)
     for (int64_t c = 0; c < kvbs; ++c) {
       const float frac = kept[r * kvbs + c] / static_cast<float>(h1 - h0);
       const auto level = static_cast<uint8_t>(std::lround(255.0f * (1.0f - frac)));
-      for (int64_t y = r * ppb; y < (r + 1) * ppb; ++y)
-        for (int64_t x = c * ppb; x < (c + 1) * ppb; ++x) set_pixel(img, x, y, level, level, level);
+      for (int64_t y = r * ppb_q; y < (r + 1) * ppb_q; ++y)
+        for (int64_t x = c * ppb_kv; x < (c + 1) * ppb_kv; ++x) set_pixel(img, x, y, level, level, level);
     }
   if (options.layout) {
     const TokenLayout& l = *options.layout;
     auto line = [&](int64_t token, uint8_t r, uint8_t g, uint8_t b) {
-      const int64_t y = token * ppb / s.block_q, x = token * ppb / s.block_kv;
+      const int64_t y = token * ppb_q / s.block_q, x = token * ppb_kv / s.block_kv;
       for (int64_t i = 0; i < img.width; ++i) set_pixel(img, i, y, r, g, b);
       for (int64_t i = 0; i < img.height; ++i) set_pixel(img, x, i, r, g, b);
     };

@@ -15,7 +15,9 @@ namespace tessel {
 struct MaskImageOptions {
   int64_t batch = 0;
   int64_t head = -1;          // a mask head, or -1 for the mean over all mask heads
-  int64_t pixels_per_block = 0;  // 0 = largest of 1..8 keeping the image within 2048 pixels
+  // Pixel rows per q block (kv blocks get columns in proportion block_kv / block_q, at least 1, so
+  // frames look square); 0 = automatic (up to 8, keeping about 2048 pixels per side).
+  int64_t pixels_per_block = 0;
   const TokenLayout* layout = nullptr;  // draws frame and text borders when set
 };
 

@@ -1,7 +1,6 @@
 #include "head_data.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "tessel/core/error.h"
 
@@ -25,18 +24,27 @@ void check_qk(const TensorView& q, const TensorView& k, const std::string& who) 
     fail_argument(who + " q/k", "non-empty sequences and head_dim", q.describe() + " / " + k.describe());
 }
 
-Tensor to_contiguous_f32(const TensorView& x) {
-  Tensor out = Tensor::empty(x.shape(), DType::kF32);
-  copy_convert(x, out.view());
-  return out;
+namespace {
+
+template <typename T>
+void copy_rows(const TensorView& x, int64_t b, int64_t h, int64_t rows, float* out) {
+  const T* base = x.data_as<T>() + b * x.stride(0) + h * x.stride(2);
+  const int64_t dim = x.size(3), s1 = x.stride(1), s3 = x.stride(3);
+  for (int64_t s = 0; s < rows; ++s)
+    for (int64_t d = 0; d < dim; ++d) out[s * dim + d] = to_float(base[s * s1 + d * s3]);
 }
 
-std::vector<float> head_rows(const Tensor& x, int64_t b, int64_t h, int64_t rows) {
-  const int64_t seq = x.size(1), heads = x.size(2), dim = x.size(3);
+}  // namespace
+
+std::vector<float> head_rows(const TensorView& x, int64_t b, int64_t h, int64_t rows) {
+  const int64_t dim = x.size(3), present = std::min(rows, x.size(1));
   std::vector<float> out(static_cast<size_t>(rows * dim), 0.0f);
-  const float* base = x.data_as<float>();
-  for (int64_t s = 0; s < std::min(rows, seq); ++s)
-    std::memcpy(out.data() + s * dim, base + ((b * seq + s) * heads + h) * dim, sizeof(float) * dim);
+  switch (x.dtype()) {
+    case DType::kF32: copy_rows<float>(x, b, h, present, out.data()); break;
+    case DType::kF16: copy_rows<Half>(x, b, h, present, out.data()); break;
+    case DType::kBF16: copy_rows<BFloat16>(x, b, h, present, out.data()); break;
+    default: fail_argument("estimator input dtype", "fp32, fp16 or bf16", dtype_name(x.dtype()));
+  }
   return out;
 }
 

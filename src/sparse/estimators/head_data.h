@@ -13,12 +13,9 @@ namespace tessel::estimators {
 // H_q % H_kv == 0. Throws Error naming the argument.
 void check_qk(const TensorView& q, const TensorView& k, const std::string& who);
 
-// Contiguous fp32 (B, S, H, D) copy of a CPU floating view.
-Tensor to_contiguous_f32(const TensorView& x);
-
-// Rows [0, rows) of head h of batch b from a contiguous fp32 (B, S, H, D) tensor, as a (rows, D)
-// row-major matrix; rows past S are zero.
-std::vector<float> head_rows(const Tensor& x, int64_t b, int64_t h, int64_t rows);
+// Rows [0, rows) of head h of batch b of a CPU (B, S, H, D) fp32/fp16/bf16 view (any strides), as
+// a (rows, D) row-major fp32 matrix; rows past S are zero.
+std::vector<float> head_rows(const TensorView& x, int64_t b, int64_t h, int64_t rows);
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;

@@ -61,11 +61,10 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
   const BlockMaskShape shape{batch, hq, seq_q, seq_kv, options.block_q, options.block_kv};
   const int64_t qbs = shape.q_blocks(), kvbs = shape.kv_blocks();
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dim));
-  const Tensor qf = estimators::to_contiguous_f32(q), kf = estimators::to_contiguous_f32(k);
 
   std::vector<PooledBlocks> pooled_k(static_cast<size_t>(batch * hkv));
   parallel_for(batch * hkv, [&](int64_t i) {
-    pooled_k[i] = pool_blocks(estimators::head_rows(kf, i / hkv, i % hkv, seq_kv), seq_kv, dim, options.block_kv,
+    pooled_k[i] = pool_blocks(estimators::head_rows(k, i / hkv, i % hkv, seq_kv), seq_kv, dim, options.block_kv,
                               options.similarity_threshold);
   });
 
@@ -73,7 +72,7 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
   std::vector<uint8_t> dense(static_cast<size_t>(batch * hq * qbs * kvbs), 0);
   parallel_for(batch * hq, [&](int64_t bh) {
     const int64_t b = bh / hq, h = bh % hq;
-    const PooledBlocks pq = pool_blocks(estimators::head_rows(qf, b, h, seq_q), seq_q, dim, options.block_q, options.similarity_threshold);
+    const PooledBlocks pq = pool_blocks(estimators::head_rows(q, b, h, seq_q), seq_q, dim, options.block_q, options.similarity_threshold);
     const PooledBlocks& pk = pooled_k[b * hkv + h / group];
     std::vector<int32_t> candidates;
     for (int64_t c = 0; c < kvbs; ++c)

@@ -31,16 +31,15 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
   const int64_t qbs = shape.q_blocks(), kvbs = shape.kv_blocks();
   const int64_t groups_per_qb = o.block_q / s, groups_per_kvb = o.block_kv / s;
   const float scale = (o.scale != 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(dim))) / static_cast<float>(s);
-  const Tensor qf = estimators::to_contiguous_f32(q), kf = estimators::to_contiguous_f32(k);
 
   // Key groups are contiguous rows: group g' is the (S·D) vector k[g'S .. g'S+S).
   std::vector<std::vector<float>> keys(static_cast<size_t>(batch * hkv));
-  parallel_for(batch * hkv, [&](int64_t i) { keys[i] = estimators::head_rows(kf, i / hkv, i % hkv, gk * s); });
+  parallel_for(batch * hkv, [&](int64_t i) { keys[i] = estimators::head_rows(k, i / hkv, i % hkv, gk * s); });
   std::vector<std::vector<float>> queries(static_cast<size_t>(batch * hq));
   parallel_for(batch * hq, [&](int64_t i) {
     // Reverse each group's tokens so that a plain dot product of the flattened groups sums the
     // antidiagonal q[gS + S-1-i] · k[g'S + i].
-    std::vector<float> rows = estimators::head_rows(qf, i / hq, i % hq, gq * s);
+    std::vector<float> rows = estimators::head_rows(q, i / hq, i % hq, gq * s);
     std::vector<float>& out = queries[i];
     out.resize(rows.size());
     for (int64_t g = 0; g < gq; ++g)
