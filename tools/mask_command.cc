@@ -69,7 +69,7 @@ int run_mask(const MaskArgs& a) {
   spec.text_first = !a.text_last;
   const TokenLayout layout = token_layout_from_spec(spec);
 
-  const auto start = std::chrono::steady_clock::now();
+  double ms = 0.0;  // planning or estimation time
   BlockMask mask;
   if (spec.type == PatternType::kDynamicTopk || spec.type == PatternType::kThreshold) {
     Tensor q, k;
@@ -89,13 +89,16 @@ int run_mask(const MaskArgs& a) {
       q = std::move(s.q);
       k = std::move(s.k);
     }
-    mask = spec.type == PatternType::kDynamicTopk ? estimate_topk_mask(q.view(), k.view(), topk_options_from_spec(spec)).mask
-                                                  : estimate_xattention_mask(q.view(), k.view(), xattention_options_from_spec(spec)).mask;
+    EstimateResult r = spec.type == PatternType::kDynamicTopk ? estimate_topk_mask(q.view(), k.view(), topk_options_from_spec(spec))
+                                                              : estimate_xattention_mask(q.view(), k.view(), xattention_options_from_spec(spec));
+    mask = std::move(r.mask);
+    ms = r.estimate_ms;
   } else {
+    const auto start = std::chrono::steady_clock::now();
     mask = plan_static_pattern(static_pattern_from_spec(spec), static_request_from_spec(spec)).mask;
+    ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   }
   mask = apply_always_keep(spec, mask);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   MaskImageOptions o;
   o.head = a.head;
@@ -106,7 +109,7 @@ int run_mask(const MaskArgs& a) {
   std::cout << pattern_type_name(spec.type) << " on " << grid.frames << "x" << grid.height << "x" << grid.width << " (+"
             << layout.text_tokens << " text) = " << layout.seq_len() << " tokens, blocks " << a.block_q << "x" << a.block_kv << ": "
             << mask.shape().q_blocks() << "x" << mask.shape().kv_blocks() << " blocks, " << mask.shape().mask_heads
-            << " mask head(s), density " << mask.density() << ", planned in " << ms << " ms\n"
+            << " mask head(s), density " << mask.density() << ", planned/estimated in " << ms << " ms\n"
             << "wrote " << a.png << " (" << image.width << "x" << image.height << ")\n";
   return 0;
 }

@@ -53,18 +53,39 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
     const float* kg = keys[b * hkv + h / group].data();
     const float* qg = queries[bh].data();
     float* out = mass.data() + task * kvbs;
-    std::vector<float> logits(static_cast<size_t>(gk));
     const int64_t width = s * dim;
-    for (int64_t g = r * groups_per_qb; g < std::min(gq, (r + 1) * groups_per_qb); ++g) {
-      float max_logit = -INFINITY;
+    const int64_t g_begin = r * groups_per_qb, g_end = std::min(gq, (r + 1) * groups_per_qb);
+    // Four query groups at a time share each key group's loads.
+    std::vector<float> logits(static_cast<size_t>(4 * gk));
+    for (int64_t g0 = g_begin; g0 < g_end; g0 += 4) {
+      const int64_t n = std::min<int64_t>(4, g_end - g0);
+      const float* q0 = qg + g0 * width;
+      const float* q1 = qg + (g0 + std::min<int64_t>(1, n - 1)) * width;
+      const float* q2 = qg + (g0 + std::min<int64_t>(2, n - 1)) * width;
+      const float* q3 = qg + (g0 + std::min<int64_t>(3, n - 1)) * width;
       for (int64_t g2 = 0; g2 < gk; ++g2) {
-        logits[g2] = scale * estimators::dot(qg + g * width, kg + g2 * width, width);
-        max_logit = std::max(max_logit, logits[g2]);
+        const float* kk = kg + g2 * width;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+        for (int64_t i = 0; i < width; ++i) {
+          a0 += q0[i] * kk[i];
+          a1 += q1[i] * kk[i];
+          a2 += q2[i] * kk[i];
+          a3 += q3[i] * kk[i];
+        }
+        logits[g2] = a0 * scale;
+        logits[gk + g2] = a1 * scale;
+        logits[2 * gk + g2] = a2 * scale;
+        logits[3 * gk + g2] = a3 * scale;
       }
-      float total = 0.0f;
-      for (int64_t g2 = 0; g2 < gk; ++g2) total += (logits[g2] = std::exp(logits[g2] - max_logit));
-      const float inv = 1.0f / total;
-      for (int64_t g2 = 0; g2 < gk; ++g2) out[g2 / groups_per_kvb] += logits[g2] * inv;
+      for (int64_t j = 0; j < n; ++j) {
+        float* row = logits.data() + j * gk;
+        const float max_logit = *std::max_element(row, row + gk);
+        float total = 0.0f;
+        for (int64_t g2 = 0; g2 < gk; ++g2) total += (row[g2] = std::exp(row[g2] - max_logit));
+        const float inv = 1.0f / total;
+        for (int64_t g2 = 0; g2 < gk; ++g2) out[g2 / groups_per_kvb] += row[g2] * inv;
+      }
     }
   });
   return mass;
