@@ -12,7 +12,6 @@
  *     window = spec->window_size (required).
  * One mask serves every batch and head (mask_batch = mask_heads = 1).
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
