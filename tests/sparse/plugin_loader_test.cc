@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include "sparse/sparse_test_util.h"
 #include "tessel/core/error.h"
@@ -119,7 +120,7 @@ TEST(PluginLoader, PluginErrorsComeBackAsErrorsWithTheirMessage) {
 
 TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
   expect_load_error("/nonexistent/dir/libtessel_x.so", {"plugin '/nonexistent/dir/libtessel_x.so'", "file not found"});
-  const std::string not_a_library = ::testing::TempDir() + "/libtessel_not_a_library.so";
+  const std::string not_a_library = ::testing::TempDir() + "/libtessel_not_a_library_" + std::to_string(getpid()) + ".so";
   {
     std::ofstream out(not_a_library);
     out << "this is not an ELF file";
@@ -143,7 +144,7 @@ TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
 
 TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   // A plugin folder holding a copy of the example plugin and every broken library.
-  const fs::path dir = fs::path(::testing::TempDir()) / "tessel_plugin_path_test";
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tessel_plugin_path_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy_file(example_plugin_path(), dir / "libcopied_sink_window.so");

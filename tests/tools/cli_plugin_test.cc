@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "sparse/sparse_test_util.h"
 
@@ -40,7 +41,9 @@ CommandOutput run_tessel(const std::string& plugin_path, const std::string& args
 class CliPlugin : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / "tessel_cli_plugin_test";
+    // One folder per test and process: ctest runs the cases of this file in parallel.
+    dir_ = fs::path(::testing::TempDir()) / ("tessel_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+                                             "_" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     fs::copy_file(testing::example_plugin_path(), dir_ / "libmy_sink_window.so");
