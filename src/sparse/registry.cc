@@ -91,7 +91,7 @@ bool parse_plugin_reference(const std::string& spec, std::string& path, std::str
   return true;
 }
 
-BackendRegistry::BackendRegistry(bool with_builtins) {
+BackendRegistry::BackendRegistry(bool with_builtins, bool discover_plugins) : discover_plugins_(discover_plugins) {
   if (!with_builtins) return;
   for (const BackendFactory& factory : builtin_factories()) register_backend(factory());
 }
@@ -170,11 +170,21 @@ std::vector<std::string> BackendRegistry::plugin_search_dirs() {
   }
   const std::string install = plugin_install_dir();
   if (!install.empty()) dirs.push_back(install);
-  return dirs;
+  // The same folder named twice (or via another spelling) is scanned once.
+  std::vector<std::string> unique, seen;
+  for (const std::string& dir : dirs) {
+    std::error_code ec;
+    const std::filesystem::path canonical = std::filesystem::weakly_canonical(dir, ec);
+    const std::string key = ec ? dir : canonical.string();
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    unique.push_back(dir);
+  }
+  return unique;
 }
 
 void BackendRegistry::ensure_discovered_locked() {
-  if (discovered_once_) return;
+  if (discovered_once_ || !discover_plugins_) return;
   discovered_once_ = true;
   for (const std::string& dir : plugin_search_dirs()) {
     for (const std::string& path : libraries_in(dir)) {
@@ -205,6 +215,7 @@ void BackendRegistry::rescan_plugins() {
   discovered_.clear();
   failures_.clear();
   discovered_once_ = false;
+  discover_plugins_ = true;
   ensure_discovered_locked();
 }
 

@@ -61,8 +61,10 @@ struct Resolution {
 
 class BackendRegistry {
  public:
-  // A registry holding the built-in backends (with_builtins) and nothing else yet.
-  explicit BackendRegistry(bool with_builtins = true);
+  // A registry holding the built-in backends (with_builtins) and nothing else yet. With
+  // discover_plugins false, the plugin directories are scanned only by rescan_plugins() (tests use
+  // this to control exactly which backends exist).
+  explicit BackendRegistry(bool with_builtins = true, bool discover_plugins = true);
   ~BackendRegistry();
   BackendRegistry(const BackendRegistry&) = delete;
   BackendRegistry& operator=(const BackendRegistry&) = delete;
@@ -88,7 +90,7 @@ class BackendRegistry {
   // Forgets discovered plugins and scans the directories again (re-reading TESSEL_PLUGIN_PATH).
   void rescan_plugins();
   std::vector<PluginFailure> plugin_failures();
-  // The directories scanned, in order.
+  // The directories scanned, in order (duplicates removed).
   static std::vector<std::string> plugin_search_dirs();
 
   // Resolution as described at the top of this file.
@@ -104,6 +106,7 @@ class BackendRegistry {
   std::vector<std::pair<std::string, std::shared_ptr<Backend>>> loaded_by_path_;
   std::vector<PluginFailure> failures_;
   bool discovered_once_ = false;
+  bool discover_plugins_ = true;
 };
 
 // Splits "/path/libx.so:symbol" into path and symbol (default tessel_plugin_init). Returns false

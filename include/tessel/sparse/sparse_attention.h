@@ -68,7 +68,7 @@ class PlanCache {
 
 // What one adapter forward did.
 struct AttentionStepReport {
-  std::string backend;  // backend that ran, or "dense"
+  std::string backend = "dense";  // backend that ran, or "dense"
   bool dense = true;    // dense attention ran (no backend, warm-up, or schedule density 1)
   double density = 1.0; // blocks computed / all blocks
   double estimate_ms = 0.0;
