@@ -172,18 +172,6 @@ void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, i
     const auto [j0, n, first] = ws.chunks[ci];
     const int64_t cols = round_up(n, kPanelKeys);
     tile_scores(ws.q.data(), m, dp, kv.kt + j0 * dp, cols, ws.s.data(), ld_s);
-    // Sparse chunks are not where the hardware prefetcher expects: fetch the next one into L2
-    // while this one runs.
-    if (ci + 1 < ws.chunks.size()) {
-      const Chunk& next = ws.chunks[ci + 1];
-      const char* kt_next = reinterpret_cast<const char*>(kv.kt + next.j0 * dp);
-      const char* v_next = reinterpret_cast<const char*>(kv.v + next.j0 * dp);
-      const int64_t bytes = round_up(next.n, kPanelKeys) * dp * static_cast<int64_t>(sizeof(float));
-      for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(kt_next + off, 0, 2);
-        __builtin_prefetch(v_next + off, 0, 2);
-      }
-    }
     // Token-level mask only where the chunk crosses the band edge of some row.
     const bool whole = key_lo(p, i1 - 1) <= j0 + first && j0 + n - 1 <= key_hi(p, i0);
     for (int64_t row = 0; row < m; ++row) {

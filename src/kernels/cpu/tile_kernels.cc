@@ -12,11 +12,14 @@ namespace {
 
 using V = Simd::V;
 constexpr int64_t kLanes = Simd::kLanes;
+constexpr int64_t kScoreDimSlice = 64;
 
 // ---- scores: S = Q · K^T --------------------------------------------------------------------
 
+// Accumulates over head dims [d0, d1); starts from zero when d0 == 0, else from the stored S.
 template <int R, int NV>
-void scores_block(const float* q, int64_t dp, const float* kt, int64_t vec0, float* s, int64_t ld_s) {
+void scores_block(const float* q, int64_t dp, const float* kt, int64_t vec0, float* s, int64_t ld_s, int64_t d0,
+                  int64_t d1) {
   const float* col[NV];
   for (int w = 0; w < NV; ++w) {
     const int64_t c = (vec0 + w) * kLanes;
@@ -26,8 +29,8 @@ void scores_block(const float* q, int64_t dp, const float* kt, int64_t vec0, flo
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int w = 0; w < NV; ++w) acc[r][w] = Simd::zero();
-  for (int64_t d = 0; d < dp; ++d) {
+    for (int w = 0; w < NV; ++w) acc[r][w] = d0 == 0 ? Simd::zero() : Simd::load(s + r * ld_s + (vec0 + w) * kLanes);
+  for (int64_t d = d0; d < d1; ++d) {
     V kv[NV];
 #pragma GCC unroll 16
     for (int w = 0; w < NV; ++w) kv[w] = Simd::load(col[w] + d * kPanelKeys);
@@ -45,30 +48,33 @@ void scores_block(const float* q, int64_t dp, const float* kt, int64_t vec0, flo
 }
 
 template <int R, int NV>
-void scores_vector_tail(int64_t rest, const float* q, int64_t dp, const float* kt, int64_t vec0, float* s, int64_t ld_s) {
+void scores_vector_tail(int64_t rest, const float* q, int64_t dp, const float* kt, int64_t vec0, float* s, int64_t ld_s,
+                        int64_t d0, int64_t d1) {
   if constexpr (NV > 0) {
     if (rest == NV)
-      scores_block<R, NV>(q, dp, kt, vec0, s, ld_s);
+      scores_block<R, NV>(q, dp, kt, vec0, s, ld_s, d0, d1);
     else
-      scores_vector_tail<R, NV - 1>(rest, q, dp, kt, vec0, s, ld_s);
+      scores_vector_tail<R, NV - 1>(rest, q, dp, kt, vec0, s, ld_s, d0, d1);
   }
 }
 
 template <int R>
-void scores_rows(const float* q, int64_t dp, const float* kt, int64_t vectors, float* s, int64_t ld_s) {
+void scores_rows(const float* q, int64_t dp, const float* kt, int64_t vectors, float* s, int64_t ld_s, int64_t d0,
+                 int64_t d1) {
   constexpr int NV = Simd::kScoreVectors;
   int64_t v = 0;
-  for (; v + NV <= vectors; v += NV) scores_block<R, NV>(q, dp, kt, v, s, ld_s);
-  scores_vector_tail<R, NV - 1>(vectors - v, q, dp, kt, v, s, ld_s);
+  for (; v + NV <= vectors; v += NV) scores_block<R, NV>(q, dp, kt, v, s, ld_s, d0, d1);
+  scores_vector_tail<R, NV - 1>(vectors - v, q, dp, kt, v, s, ld_s, d0, d1);
 }
 
 template <int R>
-void scores_row_tail(int64_t rest, const float* q, int64_t dp, const float* kt, int64_t vectors, float* s, int64_t ld_s) {
+void scores_row_tail(int64_t rest, const float* q, int64_t dp, const float* kt, int64_t vectors, float* s, int64_t ld_s,
+                     int64_t d0, int64_t d1) {
   if constexpr (R > 0) {
     if (rest == R)
-      scores_rows<R>(q, dp, kt, vectors, s, ld_s);
+      scores_rows<R>(q, dp, kt, vectors, s, ld_s, d0, d1);
     else
-      scores_row_tail<R - 1>(rest, q, dp, kt, vectors, s, ld_s);
+      scores_row_tail<R - 1>(rest, q, dp, kt, vectors, s, ld_s, d0, d1);
   }
 }
 
@@ -120,22 +126,22 @@ void accumulate_vector_tail(int64_t rest, const AccumulateArgs& a, int64_t vec0)
   }
 }
 
+// Output vectors [vec_begin, vec_end) of one block of R rows.
 template <int R>
-void accumulate_rows(const AccumulateArgs& a) {
+void accumulate_rows(const AccumulateArgs& a, int64_t vec_begin, int64_t vec_end) {
   constexpr int NV = Simd::kAccVectors;
-  const int64_t vectors = a.dp / kLanes;
-  int64_t v = 0;
-  for (; v + NV <= vectors; v += NV) accumulate_block<R, NV>(a.p, a.ld_p, a.c0, a.n, a.v, a.dp, a.alpha, a.o, v);
-  accumulate_vector_tail<R, NV - 1>(vectors - v, a, v);
+  int64_t v = vec_begin;
+  for (; v + NV <= vec_end; v += NV) accumulate_block<R, NV>(a.p, a.ld_p, a.c0, a.n, a.v, a.dp, a.alpha, a.o, v);
+  accumulate_vector_tail<R, NV - 1>(vec_end - v, a, v);
 }
 
 template <int R>
-void accumulate_row_tail(int64_t rest, const AccumulateArgs& a) {
+void accumulate_row_tail(int64_t rest, const AccumulateArgs& a, int64_t vec_begin, int64_t vec_end) {
   if constexpr (R > 0) {
     if (rest == R)
-      accumulate_rows<R>(a);
+      accumulate_rows<R>(a, vec_begin, vec_end);
     else
-      accumulate_row_tail<R - 1>(rest, a);
+      accumulate_row_tail<R - 1>(rest, a, vec_begin, vec_end);
   }
 }
 
@@ -146,9 +152,14 @@ const char* tile_kernels_isa() { return Simd::kName; }
 void tile_scores(const float* q, int64_t m, int64_t dp, const float* kt, int64_t cols, float* s, int64_t ld_s) {
   constexpr int R = Simd::kScoreRows;
   const int64_t vectors = cols / kLanes;
-  int64_t r = 0;
-  for (; r + R <= m; r += R) scores_rows<R>(q + r * dp, dp, kt, vectors, s + r * ld_s, ld_s);
-  scores_row_tail<R - 1>(m - r, q + r * dp, dp, kt, vectors, s + r * ld_s, ld_s);
+  // Head dims in slices of kScoreDimSlice, so the slice of the key chunk stays in L1 while every
+  // row block of Q passes over it.
+  for (int64_t d0 = 0; d0 < dp; d0 += kScoreDimSlice) {
+    const int64_t d1 = std::min(dp, d0 + kScoreDimSlice);
+    int64_t r = 0;
+    for (; r + R <= m; r += R) scores_rows<R>(q + r * dp, dp, kt, vectors, s + r * ld_s, ld_s, d0, d1);
+    scores_row_tail<R - 1>(m - r, q + r * dp, dp, kt, vectors, s + r * ld_s, ld_s, d0, d1);
+  }
 }
 
 // In separate passes over the rows (maxima; rescale factors, 16 rows per vector exp2; then the
@@ -195,9 +206,11 @@ void tile_softmax(float* s, int64_t m, int64_t ld, int64_t n, int64_t cols, floa
 void tile_accumulate(const float* p, int64_t m, int64_t ld_p, int64_t c0, int64_t n, const float* v, int64_t dp,
                      const float* alpha, float* o) {
   constexpr int R = Simd::kAccRows;
+  // (Slicing the output dims like tile_scores slices head dims measured no gain here.)
+  const int64_t vectors = dp / kLanes;
   int64_t r = 0;
-  for (; r + R <= m; r += R) accumulate_rows<R>({p + r * ld_p, ld_p, c0, n, v, dp, alpha + r, o + r * dp});
-  accumulate_row_tail<R - 1>(m - r, {p + r * ld_p, ld_p, c0, n, v, dp, alpha + r, o + r * dp});
+  for (; r + R <= m; r += R) accumulate_rows<R>({p + r * ld_p, ld_p, c0, n, v, dp, alpha + r, o + r * dp}, 0, vectors);
+  accumulate_row_tail<R - 1>(m - r, {p + r * ld_p, ld_p, c0, n, v, dp, alpha + r, o + r * dp}, 0, vectors);
 }
 
 }  // namespace tessel::cpu
