@@ -2,8 +2,9 @@
 // `tessel mask` writing PNGs for static and dynamic patterns.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,18 +23,18 @@ struct CommandOutput {
   std::string out;
 };
 
+fs::path test_dir();
+
+// Runs the tessel binary with `args`, stdout and stderr captured in a file of the test's folder.
 CommandOutput run_tessel(const std::string& args) {
+  const fs::path log = test_dir() / "output.txt";
   const std::string command = "env -u TESSEL_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG '" + std::string(TESSEL_BINARY_DIR) +
-                              "/bin/tessel' " + args + " 2>&1";
-  CommandOutput result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+                              "/bin/tessel' " + args + " > '" + log.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return CommandOutput{WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
 }
 
 fs::path test_dir() {
