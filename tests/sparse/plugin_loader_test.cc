@@ -155,7 +155,7 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   ScopedEnv path(kPluginPathEnvVar, dir.string());
   ScopedEnv no_backend(kBackendEnvVar, std::nullopt);
   LogCapture log;
-  BackendRegistry registry(true, true);
+  BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/true);
   const auto found = registry.find("sink_window");
   ASSERT_TRUE(found);
   EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // TESSEL_PLUGIN_PATH comes first
@@ -184,7 +184,7 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   ASSERT_TRUE(r.backend);
   EXPECT_EQ(r.backend, found);
   expect_sink_window_matches_reference(r.backend, 200, 200, 2, 2, window_spec(50, 64, 64), 1);
-  // auto also finds it (score 5 beats the built-in block_sparse's 1).
+  // auto also finds it: the only backend here for sliding_window.
   config.backend = "auto";
   EXPECT_EQ(registry.resolve(config, ModuleType::kDitSelf, Device::cpu()).backend, found);
   fs::remove_all(dir);

@@ -133,7 +133,7 @@ TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
     EXPECT_NE(std::string(e.what()).find("sparse_attn.window_size: required by the block_sparse backend"),
               std::string::npos) << e.what();
   }
-  EXPECT_THROW(registry.resolve(config_with("auto", "block_sparse"), ModuleType::kDitSelf, Device::cpu()), Error);
+  EXPECT_THROW(registry.resolve(config_with("block_sparse", "block_sparse"), ModuleType::kDitSelf, Device::cpu()), Error);
   ScopedEnv bad_env(kBackendEnvVar, "/nonexistent/libnothing.so");
   try {
     registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
