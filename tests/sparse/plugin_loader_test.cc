@@ -71,6 +71,18 @@ TEST(PluginLoader, ExamplePluginByPathDescribesItself) {
   EXPECT_EQ(by_symbol, backend);
 }
 
+TEST(PluginLoader, RelativePathsLoadTheFileInTheWorkingDirectory) {
+  const fs::path previous = fs::current_path();
+  fs::current_path(example_plugin_dir());
+  BackendRegistry registry(false, false);
+  std::shared_ptr<Backend> backend;
+  EXPECT_NO_THROW(backend = registry.get("./libtessel_sink_window.so"));
+  EXPECT_NO_THROW(registry.get("libtessel_sink_window.so"));  // no '/': still this folder, not the system's
+  fs::current_path(previous);
+  ASSERT_TRUE(backend);
+  EXPECT_EQ(backend->name(), "sink_window");
+}
+
 TEST(PluginLoader, ExamplePluginEqualsTheReferenceWithItsMask) {
   BackendRegistry registry(false, false);
   const auto backend = registry.get(example_plugin_path());
