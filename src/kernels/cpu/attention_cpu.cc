@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/tile_kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/core/dtype.h"
@@ -66,34 +67,6 @@ int64_t key_hi(const Problem& p, int64_t i) {
   return hi;
 }
 
-template <typename T>
-void load_row(const char* src, int64_t n, float scale, float* dst) {
-  const T* s = reinterpret_cast<const T*>(src);
-  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(s[d]) * scale;
-}
-
-void load_row_any(DType dtype, const char* src, int64_t n, float scale, float* dst) {
-  switch (dtype) {
-    case DType::kF32: return load_row<float>(src, n, scale, dst);
-    case DType::kF16: return load_row<Half>(src, n, scale, dst);
-    default: return load_row<BFloat16>(src, n, scale, dst);
-  }
-}
-
-void store_row_any(DType dtype, const float* src, int64_t n, float scale, char* dst) {
-  switch (dtype) {
-    case DType::kF32:
-      for (int64_t d = 0; d < n; ++d) reinterpret_cast<float*>(dst)[d] = src[d] * scale;
-      return;
-    case DType::kF16:
-      for (int64_t d = 0; d < n; ++d) reinterpret_cast<Half*>(dst)[d] = from_float<Half>(src[d] * scale);
-      return;
-    default:
-      for (int64_t d = 0; d < n; ++d) reinterpret_cast<BFloat16*>(dst)[d] = from_float<BFloat16>(src[d] * scale);
-      return;
-  }
-}
-
 // Up to kChunkKeys keys from key j0; columns before `first` are outside the visited range.
 struct Chunk {
   int64_t j0, n, first;
@@ -132,8 +105,8 @@ void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* k
     const int64_t j = panel * kPanelKeys + c;
     float* vr = v + j * dp;
     if (j < p.seq_kv) {
-      load_row_any(p.dtype, p.k.row(b, j, hk), p.head_dim, 1.0f, rows(c));
-      load_row_any(p.dtype, p.v.row(b, j, hk), p.head_dim, 1.0f, vr);
+      row_to_fp32(p.dtype, p.k.row(b, j, hk), p.head_dim, 1.0f, rows(c));
+      row_to_fp32(p.dtype, p.v.row(b, j, hk), p.head_dim, 1.0f, vr);
     } else {
       std::fill(rows(c), rows(c) + p.head_dim, 0.0f);
       std::fill(vr, vr + p.head_dim, 0.0f);
@@ -159,7 +132,7 @@ void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, i
   for (int64_t g = 0; g < heads; ++g)
     for (int64_t r = 0; r < rows; ++r) {
       float* qr = &ws.q[static_cast<size_t>((g * rows + r) * dp)];
-      load_row_any(p.dtype, p.q.row(b, i0 + r, h0 + g), p.head_dim, p.scale_log2, qr);
+      row_to_fp32(p.dtype, p.q.row(b, i0 + r, h0 + g), p.head_dim, p.scale_log2, qr);
       std::fill(qr + p.head_dim, qr + dp, 0.0f);
     }
 
@@ -195,7 +168,7 @@ void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, i
       const int64_t row = g * rows + r;
       const float sum = ws.row_sum[static_cast<size_t>(row)];
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row with no key gets 0
-      store_row_any(p.dtype, &ws.o[static_cast<size_t>(row * dp)], p.head_dim, inv,
+      row_from_fp32(p.dtype, &ws.o[static_cast<size_t>(row * dp)], p.head_dim, inv,
                     const_cast<char*>(p.out.row(b, i0 + r, h0 + g)));
       if (p.lse)
         p.lse[((b * p.heads) + h0 + g) * p.seq_q + i0 + r] =
