@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   const double flops = 4.0 * static_cast<double>(heads) * static_cast<double>(seq) * static_cast<double>(seq) *
                        static_cast<double>(dim);
   std::printf("ggml flash_attn_ext cpu threads=%d H=%lld S=%lld D=%lld q=f32 kv=%s: median %.1f ms over %d runs, "
-              "%.1f GFLOP/s; CPU time %.1f ms, %.1f GFLOP/s per thread\n",
+              "%.1f GFLOP/s; CPU time %.1f ms, %.1f GFLOP/s per CPU-second\n",
               threads, static_cast<long long>(heads), static_cast<long long>(seq), static_cast<long long>(dim), argv[5],
               median, runs, flops / (median * 1e-3) * 1e-9, cpu_median, flops / (cpu_median * 1e-3) * 1e-9);
   ggml_free(ctx);
