@@ -184,6 +184,31 @@ TEST(StaticPatterns, SpatialAwareEqualsItsTokenRuleUnderThePermutation) {
   }
 }
 
+TEST(StaticPatterns, PermutedPlansAreRasterPlansMappedThroughThePermutation) {
+  // Token-level blocks: under a permutation, kept(p, p') == raster kept(order[p], order[p']).
+  StaticPlanRequest r = request({5, 4, 6}, 1, 1, 7);
+  const StaticPattern hilbert{SpatialAwarePattern{1, 3, SpatialOrdering::kHilbert}};
+  const StaticPattern raster{SpatialAwarePattern{1, 3, SpatialOrdering::kRaster}};
+  std::vector<std::pair<StaticPattern, StaticPattern>> cases = {{make_arrow(hilbert), make_arrow(raster)}};
+  for (const StaticPattern& other : {StaticPattern{RadialPattern{0.5, true}}, StaticPattern{LocalPattern{2}}, StaticPattern{DensePattern{}},
+                                     StaticPattern{SlidingWindowPattern{9}}})
+    cases.push_back({make_composite(CompositeOp::kUnion, {other, hilbert}), make_composite(CompositeOp::kUnion, {other, raster})});
+  for (bool text_first : {true, false}) {
+    r.layout.text_first = text_first;
+    for (const auto& [with_order, without] : cases) {
+      const StaticPlan permuted = plan_static_pattern(with_order, r);
+      const StaticPlan plain = plan_static_pattern(without, r);
+      ASSERT_TRUE(permuted.permuted());
+      const int64_t n = r.layout.seq_len();
+      const std::vector<uint8_t> dp = permuted.mask.to_dense(), dr = plain.mask.to_dense();
+      for (int64_t p = 0; p < n; ++p)
+        for (int64_t p2 = 0; p2 < n; ++p2)
+          ASSERT_EQ(dp[p * n + p2], dr[permuted.permutation.order[p] * n + permuted.permutation.order[p2]])
+              << describe_static_pattern(with_order) << " text_first " << text_first << " at " << p << "," << p2;
+    }
+  }
+}
+
 TEST(StaticPatterns, HilbertOrderingMakesNeighbourhoodsDenserInBlocks) {
   // 128x128 patches, blocks of 64 tokens, radius 4: raster blocks are half rows, so a block's
   // neighbourhood spans 9 rows x 2 blocks; Hilbert blocks are 8x8 squares, 3x3 of them.

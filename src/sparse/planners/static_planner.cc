@@ -72,7 +72,9 @@ std::vector<uint8_t> plan_dense(const StaticPattern& pattern, const PlanContext&
   const int32_t* order = ctx.perm ? ctx.perm->order.data() : nullptr;
   const int32_t* inverse = ctx.perm ? ctx.perm->inverse.data() : nullptr;
   parallel_for(qbs, [&](int64_t qb) {
-    KeyMarker keys(dense.data() + qb * kvbs, ctx.shape.block_kv, inverse);
+    const TokenLayout& l = ctx.layout;
+    KeyMarker keys(dense.data() + qb * kvbs, ctx.shape.block_kv, inverse, l.image_offset(), l.image_offset() + l.grid.numel(),
+                   l.grid.tokens_per_frame());
     const int64_t end = std::min(ctx.shape.seq_q, (qb + 1) * ctx.shape.block_q);
     for (int64_t p = qb * ctx.shape.block_q; p < end; ++p) rule->mark(order ? order[p] : p, keys);
   });
@@ -136,6 +138,7 @@ StaticPlan plan_static_pattern(const std::vector<StaticPattern>& per_head, const
 
 std::string describe_static_pattern(const StaticPattern& pattern) {
   std::ostringstream os;
+  os.precision(17);  // distinct decay factors must give distinct cache keys
   std::visit(
       [&os](const auto& p) {
         using T = std::decay_t<decltype(p)>;
