@@ -35,6 +35,25 @@ int64_t option_int(const PatternSpec& spec, const std::string& key, int64_t fall
   fail_argument("pattern.options." + key, "an integer", text);
 }
 
+std::vector<double> option_list(const PatternSpec& spec, const std::string& key) {
+  std::vector<double> values;
+  const std::string text = spec.option(key);
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    try {
+      size_t used = 0;
+      values.push_back(std::stod(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      fail_argument("pattern.options." + key, "comma-separated numbers", text);
+    }
+    start = comma + 1;
+  }
+  return values;
+}
+
 bool option_bool(const PatternSpec& spec, const std::string& key, bool fallback) {
   const std::string text = spec.option(key);
   if (text.empty()) return fallback;
@@ -167,6 +186,7 @@ TopkEstimatorOptions topk_options_from_spec(const PatternSpec& spec) {
   o.topk_ratio = spec.topk_ratio.value_or(0.5);
   o.cdf_threshold = option_double(spec, "cdf", 0.0);
   o.similarity_threshold = option_double(spec, "similarity_threshold", o.similarity_threshold);
+  o.per_head = option_list(spec, "per_head");
   o.block_q = spec.block_q;
   o.block_kv = spec.block_kv;
   return o;
@@ -178,6 +198,7 @@ XAttentionOptions xattention_options_from_spec(const PatternSpec& spec) {
   o.stride = spec.stride.value_or(8);
   o.block_q = spec.block_q;
   o.block_kv = spec.block_kv;
+  o.per_head_threshold = option_list(spec, "per_head_threshold");
   o.gqa_any = option_bool(spec, "gqa_any", false);
   o.keep_diagonal = option_bool(spec, "keep_diagonal", true);
   o.keep_first = option_bool(spec, "keep_first", true);

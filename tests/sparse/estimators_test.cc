@@ -70,6 +70,24 @@ TEST(TopkEstimator, KeepsExactlyTheRequestedCount) {
   }
 }
 
+TEST(TopkEstimator, PerHeadRatios) {
+  Tensor q = Tensor::empty({1, 160, 3, 16}, DType::kF32), k = Tensor::empty({1, 160, 3, 16}, DType::kF32);
+  fill_normal(q.view(), 3);
+  fill_normal(k.view(), 4);
+  TopkEstimatorOptions o;
+  o.block_q = 32;
+  o.block_kv = 16;  // 10 kv blocks
+  o.similarity_threshold = -2.0;
+  o.per_head = {0.1, 0.5, 1.0};
+  const BlockMask m = estimate_topk_mask(q.view(), k.view(), o).mask;
+  for (int64_t h = 0; h < 3; ++h)
+    for (int64_t r = 0; r < 5; ++r) EXPECT_EQ(m.row(0, h, r).size(), std::vector<size_t>({1, 5, 10})[h]) << "head " << h;
+  o.per_head = {0.1, 0.5};
+  expect_error([&] { estimate_topk_mask(q.view(), k.view(), o); }, "per_head");
+  o.per_head = {0.1, 0.0, 1.0};
+  expect_error([&] { estimate_topk_mask(q.view(), k.view(), o); }, "per_head[1]");
+}
+
 TEST(TopkEstimator, FindsPlantedBlocks) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     const Planted p = planted(12, 2, 32, dtype);
@@ -220,6 +238,24 @@ TEST(XAttentionEstimator, DensityGrowsWithThresholdAndMasksNest) {
     previous = dense;
     last_density = m.density();
   }
+}
+
+TEST(XAttentionEstimator, PerHeadThresholds) {
+  Tensor q = Tensor::empty({1, 256, 2, 16}, DType::kF32);
+  fill_normal(q.view(), 9);
+  XAttentionOptions o;
+  o.block_q = 32;
+  o.block_kv = 32;
+  o.threshold = 0.5;
+  const BlockMask low = estimate_xattention_mask(q.view(), q.view(), o).mask;
+  o.per_head_threshold = {0.5, 1.0};
+  const BlockMask mixed = estimate_xattention_mask(q.view(), q.view(), o).mask;
+  for (int64_t r = 0; r < 8; ++r) {
+    EXPECT_EQ(mixed.row(0, 0, r), low.row(0, 0, r));
+    EXPECT_EQ(mixed.row(0, 1, r).size(), 8u) << "tau 1 keeps every block";
+  }
+  o.per_head_threshold = {0.5};
+  expect_error([&] { estimate_xattention_mask(q.view(), q.view(), o); }, "per_head_threshold");
 }
 
 TEST(XAttentionEstimator, GqaAnyAndVotes) {

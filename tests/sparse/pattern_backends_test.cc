@@ -143,6 +143,11 @@ TEST(PatternBackends, BadSpecsAreErrors) {
   SparseAttnConfig c = config_for("dynamic_topk");
   c.options["cdf"] = "abc";
   testing::expect_error([&] { topk_options_from_spec(c.to_pattern_spec()); }, "pattern.options.cdf");
+  c.options.erase("cdf");
+  c.options["per_head"] = "0.1,0.2";
+  EXPECT_EQ(topk_options_from_spec(c.to_pattern_spec()).per_head, (std::vector<double>{0.1, 0.2}));
+  c.options["per_head"] = "0.1,x";
+  testing::expect_error([&] { topk_options_from_spec(c.to_pattern_spec()); }, "pattern.options.per_head");
   SparseAttnConfig x = config_for("threshold");
   x.options["vote"] = "all";
   testing::expect_error([&] { xattention_options_from_spec(x.to_pattern_spec()); }, "vote");

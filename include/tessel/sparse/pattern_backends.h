@@ -21,8 +21,10 @@
 //                         spatial_radius, else 4)
 //   spatial_aware: dims (2 or 3; default 3 when frames > 1, else 2)
 //   radial: frame0_sink (true/false, default true)
-//   dynamic_topk: cdf (> 0 selects cdf mode), similarity_threshold (default 0.1)
-//   threshold: gqa_any (true/false), vote (none | heads | columns), keep_diagonal, keep_first
+//   dynamic_topk: cdf (> 0 selects cdf mode), similarity_threshold (default 0.1), per_head
+//                 (comma-separated ratio or cdf value per query head)
+//   threshold: gqa_any (true/false), vote (none | heads | columns), keep_diagonal, keep_first,
+//              per_head_threshold (comma-separated tau per query head)
 #pragma once
 
 #include "tessel/sparse/backend.h"

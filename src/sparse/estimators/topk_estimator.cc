@@ -47,6 +47,8 @@ void check_options(const TopkEstimatorOptions& o) {
   if (o.block_kv < 1) fail_argument("topk.block_kv", ">= 1", o.block_kv);
   if (o.cdf_threshold > 1.0 || std::isnan(o.cdf_threshold)) fail_argument("topk.cdf_threshold", "<= 1 (<= 0 for top-k mode)", o.cdf_threshold);
   if (o.cdf_threshold <= 0.0 && !(o.topk_ratio > 0.0 && o.topk_ratio <= 1.0)) fail_argument("topk.topk_ratio", "in (0, 1]", o.topk_ratio);
+  for (size_t h = 0; h < o.per_head.size(); ++h)
+    if (!(o.per_head[h] > 0.0 && o.per_head[h] <= 1.0)) fail_argument(detail::concat("topk.per_head[", h, "]"), "in (0, 1]", o.per_head[h]);
   if (o.keep.sink_blocks < 0) fail_argument("topk.keep.sink_blocks", ">= 0", o.keep.sink_blocks);
 }
 
@@ -55,6 +57,8 @@ void check_options(const TopkEstimatorOptions& o) {
 EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options) {
   estimators::check_qk(q, k, "estimate_topk_mask");
   check_options(options);
+  if (!options.per_head.empty() && static_cast<int64_t>(options.per_head.size()) != q.size(2))
+    fail_argument("topk.per_head", detail::concat(q.size(2), " values (one per query head)"), options.per_head.size());
   const auto start = std::chrono::steady_clock::now();
   const int64_t batch = q.size(0), seq_q = q.size(1), hq = q.size(2), dim = q.size(3);
   const int64_t seq_kv = k.size(1), hkv = k.size(2), group = hq / hkv;
@@ -68,12 +72,14 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
                               options.similarity_threshold);
   });
 
-  const int64_t n_topk = std::clamp<int64_t>(std::llround(options.topk_ratio * static_cast<double>(kvbs)), 1, kvbs);
   std::vector<uint8_t> dense(static_cast<size_t>(batch * hq * qbs * kvbs), 0);
   parallel_for(batch * hq, [&](int64_t bh) {
     const int64_t b = bh / hq, h = bh % hq;
     const PooledBlocks pq = pool_blocks(estimators::head_rows(q, b, h, seq_q), seq_q, dim, options.block_q, options.similarity_threshold);
     const PooledBlocks& pk = pooled_k[b * hkv + h / group];
+    const bool cdf_mode = options.cdf_threshold > 0.0;
+    const double value = options.per_head.empty() ? (cdf_mode ? options.cdf_threshold : options.topk_ratio) : options.per_head[h];
+    const int64_t n_topk = std::clamp<int64_t>(std::llround(value * static_cast<double>(kvbs)), 1, kvbs);
     std::vector<int32_t> candidates;
     for (int64_t c = 0; c < kvbs; ++c)
       if (pk.similar[c]) candidates.push_back(static_cast<int32_t>(c));
@@ -99,12 +105,12 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
       order = candidates;
       std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b2) { return prob[a] > prob[b2] || (prob[a] == prob[b2] && a < b2); });
       int64_t n = n_topk;
-      if (options.cdf_threshold > 0.0) {
+      if (cdf_mode) {
         float cumulative = 0.0f;
         n = 0;
         while (n < static_cast<int64_t>(order.size())) {
           cumulative += prob[order[n++]];
-          if (static_cast<double>(cumulative) >= options.cdf_threshold) break;
+          if (static_cast<double>(cumulative) >= value) break;
         }
       }
       n = std::min<int64_t>(n, static_cast<int64_t>(order.size()));

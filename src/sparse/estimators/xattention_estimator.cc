@@ -20,6 +20,9 @@ void check_options(const XAttentionOptions& o) {
   if (o.block_kv < o.stride || o.block_kv % o.stride != 0)
     fail_argument("xattention.block_kv", detail::concat("a multiple of the stride ", o.stride), o.block_kv);
   if (!(o.threshold > 0.0 && o.threshold <= 1.0)) fail_argument("xattention.threshold", "in (0, 1]", o.threshold);
+  for (size_t h = 0; h < o.per_head_threshold.size(); ++h)
+    if (!(o.per_head_threshold[h] > 0.0 && o.per_head_threshold[h] <= 1.0))
+      fail_argument(detail::concat("xattention.per_head_threshold[", h, "]"), "in (0, 1]", o.per_head_threshold[h]);
 }
 
 // Steps 1–4 of the header for every (b, h_q): masses (B, H_q, Qb, KVb).
@@ -108,6 +111,9 @@ std::vector<float> xattention_block_mass(const TensorView& q, const TensorView& 
 EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
   estimators::check_qk(q, k, "estimate_xattention_mask");
   check_options(options);
+  if (!options.per_head_threshold.empty() && static_cast<int64_t>(options.per_head_threshold.size()) != q.size(2))
+    fail_argument("xattention.per_head_threshold", detail::concat(q.size(2), " values (one per query head)"),
+                  options.per_head_threshold.size());
   const auto start = std::chrono::steady_clock::now();
   const int64_t batch = q.size(0), hq = q.size(2), hkv = k.size(2), group = hq / hkv;
   const BlockMaskShape per_head{batch, hq, q.size(1), k.size(1), options.block_q, options.block_kv};
@@ -130,7 +136,9 @@ EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k
       else order.push_back(static_cast<int32_t>(c));
     }
     std::sort(order.begin(), order.end(), [m](int32_t a, int32_t b) { return m[a] > m[b] || (m[a] == m[b] && a < b); });
-    const double target = options.threshold * total;
+    const int64_t head = (row_index / qbs) % hq;
+    const double tau = options.per_head_threshold.empty() ? options.threshold : options.per_head_threshold[head];
+    const double target = tau * total;
     for (size_t i = 0; i < order.size() && kept < target; ++i) {
       row[order[i]] = 1;
       kept += m[order[i]];

@@ -15,7 +15,8 @@
 //   3. Order those blocks by (p descending, c ascending). Keep the first n of them:
 //        top-k mode (cdf_threshold <= 0): n = clamp(round(topk_ratio · KVb), 1, KVb);
 //        cdf mode   (cdf_threshold > 0):  n = the smallest n >= 1 with Σ_{first n} p >= cdf_threshold;
-//      n is capped at the number of self-similar k blocks.
+//      n is capped at the number of self-similar k blocks. With options.per_head set, query head h
+//      uses per_head[h] in place of topk_ratio (top-k mode) or cdf_threshold (cdf mode).
 //   4. A q block that is not self-similar keeps its whole row; a k block that is not self-similar
 //      is kept in every row (its whole column).
 //   5. The options' always-keep blocks (diagonal, first sink blocks) are added.
@@ -24,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/estimators/estimate_result.h"
@@ -34,6 +36,9 @@ namespace tessel {
 struct TopkEstimatorOptions {
   double topk_ratio = 0.5;
   double cdf_threshold = 0.0;          // > 0 selects cdf mode
+  // Per query head values (SpargeAttn tunes its hyperparameters per head): when non-empty, entry h
+  // replaces topk_ratio (or cdf_threshold in cdf mode) for query head h; size must be H_q.
+  std::vector<double> per_head;
   double similarity_threshold = 0.1;   // SpargeAttn's simthreshd1 default
   int64_t block_q = 128;
   int64_t block_kv = 64;

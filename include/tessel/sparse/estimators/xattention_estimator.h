@@ -13,7 +13,8 @@
 //   5. Row r: forced = {the diagonal kv blocks (AlwaysKeep::diagonal's definition) if keep_diagonal}
 //      ∪ {block 0 if keep_first}. Then, in order of (mass descending, c ascending), add blocks
 //      while Σ kept mass < threshold · Σ_c mass[r][c]. The kept set is the smallest that contains
-//      the forced blocks and reaches the threshold.
+//      the forced blocks and reaches the threshold (per_head_threshold[h] for query head h when
+//      given).
 //   6. Aggregation (optional, as xattention-bsa-policy.md):
 //        gqa_any: a kv head keeps a block iff any of its query heads does (mask_heads = H_kv);
 //        vote = kHeads: block (r, c) is kept iff more than half of the heads keep it
@@ -24,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/estimators/estimate_result.h"
@@ -34,6 +36,8 @@ enum class XAttentionVote : uint8_t { kNone, kHeads, kColumns };
 
 struct XAttentionOptions {
   double threshold = 0.95;
+  // When non-empty, entry h replaces threshold for query head h (size H_q).
+  std::vector<double> per_head_threshold;
   int64_t stride = 8;
   int64_t block_q = 128;
   int64_t block_kv = 64;
