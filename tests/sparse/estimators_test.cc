@@ -50,14 +50,28 @@ bool keeps(const BlockMask& m, int64_t head, int64_t row, int32_t kb) {
   return std::binary_search(r.begin(), r.end(), kb);
 }
 
+// Random q (B, S, Hq, D) and k (B, S, Hkv, D), and top-k options with blocks 32 x 16 and the
+// self-similarity rule off, so rows keep exactly the top-k count.
+struct RankingCase {
+  Tensor q, k;
+  TopkEstimatorOptions options;
+};
+
+RankingCase ranking_case(int64_t batch, int64_t seq, int64_t hq, int64_t hkv, int64_t dim, uint64_t seed) {
+  RankingCase c{Tensor::empty({batch, seq, hq, dim}, DType::kF32), Tensor::empty({batch, seq, hkv, dim}, DType::kF32), {}};
+  fill_normal(c.q.view(), seed);
+  fill_normal(c.k.view(), seed + 1);
+  c.options.block_q = 32;
+  c.options.block_kv = 16;
+  c.options.similarity_threshold = -2.0;
+  return c;
+}
+
 TEST(TopkEstimator, KeepsExactlyTheRequestedCount) {
-  Tensor q = Tensor::empty({2, 200, 4, 32}, DType::kF32), k = Tensor::empty({2, 200, 2, 32}, DType::kF32);
-  fill_normal(q.view(), 1);
-  fill_normal(k.view(), 2);
-  TopkEstimatorOptions o;
-  o.block_q = 32;
-  o.block_kv = 16;  // 13 kv blocks, the last partial
-  o.similarity_threshold = -2.0;
+  RankingCase c = ranking_case(2, 200, 4, 2, 32, 1);  // 13 kv blocks, the last partial
+  const Tensor& q = c.q;
+  const Tensor& k = c.k;
+  TopkEstimatorOptions& o = c.options;
   for (double ratio : {0.1, 0.25, 0.5, 1.0}) {
     o.topk_ratio = ratio;
     const EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
@@ -71,13 +85,10 @@ TEST(TopkEstimator, KeepsExactlyTheRequestedCount) {
 }
 
 TEST(TopkEstimator, PerHeadRatios) {
-  Tensor q = Tensor::empty({1, 160, 3, 16}, DType::kF32), k = Tensor::empty({1, 160, 3, 16}, DType::kF32);
-  fill_normal(q.view(), 3);
-  fill_normal(k.view(), 4);
-  TopkEstimatorOptions o;
-  o.block_q = 32;
-  o.block_kv = 16;  // 10 kv blocks
-  o.similarity_threshold = -2.0;
+  RankingCase c = ranking_case(1, 160, 3, 3, 16, 3);  // 10 kv blocks
+  const Tensor& q = c.q;
+  const Tensor& k = c.k;
+  TopkEstimatorOptions& o = c.options;
   o.per_head = {0.1, 0.5, 1.0};
   const BlockMask m = estimate_topk_mask(q.view(), k.view(), o).mask;
   for (int64_t h = 0; h < 3; ++h)
