@@ -32,6 +32,7 @@ struct EvalArgs {
   std::vector<std::string> head_types;
   std::vector<std::string> methods{"random", "dynamic_topk", "threshold", "radial", "local", "sliding_window", "spatial_aware"};
   std::vector<double> topk{0.1, 0.2, 0.3, 0.5};
+  std::vector<double> topk_per_head;  // one extra dynamic_topk row with these per-head ratios
   std::vector<double> thresholds{0.5, 0.8, 0.9, 0.95};
   std::vector<double> densities;  // random baseline; empty = the --topk list
   std::vector<double> decays{1.0};
@@ -117,6 +118,13 @@ int run_eval(const EvalArgs& a) {
         const double ms = median_ms(a.repeats - 1, [&] { r = estimate_topk_mask(q.view(), k.view(), o); });
         add("dynamic_topk", t, r.mask, nullptr, a.repeats > 1 ? ms : r.estimate_ms, 0.0);
       }
+      if (!a.topk_per_head.empty()) {
+        o.per_head = a.topk_per_head;
+        EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
+        double mean = 0.0;
+        for (double x : a.topk_per_head) mean += x / static_cast<double>(a.topk_per_head.size());
+        add("dynamic_topk_per_head", mean, r.mask, nullptr, r.estimate_ms, 0.0);
+      }
     } else if (method == "threshold") {
       XAttentionOptions o;
       o.block_q = a.block_q;
@@ -193,6 +201,9 @@ CommandRegistration registration{
       app.add_option("--seed", a->seed, "Synthetic and random-mask seed");
       app.add_option("--methods", a->methods, "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware")->delimiter(',');
       app.add_option("--topk", a->topk, "dynamic_topk ratios (or cdf thresholds with --cdf)")->delimiter(',');
+      app.add_option("--topk-per-head", a->topk_per_head,
+                     "dynamic_topk: one more run with these per-head ratios (param = their mean)")
+          ->delimiter(',');
       app.add_option("--threshold", a->thresholds, "threshold (XAttention) tau values")->delimiter(',');
       app.add_option("--densities", a->densities, "random baseline densities (default: the --topk list)")->delimiter(',');
       app.add_option("--decay", a->decays, "radial decay factors")->delimiter(',');
