@@ -277,6 +277,7 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
                             ? static_cast<double>(decode_selection.selected_blocks) /
                                   static_cast<double>(decode_selection.available_blocks)
                             : 1.0;
+  r["select_seconds"] = selection.select_seconds;
   r["bytes_h2d"] = prefill_stats.bytes_h2d;
   r["bytes_d2h"] = prefill_stats.bytes_d2h;
   r["h2d_gb_per_s_effective"] = h2d_gbps;  // bytes loaded / prefill wall time

@@ -1,5 +1,7 @@
 #include "tessel/kv/sparse_policy.h"
 
+#include <chrono>
+
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kv/chunked_attention.h"
@@ -46,7 +48,9 @@ void SparsePolicy::fail_phase(const char* phase) const {
 
 std::vector<int32_t> SparsePolicy::checked_select(const std::vector<int32_t>& available, OffloadEngine& engine,
                                                   const PolicyContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<int32_t> selected = select_blocks(available, engine, ctx);
+  selection_.select_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   size_t j = 0;
   for (size_t i = 0; i < selected.size(); ++i) {
     while (j < available.size() && available[j] != selected[i]) ++j;

@@ -104,11 +104,11 @@ TEST(CpuOffloadEngine, RejectsBadArgumentsWithoutIssuingWork) {
 TEST(CpuOffloadEngine, CopiesOverlapCompute) {
   OffloadConfig c = small_config();
   c.num_slots = 3;
-  const double copy_ms = 3.0;  // per load: K and V, 1.5 ms each
+  const double copy_ms = 20.0;  // per load: K and V, 10 ms each (long against scheduler delays)
   auto engine = make_cpu_offload_engine(c, CpuCopyOptions{0.0, copy_ms * 1000.0 / 2});
-  const int64_t blocks = 12;
+  const int64_t blocks = 8;
   double best_ratio = 1e9;
-  for (int attempt = 0; attempt < 3 && best_ratio > 0.75; ++attempt) {
+  for (int attempt = 0; attempt < 3 && best_ratio > 0.8; ++attempt) {
     const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < c.num_slots; ++i) engine->load_to_slot_layer(i, 0, i);
     for (int64_t i = 0; i < blocks; ++i) {
@@ -122,7 +122,7 @@ TEST(CpuOffloadEngine, CopiesOverlapCompute) {
     const double serialized = blocks * 2 * copy_ms;
     best_ratio = std::min(best_ratio, ms / serialized);
   }
-  EXPECT_LT(best_ratio, 0.75) << "copies did not overlap compute (time / serialized time)";
+  EXPECT_LT(best_ratio, 0.8) << "copies did not overlap compute (time / serialized time)";
   EXPECT_EQ(engine->stats().max_loads_in_flight, c.num_slots);
 }
 

@@ -54,6 +54,7 @@ struct ChunkedDecodeArgs {
 struct SelectionStats {
   int64_t available_blocks = 0;
   int64_t selected_blocks = 0;
+  double select_seconds = 0;  // host time spent in select_blocks
 };
 
 class SparsePolicy {
