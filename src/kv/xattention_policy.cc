@@ -101,23 +101,24 @@ std::vector<int32_t> XAttentionBsaPolicy::select_blocks(const std::vector<int32_
     const int64_t first_row = qb * rows_per_qblock;
     const int64_t last_row = std::min(q_rows, first_row + rows_per_qblock);
     std::vector<double> block_mass(static_cast<size_t>(n), 0.0);
-    std::vector<float> logits(static_cast<size_t>(columns));
+    // Rows are scored kRowTile at a time so each key column is read from memory once per tile.
+    constexpr int64_t kRowTile = 8;
+    std::vector<float> logits(static_cast<size_t>(kRowTile * columns));
     const float* keys = &k_r[static_cast<size_t>(g * columns * width)];
-    for (int64_t i = first_row; i < last_row; ++i) {
-      const float* qi = &q_r[static_cast<size_t>((h * q_rows + i) * width)];
-      float peak = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < columns; ++j) {
-        logits[static_cast<size_t>(j)] = dot(qi, keys + j * width, width) * scale;
-        peak = std::max(peak, logits[static_cast<size_t>(j)]);
-      }
-      double total = 0;
-      for (int64_t j = 0; j < columns; ++j) {
-        const float p = std::exp(logits[static_cast<size_t>(j)] - peak);
-        logits[static_cast<size_t>(j)] = p;
-        total += p;
-      }
+    for (int64_t row0 = first_row; row0 < last_row; row0 += kRowTile) {
+      const int64_t tile = std::min(kRowTile, last_row - row0);
+      const float* q_tile = &q_r[static_cast<size_t>((h * q_rows + row0) * width)];
       for (int64_t j = 0; j < columns; ++j)
-        block_mass[static_cast<size_t>(column_block[static_cast<size_t>(j)])] += logits[static_cast<size_t>(j)] / total;
+        for (int64_t r = 0; r < tile; ++r)
+          logits[static_cast<size_t>(r * columns + j)] = dot(q_tile + r * width, keys + j * width, width) * scale;
+      for (int64_t r = 0; r < tile; ++r) {
+        float* row = &logits[static_cast<size_t>(r * columns)];
+        const float peak = *std::max_element(row, row + columns);
+        double total = 0;
+        for (int64_t j = 0; j < columns; ++j) total += (row[j] = std::exp(row[j] - peak));
+        for (int64_t j = 0; j < columns; ++j)
+          block_mass[static_cast<size_t>(column_block[static_cast<size_t>(j)])] += row[j] / total;
+      }
     }
     // Keep the heaviest blocks until their mass reaches τ of the rows' total.
     std::vector<int64_t> order(static_cast<size_t>(n));
