@@ -2,8 +2,9 @@
 // host cache runs on one copy thread, in issue order. Compute runs synchronously in the caller's
 // thread, so "compute done" is complete when recorded; the fences below give the other ordering
 // rules of offload_engine.h: a load or an offload is a ticket of the FIFO copy queue, waiting on a
-// slot or an offload means waiting until the copy thread has finished that ticket, and a load can
-// never overtake an offload issued before it.
+// slot or an offload means waiting until that ticket is done, and a load can never overtake an
+// offload issued before it. Tasks run one at a time in ticket order, normally on the copy thread;
+// a caller that has to wait runs queued tasks itself while the copy thread is idle.
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -134,9 +135,40 @@ class CpuOffloadEngine final : public OffloadEngine {
     return ticket;
   }
 
+  // Blocks until `ticket` is done. A caller that must wait anyway runs queued copies itself when
+  // the copy thread is not mid-task (tasks still run one at a time, in order): on an oversubscribed
+  // machine the copy thread may not be scheduled for a long time, and waiting for it would
+  // serialize far worse than copying.
   void wait_ticket(uint64_t ticket) {
     std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+    while (completed_ < ticket) {
+      if (!executing_ && !queue_.empty()) {
+        run_front_task(lock);
+      } else {
+        done_cv_.wait(lock);
+      }
+    }
+  }
+
+  // Runs the queue's first task with `lock` (on mutex_) released meanwhile.
+  void run_front_task(std::unique_lock<std::mutex>& lock) {
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    executing_ = true;
+    lock.unlock();
+    const auto start = Clock::now();
+    task.work();
+    const double busy = std::chrono::duration<double>(Clock::now() - start).count();
+    lock.lock();
+    executing_ = false;
+    completed_ = task.ticket;
+    if (task.is_load) --loads_in_flight_;
+    {
+      std::lock_guard stats_lock(stats_mutex_);
+      stats_.copy_busy_seconds += busy;
+    }
+    done_cv_.notify_all();
+    work_cv_.notify_all();
   }
 
   // memcpy, then hold the copy thread until the simulated link would have finished.
@@ -149,26 +181,11 @@ class CpuOffloadEngine final : public OffloadEngine {
   }
 
   void copy_loop() {
+    std::unique_lock lock(mutex_);
     for (;;) {
-      Task task;
-      {
-        std::unique_lock lock(mutex_);
-        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping with nothing left
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      const auto start = Clock::now();
-      task.work();
-      const double busy = std::chrono::duration<double>(Clock::now() - start).count();
-      {
-        std::lock_guard lock(mutex_);
-        completed_ = task.ticket;
-        if (task.is_load) --loads_in_flight_;
-        std::lock_guard stats_lock(stats_mutex_);
-        stats_.copy_busy_seconds += busy;
-      }
-      done_cv_.notify_all();
+      work_cv_.wait(lock, [&] { return !executing_ && (stopping_ || !queue_.empty()); });
+      if (queue_.empty()) return;  // stopping, all issued copies done
+      run_front_task(lock);
     }
   }
 
@@ -178,6 +195,7 @@ class CpuOffloadEngine final : public OffloadEngine {
   std::deque<Task> queue_;
   uint64_t issued_ = 0;     // guarded by mutex_
   uint64_t completed_ = 0;  // guarded by mutex_; tickets finish in order
+  bool executing_ = false;  // guarded by mutex_; a task is running (on the copy thread or a caller)
   int64_t loads_in_flight_ = 0;
   bool stopping_ = false;
   // Tickets below are written only by the caller's thread.

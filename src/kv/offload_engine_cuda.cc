@@ -12,6 +12,7 @@
 #include <chrono>
 #include <vector>
 
+#include "kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offload_engine.h"
 
@@ -194,7 +195,10 @@ class CudaOffloadEngine final : public OffloadEngine {
 
 std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const OffloadConfig& config, int device_index,
                                                         void* compute_stream) {
-  return std::make_unique<CudaOffloadEngine>(config, device_index, static_cast<cudaStream_t>(compute_stream));
+  // By default compute is ordered on the stream tessel's kernels launch on for this thread.
+  const cudaStream_t stream =
+      compute_stream != nullptr ? static_cast<cudaStream_t>(compute_stream) : tessel::cuda::current_stream();
+  return std::make_unique<CudaOffloadEngine>(config, device_index, stream);
 }
 
 }  // namespace tessel::kv

@@ -44,7 +44,10 @@ Case random_case(std::mt19937& rng) {
   return c;
 }
 
-void run_case(const Case& c, uint64_t seed) {
+// Runs one case through OffloadedAttention and compares every output row with the fp64 reference.
+// Default policies: Full for both phases.
+void run_case(const Case& c, uint64_t seed, DType dtype = DType::kF32, SparsePolicy* prefill_policy = nullptr,
+              SparsePolicy* decode_policy = nullptr, double tolerance = 2e-5) {
   SCOPED_TRACE(::testing::Message() << "seq=" << c.seq << " block=" << c.block << " slots=" << c.slots << " heads="
                                     << c.heads << "/" << c.kv_heads << " dim=" << c.dim << " chunks=" << c.chunks.size()
                                     << " decode=" << c.decode_steps << " seed=" << seed);
@@ -57,18 +60,20 @@ void run_case(const Case& c, uint64_t seed) {
   config.num_slots = c.slots;
   config.num_host_blocks = total / c.block + 2;
   config.max_chunk_tokens = *std::max_element(c.chunks.begin(), c.chunks.end());
+  config.dtype = dtype;
   auto engine = make_cpu_offload_engine(config);
   KvBlockManager manager(config.num_host_blocks, c.block);
   FullPolicy full;
-  OffloadedAttention attention(*engine, manager, full, full);
+  OffloadedAttention attention(*engine, manager, prefill_policy ? *prefill_policy : full,
+                               decode_policy ? *decode_policy : full);
   attention.start_sequence();
 
   std::vector<Tensor> q, k, v, out;
   for (int64_t l = 0; l < c.layers; ++l) {
-    q.push_back(random_bshd(total, c.heads, c.dim, seed * 10 + 3 * l));
-    k.push_back(random_bshd(total, c.kv_heads, c.dim, seed * 10 + 3 * l + 1));
-    v.push_back(random_bshd(total, c.kv_heads, c.dim, seed * 10 + 3 * l + 2));
-    out.push_back(Tensor::empty({1, total, c.heads, c.dim}, DType::kF32));
+    q.push_back(random_bshd(total, c.heads, c.dim, seed * 10 + 3 * l).to(dtype));
+    k.push_back(random_bshd(total, c.kv_heads, c.dim, seed * 10 + 3 * l + 1).to(dtype));
+    v.push_back(random_bshd(total, c.kv_heads, c.dim, seed * 10 + 3 * l + 2).to(dtype));
+    out.push_back(Tensor::empty({1, total, c.heads, c.dim}, dtype));
     fill(out.back().view(), NAN);
   }
   int64_t first = 0;
@@ -91,14 +96,49 @@ void run_case(const Case& c, uint64_t seed) {
   causal.causal = true;
   for (int64_t l = 0; l < c.layers; ++l) {
     const auto ref = reference::attention(q[l].view(), k[l].view(), v[l].view(), causal);
-    EXPECT_LT(max_error(out[l].view(), ref), 2e-5) << "layer " << l;
+    EXPECT_LT(max_error(out[l].view(), ref), tolerance) << "layer " << l;
   }
   EXPECT_EQ(manager.total_len(attention.sequence()), total);
 }
 
+// These cases make thousands of tiny kernel calls; one OpenMP thread keeps them fast when ctest
+// runs tests side by side on a small machine (spinning OpenMP barriers under oversubscription
+// measured 40x slower here). Correctness does not depend on the thread count.
+class ScopedSingleThread {
+ public:
+  ScopedSingleThread() { set_num_threads(1); }
+  ~ScopedSingleThread() { set_num_threads(0); }
+};
+
 TEST(ChunkedAttention, FullPolicyEqualsMonolithicCausalAttention) {
+  ScopedSingleThread single_thread;
   std::mt19937 rng(2024);
   for (uint64_t trial = 0; trial < 40; ++trial) run_case(random_case(rng), trial + 1);
+}
+
+TEST(ChunkedAttention, Bf16CacheMatchesReferenceWithinBf16Rounding) {
+  ScopedSingleThread single_thread;
+  std::mt19937 rng(77);
+  for (uint64_t trial = 0; trial < 8; ++trial) run_case(random_case(rng), 500 + trial, DType::kBF16, nullptr, nullptr, 3e-2);
+}
+
+// Sparse policies whose budget covers every block must reproduce dense attention exactly: this
+// runs their selection code inside the pipeline (Quest for prefill and decode, Top-K for decode,
+// XAttention with τ = 1 keeps every block that carries any attention mass).
+TEST(ChunkedAttention, SparsePoliciesWithFullBudgetEqualReference) {
+  ScopedSingleThread single_thread;
+  std::mt19937 rng(5);
+  for (uint64_t trial = 0; trial < 8; ++trial) {
+    const Case c = random_case(rng);
+    QuestOptions options;
+    options.top_k = 1000;
+    options.enable_prefill = true;
+    QuestPolicy quest(options);
+    TopKPolicy topk(1000);
+    XAttentionBsaPolicy xattn(XAttentionOptions{1.0, 4, 0.0});
+    run_case(c, 700 + trial, DType::kF32, &quest, &quest);
+    run_case(c, 800 + trial, DType::kF32, &xattn, &topk);
+  }
 }
 
 TEST(ChunkedAttention, SingleTokenChunksAndOneSlot) {
@@ -161,9 +201,9 @@ TEST(ChunkedAttention, RejectsMisshapedQueries) {
   EXPECT_THROW(attention.begin_decode_step(), Error);  // a chunk is open
 }
 
-// The ring pipeline must overlap copies with attention. Copy latency per block is set equal to the
-// measured attention time per block, so a serialized pipeline would take about twice the compute
-// time and a pipelined one about the compute time plus one block.
+// The ring pipeline must overlap copies with attention. Copy latency per block is set to the
+// measured attention time per block; a serialized pipeline would take compute + copy time, a
+// pipelined one about the longer of the two plus one block.
 TEST(ChunkedAttention, RingPipelineOverlapsCopiesWithAttention) {
   OffloadConfig config;
   config.num_host_blocks = 24;
@@ -189,7 +229,7 @@ TEST(ChunkedAttention, RingPipelineOverlapsCopiesWithAttention) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   // One compute thread and interleaved runs (best of each) keep the comparison fair on a busy machine.
-  set_num_threads(1);
+  ScopedSingleThread single_thread;
   auto fast = make_cpu_offload_engine(config);
   fill_host(*fast);
   double compute = 1e9;
@@ -197,19 +237,21 @@ TEST(ChunkedAttention, RingPipelineOverlapsCopiesWithAttention) {
   const double per_block = compute / static_cast<double>(blocks.size());
   auto slow = make_cpu_offload_engine(config, CpuCopyOptions{0.0, per_block / 2 * 1e6});  // K and V copies
   fill_host(*slow);
-  double pipelined = 1e9;
+  // Per run: its own copy time (copy thread busy time) against the best compute time.
+  double overlap = -1, copy = 0, pipelined = 0;
   for (int i = 0; i < 4; ++i) {
-    pipelined = std::min(pipelined, seconds(*slow));
+    const double busy_before = slow->stats().copy_busy_seconds;
+    const double total = seconds(*slow);
+    const double run_copy = slow->stats().copy_busy_seconds - busy_before;
     compute = std::min(compute, seconds(*fast));
+    const double run_overlap = testing::overlap_fraction(total, compute, run_copy);
+    if (run_overlap > overlap) overlap = run_overlap, copy = run_copy, pipelined = total;
   }
-  set_num_threads(0);
-  // What a serialized pipeline would take: compute plus the copy thread's measured time per run.
-  const double serialized = compute + slow->stats().copy_busy_seconds / 4;
-  std::printf("ring pipeline: compute %.2f ms, with copies %.2f ms, serialized would be %.2f ms\n", compute * 1e3,
-              pipelined * 1e3, serialized * 1e3);
-  EXPECT_LT(pipelined, 0.8 * serialized) << "copies did not overlap attention";
+  std::printf("ring pipeline: compute %.2f ms, copies %.2f ms, pipelined %.2f ms, overlap %.2f\n", compute * 1e3,
+              copy * 1e3, pipelined * 1e3, overlap);
+  EXPECT_GT(overlap, 0.6) << "copies did not overlap attention";
   EXPECT_EQ(slow->stats().max_loads_in_flight, config.num_slots);
-  EXPECT_GT(slow->stats().copy_busy_seconds / 4, 0.9 * compute);
+  EXPECT_GT(copy, 0.9 * compute);
 }
 
 }  // namespace

@@ -38,4 +38,10 @@ inline double max_error(const TensorView& out, const reference::AttentionResult&
   return worst;
 }
 
+// How much of the shorter of (compute, copy) was hidden under the other, given the pipeline's total
+// time: 0 for a serialized pipeline (total = compute + copy), 1 for perfect overlap.
+inline double overlap_fraction(double total, double compute, double copy) {
+  return (compute + copy - total) / std::min(compute, copy);
+}
+
 }  // namespace tessel::kv::testing

@@ -98,31 +98,36 @@ TEST(CpuOffloadEngine, RejectsBadArgumentsWithoutIssuingWork) {
   EXPECT_THROW(make_cpu_offload_engine(small_config(), CpuCopyOptions{-1.0, 0.0}), Error);
 }
 
-// A pipelined caller (preload all slots, then wait → compute → reload) must run copies on the copy
-// thread while it computes: with equal copy and compute time per block the total must be well
-// below the serialized sum. Compute is a sleep here so the test measures the engine, not the CPU.
+// A pipelined caller (preload all slots, then wait → compute → reload) must have copies run while
+// it computes. Compute is a sleep so the test measures the engine, not the CPU; compute and copy
+// times are measured (sleeps overshoot on a busy machine) and the overlap is judged against them.
 TEST(CpuOffloadEngine, CopiesOverlapCompute) {
   OffloadConfig c = small_config();
   c.num_slots = 3;
   const double copy_ms = 20.0;  // per load: K and V, 10 ms each (long against scheduler delays)
   auto engine = make_cpu_offload_engine(c, CpuCopyOptions{0.0, copy_ms * 1000.0 / 2});
   const int64_t blocks = 8;
-  double best_ratio = 1e9;
-  for (int attempt = 0; attempt < 3 && best_ratio > 0.8; ++attempt) {
-    const auto start = std::chrono::steady_clock::now();
+  double best = -1;
+  for (int attempt = 0; attempt < 3 && best < 0.5; ++attempt) {
+    using Clock = std::chrono::steady_clock;
+    const double busy_before = engine->stats().copy_busy_seconds;
+    double compute = 0;
+    const auto start = Clock::now();
     for (int64_t i = 0; i < c.num_slots; ++i) engine->load_to_slot_layer(i, 0, i);
     for (int64_t i = 0; i < blocks; ++i) {
       const int64_t slot = i % c.num_slots;
       engine->wait_slot_layer(slot);
+      const auto compute_start = Clock::now();
       std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(copy_ms * 1000)));
+      compute += std::chrono::duration<double>(Clock::now() - compute_start).count();
       engine->record_slot_compute_done(slot);
       if (i + c.num_slots < blocks) engine->load_to_slot_layer(slot, 0, (i + c.num_slots) % c.num_host_blocks);
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const double serialized = blocks * 2 * copy_ms;
-    best_ratio = std::min(best_ratio, ms / serialized);
+    const double total = std::chrono::duration<double>(Clock::now() - start).count();
+    const double copy = engine->stats().copy_busy_seconds - busy_before;
+    best = std::max(best, testing::overlap_fraction(total, compute, copy));
   }
-  EXPECT_LT(best_ratio, 0.8) << "copies did not overlap compute (time / serialized time)";
+  EXPECT_GT(best, 0.5) << "copies did not overlap compute (fraction of the shorter part hidden)";
   EXPECT_EQ(engine->stats().max_loads_in_flight, c.num_slots);
 }
 

@@ -168,8 +168,10 @@ class OffloadEngine {
 // A CPU engine: the "device" is a separate host arena; copies run on one copy thread.
 std::unique_ptr<OffloadEngine> make_cpu_offload_engine(const OffloadConfig& config, CpuCopyOptions options = {});
 // A CUDA engine (pinned host cache, cudaMemcpyAsync on per-slot streams). compute_stream is a
-// cudaStream_t passed as void*; nullptr uses the legacy default stream, which is where the
-// attention entry points launch. Throws Error when CUDA is not compiled in or no GPU is present.
+// cudaStream_t passed as void*: the stream the attention kernels run on. nullptr takes the calling
+// thread's current tessel kernel stream (the legacy default stream unless a StreamGuard set one);
+// attention must then run on that same stream. Throws Error when CUDA is not compiled in or no GPU
+// is present.
 std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const OffloadConfig& config, int device_index = 0,
                                                         void* compute_stream = nullptr);
 // Either, by device.
