@@ -15,15 +15,27 @@ namespace tessel::kv {
 namespace {
 
 // Dot product with independent partial sums, so the compiler can vectorize without -ffast-math.
-float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
   float sum = 0;
   for (; i < n; ++i) sum += a[i] * b[i];
   for (float x : acc) sum += x;
   return sum;
+}
+
+// logits[r * columns + j] = scale · q_tile[r] · keys[j] for `tile` query rows and all key columns,
+// each key column read once per tile. Cloned per ISA: a portable build still gets AVX2 / AVX-512
+// on machines that have them (the estimator is the host-side cost of XAttention).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void score_tile(const float* q_tile, int64_t tile, const float* keys, int64_t columns, int64_t width, float scale,
+                float* logits) {
+  for (int64_t j = 0; j < columns; ++j)
+    for (int64_t r = 0; r < tile; ++r) logits[r * columns + j] = dot(q_tile + r * width, keys + j * width, width) * scale;
 }
 
 }  // namespace
@@ -108,9 +120,7 @@ std::vector<int32_t> XAttentionBsaPolicy::select_blocks(const std::vector<int32_
     for (int64_t row0 = first_row; row0 < last_row; row0 += kRowTile) {
       const int64_t tile = std::min(kRowTile, last_row - row0);
       const float* q_tile = &q_r[static_cast<size_t>((h * q_rows + row0) * width)];
-      for (int64_t j = 0; j < columns; ++j)
-        for (int64_t r = 0; r < tile; ++r)
-          logits[static_cast<size_t>(r * columns + j)] = dot(q_tile + r * width, keys + j * width, width) * scale;
+      score_tile(q_tile, tile, keys, columns, width, scale, logits.data());
       for (int64_t r = 0; r < tile; ++r) {
         float* row = &logits[static_cast<size_t>(r * columns)];
         const float peak = *std::max_element(row, row + columns);
