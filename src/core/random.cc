@@ -7,18 +7,6 @@
 namespace tessel {
 namespace {
 
-// splitmix64: tiny, fast, identical on every platform (std distributions are not).
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-};
-
 template <typename Gen>
 void fill_with(const TensorView& dst, Gen&& gen) {
   check_device(dst, Device::cpu(), "dst");

@@ -1,0 +1,19 @@
+// Internal: the CPU kernels behind include/tessel/kernels/attention.h. Arguments are already
+// validated by src/kernels/attention.cc (CPU tensors, matching shapes, head_dim stride 1).
+#pragma once
+
+#include "tessel/core/tensor.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/kernels/block_mask_view.h"
+
+namespace tessel::cpu {
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& lse, const AttentionOptions& options);
+void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+                                    const AttentionOptions& options);
+void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                            const TensorView& lse_b, const TensorView& out, const TensorView& lse);
+
+}  // namespace tessel::cpu

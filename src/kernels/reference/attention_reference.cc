@@ -1,0 +1,122 @@
+// The fp64 oracle: for each query row, the plain formula softmax(scale * q k^T) v over the keys
+// it may see, with the max subtracted for stability. No tiling, no tricks.
+#include <cmath>
+#include <limits>
+
+#include "tessel/core/error.h"
+#include "tessel/kernels/reference.h"
+
+namespace tessel::reference {
+namespace {
+
+Tensor to_fp64(const TensorView& t, const char* name) {
+  check_device(t, Device::cpu(), name);
+  check_rank(t, 4, name);
+  Tensor out = Tensor::empty(t.shape(), DType::kF64);
+  copy_convert(t, out.view());
+  return out;
+}
+
+// keep(j) says whether key j is in a kept kv block of this query row's mask row.
+template <typename Keep>
+AttentionResult run(const TensorView& q_view, const TensorView& k_view, const TensorView& v_view,
+                    const AttentionOptions& options, const std::vector<int64_t>& q_rows_in, Keep&& keep) {
+  const Tensor q = to_fp64(q_view, "q"), k = to_fp64(k_view, "k"), v = to_fp64(v_view, "v");
+  const int64_t batch = q.size(0), seq_q = q.size(1), heads = q.size(2), head_dim = q.size(3);
+  const int64_t seq_kv = k.size(1), kv_heads = k.size(2);
+  if (k.shape() != v.shape()) fail_argument("v", "the shape of k " + shape_str(k.shape()), shape_str(v.shape()));
+  if (k.size(0) != batch || k.size(3) != head_dim)
+    fail_argument("k", detail::concat("batch ", batch, " and head_dim ", head_dim), shape_str(k.shape()));
+  if (kv_heads < 1 || heads % kv_heads != 0)
+    fail_argument("k heads", detail::concat("a divisor of ", heads), kv_heads);
+  const int64_t group = heads / kv_heads;
+  const double scale = attention_scale(options, head_dim);
+
+  AttentionResult result;
+  result.batch = batch;
+  result.heads = heads;
+  result.head_dim = head_dim;
+  result.q_rows = q_rows_in;
+  if (result.q_rows.empty())
+    for (int64_t i = 0; i < seq_q; ++i) result.q_rows.push_back(i);
+  for (int64_t i : result.q_rows)
+    if (i < 0 || i >= seq_q) fail_argument("q_rows", detail::concat("positions in [0, ", seq_q, ")"), i);
+  const int64_t rows = result.rows();
+  result.out.assign(static_cast<size_t>(batch * rows * heads * head_dim), 0.0);
+  result.lse.assign(static_cast<size_t>(batch * heads * rows), -std::numeric_limits<double>::infinity());
+
+  const double* qd = q.data_as<double>();
+  const double* kd = k.data_as<double>();
+  const double* vd = v.data_as<double>();
+  std::vector<double> scores(static_cast<size_t>(seq_kv));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t i = result.q_rows[static_cast<size_t>(r)], hk = h / group;
+        const double* qi = qd + ((b * seq_q + i) * heads + h) * head_dim;
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < seq_kv; ++j) {
+          double s = -std::numeric_limits<double>::infinity();
+          if (key_visible(i, j, seq_q, seq_kv, options) && keep(b, h, i, j)) {
+            const double* kj = kd + ((b * seq_kv + j) * kv_heads + hk) * head_dim;
+            s = 0.0;
+            for (int64_t d = 0; d < head_dim; ++d) s += qi[d] * kj[d];
+            s *= scale;
+          }
+          scores[static_cast<size_t>(j)] = s;
+          max_score = std::max(max_score, s);
+        }
+        if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no key: out 0, lse -inf
+        double sum = 0.0;
+        double* o = &result.out[static_cast<size_t>(((b * rows + r) * heads + h) * head_dim)];
+        for (int64_t j = 0; j < seq_kv; ++j) {
+          const double p = std::exp(scores[static_cast<size_t>(j)] - max_score);
+          if (p == 0.0) continue;
+          sum += p;
+          const double* vj = vd + ((b * seq_kv + j) * kv_heads + hk) * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vj[d];
+        }
+        for (int64_t d = 0; d < head_dim; ++d) o[d] /= sum;
+        result.lse[static_cast<size_t>((b * heads + h) * rows + r)] = max_score + std::log(sum);
+      }
+  return result;
+}
+
+}  // namespace
+
+bool key_visible(int64_t i, int64_t j, int64_t seq_q, int64_t seq_kv, const AttentionOptions& options) {
+  const int64_t diagonal = i + (seq_kv - seq_q);  // the key aligned with query i (bottom-right)
+  if (options.causal && j > diagonal) return false;
+  if (options.window_right >= 0 && j > diagonal + options.window_right) return false;
+  if (options.window_left >= 0 && j < diagonal - options.window_left) return false;
+  return true;
+}
+
+AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const AttentionOptions& options, const std::vector<int64_t>& q_rows) {
+  return run(q, k, v, options, q_rows, [](int64_t, int64_t, int64_t, int64_t) { return true; });
+}
+
+AttentionResult block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const BlockMaskView& mask, const AttentionOptions& options,
+                                       const std::vector<int64_t>& q_rows) {
+  check_device(q, Device::cpu(), "q");
+  if (!mask.device.is_cpu()) fail_argument("mask.device", "cpu", mask.device.str());
+  const int64_t heads = q.size(2), kv_heads = k.size(2);
+  if (mask.seq_q != q.size(1)) fail_argument("mask.seq_q", q.size(1), mask.seq_q);
+  if (mask.seq_kv != k.size(1)) fail_argument("mask.seq_kv", k.size(1), mask.seq_kv);
+  if (mask.mask_batch != 1 && mask.mask_batch != q.size(0))
+    fail_argument("mask.mask_batch", detail::concat("1 or ", q.size(0)), mask.mask_batch);
+  if (mask.mask_heads != 1 && mask.mask_heads != heads && mask.mask_heads != kv_heads)
+    fail_argument("mask.mask_heads", detail::concat("1, ", kv_heads, " or ", heads), mask.mask_heads);
+  auto keep = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    const int64_t row = mask.row(b, mask.mask_head_for(h, heads, kv_heads), i / mask.block_q);
+    const int32_t block = static_cast<int32_t>(j / mask.block_kv);
+    for (int32_t n = mask.indptr[row]; n < mask.indptr[row + 1]; ++n)
+      if (mask.indices[n] == block) return true;
+    return false;
+  };
+  return run(q, k, v, options, q_rows, keep);
+}
+
+}  // namespace tessel::reference

@@ -1,0 +1,209 @@
+#include "bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <sstream>
+
+#include "bench_timer.h"
+#include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
+#include "tessel/core/random.h"
+#include "tessel/core/tensor.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/kernels/reference.h"
+#include "tessel/sparse/block_mask.h"
+
+namespace tessel::cli {
+namespace {
+
+struct Inputs {
+  Tensor q_host, k_host, v_host;  // CPU copies, read by the reference
+  Tensor q, k, v, out, lse;       // on the bench device
+};
+
+Inputs make_inputs(const BenchConfig& c) {
+  const int64_t hk = c.effective_kv_heads(), skv = c.effective_seq_kv();
+  Inputs in;
+  in.q_host = Tensor::empty({c.batch, c.seq, c.heads, c.head_dim}, c.dtype);
+  in.k_host = Tensor::empty({c.batch, skv, hk, c.head_dim}, c.dtype);
+  in.v_host = Tensor::empty({c.batch, skv, hk, c.head_dim}, c.dtype);
+  fill_normal(in.q_host.view(), c.seed * 3 + 1);
+  fill_normal(in.k_host.view(), c.seed * 3 + 2);
+  fill_normal(in.v_host.view(), c.seed * 3 + 3);
+  in.q = in.q_host.to(c.device);
+  in.k = in.k_host.to(c.device);
+  in.v = in.v_host.to(c.device);
+  in.out = Tensor::empty(in.q_host.shape(), c.dtype, c.device);
+  in.lse = Tensor::empty({c.batch, c.heads, c.seq}, DType::kF32, c.device);
+  return in;
+}
+
+// Fraction of all (query, key) pairs a kernel computes: the kept blocks, further cut by causality.
+double computed_fraction(const BenchConfig& c, const BlockMask* mask) {
+  const int64_t seq_kv = c.effective_seq_kv(), shift = seq_kv - c.seq;
+  if (!c.causal) return mask ? mask->token_density() : 1.0;
+  auto visible_in = [&](int64_t i, int64_t begin, int64_t end) {  // keys in [begin, end) visible to query i
+    return std::max<int64_t>(0, std::min(end, i + shift + 1) - begin);
+  };
+  double pairs = 0.0;
+  if (!mask) {
+    for (int64_t i = 0; i < c.seq; ++i) pairs += static_cast<double>(visible_in(i, 0, seq_kv));
+    return pairs / (static_cast<double>(c.seq) * static_cast<double>(seq_kv));
+  }
+  const BlockMaskShape& s = mask->shape();
+  for (int64_t r = 0; r < s.num_rows(); ++r) {
+    const int64_t qb = r % s.q_blocks();
+    for (int32_t n = mask->indptr()[static_cast<size_t>(r)]; n < mask->indptr()[static_cast<size_t>(r + 1)]; ++n) {
+      const int64_t j0 = mask->indices()[static_cast<size_t>(n)] * s.block_kv, j1 = std::min(seq_kv, j0 + s.block_kv);
+      for (int64_t i = qb * s.block_q; i < std::min(c.seq, (qb + 1) * s.block_q); ++i)
+        pairs += static_cast<double>(visible_in(i, j0, j1));
+    }
+  }
+  return pairs / (static_cast<double>(s.mask_batch * s.mask_heads) * static_cast<double>(c.seq) *
+                  static_cast<double>(seq_kv));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double time_median_ms(const BenchConfig& c, const std::function<void()>& run) {
+  for (int i = 0; i < c.warmup; ++i) run();
+  auto timer = make_bench_timer(c.device);
+  std::vector<double> ms;
+  for (int i = 0; i < c.iters; ++i) {
+    timer->start();
+    run();
+    ms.push_back(timer->stop_ms());
+  }
+  return median(ms);
+}
+
+double max_relative_error(const BenchConfig& c, const Inputs& in, const BlockMask* mask, const AttentionOptions& opt) {
+  std::vector<int64_t> rows;
+  const int64_t n = std::min(c.check_rows, c.seq);
+  for (int64_t r = 0; r < n; ++r) rows.push_back(n == 1 ? 0 : r * (c.seq - 1) / (n - 1));
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const auto ref = mask ? reference::block_sparse_attention(in.q_host, in.k_host, in.v_host, mask->view(), opt, rows)
+                        : reference::attention(in.q_host, in.k_host, in.v_host, opt, rows);
+  const Tensor out = in.out.to(Device::cpu());
+  double max_err = 0.0, max_ref = 0.0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t r = 0; r < ref.rows(); ++r)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t d = 0; d < c.head_dim; ++d) {
+          const int64_t i = ref.q_rows[static_cast<size_t>(r)];
+          const double want = ref.out_at(b, r, h, d);
+          const double got = element_as_double(out.view(), ((b * c.seq + i) * c.heads + h) * c.head_dim + d);
+          max_err = std::max(max_err, std::isfinite(got) ? std::abs(got - want) : INFINITY);
+          max_ref = std::max(max_ref, std::abs(want));
+        }
+  return max_ref > 0.0 ? max_err / max_ref : max_err;
+}
+
+void validate(const BenchConfig& c) {
+  if (c.batch < 1) fail_argument("--batch", ">= 1", c.batch);
+  if (c.heads < 1) fail_argument("--heads", ">= 1", c.heads);
+  if (c.kv_heads < 0 || c.heads % c.effective_kv_heads() != 0)
+    fail_argument("--kv-heads", detail::concat("a divisor of --heads ", c.heads), c.kv_heads);
+  if (c.head_dim < 1) fail_argument("--head-dim", ">= 1", c.head_dim);
+  if (c.seq < 1) fail_argument("--seq", ">= 1", c.seq);
+  if (c.seq_kv < 0) fail_argument("--seq-kv", ">= 1 (0 = --seq)", c.seq_kv);
+  if (c.iters < 1) fail_argument("--iters", ">= 1", c.iters);
+  if (c.warmup < 0) fail_argument("--warmup", ">= 0", c.warmup);
+  if (c.densities.empty()) fail_argument("--density", "at least one value", "none");
+  for (double d : c.densities)
+    if (!(d > 0.0 && d <= 1.0)) fail_argument("--density", "values in (0, 1]", d);
+  if (c.device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", c.device.str());
+}
+
+}  // namespace
+
+nlohmann::json BenchConfig::to_json() const {
+  return {{"device", device.str()},     {"dtype", std::string(dtype_name(dtype))},
+          {"batch", batch},             {"heads", heads},
+          {"kv_heads", effective_kv_heads()}, {"head_dim", head_dim},
+          {"seq", seq},                 {"seq_kv", effective_seq_kv()},
+          {"densities", densities},     {"block_q", block_q},
+          {"block_kv", block_kv},       {"iters", iters},
+          {"warmup", warmup},           {"threads", device.is_cpu() ? max_threads() : 0},
+          {"causal", causal},           {"seed", seed}};
+}
+
+nlohmann::json BenchReport::to_json() const {
+  nlohmann::json results_json = nlohmann::json::array();
+  for (const BenchResult& r : results)
+    results_json.push_back({{"method", r.method},
+                            {"density", r.density},
+                            {"ms", r.ms},
+                            {"tflops_dense_equiv", r.tflops_dense_equiv},
+                            {"tflops_effective", r.tflops_effective},
+                            {"max_rel_err", r.max_rel_err}});
+  return {{"config", config.to_json()}, {"results", results_json}};
+}
+
+std::string BenchReport::to_table() const {
+  const BenchConfig& c = config;
+  std::ostringstream os;
+  os << "tessel bench: " << c.device.str() << " " << dtype_name(c.dtype) << " B=" << c.batch << " H=" << c.heads << "/"
+     << c.effective_kv_heads() << " D=" << c.head_dim << " S_q=" << c.seq << " S_kv=" << c.effective_seq_kv()
+     << " blocks " << c.block_q << "x" << c.block_kv << (c.causal ? " causal" : "") << ", median of " << c.iters
+     << " runs";
+  if (c.device.is_cpu()) os << ", " << max_threads() << " threads";
+  os << "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-14s %8s %11s %14s %14s %12s\n", "method", "density", "ms", "TFLOP/s dense",
+                "TFLOP/s eff", "max_rel_err");
+  os << line;
+  for (const BenchResult& r : results) {
+    std::snprintf(line, sizeof line, "%-14s %8.4f %11.3f %14.4f %14.4f %12.2e\n", r.method.c_str(), r.density, r.ms,
+                  r.tflops_dense_equiv, r.tflops_effective, r.max_rel_err);
+    os << line;
+  }
+  return os.str();
+}
+
+BenchReport run_bench(const BenchConfig& config) {
+  validate(config);
+  if (config.threads > 0) set_num_threads(config.threads);
+  Inputs in = make_inputs(config);
+  AttentionOptions opt;
+  opt.causal = config.causal;
+  const double flops = 4.0 * static_cast<double>(config.batch * config.heads) * static_cast<double>(config.seq) *
+                       static_cast<double>(config.effective_seq_kv()) * static_cast<double>(config.head_dim);
+  BenchReport report{config, {}};
+  for (size_t n = 0; n < config.densities.size(); ++n) {
+    const double density = config.densities[n];
+    std::optional<BlockMask> mask;
+    std::optional<BlockMask::DeviceCopy> device_mask;
+    BenchResult result;
+    std::function<void()> run;
+    if (density >= 1.0) {
+      result.method = "dense";
+      run = [&] { attention_forward(in.q, in.k, in.v, in.out, in.lse, opt); };
+    } else {
+      // One mask per (batch, query head): the general case a kernel must handle.
+      mask = BlockMask::random({config.batch, config.heads, config.seq, config.effective_seq_kv(), config.block_q,
+                                config.block_kv},
+                               density, config.seed + 1000 * (n + 1));
+      device_mask = mask->to_device(config.device);
+      result.method = "block_sparse";
+      run = [&] { block_sparse_attention_forward(in.q, in.k, in.v, device_mask->view(), in.out, in.lse, opt); };
+    }
+    result.density = mask ? mask->density() : 1.0;
+    result.ms = time_median_ms(config, run);
+    const double seconds = result.ms * 1e-3;
+    result.tflops_dense_equiv = flops / seconds * 1e-12;
+    result.tflops_effective = flops * computed_fraction(config, mask ? &*mask : nullptr) / seconds * 1e-12;
+    result.max_rel_err = max_relative_error(config, in, mask ? &*mask : nullptr, opt);
+    report.results.push_back(result);
+  }
+  return report;
+}
+
+}  // namespace tessel::cli

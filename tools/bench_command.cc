@@ -1,0 +1,51 @@
+// `tessel bench`: flags -> BenchConfig -> run_bench() -> table or JSON.
+#include <iostream>
+#include <string>
+
+#include "bench.h"
+#include "command.h"
+#include "tessel/core/device.h"
+
+namespace tessel::cli {
+namespace {
+
+CommandRegistration registration{
+    "bench", "Time dense and block-sparse attention at several mask densities and check them against fp64",
+    [](CLI::App& app) {
+      auto config = std::make_shared<BenchConfig>();
+      auto device = std::make_shared<std::string>(cuda_available() ? "cuda" : "cpu");
+      auto dtype = std::make_shared<std::string>("bf16");
+      auto json = std::make_shared<bool>(false);
+      app.add_option("--device", *device, "cpu or cuda[:N] (default: cuda when a GPU is present)")->capture_default_str();
+      app.add_option("--dtype", *dtype, "fp32, fp16 or bf16")->capture_default_str();
+      app.add_option("--batch", config->batch, "batch size")->capture_default_str();
+      app.add_option("--heads", config->heads, "query heads")->capture_default_str();
+      app.add_option("--kv-heads", config->kv_heads, "key/value heads (GQA; default: --heads)");
+      app.add_option("--head-dim", config->head_dim, "head dimension")->capture_default_str();
+      app.add_option("--seq", config->seq, "query tokens")->capture_default_str();
+      app.add_option("--seq-kv", config->seq_kv, "key tokens (default: --seq)");
+      app.add_option("--density", config->densities, "comma-separated kept-block fractions; 1 = dense kernel")
+          ->delimiter(',')
+          ->capture_default_str();
+      app.add_option("--block-q", config->block_q, "query tokens per mask block")->capture_default_str();
+      app.add_option("--block-kv", config->block_kv, "key tokens per mask block")->capture_default_str();
+      app.add_option("--iters", config->iters, "timed runs (the median is reported)")->capture_default_str();
+      app.add_option("--warmup", config->warmup, "untimed runs first")->capture_default_str();
+      app.add_option("--threads", config->threads, "CPU threads (default: all)");
+      app.add_option("--seed", config->seed, "seed of the inputs and masks")->capture_default_str();
+      app.add_flag("--causal", config->causal, "causal attention (bottom-right aligned)");
+      app.add_flag("--json", *json, "print one JSON object instead of a table");
+      return CommandRunner([config, device, dtype, json] {
+        config->device = parse_device(*device);
+        config->dtype = parse_dtype(*dtype);
+        const BenchReport report = run_bench(*config);
+        if (*json)
+          std::cout << report.to_json().dump() << "\n";
+        else
+          std::cout << report.to_table();
+        return 0;
+      });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli

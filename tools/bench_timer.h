@@ -1,0 +1,30 @@
+// Timing for `tessel bench`, per device. The CPU timer (wall clock) is built in; a device backend
+// registers its own (e.g. CUDA events in a CUDA-only file) with a static BenchTimerRegistration,
+// so the bench loop itself never names a device API.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "tessel/core/device.h"
+
+namespace tessel::cli {
+
+class BenchTimer {
+ public:
+  virtual ~BenchTimer() = default;
+  virtual void start() = 0;
+  // Milliseconds since start(), after the timed work has finished on the device.
+  virtual double stop_ms() = 0;
+};
+
+using BenchTimerFactory = std::function<std::unique_ptr<BenchTimer>(Device)>;
+
+struct BenchTimerRegistration {
+  BenchTimerRegistration(DeviceType type, BenchTimerFactory factory);
+};
+
+// Throws Error when no timer is registered for the device type.
+std::unique_ptr<BenchTimer> make_bench_timer(Device device);
+
+}  // namespace tessel::cli
