@@ -7,6 +7,7 @@
 #include "command.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/device.h"
+#include "tessel/core/error.h"
 
 namespace tessel::cli {
 namespace {
@@ -46,6 +47,9 @@ CommandRegistration registration{
       return CommandRunner([config, device, dtype, json, steps, sparse_flags] {
         config->device = parse_device(*device);
         config->dtype = parse_dtype(*dtype);
+        const SparseAttnFlags& f = *sparse_flags;
+        if (steps->steps == 0 && (f.backend || f.topk || f.schedule || f.pattern || f.config))
+          fail_argument("--steps", "N >= 1 with the --sparse-attn-* flags (they configure the denoising loop)", 0);
         if (steps->steps != 0) {
           steps->sparse = sparse_flags->to_config();
           const StepsReport report = run_denoising_steps(*config, *steps);

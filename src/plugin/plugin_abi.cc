@@ -11,6 +11,31 @@
 namespace tessel::plugin {
 namespace {
 
+// The C enums promise tessel's numbering; the casts below rely on it.
+static_assert(TESSEL_DTYPE_F32 == static_cast<int>(DType::kF32) && TESSEL_DTYPE_F16 == static_cast<int>(DType::kF16) &&
+              TESSEL_DTYPE_BF16 == static_cast<int>(DType::kBF16) && TESSEL_DTYPE_F64 == static_cast<int>(DType::kF64) &&
+              TESSEL_DTYPE_I32 == static_cast<int>(DType::kI32) && TESSEL_DTYPE_U8 == static_cast<int>(DType::kU8));
+static_assert(TESSEL_DEVICE_CPU == static_cast<int>(DeviceType::kCPU) &&
+              TESSEL_DEVICE_CUDA == static_cast<int>(DeviceType::kCUDA));
+static_assert(TESSEL_PATTERN_DENSE == static_cast<int>(PatternType::kDense) &&
+              TESSEL_PATTERN_BLOCK_SPARSE == static_cast<int>(PatternType::kBlockSparse) &&
+              TESSEL_PATTERN_SLIDING_WINDOW == static_cast<int>(PatternType::kSlidingWindow) &&
+              TESSEL_PATTERN_SPATIAL_AWARE == static_cast<int>(PatternType::kSpatialAware) &&
+              TESSEL_PATTERN_DYNAMIC_TOPK == static_cast<int>(PatternType::kDynamicTopk) &&
+              TESSEL_PATTERN_THRESHOLD == static_cast<int>(PatternType::kThreshold) &&
+              TESSEL_PATTERN_RADIAL == static_cast<int>(PatternType::kRadial) &&
+              TESSEL_PATTERN_LOCAL == static_cast<int>(PatternType::kLocal) &&
+              TESSEL_PATTERN_ARROW == static_cast<int>(PatternType::kArrow) &&
+              TESSEL_PATTERN_COMPOSITE == static_cast<int>(PatternType::kComposite) && kNumPatternTypes == 10);
+static_assert(TESSEL_MODULE_DIT_SELF == static_cast<int>(ModuleType::kDitSelf) &&
+              TESSEL_MODULE_DIT_CROSS == static_cast<int>(ModuleType::kDitCross) &&
+              TESSEL_MODULE_DIT_JOINT == static_cast<int>(ModuleType::kDitJoint) &&
+              TESSEL_MODULE_LLM_PREFILL == static_cast<int>(ModuleType::kLlmPrefill) &&
+              TESSEL_MODULE_LLM_DECODE == static_cast<int>(ModuleType::kLlmDecode) && kNumModuleTypes == 5);
+static_assert(static_cast<int>(SpatialOrdering::kRaster) == 0 && static_cast<int>(SpatialOrdering::kHilbert) == 1 &&
+              static_cast<int>(SpatialOrdering::kZCurve) == 2);
+static_assert(TESSEL_LOG_DEBUG == static_cast<int>(LogLevel::kDebug) && TESSEL_LOG_ERROR == static_cast<int>(LogLevel::kError));
+
 constexpr double kAbsentReal = std::numeric_limits<double>::quiet_NaN();
 
 void set_message(tessel_error* error, const char* message) {

@@ -120,6 +120,7 @@ TEST_F(CliPlugin, BadChoicesFailWithAnError) {
   EXPECT_EQ(run_tessel(dir_.string(), "bench --steps 2 --seq 64 --sparse-attn-backend nope").status, 2);
   EXPECT_EQ(run_tessel(dir_.string(), "bench --steps 2 --seq 64 --sparse-attn-topk 7").status, 2);
   EXPECT_EQ(run_tessel(dir_.string(), "backends --sparse-attn-backend /no/such/lib.so").status, 2);
+  EXPECT_EQ(run_tessel(dir_.string(), "bench --seq 64 --sparse-attn-backend sink_window").status, 2);  // no --steps
 }
 
 }  // namespace
