@@ -72,16 +72,22 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double time_median_ms(const BenchConfig& c, const std::function<void()>& run) {
-  for (int i = 0; i < c.warmup; ++i) run();
+// Median ms of each run function. Iterations go round-robin over the methods, so on a shared
+// machine a burst of load slows every method alike instead of one of them.
+std::vector<double> time_medians_ms(const BenchConfig& c, const std::vector<std::function<void()>>& runs) {
+  for (const auto& run : runs)
+    for (int i = 0; i < c.warmup; ++i) run();
   auto timer = make_bench_timer(c.device);
-  std::vector<double> ms;
-  for (int i = 0; i < c.iters; ++i) {
-    timer->start();
-    run();
-    ms.push_back(timer->stop_ms());
-  }
-  return median(ms);
+  std::vector<std::vector<double>> ms(runs.size());
+  for (int i = 0; i < c.iters; ++i)
+    for (size_t m = 0; m < runs.size(); ++m) {
+      timer->start();
+      runs[m]();
+      ms[m].push_back(timer->stop_ms());
+    }
+  std::vector<double> medians;
+  for (auto& v : ms) medians.push_back(median(v));
+  return medians;
 }
 
 double max_relative_error(const BenchConfig& c, const Inputs& in, const BlockMask* mask, const AttentionOptions& opt) {
@@ -176,32 +182,43 @@ BenchReport run_bench(const BenchConfig& config) {
   opt.causal = config.causal;
   const double flops = 4.0 * static_cast<double>(config.batch * config.heads) * static_cast<double>(config.seq) *
                        static_cast<double>(config.effective_seq_kv()) * static_cast<double>(config.head_dim);
-  BenchReport report{config, {}};
-  for (size_t n = 0; n < config.densities.size(); ++n) {
-    const double density = config.densities[n];
+  // One method per density: the masks (host and device copies) live until every run is timed.
+  struct Method {
+    BenchResult result;
     std::optional<BlockMask> mask;
     std::optional<BlockMask::DeviceCopy> device_mask;
-    BenchResult result;
-    std::function<void()> run;
-    if (density >= 1.0) {
-      result.method = "dense";
-      run = [&] { attention_forward(in.q, in.k, in.v, in.out, in.lse, opt); };
+  };
+  std::vector<Method> methods(config.densities.size());
+  std::vector<std::function<void()>> runs;
+  for (size_t n = 0; n < config.densities.size(); ++n) {
+    Method& m = methods[n];
+    if (config.densities[n] >= 1.0) {
+      m.result.method = "dense";
+      runs.push_back([&in, &opt] { attention_forward(in.q, in.k, in.v, in.out, in.lse, opt); });
     } else {
       // One mask per (batch, query head): the general case a kernel must handle.
-      mask = BlockMask::random({config.batch, config.heads, config.seq, config.effective_seq_kv(), config.block_q,
-                                config.block_kv},
-                               density, config.seed + 1000 * (n + 1));
-      device_mask = mask->to_device(config.device);
-      result.method = "block_sparse";
-      run = [&] { block_sparse_attention_forward(in.q, in.k, in.v, device_mask->view(), in.out, in.lse, opt); };
+      m.mask = BlockMask::random({config.batch, config.heads, config.seq, config.effective_seq_kv(), config.block_q,
+                                  config.block_kv},
+                                 config.densities[n], config.seed + 1000 * (n + 1));
+      m.device_mask = m.mask->to_device(config.device);
+      m.result.method = "block_sparse";
+      const BlockMaskView view = m.device_mask->view();
+      runs.push_back([&in, &opt, view] { block_sparse_attention_forward(in.q, in.k, in.v, view, in.out, in.lse, opt); });
     }
-    result.density = mask ? mask->density() : 1.0;
-    result.ms = time_median_ms(config, run);
-    const double seconds = result.ms * 1e-3;
-    result.tflops_dense_equiv = flops / seconds * 1e-12;
-    result.tflops_effective = flops * computed_fraction(config, mask ? &*mask : nullptr) / seconds * 1e-12;
-    result.max_rel_err = max_relative_error(config, in, mask ? &*mask : nullptr, opt);
-    report.results.push_back(result);
+    m.result.density = m.mask ? m.mask->density() : 1.0;
+  }
+  const std::vector<double> ms = time_medians_ms(config, runs);
+  BenchReport report{config, {}};
+  for (size_t n = 0; n < methods.size(); ++n) {
+    Method& m = methods[n];
+    const BlockMask* mask = m.mask ? &*m.mask : nullptr;
+    m.result.ms = ms[n];
+    const double seconds = m.result.ms * 1e-3;
+    m.result.tflops_dense_equiv = flops / seconds * 1e-12;
+    m.result.tflops_effective = flops * computed_fraction(config, mask) / seconds * 1e-12;
+    runs[n]();  // the output of this method, for the error check
+    m.result.max_rel_err = max_relative_error(config, in, mask, opt);
+    report.results.push_back(m.result);
   }
   return report;
 }
