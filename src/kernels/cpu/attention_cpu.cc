@@ -4,8 +4,9 @@
 // transposed in panels of 16 keys), a wave of (batch, kv head) pairs at a time to bound memory.
 // Then work is split into items (batch, head group, query tile), run in parallel. A head group is
 // the GQA group sharing one kv head (or a single query head when a per-query-head mask gives each
-// head its own kv blocks), so each packed K/V chunk is reused by every query row of the group. An item walks a list of key ranges: for dense attention the causal/window band of
-// its rows, for block-sparse the kept kv blocks of its mask row (clipped to that band). Both share
+// head its own kv blocks), so each packed K/V chunk is reused by every query row of the group.
+// An item walks a list of key ranges: for dense attention the causal/window band of its rows, for
+// block-sparse the kept kv blocks of its mask row (clipped to that band). Both share
 // process_item(); the token-level causal/window mask is applied only to chunks that straddle the
 // band's edge.
 #include "kernels/cpu/attention_cpu.h"
@@ -17,7 +18,6 @@
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/tile_kernels.h"
-#include "tessel/core/error.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/parallel.h"
 
@@ -31,6 +31,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kTileRowsTarget = 512;
 constexpr int64_t kMinRowsPerHead = 16;
 constexpr size_t kPackBudgetBytes = size_t{256} << 20;  // fp32 K/V packed per wave
+
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 struct Operand {
