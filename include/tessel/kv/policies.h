@@ -1,0 +1,138 @@
+// Built-in sparse policies: Full, Quest, XAttention-BSA, Top-K.
+//
+// Block statistics (Quest's key min/max, Top-K's key mean) are gathered in the offload hooks, per
+// layer and host block, and kept on the host in fp32. Scoring runs on the host: the query (a
+// decode token or a prefill chunk) is read back from the device when the engine is a GPU.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/kv/sparse_policy.h"
+
+namespace tessel::kv {
+
+// Loads every block: the reference pipeline.
+class FullPolicy final : public SparsePolicy {
+ public:
+  std::string name() const override { return "full"; }
+  bool supports_prefill() const override { return true; }
+  bool supports_decode() const override { return true; }
+  std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
+                                     const PolicyContext& ctx) override;
+};
+
+// Per-(layer, block, kv head) fp32 statistics of the keys of offloaded blocks.
+class BlockKeyStats {
+ public:
+  void initialize(int64_t num_layers, int64_t num_host_blocks, int64_t num_kv_heads, int64_t head_dim);
+  // k (1, n, kv_heads, head_dim) on any device, n >= valid tokens.
+  void update(int64_t host_block, int64_t layer, const TensorView& k, int64_t num_valid_tokens);
+  void reset();
+  bool has(int64_t layer, int64_t block) const;
+  // Pointers to kv_heads * head_dim values for (layer, block); throw when the block has no stats.
+  const float* min(int64_t layer, int64_t block) const;
+  const float* max(int64_t layer, int64_t block) const;
+  const float* mean(int64_t layer, int64_t block) const;
+  int64_t num_kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+
+ private:
+  int64_t index(int64_t layer, int64_t block) const;
+  int64_t layers_ = 0, blocks_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  std::vector<float> min_, max_, mean_;
+  std::vector<uint8_t> valid_;
+};
+
+struct QuestOptions {
+  int64_t top_k = 8;           // blocks chosen by score, besides sink and recent blocks
+  int64_t sink_blocks = 1;     // first blocks, always kept
+  int64_t recent_blocks = 1;   // last blocks, always kept
+  bool enable_prefill = false; // also select for prefill chunks (score = max over the chunk's queries)
+};
+
+// Quest (Tang et al. 2024): block upper bound Σ_d max(q_d·min_d, q_d·max_d) of each query head
+// against its kv head's key min/max; a block's score is the max over query heads (a kv block is
+// loaded for the whole GQA group) and query rows; the top_k blocks win.
+class QuestPolicy final : public SparsePolicy {
+ public:
+  explicit QuestPolicy(QuestOptions options = {});
+  std::string name() const override { return "quest"; }
+  bool supports_prefill() const override { return options_.enable_prefill; }
+  bool supports_decode() const override { return true; }
+  std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
+                                     const PolicyContext& ctx) override;
+  void initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks, DType dtype,
+                  Device device) override;
+  void on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                          int64_t num_valid_tokens) override;
+  void on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                         int64_t num_valid_tokens) override;
+  void reset() override { stats_.reset(); }
+
+ private:
+  QuestOptions options_;
+  BlockKeyStats stats_;
+};
+
+struct XAttentionOptions {
+  double threshold = 0.95;      // τ: cumulative attention mass each (head, query block) keeps
+  int64_t stride = 8;           // antidiagonal stride; block_size must be a multiple of it
+  double vote_threshold = 0.5;  // a block needs more than this fraction of (kv head, query block) votes
+};
+
+// XAttention block selection for chunked prefill (prefill only; decode throws).
+// For stride s, reshaped query row i = [q_{is+s-1}, q_{is+s-2}, ..., q_{is}] and reshaped key
+// column j = [k_{js}, ..., k_{js+s-1}] (the antidiagonals of each s×s tile); scores are
+// softmax(Q_r K_rᵀ · scale / s) over all history columns, summed per (query block of block/s rows,
+// history block). Each (head, query block) keeps its highest blocks until their mass reaches τ;
+// a GQA group keeps a block when any of its query heads does; a block is loaded when more than
+// vote_threshold of the (kv head, query block) pairs keep it. The first and last history blocks
+// are always loaded. With fewer than `stride` queries there is nothing to estimate: all blocks load.
+class XAttentionBsaPolicy final : public SparsePolicy {
+ public:
+  explicit XAttentionBsaPolicy(XAttentionOptions options = {});
+  std::string name() const override { return "xattn"; }
+  bool supports_prefill() const override { return true; }
+  bool supports_decode() const override { return false; }
+  std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
+                                     const PolicyContext& ctx) override;
+
+ private:
+  XAttentionOptions options_;
+};
+
+// The guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)
+// and loads the top_k blocks.
+class TopKPolicy final : public SparsePolicy {
+ public:
+  explicit TopKPolicy(int64_t top_k = 8);
+  std::string name() const override { return "topk"; }
+  bool supports_prefill() const override { return false; }
+  bool supports_decode() const override { return true; }
+  std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
+                                     const PolicyContext& ctx) override;
+  void initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks, DType dtype,
+                  Device device) override;
+  void on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                          int64_t num_valid_tokens) override;
+  void on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                         int64_t num_valid_tokens) override;
+  void reset() override { stats_.reset(); }
+
+ private:
+  int64_t top_k_;
+  BlockKeyStats stats_;
+};
+
+struct PolicyOptions {
+  QuestOptions quest;
+  XAttentionOptions xattention;
+  int64_t top_k = 8;
+};
+
+// "full", "quest", "xattn" (alias "xattention-bsa") or "topk"; throws Error for other names.
+std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options = {});
+
+}  // namespace tessel::kv

@@ -1,0 +1,175 @@
+// CUDA entry points behind include/tessel/kernels/attention.h. attention.cc has already checked
+// ranks, shapes, dtypes and devices; here come the checks that only the CUDA kernels need
+// (head dim, element type, unit stride on D, 16-byte alignment, 32-bit sizes), then the launch on
+// the current stream. Nothing here synchronizes with the host.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/attention_cuda.h"
+#include "kernels/cuda/flash_params.h"
+#include "kernels/cuda/merge_states.h"
+#include "kernels/cuda/stream.h"
+#include "tessel/core/error.h"
+
+namespace tessel::cuda {
+
+namespace {
+
+constexpr int64_t kMaxTokens = int64_t{1} << 29;
+
+void check_on_cuda(const TensorView& t, const std::string& argument) {
+  if (!t.device().is_cuda()) fail_argument(argument, "a CUDA tensor", t.describe());
+}
+
+// q/k/v/out: 16-bit elements, unit stride along D, 16-byte aligned base and row strides (cp.async
+// and the 16-byte output stores move 8 elements at a time).
+void check_attention_operand(const TensorView& t, const std::string& argument) {
+  check_on_cuda(t, argument);
+  if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+    fail_argument(argument, "dtype bf16 or fp16 on CUDA", dtype_name(t.dtype()));
+  if (t.dim() != 4) fail_argument(argument, "rank 4 (B, S, H, D)", t.describe());
+  if (t.stride(3) != 1) fail_argument(argument, "unit stride along the head dim (D contiguous)", t.stride(3));
+  for (int axis = 0; axis < 3; ++axis)
+    if (t.size(axis) > 1 && t.stride(axis) % 8 != 0)
+      fail_argument(argument, tessel::detail::concat("strides that are multiples of 8 elements (16 bytes); stride(", axis, ")"),
+                    t.stride(axis));
+  if (reinterpret_cast<uintptr_t>(t.data()) % 16 != 0)
+    fail_argument(argument, "a data pointer aligned to 16 bytes", reinterpret_cast<uintptr_t>(t.data()));
+  if (t.size(1) >= kMaxTokens) fail_argument(argument, tessel::detail::concat("fewer than ", kMaxTokens, " tokens"), t.size(1));
+}
+
+void check_lse(const TensorView& lse, const TensorView& q) {
+  if (lse.empty()) return;
+  check_on_cuda(lse, "lse");
+  if (lse.dtype() != DType::kF32) fail_argument("lse", "dtype fp32", dtype_name(lse.dtype()));
+  if (!lse.is_contiguous()) fail_argument("lse", "a contiguous (B, H, S_q) tensor", lse.describe());
+}
+
+detail::FlashParams make_params(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                const TensorView& lse, const AttentionOptions& options) {
+  check_attention_operand(q, "q");
+  check_attention_operand(k, "k");
+  check_attention_operand(v, "v");
+  check_attention_operand(out, "out");
+  check_lse(lse, q);
+  const int64_t head_dim = q.size(3);
+  if (head_dim != 64 && head_dim != 128) fail_argument("q", "head dim 64 or 128 on CUDA", head_dim);
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
+    fail_argument("k, v, out", tessel::detail::concat("the dtype of q (", dtype_name(q.dtype()), ")"),
+                  tessel::detail::concat(dtype_name(k.dtype()), ", ", dtype_name(v.dtype()), ", ", dtype_name(out.dtype())));
+  for (const TensorView* t : {&k, &v, &out, &lse})
+    if (!t->empty() && t->device() != q.device())
+      fail_argument("k, v, out, lse", "the device of q (" + q.device().str() + ")", t->device().str());
+  const float scale = attention_scale(options, head_dim);
+  if (!(scale > 0.f) || !std::isfinite(scale)) fail_argument("options.scale", "a finite value > 0 on CUDA", scale);
+
+  detail::FlashParams p{};
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.out = out.data();
+  p.lse = lse.empty() ? nullptr : lse.data_as<float>();
+  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
+  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
+  p.v_stride_b = v.stride(0), p.v_stride_s = v.stride(1), p.v_stride_h = v.stride(2);
+  p.o_stride_b = out.stride(0), p.o_stride_s = out.stride(1), p.o_stride_h = out.stride(2);
+  p.seq_q = static_cast<int>(q.size(1));
+  p.seq_kv = static_cast<int>(k.size(1));
+  p.heads_q = static_cast<int>(q.size(2));
+  p.group = static_cast<int>(q.size(2) / k.size(2));
+  p.scale_log2 = scale * 1.4426950408889634f;
+
+  // Visibility limits of attention.h as offsets from the query index (bottom-right aligned).
+  // Windows wider than both sequences are no limit at all (and keep the int arithmetic small).
+  const int64_t shift = k.size(1) - q.size(1);
+  const int64_t span = q.size(1) + k.size(1);
+  const bool has_right = options.window_right >= 0 && options.window_right < span;
+  const bool has_left = options.window_left >= 0 && options.window_left < span;
+  p.has_hi = options.causal || has_right;
+  p.hi_offset = static_cast<int>(options.causal ? shift : (has_right ? shift + options.window_right : 0));
+  p.has_lo = has_left;
+  p.lo_offset = static_cast<int>(has_left ? shift - options.window_left : 0);
+  return p;
+}
+
+}  // namespace
+
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& lse, const AttentionOptions& options) {
+  const detail::FlashParams p = make_params(q, k, v, out, lse, options);
+  if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
+  detail::launch_flash_forward_dense(p, q.dtype(), static_cast<int>(q.size(3)), static_cast<int>(q.size(0)),
+                                     current_stream());
+  check_launch("attention_forward");
+}
+
+void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+                                    const AttentionOptions& options) {
+  detail::FlashParams p = make_params(q, k, v, out, lse, options);
+  if (!mask.device.is_cuda() || mask.device != q.device())
+    fail_argument("mask", "a block mask on the device of q (" + q.device().str() + ")", mask.device.str());
+  if (mask.block_q % 64 != 0) fail_argument("mask.block_q", "a multiple of 64 on CUDA", mask.block_q);
+  int sub_shift = 0;
+  while ((int64_t{64} << sub_shift) < mask.block_kv && sub_shift < 20) ++sub_shift;
+  if ((int64_t{64} << sub_shift) != mask.block_kv)
+    fail_argument("mask.block_kv", "64 times a power of two (64, 128, 256, ...) on CUDA", mask.block_kv);
+  if (mask.indptr == nullptr || mask.indices == nullptr)
+    fail_argument("mask", "device indptr and indices", "a null pointer");
+  const int64_t heads_q = q.size(2), heads_kv = k.size(2);
+  p.indptr = mask.indptr;
+  p.indices = mask.indices;
+  p.mask_batch = static_cast<int>(mask.mask_batch);
+  p.mask_heads = static_cast<int>(mask.mask_heads);
+  p.mask_head_div = mask.mask_heads == heads_q ? 1 : static_cast<int>(heads_q / heads_kv);
+  p.q_blocks = static_cast<int>(mask.q_blocks);
+  p.block_q = static_cast<int>(mask.block_q);
+  p.block_kv = static_cast<int>(mask.block_kv);
+  p.sub_shift = sub_shift;
+  if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
+  const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
+  detail::launch_flash_forward_sparse(p, q.dtype(), static_cast<int>(q.size(3)), block_m,
+                                      static_cast<int>(q.size(0)), current_stream());
+  check_launch("block_sparse_attention_forward");
+}
+
+void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+                            const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
+  const struct {
+    const TensorView* t;
+    const char* name;
+  } operands[] = {{&out_a, "out_a"}, {&lse_a, "lse_a"}, {&out_b, "out_b"}, {&lse_b, "lse_b"}, {&out, "out"}, {&lse, "lse"}};
+  for (const auto& o : operands) {
+    if (o.t->empty() && o.t == &lse) continue;
+    check_on_cuda(*o.t, o.name);
+    if (!o.t->is_contiguous()) fail_argument(o.name, "a contiguous tensor on CUDA", o.t->describe());
+    if (o.t->device() != out_a.device())
+      fail_argument(o.name, "the device of out_a (" + out_a.device().str() + ")", o.t->device().str());
+  }
+  for (const auto& o : operands) {
+    const bool is_lse = o.t == &lse_a || o.t == &lse_b || o.t == &lse;
+    if (o.t->empty()) continue;
+    if (is_lse && o.t->dtype() != DType::kF32) fail_argument(o.name, "dtype fp32", dtype_name(o.t->dtype()));
+    if (!is_lse && o.t->dtype() != DType::kF32 && o.t->dtype() != DType::kF16 && o.t->dtype() != DType::kBF16)
+      fail_argument(o.name, "dtype fp32, fp16 or bf16", dtype_name(o.t->dtype()));
+  }
+  detail::MergeParams p{};
+  p.out_a = out_a.data();
+  p.out_b = out_b.data();
+  p.out = out.data();
+  p.lse_a = lse_a.data_as<float>();
+  p.lse_b = lse_b.data_as<float>();
+  p.lse = lse.empty() ? nullptr : lse.data_as<float>();
+  p.dtype_a = out_a.dtype();
+  p.dtype_b = out_b.dtype();
+  p.dtype_out = out.dtype();
+  p.batch = out_a.size(0);
+  p.seq = out_a.size(1);
+  p.heads = out_a.size(2);
+  p.head_dim = out_a.size(3);
+  detail::launch_merge_attention_states(p, current_stream());
+  check_launch("merge_attention_states");
+}
+
+}  // namespace tessel::cuda

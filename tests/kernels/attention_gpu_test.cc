@@ -1,0 +1,340 @@
+// CUDA attention kernels against the fp64 oracle, on fresh random inputs over many shapes: dense
+// and block-sparse (all block sizes, per-batch / per-head masks, partial last blocks, empty rows),
+// merge, argument errors, and CUDA-graph capture. Skips (with a message) when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention_gpu_util.h"
+#include "kernels/attention_test_util.h"
+#include "tessel/core/device.h"
+#include "tessel/core/error.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/kernels/reference.h"
+#include "tessel/sparse/block_mask.h"
+
+#ifdef TESSEL_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/stream.h"
+#endif
+
+namespace tessel {
+namespace {
+
+using testing::compare;
+using testing::Errors;
+using testing::Qkv;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
+
+struct Case {
+  int64_t batch, seq_q, seq_kv, heads, kv_heads, dim;
+  DType dtype;
+  AttentionOptions options;
+};
+
+std::string describe(const Case& c) {
+  return detail::concat("B=", c.batch, " Sq=", c.seq_q, " Skv=", c.seq_kv, " H=", c.heads, "/", c.kv_heads, " D=", c.dim,
+                        " ", dtype_name(c.dtype), " causal=", c.options.causal, " window=(", c.options.window_left, ",",
+                        c.options.window_right, ") scale=", c.options.scale);
+}
+
+// Runs the CUDA kernel (dense when mask is null) and checks out/lse against the fp64 oracle with
+// a tolerance of twice the error of plain same-dtype attention plus a small floor.
+void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
+  SCOPED_TRACE(describe(c));
+  const Qkv host = testing::random_qkv(c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.dim, c.dtype, seed);
+  const Device gpu = Device::cuda();
+  const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
+  Tensor out = testing::poisoned({c.batch, c.seq_q, c.heads, c.dim}, c.dtype).to(gpu);
+  Tensor lse = testing::poisoned({c.batch, c.heads, c.seq_q}, DType::kF32).to(gpu);
+
+  reference::AttentionResult ref;
+  if (mask == nullptr) {
+    attention_forward(q, k, v, out, lse, c.options);
+    ref = reference::attention(host.q, host.k, host.v, c.options);
+  } else {
+    const BlockMask::DeviceCopy device_mask = mask->to_device(gpu);
+    block_sparse_attention_forward(q, k, v, device_mask.view(), out, lse, c.options);
+    ref = reference::block_sparse_attention(host.q, host.k, host.v, mask->view(), c.options);
+  }
+  const Tensor out_host = out.to(Device::cpu());
+  const Tensor lse_host = lse.to(Device::cpu());
+  const Errors got = compare(out_host, lse_host, ref);
+
+  const BlockMaskView mask_view = mask == nullptr ? BlockMaskView{} : mask->view();
+  const auto plain = testing::plain_attention(host, c.options, [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    return mask == nullptr || gpu_test::mask_keeps(mask_view, c.heads, c.kv_heads, b, h, i, j);
+  });
+  const double baseline = gpu_test::max_out_difference(plain, ref);
+  EXPECT_TRUE(got.finite) << "NaN or inf left in the output (unwritten or poisoned)";
+  EXPECT_TRUE(got.lse_pattern_ok) << "lse is -inf exactly for rows with no visible key";
+  EXPECT_LE(got.out, 2.0 * baseline + testing::error_floor(c.dtype)) << "plain-dtype error " << baseline;
+  EXPECT_LE(got.lse, testing::lse_floor(c.dtype) + 1e-3) << "lse error";
+}
+
+class DenseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(DenseGpu, MatchesReferenceOverShapes) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  AttentionOptions causal;
+  causal.causal = true;
+  AttentionOptions window;
+  window.window_left = 70;
+  window.window_right = 9;
+  AttentionOptions causal_window;
+  causal_window.causal = true;
+  causal_window.window_left = 100;
+  AttentionOptions scaled;
+  scaled.scale = 0.3f;
+  const std::vector<Case> cases = {
+      {1, 1, 1, 1, 1, dim, dtype, {}},
+      {2, 257, 257, 4, 2, dim, dtype, {}},
+      {1, 130, 333, 3, 1, dim, dtype, {}},
+      {1, 200, 200, 2, 2, dim, dtype, causal},
+      {1, 100, 300, 4, 4, dim, dtype, causal},  // bottom-right: all rows see keys
+      {1, 300, 100, 2, 1, dim, dtype, causal},  // bottom-right: the first 200 rows see nothing
+      {2, 190, 250, 2, 1, dim, dtype, window},
+      {1, 389, 389, 2, 2, dim, dtype, causal_window},
+      {1, 77, 140, 6, 3, dim, dtype, scaled},
+  };
+  uint64_t seed = 11;
+  for (const Case& c : cases) check_case(c, seed++);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, DenseGpu,
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)));
+
+struct SparseCase {
+  int64_t block_q, block_kv;
+  int64_t mask_batch_mode;  // 1 or B
+  int64_t mask_heads_mode;  // 0 → 1, 1 → H_kv, 2 → H_q
+  double density;
+  bool causal;
+};
+
+class SparseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(SparseGpu, MatchesReferenceOverMasks) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  const int64_t batch = 2, heads = 4, kv_heads = 2;
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {{128, 64}, {128, 128}, {64, 64}};
+  uint64_t seed = 101;
+  for (const auto& [block_q, block_kv] : sizes)
+    for (const int64_t heads_mode : {0, 1, 2})
+      for (const bool causal : {false, true}) {
+        const int64_t seq_q = 333 + seed % 7, seq_kv = causal ? seq_q : 461;
+        BlockMaskShape shape;
+        shape.mask_batch = heads_mode == 1 ? 1 : batch;
+        shape.mask_heads = heads_mode == 0 ? 1 : heads_mode == 1 ? kv_heads : heads;
+        shape.seq_q = seq_q;
+        shape.seq_kv = seq_kv;
+        shape.block_q = block_q;
+        shape.block_kv = block_kv;
+        const BlockMask mask = BlockMask::random(shape, heads_mode == 2 ? 0.3 : 0.6, seed);
+        Case c{batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}};
+        c.options.causal = causal;
+        SCOPED_TRACE(detail::concat("block ", block_q, "x", block_kv, " mask ", shape.mask_batch, "x", shape.mask_heads));
+        check_case(c, seed++, &mask);
+      }
+}
+
+TEST_P(SparseGpu, EmptyRowsGiveZeroAndMinusInfinity) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  BlockMaskShape shape;
+  shape.mask_heads = 2;
+  shape.seq_q = 300;  // 3 q blocks of 128, the last partial
+  shape.seq_kv = 200; // 4 kv blocks of 64, the last partial
+  std::vector<std::vector<int32_t>> rows = {{0, 3}, {}, {1}, {}, {2, 3}, {0, 1, 2, 3}};
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  check_case({1, 300, 200, 2, 2, dim, dtype, {}}, 7, &mask);
+}
+
+TEST_P(SparseGpu, FullMaskEqualsDense) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  BlockMaskShape shape;
+  shape.seq_q = 517;
+  shape.seq_kv = 517;
+  const BlockMask mask = BlockMask::full(shape);
+  AttentionOptions causal;
+  causal.causal = true;
+  check_case({1, 517, 517, 2, 1, dim, dtype, causal}, 8, &mask);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)));
+
+TEST(AttentionGpu, StridedViewsOfPackedQkv) {
+  SKIP_WITHOUT_GPU();
+  // q, k, v as views into one packed (B, S, 3, H, D) buffer, as a fused QKV projection gives.
+  const int64_t batch = 2, seq = 201, heads = 3, dim = 128;
+  Tensor packed = Tensor::empty({batch, seq, 3, heads, dim}, DType::kBF16);
+  fill_normal(packed.view(), 5);
+  const Tensor device_packed = packed.to(Device::cuda());
+  const Shape strides = {seq * 3 * heads * dim, 3 * heads * dim, dim, 1};
+  auto part = [&](const Tensor& t, int which, Device device) {
+    return TensorView(static_cast<uint16_t*>(t.data()) + which * heads * dim, DType::kBF16, device,
+                      {batch, seq, heads, dim}, strides);
+  };
+  Tensor out = testing::poisoned({batch, seq, heads, dim}, DType::kBF16).to(Device::cuda());
+  Tensor lse = testing::poisoned({batch, heads, seq}, DType::kF32).to(Device::cuda());
+  attention_forward(part(device_packed, 0, Device::cuda()), part(device_packed, 1, Device::cuda()),
+                    part(device_packed, 2, Device::cuda()), out, lse);
+  const auto ref = reference::attention(part(packed, 0, Device::cpu()), part(packed, 1, Device::cpu()),
+                                        part(packed, 2, Device::cpu()));
+  const Errors got = compare(out.to(Device::cpu()), lse.to(Device::cpu()), ref);
+  EXPECT_TRUE(got.finite);
+  EXPECT_LE(got.out, 2e-2);
+  EXPECT_LE(got.lse, 2e-3);
+}
+
+TEST(AttentionGpu, MergeOfTwoKeyHalvesEqualsWhole) {
+  SKIP_WITHOUT_GPU();
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    const int64_t batch = 2, seq_q = 150, seq_kv = 256, heads = 4, dim = 64;
+    const Qkv host = testing::random_qkv(batch, seq_q, seq_kv, heads, heads, dim, DType::kBF16, 21);
+    const Device gpu = Device::cuda();
+    const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
+    const Shape half_shape = {batch, seq_kv / 2, heads, dim};
+    auto half = [&](const Tensor& t, int64_t which) {
+      return TensorView(static_cast<uint16_t*>(t.data()) + which * (seq_kv / 2) * heads * dim, DType::kBF16, gpu,
+                        half_shape, {seq_kv * heads * dim, heads * dim, dim, 1});
+    };
+    Tensor out_a = Tensor::empty({batch, seq_q, heads, dim}, DType::kBF16, gpu);
+    Tensor out_b = Tensor::empty({batch, seq_q, heads, dim}, DType::kBF16, gpu);
+    Tensor lse_a = Tensor::empty({batch, heads, seq_q}, DType::kF32, gpu);
+    Tensor lse_b = Tensor::empty({batch, heads, seq_q}, DType::kF32, gpu);
+    attention_forward(q, half(k, 0), half(v, 0), out_a, lse_a);
+    attention_forward(q, half(k, 1), half(v, 1), out_b, lse_b);
+    Tensor out = testing::poisoned({batch, seq_q, heads, dim}, dtype).to(gpu);
+    Tensor lse = testing::poisoned({batch, heads, seq_q}, DType::kF32).to(gpu);
+    merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse);
+    const auto ref = reference::attention(host.q, host.k, host.v);
+    const Errors got = compare(out.to(Device::cpu()), lse.to(Device::cpu()), ref);
+    EXPECT_TRUE(got.finite);
+    EXPECT_LE(got.out, 2e-2);
+    EXPECT_LE(got.lse, 2e-3);
+    // In place: the result overwrites input a.
+    if (dtype == DType::kBF16) {
+      merge_attention_states(out_a, lse_a, out_b, lse_b, out_a, lse_a);
+      const Errors in_place = compare(out_a.to(Device::cpu()), lse_a.to(Device::cpu()), ref);
+      EXPECT_LE(in_place.out, 2e-2);
+      EXPECT_LE(in_place.lse, 2e-3);
+    }
+  }
+}
+
+TEST(AttentionGpu, MergeWithEmptyPartsGivesZeroAndMinusInfinity) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda();
+  const Shape shape = {1, 3, 1, 64};
+  Tensor a = testing::poisoned(shape, DType::kF32);  // NaN where the lse says "no key"
+  Tensor b = Tensor::empty(shape, DType::kF32);
+  fill(b.view(), 0.5);
+  Tensor lse_a = Tensor::empty({1, 1, 3}, DType::kF32), lse_b = Tensor::empty({1, 1, 3}, DType::kF32);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float la[3] = {-inf, -inf, 1.0f}, lb[3] = {-inf, 2.0f, -inf};
+  for (int i = 0; i < 3; ++i) lse_a.data_as<float>()[i] = la[i], lse_b.data_as<float>()[i] = lb[i];
+  for (int64_t d = 0; d < 64; ++d) a.data_as<float>()[2 * 64 + d] = 0.25f;
+  Tensor out = Tensor::empty(shape, DType::kF32, gpu), lse = Tensor::empty({1, 1, 3}, DType::kF32, gpu);
+  merge_attention_states(a.to(gpu), lse_a.to(gpu), b.to(gpu), lse_b.to(gpu), out, lse);
+  const Tensor o = out.to(Device::cpu()), l = lse.to(Device::cpu());
+  EXPECT_EQ(l.data_as<float>()[0], -inf);
+  EXPECT_FLOAT_EQ(l.data_as<float>()[1], 2.0f);
+  EXPECT_FLOAT_EQ(l.data_as<float>()[2], 1.0f);
+  EXPECT_EQ(o.data_as<float>()[0], 0.0f);
+  EXPECT_FLOAT_EQ(o.data_as<float>()[64], 0.5f);
+  EXPECT_FLOAT_EQ(o.data_as<float>()[128], 0.25f);
+}
+
+void expect_error_naming(const std::function<void()>& call, const std::string& argument) {
+  try {
+    call();
+    ADD_FAILURE() << "expected tessel::Error naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda();
+  const Tensor q96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
+  const Tensor o96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
+  expect_error_naming([&] { attention_forward(q96, q96, q96, o96, {}); }, "q");
+
+  const Tensor q = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
+  Tensor out = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
+  // D not contiguous: a view with stride 2 along D over a buffer twice as large.
+  const Tensor wide = Tensor::empty({1, 64, 2, 128}, DType::kBF16, gpu);
+  const TensorView strided_k(wide.data(), DType::kBF16, gpu, {1, 64, 2, 64}, {64 * 2 * 128, 2 * 128, 128, 2});
+  expect_error_naming([&] { attention_forward(q, strided_k, q, out, {}); }, "k");
+  // Base pointer not 16-byte aligned.
+  const TensorView shifted_v(static_cast<uint16_t*>(wide.data()) + 1, DType::kBF16, gpu, {1, 64, 2, 64},
+                             {64 * 2 * 128, 2 * 128, 128, 1});
+  expect_error_naming([&] { attention_forward(q, q, shifted_v, out, {}); }, "v");
+  const Tensor q32 = Tensor::empty({1, 64, 2, 64}, DType::kF32, gpu);
+  const Tensor o32 = Tensor::empty({1, 64, 2, 64}, DType::kF32, gpu);
+  expect_error_naming([&] { attention_forward(q32, q32, q32, o32, {}); }, "q");
+  // A mask whose kv block is not a multiple of 64.
+  BlockMaskShape shape;
+  shape.seq_q = 64;
+  shape.seq_kv = 64;
+  shape.block_kv = 32;
+  const BlockMask::DeviceCopy mask = BlockMask::full(shape).to_device(gpu);
+  expect_error_naming([&] { block_sparse_attention_forward(q, q, q, mask.view(), out, {}); }, "block_kv");
+}
+
+#ifdef TESSEL_WITH_CUDA
+TEST(AttentionGpu, GraphCaptureReplaysTheSameOutput) {
+  SKIP_WITHOUT_GPU();
+  const int64_t seq = 700, heads = 4, dim = 128;
+  const Qkv host = testing::random_qkv(1, seq, seq, heads, 2, dim, DType::kBF16, 31);
+  const Device gpu = Device::cuda();
+  const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
+  BlockMaskShape shape;
+  shape.mask_heads = heads;
+  shape.seq_q = seq;
+  shape.seq_kv = seq;
+  const BlockMask::DeviceCopy mask = BlockMask::random(shape, 0.4, 3).to_device(gpu);
+  Tensor eager = Tensor::empty({1, seq, heads, dim}, DType::kBF16, gpu);
+  Tensor graphed = testing::poisoned({1, seq, heads, dim}, DType::kBF16).to(gpu);
+  Tensor lse = Tensor::empty({1, heads, seq}, DType::kF32, gpu);
+  block_sparse_attention_forward(q, k, v, mask.view(), eager, lse);
+
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  {
+    cuda::StreamGuard guard(stream);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    block_sparse_attention_forward(q, k, v, mask.view(), graphed, lse);
+    attention_forward(q, k, v, graphed, lse);  // dense into the same buffer, then sparse again
+    block_sparse_attention_forward(q, k, v, mask.view(), graphed, lse);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  }
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const Tensor a = eager.to(Device::cpu()), b = graphed.to(Device::cpu());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << "graph replay differs from the eager launch";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+#endif
+
+}  // namespace
+}  // namespace tessel

@@ -1,0 +1,187 @@
+// Quest, XAttention-BSA and Top-K select planted important blocks; Quest keeps sink and recent
+// blocks; the XAttention vote keeps the first and last blocks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kv/kv_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/kv/offloaded_attention.h"
+#include "tessel/kv/policies.h"
+
+namespace tessel::kv {
+namespace {
+
+using testing::random_bshd;
+using testing::rows;
+
+constexpr int64_t kBlock = 32, kBlocks = 16, kKvHeads = 2, kHeads = 4, kDim = 16;
+
+// A random unit direction per kv head, shape (kv_heads, dim).
+std::vector<float> directions(uint64_t seed) {
+  Tensor t = random_bshd(1, kKvHeads, kDim, seed);
+  std::vector<float> u(t.data_as<float>(), t.data_as<float>() + kKvHeads * kDim);
+  for (int64_t g = 0; g < kKvHeads; ++g) {
+    double norm = 0;
+    for (int64_t d = 0; d < kDim; ++d) norm += u[g * kDim + d] * u[g * kDim + d];
+    for (int64_t d = 0; d < kDim; ++d) u[g * kDim + d] /= static_cast<float>(std::sqrt(norm));
+  }
+  return u;
+}
+
+// Keys: noise, plus `strength` × u in every token of the planted blocks.
+Tensor planted_keys(const std::vector<int64_t>& planted, const std::vector<float>& u, float strength, uint64_t seed) {
+  Tensor k = random_bshd(kBlocks * kBlock, kKvHeads, kDim, seed, 0.5);
+  float* p = k.data_as<float>();
+  for (int64_t b : planted)
+    for (int64_t t = b * kBlock; t < (b + 1) * kBlock; ++t)
+      for (int64_t g = 0; g < kKvHeads; ++g)
+        for (int64_t d = 0; d < kDim; ++d) p[(t * kKvHeads + g) * kDim + d] += strength * u[g * kDim + d];
+  return k;
+}
+
+// Queries (rows, heads): `strength` × u of the head's kv head plus noise.
+Tensor aligned_queries(int64_t count, const std::vector<float>& u, float strength, uint64_t seed) {
+  Tensor q = random_bshd(count, kHeads, kDim, seed, 0.3);
+  float* p = q.data_as<float>();
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t d = 0; d < kDim; ++d) p[(r * kHeads + h) * kDim + d] += strength * u[(h / (kHeads / kKvHeads)) * kDim + d];
+  return q;
+}
+
+struct Fixture {
+  std::unique_ptr<OffloadEngine> engine;
+  KvBlockManager manager{kBlocks + 8, kBlock};
+  FullPolicy full;
+};
+
+// Offloads `keys` as history through the driver, so the policy hooks gather their statistics.
+void build_history(Fixture& f, SparsePolicy& policy, const Tensor& keys) {
+  OffloadConfig c;
+  c.num_host_blocks = kBlocks + 8;
+  c.block_size = kBlock;
+  c.num_kv_heads = kKvHeads;
+  c.head_dim = kDim;
+  c.max_chunk_tokens = 4 * kBlock;
+  f.engine = make_cpu_offload_engine(c);
+  SparsePolicy& prefill = policy.supports_prefill() ? policy : f.full;
+  SparsePolicy& decode = policy.supports_decode() ? policy : f.full;
+  OffloadedAttention attention(*f.engine, f.manager, prefill, decode);
+  attention.start_sequence();
+  const Tensor values = random_bshd(kBlocks * kBlock, kKvHeads, kDim, 7);
+  for (int64_t chunk = 0; chunk < kBlocks / 4; ++chunk) {
+    attention.begin_chunk(4 * kBlock, chunk, kBlocks / 4 + 1);
+    attention.store_layer_kv(0, rows(keys.view(), chunk * 4 * kBlock, 4 * kBlock),
+                             rows(values.view(), chunk * 4 * kBlock, 4 * kBlock));
+    attention.end_chunk();
+  }
+}
+
+PolicyContext context(Fixture& f, const Tensor& q, bool prefill) {
+  PolicyContext ctx;
+  ctx.query = q.view();
+  ctx.is_prefill = prefill;
+  ctx.block_size = kBlock;
+  ctx.block_tokens = f.manager.prefilled_block_tokens(0);
+  ctx.total_kv_len = f.manager.get_prefill_len(0);
+  return ctx;
+}
+
+TEST(QuestPolicy, SelectsPlantedBlocksPlusSinkAndRecent) {
+  const std::vector<float> u = directions(1);
+  const std::vector<int64_t> planted{3, 9, 12};
+  QuestOptions options;
+  options.top_k = 3;
+  QuestPolicy quest(options);
+  Fixture f;
+  build_history(f, quest, planted_keys(planted, u, 3.0f, 2));
+  const Tensor q = aligned_queries(1, u, 4.0f, 3);
+  const auto selected = quest.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, false));
+  EXPECT_EQ(selected, (std::vector<int32_t>{0, 3, 9, 12, 15}));
+}
+
+TEST(QuestPolicy, GqaGroupUsesItsOwnKvHeadStatistics) {
+  // Plant block 5 only in kv head 1; only query heads 2 and 3 (group of kv head 1) point at it.
+  std::vector<float> u = directions(4);
+  Tensor k = random_bshd(kBlocks * kBlock, kKvHeads, kDim, 5, 0.5);
+  for (int64_t t = 5 * kBlock; t < 6 * kBlock; ++t)
+    for (int64_t d = 0; d < kDim; ++d) k.data_as<float>()[(t * kKvHeads + 1) * kDim + d] += 3.0f * u[kDim + d];
+  Tensor q = random_bshd(1, kHeads, kDim, 6, 0.3);
+  for (int64_t h = 2; h < 4; ++h)
+    for (int64_t d = 0; d < kDim; ++d) q.data_as<float>()[h * kDim + d] += 4.0f * u[kDim + d];
+  QuestOptions options;
+  options.top_k = 1;
+  options.sink_blocks = 0;
+  options.recent_blocks = 0;
+  QuestPolicy quest(options);
+  Fixture f;
+  build_history(f, quest, k);
+  const auto selected = quest.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, false));
+  EXPECT_EQ(selected, (std::vector<int32_t>{5}));
+}
+
+TEST(QuestPolicy, MissingStatisticsAreAnError) {
+  QuestOptions options;
+  options.top_k = 1;
+  QuestPolicy quest(options);
+  quest.initialize(1, kKvHeads, kDim, 8, DType::kF32, Device::cpu());
+  Fixture f;
+  build_history(f, f.full, random_bshd(kBlocks * kBlock, kKvHeads, kDim, 1));  // hooks of another policy
+  const Tensor q = random_bshd(1, kHeads, kDim, 2);
+  EXPECT_THROW(quest.select_blocks({0, 1, 2, 3, 4}, *f.engine, context(f, q, false)), Error);
+}
+
+TEST(XAttentionBsaPolicy, SelectsPlantedBlocksPlusFirstAndLast) {
+  const std::vector<float> u = directions(11);
+  const std::vector<int64_t> planted{4, 7, 10};
+  XAttentionBsaPolicy xattn(XAttentionOptions{0.9, 4, 0.5});  // τ 0.9, stride 4
+  Fixture f;
+  build_history(f, xattn, planted_keys(planted, u, 6.0f, 12));
+  const Tensor q = aligned_queries(4 * kBlock, u, 6.0f, 13);
+  const auto selected = xattn.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true));
+  EXPECT_EQ(selected, (std::vector<int32_t>{0, 4, 7, 10, 15}));
+}
+
+TEST(XAttentionBsaPolicy, MajorityVoteDropsABlockOnlyOneQueryBlockWants) {
+  // Queries of the first query block point at block 6, those of the other three at block 9:
+  // block 9 wins 3/4 of the votes, block 6 only 1/4.
+  const std::vector<float> u = directions(21), w = directions(22);
+  Tensor k = planted_keys({9}, u, 6.0f, 23);
+  for (int64_t t = 6 * kBlock; t < 7 * kBlock; ++t)
+    for (int64_t g = 0; g < kKvHeads; ++g)
+      for (int64_t d = 0; d < kDim; ++d) k.data_as<float>()[(t * kKvHeads + g) * kDim + d] += 6.0f * w[g * kDim + d];
+  Tensor q = aligned_queries(4 * kBlock, u, 6.0f, 24);
+  const Tensor q_first = aligned_queries(kBlock, w, 6.0f, 25);
+  std::copy(q_first.data_as<float>(), q_first.data_as<float>() + q_first.numel(), q.data_as<float>());
+  XAttentionBsaPolicy xattn(XAttentionOptions{0.9, 4, 0.5});  // τ 0.9, stride 4
+  Fixture f;
+  build_history(f, xattn, k);
+  const auto selected = xattn.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true));
+  EXPECT_EQ(selected, (std::vector<int32_t>{0, 9, 15}));
+}
+
+TEST(XAttentionBsaPolicy, RejectsABlockSizeThatIsNotAMultipleOfTheStride) {
+  XAttentionOptions options;
+  options.stride = 5;
+  XAttentionBsaPolicy xattn(options);
+  Fixture f;
+  build_history(f, xattn, random_bshd(kBlocks * kBlock, kKvHeads, kDim, 1));
+  const Tensor q = random_bshd(kBlock, kHeads, kDim, 2);
+  EXPECT_THROW(xattn.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true)), Error);
+  EXPECT_THROW(XAttentionBsaPolicy(XAttentionOptions{1.5, 8, 0.5}), Error);
+}
+
+TEST(TopKPolicy, SelectsTheBlocksWhoseMeanKeyMatches) {
+  const std::vector<float> u = directions(31);
+  TopKPolicy topk(2);
+  Fixture f;
+  build_history(f, topk, planted_keys({2, 13}, u, 3.0f, 32));
+  const Tensor q = aligned_queries(1, u, 4.0f, 33);
+  const auto selected = topk.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, false));
+  EXPECT_EQ(selected, (std::vector<int32_t>{2, 13}));
+}
+
+}  // namespace
+}  // namespace tessel::kv
