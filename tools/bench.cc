@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 
+#include "bench_mask_export.h"
 #include "bench_timer.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
@@ -196,6 +197,7 @@ BenchReport run_bench(const BenchConfig& config) {
       run = [&] { block_sparse_attention_forward(in.q, in.k, in.v, device_mask->view(), in.out, in.lse, opt); };
     }
     result.density = mask ? mask->density() : 1.0;
+    if (!config.save_mask_dir.empty()) save_bench_mask(config, density, mask ? &*mask : nullptr);
     result.ms = time_median_ms(config, run);
     const double seconds = result.ms * 1e-3;
     result.tflops_dense_equiv = flops / seconds * 1e-12;
