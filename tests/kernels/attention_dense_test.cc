@@ -52,6 +52,9 @@ TEST(DenseAttention, MatchesReferenceAcrossShapesAndDtypes) {
       {1, 1, 257, 2, 1, 64, DType::kF32},
       {1, 200, 1, 2, 2, 64, DType::kBF16},
       {1, 40, 40, 2, 2, 64, DType::kF32, false, -1, -1, 0.3f},
+      {1, 45, 61, 4, 4, 40, DType::kBF16},  // head_dim padded to 48 inside the kernel
+      {1, 37, 70, 2, 2, 256, DType::kF32},
+      {1, 140, 90, 16, 2, 64, DType::kF32},   // GQA 8 with many rows per item
   };
   uint64_t seed = 1;
   for (const auto& c : cases) check_dense(c, seed++);

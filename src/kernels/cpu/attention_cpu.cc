@@ -1,9 +1,10 @@
 // Tiled attention on the CPU (FlashAttention's online softmax, fp32 accumulation).
 //
-// Work is split into items (batch, head group, query tile), run in parallel. A head group is the
-// GQA group sharing one kv head (or a single query head when a per-query-head mask gives each head
-// its own kv blocks), so each K/V tile is converted to fp32 once and reused by every query row of
-// the group. An item walks a list of key ranges: for dense attention the causal/window band of
+// K and V are first converted to fp32 once, in the layouts of kernels/cpu/tile_kernels.h (K
+// transposed in panels of 16 keys), a wave of (batch, kv head) pairs at a time to bound memory.
+// Then work is split into items (batch, head group, query tile), run in parallel. A head group is
+// the GQA group sharing one kv head (or a single query head when a per-query-head mask gives each
+// head its own kv blocks), so each packed K/V chunk is reused by every query row of the group. An item walks a list of key ranges: for dense attention the causal/window band of
 // its rows, for block-sparse the kept kv blocks of its mask row (clipped to that band). Both share
 // process_item(); the token-level causal/window mask is applied only to chunks that straddle the
 // band's edge.
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/tile_kernels.h"
+#include "tessel/core/error.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/parallel.h"
 
@@ -22,9 +24,8 @@ namespace tessel::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kChunkKeys = 64;     // keys per inner tile
-constexpr int64_t kTileRowsTarget = 64;  // query rows (all heads of a group) per item
-
+constexpr int64_t kTileRowsTarget = 128;                 // query rows (all heads of a group) per item
+constexpr size_t kPackBudgetBytes = size_t{256} << 20;  // fp32 K/V packed per wave
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 struct Operand {
@@ -93,62 +94,99 @@ void store_row_any(DType dtype, const float* src, int64_t n, float scale, char* 
   }
 }
 
+// Up to kChunkKeys keys from key j0; columns before `first` are outside the visited range.
+struct Chunk {
+  int64_t j0, n, first;
+};
+
 struct Workspace {
-  std::vector<float> q, kt, v, s, o, alpha, row_max, row_sum;
+  std::vector<float> q, s, o, alpha, row_max, row_sum;
+  std::vector<Chunk> chunks;
 };
 
 struct KeyRange {
   int64_t begin, end;  // [begin, end)
 };
 
+// fp32 K panels and V rows of one (batch, kv head); see tile_kernels.h.
+struct PackedKv {
+  const float* kt;
+  const float* v;
+};
+
+int64_t key_panels(const Problem& p) { return (p.seq_kv + kPanelKeys - 1) / kPanelKeys; }
+int64_t head_dim_padded(const Problem& p) { return round_up(p.head_dim, 16); }
+size_t packed_floats_per_head(const Problem& p) {
+  return static_cast<size_t>(2 * key_panels(p) * kPanelKeys * head_dim_padded(p));
+}
+
+// Converts keys [16 * panel, 16 * panel + 16) of (b, hk) to fp32: K transposed into its panel, V
+// row-major. Padding (keys past S_kv, dims past D) is zero.
+void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* kt, float* v) {
+  const int64_t dp = head_dim_padded(p);
+  float* kp = kt + panel * kPanelKeys * dp;
+  thread_local std::vector<float> key_rows;  // the panel's keys in fp32, before the transpose
+  key_rows.resize(static_cast<size_t>(kPanelKeys * p.head_dim));
+  auto rows = [&](int64_t c) { return key_rows.data() + c * p.head_dim; };
+  for (int64_t c = 0; c < kPanelKeys; ++c) {
+    const int64_t j = panel * kPanelKeys + c;
+    float* vr = v + j * dp;
+    if (j < p.seq_kv) {
+      load_row_any(p.dtype, p.k.row(b, j, hk), p.head_dim, 1.0f, rows(c));
+      load_row_any(p.dtype, p.v.row(b, j, hk), p.head_dim, 1.0f, vr);
+    } else {
+      std::fill(rows(c), rows(c) + p.head_dim, 0.0f);
+      std::fill(vr, vr + p.head_dim, 0.0f);
+    }
+    std::fill(vr + p.head_dim, vr + dp, 0.0f);
+  }
+  for (int64_t d = 0; d < dp; ++d)
+    for (int64_t c = 0; c < kPanelKeys; ++c) kp[d * kPanelKeys + c] = d < p.head_dim ? rows(c)[d] : 0.0f;
+}
+
 // Runs one item: query rows [i0, i1) of heads [h0, h0 + heads_per_item) over the key ranges.
-void process_item(const Problem& p, int64_t b, int64_t h0, int64_t i0, int64_t i1,
+void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, int64_t i0, int64_t i1,
                   const std::vector<KeyRange>& ranges, Workspace& ws) {
   const int64_t rows = i1 - i0, heads = p.heads_per_item, m = rows * heads;
-  const int64_t dp = round_up(p.head_dim, 16), ld_s = kChunkKeys;
-  const int64_t hk = h0 / p.group;
-  ws.q.assign(static_cast<size_t>(m * dp), 0.0f);
-  ws.o.assign(static_cast<size_t>(m * dp), 0.0f);
-  ws.kt.assign(static_cast<size_t>(dp * ld_s), 0.0f);
-  ws.v.assign(static_cast<size_t>(ld_s * dp), 0.0f);
+  const int64_t dp = head_dim_padded(p), ld_s = kChunkKeys;
+  ws.q.resize(static_cast<size_t>(m * dp));
+  ws.o.resize(static_cast<size_t>(m * dp));
   ws.s.resize(static_cast<size_t>(m * ld_s));
   ws.alpha.resize(static_cast<size_t>(m));
   ws.row_max.assign(static_cast<size_t>(m), kNegInf);
   ws.row_sum.assign(static_cast<size_t>(m), 0.0f);
+  std::fill(ws.o.begin(), ws.o.end(), 0.0f);
   for (int64_t g = 0; g < heads; ++g)
-    for (int64_t r = 0; r < rows; ++r)
-      load_row_any(p.dtype, p.q.row(b, i0 + r, h0 + g), p.head_dim, p.scale_log2, &ws.q[static_cast<size_t>((g * rows + r) * dp)]);
-
-  std::vector<float> key_row(static_cast<size_t>(p.head_dim));
-  for (const KeyRange& range : ranges) {
-    for (int64_t j0 = range.begin; j0 < range.end; j0 += kChunkKeys) {
-      const int64_t j1 = std::min(range.end, j0 + kChunkKeys), n = j1 - j0;
-      // Pack K transposed and V, both fp32; the padding stays zero.
-      for (int64_t c = 0; c < ld_s; ++c) {
-        if (c < n) {
-          load_row_any(p.dtype, p.k.row(b, j0 + c, hk), p.head_dim, 1.0f, key_row.data());
-          for (int64_t d = 0; d < p.head_dim; ++d) ws.kt[static_cast<size_t>(d * ld_s + c)] = key_row[static_cast<size_t>(d)];
-          load_row_any(p.dtype, p.v.row(b, j0 + c, hk), p.head_dim, 1.0f, &ws.v[static_cast<size_t>(c * dp)]);
-        } else {
-          for (int64_t d = 0; d < p.head_dim; ++d) ws.kt[static_cast<size_t>(d * ld_s + c)] = 0.0f;
-        }
-      }
-      tile_scores(ws.q.data(), m, dp, ws.kt.data(), ld_s, ws.s.data());
-      // Token-level mask only where the chunk crosses the band edge of some row.
-      const bool whole = key_lo(p, i1 - 1) <= j0 && j1 - 1 <= key_hi(p, i0);
-      for (int64_t row = 0; row < m; ++row) {
-        float* s = &ws.s[static_cast<size_t>(row * ld_s)];
-        if (!whole) {
-          const int64_t i = i0 + row % rows;
-          const int64_t lo = key_lo(p, i) - j0, hi = key_hi(p, i) - j0;
-          for (int64_t c = 0; c < n; ++c)
-            if (c < lo || c > hi) s[c] = kNegInf;
-        }
-        ws.alpha[static_cast<size_t>(row)] =
-            tile_softmax_row(s, n, ld_s, ws.row_max[static_cast<size_t>(row)], ws.row_sum[static_cast<size_t>(row)]);
-      }
-      tile_accumulate(ws.s.data(), m, ld_s, n, ws.v.data(), dp, ws.alpha.data(), ws.o.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float* qr = &ws.q[static_cast<size_t>((g * rows + r) * dp)];
+      load_row_any(p.dtype, p.q.row(b, i0 + r, h0 + g), p.head_dim, p.scale_log2, qr);
+      std::fill(qr + p.head_dim, qr + dp, 0.0f);
     }
+
+  // Chunks start on panel boundaries; columns before a range's first key are masked.
+  ws.chunks.clear();
+  for (const KeyRange& range : ranges)
+    for (int64_t j0 = range.begin / kPanelKeys * kPanelKeys; j0 < range.end; j0 += kChunkKeys)
+      ws.chunks.push_back({j0, std::min(range.end - j0, kChunkKeys), std::max<int64_t>(0, range.begin - j0)});
+  for (size_t ci = 0; ci < ws.chunks.size(); ++ci) {
+    const auto [j0, n, first] = ws.chunks[ci];
+    const int64_t cols = round_up(n, kPanelKeys);
+    tile_scores(ws.q.data(), m, dp, kv.kt + j0 * dp, cols, ws.s.data(), ld_s);
+    // Token-level mask only where the chunk crosses the band edge of some row.
+    const bool whole = key_lo(p, i1 - 1) <= j0 + first && j0 + n - 1 <= key_hi(p, i0);
+    for (int64_t row = 0; row < m; ++row) {
+      float* s = &ws.s[static_cast<size_t>(row * ld_s)];
+      if (!whole) {
+        const int64_t i = i0 + row % rows;
+        const int64_t lo = std::max(first, key_lo(p, i) - j0), hi = key_hi(p, i) - j0;
+        for (int64_t c = 0; c < n; ++c)
+          if (c < lo || c > hi) s[c] = kNegInf;
+      } else {
+        for (int64_t c = 0; c < first; ++c) s[c] = kNegInf;
+      }
+    }
+    tile_softmax(ws.s.data(), m, ld_s, n, cols, ws.row_max.data(), ws.row_sum.data(), ws.alpha.data());
+    tile_accumulate(ws.s.data(), m, ld_s, first, n, kv.v + j0 * dp, dp, ws.alpha.data(), ws.o.data());
   }
 
   constexpr float kLn2 = 0.693147180559945309f;
@@ -190,42 +228,70 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
   return p;
 }
 
+// The key ranges one item visits: its rows' causal/window band, cut to the kept blocks of its mask row.
+std::vector<KeyRange> item_ranges(const Problem& p, int64_t b, int64_t h0, int64_t qb, int64_t i0, int64_t i1) {
+  const int64_t band_lo = key_lo(p, i0), band_end = std::min(p.seq_kv, key_hi(p, i1 - 1) + 1);
+  std::vector<KeyRange> ranges;
+  if (!p.mask) {
+    if (band_lo < band_end) ranges.push_back({band_lo, band_end});
+    return ranges;
+  }
+  const BlockMaskView& mk = *p.mask;
+  const int64_t row = mk.row(b, mk.mask_head_for(h0, p.heads, p.kv_heads), qb);
+  for (int32_t n = mk.indptr[row]; n < mk.indptr[row + 1]; ++n) {
+    const int64_t begin = std::max(band_lo, mk.indices[n] * mk.block_kv);
+    const int64_t end = std::min(band_end, (mk.indices[n] + 1) * mk.block_kv);
+    if (begin >= end) continue;
+    if (!ranges.empty() && ranges.back().end == begin)
+      ranges.back().end = end;  // adjacent kept blocks form one range
+    else
+      ranges.push_back({begin, end});
+  }
+  return ranges;
+}
+
 void run(const Problem& p) {
   // Query tiles never straddle a mask q block, so one item reads one mask row.
   const int64_t block = p.mask ? p.mask->block_q : std::max<int64_t>(p.seq_q, 1);
   const int64_t q_blocks = (p.seq_q + block - 1) / block;
   const int64_t tile = std::min(p.rows_per_head, block);
   const int64_t tiles_per_block = (block + tile - 1) / tile;
-  const int64_t groups = p.heads / p.heads_per_item;
-  const int64_t items = p.batch * groups * q_blocks * tiles_per_block;
-  parallel_for(items, [&](int64_t item) {
-    thread_local Workspace ws;
-    const int64_t t = item % tiles_per_block, qb = (item / tiles_per_block) % q_blocks;
-    const int64_t group = (item / (tiles_per_block * q_blocks)) % groups, b = item / (tiles_per_block * q_blocks * groups);
-    const int64_t i0 = qb * block + t * tile;
-    const int64_t i1 = std::min({i0 + tile, (qb + 1) * block, p.seq_q});
-    if (i0 >= i1) return;
-    const int64_t h0 = group * p.heads_per_item;
-    // The band of keys any row of the tile may see.
-    const int64_t band_lo = key_lo(p, i0), band_end = std::min(p.seq_kv, key_hi(p, i1 - 1) + 1);
-    std::vector<KeyRange> ranges;
-    if (!p.mask) {
-      if (band_lo < band_end) ranges.push_back({band_lo, band_end});
-    } else {
-      const BlockMaskView& mk = *p.mask;
-      const int64_t row = mk.row(b, mk.mask_head_for(h0, p.heads, p.kv_heads), qb);
-      for (int32_t n = mk.indptr[row]; n < mk.indptr[row + 1]; ++n) {
-        const int64_t begin = std::max(band_lo, mk.indices[n] * mk.block_kv);
-        const int64_t end = std::min(band_end, (mk.indices[n] + 1) * mk.block_kv);
-        if (begin >= end) continue;
-        if (!ranges.empty() && ranges.back().end == begin)
-          ranges.back().end = end;  // adjacent kept blocks form one range
-        else
-          ranges.push_back({begin, end});
-      }
-    }
-    process_item(p, b, h0, i0, i1, ranges, ws);
-  });
+  const int64_t groups_per_kv_head = p.group / p.heads_per_item;
+  const int64_t items_per_kv_head = groups_per_kv_head * q_blocks * tiles_per_block;
+  const int64_t kv_heads_total = p.batch * p.kv_heads, panels = key_panels(p);
+  const size_t per_head = packed_floats_per_head(p);
+  const int64_t wave = std::clamp<int64_t>(static_cast<int64_t>(kPackBudgetBytes / std::max<size_t>(1, per_head * 4)), 1,
+                                           kv_heads_total);
+  // Reused across calls (per calling thread): a fresh buffer would page-fault on every call.
+  thread_local std::vector<float> pack;
+  pack.resize(std::max(pack.size(), per_head * static_cast<size_t>(wave)));
+  const int64_t dp = head_dim_padded(p);
+  float* const pack_data = pack.data();  // worker threads must not name `pack`: it is thread_local
+  auto packed = [&](int64_t slot) {
+    float* base = pack_data + static_cast<size_t>(slot) * per_head;
+    return std::pair<float*, float*>{base, base + panels * kPanelKeys * dp};
+  };
+  for (int64_t first = 0; first < kv_heads_total; first += wave) {
+    const int64_t count = std::min(wave, kv_heads_total - first);
+    parallel_for(count * panels, [&](int64_t task) {
+      const int64_t slot = task / panels, bh = first + slot;
+      const auto [kt, v] = packed(slot);
+      pack_panel(p, bh / p.kv_heads, bh % p.kv_heads, task % panels, kt, v);
+    });
+    parallel_for(count * items_per_kv_head, [&](int64_t item) {
+      thread_local Workspace ws;
+      const int64_t slot = item / items_per_kv_head, bh = first + slot, b = bh / p.kv_heads, hk = bh % p.kv_heads;
+      const int64_t local = item % items_per_kv_head;
+      const int64_t t = local % tiles_per_block, qb = (local / tiles_per_block) % q_blocks;
+      const int64_t gi = local / (tiles_per_block * q_blocks);
+      const int64_t i0 = qb * block + t * tile;
+      const int64_t i1 = std::min({i0 + tile, (qb + 1) * block, p.seq_q});
+      if (i0 >= i1) return;
+      const int64_t h0 = hk * p.group + gi * p.heads_per_item;
+      const auto [kt, v] = packed(slot);
+      process_item(p, {kt, v}, b, h0, i0, i1, item_ranges(p, b, h0, qb, i0, i1), ws);
+    });
+  }
 }
 
 }  // namespace
