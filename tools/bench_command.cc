@@ -3,7 +3,9 @@
 #include <string>
 
 #include "bench.h"
+#include "bench_steps.h"
 #include "command.h"
+#include "sparse_attn_flags.h"
 #include "tessel/core/device.h"
 
 namespace tessel::cli {
@@ -37,9 +39,21 @@ CommandRegistration registration{
       app.add_option("--save-mask", config->save_mask_dir,
                      "write each mask used (FlexAttention's kv_num_blocks/kv_indices) to this directory");
       app.add_flag("--json", *json, "print one JSON object instead of a table");
-      return CommandRunner([config, device, dtype, json] {
+      // The sparse-attention interface (bench_steps.h): --steps N runs a denoising loop through it.
+      auto steps = std::make_shared<StepsConfig>();
+      auto sparse_flags = std::make_shared<SparseAttnFlags>();
+      app.add_option("--steps", steps->steps, "run N denoising steps through the resolved sparse backend");
+      app.add_option("--layers", steps->layers, "attention layers per step with --steps")->capture_default_str();
+      add_sparse_attn_flags(app, *sparse_flags);
+      return CommandRunner([config, device, dtype, json, steps, sparse_flags] {
         config->device = parse_device(*device);
         config->dtype = parse_dtype(*dtype);
+        if (steps->steps != 0) {
+          steps->sparse = sparse_flags->to_config();
+          const StepsReport report = run_denoising_steps(*config, *steps);
+          std::cout << (*json ? report.to_json().dump() + "\n" : report.to_table());
+          return 0;
+        }
         const BenchReport report = run_bench(*config);
         if (*json)
           std::cout << report.to_json().dump() << "\n";

@@ -1,0 +1,78 @@
+// The extension point for pattern backends: write a function that chooses blocks, get a whole
+// Backend (plan, per-step update, forward on the block-sparse kernel, permutation handling,
+// always-keep options, statistics) for free.
+//
+//   Static pattern (mask depends only on shapes and spec; planned once per shape, cached):
+//     PlannedMask plan_radial(const PatternSpec& spec, ModuleType module, const AttentionShape& shape);
+//     static BuiltinBackendRegistration radial_registration{[] {
+//       return make_mask_planning_backend({"radial", {PatternType::kRadial}}, plan_radial);
+//     }};
+//
+//   Dynamic pattern (mask depends on q and k; estimated inside every forward):
+//     BlockMask estimate_topk(const TensorView& q, const TensorView& k, const PatternSpec& spec,
+//                             const AttentionShape& shape);
+//     static BuiltinBackendRegistration topk_registration{[] {
+//       return make_mask_estimating_backend({"dynamic_topk", {PatternType::kDynamicTopk}}, estimate_topk);
+//     }};
+//
+// The planner/estimator returns a BlockMask with block sizes spec.block_q/spec.block_kv over
+// (seq_q, seq_kv), mask_batch ∈ {1, B}, mask_heads ∈ {1, H_kv, H_q}. The backend then unions in
+// the always-keep blocks (apply_always_keep), checks the mask's geometry against the shape
+// (Error naming the backend otherwise), and runs block_sparse_attention_forward on the tensors'
+// device. A planner may also return a token permutation (spatial_aware); forward then gathers
+// q/k/v into that order, attends with the mask (which is in permuted order), and scatters the
+// output and lse back, so callers never see the permutation. The estimator receives the schedule's
+// density for the step in spec.topk_ratio and the step in spec.current_step/total_steps.
+// forward() reports ForwardStats{density of the executed mask, estimate_ms of the estimator}.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/sparse/backend.h"
+
+namespace tessel {
+
+struct PlannedMask {
+  BlockMask mask;
+  std::vector<int64_t> permutation;  // empty = identity; else a permutation of [0, seq)
+};
+
+using MaskPlanner = std::function<PlannedMask(const PatternSpec& spec, ModuleType module, const AttentionShape& shape)>;
+using MaskEstimator = std::function<BlockMask(const TensorView& q, const TensorView& k, const PatternSpec& spec,
+                                              const AttentionShape& shape)>;
+
+// What a pattern backend declares about itself.
+struct PatternBackendInfo {
+  std::string name;
+  std::vector<PatternType> patterns;
+  std::vector<ModuleType> modules = all_module_types();
+  std::vector<DeviceType> devices = default_devices();
+  int score = 10;  // built-in pattern backends rank above plugins' default 0 for their own patterns
+
+  static std::vector<DeviceType> default_devices();  // cpu, plus cuda when compiled with CUDA
+};
+
+std::shared_ptr<Backend> make_mask_planning_backend(PatternBackendInfo info, MaskPlanner planner);
+std::shared_ptr<Backend> make_mask_estimating_backend(PatternBackendInfo info, MaskEstimator estimator);
+
+// The spec's always-keep blocks (keep_diagonal, sink_blocks, keep_text with num_text_tokens and
+// text_first) unioned into `mask`. Returns `mask` unchanged when none is asked for.
+BlockMask apply_always_keep(const PatternSpec& spec, const BlockMask& mask);
+
+// The kv blocks [first, last] overlapping q block `q_block`'s own token range with bottom-right
+// alignment (shift = seq_kv - seq_q), clamped to the kv range; first > last when none overlaps.
+struct BlockRange {
+  int64_t first = 0;
+  int64_t last = -1;
+};
+BlockRange diagonal_kv_blocks(const BlockMaskShape& shape, int64_t q_block);
+
+// Checks a planner's or estimator's mask against the attention shape and spec: block sizes,
+// seq_q/seq_kv, mask_batch ∈ {1, B}, mask_heads ∈ {1, H_kv, H_q}. Throws Error naming `who`.
+void check_mask_geometry(const BlockMask& mask, const PatternSpec& spec, const AttentionShape& shape,
+                         const std::string& who);
+
+}  // namespace tessel

@@ -1,0 +1,48 @@
+// The pattern library's backends, registered as built-ins (BuiltinBackendRegistration) on the
+// mask-planning extension point (mask_planning.h):
+//
+//   name             patterns                     how
+//   sliding_window   sliding_window               1-D window (no spatial_layout: the block_sparse
+//                                                 backend's planner) or 3-D box on the layout
+//   spatial_aware    spatial_aware                radius box after the layout's ordering (permuted)
+//   radial           radial                       Radial Attention mask
+//   local            local                        TeleFuser local frames window
+//   arrow            arrow                        MMDiT joint: text global, i2i_pattern inside
+//   composite        composite                    union / intersection of children
+//   dynamic_topk     dynamic_topk                 SpargeAttn-style estimator in every forward
+//   threshold        threshold                    XAttention estimator in every forward
+//
+// Static plans go through one process-wide StaticPlanCache, so layers and steps with the same
+// shape share a plan. The translation from PatternSpec (exposed for `tessel mask`, `tessel eval`
+// and tests) reads these backend options (PatternSpec::options, strings):
+//   sliding_window (3-D): frame_radius (default 1), height_radius / width_radius (default
+//                         spatial_radius, else 4)
+//   spatial_aware: dims (2 or 3; default 3 when frames > 1, else 2)
+//   radial: frame0_sink (true/false, default true)
+//   dynamic_topk: cdf (> 0 selects cdf mode), similarity_threshold (default 0.1)
+//   threshold: gqa_any (true/false), vote (none | heads | columns), keep_diagonal, keep_first
+#pragma once
+
+#include "tessel/sparse/backend.h"
+#include "tessel/sparse/estimators/topk_estimator.h"
+#include "tessel/sparse/estimators/xattention_estimator.h"
+#include "tessel/sparse/planners/plan_cache.h"
+#include "tessel/sparse/planners/static_patterns.h"
+
+namespace tessel {
+
+// The token layout of a spec: spatial_layout's token grid plus num_text_tokens / text_first.
+// Throws Error when the spec has no spatial_layout.
+TokenLayout token_layout_from_spec(const PatternSpec& spec);
+// The static pattern a spec describes (sliding_window needs a spatial_layout here). Throws Error
+// for dynamic types.
+StaticPattern static_pattern_from_spec(const PatternSpec& spec);
+// Layout and block sizes; always-keep options are left to the backend (apply_always_keep).
+StaticPlanRequest static_request_from_spec(const PatternSpec& spec);
+TopkEstimatorOptions topk_options_from_spec(const PatternSpec& spec);
+XAttentionOptions xattention_options_from_spec(const PatternSpec& spec);
+
+// The process-wide plan cache the static backends use.
+StaticPlanCache& static_plan_cache();
+
+}  // namespace tessel

@@ -1,0 +1,119 @@
+// The backend registry: built-in backends (registered at static-initialisation time with
+// BuiltinBackendRegistration), backends registered explicitly at run time, and plugins loaded
+// from shared libraries (plugin/tessel_plugin.h).
+//
+// Plugin discovery (lazy, on first lookup; again on rescan_plugins()): every `*.so` file in the
+// directories of TESSEL_PLUGIN_PATH (colon-separated, searched first) and then in the install's
+// plugin directory (plugin_install_dir()). A library that fails to load is skipped with a logged
+// warning and recorded in plugin_failures(); the host keeps working. When two backends share a
+// name, the first found wins (explicit registrations and built-ins before plugins).
+//
+// Resolution (resolve_backend), as the RFC:
+//   1. env TESSEL_SPARSE_ATTN_BACKEND, when set and not empty
+//   2. config.backend, when not "auto"
+//   3. "auto": the highest-scoring backend with score >= 0 that supports the config's pattern,
+//      the module type and the device
+//   4. none: dense attention (resolution.backend == nullptr)
+// A name in (1) or (2) is a registered name, "none" (dense attention), or a path "/path/libx.so" or "/path/libx.so:symbol" (entry symbol, default tessel_plugin_init).
+// An explicit name that cannot be found or loaded throws Error (a typo must not silently run dense).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tessel/sparse/backend.h"
+#include "tessel/sparse/config.h"
+
+namespace tessel {
+
+using BackendFactory = std::function<std::shared_ptr<Backend>()>;
+
+// Adds a factory to the list every registry instantiates at construction (built-in backends).
+// Use as a namespace-scope static in the backend's .cc file.
+struct BuiltinBackendRegistration {
+  explicit BuiltinBackendRegistration(BackendFactory factory);
+};
+
+inline constexpr const char* kBackendEnvVar = "TESSEL_SPARSE_ATTN_BACKEND";
+inline constexpr const char* kPluginPathEnvVar = "TESSEL_PLUGIN_PATH";
+inline constexpr const char* kDefaultPluginSymbol = "tessel_plugin_init";
+
+// The install's plugin directory (the TESSEL_PLUGIN_DIR compile definition).
+std::string plugin_install_dir();
+
+// A library that discovery could not load, and why.
+struct PluginFailure {
+  std::string path;
+  std::string message;
+};
+
+enum class ResolutionSource { kEnv, kConfig, kAuto, kNone };
+std::string_view resolution_source_name(ResolutionSource source);  // "env", "config", "auto", "none"
+
+struct Resolution {
+  std::shared_ptr<Backend> backend;  // null: dense attention
+  ResolutionSource source = ResolutionSource::kNone;
+  std::string requested;             // the name/path that was asked for ("" for auto/none)
+};
+
+class BackendRegistry {
+ public:
+  // A registry holding the built-in backends (with_builtins) and nothing else yet. With
+  // discover_plugins false, the plugin directories are scanned only by rescan_plugins() (tests use
+  // this to control exactly which backends exist).
+  explicit BackendRegistry(bool with_builtins = true, bool discover_plugins = true);
+  ~BackendRegistry();
+  BackendRegistry(const BackendRegistry&) = delete;
+  BackendRegistry& operator=(const BackendRegistry&) = delete;
+
+  // The process-wide registry the CLI and SparseAttention use.
+  static BackendRegistry& global();
+
+  // Explicit registration. Throws Error when the name is empty or already registered.
+  void register_backend(std::shared_ptr<Backend> backend);
+  // The backend registered (or discovered) under `name`, or null.
+  std::shared_ptr<Backend> find(const std::string& name);
+  // A registered name, or a plugin path "/path/libx.so[:symbol]" (loaded and cached by path).
+  // Throws Error when neither.
+  std::shared_ptr<Backend> get(const std::string& name_or_path);
+  // Every backend: built-ins and registered ones first, then discovered plugins.
+  std::vector<std::shared_ptr<Backend>> list();
+
+  // Loads one plugin library now (not registered under its name; cached by path+symbol).
+  // Throws Error for a missing file, a missing symbol, a wrong ABI version, a failing init or an
+  // incomplete table; the library is unloaded again in that case.
+  std::shared_ptr<Backend> load_plugin(const std::string& path, const std::string& symbol = kDefaultPluginSymbol);
+
+  // Forgets discovered plugins and scans the directories again (re-reading TESSEL_PLUGIN_PATH).
+  void rescan_plugins();
+  std::vector<PluginFailure> plugin_failures();
+  // The directories scanned, in order (duplicates removed).
+  static std::vector<std::string> plugin_search_dirs();
+
+  // Resolution as described at the top of this file.
+  Resolution resolve(const SparseAttnConfig& config, ModuleType module, Device device);
+
+ private:
+  void ensure_discovered_locked();
+  std::shared_ptr<Backend> find_locked(const std::string& name);
+
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<Backend>> registered_;
+  std::vector<std::shared_ptr<Backend>> discovered_;
+  std::vector<std::pair<std::string, std::shared_ptr<Backend>>> loaded_by_path_;
+  std::vector<PluginFailure> failures_;
+  bool discovered_once_ = false;
+  bool discover_plugins_ = true;
+};
+
+// Splits "/path/libx.so:symbol" into path and symbol (default tessel_plugin_init). Returns false
+// when `spec` does not name a path (contains no '/' and does not end in ".so").
+bool parse_plugin_reference(const std::string& spec, std::string& path, std::string& symbol);
+
+// BackendRegistry::global().resolve(config, module, device).
+Resolution resolve_backend(const SparseAttnConfig& config, ModuleType module, Device device);
+
+}  // namespace tessel

@@ -1,0 +1,225 @@
+#include "plugin_backend.h"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+
+#include "plugin_abi.h"
+#include "tessel/core/error.h"
+#include "tessel/core/log.h"
+
+namespace tessel::plugin {
+namespace {
+
+// The fields a version-1 table must provide (everything up to destroy_plan).
+constexpr size_t kMinimumTableSize = offsetof(tessel_plugin_backend, destroy_plan) + sizeof(void (*)(void*, void*));
+// Zeroed room given to init: a plugin built against a newer header may write a longer table before
+// the host gets to reject its ABI version; it must not write past what we own.
+constexpr size_t kTableReserve = 4096;
+static_assert(sizeof(tessel_plugin_backend) <= kTableReserve);
+
+// An open library and its validated table. Closed (after shutdown) when the last backend,
+// builder, impl or plan referring to it is gone.
+struct PluginLibrary {
+  void* handle = nullptr;
+  std::string path;
+  std::string symbol;
+  tessel_plugin_backend table{};
+
+  ~PluginLibrary() {
+    if (table.shutdown) table.shutdown(table.user_data);
+    if (handle) dlclose(handle);
+  }
+  std::string describe() const { return "plugin '" + std::string(table.name ? table.name : "?") + "' (" + path + ")"; }
+};
+
+[[noreturn]] void fail_status(const PluginLibrary& library, const char* what, tessel_status status, const tessel_error& error) {
+  throw Error(detail::concat(library.describe(), " ", what, " failed (status ", status_name(status), "): ",
+                             error.message[0] ? error.message : "no message"));
+}
+
+template <typename T>
+std::vector<T> from_bits(uint32_t mask, int count) {
+  std::vector<T> out;
+  for (int i = 0; i < count; ++i)
+    if (mask & TESSEL_BIT(i)) out.push_back(static_cast<T>(i));
+  return out;
+}
+
+struct PluginMetadata : Metadata {
+  std::shared_ptr<PluginLibrary> library;
+  void* plan = nullptr;
+  ~PluginMetadata() override {
+    if (plan) library->table.destroy_plan(library->table.user_data, plan);
+  }
+};
+
+class PluginBuilder : public MetadataBuilder {
+ public:
+  PluginBuilder(std::shared_ptr<const Backend> backend, std::shared_ptr<PluginLibrary> library)
+      : backend_(std::move(backend)), library_(std::move(library)) {}
+
+  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+    check_plan_request(*backend_, spec, module, shape);
+    const CPatternSpec c_spec(spec);
+    const tessel_plan_request request = to_c(shape, module);
+    auto metadata = std::make_shared<PluginMetadata>();
+    metadata->library = library_;
+    metadata->backend = backend_->name();
+    metadata->spec = spec;
+    metadata->module = module;
+    metadata->shape = shape;
+    tessel_error error{};
+    const tessel_plugin_backend& table = library_->table;
+    const tessel_status status = table.plan(table.user_data, c_spec.get(), &request, &metadata->plan, &error);
+    if (status != TESSEL_OK) {
+      metadata->plan = nullptr;  // a failing plan owns nothing
+      fail_status(*library_, "plan", status, error);
+    }
+    return metadata;
+  }
+
+  void update_step(Metadata& metadata, int64_t step, int64_t total_steps) override {
+    const tessel_plugin_backend& table = library_->table;
+    if (table.update_step == nullptr) return;
+    auto& plugin_metadata = dynamic_cast<PluginMetadata&>(metadata);
+    const tessel_step_info info{step, total_steps, metadata.spec.topk_ratio.value_or(std::nan(""))};
+    tessel_error error{};
+    const tessel_status status = table.update_step(table.user_data, plugin_metadata.plan, &info, &error);
+    if (status != TESSEL_OK) fail_status(*library_, "update_step", status, error);
+  }
+
+ private:
+  std::shared_ptr<const Backend> backend_;
+  std::shared_ptr<PluginLibrary> library_;
+};
+
+class PluginImpl : public Impl {
+ public:
+  explicit PluginImpl(std::shared_ptr<PluginLibrary> library) : library_(std::move(library)) {}
+
+  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
+                       const TensorView& out, const TensorView& lse) override {
+    const auto* plugin_metadata = dynamic_cast<const PluginMetadata*>(&metadata);
+    if (plugin_metadata == nullptr || plugin_metadata->library != library_)
+      fail_argument("metadata", "a plan made by " + library_->describe(), "a plan from backend '" + metadata.backend + "'");
+    check_forward_shape(metadata, q, k, v);
+    const tessel_tensor cq = to_c(q), ck = to_c(k), cv = to_c(v), cout = to_c(out);
+    const tessel_tensor clse = lse.empty() ? tessel_tensor{} : to_c(lse);
+    tessel_forward_stats stats{metadata.planned_density(), 0.0};
+    tessel_error error{};
+    const tessel_plugin_backend& table = library_->table;
+    const tessel_status status = table.forward(table.user_data, plugin_metadata->plan, &cq, &ck, &cv, &cout,
+                                               lse.empty() ? nullptr : &clse, &stats, &error);
+    if (status != TESSEL_OK) fail_status(*library_, "forward", status, error);
+    return ForwardStats{stats.density, stats.estimate_ms};
+  }
+
+ private:
+  std::shared_ptr<PluginLibrary> library_;
+};
+
+class PluginBackend : public Backend, public std::enable_shared_from_this<PluginBackend> {
+ public:
+  explicit PluginBackend(std::shared_ptr<PluginLibrary> library) : library_(std::move(library)) {}
+
+  std::string name() const override { return library_->table.name; }
+  std::vector<PatternType> supported_patterns() const override {
+    return from_bits<PatternType>(library_->table.pattern_mask, kNumPatternTypes);
+  }
+  std::vector<ModuleType> supported_module_types() const override {
+    return from_bits<ModuleType>(library_->table.module_mask, kNumModuleTypes);
+  }
+  std::vector<DeviceType> supported_devices() const override { return from_bits<DeviceType>(library_->table.device_mask, 2); }
+  int score() const override { return library_->table.score; }
+  std::string origin() const override {
+    return library_->symbol == TESSEL_PLUGIN_ENTRY_SYMBOL ? library_->path : library_->path + ":" + library_->symbol;
+  }
+  void validate_config(const SparseAttnConfig& config) const override {
+    const tessel_plugin_backend& table = library_->table;
+    if (table.validate_config == nullptr) return;
+    const std::string json = config.to_json();
+    tessel_error error{};
+    const tessel_status status = table.validate_config(table.user_data, json.c_str(), &error);
+    if (status != TESSEL_OK) fail_status(*library_, "validate_config", status, error);
+  }
+  std::unique_ptr<MetadataBuilder> make_metadata_builder() const override {
+    return std::make_unique<PluginBuilder>(shared_from_this(), library_);
+  }
+  std::unique_ptr<Impl> make_impl() const override { return std::make_unique<PluginImpl>(library_); }
+
+ private:
+  std::shared_ptr<PluginLibrary> library_;
+};
+
+// Rejects tables a host of this ABI version cannot use.
+void check_table(const std::string& where, const tessel_plugin_backend& table) {
+  if (table.abi_version == 0)
+    throw Error(where + ": the entry point did not set abi_version (expected " +
+                std::to_string(TESSEL_PLUGIN_ABI_VERSION) + ")");
+  if (table.abi_version > TESSEL_PLUGIN_ABI_VERSION)
+    throw Error(where + ": ABI version mismatch: the plugin was built for ABI version " + std::to_string(table.abi_version) +
+                ", this tessel supports versions 1.." + std::to_string(TESSEL_PLUGIN_ABI_VERSION));
+  if (table.struct_size < kMinimumTableSize)
+    fail_argument(where + ": table struct_size", ">= " + std::to_string(kMinimumTableSize) + " bytes", table.struct_size);
+  const auto require = [&](bool present, const char* field) {
+    if (!present) throw Error(where + ": incomplete table: '" + field + "' is not set");
+  };
+  require(table.name != nullptr && table.name[0] != '\0', "name");
+  require(table.plan != nullptr, "plan");
+  require(table.forward != nullptr, "forward");
+  require(table.destroy_plan != nullptr, "destroy_plan");
+  require(table.pattern_mask != 0, "pattern_mask");
+  require(table.module_mask != 0, "module_mask");
+  require(table.device_mask != 0, "device_mask");
+}
+
+}  // namespace
+
+std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std::string& symbol) {
+  const std::string where = "plugin '" + path + "'";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw Error(where + ": file not found");
+  auto library = std::make_shared<PluginLibrary>();
+  library->path = path;
+  library->symbol = symbol;
+  library->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library->handle == nullptr) {
+    const char* reason = dlerror();
+    throw Error(where + ": cannot load the shared library: " + (reason ? reason : "unknown reason"));
+  }
+  dlerror();
+  void* entry = dlsym(library->handle, symbol.c_str());
+  if (entry == nullptr)
+    throw Error(where + ": missing entry symbol '" + symbol + "' (a tessel plugin exports tessel_status " + symbol +
+                "(const tessel_host_api*, tessel_plugin_backend*, tessel_error*); see tessel/plugin/tessel_plugin.h)");
+
+  // Aligned, zeroed room for the table; the host's struct is a prefix of it.
+  alignas(std::max_align_t) static thread_local unsigned char reserve[kTableReserve];
+  std::memset(reserve, 0, sizeof reserve);
+  auto* table = reinterpret_cast<tessel_plugin_backend*>(reserve);
+  table->struct_size = static_cast<uint32_t>(kTableReserve);
+  tessel_error error{};
+  tessel_status status = TESSEL_ERROR_INTERNAL;
+  try {
+    status = reinterpret_cast<tessel_plugin_init_fn>(entry)(host_api(), table, &error);
+  } catch (...) {
+    throw Error(where + ": the entry point threw an exception (plugins must return status codes)");
+  }
+  if (status != TESSEL_OK)
+    throw Error(detail::concat(where, ": init failed (status ", status_name(status), "): ",
+                               error.message[0] ? error.message : "no message"));
+  check_table(where, *table);
+  // Fields past the plugin's table are absent (NULL) for the host.
+  const size_t used = std::min<size_t>(table->struct_size, sizeof(tessel_plugin_backend));
+  std::memcpy(&library->table, table, used);
+  if (used < sizeof(tessel_plugin_backend))
+    std::memset(reinterpret_cast<unsigned char*>(&library->table) + used, 0, sizeof(tessel_plugin_backend) - used);
+  log_message(LogLevel::kDebug, "loaded " + library->describe());
+  return std::make_shared<PluginBackend>(std::move(library));
+}
+
+}  // namespace tessel::plugin

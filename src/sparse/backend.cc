@@ -1,0 +1,167 @@
+#include "tessel/sparse/backend.h"
+
+#include <algorithm>
+#include <array>
+
+#include "tessel/core/error.h"
+
+namespace tessel {
+namespace {
+
+constexpr std::array<std::string_view, kNumModuleTypes> kModuleNames = {"dit_self", "dit_cross", "dit_joint",
+                                                                         "llm_prefill", "llm_decode"};
+
+void check_positive(const std::string& field, int64_t value) {
+  if (value < 1) fail_argument(field, ">= 1", value);
+}
+
+}  // namespace
+
+std::string_view module_type_name(ModuleType type) {
+  const auto index = static_cast<size_t>(type);
+  return index < kModuleNames.size() ? kModuleNames[index] : "unknown";
+}
+
+ModuleType parse_module_type(std::string_view name) {
+  std::string names;
+  for (size_t i = 0; i < kModuleNames.size(); ++i) {
+    if (kModuleNames[i] == name) return static_cast<ModuleType>(i);
+    names += (i ? ", " : "") + std::string(kModuleNames[i]);
+  }
+  fail_argument("module_type", "one of " + names, "'" + std::string(name) + "'");
+}
+
+const std::vector<ModuleType>& all_module_types() {
+  static const std::vector<ModuleType> types = [] {
+    std::vector<ModuleType> out;
+    for (int i = 0; i < kNumModuleTypes; ++i) out.push_back(static_cast<ModuleType>(i));
+    return out;
+  }();
+  return types;
+}
+
+std::string_view device_type_name(DeviceType type) { return type == DeviceType::kCPU ? "cpu" : "cuda"; }
+
+void AttentionShape::validate() const {
+  check_positive("shape.batch", batch);
+  check_positive("shape.num_qo_heads", num_qo_heads);
+  check_positive("shape.num_kv_heads", num_kv_heads);
+  check_positive("shape.head_dim", head_dim);
+  check_positive("shape.seq_q", seq_q);
+  check_positive("shape.seq_kv", seq_kv);
+  if (num_qo_heads % num_kv_heads != 0)
+    fail_argument("shape.num_qo_heads", "a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")",
+                  num_qo_heads);
+}
+
+AttentionShape AttentionShape::of(const TensorView& q, const TensorView& k, const TensorView& v) {
+  check_rank(q, 4, "q");
+  check_rank(k, 4, "k");
+  check_rank(v, 4, "v");
+  check_dtype(k, q.dtype(), "k");
+  check_dtype(v, q.dtype(), "v");
+  check_device(k, q.device(), "k");
+  check_device(v, q.device(), "v");
+  check_shape(v, k.shape(), "v");
+  if (k.size(0) != q.size(0)) fail_argument("k batch", q.size(0), k.size(0));
+  if (k.size(3) != q.size(3)) fail_argument("k head_dim", q.size(3), k.size(3));
+  AttentionShape shape;
+  shape.batch = q.size(0);
+  shape.seq_q = q.size(1);
+  shape.num_qo_heads = q.size(2);
+  shape.head_dim = q.size(3);
+  shape.seq_kv = k.size(1);
+  shape.num_kv_heads = k.size(2);
+  shape.dtype = q.dtype();
+  shape.device = q.device();
+  shape.validate();
+  return shape;
+}
+
+std::string AttentionShape::str() const {
+  return detail::concat("B=", batch, " Sq=", seq_q, " Skv=", seq_kv, " Hq=", num_qo_heads, " Hkv=", num_kv_heads,
+                        " D=", head_dim, " ", dtype_name(dtype), " ", device.str());
+}
+
+Metadata::~Metadata() = default;
+
+double Metadata::planned_density() const {
+  if (mask) return mask->density();
+  if (spec.type == PatternType::kDense) return 1.0;
+  if (spec.type == PatternType::kThreshold) return 1.0;
+  return spec.topk_ratio.value_or(1.0);
+}
+
+MetadataBuilder::~MetadataBuilder() = default;
+
+std::shared_ptr<Metadata> MetadataBuilder::plan(const PatternSpec& spec, ModuleType module, int64_t num_qo_heads,
+                                                int64_t num_kv_heads, int64_t head_dim, int64_t seq_q,
+                                                int64_t seq_kv, int64_t batch, DType dtype, Device device) {
+  AttentionShape shape;
+  shape.batch = batch;
+  shape.num_qo_heads = num_qo_heads;
+  shape.num_kv_heads = num_kv_heads;
+  shape.head_dim = head_dim;
+  shape.seq_q = seq_q;
+  shape.seq_kv = seq_kv;
+  shape.dtype = dtype;
+  shape.device = device;
+  return plan(spec, module, shape);
+}
+
+void MetadataBuilder::update_step(Metadata&, int64_t, int64_t) {}
+
+Impl::~Impl() = default;
+Backend::~Backend() = default;
+
+void Backend::validate_config(const SparseAttnConfig&) const {}
+
+bool Backend::supports(PatternType pattern) const {
+  const auto patterns = supported_patterns();
+  return std::find(patterns.begin(), patterns.end(), pattern) != patterns.end();
+}
+bool Backend::supports(ModuleType module) const {
+  const auto modules = supported_module_types();
+  return std::find(modules.begin(), modules.end(), module) != modules.end();
+}
+bool Backend::supports(DeviceType device) const {
+  const auto devices = supported_devices();
+  return std::find(devices.begin(), devices.end(), device) != devices.end();
+}
+
+}  // namespace tessel
+
+namespace tessel {
+namespace {
+
+template <typename T, typename NameFn>
+std::string join(const std::vector<T>& items, NameFn name) {
+  std::string out;
+  for (const T& item : items) out += (out.empty() ? "" : ", ") + std::string(name(item));
+  return out.empty() ? "nothing" : out;
+}
+
+}  // namespace
+
+void check_plan_request(const Backend& backend, const PatternSpec& spec, ModuleType module, const AttentionShape& shape) {
+  shape.validate();
+  spec.validate();
+  const std::string who = "backend '" + backend.name() + "'";
+  if (!backend.supports(spec.type))
+    fail_argument(who + " pattern_type", "one of " + join(backend.supported_patterns(), pattern_type_name),
+                  pattern_type_name(spec.type));
+  if (!backend.supports(module))
+    fail_argument(who + " module type", "one of " + join(backend.supported_module_types(), module_type_name),
+                  module_type_name(module));
+  if (!backend.supports(shape.device.type))
+    fail_argument(who + " device", "one of " + join(backend.supported_devices(), device_type_name), shape.device.str());
+}
+
+void check_forward_shape(const Metadata& metadata, const TensorView& q, const TensorView& k, const TensorView& v) {
+  const AttentionShape actual = AttentionShape::of(q, k, v);
+  if (!(actual == metadata.shape))
+    fail_argument("q/k/v of backend '" + metadata.backend + "'", "the planned shape " + metadata.shape.str(),
+                  actual.str());
+}
+
+}  // namespace tessel

@@ -1,0 +1,122 @@
+#include "tessel/sparse/estimators/topk_estimator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "head_data.h"
+#include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
+
+namespace tessel {
+namespace {
+
+struct PooledBlocks {
+  std::vector<float> mean;     // (blocks, D)
+  std::vector<uint8_t> similar;
+};
+
+// Mean vector and self-similarity of each block of `block` rows of a (seq, D) matrix.
+PooledBlocks pool_blocks(const std::vector<float>& rows, int64_t seq, int64_t dim, int64_t block, double threshold) {
+  const int64_t blocks = (seq + block - 1) / block;
+  PooledBlocks out{std::vector<float>(static_cast<size_t>(blocks * dim), 0.0f), std::vector<uint8_t>(blocks, 0)};
+  std::vector<float> unit_sum(static_cast<size_t>(dim));
+  for (int64_t c = 0; c < blocks; ++c) {
+    const int64_t lo = c * block, hi = std::min(seq, lo + block), n = hi - lo;
+    float* mean = out.mean.data() + c * dim;
+    std::fill(unit_sum.begin(), unit_sum.end(), 0.0f);
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* x = rows.data() + t * dim;
+      const float norm = std::sqrt(estimators::dot(x, x, dim));
+      const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+      for (int64_t d = 0; d < dim; ++d) {
+        mean[d] += x[d];
+        unit_sum[d] += x[d] * inv;
+      }
+    }
+    for (int64_t d = 0; d < dim; ++d) mean[d] /= static_cast<float>(n);
+    const float sim = estimators::dot(unit_sum.data(), unit_sum.data(), dim) / static_cast<float>(n * n);
+    out.similar[c] = static_cast<double>(sim) > threshold ? 1 : 0;
+  }
+  return out;
+}
+
+void check_options(const TopkEstimatorOptions& o) {
+  if (o.block_q < 1) fail_argument("topk.block_q", ">= 1", o.block_q);
+  if (o.block_kv < 1) fail_argument("topk.block_kv", ">= 1", o.block_kv);
+  if (o.cdf_threshold > 1.0 || std::isnan(o.cdf_threshold)) fail_argument("topk.cdf_threshold", "<= 1 (<= 0 for top-k mode)", o.cdf_threshold);
+  if (o.cdf_threshold <= 0.0 && !(o.topk_ratio > 0.0 && o.topk_ratio <= 1.0)) fail_argument("topk.topk_ratio", "in (0, 1]", o.topk_ratio);
+  if (o.keep.sink_blocks < 0) fail_argument("topk.keep.sink_blocks", ">= 0", o.keep.sink_blocks);
+}
+
+}  // namespace
+
+EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options) {
+  estimators::check_qk(q, k, "estimate_topk_mask");
+  check_options(options);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t batch = q.size(0), seq_q = q.size(1), hq = q.size(2), dim = q.size(3);
+  const int64_t seq_kv = k.size(1), hkv = k.size(2), group = hq / hkv;
+  const BlockMaskShape shape{batch, hq, seq_q, seq_kv, options.block_q, options.block_kv};
+  const int64_t qbs = shape.q_blocks(), kvbs = shape.kv_blocks();
+  const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dim));
+
+  std::vector<PooledBlocks> pooled_k(static_cast<size_t>(batch * hkv));
+  parallel_for(batch * hkv, [&](int64_t i) {
+    pooled_k[i] = pool_blocks(estimators::head_rows(k, i / hkv, i % hkv, seq_kv), seq_kv, dim, options.block_kv,
+                              options.similarity_threshold);
+  });
+
+  const int64_t n_topk = std::clamp<int64_t>(std::llround(options.topk_ratio * static_cast<double>(kvbs)), 1, kvbs);
+  std::vector<uint8_t> dense(static_cast<size_t>(batch * hq * qbs * kvbs), 0);
+  parallel_for(batch * hq, [&](int64_t bh) {
+    const int64_t b = bh / hq, h = bh % hq;
+    const PooledBlocks pq = pool_blocks(estimators::head_rows(q, b, h, seq_q), seq_q, dim, options.block_q, options.similarity_threshold);
+    const PooledBlocks& pk = pooled_k[b * hkv + h / group];
+    std::vector<int32_t> candidates;
+    for (int64_t c = 0; c < kvbs; ++c)
+      if (pk.similar[c]) candidates.push_back(static_cast<int32_t>(c));
+    std::vector<float> prob(static_cast<size_t>(kvbs));
+    std::vector<int32_t> order;
+    for (int64_t r = 0; r < qbs; ++r) {
+      uint8_t* row = dense.data() + (bh * qbs + r) * kvbs;
+      if (!pq.similar[r]) {
+        std::fill(row, row + kvbs, uint8_t{1});
+        continue;
+      }
+      for (int64_t c = 0; c < kvbs; ++c)
+        if (!pk.similar[c]) row[c] = 1;
+      if (candidates.empty()) continue;
+      float max_score = -INFINITY;
+      for (int32_t c : candidates) {
+        prob[c] = scale * estimators::dot(pq.mean.data() + r * dim, pk.mean.data() + c * dim, dim);
+        max_score = std::max(max_score, prob[c]);
+      }
+      float total = 0.0f;
+      for (int32_t c : candidates) total += (prob[c] = std::exp(prob[c] - max_score));
+      for (int32_t c : candidates) prob[c] /= total;
+      order = candidates;
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b2) { return prob[a] > prob[b2] || (prob[a] == prob[b2] && a < b2); });
+      int64_t n = n_topk;
+      if (options.cdf_threshold > 0.0) {
+        float cumulative = 0.0f;
+        n = 0;
+        while (n < static_cast<int64_t>(order.size())) {
+          cumulative += prob[order[n++]];
+          if (static_cast<double>(cumulative) >= options.cdf_threshold) break;
+        }
+      }
+      n = std::min<int64_t>(n, static_cast<int64_t>(order.size()));
+      for (int64_t i = 0; i < n; ++i) row[order[i]] = 1;
+    }
+  });
+  AlwaysKeep keep = options.keep;
+  keep.text = false;
+  apply_always_keep(shape, keep, nullptr, dense);
+  EstimateResult result{BlockMask::from_dense(shape, dense), 0.0};
+  result.estimate_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace tessel

@@ -1,0 +1,267 @@
+#include "tessel/sparse/mask_planning.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+
+#include "tessel/core/error.h"
+#include "tessel/kernels/attention.h"
+#include "token_permutation.h"
+
+namespace tessel {
+namespace {
+
+// A static plan: the mask (plus its device copy for CUDA tensors) and the token permutation.
+struct MaskMetadata : Metadata {
+  std::optional<BlockMask::DeviceCopy> device_mask;
+  std::vector<int64_t> inverse_permutation;
+};
+
+BlockMaskView mask_view_for(const BlockMask& mask, const std::optional<BlockMask::DeviceCopy>& device_mask) {
+  return device_mask ? device_mask->view() : mask.view();
+}
+
+class InfoBackend : public Backend, public std::enable_shared_from_this<InfoBackend> {
+ public:
+  explicit InfoBackend(PatternBackendInfo info) : info_(std::move(info)) {
+    if (info_.name.empty()) fail_argument("PatternBackendInfo.name", "a non-empty name", "''");
+    if (info_.patterns.empty()) fail_argument("PatternBackendInfo.patterns of '" + info_.name + "'", "at least one pattern", "none");
+  }
+  std::string name() const override { return info_.name; }
+  std::vector<PatternType> supported_patterns() const override { return info_.patterns; }
+  std::vector<ModuleType> supported_module_types() const override { return info_.modules; }
+  std::vector<DeviceType> supported_devices() const override { return info_.devices; }
+  int score() const override { return info_.score; }
+  std::shared_ptr<const Backend> self() const { return shared_from_this(); }
+
+ private:
+  PatternBackendInfo info_;
+};
+
+// ---- static masks ---------------------------------------------------------------------------
+
+class PlanningBuilder : public MetadataBuilder {
+ public:
+  PlanningBuilder(std::shared_ptr<const Backend> backend, MaskPlanner planner)
+      : backend_(std::move(backend)), planner_(std::move(planner)) {}
+
+  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+    check_plan_request(*backend_, spec, module, shape);
+    PlannedMask planned = planner_(spec, module, shape);
+    auto metadata = std::make_shared<MaskMetadata>();
+    BlockMask mask = apply_always_keep(spec, planned.mask);
+    check_mask_geometry(mask, spec, shape, "backend '" + backend_->name() + "'");
+    if (!planned.permutation.empty()) {
+      check_permutation(planned.permutation, shape, "backend '" + backend_->name() + "' permutation");
+      if (!shape.device.is_cpu())
+        fail_argument("backend '" + backend_->name() + "' token permutation device", "cpu", shape.device.str());
+      metadata->inverse_permutation = invert_permutation(planned.permutation);
+      metadata->permutation = std::move(planned.permutation);
+    }
+    if (shape.device.is_cuda()) metadata->device_mask = mask.to_device(shape.device);
+    metadata->backend = backend_->name();
+    metadata->spec = spec;
+    metadata->module = module;
+    metadata->shape = shape;
+    metadata->mask = std::make_shared<const BlockMask>(std::move(mask));
+    return metadata;
+  }
+
+ private:
+  std::shared_ptr<const Backend> backend_;
+  MaskPlanner planner_;
+};
+
+class PlanningImpl : public Impl {
+ public:
+  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
+                       const TensorView& out, const TensorView& lse) override {
+    const auto* planned = dynamic_cast<const MaskMetadata*>(&metadata);
+    if (planned == nullptr || !planned->mask)
+      fail_argument("metadata", "a plan made by backend '" + metadata.backend + "'s metadata builder", "foreign metadata");
+    check_forward_shape(metadata, q, k, v);
+    const BlockMaskView view = mask_view_for(*planned->mask, planned->device_mask);
+    if (planned->permutation.empty()) {
+      block_sparse_attention_forward(q, k, v, view, out, lse);
+    } else {
+      permuted_block_sparse_attention(q, k, v, view, planned->permutation, planned->inverse_permutation, out, lse);
+    }
+    return ForwardStats{planned->mask->density(), 0.0};
+  }
+};
+
+class MaskPlanningBackend : public InfoBackend {
+ public:
+  MaskPlanningBackend(PatternBackendInfo info, MaskPlanner planner) : InfoBackend(std::move(info)), planner_(std::move(planner)) {
+    if (!planner_) fail_argument("planner of '" + name() + "'", "a callable function", "an empty function");
+  }
+  std::unique_ptr<MetadataBuilder> make_metadata_builder() const override {
+    return std::make_unique<PlanningBuilder>(self(), planner_);
+  }
+  std::unique_ptr<Impl> make_impl() const override { return std::make_unique<PlanningImpl>(); }
+
+ private:
+  MaskPlanner planner_;
+};
+
+// ---- data-dependent masks -------------------------------------------------------------------
+
+class EstimatingBuilder : public MetadataBuilder {
+ public:
+  explicit EstimatingBuilder(std::shared_ptr<const Backend> backend) : backend_(std::move(backend)) {}
+  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+    check_plan_request(*backend_, spec, module, shape);
+    auto metadata = std::make_shared<Metadata>();
+    metadata->backend = backend_->name();
+    metadata->spec = spec;
+    metadata->module = module;
+    metadata->shape = shape;
+    return metadata;
+  }
+
+ private:
+  std::shared_ptr<const Backend> backend_;
+};
+
+class EstimatingImpl : public Impl {
+ public:
+  EstimatingImpl(std::string name, MaskEstimator estimator) : name_(std::move(name)), estimator_(std::move(estimator)) {}
+
+  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
+                       const TensorView& out, const TensorView& lse) override {
+    check_forward_shape(metadata, q, k, v);
+    const auto start = std::chrono::steady_clock::now();
+    BlockMask mask = apply_always_keep(metadata.spec, estimator_(q, k, metadata.spec, metadata.shape));
+    check_mask_geometry(mask, metadata.spec, metadata.shape, "estimator of backend '" + name_ + "'");
+    std::optional<BlockMask::DeviceCopy> device_mask;
+    if (q.device().is_cuda()) device_mask = mask.to_device(q.device());
+    const double estimate_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    block_sparse_attention_forward(q, k, v, mask_view_for(mask, device_mask), out, lse);
+    return ForwardStats{mask.density(), estimate_ms};
+  }
+
+ private:
+  std::string name_;
+  MaskEstimator estimator_;
+};
+
+class MaskEstimatingBackend : public InfoBackend {
+ public:
+  MaskEstimatingBackend(PatternBackendInfo info, MaskEstimator estimator)
+      : InfoBackend(std::move(info)), estimator_(std::move(estimator)) {
+    if (!estimator_) fail_argument("estimator of '" + name() + "'", "a callable function", "an empty function");
+  }
+  std::unique_ptr<MetadataBuilder> make_metadata_builder() const override {
+    return std::make_unique<EstimatingBuilder>(self());
+  }
+  std::unique_ptr<Impl> make_impl() const override { return std::make_unique<EstimatingImpl>(name(), estimator_); }
+
+ private:
+  MaskEstimator estimator_;
+};
+
+// Sorted union of two sorted, unique lists.
+void merge_into(std::vector<int32_t>& row, const std::vector<int32_t>& extra) {
+  if (extra.empty()) return;
+  std::vector<int32_t> merged;
+  merged.reserve(row.size() + extra.size());
+  std::set_union(row.begin(), row.end(), extra.begin(), extra.end(), std::back_inserter(merged));
+  row.swap(merged);
+}
+
+std::vector<int32_t> block_range(int64_t first, int64_t last) {
+  std::vector<int32_t> out;
+  for (int64_t b = first; b <= last; ++b) out.push_back(static_cast<int32_t>(b));
+  return out;
+}
+
+// Blocks of `block`-token blocks over `seq` tokens that hold text tokens, as [first, last].
+BlockRange text_blocks(int64_t text_tokens, bool text_first, int64_t seq, int64_t block) {
+  const int64_t count = std::min(text_tokens, seq);
+  if (count <= 0) return {};
+  const int64_t lo = text_first ? 0 : seq - count;
+  const int64_t hi = text_first ? count - 1 : seq - 1;
+  return {lo / block, hi / block};
+}
+
+}  // namespace
+
+std::vector<DeviceType> PatternBackendInfo::default_devices() {
+  std::vector<DeviceType> devices = {DeviceType::kCPU};
+  if (cuda_compiled()) devices.push_back(DeviceType::kCUDA);
+  return devices;
+}
+
+std::shared_ptr<Backend> make_mask_planning_backend(PatternBackendInfo info, MaskPlanner planner) {
+  return std::make_shared<MaskPlanningBackend>(std::move(info), std::move(planner));
+}
+
+std::shared_ptr<Backend> make_mask_estimating_backend(PatternBackendInfo info, MaskEstimator estimator) {
+  return std::make_shared<MaskEstimatingBackend>(std::move(info), std::move(estimator));
+}
+
+BlockRange diagonal_kv_blocks(const BlockMaskShape& shape, int64_t q_block) {
+  const int64_t shift = shape.seq_kv - shape.seq_q;
+  const int64_t lo = q_block * shape.block_q + shift;
+  const int64_t hi = std::min((q_block + 1) * shape.block_q, shape.seq_q) - 1 + shift;
+  if (hi < 0 || lo > shape.seq_kv - 1) return {};
+  return {std::max<int64_t>(lo, 0) / shape.block_kv, std::min(hi, shape.seq_kv - 1) / shape.block_kv};
+}
+
+BlockMask apply_always_keep(const PatternSpec& spec, const BlockMask& mask) {
+  const bool text = spec.keep_text && spec.num_text_tokens.value_or(0) > 0;
+  if (!spec.keep_diagonal && spec.sink_blocks <= 0 && !text) return mask;
+  const BlockMaskShape& shape = mask.shape();
+  const int64_t q_blocks = shape.q_blocks();
+  const int64_t kv_blocks = shape.kv_blocks();
+  const std::vector<int32_t> sinks = block_range(0, std::min(spec.sink_blocks, kv_blocks) - 1);
+  BlockRange q_text, kv_text;
+  if (text) {
+    q_text = text_blocks(*spec.num_text_tokens, spec.text_first, shape.seq_q, shape.block_q);
+    kv_text = text_blocks(*spec.num_text_tokens, spec.text_first, shape.seq_kv, shape.block_kv);
+  }
+  const std::vector<int32_t> text_columns = block_range(kv_text.first, kv_text.last);
+  const std::vector<int32_t> all_columns = block_range(0, kv_blocks - 1);
+
+  std::vector<std::vector<int32_t>> rows;
+  rows.reserve(static_cast<size_t>(shape.num_rows()));
+  for (int64_t b = 0; b < shape.mask_batch; ++b) {
+    for (int64_t h = 0; h < shape.mask_heads; ++h) {
+      for (int64_t qb = 0; qb < q_blocks; ++qb) {
+        std::vector<int32_t> row = mask.row(b, h, qb);
+        if (text && qb >= q_text.first && qb <= q_text.last) {
+          row = all_columns;
+        } else {
+          if (spec.keep_diagonal) {
+            const BlockRange diagonal = diagonal_kv_blocks(shape, qb);
+            merge_into(row, block_range(diagonal.first, diagonal.last));
+          }
+          merge_into(row, sinks);
+          merge_into(row, text_columns);
+        }
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+  return BlockMask::from_rows(shape, rows);
+}
+
+void check_mask_geometry(const BlockMask& mask, const PatternSpec& spec, const AttentionShape& shape,
+                         const std::string& who) {
+  const BlockMaskShape& s = mask.shape();
+  if (s.block_q != spec.block_q || s.block_kv != spec.block_kv)
+    fail_argument(who + " mask block sizes", std::to_string(spec.block_q) + "x" + std::to_string(spec.block_kv),
+                  std::to_string(s.block_q) + "x" + std::to_string(s.block_kv));
+  if (s.seq_q != shape.seq_q || s.seq_kv != shape.seq_kv)
+    fail_argument(who + " mask sequence lengths", std::to_string(shape.seq_q) + "x" + std::to_string(shape.seq_kv),
+                  std::to_string(s.seq_q) + "x" + std::to_string(s.seq_kv));
+  if (s.mask_batch != 1 && s.mask_batch != shape.batch)
+    fail_argument(who + " mask_batch", "1 or " + std::to_string(shape.batch), s.mask_batch);
+  if (s.mask_heads != 1 && s.mask_heads != shape.num_kv_heads && s.mask_heads != shape.num_qo_heads)
+    fail_argument(who + " mask_heads",
+                  "1, " + std::to_string(shape.num_kv_heads) + " or " + std::to_string(shape.num_qo_heads), s.mask_heads);
+}
+
+}  // namespace tessel

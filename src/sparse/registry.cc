@@ -1,0 +1,265 @@
+#include "tessel/sparse/registry.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "plugin/plugin_backend.h"
+#include "tessel/core/error.h"
+#include "tessel/core/log.h"
+
+#ifndef TESSEL_PLUGIN_DIR
+#define TESSEL_PLUGIN_DIR ""
+#endif
+
+namespace tessel {
+namespace {
+
+std::vector<BackendFactory>& builtin_factories() {
+  static std::vector<BackendFactory> factories;
+  return factories;
+}
+
+std::string env_string(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::string(value) : std::string();
+}
+
+// Shared libraries in `dir`, sorted by name so discovery order is reproducible.
+std::vector<std::string> libraries_in(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (entry.is_regular_file(ec) && file.size() > 3 && file.ends_with(".so")) out.push_back(entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string names_of(const std::vector<std::shared_ptr<Backend>>& backends) {
+  std::string out;
+  for (const auto& backend : backends) out += (out.empty() ? "" : ", ") + backend->name();
+  return out;
+}
+
+// An explicitly chosen backend must run what the config asks for; say so now rather than at plan().
+void check_supports(const Backend& backend, const SparseAttnConfig& config, ModuleType module, Device device,
+                    std::string_view source) {
+  const std::string who = "backend '" + backend.name() + "' (chosen by " + std::string(source) + ")";
+  const PatternType pattern = parse_pattern_type(config.pattern_type);
+  if (!backend.supports(pattern)) {
+    std::string names;
+    for (PatternType p : backend.supported_patterns()) names += (names.empty() ? "" : ", ") + std::string(pattern_type_name(p));
+    fail_argument(who + " pattern_type", "one of " + names, pattern_type_name(pattern));
+  }
+  if (!backend.supports(module)) fail_argument(who + " module type", "a supported module type", module_type_name(module));
+  if (!backend.supports(device.type)) fail_argument(who + " device", "a supported device", device.str());
+}
+
+}  // namespace
+
+BuiltinBackendRegistration::BuiltinBackendRegistration(BackendFactory factory) {
+  builtin_factories().push_back(std::move(factory));
+}
+
+std::string plugin_install_dir() { return TESSEL_PLUGIN_DIR; }
+
+std::string_view resolution_source_name(ResolutionSource source) {
+  switch (source) {
+    case ResolutionSource::kEnv: return "env";
+    case ResolutionSource::kConfig: return "config";
+    case ResolutionSource::kAuto: return "auto";
+    case ResolutionSource::kNone: return "none";
+  }
+  return "unknown";
+}
+
+bool parse_plugin_reference(const std::string& spec, std::string& path, std::string& symbol) {
+  const bool looks_like_path = spec.find('/') != std::string::npos || spec.ends_with(".so");
+  if (!looks_like_path) return false;
+  path = spec;
+  symbol = kDefaultPluginSymbol;
+  // "/dir/libx.so:symbol" — a ':' after the last '/' that follows ".so" names the entry symbol.
+  const size_t colon = spec.rfind(':');
+  const size_t slash = spec.rfind('/');
+  if (colon != std::string::npos && (slash == std::string::npos || colon > slash) && colon + 1 < spec.size()) {
+    path = spec.substr(0, colon);
+    symbol = spec.substr(colon + 1);
+  }
+  return true;
+}
+
+BackendRegistry::BackendRegistry(bool with_builtins, bool discover_plugins) : discover_plugins_(discover_plugins) {
+  if (!with_builtins) return;
+  for (const BackendFactory& factory : builtin_factories()) register_backend(factory());
+}
+
+BackendRegistry::~BackendRegistry() = default;
+
+BackendRegistry& BackendRegistry::global() {
+  static BackendRegistry registry;
+  return registry;
+}
+
+void BackendRegistry::register_backend(std::shared_ptr<Backend> backend) {
+  if (!backend) fail_argument("backend", "a backend", "null");
+  const std::string name = backend->name();
+  if (name.empty()) fail_argument("backend name", "a non-empty name", "''");
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& existing : registered_)
+    if (existing->name() == name)
+      fail_argument("backend name", "a name not registered yet", "'" + name + "' (already registered, from " + existing->origin() + ")");
+  registered_.push_back(std::move(backend));
+}
+
+std::shared_ptr<Backend> BackendRegistry::find_locked(const std::string& name) {
+  for (const auto& backend : registered_)
+    if (backend->name() == name) return backend;
+  ensure_discovered_locked();
+  for (const auto& backend : discovered_)
+    if (backend->name() == name) return backend;
+  return nullptr;
+}
+
+std::shared_ptr<Backend> BackendRegistry::find(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return find_locked(name);
+}
+
+std::shared_ptr<Backend> BackendRegistry::get(const std::string& name_or_path) {
+  std::string path, symbol;
+  if (parse_plugin_reference(name_or_path, path, symbol)) return load_plugin(path, symbol);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto backend = find_locked(name_or_path)) return backend;
+  std::vector<std::shared_ptr<Backend>> all = registered_;
+  all.insert(all.end(), discovered_.begin(), discovered_.end());
+  fail_argument("sparse attention backend", "a registered name (" + names_of(all) + "), a plugin path, 'auto' or 'none'",
+                "'" + name_or_path + "'");
+}
+
+std::vector<std::shared_ptr<Backend>> BackendRegistry::list() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_discovered_locked();
+  std::vector<std::shared_ptr<Backend>> all = registered_;
+  all.insert(all.end(), discovered_.begin(), discovered_.end());
+  return all;
+}
+
+std::shared_ptr<Backend> BackendRegistry::load_plugin(const std::string& path, const std::string& symbol) {
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  const std::string key = (ec ? path : absolute.lexically_normal().string()) + ":" + symbol;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [loaded_key, backend] : loaded_by_path_)
+    if (loaded_key == key) return backend;
+  std::shared_ptr<Backend> backend = plugin::load_plugin_backend(path, symbol);
+  loaded_by_path_.emplace_back(key, backend);
+  return backend;
+}
+
+std::vector<std::string> BackendRegistry::plugin_search_dirs() {
+  std::vector<std::string> dirs;
+  const std::string env = env_string(kPluginPathEnvVar);
+  size_t start = 0;
+  while (start <= env.size()) {
+    const size_t end = std::min(env.find(':', start), env.size());
+    if (end > start) dirs.push_back(env.substr(start, end - start));
+    start = end + 1;
+  }
+  const std::string install = plugin_install_dir();
+  if (!install.empty()) dirs.push_back(install);
+  // The same folder named twice (or via another spelling) is scanned once.
+  std::vector<std::string> unique, seen;
+  for (const std::string& dir : dirs) {
+    std::error_code ec;
+    const std::filesystem::path canonical = std::filesystem::weakly_canonical(dir, ec);
+    const std::string key = ec ? dir : canonical.string();
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    unique.push_back(dir);
+  }
+  return unique;
+}
+
+void BackendRegistry::ensure_discovered_locked() {
+  if (discovered_once_ || !discover_plugins_) return;
+  discovered_once_ = true;
+  for (const std::string& dir : plugin_search_dirs()) {
+    for (const std::string& path : libraries_in(dir)) {
+      std::shared_ptr<Backend> backend;
+      try {
+        backend = plugin::load_plugin_backend(path, kDefaultPluginSymbol);
+      } catch (const Error& e) {
+        failures_.push_back({path, e.what()});
+        log_warning(std::string("skipping plugin: ") + e.what());
+        continue;
+      }
+      const std::string name = backend->name();
+      const auto same_name = [&](const std::shared_ptr<Backend>& other) { return other->name() == name; };
+      if (std::any_of(registered_.begin(), registered_.end(), same_name) ||
+          std::any_of(discovered_.begin(), discovered_.end(), same_name)) {
+        const std::string message = "backend name '" + name + "' is already taken; this copy is ignored";
+        failures_.push_back({path, message});
+        log_warning("skipping plugin '" + path + "': " + message);
+        continue;
+      }
+      discovered_.push_back(std::move(backend));
+    }
+  }
+}
+
+void BackendRegistry::rescan_plugins() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  discovered_.clear();
+  failures_.clear();
+  discovered_once_ = false;
+  discover_plugins_ = true;
+  ensure_discovered_locked();
+}
+
+std::vector<PluginFailure> BackendRegistry::plugin_failures() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ensure_discovered_locked();
+  return failures_;
+}
+
+Resolution BackendRegistry::resolve(const SparseAttnConfig& config, ModuleType module, Device device) {
+  const auto explicit_choice = [&](const std::string& requested, ResolutionSource source) {
+    Resolution resolution;
+    resolution.source = source;
+    resolution.requested = requested;
+    if (requested != "none") {
+      resolution.backend = get(requested);
+      check_supports(*resolution.backend, config, module, device, resolution_source_name(source));
+      resolution.backend->validate_config(config);
+    }
+    return resolution;
+  };
+  const std::string env = env_string(kBackendEnvVar);
+  if (!env.empty()) return explicit_choice(env, ResolutionSource::kEnv);
+  if (config.backend != "auto") return explicit_choice(config.backend, ResolutionSource::kConfig);
+
+  const PatternType pattern = parse_pattern_type(config.pattern_type);
+  std::shared_ptr<Backend> best;
+  for (const auto& backend : list()) {
+    if (backend->score() < 0 || !backend->supports(pattern) || !backend->supports(module) ||
+        !backend->supports(device.type))
+      continue;
+    if (!best || backend->score() > best->score()) best = backend;
+  }
+  Resolution resolution;
+  if (best) {
+    best->validate_config(config);
+    resolution.backend = best;
+    resolution.source = ResolutionSource::kAuto;
+  }
+  return resolution;
+}
+
+Resolution resolve_backend(const SparseAttnConfig& config, ModuleType module, Device device) {
+  return BackendRegistry::global().resolve(config, module, device);
+}
+
+}  // namespace tessel

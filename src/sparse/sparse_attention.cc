@@ -1,0 +1,170 @@
+#include "tessel/sparse/sparse_attention.h"
+
+#include "tessel/core/error.h"
+#include "tessel/core/log.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/sparse/schedule.h"
+
+namespace tessel {
+
+// ---- PlanCache ---------------------------------------------------------------------------------
+
+PlanCache::Key PlanCache::make_key(const AttentionShape& shape, const std::string& backend, ModuleType module,
+                                   const std::string& pattern) {
+  return Key{shape.batch,       shape.seq_q,        shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads,
+             shape.head_dim,    shape.dtype,        shape.device.type, shape.device.index, backend,
+             module,            pattern};
+}
+
+std::shared_ptr<Metadata> PlanCache::get_or_plan(const Key& key, const std::function<std::shared_ptr<Metadata>()>& plan) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = plans_.find(key);
+    if (it != plans_.end()) {
+      ++hits_;
+      return it->second;
+    }
+  }
+  // Plan outside the lock (it can be slow); if two threads race, the first stored plan wins.
+  std::shared_ptr<Metadata> planned = plan();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto [it, inserted] = plans_.emplace(key, std::move(planned));
+  if (inserted) ++misses_;
+  else ++hits_;
+  return it->second;
+}
+
+int64_t PlanCache::hits() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return hits_;
+}
+int64_t PlanCache::misses() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return misses_;
+}
+size_t PlanCache::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return plans_.size();
+}
+void PlanCache::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  plans_.clear();
+  hits_ = misses_ = 0;
+}
+
+std::shared_ptr<PlanCache> PlanCache::shared() {
+  static const std::shared_ptr<PlanCache> cache = std::make_shared<PlanCache>();
+  return cache;
+}
+
+// ---- DiTSparseAttentionAdapter -------------------------------------------------------------
+
+DiTSparseAttentionAdapter::DiTSparseAttentionAdapter(std::shared_ptr<Backend> backend, ModuleType module,
+                                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                                     SparseAttnConfig config, int64_t layer_index,
+                                                     std::shared_ptr<PlanCache> plan_cache)
+    : backend_(std::move(backend)),
+      module_(module),
+      num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads == 0 ? num_heads : num_kv_heads),
+      head_dim_(head_dim),
+      config_(std::move(config)),
+      layer_index_(layer_index),
+      plan_cache_(plan_cache ? std::move(plan_cache) : std::make_shared<PlanCache>()) {
+  if (num_heads_ < 1) fail_argument("num_heads", ">= 1", num_heads_);
+  if (num_kv_heads_ < 1 || num_heads_ % num_kv_heads_ != 0)
+    fail_argument("num_kv_heads", "a divisor of num_heads (" + std::to_string(num_heads_) + ")", num_kv_heads_);
+  if (head_dim_ < 1) fail_argument("head_dim", ">= 1", head_dim_);
+  if (layer_index_ < 0) fail_argument("layer_index", ">= 0", layer_index_);
+  config_.validate();
+  spec_ = config_.to_pattern_spec();
+  pattern_key_ = config_.to_json();
+  if (backend_) {
+    backend_->validate_config(config_);
+    builder_ = backend_->make_metadata_builder();
+    impl_ = backend_->make_impl();
+  }
+}
+
+void DiTSparseAttentionAdapter::begin_step(int64_t step, int64_t total_steps) {
+  schedule_progress(step, total_steps);  // validates
+  step_ = step;
+  total_steps_ = total_steps;
+}
+
+void DiTSparseAttentionAdapter::reset() {
+  step_.reset();
+  total_steps_ = 0;
+  last_report_ = AttentionStepReport{};
+}
+
+double DiTSparseAttentionAdapter::current_density() const {
+  if (step_) return step_density(config_, *step_, total_steps_, layer_index_);
+  return layer_index_ < config_.dense_layers ? 1.0 : config_.topk_ratio;
+}
+
+AttentionStepReport DiTSparseAttentionAdapter::forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                       const TensorView& out, const TensorView& lse) {
+  const AttentionShape shape = AttentionShape::of(q, k, v);
+  if (shape.num_qo_heads != num_heads_) fail_argument("q heads", num_heads_, shape.num_qo_heads);
+  if (shape.num_kv_heads != num_kv_heads_) fail_argument("k/v heads", num_kv_heads_, shape.num_kv_heads);
+  if (shape.head_dim != head_dim_) fail_argument("head_dim", head_dim_, shape.head_dim);
+
+  const double density = current_density();
+  AttentionStepReport report;
+  if (!backend_ || density >= 1.0) {
+    attention_forward(q, k, v, out, lse);
+    last_report_ = report;
+    return report;
+  }
+  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, pattern_key_);
+  const std::shared_ptr<Metadata> metadata =
+      plan_cache_->get_or_plan(key, [&] { return builder_->plan(spec_, module_, shape); });
+  if (step_ && (metadata->spec.current_step != step_ || metadata->spec.total_steps != total_steps_ ||
+                metadata->spec.topk_ratio != density)) {
+    // Plans are shared by the layers of one shape: the first layer to reach a step updates it.
+    metadata->spec.current_step = step_;
+    metadata->spec.total_steps = total_steps_;
+    metadata->spec.topk_ratio = density;
+    builder_->update_step(*metadata, *step_, total_steps_);
+  }
+  const ForwardStats stats = impl_->forward(q, k, v, *metadata, out, lse);
+  report.backend = backend_->name();
+  report.dense = false;
+  report.density = stats.density;
+  report.estimate_ms = stats.estimate_ms;
+  last_report_ = report;
+  return report;
+}
+
+// ---- SparseAttention -------------------------------------------------------------------------
+
+namespace {
+
+Resolution resolve_for(const SparseAttentionOptions& options) {
+  BackendRegistry& registry = options.registry ? *options.registry : BackendRegistry::global();
+  return registry.resolve(options.config, options.module, options.device);
+}
+
+}  // namespace
+
+SparseAttention::SparseAttention(SparseAttentionOptions options)
+    : resolution_(resolve_for(options)),
+      adapter_(resolution_.backend, options.module, options.num_heads, options.num_kv_heads, options.head_dim,
+               options.config, options.layer_index, options.plan_cache ? options.plan_cache : PlanCache::shared()),
+      dtype_(options.dtype) {}
+
+AttentionStepReport SparseAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                             const TensorView& out, const TensorView& lse, const TensorView& attn_mask) {
+  check_dtype(q, dtype_, "q");
+  if (attn_mask.empty()) return adapter_.forward(q, k, v, out, lse);
+  masked_attention_forward(q, k, v, attn_mask, out, lse);
+  if (masked_fallbacks_++ == 0)
+    log_warning("SparseAttention layer " + std::to_string(adapter_.layer_index()) +
+                ": an explicit attention mask was given, so sparse attention" +
+                (resolution_.backend ? " (backend '" + resolution_.backend->name() + "')" : std::string()) +
+                " is bypassed and dense attention runs; this warning is shown once per layer");
+  return AttentionStepReport{};
+}
+
+}  // namespace tessel

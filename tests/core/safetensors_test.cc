@@ -1,0 +1,111 @@
+#include "tessel/core/io/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/sparse/quality/qkv_file.h"
+
+namespace tessel {
+namespace {
+
+std::string temp_path(const std::string& name) { return std::string(TESSEL_BINARY_DIR) + "/safetensors_test_" + name; }
+
+// A file with an 8-byte little-endian header length, the header text and `data_bytes` zeros.
+std::string raw_file(const std::string& name, const std::string& header, size_t data_bytes, int64_t declared_length = -1) {
+  const std::string path = temp_path(name);
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t len = declared_length >= 0 ? static_cast<uint64_t>(declared_length) : header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((len >> (8 * i)) & 0xff));
+  out << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+void expect_open_error(const std::string& path, const std::string& needle) {
+  try {
+    SafetensorsFile::open(path);
+    ADD_FAILURE() << "no error for " << path;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, RoundTripsTensorsAndMetadata) {
+  Tensor a = Tensor::empty({2, 3}, DType::kF32), b = Tensor::empty({4}, DType::kBF16), c = Tensor::empty({1, 2, 2}, DType::kF16);
+  fill_normal(a.view(), 1);
+  fill_normal(b.view(), 2);
+  fill_normal(c.view(), 3);
+  const std::string path = temp_path("roundtrip.safetensors");
+  write_safetensors(path, {{"a", a.view()}, {"b", b.view()}, {"c", c.view()}}, {{"format", "pt"}});
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  EXPECT_EQ(f.entries().size(), 3u);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  for (const auto& [name, t] : {std::pair<std::string, Tensor*>{"a", &a}, {"b", &b}, {"c", &c}}) {
+    const Tensor loaded = f.load(name);
+    EXPECT_EQ(loaded.shape(), t->shape());
+    EXPECT_EQ(loaded.dtype(), t->dtype());
+    EXPECT_EQ(std::memcmp(loaded.data(), t->data(), t->nbytes()), 0) << name;
+  }
+  EXPECT_EQ(f.find("zzz"), nullptr);
+  EXPECT_THROW(f.load("zzz"), Error);
+}
+
+TEST(Safetensors, MalformedFilesGiveClearErrors) {
+  const std::string good = R"({"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
+  EXPECT_NO_THROW(SafetensorsFile::open(raw_file("good", good, 16)));
+  {
+    const std::string path = temp_path("short");
+    std::ofstream(path, std::ios::binary) << "abc";
+    expect_open_error(path, "truncated");
+  }
+  expect_open_error(raw_file("header_too_long", good, 16, 1000), "header length");
+  expect_open_error(raw_file("bad_json", "{\"x\": [1,", 0), "not valid JSON");
+  expect_open_error(raw_file("not_object", "[1,2]", 0), "a JSON object");
+  expect_open_error(raw_file("truncated_data", good, 8), "out of range");
+  expect_open_error(raw_file("offsets_out", R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 8), "out of range");
+  expect_open_error(raw_file("unknown_dtype", R"({"x":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "dtype");
+  expect_open_error(raw_file("unsupported_dtype", R"({"x":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8), "one of F32");
+  expect_open_error(raw_file("span", R"({"x":{"dtype":"F16","shape":[3],"data_offsets":[0,8]}})", 8), "byte span");
+  expect_open_error(raw_file("negative_shape", R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", 0), "non-negative");
+  expect_open_error(raw_file("reversed", R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", 4), "begin <= end");
+  expect_open_error(raw_file("missing_field", R"({"x":{"dtype":"F32","shape":[1]}})", 4), "data_offsets");
+  expect_open_error(raw_file("overlap", R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+                    "overlap");
+  expect_open_error(raw_file("bad_metadata", R"({"__metadata__":{"k":1}})", 0), "__metadata__.k");
+  expect_open_error(temp_path("does_not_exist"), "readable file");
+}
+
+TEST(QkvFile, LoadsAndValidatesQkv) {
+  Tensor q = Tensor::empty({1, 8, 4, 16}, DType::kBF16), k = Tensor::empty({1, 8, 2, 16}, DType::kBF16);
+  fill_normal(q.view(), 1);
+  fill_normal(k.view(), 2);
+  const std::string path = temp_path("qkv.safetensors");
+  write_safetensors(path, {{"q", q.view()}, {"k", k.view()}, {"v", k.view()}});
+  const QkvTensors t = load_qkv_safetensors(path);
+  EXPECT_EQ(t.q.shape(), q.shape());
+  EXPECT_EQ(t.v.shape(), k.shape());
+  const std::string missing = temp_path("qk.safetensors");
+  write_safetensors(missing, {{"q", q.view()}, {"k", k.view()}});
+  EXPECT_THROW(load_qkv_safetensors(missing), Error);
+  Tensor flat = Tensor::empty({8, 4, 16}, DType::kF32);
+  const std::string rank3 = temp_path("rank3.safetensors");
+  write_safetensors(rank3, {{"q", flat.view()}, {"k", k.view()}, {"v", k.view()}});
+  try {
+    load_qkv_safetensors(rank3);
+    ADD_FAILURE() << "rank 3 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank"), std::string::npos) << e.what();
+  }
+  Tensor k3 = Tensor::empty({1, 8, 3, 16}, DType::kBF16);
+  const std::string heads = temp_path("heads.safetensors");
+  write_safetensors(heads, {{"q", q.view()}, {"k", k3.view()}, {"v", k3.view()}});
+  EXPECT_THROW(load_qkv_safetensors(heads), Error);
+}
+
+}  // namespace
+}  // namespace tessel

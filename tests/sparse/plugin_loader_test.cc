@@ -1,0 +1,194 @@
+// Plugins through the real dlopen path: the example plugin (by path, by symbol, via
+// TESSEL_PLUGIN_PATH) against the fp64 reference with its mask, and every failure mode of the
+// loader (missing file, not a library, missing symbol, wrong/zero ABI, incomplete table, failing
+// init) leaving the host working.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "sparse/sparse_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tessel::testing;
+
+void expect_load_error(const std::string& reference, const std::vector<std::string>& fragments) {
+  BackendRegistry registry(false, false);
+  try {
+    registry.get(reference);
+    ADD_FAILURE() << "expected loading '" << reference << "' to fail";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
+  }
+}
+
+PatternSpec window_spec(int64_t window, int64_t block_q, int64_t block_kv) {
+  PatternSpec spec;
+  spec.type = PatternType::kSlidingWindow;
+  spec.window_size = window;
+  spec.block_q = block_q;
+  spec.block_kv = block_kv;
+  return spec;
+}
+
+// Plans and runs `backend` on fresh inputs; checks against the reference with the plugin's mask.
+void expect_sink_window_matches_reference(const std::shared_ptr<Backend>& backend, int64_t seq_q, int64_t seq_kv,
+                                          int64_t heads, int64_t kv_heads, PatternSpec spec, int64_t sinks) {
+  const int64_t dim = 32;
+  const Qkv t = random_qkv(2, seq_q, seq_kv, heads, kv_heads, dim, DType::kF32, 17 + seq_q);
+  const auto builder = backend->make_metadata_builder();
+  const auto impl = backend->make_impl();
+  const auto metadata = builder->plan(spec, ModuleType::kDitSelf, heads, kv_heads, dim, seq_q, seq_kv, 2, DType::kF32);
+  Tensor out = poisoned(t.q.shape(), DType::kF32);
+  Tensor lse = poisoned({2, heads, seq_q}, DType::kF32);
+  const ForwardStats stats = impl->forward(t.q, t.k, t.v, *metadata, out, lse);
+  const BlockMask mask = sink_window_mask(seq_q, seq_kv, spec.block_q, spec.block_kv, *spec.window_size, sinks);
+  EXPECT_DOUBLE_EQ(stats.density, mask.density());
+  expect_matches_masked_reference(t, mask, out, lse);
+}
+
+TEST(PluginLoader, ExamplePluginByPathDescribesItself) {
+  BackendRegistry registry(false, false);
+  const auto backend = registry.get(example_plugin_path());
+  EXPECT_EQ(backend->name(), "sink_window");
+  EXPECT_EQ(backend->origin(), example_plugin_path());
+  EXPECT_EQ(backend->supported_patterns(), std::vector<PatternType>{PatternType::kSlidingWindow});
+  EXPECT_TRUE(backend->supports(ModuleType::kDitSelf));
+  EXPECT_FALSE(backend->supports(ModuleType::kDitCross));
+  EXPECT_TRUE(backend->supports(DeviceType::kCPU));
+  EXPECT_EQ(backend->score(), 5);
+  // Loading again by path returns the cached instance; naming the symbol explicitly is the same.
+  EXPECT_EQ(registry.get(example_plugin_path()), backend);
+  const auto by_symbol = registry.get(example_plugin_path() + ":tessel_plugin_init");
+  EXPECT_EQ(by_symbol, backend);
+}
+
+TEST(PluginLoader, ExamplePluginEqualsTheReferenceWithItsMask) {
+  BackendRegistry registry(false, false);
+  const auto backend = registry.get(example_plugin_path());
+  // Default: one sink block; self attention with partial last blocks.
+  expect_sink_window_matches_reference(backend, 300, 300, 4, 4, window_spec(40, 64, 32), 1);
+  // GQA, seq_q != seq_kv (bottom-right aligned window), sinks from the always-keep option.
+  PatternSpec spec = window_spec(20, 32, 32);
+  spec.sink_blocks = 2;
+  expect_sink_window_matches_reference(backend, 96, 250, 8, 2, spec, 2);
+  // Sinks from the backend option when sink_blocks is 0.
+  spec = window_spec(0, 32, 16);
+  spec.options["sinks"] = "3";
+  expect_sink_window_matches_reference(backend, 128, 128, 2, 1, spec, 3);
+}
+
+TEST(PluginLoader, PluginErrorsComeBackAsErrorsWithTheirMessage) {
+  BackendRegistry registry(false, false);
+  const auto backend = registry.get(example_plugin_path());
+  const auto builder = backend->make_metadata_builder();
+  PatternSpec spec = window_spec(8, 32, 32);
+  spec.options["sinks"] = "-1";
+  try {
+    builder->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 64, 64);
+    ADD_FAILURE() << "expected a plan error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("plugin 'sink_window'"), std::string::npos) << message;
+    EXPECT_NE(message.find("plan failed (status invalid_argument)"), std::string::npos) << message;
+    EXPECT_NE(message.find("option sinks must be >= 0"), std::string::npos) << message;
+  }
+  // A bad output tensor: the host kernel's error travels through the plugin and back.
+  spec.options.clear();
+  const auto metadata = builder->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 64, 64, 1, DType::kF32);
+  const Qkv t = random_qkv(1, 64, 64, 2, 2, 16, DType::kF32, 3);
+  Tensor wrong_out = Tensor::empty({1, 64, 2, 8}, DType::kF32);
+  try {
+    backend->make_impl()->forward(t.q, t.k, t.v, *metadata, wrong_out, {});
+    ADD_FAILURE() << "expected a forward error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("forward failed"), std::string::npos) << message;
+    EXPECT_NE(message.find("out"), std::string::npos) << message;
+  }
+  // Unsupported module type is refused before the plugin is called.
+  EXPECT_THROW(builder->plan(spec, ModuleType::kDitCross, 2, 2, 16, 64, 64), Error);
+}
+
+TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
+  expect_load_error("/nonexistent/dir/libtessel_x.so", {"plugin '/nonexistent/dir/libtessel_x.so'", "file not found"});
+  const std::string not_a_library = ::testing::TempDir() + "/libtessel_not_a_library_" + std::to_string(getpid()) + ".so";
+  {
+    std::ofstream out(not_a_library);
+    out << "this is not an ELF file";
+  }
+  expect_load_error(not_a_library, {"cannot load the shared library"});
+  expect_load_error(broken_plugin_path("missing_symbol"),
+                    {"libtessel_broken_missing_symbol.so", "missing entry symbol 'tessel_plugin_init'", "tessel_plugin.h"});
+  expect_load_error(broken_plugin_path("wrong_abi"),
+                    {"ABI version mismatch", "built for ABI version 999", "supports versions 1..1"});
+  expect_load_error(broken_plugin_path("wrong_abi") + ":zero_abi_init", {"did not set abi_version"});
+  expect_load_error(broken_plugin_path("wrong_abi") + ":incomplete_init", {"incomplete table: 'forward' is not set"});
+  expect_load_error(broken_plugin_path("wrong_abi") + ":no_such_entry", {"missing entry symbol 'no_such_entry'"});
+  expect_load_error(broken_plugin_path("failing_init"),
+                    {"init failed (status unsupported)", "no accelerator found for the broken plugin"});
+  fs::remove(not_a_library);
+
+  // After all of that, the host still loads and runs a good plugin.
+  BackendRegistry registry(false, false);
+  expect_sink_window_matches_reference(registry.get(example_plugin_path()), 128, 128, 2, 2, window_spec(32, 32, 32), 1);
+}
+
+TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
+  // A plugin folder holding a copy of the example plugin and every broken library.
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tessel_plugin_path_test_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(example_plugin_path(), dir / "libcopied_sink_window.so");
+  for (const std::string mode : {"missing_symbol", "wrong_abi", "failing_init"})
+    fs::copy_file(broken_plugin_path(mode), dir / ("libtessel_broken_" + mode + ".so"));
+  std::ofstream(dir / "README.txt") << "not a plugin: ignored (no .so suffix)";
+
+  ScopedEnv path(kPluginPathEnvVar, dir.string());
+  ScopedEnv no_backend(kBackendEnvVar, std::nullopt);
+  LogCapture log;
+  BackendRegistry registry(true, true);
+  const auto found = registry.find("sink_window");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // TESSEL_PLUGIN_PATH comes first
+
+  const auto failures = registry.plugin_failures();
+  const auto failed = [&](const std::string& file, const std::string& fragment) {
+    for (const PluginFailure& f : failures)
+      if (f.path.find(file) != std::string::npos && f.message.find(fragment) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(failed("libtessel_broken_missing_symbol.so", "missing entry symbol"));
+  EXPECT_TRUE(failed("libtessel_broken_wrong_abi.so", "ABI version mismatch"));
+  EXPECT_TRUE(failed("libtessel_broken_failing_init.so", "init failed"));
+  // The install folder's own copy has the same name and is reported, not loaded twice.
+  EXPECT_TRUE(failed("libtessel_sink_window.so", "already taken"));
+  EXPECT_GE(log.lines.size(), 4u);
+
+  // Listed, resolvable by name, and correct.
+  bool listed = false;
+  for (const auto& backend : registry.list()) listed |= backend->name() == "sink_window";
+  EXPECT_TRUE(listed);
+  SparseAttnConfig config;
+  config.backend = "sink_window";
+  config.pattern_type = "sliding_window";
+  const Resolution r = registry.resolve(config, ModuleType::kDitSelf, Device::cpu());
+  ASSERT_TRUE(r.backend);
+  EXPECT_EQ(r.backend, found);
+  expect_sink_window_matches_reference(r.backend, 200, 200, 2, 2, window_spec(50, 64, 64), 1);
+  // auto also finds it (score 5 beats the built-in block_sparse's 1).
+  config.backend = "auto";
+  EXPECT_EQ(registry.resolve(config, ModuleType::kDitSelf, Device::cpu()).backend, found);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessel

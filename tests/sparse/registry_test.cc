@@ -1,0 +1,189 @@
+// Backend registry: explicit registration, lookup by name and path, and the resolution order
+// env > config > auto > none in every combination.
+#include <gtest/gtest.h>
+
+#include "sparse/sparse_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/sparse/builtin_backends.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel {
+namespace {
+
+using testing::example_plugin_path;
+using testing::full_mask_backend;
+using testing::ScopedEnv;
+
+SparseAttnConfig config_with(const std::string& backend, const std::string& pattern = "sliding_window") {
+  SparseAttnConfig c;
+  c.backend = backend;
+  c.pattern_type = pattern;
+  c.window_size = 64;
+  return c;
+}
+
+// What each env / config value means in the matrix below.
+struct Choice {
+  std::optional<std::string> value;  // nullopt: unset (env) or "auto" (config)
+  std::string expected_backend;      // "" = dense (none)
+};
+
+TEST(Registry, ResolutionPriorityInEveryCombination) {
+  const std::vector<Choice> env_choices = {
+      {std::nullopt, ""}, {"alpha", "alpha"}, {example_plugin_path(), "sink_window"}, {"none", ""}};
+  const std::vector<Choice> config_choices = {{std::nullopt, ""},
+                                              {"beta", "beta"},
+                                              {example_plugin_path() + ":tessel_plugin_init", "sink_window"},
+                                              {"none", ""}};
+  for (const bool auto_candidates : {true, false}) {
+    BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/false);
+    // With candidates, auto picks the highest score (beta); without, nothing may be auto-chosen.
+    registry.register_backend(full_mask_backend("alpha", {PatternType::kSlidingWindow}, auto_candidates ? 3 : -1));
+    registry.register_backend(full_mask_backend("beta", {PatternType::kSlidingWindow}, auto_candidates ? 7 : -1));
+    for (const Choice& env : env_choices) {
+      for (const Choice& config : config_choices) {
+        SCOPED_TRACE("env=" + env.value.value_or("<unset>") + " config=" + config.value.value_or("auto") +
+                     " auto_candidates=" + std::to_string(auto_candidates));
+        ScopedEnv scoped(kBackendEnvVar, env.value);
+        const Resolution r = registry.resolve(config_with(config.value.value_or("auto")), ModuleType::kDitSelf,
+                                              Device::cpu());
+        std::string expected;
+        ResolutionSource source;
+        if (env.value) {
+          source = ResolutionSource::kEnv;
+          expected = env.expected_backend;
+        } else if (config.value) {
+          source = ResolutionSource::kConfig;
+          expected = config.expected_backend;
+        } else if (auto_candidates) {
+          source = ResolutionSource::kAuto;
+          expected = "beta";
+        } else {
+          source = ResolutionSource::kNone;
+        }
+        EXPECT_EQ(r.source, source) << resolution_source_name(r.source);
+        EXPECT_EQ(r.backend ? r.backend->name() : "", expected);
+        if (source == ResolutionSource::kEnv) EXPECT_EQ(r.requested, *env.value);
+        if (source == ResolutionSource::kConfig) EXPECT_EQ(r.requested, *config.value);
+      }
+    }
+  }
+}
+
+TEST(Registry, EmptyEnvironmentValueCountsAsUnset) {
+  BackendRegistry registry(false, false);
+  registry.register_backend(full_mask_backend("alpha", {PatternType::kSlidingWindow}, 1));
+  ScopedEnv env(kBackendEnvVar, "");
+  const Resolution r = registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
+  EXPECT_EQ(r.source, ResolutionSource::kAuto);
+  ASSERT_TRUE(r.backend);
+  EXPECT_EQ(r.backend->name(), "alpha");
+}
+
+TEST(Registry, AutoFiltersByPatternModuleAndDeviceAndSkipsNegativeScores) {
+  ScopedEnv env(kBackendEnvVar, std::nullopt);
+  BackendRegistry registry(false, false);
+  registry.register_backend(full_mask_backend("cuda_only", {PatternType::kSlidingWindow}, 50, {DeviceType::kCUDA}));
+  registry.register_backend(full_mask_backend("topk_only", {PatternType::kDynamicTopk}, 40));
+  registry.register_backend(full_mask_backend("oracle", {PatternType::kSlidingWindow}, -1));
+  registry.register_backend(full_mask_backend("first", {PatternType::kSlidingWindow}, 2));
+  registry.register_backend(full_mask_backend("tie", {PatternType::kSlidingWindow}, 2));
+  const Resolution cpu = registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
+  ASSERT_TRUE(cpu.backend);
+  EXPECT_EQ(cpu.backend->name(), "first");  // ties: the earlier registered
+  const Resolution cuda = registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cuda(0));
+  ASSERT_TRUE(cuda.backend);
+  EXPECT_EQ(cuda.backend->name(), "cuda_only");
+  const Resolution topk = registry.resolve(config_with("auto", "dynamic_topk"), ModuleType::kDitSelf, Device::cpu());
+  ASSERT_TRUE(topk.backend);
+  EXPECT_EQ(topk.backend->name(), "topk_only");
+  const Resolution none = registry.resolve(config_with("auto", "threshold"), ModuleType::kDitSelf, Device::cpu());
+  EXPECT_EQ(none.backend, nullptr);
+  EXPECT_EQ(none.source, ResolutionSource::kNone);
+}
+
+TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
+  ScopedEnv env(kBackendEnvVar, std::nullopt);
+  BackendRegistry registry(true, false);
+  try {
+    registry.resolve(config_with("no_such_backend"), ModuleType::kDitSelf, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("'no_such_backend'"), std::string::npos) << message;
+    EXPECT_NE(message.find("dense"), std::string::npos) << message;         // lists what exists
+    EXPECT_NE(message.find("block_sparse"), std::string::npos) << message;
+  }
+  try {
+    registry.resolve(config_with("block_sparse", "dynamic_topk"), ModuleType::kDitSelf, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("backend 'block_sparse' (chosen by config)"), std::string::npos) << message;
+    EXPECT_NE(message.find("sliding_window"), std::string::npos) << message;
+    EXPECT_NE(message.find("dynamic_topk"), std::string::npos) << message;
+  }
+  ScopedEnv bad_env(kBackendEnvVar, "/nonexistent/libnothing.so");
+  try {
+    registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/libnothing.so': file not found"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Registry, RegistrationRejectsDuplicatesAndEmptyNames) {
+  BackendRegistry registry(true, false);
+  EXPECT_THROW(registry.register_backend(make_dense_backend()), Error);  // built-in already there
+  EXPECT_THROW(registry.register_backend(nullptr), Error);
+  registry.register_backend(full_mask_backend("mine", {PatternType::kSlidingWindow}, 0));
+  EXPECT_EQ(registry.find("mine")->name(), "mine");
+  EXPECT_EQ(registry.find("absent"), nullptr);
+  EXPECT_THROW(full_mask_backend("", {PatternType::kSlidingWindow}, 0), Error);
+}
+
+TEST(Registry, BuiltinsAreRegisteredEverywhere) {
+  for (BackendRegistry* registry : {&BackendRegistry::global()}) {
+    const auto dense = registry->find("dense");
+    ASSERT_TRUE(dense);
+    EXPECT_EQ(dense->origin(), "built-in");
+    EXPECT_LT(dense->score(), 0);  // the oracle is never chosen by auto
+    EXPECT_EQ(dense->supported_patterns().size(), static_cast<size_t>(kNumPatternTypes));
+    const auto block_sparse = registry->find("block_sparse");
+    ASSERT_TRUE(block_sparse);
+    EXPECT_TRUE(block_sparse->supports(PatternType::kBlockSparse));
+    EXPECT_TRUE(block_sparse->supports(PatternType::kSlidingWindow));
+    EXPECT_FALSE(block_sparse->supports(PatternType::kDynamicTopk));
+  }
+  BackendRegistry without(false, false);
+  EXPECT_TRUE(without.list().empty());
+}
+
+TEST(Registry, PluginReferencesParse) {
+  std::string path, symbol;
+  EXPECT_FALSE(parse_plugin_reference("block_sparse", path, symbol));
+  ASSERT_TRUE(parse_plugin_reference("/a/b/libx.so", path, symbol));
+  EXPECT_EQ(path, "/a/b/libx.so");
+  EXPECT_EQ(symbol, "tessel_plugin_init");
+  ASSERT_TRUE(parse_plugin_reference("/a/b/libx.so:my_init", path, symbol));
+  EXPECT_EQ(path, "/a/b/libx.so");
+  EXPECT_EQ(symbol, "my_init");
+  ASSERT_TRUE(parse_plugin_reference("libx.so", path, symbol));
+  EXPECT_EQ(path, "libx.so");
+  ASSERT_TRUE(parse_plugin_reference("./dir:with:colons/libx.so", path, symbol));
+  EXPECT_EQ(path, "./dir:with:colons/libx.so");  // colons before the last '/' belong to the path
+  EXPECT_EQ(symbol, "tessel_plugin_init");
+}
+
+TEST(Registry, SearchDirsFollowThePluginPathThenTheInstallDir) {
+  ScopedEnv env(kPluginPathEnvVar, "/tmp/tessel_a::/tmp/tessel_b:/tmp/tessel_a");
+  const auto dirs = BackendRegistry::plugin_search_dirs();
+  ASSERT_GE(dirs.size(), 3u);
+  EXPECT_EQ(dirs[0], "/tmp/tessel_a");
+  EXPECT_EQ(dirs[1], "/tmp/tessel_b");
+  EXPECT_EQ(dirs[2], plugin_install_dir());
+  EXPECT_EQ(dirs.size(), 3u);  // the repeated folder is scanned once
+}
+
+}  // namespace
+}  // namespace tessel

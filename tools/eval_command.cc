@@ -1,0 +1,214 @@
+// `tessel eval`: how much each sparse pattern costs in output quality, on synthetic video-DiT
+// attention (--grid) or on captured q/k/v (--qkv file.safetensors). For every method and
+// parameter it reports the density kept, rel_l2 and cosine of the output against dense
+// attention, the estimation time (dynamic methods) and the block-sparse attention time.
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "command.h"
+#include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/sparse/estimators/topk_estimator.h"
+#include "tessel/sparse/estimators/xattention_estimator.h"
+#include "tessel/sparse/planners/static_patterns.h"
+#include "tessel/sparse/quality/evaluate_mask.h"
+#include "tessel/sparse/quality/qkv_file.h"
+#include "tessel/sparse/quality/synthetic_video.h"
+
+namespace tessel::cli {
+namespace {
+
+struct EvalArgs {
+  std::string grid;
+  std::string qkv;
+  int64_t heads = 12;
+  int64_t head_dim = 128;
+  double sharpness = 1.0;
+  double noise = 0.1;
+  uint64_t seed = 0;
+  std::vector<std::string> head_types;
+  std::vector<std::string> methods{"random", "dynamic_topk", "threshold", "radial", "local", "sliding_window", "spatial_aware"};
+  std::vector<double> topk{0.1, 0.2, 0.3, 0.5};
+  std::vector<double> thresholds{0.5, 0.8, 0.9, 0.95};
+  std::vector<double> densities;  // random baseline; empty = the --topk list
+  std::vector<double> decays{1.0};
+  std::vector<int64_t> radii{1, 2};
+  std::vector<int64_t> local_windows{3};
+  int64_t block_q = 128;
+  int64_t block_kv = 64;
+  int64_t stride = 8;
+  double similarity_threshold = 0.1;
+  bool cdf = false;
+  std::string ordering = "hilbert";
+  int repeats = 1;
+  int threads = 0;
+  bool json = false;
+};
+
+struct Row {
+  std::string method;
+  double param = 0.0;
+  double density = 0.0, rel_l2 = 0.0, cosine = 0.0, estimate_ms = 0.0, attn_ms = 0.0, plan_ms = 0.0;
+};
+
+int run_eval(const EvalArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  Tensor q, k, v;
+  std::optional<TokenGrid> grid;
+  if (!a.grid.empty()) grid = parse_token_grid(a.grid, "--grid");
+  if (!a.qkv.empty()) {
+    QkvTensors t = load_qkv_safetensors(a.qkv);
+    q = t.q.dtype() == DType::kF32 ? std::move(t.q) : t.q.to(DType::kF32);
+    k = t.k.dtype() == DType::kF32 ? std::move(t.k) : t.k.to(DType::kF32);
+    v = t.v.dtype() == DType::kF32 ? std::move(t.v) : t.v.to(DType::kF32);
+    if (grid && grid->numel() != q.size(1))
+      fail_argument("--grid", detail::concat(q.size(1), " tokens (the q tensor's sequence)"), grid->numel());
+  } else {
+    SyntheticVideoOptions o;
+    o.grid = grid.value_or(TokenGrid{9, 16, 16});
+    grid = o.grid;
+    o.heads = a.heads;
+    o.head_dim = a.head_dim;
+    o.sharpness = a.sharpness;
+    o.noise = a.noise;
+    o.seed = a.seed;
+    for (const std::string& t : a.head_types) o.head_types.push_back(parse_synthetic_head_type(t));
+    SyntheticQkv s = make_synthetic_video_qkv(o);
+    q = std::move(s.q);
+    k = std::move(s.k);
+    v = std::move(s.v);
+  }
+  const int64_t seq = q.size(1), hq = q.size(2);
+  Tensor dense = Tensor::empty(q.shape(), DType::kF32);
+  const double dense_ms = median_ms(a.repeats, [&] { attention_forward(q.view(), k.view(), v.view(), dense.view(), TensorView{}); });
+
+  std::vector<Row> rows;
+  auto add = [&](const std::string& method, double param, const BlockMask& mask, const TokenPermutation* perm, double estimate_ms,
+                 double plan_ms) {
+    const MaskEvaluation e = evaluate_mask(q.view(), k.view(), v.view(), dense.view(), mask, perm, a.repeats);
+    rows.push_back({method, param, e.density, e.error.rel_l2, e.error.cosine, estimate_ms, e.attn_ms, plan_ms});
+  };
+  auto add_static = [&](const std::string& method, double param, const StaticPattern& pattern) {
+    if (!grid) return;
+    StaticPlanRequest request;
+    request.layout.grid = *grid;
+    request.block_q = a.block_q;
+    request.block_kv = a.block_kv;
+    std::optional<StaticPlan> plan;
+    const double plan_ms = median_ms(1, [&] { plan = plan_static_pattern(pattern, request); });
+    add(method, param, plan->mask, plan->permuted() ? &plan->permutation : nullptr, 0.0, plan_ms);
+  };
+  const SpatialOrdering ordering = parse_spatial_ordering(a.ordering);
+  for (const std::string& method : a.methods) {
+    if (method == "random") {
+      const BlockMaskShape shape{1, hq, seq, k.size(1), a.block_q, a.block_kv};
+      for (double d : a.densities.empty() ? a.topk : a.densities) add("random", d, BlockMask::random(shape, d, a.seed + 17), nullptr, 0.0, 0.0);
+    } else if (method == "dynamic_topk") {
+      TopkEstimatorOptions o;
+      o.block_q = a.block_q;
+      o.block_kv = a.block_kv;
+      o.similarity_threshold = a.similarity_threshold;
+      for (double t : a.topk) {
+        (a.cdf ? o.cdf_threshold : o.topk_ratio) = t;
+        EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
+        const double ms = median_ms(a.repeats - 1, [&] { r = estimate_topk_mask(q.view(), k.view(), o); });
+        add("dynamic_topk", t, r.mask, nullptr, a.repeats > 1 ? ms : r.estimate_ms, 0.0);
+      }
+    } else if (method == "threshold") {
+      XAttentionOptions o;
+      o.block_q = a.block_q;
+      o.block_kv = a.block_kv;
+      o.stride = a.stride;
+      for (double t : a.thresholds) {
+        o.threshold = t;
+        EstimateResult r = estimate_xattention_mask(q.view(), k.view(), o);
+        const double ms = median_ms(a.repeats - 1, [&] { r = estimate_xattention_mask(q.view(), k.view(), o); });
+        add("threshold", t, r.mask, nullptr, a.repeats > 1 ? ms : r.estimate_ms, 0.0);
+      }
+    } else if (method == "radial") {
+      for (double d : a.decays) add_static("radial", d, StaticPattern{RadialPattern{d, true}});
+    } else if (method == "local") {
+      for (int64_t w : a.local_windows) add_static("local", static_cast<double>(w), StaticPattern{LocalPattern{w}});
+    } else if (method == "sliding_window") {
+      for (int64_t r : a.radii) add_static("sliding_window", static_cast<double>(r), StaticPattern{SlidingWindow3dPattern{1, r, r}});
+    } else if (method == "spatial_aware") {
+      for (int64_t r : a.radii) add_static("spatial_aware", static_cast<double>(r), StaticPattern{SpatialAwarePattern{r, 3, ordering}});
+    } else {
+      fail_argument("--methods", "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware", method);
+    }
+  }
+
+  if (a.json) {
+    nlohmann::json out;
+    out["config"] = {{"source", a.qkv.empty() ? "synthetic" : a.qkv},
+                     {"grid", grid ? nlohmann::json{grid->frames, grid->height, grid->width} : nlohmann::json(nullptr)},
+                     {"batch", q.size(0)},
+                     {"seq", seq},
+                     {"heads", hq},
+                     {"kv_heads", k.size(2)},
+                     {"head_dim", q.size(3)},
+                     {"block_q", a.block_q},
+                     {"block_kv", a.block_kv},
+                     {"stride", a.stride},
+                     {"sharpness", a.sharpness},
+                     {"noise", a.noise},
+                     {"seed", a.seed},
+                     {"threads", max_threads()},
+                     {"repeats", a.repeats},
+                     {"dense_ms", dense_ms}};
+    out["results"] = nlohmann::json::array();
+    for (const Row& r : rows)
+      out["results"].push_back({{"method", r.method}, {"param", r.param}, {"density", r.density}, {"rel_l2", r.rel_l2},
+                                {"cosine", r.cosine}, {"estimate_ms", r.estimate_ms}, {"attn_ms", r.attn_ms}, {"plan_ms", r.plan_ms}});
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "q " << shape_str(q.shape()) << " k " << shape_str(k.shape()) << ", blocks " << a.block_q << "x" << a.block_kv
+            << ", dense attention " << std::fixed << std::setprecision(1) << dense_ms << " ms (" << max_threads() << " threads)\n";
+  std::cout << std::left << std::setw(16) << "method" << std::right << std::setw(8) << "param" << std::setw(10) << "density"
+            << std::setw(10) << "rel_l2" << std::setw(10) << "cosine" << std::setw(12) << "estimate_ms" << std::setw(10) << "attn_ms"
+            << std::setw(10) << "plan_ms" << "\n";
+  for (const Row& r : rows)
+    std::cout << std::left << std::setw(16) << r.method << std::right << std::setprecision(3) << std::setw(8) << r.param
+              << std::setw(10) << r.density << std::setprecision(4) << std::setw(10) << r.rel_l2 << std::setw(10) << r.cosine
+              << std::setprecision(2) << std::setw(12) << r.estimate_ms << std::setw(10) << r.attn_ms << std::setw(10) << r.plan_ms
+              << "\n";
+  return 0;
+}
+
+CommandRegistration registration{
+    "eval", "Measure the output error of sparse patterns against dense attention", [](CLI::App& app) {
+      auto a = std::make_shared<EvalArgs>();
+      app.add_option("--grid", a->grid, "Latent token grid FxHxW (synthetic data; default 9x16x16), or the layout of --qkv");
+      app.add_option("--qkv", a->qkv, "safetensors file with q, k, v (BSHD, F32/F16/BF16)");
+      app.add_option("--heads", a->heads, "Synthetic: heads")->check(CLI::Range(1, 1024));
+      app.add_option("--head-dim", a->head_dim, "Synthetic: head dimension")->check(CLI::Range(6, 1024));
+      app.add_option("--sharpness", a->sharpness, "Synthetic: logit scale (higher = more local)")->check(CLI::PositiveNumber);
+      app.add_option("--noise", a->noise, "Synthetic: content logit noise relative to the peak logit")->check(CLI::NonNegativeNumber);
+      app.add_option("--head-types", a->head_types, "Synthetic: one type per head (spatial, temporal, sink, diffuse); default mix")
+          ->delimiter(',');
+      app.add_option("--seed", a->seed, "Synthetic and random-mask seed");
+      app.add_option("--methods", a->methods, "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware")->delimiter(',');
+      app.add_option("--topk", a->topk, "dynamic_topk ratios (or cdf thresholds with --cdf)")->delimiter(',');
+      app.add_option("--threshold", a->thresholds, "threshold (XAttention) tau values")->delimiter(',');
+      app.add_option("--densities", a->densities, "random baseline densities (default: the --topk list)")->delimiter(',');
+      app.add_option("--decay", a->decays, "radial decay factors")->delimiter(',');
+      app.add_option("--radius", a->radii, "sliding_window / spatial_aware radii in patches")->delimiter(',');
+      app.add_option("--local-window", a->local_windows, "local window sizes in frames")->delimiter(',');
+      app.add_option("--block-q", a->block_q, "Query block size")->check(CLI::Range(1, 4096));
+      app.add_option("--block-kv", a->block_kv, "Key block size")->check(CLI::Range(1, 4096));
+      app.add_option("--stride", a->stride, "XAttention antidiagonal stride (8 or 16)");
+      app.add_option("--similarity-threshold", a->similarity_threshold, "dynamic_topk self-similarity threshold");
+      app.add_flag("--cdf", a->cdf, "dynamic_topk: --topk values are cumulative-probability thresholds");
+      app.add_option("--ordering", a->ordering, "spatial_aware token ordering: raster, hilbert, z_curve");
+      app.add_option("--repeats", a->repeats, "Timed runs per measurement (median)")->check(CLI::Range(1, 1000));
+      app.add_option("--threads", a->threads, "CPU threads (0 = default)");
+      app.add_flag("--json", a->json, "Print JSON {config, results}");
+      return CommandRunner([a] { return run_eval(*a); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli

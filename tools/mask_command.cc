@@ -1,0 +1,153 @@
+// `tessel mask`: draws the block mask of any pattern to a PNG (one head, or the mean over heads),
+// with the latent frames' borders in red and the text/image border in blue, e.g.
+//   tessel mask --pattern radial --grid 21x30x52 --png radial.png
+// Static patterns are planned from the grid; dynamic ones (dynamic_topk, threshold) are estimated
+// on synthetic video-DiT q/k (or on --qkv tensors).
+#include <chrono>
+#include <iostream>
+
+#include "command.h"
+#include "tessel/core/error.h"
+#include "tessel/sparse/config.h"
+#include "tessel/sparse/mask_image.h"
+#include "tessel/sparse/mask_planning.h"
+#include "tessel/sparse/pattern_backends.h"
+#include "tessel/sparse/quality/qkv_file.h"
+#include "tessel/sparse/quality/synthetic_video.h"
+
+namespace tessel::cli {
+namespace {
+
+struct MaskArgs {
+  std::string pattern;
+  std::string config_json;
+  std::string grid = "21x30x52";
+  int64_t text_tokens = 0;
+  bool text_last = false;
+  int64_t block_q = 128, block_kv = 64;
+  std::optional<int64_t> radius, window, local_window, sink_blocks;
+  std::optional<double> decay, topk, threshold;
+  std::optional<int64_t> stride;
+  std::string ordering;
+  bool no_sink = false, keep_diagonal = false, keep_text = false;
+  std::string inner;
+  std::vector<std::string> children;
+  std::string op = "union";
+  int64_t heads = 12, head_dim = 128;
+  std::string qkv;
+  uint64_t seed = 0;
+  int64_t head = -1;
+  int64_t pixels_per_block = 0;
+  std::string png;
+};
+
+int run_mask(const MaskArgs& a) {
+  SparseAttnConfig c = a.config_json.empty() ? SparseAttnConfig{} : parse_sparse_attn_config_arg(a.config_json);
+  if (!a.pattern.empty()) c.pattern_type = a.pattern;
+  const TokenGrid grid = parse_token_grid(a.grid, "--grid");
+  c.spatial_layout = SpatialLayout{grid.frames, grid.height, grid.width, 1,
+                                   a.ordering.empty() ? SpatialOrdering::kHilbert : parse_spatial_ordering(a.ordering)};
+  if (a.text_tokens > 0) c.num_text_tokens = a.text_tokens;
+  c.block_size_q = a.block_q;
+  c.block_size_kv = a.block_kv;
+  if (a.radius) c.spatial_radius = *a.radius;
+  if (a.window) c.window_size = *a.window;
+  if (a.local_window) c.local_window_size = *a.local_window;
+  if (a.decay) c.decay_factor = *a.decay;
+  if (a.topk) c.topk_ratio = *a.topk;
+  if (a.threshold) c.threshold = *a.threshold;
+  if (a.stride) c.stride = *a.stride;
+  if (a.sink_blocks) c.sink_blocks = *a.sink_blocks;
+  if (a.keep_diagonal) c.keep_diagonal = true;
+  if (a.keep_text) c.keep_text = true;
+  if (a.no_sink) c.options["frame0_sink"] = "false";
+  if (!a.inner.empty()) c.i2i_pattern_type = a.inner;
+  if (!a.children.empty()) c.children = a.children;
+  c.composite_op = a.op;
+  c.validate();
+  PatternSpec spec = c.to_pattern_spec();
+  spec.text_first = !a.text_last;
+  const TokenLayout layout = token_layout_from_spec(spec);
+
+  double ms = 0.0;  // planning or estimation time
+  BlockMask mask;
+  if (spec.type == PatternType::kDynamicTopk || spec.type == PatternType::kThreshold) {
+    Tensor q, k;
+    if (!a.qkv.empty()) {
+      QkvTensors t = load_qkv_safetensors(a.qkv);
+      q = std::move(t.q);
+      k = std::move(t.k);
+      if (q.size(1) != layout.seq_len()) fail_argument("--grid", detail::concat(q.size(1), " tokens (the q tensor's)"), layout.seq_len());
+    } else {
+      if (layout.text_tokens > 0) fail_argument("--text-tokens", "0 for dynamic patterns on synthetic data (or use --qkv)", layout.text_tokens);
+      SyntheticVideoOptions o;
+      o.grid = grid;
+      o.heads = a.heads;
+      o.head_dim = a.head_dim;
+      o.seed = a.seed;
+      SyntheticQkv s = make_synthetic_video_qkv(o);
+      q = std::move(s.q);
+      k = std::move(s.k);
+    }
+    EstimateResult r = spec.type == PatternType::kDynamicTopk ? estimate_topk_mask(q.view(), k.view(), topk_options_from_spec(spec))
+                                                              : estimate_xattention_mask(q.view(), k.view(), xattention_options_from_spec(spec));
+    mask = std::move(r.mask);
+    ms = r.estimate_ms;
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    mask = plan_static_pattern(static_pattern_from_spec(spec), static_request_from_spec(spec)).mask;
+    ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+  mask = apply_always_keep(spec, mask);
+
+  MaskImageOptions o;
+  o.head = a.head;
+  o.pixels_per_block = a.pixels_per_block;
+  o.layout = &layout;
+  const RgbImage image = render_mask(mask, o);
+  write_png(a.png, image);
+  std::cout << pattern_type_name(spec.type) << " on " << grid.frames << "x" << grid.height << "x" << grid.width << " (+"
+            << layout.text_tokens << " text) = " << layout.seq_len() << " tokens, blocks " << a.block_q << "x" << a.block_kv << ": "
+            << mask.shape().q_blocks() << "x" << mask.shape().kv_blocks() << " blocks, " << mask.shape().mask_heads
+            << " mask head(s), density " << mask.density() << ", planned/estimated in " << ms << " ms\n"
+            << "wrote " << a.png << " (" << image.width << "x" << image.height << ")\n";
+  return 0;
+}
+
+CommandRegistration registration{"mask", "Render a pattern's block mask to a PNG", [](CLI::App& app) {
+  auto a = std::make_shared<MaskArgs>();
+  app.add_option("--pattern,--sparse-attn-pattern", a->pattern,
+                 "sliding_window, spatial_aware, radial, local, arrow, composite, dense, dynamic_topk, threshold");
+  app.add_option("--sparse-attn-config", a->config_json, "Config JSON ('{...}' or @file.json); flags override it");
+  app.add_option("--grid", a->grid, "Latent token grid FxHxW (default 21x30x52, Wan 480p 81 frames)");
+  app.add_option("--text-tokens", a->text_tokens, "Text tokens of joint attention (arrow)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--text-last", a->text_last, "Text tokens follow the image tokens");
+  app.add_option("--block-q", a->block_q, "Query block size")->check(CLI::Range(1, 4096));
+  app.add_option("--block-kv", a->block_kv, "Key block size")->check(CLI::Range(1, 4096));
+  app.add_option("--radius", a->radius, "spatial_aware / sliding_window (3-D) radius in patches");
+  app.add_option("--window", a->window, "sliding_window 1-D window in tokens (no effect with a grid: 3-D box)");
+  app.add_option("--local-window", a->local_window, "local: window in frames");
+  app.add_option("--decay", a->decay, "radial: decay factor");
+  app.add_flag("--no-sink", a->no_sink, "radial: no frame-0 sink");
+  app.add_option("--ordering", a->ordering, "spatial_aware ordering: raster, hilbert (default), z_curve");
+  app.add_option("--inner", a->inner, "arrow: the image-to-image pattern");
+  app.add_option("--children", a->children, "composite: child patterns")->delimiter(',');
+  app.add_option("--op", a->op, "composite: union or intersection");
+  app.add_option("--topk", a->topk, "dynamic_topk ratio");
+  app.add_option("--threshold", a->threshold, "threshold (XAttention) tau");
+  app.add_option("--stride", a->stride, "threshold: antidiagonal stride (8 or 16)");
+  app.add_option("--sink-blocks", a->sink_blocks, "Always keep the first N kv blocks");
+  app.add_flag("--keep-diagonal", a->keep_diagonal, "Always keep the diagonal blocks");
+  app.add_flag("--keep-text", a->keep_text, "Always keep text rows and columns");
+  app.add_option("--heads", a->heads, "Dynamic patterns on synthetic data: heads");
+  app.add_option("--head-dim", a->head_dim, "Dynamic patterns on synthetic data: head dimension");
+  app.add_option("--qkv", a->qkv, "Dynamic patterns: estimate on q/k from this safetensors file");
+  app.add_option("--seed", a->seed, "Synthetic data seed");
+  app.add_option("--head", a->head, "Mask head to draw (-1 = mean over heads)");
+  app.add_option("--pixels-per-block", a->pixels_per_block, "Pixels per block side (0 = automatic)");
+  app.add_option("--png", a->png, "Output PNG path")->required();
+  return CommandRunner([a] { return run_mask(*a); });
+}};
+
+}  // namespace
+}  // namespace tessel::cli
