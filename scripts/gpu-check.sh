@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU check for tessel's CUDA kernels, on a machine with an NVIDIA GPU:
-#   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel` and
-#      `attention_gpu_test` (built with -gencode arch=compute_90a,code=sm_90a; libs via LD_LIBRARY_PATH);
+#   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel`,
+#      `attention_gpu_test` and `topk_estimator_gpu_test` (built with
+#      -gencode arch=compute_90a,code=sm_90a; their libraries found through LD_LIBRARY_PATH);
 #   2. run the GPU tests, then compute-sanitizer memcheck and racecheck on a small case;
-#   3. benchmark `tessel bench --device cuda` at the RFC shapes (B=1, H=40, D=128, bf16,
+#   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
+#      `tessel bench --device cuda` at the RFC shapes (B=1, H=40, D=128, bf16,
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. print the side-by-side table last.
@@ -37,28 +39,37 @@ if [[ -z "$BIN" ]]; then
   BUILD="$ROOT/build-gpu-check"
   echo "== build ($BUILD, sm_90a)"
   cmake -S "$ROOT" -B "$BUILD" -DTESSEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUTDIR/configure.log"
-  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli attention_gpu_test >"$OUTDIR/build.log"
+  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli attention_gpu_test topk_estimator_gpu_test >"$OUTDIR/build.log"
   BIN="$BUILD/bin"
 fi
 TESSEL="$BIN/tessel"
 GPU_TEST="$BIN/attention_gpu_test"
+GPU_TESTS=("$BIN/attention_gpu_test" "$BIN/topk_estimator_gpu_test")
 STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
 
 if [[ $RUN_TESTS == 1 ]]; then
   echo "== GPU tests"
-  if "$GPU_TEST" 2>&1 | tee "$OUTDIR/gpu_tests.log" | grep -E '^\[  (PASSED|FAILED) |^\[  FAILED' ; then :; fi
-  if grep -q '^\[  FAILED' "$OUTDIR/gpu_tests.log" || ! grep -q '^\[  PASSED' "$OUTDIR/gpu_tests.log"; then
-    STATUS_TESTS="FAILED"
-  else
-    STATUS_TESTS="$(grep '^\[  PASSED' "$OUTDIR/gpu_tests.log" | sed 's/\[  PASSED  \] //')"
-  fi
+  : >"$OUTDIR/gpu_tests.log"
+  STATUS_TESTS=""
+  for t in "${GPU_TESTS[@]}"; do
+    "$t" >"$OUTDIR/$(basename "$t").log" 2>&1 || true
+    cat "$OUTDIR/$(basename "$t").log" >>"$OUTDIR/gpu_tests.log"
+    grep -E '^\[  (PASSED|FAILED) ' "$OUTDIR/$(basename "$t").log" | sed "s|^|$(basename "$t"): |" || true
+    if grep -q '^\[  FAILED' "$OUTDIR/$(basename "$t").log" || ! grep -q '^\[  PASSED' "$OUTDIR/$(basename "$t").log"; then
+      STATUS_TESTS="FAILED"
+    elif [[ $STATUS_TESTS != FAILED ]]; then
+      STATUS_TESTS="$STATUS_TESTS $(basename "$t") $(grep '^\[  PASSED' "$OUTDIR/$(basename "$t").log" | sed 's/\[  PASSED  \] //')"
+    fi
+  done
 fi
 
 if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
   SMALL='*EmptyRowsGiveZeroAndMinusInfinity/1:*FullMaskEqualsDense/3:*MergeWithEmptyParts*:*StridedViews*'
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
-    if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1; then
+    if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
+       compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/topk_estimator_gpu_test" \
+         --gtest_filter='*MatchesTheCpuEstimator' >>"$OUTDIR/$tool.log" 2>&1; then
       result="clean ($(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: [0-9]* hazard[s]*' "$OUTDIR/$tool.log" | tail -1))"
     else
       result="FAILED (see $OUTDIR/$tool.log)"
@@ -70,6 +81,9 @@ fi
 
 TESSEL_JSON=()
 if [[ $RUN_BENCH == 1 ]]; then
+  echo "== tessel bench-estimate S=29700"
+  "$TESSEL" bench-estimate --seq 29700 --heads 40 --head-dim 128 --topk-ratio 0.3 --iters "$ITERS" \
+    | tee "$OUTDIR/estimate.txt" || echo "bench-estimate FAILED" | tee "$OUTDIR/estimate.txt"
   for s in $SEQS; do
     echo "== tessel bench S=$s"
     "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim 128 --seq "$s" \
@@ -88,7 +102,8 @@ fi
 
 echo
 echo "== gpu-check summary: $GPU_INFO; CUDA $CUDA_INFO; PyTorch $TORCH_INFO"
-echo "GPU tests: $STATUS_TESTS | memcheck: $STATUS_MEMCHECK | racecheck: $STATUS_RACECHECK"
+echo "GPU tests:$STATUS_TESTS | memcheck: $STATUS_MEMCHECK | racecheck: $STATUS_RACECHECK"
+[[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then
