@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for tessel's CUDA kernels, on a machine with an NVIDIA GPU:
 #   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel`,
-#      `attention_gpu_test` and `topk_estimator_gpu_test` (built with
+#      `attention_gpu_test`, `topk_estimator_gpu_test` and `xattention_estimator_gpu_test` (built with
 #      -gencode arch=compute_90a,code=sm_90a; their libraries found through LD_LIBRARY_PATH);
 #   2. run the GPU tests, then compute-sanitizer memcheck and racecheck on a small case;
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
@@ -39,12 +39,12 @@ if [[ -z "$BIN" ]]; then
   BUILD="$ROOT/build-gpu-check"
   echo "== build ($BUILD, sm_90a)"
   cmake -S "$ROOT" -B "$BUILD" -DTESSEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUTDIR/configure.log"
-  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli attention_gpu_test topk_estimator_gpu_test >"$OUTDIR/build.log"
+  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli attention_gpu_test topk_estimator_gpu_test xattention_estimator_gpu_test >"$OUTDIR/build.log"
   BIN="$BUILD/bin"
 fi
 TESSEL="$BIN/tessel"
 GPU_TEST="$BIN/attention_gpu_test"
-GPU_TESTS=("$BIN/attention_gpu_test" "$BIN/topk_estimator_gpu_test")
+GPU_TESTS=("$BIN/attention_gpu_test" "$BIN/topk_estimator_gpu_test" "$BIN/xattention_estimator_gpu_test")
 STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
 
 if [[ $RUN_TESTS == 1 ]]; then
@@ -69,7 +69,9 @@ if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer --tool $tool"
     if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
        compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/topk_estimator_gpu_test" \
-         --gtest_filter='*MatchesTheCpuEstimator' >>"$OUTDIR/$tool.log" 2>&1; then
+         --gtest_filter='*MatchesTheCpuEstimator' >>"$OUTDIR/$tool.log" 2>&1 &&
+       compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/xattention_estimator_gpu_test" \
+         --gtest_filter='*GraphCapture*' >>"$OUTDIR/$tool.log" 2>&1; then
       result="clean ($(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: [0-9]* hazard[s]*' "$OUTDIR/$tool.log" | tail -1))"
     else
       result="FAILED (see $OUTDIR/$tool.log)"

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/mask_rows.cuh"
 #include "kernels/cuda/topk_estimation.h"
 
 namespace tessel::cuda::detail {
@@ -18,12 +19,6 @@ constexpr int kRowThreads = 256;
 
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 // One CTA per (block c, head h, batch b): the block's mean vector and its self-similarity
 // (1/n²)‖Σ_t x_t/‖x_t‖‖², compared with the threshold. Each warp takes every 4th token; lane l
@@ -85,35 +80,6 @@ __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_
     sim /= static_cast<float>(n) * static_cast<float>(n);
     similar[out_row] = sim > threshold ? 1 : 0;
   }
-}
-
-// Exclusive scan of one value per thread over the CTA (blockDim.x a multiple of 32, <= 1024).
-__device__ int block_exclusive_scan(int value, int* total) {
-  __shared__ int s_warp[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int inclusive = value;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, inclusive, o);
-    if (lane >= o) inclusive += y;
-  }
-  if (lane == 31) s_warp[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    int w = lane < warps ? s_warp[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
-    }
-    if (lane < warps) s_warp[lane] = w;  // inclusive prefix over warps
-  }
-  __syncthreads();
-  const int warp_offset = warp == 0 ? 0 : s_warp[warp - 1];
-  *total = s_warp[warps - 1];
-  const int result = warp_offset + inclusive - value;
-  __syncthreads();  // s_warp may be reused by the next call
-  return result;
 }
 
 // One CTA per (q block r, head h, batch b): scores, softmax, ordering by (p desc, c asc) with a
@@ -190,23 +156,7 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
     }
     int all_candidates = 0;
     block_exclusive_scan(candidates, &all_candidates);
-    // Bitonic sort, descending.
-    for (int size = 2; size <= sort_size; size <<= 1) {
-      for (int stride = size >> 1; stride > 0; stride >>= 1) {
-        __syncthreads();
-        for (int i = tid; i < sort_size; i += blockDim.x) {
-          const int j = i ^ stride;
-          if (j > i) {
-            const bool descending = (i & size) == 0;
-            const unsigned long long a = keys[i], c = keys[j];
-            if ((a < c) == descending) {
-              keys[i] = c;
-              keys[j] = a;
-            }
-          }
-        }
-      }
-    }
+    bitonic_sort_descending(keys, sort_size);
     __syncthreads();
     if (tid == 0) {
       int n = p.n_topk;
@@ -252,31 +202,6 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
   if (tid == 0) p.row_counts[row] = row_total;
 }
 
-// indptr = exclusive scan of the row counts (one CTA; each thread sums a contiguous run of rows).
-__global__ void scan_rows_kernel(const int32_t* counts, int64_t rows, int32_t* indptr) {
-  const int64_t per_thread = (rows + blockDim.x - 1) / blockDim.x;
-  const int64_t r0 = ::min(rows, static_cast<int64_t>(threadIdx.x) * per_thread);
-  const int64_t r1 = ::min(rows, r0 + per_thread);
-  int local = 0;
-  for (int64_t r = r0; r < r1; ++r) local += counts[r];
-  int total = 0;
-  int offset = block_exclusive_scan(local, &total);
-  for (int64_t r = r0; r < r1; ++r) {
-    indptr[r] = offset;
-    offset += counts[r];
-  }
-  if (threadIdx.x == 0) indptr[rows] = total;
-}
-
-__global__ void compact_rows_kernel(const int32_t* row_blocks, const int32_t* counts, const int32_t* indptr,
-                                    int kv_blocks, int32_t* indices) {
-  const int64_t row = blockIdx.x;
-  const int n = counts[row];
-  const int32_t* src = row_blocks + row * kv_blocks;
-  int32_t* dst = indices + indptr[row];
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-
 template <typename T>
 void launch_pooling(const TopkParams& p, cudaStream_t stream) {
   pool_blocks_kernel<T><<<dim3(p.q_blocks, p.heads_q, p.batch), kPoolWarps * 32, 0, stream>>>(
@@ -304,9 +229,7 @@ void launch_topk_estimation(const TopkParams& p, DType dtype, cudaStream_t strea
   (void)attribute_status;
   select_rows_kernel<<<dim3(p.q_blocks, p.heads_q, p.batch), kRowThreads, smem, stream>>>(p, sort_size);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_blocks;
-  scan_rows_kernel<<<1, 1024, 0, stream>>>(p.row_counts, rows, p.indptr);
-  compact_rows_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(p.row_blocks, p.row_counts, p.indptr,
-                                                                      p.kv_blocks, p.indices);
+  launch_rows_to_csr(p.row_blocks, p.row_counts, rows, p.kv_blocks, p.indptr, p.indices, stream);
 }
 
 }  // namespace tessel::cuda::detail

@@ -1,6 +1,6 @@
 // Dynamic masks estimated on a CUDA device, for `run` paths that must not synchronize with the
 // host (a whole denoising step captured in a CUDA graph). Same definitions as the CPU estimators
-// (topk_estimator.h); the result stays on the device.
+// (topk_estimator.h, xattention_estimator.h); the result stays on the device.
 //
 // DeviceEstimatedMask is allocated once per shape (at plan time): a fixed-capacity CSR
 // (indptr: rows + 1, indices: rows × kv_blocks, of which the first indptr[rows] are valid)
@@ -15,6 +15,7 @@
 #include "tessel/kernels/block_mask_view.h"
 #include "tessel/sparse/block_mask.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
+#include "tessel/sparse/estimators/xattention_estimator.h"
 
 namespace tessel {
 
@@ -33,11 +34,14 @@ class DeviceEstimatedMask {
  private:
   friend void estimate_topk_mask_device(const TensorView&, const TensorView&, const TopkEstimatorOptions&,
                                         DeviceEstimatedMask&);
+  friend void estimate_xattention_mask_device(const TensorView&, const TensorView&, const XAttentionOptions&,
+                                              DeviceEstimatedMask&);
   BlockMaskShape shape_;
   int64_t kv_heads_ = 0, head_dim_ = 0;
   Device device_{};
   Tensor indptr_, indices_;
-  Tensor pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;
+  Tensor pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
+  Tensor row_lse2_, mass_;                                                          // threshold
 };
 
 // dynamic_topk on the device: q (B, S_q, H_q, D), k (B, S_kv, H_kv, D) bf16/fp16 CUDA tensors with
@@ -46,5 +50,13 @@ class DeviceEstimatedMask {
 // CPU). No host synchronization.
 void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask);
+
+// threshold (XAttention) on the device: q, k as above with (stride, D) in {(8, 64), (8, 128),
+// (16, 64)}, 64 * stride a multiple of block_q and block_kv (e.g. 128×64 blocks at stride 8),
+// vote = kNone and gqa_any = false (the aggregated forms are CPU-only for now). `mask` allocated
+// for (B, H_q, S_q, S_kv, options.block_q, options.block_kv). No host synchronization. Cost: two
+// passes over the strided scores, each 1/(2·stride) of dense attention's tensor-core work.
+void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, const XAttentionOptions& options,
+                                     DeviceEstimatedMask& mask);
 
 }  // namespace tessel
