@@ -186,7 +186,9 @@ std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std:
   auto library = std::make_shared<PluginLibrary>();
   library->path = path;
   library->symbol = symbol;
-  library->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  // dlopen searches the system library folders for a name without '/': load this very file.
+  const std::string absolute = std::filesystem::absolute(path, ec).string();
+  library->handle = dlopen((ec ? path : absolute).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library->handle == nullptr) {
     const char* reason = dlerror();
     throw Error(where + ": cannot load the shared library: " + (reason ? reason : "unknown reason"));

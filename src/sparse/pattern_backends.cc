@@ -64,6 +64,9 @@ std::shared_ptr<Backend> static_backend(const std::string& name, PatternType typ
   PatternBackendInfo info;
   info.name = name;
   info.patterns = {type};
+  // "auto" keeps resolving sliding_window to the block_sparse backend (score 1) and to plugins;
+  // the 3-D window is chosen by name (--sparse-attn-backend sliding_window).
+  if (type == PatternType::kSlidingWindow) info.score = 0;
   return make_mask_planning_backend(std::move(info), [name, type](const PatternSpec& spec, ModuleType module, const AttentionShape& shape) {
     if (type == PatternType::kSlidingWindow && !spec.spatial_layout) return plan_sliding_window_blocks(spec, module, shape);
     return plan_static(spec, module, shape, name);

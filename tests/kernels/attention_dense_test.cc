@@ -2,7 +2,10 @@
 // window settings. Tolerance: 2x the error of the plain same-dtype reference plus a few ulps.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kernels/attention_test_util.h"
+#include "tessel/core/parallel.h"
 
 namespace tessel {
 namespace {
@@ -98,6 +101,20 @@ TEST(DenseAttention, StridedInputsAndNoLse) {
   const auto got = testing::compare(out, TensorView{}, exact);
   EXPECT_TRUE(got.finite);
   EXPECT_LE(got.out, 2e-6);
+}
+
+TEST(DenseAttention, SameBitsForAnyThreadCount) {
+  // Each query tile is computed by one thread in a fixed order, so threads change nothing.
+  const auto t = random_qkv(2, 300, 260, 4, 2, 64, DType::kBF16, 77);
+  AttentionOptions opt;
+  opt.causal = true;
+  Tensor one = poisoned(t.q.shape(), DType::kBF16), two = poisoned(t.q.shape(), DType::kBF16);
+  set_num_threads(1);
+  attention_forward(t.q, t.k, t.v, one, TensorView{}, opt);
+  set_num_threads(2);
+  attention_forward(t.q, t.k, t.v, two, TensorView{}, opt);
+  set_num_threads(0);
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
 }
 
 }  // namespace

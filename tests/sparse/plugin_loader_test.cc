@@ -71,6 +71,18 @@ TEST(PluginLoader, ExamplePluginByPathDescribesItself) {
   EXPECT_EQ(by_symbol, backend);
 }
 
+TEST(PluginLoader, RelativePathsLoadTheFileInTheWorkingDirectory) {
+  const fs::path previous = fs::current_path();
+  fs::current_path(example_plugin_dir());
+  BackendRegistry registry(false, false);
+  std::shared_ptr<Backend> backend;
+  EXPECT_NO_THROW(backend = registry.get("./libtessel_sink_window.so"));
+  EXPECT_NO_THROW(registry.get("libtessel_sink_window.so"));  // no '/': still this folder, not the system's
+  fs::current_path(previous);
+  ASSERT_TRUE(backend);
+  EXPECT_EQ(backend->name(), "sink_window");
+}
+
 TEST(PluginLoader, ExamplePluginEqualsTheReferenceWithItsMask) {
   BackendRegistry registry(false, false);
   const auto backend = registry.get(example_plugin_path());
@@ -155,7 +167,7 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   ScopedEnv path(kPluginPathEnvVar, dir.string());
   ScopedEnv no_backend(kBackendEnvVar, std::nullopt);
   LogCapture log;
-  BackendRegistry registry(true, true);
+  BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/true);
   const auto found = registry.find("sink_window");
   ASSERT_TRUE(found);
   EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // TESSEL_PLUGIN_PATH comes first
@@ -184,7 +196,7 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   ASSERT_TRUE(r.backend);
   EXPECT_EQ(r.backend, found);
   expect_sink_window_matches_reference(r.backend, 200, 200, 2, 2, window_spec(50, 64, 64), 1);
-  // auto also finds it (score 5 beats the built-in block_sparse's 1).
+  // auto also finds it: the only backend here for sliding_window.
   config.backend = "auto";
   EXPECT_EQ(registry.resolve(config, ModuleType::kDitSelf, Device::cpu()).backend, found);
   fs::remove_all(dir);

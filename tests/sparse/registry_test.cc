@@ -123,6 +123,17 @@ TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
     EXPECT_NE(message.find("sliding_window"), std::string::npos) << message;
     EXPECT_NE(message.find("dynamic_topk"), std::string::npos) << message;
   }
+  // The backend's validate_config runs at resolution.
+  SparseAttnConfig no_window = config_with("block_sparse");
+  no_window.window_size.reset();
+  try {
+    registry.resolve(no_window, ModuleType::kDitSelf, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sparse_attn.window_size: required by the block_sparse backend"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW(registry.resolve(config_with("block_sparse", "block_sparse"), ModuleType::kDitSelf, Device::cpu()), Error);
   ScopedEnv bad_env(kBackendEnvVar, "/nonexistent/libnothing.so");
   try {
     registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());

@@ -283,7 +283,9 @@ TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
 }
 
 TEST(SparseAttention, ResolvesThroughTheEnvironmentAndNone) {
-  BackendRegistry registry(true, false);
+  // Only block_sparse, so that "auto" has a known answer whatever other built-ins exist.
+  BackendRegistry registry(false, false);
+  registry.register_backend(make_block_sparse_backend());
   SparseAttnConfig config = window_config();
   {
     ScopedEnv env(kBackendEnvVar, "none");

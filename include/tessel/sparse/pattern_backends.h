@@ -12,6 +12,8 @@
 //   dynamic_topk     dynamic_topk                 SpargeAttn-style estimator in every forward
 //   threshold        threshold                    XAttention estimator in every forward
 //
+// Each is chosen by "auto" for its pattern (score 10), except sliding_window (score 0): auto keeps
+// the block_sparse backend's 1-D window; name the backend to get the 3-D window.
 // Static plans go through one process-wide StaticPlanCache, so layers and steps with the same
 // shape share a plan. The translation from PatternSpec (exposed for `tessel mask`, `tessel eval`
 // and tests) reads these backend options (PatternSpec::options, strings):

@@ -69,7 +69,7 @@ class PlanCache {
 // What one adapter forward did.
 struct AttentionStepReport {
   std::string backend = "dense";  // backend that ran, or "dense"
-  bool dense = true;    // dense attention ran (no backend, warm-up, or schedule density 1)
+  bool dense = true;    // the backend was bypassed for dense attention (no backend, warm-up, or density 1)
   double density = 1.0; // blocks computed / all blocks
   double estimate_ms = 0.0;
 };

@@ -149,6 +149,40 @@ void accumulate_row_tail(int64_t rest, const AccumulateArgs& a, int64_t vec_begi
 
 const char* tile_kernels_isa() { return Simd::kName; }
 
+void pack_key_panel(const float* keys, int64_t ld, int64_t dp, float* panel) {
+#if defined(__AVX512F__)
+  // 16x16 blocks transposed in registers: unpack pairs, then 4-lane shuffles, then 128-bit lanes.
+  for (int64_t d0 = 0; d0 < dp; d0 += 16) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(keys + i * ld + d0);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+      t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+      t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+      t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+      t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; ++i) {
+      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(panel + (d0 + i) * kPanelKeys, r[i]);
+  }
+#else
+  for (int64_t d = 0; d < dp; ++d)
+    for (int64_t c = 0; c < kPanelKeys; ++c) panel[d * kPanelKeys + c] = keys[c * ld + d];
+#endif
+}
+
 void tile_scores(const float* q, int64_t m, int64_t dp, const float* kt, int64_t cols, float* s, int64_t ld_s) {
   constexpr int R = Simd::kScoreRows;
   const int64_t vectors = cols / kLanes;

@@ -20,6 +20,9 @@ inline constexpr int64_t kChunkKeys = 64;
 // Name of the instruction set the tile kernels were compiled for ("avx512", "avx2", "scalar").
 const char* tile_kernels_isa();
 
+// Writes one K panel: keys[c][d] (16 rows of dp floats, row stride ld) to panel[d][c].
+void pack_key_panel(const float* keys, int64_t ld, int64_t dp, float* panel);
+
 // S[r][0, cols) = Q[r] · K[key] for the `cols` keys (a multiple of 16) whose panels start at kt.
 void tile_scores(const float* q, int64_t m, int64_t dp, const float* kt, int64_t cols, float* s, int64_t ld_s);
 

@@ -1,5 +1,6 @@
 // The fp64 oracle: for each query row, the plain formula softmax(scale * q k^T) v over the keys
 // it may see, with the max subtracted for stability. No tiling, no tricks.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -9,19 +10,40 @@
 namespace tessel::reference {
 namespace {
 
-Tensor to_fp64(const TensorView& t, const char* name) {
+void check_input(const TensorView& t, const char* name) {
   check_device(t, Device::cpu(), name);
   check_rank(t, 4, name);
-  Tensor out = Tensor::empty(t.shape(), DType::kF64);
-  copy_convert(t, out.view());
-  return out;
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kF16 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF64)
+    fail_argument(name, "a floating dtype", dtype_name(t.dtype()));
 }
 
-// keep(j) says whether key j is in a kept kv block of this query row's mask row.
+// Element (b, s, h, d) of a BSHD view of any float dtype and any strides, as double.
+double at(const TensorView& t, int64_t b, int64_t s, int64_t h, int64_t d) {
+  const int64_t off = b * t.stride(0) + s * t.stride(1) + h * t.stride(2) + d * t.stride(3);
+  switch (t.dtype()) {
+    case DType::kF32: return t.data_as<const float>()[off];
+    case DType::kF64: return t.data_as<const double>()[off];
+    case DType::kF16: return half_to_float(t.data_as<const uint16_t>()[off]);
+    default: return bf16_to_float(t.data_as<const uint16_t>()[off]);
+  }
+}
+
+// Rows [0, seq) of head h of batch b as a dense fp64 (seq, D) array.
+std::vector<double> head_rows(const TensorView& t, int64_t b, int64_t h) {
+  const int64_t seq = t.size(1), dim = t.size(3);
+  std::vector<double> rows(static_cast<size_t>(seq * dim));
+  for (int64_t s = 0; s < seq; ++s)
+    for (int64_t d = 0; d < dim; ++d) rows[static_cast<size_t>(s * dim + d)] = at(t, b, s, h, d);
+  return rows;
+}
+
+// keep(b, h, i, j) says whether key j is in a kept kv block of this query row's mask row.
 template <typename Keep>
-AttentionResult run(const TensorView& q_view, const TensorView& k_view, const TensorView& v_view,
-                    const AttentionOptions& options, const std::vector<int64_t>& q_rows_in, Keep&& keep) {
-  const Tensor q = to_fp64(q_view, "q"), k = to_fp64(k_view, "k"), v = to_fp64(v_view, "v");
+AttentionResult run(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                    const std::vector<int64_t>& q_rows_in, Keep&& keep) {
+  check_input(q, "q");
+  check_input(k, "k");
+  check_input(v, "v");
   const int64_t batch = q.size(0), seq_q = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t seq_kv = k.size(1), kv_heads = k.size(2);
   if (k.shape() != v.shape()) fail_argument("v", "the shape of k " + shape_str(k.shape()), shape_str(v.shape()));
@@ -45,40 +67,38 @@ AttentionResult run(const TensorView& q_view, const TensorView& k_view, const Te
   result.out.assign(static_cast<size_t>(batch * rows * heads * head_dim), 0.0);
   result.lse.assign(static_cast<size_t>(batch * heads * rows), -std::numeric_limits<double>::infinity());
 
-  const double* qd = q.data_as<double>();
-  const double* kd = k.data_as<double>();
-  const double* vd = v.data_as<double>();
-  std::vector<double> scores(static_cast<size_t>(seq_kv));
+  std::vector<double> scores(static_cast<size_t>(seq_kv)), qi(static_cast<size_t>(head_dim));
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t i = result.q_rows[static_cast<size_t>(r)], hk = h / group;
-        const double* qi = qd + ((b * seq_q + i) * heads + h) * head_dim;
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < seq_kv; ++j) {
-          double s = -std::numeric_limits<double>::infinity();
-          if (key_visible(i, j, seq_q, seq_kv, options) && keep(b, h, i, j)) {
-            const double* kj = kd + ((b * seq_kv + j) * kv_heads + hk) * head_dim;
-            s = 0.0;
-            for (int64_t d = 0; d < head_dim; ++d) s += qi[d] * kj[d];
-            s *= scale;
+    for (int64_t hk = 0; hk < kv_heads; ++hk) {
+      const std::vector<double> kd = head_rows(k, b, hk), vd = head_rows(v, b, hk);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = result.q_rows[static_cast<size_t>(r)];
+          for (int64_t d = 0; d < head_dim; ++d) qi[static_cast<size_t>(d)] = at(q, b, i, h, d);
+          double max_score = -std::numeric_limits<double>::infinity();
+          for (int64_t j = 0; j < seq_kv; ++j) {
+            double s = -std::numeric_limits<double>::infinity();
+            if (key_visible(i, j, seq_q, seq_kv, options) && keep(b, h, i, j)) {
+              s = 0.0;
+              for (int64_t d = 0; d < head_dim; ++d) s += qi[static_cast<size_t>(d)] * kd[static_cast<size_t>(j * head_dim + d)];
+              s *= scale;
+            }
+            scores[static_cast<size_t>(j)] = s;
+            max_score = std::max(max_score, s);
           }
-          scores[static_cast<size_t>(j)] = s;
-          max_score = std::max(max_score, s);
+          if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no key: out 0, lse -inf
+          double sum = 0.0;
+          double* o = &result.out[static_cast<size_t>(((b * rows + r) * heads + h) * head_dim)];
+          for (int64_t j = 0; j < seq_kv; ++j) {
+            const double p = std::exp(scores[static_cast<size_t>(j)] - max_score);
+            if (p == 0.0) continue;
+            sum += p;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vd[static_cast<size_t>(j * head_dim + d)];
+          }
+          for (int64_t d = 0; d < head_dim; ++d) o[d] /= sum;
+          result.lse[static_cast<size_t>((b * heads + h) * rows + r)] = max_score + std::log(sum);
         }
-        if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no key: out 0, lse -inf
-        double sum = 0.0;
-        double* o = &result.out[static_cast<size_t>(((b * rows + r) * heads + h) * head_dim)];
-        for (int64_t j = 0; j < seq_kv; ++j) {
-          const double p = std::exp(scores[static_cast<size_t>(j)] - max_score);
-          if (p == 0.0) continue;
-          sum += p;
-          const double* vj = vd + ((b * seq_kv + j) * kv_heads + hk) * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vj[d];
-        }
-        for (int64_t d = 0; d < head_dim; ++d) o[d] /= sum;
-        result.lse[static_cast<size_t>((b * heads + h) * rows + r)] = max_score + std::log(sum);
-      }
+    }
   return result;
 }
 
@@ -112,9 +132,7 @@ AttentionResult block_sparse_attention(const TensorView& q, const TensorView& k,
   auto keep = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     const int64_t row = mask.row(b, mask.mask_head_for(h, heads, kv_heads), i / mask.block_q);
     const int32_t block = static_cast<int32_t>(j / mask.block_kv);
-    for (int32_t n = mask.indptr[row]; n < mask.indptr[row + 1]; ++n)
-      if (mask.indices[n] == block) return true;
-    return false;
+    return std::binary_search(mask.indices + mask.indptr[row], mask.indices + mask.indptr[row + 1], block);
   };
   return run(q, k, v, options, q_rows, keep);
 }

@@ -55,7 +55,7 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
     float* out = mass.data() + task * kvbs;
     const int64_t width = s * dim;
     const int64_t g_begin = r * groups_per_qb, g_end = std::min(gq, (r + 1) * groups_per_qb);
-    // Four query groups at a time share each key group's loads.
+    // 4 query groups x 4 key groups per step: 8 row loads feed 16 dot products.
     std::vector<float> logits(static_cast<size_t>(4 * gk));
     for (int64_t g0 = g_begin; g0 < g_end; g0 += 4) {
       const int64_t n = std::min<int64_t>(4, g_end - g0);
@@ -63,20 +63,26 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
       const float* q1 = qg + (g0 + std::min<int64_t>(1, n - 1)) * width;
       const float* q2 = qg + (g0 + std::min<int64_t>(2, n - 1)) * width;
       const float* q3 = qg + (g0 + std::min<int64_t>(3, n - 1)) * width;
-      for (int64_t g2 = 0; g2 < gk; ++g2) {
-        const float* kk = kg + g2 * width;
-        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
+      for (int64_t c0 = 0; c0 < gk; c0 += 4) {
+        const int64_t m = std::min<int64_t>(4, gk - c0);
+        const float* k0 = kg + c0 * width;
+        const float* k1 = kg + (c0 + std::min<int64_t>(1, m - 1)) * width;
+        const float* k2 = kg + (c0 + std::min<int64_t>(2, m - 1)) * width;
+        const float* k3 = kg + (c0 + std::min<int64_t>(3, m - 1)) * width;
+        float a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;
+        float a20 = 0, a21 = 0, a22 = 0, a23 = 0, a30 = 0, a31 = 0, a32 = 0, a33 = 0;
+#pragma omp simd reduction(+ : a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
         for (int64_t i = 0; i < width; ++i) {
-          a0 += q0[i] * kk[i];
-          a1 += q1[i] * kk[i];
-          a2 += q2[i] * kk[i];
-          a3 += q3[i] * kk[i];
+          const float x0 = q0[i], x1 = q1[i], x2 = q2[i], x3 = q3[i];
+          const float y0 = k0[i], y1 = k1[i], y2 = k2[i], y3 = k3[i];
+          a00 += x0 * y0; a01 += x0 * y1; a02 += x0 * y2; a03 += x0 * y3;
+          a10 += x1 * y0; a11 += x1 * y1; a12 += x1 * y2; a13 += x1 * y3;
+          a20 += x2 * y0; a21 += x2 * y1; a22 += x2 * y2; a23 += x2 * y3;
+          a30 += x3 * y0; a31 += x3 * y1; a32 += x3 * y2; a33 += x3 * y3;
         }
-        logits[g2] = a0 * scale;
-        logits[gk + g2] = a1 * scale;
-        logits[2 * gk + g2] = a2 * scale;
-        logits[3 * gk + g2] = a3 * scale;
+        const float tile[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+        for (int64_t j = 0; j < 4; ++j)
+          for (int64_t c = 0; c < m; ++c) logits[j * gk + c0 + c] = tile[j][c] * scale;
       }
       for (int64_t j = 0; j < n; ++j) {
         float* row = logits.data() + j * gk;

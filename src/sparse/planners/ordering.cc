@@ -1,9 +1,9 @@
 #include "tessel/sparse/planners/ordering.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
+#include "sparse/token_permutation.h"  // gather_along_axis
 #include "tessel/core/error.h"
 
 namespace tessel {
@@ -64,12 +64,11 @@ std::vector<int32_t> frame_order(int64_t height, int64_t width, SpatialOrdering 
 void check_permutable(const TensorView& src, const TensorView& dst, const TokenPermutation& permutation) {
   check_device(src, Device::cpu(), "src");
   check_device(dst, Device::cpu(), "dst");
-  check_contiguous(src, "src");
-  check_contiguous(dst, "dst");
   if (src.dim() < 2) fail_argument("src", "rank >= 2 (B, S, ...)", src.describe());
   check_shape(dst, src.shape(), "dst");
   check_dtype(dst, src.dtype(), "dst");
   validate_token_permutation(permutation, src.size(1), "permutation");
+  TESSEL_CHECK(src.data() != dst.data(), "token permutation: src and dst must not alias");
 }
 
 }  // namespace
@@ -109,26 +108,12 @@ void validate_token_permutation(const TokenPermutation& permutation, int64_t n, 
 
 void permute_tokens(const TensorView& src, const TensorView& dst, const TokenPermutation& permutation) {
   check_permutable(src, dst, permutation);
-  TESSEL_CHECK(src.data() != dst.data(), "permute_tokens: src and dst must not alias");
-  const int64_t batch = src.size(0), seq = src.size(1);
-  const size_t token_bytes = src.nbytes() / static_cast<size_t>(std::max<int64_t>(1, batch * seq));
-  const auto* in = static_cast<const char*>(src.data());
-  auto* out = static_cast<char*>(dst.data());
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t p = 0; p < seq; ++p)
-      std::memcpy(out + (b * seq + p) * token_bytes, in + (b * seq + permutation.order[p]) * token_bytes, token_bytes);
+  gather_along_axis(src, dst, 1, std::vector<int64_t>(permutation.order.begin(), permutation.order.end()));
 }
 
 void unpermute_tokens(const TensorView& src, const TensorView& dst, const TokenPermutation& permutation) {
   check_permutable(src, dst, permutation);
-  TESSEL_CHECK(src.data() != dst.data(), "unpermute_tokens: src and dst must not alias");
-  const int64_t batch = src.size(0), seq = src.size(1);
-  const size_t token_bytes = src.nbytes() / static_cast<size_t>(std::max<int64_t>(1, batch * seq));
-  const auto* in = static_cast<const char*>(src.data());
-  auto* out = static_cast<char*>(dst.data());
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t p = 0; p < seq; ++p)
-      std::memcpy(out + (b * seq + permutation.order[p]) * token_bytes, in + (b * seq + p) * token_bytes, token_bytes);
+  gather_along_axis(src, dst, 1, std::vector<int64_t>(permutation.inverse.begin(), permutation.inverse.end()));
 }
 
 }  // namespace tessel

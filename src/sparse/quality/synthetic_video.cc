@@ -23,7 +23,7 @@ struct HeadSpec {
 HeadSpec head_spec(SyntheticHeadType type, double sharpness) {
   switch (type) {
     case SyntheticHeadType::kSpatial: return {10.0 * sharpness, {{0.5, 0.3}, {0.25, 2.0}, {0.25, 2.0}}, 0.0};
-    case SyntheticHeadType::kTemporal: return {10.0 * sharpness, {{0.45, 2.0}, {0.275, 0.5}, {0.275, 0.5}}, 0.0};
+    case SyntheticHeadType::kTemporal: return {10.0 * sharpness, {{0.45, 2.0}, {0.275, 1.0}, {0.275, 1.0}}, 0.0};
     case SyntheticHeadType::kSink: return {10.0 * sharpness, {{0.2, 0.3}, {0.2, 2.0}, {0.2, 2.0}}, 0.6};
     case SyntheticHeadType::kDiffuse: return {1.5 * sharpness, {{0.34, 1.0}, {0.33, 3.0}, {0.33, 3.0}}, 0.0};
   }

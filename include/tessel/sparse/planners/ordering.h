@@ -36,7 +36,7 @@ TokenPermutation make_token_permutation(const TokenLayout& layout, SpatialOrderi
 // Checks that order and inverse are mutually inverse permutations of [0, n). Throws Error.
 void validate_token_permutation(const TokenPermutation& permutation, int64_t n, const std::string& argument);
 
-// dst[:, p] = src[:, order[p]] along the sequence axis (axis 1) of contiguous BSHD CPU views of
+// dst[:, p] = src[:, order[p]] along the sequence axis (axis 1) of BSHD CPU views (any strides) of
 // the same shape and dtype. src and dst must not alias.
 void permute_tokens(const TensorView& src, const TensorView& dst, const TokenPermutation& permutation);
 // The inverse: dst[:, order[p]] = src[:, p].

@@ -5,7 +5,7 @@
 //   β · Σ_axis a_axis · K_axis(Δ_axis),   K(Δ) ≈ exp(-Δ² / 2ℓ²),  K(0) = 1,
 // plus random content terms of standard deviation ≈ noise · β. Head types:
 //   spatial  — same frame (ℓ_f = 0.3), local in rows and columns (ℓ = 2);
-//   temporal — same row and column (ℓ = 0.5), nearby frames (ℓ_f = 2);
+//   temporal — the same position to about one patch (ℓ = 1), nearby frames (ℓ_f = 2);
 //   sink     — weak spatial locality plus a shared component every query and the keys of frame 0
 //              carry (logit bonus 0.6 β on frame-0 keys), so frame 0 draws much of the mass;
 //   diffuse  — β small: attention nearly uniform.
