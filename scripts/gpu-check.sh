@@ -64,7 +64,7 @@ if [[ $RUN_TESTS == 1 ]]; then
 fi
 
 if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
-  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/1:*FullMaskEqualsDense/3:*MergeWithEmptyParts*:*StridedViews*'
+  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*FullMaskEqualsDense/fp16_D128:*MergeWithEmptyParts*:*StridedViews*'
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
