@@ -4,7 +4,7 @@
 // S query tiles of its 64 groups in shared memory and streams the S key tiles of each 64-group
 // column tile. Pass 1 writes each group row's log-sum-exp; pass 2 recomputes the scores and adds
 // the softmax probabilities into per-block masses (whole blocks per CTA: no atomics in global
-// memory). Arithmetic: bf16/fp16 products with fp32 accumulation, where the CPU definition sums
+// memory). Key tiles stream kStages deep. Arithmetic: bf16/fp16 products with fp32 accumulation, where the CPU definition sums
 // fp32 products; masses agree to about 1e-3 relative.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,6 +22,12 @@ namespace {
 constexpr int kGroupTile = 64;  // groups per CTA row tile and per column tile
 constexpr int kMassTile = 16;   // at most 64*16/64 blocks per tile side
 constexpr int kSelectThreads = 256;
+constexpr int kStages = 4;  // key tiles in flight: each step is short (64 MMAs per warp), so loads need look-ahead
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 // Rows j of a strided tile starting at token `first` (row j is token first + j*S) that lie
 // before `seq`: the rest are zero-filled.
@@ -38,7 +44,7 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_q = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t s_k = s_q + S * kTileBytes;
-  float* s_mass = reinterpret_cast<float*>(smem + (S + 2) * kTileBytes);
+  float* s_mass = reinterpret_cast<float*>(smem + (S + kStages) * kTileBytes);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, group = lane >> 2, quad = lane & 3;
   const int g0 = blockIdx.x * kGroupTile, h = blockIdx.y, b = blockIdx.z;
@@ -56,8 +62,18 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
   }
   const int col_tiles = (p.groups_kv + kGroupTile - 1) / kGroupTile;
   const int steps = col_tiles * S;
-  load_tile<D, kGroupTile, kThreads>(s_k, k, k_rows, strided_rows_valid(p.seq_kv, 0, S), tid);
-  cp_async_commit();
+  // Step n multiplies Q_i by K_i of column tile t (n = t*S + i); its key tile sits in stage n % kStages.
+  auto issue = [&](int step) {
+    if (step < steps) {
+      const int first = (step / S) * kGroupTile * S + step % S;
+      const int valid = strided_rows_valid(p.seq_kv, first, S);
+      load_tile<D, kGroupTile, kThreads>(s_k + (step % kStages) * kTileBytes,
+                                         valid > 0 ? k + static_cast<int64_t>(first) * p.k_stride_s : k, k_rows, valid,
+                                         tid);
+    }
+    cp_async_commit();
+  };
+  for (int step = 0; step < kStages - 1; ++step) issue(step);
   if (kMass)
     for (int i = tid; i < kMassTile * kMassTile; i += kThreads) s_mass[i] = 0.f;
 
@@ -74,19 +90,12 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-  cp_async_wait_all();
-  __syncthreads();
 
   for (int n = 0; n < steps; ++n) {
-    const int t = n / S, i = n % S, stage = n & 1;
-    if (n + 1 < steps) {
-      const int t1 = (n + 1) / S, i1 = (n + 1) % S;
-      const int first = t1 * kGroupTile * S + i1;
-      const int valid = strided_rows_valid(p.seq_kv, first, S);
-      load_tile<D, kGroupTile, kThreads>(s_k + (stage ^ 1) * kTileBytes,
-                                         valid > 0 ? k + static_cast<int64_t>(first) * p.k_stride_s : k, k_rows, valid, tid);
-    }
-    cp_async_commit();
+    const int t = n / S, i = n % S, stage = n % kStages;
+    cp_async_wait_pending<kStages - 2>();  // step n's tile (and, at n = 0, the Q tiles) landed
+    __syncthreads();                       // ... for every thread; and stage (n - 1) % kStages is free
+    issue(n + kStages - 1);
 
     const uint32_t sq = s_q + i * kTileBytes, sk = s_k + stage * kTileBytes;
 #pragma unroll
@@ -156,8 +165,6 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
     }
-    cp_async_wait_all();
-    __syncthreads();
   }
 
   if (!kMass)
@@ -232,7 +239,7 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
 
 template <typename T, int D, int S>
 void launch_scores(const XAttentionParams& p, cudaStream_t stream) {
-  constexpr int kSmem = (S + 2) * kGroupTile * D * 2 + kMassTile * kMassTile * 4;
+  constexpr int kSmem = (S + kStages) * kGroupTile * D * 2 + kMassTile * kMassTile * 4;
   static const cudaError_t lse_attr = cudaFuncSetAttribute(xattention_scores_kernel<T, D, S, false>,
                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   static const cudaError_t mass_attr = cudaFuncSetAttribute(xattention_scores_kernel<T, D, S, true>,
