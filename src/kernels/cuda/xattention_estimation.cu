@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
     for (int i = tid; i < kMassTile * kMassTile; i += kThreads) s_mass[i] = 0.f;
 
   const int64_t lse_base = (static_cast<int64_t>(b) * p.heads_q + h) * p.groups_q;
+  const bool warp_sums = (p.block_q / S) % 16 == 0 && (p.block_kv / S) % 8 == 0;
   float row_lse2[2] = {0.f, 0.f}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
   if (kMass)
 #pragma unroll
@@ -113,6 +114,9 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
 
     if (i == S - 1) {  // column tile t complete
       const int col0 = t * kGroupTile;
+      float part[kNTiles];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) part[nt] = 0.f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int local_row = warp * 16 + group + half * 8;
@@ -135,6 +139,20 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
                 sum += fast_exp2(acc[nt][half * 2 + e] * p.logit_scale_log2 - mx);
           row_max[half] = mx;
           row_sum[half] = sum;
+        } else if (warp_sums) {
+          // All 16 rows of the warp lie in one q block and each n8 tile in one kv block: reduce
+          // over the warp first, then one shared atomic per tile (32 lanes on one address would
+          // serialize: that made this pass 10x slower than pass 1).
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            float v = 0.f;
+            if (g0 + local_row < p.groups_q)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (col0 + nt * 8 + quad * 2 + e < p.groups_kv)
+                  v += fast_exp2(acc[nt][half * 2 + e] * p.logit_scale_log2 - row_lse2[half]);
+            part[nt] += v;
+          }
         } else if (g0 + local_row < p.groups_q) {
           const int r_local = local_row * S / p.block_q;
 #pragma unroll
@@ -146,6 +164,13 @@ __global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttent
                 atomicAdd(&s_mass[r_local * kMassTile + col * S / p.block_kv],
                           fast_exp2(acc[nt][half * 2 + e] * p.logit_scale_log2 - row_lse2[half]));
             }
+        }
+      }
+      if (kMass && warp_sums) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const float v = warp_sum(part[nt]);
+          if (lane == 0) atomicAdd(&s_mass[(warp * 16 * S / p.block_q) * kMassTile + nt * 8 * S / p.block_kv], v);
         }
       }
       if (kMass) {
