@@ -8,7 +8,10 @@ DIR/NAME.kv_num_blocks.i32 / DIR/NAME.kv_indices.i32 hold FlexAttention's tensor
 little-endian int32, (B_m, H_m, Qb) and (B_m, H_m, Qb, KVb). Flex's BlockMask is built from them
 directly (BlockMask.from_kv_blocks, every kept block a whole block), not from an element mask.
 
-Prints one line per measurement and a table last; --json writes all rows.
+Prints one line per measurement and a table last; --json writes all rows. With --tessel-json
+(the output of `tessel bench --json`, one file per sequence length) the last table puts tessel's
+times beside the peers' for each (S, density) and gives the two ratios the project's bars use:
+tessel/flex and t(d) / (d * t_dense).
 """
 import argparse
 import glob
@@ -73,6 +76,7 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--no-flex", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--tessel-json", nargs="*", default=[], help="`tessel bench --json` outputs to put beside")
     args = parser.parse_args()
 
     device = torch.device("cuda")
@@ -109,8 +113,8 @@ def main():
         for meta in masks:
             if meta["seq_q"] != seq or meta["seq_kv"] != seq or meta["mask_batch"] != args.batch:
                 continue
-            if meta["mask_heads"] not in (1, args.heads):
-                continue
+            if meta["mask_heads"] not in (1, args.heads) or meta.get("causal", False):
+                continue  # causal masks would need a token-level mask_mod: not a whole-block comparison
             block_mask = flex_block_mask(meta, device)
             ms = time_ms(lambda: flex(q, k, v, block_mask=block_mask), args.warmup, args.reps)
             row = {"peer": "flex", "seq": seq, "density": meta["density"], "block": f"{meta['block_q']}x{meta['block_kv']}",
@@ -124,6 +128,34 @@ def main():
     print("\npeer            S      density  ms")
     for r in rows:
         print(f"{r['peer']:<14} {r['seq']:>6}  {r['density']:>7.3f}  {r['ms']:.3f}")
+    if args.tessel_json:
+        print_side_by_side(args, rows)
+
+
+def print_side_by_side(args, peer_rows):
+    tessel = {}
+    for path in args.tessel_json:
+        with open(path) as f:
+            report = json.load(f)
+        seq = report["config"]["seq"]
+        for r in report["results"]:
+            tessel[(seq, round(r["density"], 2))] = r
+    peers = {}
+    for r in peer_rows:
+        peers[(r["peer"], r["seq"], round(r["density"], 2))] = r["ms"]
+    print("\n== side by side (B=%d, H=%d, D=%d, bf16; ms, median) ==" % (args.batch, args.heads, args.dim))
+    print(f"{'S':>6} {'density':>7} {'tessel':>9} {'TFLOP/s':>8} {'flex':>9} {'sdpa_fa2':>9} {'cudnn':>9} "
+          f"{'t/flex':>7} {'t/(d*t1)':>8}")
+    for (seq, density), r in sorted(tessel.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        dense = tessel.get((seq, 1.0))
+        flex = peers.get(("flex", seq, density))
+        fa2 = peers.get(("sdpa_flash2", seq, 1.0)) if density == 1.0 else None
+        cudnn = peers.get(("sdpa_cudnn", seq, 1.0)) if density == 1.0 else None
+        scale = r["ms"] / (r["density"] * dense["ms"]) if dense else None
+        cell = lambda x, fmt="{:9.3f}": fmt.format(x) if x is not None else f"{'-':>9}"
+        print(f"{seq:>6} {r['density']:>7.3f} {r['ms']:>9.3f} {r['tflops_dense_equiv']:>8.1f} {cell(flex)} {cell(fa2)} "
+              f"{cell(cudnn)} {cell(r['ms'] / flex if flex else None, '{:7.2f}'):>7} "
+              f"{cell(scale, '{:8.3f}'):>8}")
 
 
 if __name__ == "__main__":

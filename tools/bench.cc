@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 
+#include "bench_mask_export.h"
 #include "bench_timer.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
@@ -206,6 +207,7 @@ BenchReport run_bench(const BenchConfig& config) {
       runs.push_back([&in, &opt, view] { block_sparse_attention_forward(in.q, in.k, in.v, view, in.out, in.lse, opt); });
     }
     m.result.density = m.mask ? m.mask->density() : 1.0;
+    if (!config.save_mask_dir.empty()) save_bench_mask(config, config.densities[n], m.mask ? &*m.mask : nullptr);
   }
   const std::vector<double> ms = time_medians_ms(config, runs);
   BenchReport report{config, {}};

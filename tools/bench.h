@@ -25,6 +25,7 @@ struct BenchConfig {
   bool causal = false;
   uint64_t seed = 0;
   int64_t check_rows = 16;  // query rows compared with the fp64 reference
+  std::string save_mask_dir;  // non-empty: write every mask used there (bench_mask_export.h)
 
   int64_t effective_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t effective_seq_kv() const { return seq_kv > 0 ? seq_kv : seq; }

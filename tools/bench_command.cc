@@ -37,6 +37,8 @@ CommandRegistration registration{
       app.add_option("--threads", config->threads, "CPU threads (default: all)");
       app.add_option("--seed", config->seed, "seed of the inputs and masks")->capture_default_str();
       app.add_flag("--causal", config->causal, "causal attention (bottom-right aligned)");
+      app.add_option("--save-mask", config->save_mask_dir,
+                     "write each mask used (FlexAttention's kv_num_blocks/kv_indices) to this directory");
       app.add_flag("--json", *json, "print one JSON object instead of a table");
       // The sparse-attention interface (bench_steps.h): --steps N runs a denoising loop through it.
       auto steps = std::make_shared<StepsConfig>();

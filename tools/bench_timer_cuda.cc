@@ -1,6 +1,7 @@
-// CUDA-event timer for `tessel bench --device cuda`: events recorded on tessel's current stream
-// around the timed launch, so the time is the device's, not the host's enqueue time.
+// The CUDA timer of `tessel bench`: two CUDA events on tessel's current stream around the timed
+// work, so the time is the device's, not the host's launch overhead. Compiled only with CUDA.
 #ifdef TESSEL_WITH_CUDA
+
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -13,7 +14,7 @@ namespace tessel::cli {
 namespace {
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw Error(detail::concat("bench timer: ", what, " failed: ", cudaGetErrorString(status)));
+  if (status != cudaSuccess) throw Error(detail::concat("bench CUDA timer: ", what, ": ", cudaGetErrorString(status)));
 }
 
 class CudaEventTimer : public BenchTimer {
@@ -34,7 +35,7 @@ class CudaEventTimer : public BenchTimer {
   double stop_ms() override {
     check(cudaEventRecord(end_, cuda::current_stream()), "cudaEventRecord");
     check(cudaEventSynchronize(end_), "cudaEventSynchronize");
-    float ms = 0.0f;
+    float ms = 0.f;
     check(cudaEventElapsedTime(&ms, begin_, end_), "cudaEventElapsedTime");
     return ms;
   }
@@ -43,9 +44,11 @@ class CudaEventTimer : public BenchTimer {
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
 };
 
-BenchTimerRegistration cuda_timer{DeviceType::kCUDA,
-                                  [](Device device) { return std::make_unique<CudaEventTimer>(device); }};
+BenchTimerRegistration cuda_timer{DeviceType::kCUDA, [](Device device) {
+                                    return std::unique_ptr<BenchTimer>(std::make_unique<CudaEventTimer>(device));
+                                  }};
 
 }  // namespace
 }  // namespace tessel::cli
+
 #endif  // TESSEL_WITH_CUDA

@@ -80,6 +80,11 @@ void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
   EXPECT_LE(got.lse, testing::lse_floor(c.dtype) + 1e-3) << "lse error";
 }
 
+// "bf16_D128" rather than gtest's byte dump of the parameters.
+std::string param_name(const ::testing::TestParamInfo<std::tuple<DType, int64_t>>& info) {
+  return std::string(dtype_name(std::get<0>(info.param))) + "_D" + std::to_string(std::get<1>(info.param));
+}
+
 class DenseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(DenseGpu, MatchesReferenceOverShapes) {
@@ -111,7 +116,8 @@ TEST_P(DenseGpu, MatchesReferenceOverShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DenseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)));
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         param_name);
 
 struct SparseCase {
   int64_t block_q, block_kv;
@@ -173,7 +179,8 @@ TEST_P(SparseGpu, FullMaskEqualsDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)));
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         param_name);
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
   SKIP_WITHOUT_GPU();

@@ -1,0 +1,62 @@
+// Dynamic masks estimated on a CUDA device, for `run` paths that must not synchronize with the
+// host (a whole denoising step captured in a CUDA graph). Same definitions as the CPU estimators
+// (topk_estimator.h, xattention_estimator.h); the result stays on the device.
+//
+// DeviceEstimatedMask is allocated once per shape (at plan time): a fixed-capacity CSR
+// (indptr: rows + 1, indices: rows × kv_blocks, of which the first indptr[rows] are valid)
+// plus the estimator's workspace. Each estimate_*_device call refills it with kernels on
+// tessel's current CUDA stream; view() is valid for the attention kernels right after, in stream
+// order, without any copy to the host.
+#pragma once
+
+#include <cstdint>
+
+#include "tessel/core/tensor.h"
+#include "tessel/kernels/block_mask_view.h"
+#include "tessel/sparse/block_mask.h"
+#include "tessel/sparse/estimators/topk_estimator.h"
+#include "tessel/sparse/estimators/xattention_estimator.h"
+
+namespace tessel {
+
+class DeviceEstimatedMask {
+ public:
+  DeviceEstimatedMask() = default;
+  // shape: mask_batch = B and mask_heads = H_q (what the estimators produce). Throws Error when
+  // tessel was built without CUDA or the device is not a CUDA device.
+  DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv_heads, int64_t head_dim, Device device);
+
+  const BlockMaskShape& shape() const { return shape_; }
+  BlockMaskView view() const;
+  // Copies the mask to the host (synchronizes): for tests, inspection and pictures.
+  BlockMask to_host() const;
+
+ private:
+  friend void estimate_topk_mask_device(const TensorView&, const TensorView&, const TopkEstimatorOptions&,
+                                        DeviceEstimatedMask&);
+  friend void estimate_xattention_mask_device(const TensorView&, const TensorView&, const XAttentionOptions&,
+                                              DeviceEstimatedMask&);
+  BlockMaskShape shape_;
+  int64_t kv_heads_ = 0, head_dim_ = 0;
+  Device device_{};
+  Tensor indptr_, indices_;
+  Tensor pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
+  Tensor row_lse2_, mass_;                                                          // threshold
+};
+
+// dynamic_topk on the device: q (B, S_q, H_q, D), k (B, S_kv, H_kv, D) bf16/fp16 CUDA tensors with
+// unit stride along D, D a multiple of 32 up to 256, kv_blocks <= 4096; `mask` allocated for
+// (B, H_q, S_q, S_kv, options.block_q, options.block_kv). options.keep.text is ignored (as on the
+// CPU). No host synchronization.
+void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
+                               DeviceEstimatedMask& mask);
+
+// threshold (XAttention) on the device: q, k as above with (stride, D) in {(8, 64), (8, 128),
+// (16, 64)}, 64 * stride a multiple of block_q and block_kv (e.g. 128×64 blocks at stride 8),
+// vote = kNone and gqa_any = false (the aggregated forms are CPU-only for now). `mask` allocated
+// for (B, H_q, S_q, S_kv, options.block_q, options.block_kv). No host synchronization. Cost: two
+// passes over the strided scores, each 1/(2·stride) of dense attention's tensor-core work.
+void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, const XAttentionOptions& options,
+                                     DeviceEstimatedMask& mask);
+
+}  // namespace tessel

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPU check for tessel's CUDA kernels, on a machine with an NVIDIA GPU:
+#   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel`,
+#      `attention_gpu_test`, `topk_estimator_gpu_test` and `xattention_estimator_gpu_test` (built with
+#      -gencode arch=compute_90a,code=sm_90a; their libraries found through LD_LIBRARY_PATH);
+#   2. run the GPU tests, then compute-sanitizer memcheck and racecheck on a small case;
+#   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
+#      `tessel bench --device cuda` at the RFC shapes (B=1, H=40, D=128, bf16,
+#      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
+#      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
+#   4. print the side-by-side table last.
+# Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
+#          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --iters N.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
+RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --bin) BIN="$2"; shift 2 ;;
+    --out) OUTDIR="$2"; shift 2 ;;
+    --seqs) SEQS="$2"; shift 2 ;;
+    --iters) ITERS="$2"; shift 2 ;;
+    --skip-tests) RUN_TESTS=0; shift ;;
+    --skip-sanitizer) RUN_SANITIZER=0; shift ;;
+    --skip-bench) RUN_BENCH=0; shift ;;
+    --skip-peers) RUN_PEERS=0; shift ;;
+    *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUTDIR"
+command -v nvidia-smi >/dev/null || { echo "gpu-check: no nvidia-smi: this needs an NVIDIA GPU" >&2; exit 1; }
+GPU_INFO="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+CUDA_INFO="$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'nvcc absent')"
+TORCH_INFO="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo 'absent')"
+
+if [[ -z "$BIN" ]]; then
+  BUILD="$ROOT/build-gpu-check"
+  echo "== build ($BUILD, sm_90a)"
+  cmake -S "$ROOT" -B "$BUILD" -DTESSEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUTDIR/configure.log"
+  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli attention_gpu_test topk_estimator_gpu_test xattention_estimator_gpu_test >"$OUTDIR/build.log"
+  BIN="$BUILD/bin"
+fi
+TESSEL="$BIN/tessel"
+GPU_TEST="$BIN/attention_gpu_test"
+GPU_TESTS=("$BIN/attention_gpu_test" "$BIN/topk_estimator_gpu_test" "$BIN/xattention_estimator_gpu_test")
+STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
+
+if [[ $RUN_TESTS == 1 ]]; then
+  echo "== GPU tests"
+  : >"$OUTDIR/gpu_tests.log"
+  STATUS_TESTS=""
+  for t in "${GPU_TESTS[@]}"; do
+    "$t" >"$OUTDIR/$(basename "$t").log" 2>&1 || true
+    cat "$OUTDIR/$(basename "$t").log" >>"$OUTDIR/gpu_tests.log"
+    grep -E '^\[  (PASSED|FAILED) ' "$OUTDIR/$(basename "$t").log" | sed "s|^|$(basename "$t"): |" || true
+    if grep -q '^\[  FAILED' "$OUTDIR/$(basename "$t").log" || ! grep -q '^\[  PASSED' "$OUTDIR/$(basename "$t").log"; then
+      STATUS_TESTS="FAILED"
+    elif [[ $STATUS_TESTS != FAILED ]]; then
+      STATUS_TESTS="$STATUS_TESTS $(basename "$t") $(grep '^\[  PASSED' "$OUTDIR/$(basename "$t").log" | sed 's/\[  PASSED  \] //')"
+    fi
+  done
+fi
+
+if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
+  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*FullMaskEqualsDense/fp16_D128:*MergeWithEmptyParts*:*StridedViews*'
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
+       compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/topk_estimator_gpu_test" \
+         --gtest_filter='*MatchesTheCpuEstimator' >>"$OUTDIR/$tool.log" 2>&1 &&
+       compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/xattention_estimator_gpu_test" \
+         --gtest_filter='*GraphCapture*' >>"$OUTDIR/$tool.log" 2>&1; then
+      result="clean ($(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: [0-9]* hazard[s]*' "$OUTDIR/$tool.log" | tail -1))"
+    else
+      result="FAILED (see $OUTDIR/$tool.log)"
+      tail -20 "$OUTDIR/$tool.log"
+    fi
+    [[ $tool == memcheck ]] && STATUS_MEMCHECK="$result" || STATUS_RACECHECK="$result"
+  done
+fi
+
+TESSEL_JSON=()
+if [[ $RUN_BENCH == 1 ]]; then
+  echo "== tessel bench-estimate S=29700"
+  "$TESSEL" bench-estimate --seq 29700 --heads 40 --head-dim 128 --topk-ratio 0.3 --iters "$ITERS" \
+    | tee "$OUTDIR/estimate.txt" || echo "bench-estimate FAILED" | tee "$OUTDIR/estimate.txt"
+  for s in $SEQS; do
+    echo "== tessel bench S=$s"
+    "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim 128 --seq "$s" \
+      --density 1,0.5,0.3,0.2,0.1 --iters "$ITERS" --warmup 3 --save-mask "$OUTDIR/masks" --json \
+      >"$OUTDIR/tessel_s$s.json"
+    TESSEL_JSON+=("$OUTDIR/tessel_s$s.json")
+  done
+fi
+
+PEER_ARGS=(--seq $SEQS --heads 40 --dim 128 --reps "$ITERS" --json "$OUTDIR/peers.json")
+[[ $RUN_BENCH == 1 ]] && PEER_ARGS+=(--mask-dir "$OUTDIR/masks" --tessel-json "${TESSEL_JSON[@]}")
+if [[ $RUN_PEERS == 1 ]]; then
+  echo "== peers (bench/peer_attention.py)"
+  PYTHONUNBUFFERED=1 python3 "$ROOT/bench/peer_attention.py" "${PEER_ARGS[@]}" | tee "$OUTDIR/peers.log" | sed -n '/== side by side/,$p' >"$OUTDIR/table.txt" || true
+fi
+
+echo
+echo "== gpu-check summary: $GPU_INFO; CUDA $CUDA_INFO; PyTorch $TORCH_INFO"
+echo "GPU tests:$STATUS_TESTS | memcheck: $STATUS_MEMCHECK | racecheck: $STATUS_RACECHECK"
+[[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
+if [[ -s "$OUTDIR/table.txt" ]]; then
+  cat "$OUTDIR/table.txt"
+elif [[ $RUN_BENCH == 1 ]]; then
+  for f in "${TESSEL_JSON[@]}"; do
+    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); s=r["config"]["seq"]
+for x in r["results"]: print(f"S={s} d={x[\"density\"]:.3f} {x[\"ms\"]:.3f} ms {x[\"tflops_dense_equiv\"]:.1f} TFLOP/s")' "$f"
+  done
+fi
+[[ $STATUS_TESTS != FAILED && $STATUS_MEMCHECK != FAILED* && $STATUS_RACECHECK != FAILED* ]]

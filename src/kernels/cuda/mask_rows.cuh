@@ -1,0 +1,99 @@
+// Device helpers shared by the mask estimators: reductions, a CTA-wide scan and bitonic sort,
+// and the two launches that turn fixed-capacity rows (ids ascending + counts) into a CSR
+// (indptr by a device scan, indices compacted) with no host synchronization.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tessel::cuda::detail {
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Exclusive scan of one value per thread over the CTA (blockDim.x a multiple of 32, <= 1024).
+__device__ __forceinline__ int block_exclusive_scan(int value, int* total) {
+  __shared__ int s_warp[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int inclusive = value;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += y;
+  }
+  if (lane == 31) s_warp[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < warps ? s_warp[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < warps) s_warp[lane] = w;  // inclusive prefix over warps
+  }
+  __syncthreads();
+  const int warp_offset = warp == 0 ? 0 : s_warp[warp - 1];
+  *total = s_warp[warps - 1];
+  const int result = warp_offset + inclusive - value;
+  __syncthreads();  // s_warp may be reused by the next call
+  return result;
+}
+
+// Sorts n (a power of two) 64-bit keys in shared memory, descending; all threads of the CTA call it.
+__device__ __forceinline__ void bitonic_sort_descending(unsigned long long* keys, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool descending = (i & size) == 0;
+          const unsigned long long a = keys[i], c = keys[j];
+          if ((a < c) == descending) {
+            keys[i] = c;
+            keys[j] = a;
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// indptr = exclusive scan of the row counts (one CTA; each thread sums a contiguous run of rows).
+static __global__ void scan_rows_kernel(const int32_t* counts, int64_t rows, int32_t* indptr) {
+  const int64_t per_thread = (rows + blockDim.x - 1) / blockDim.x;
+  const int64_t r0 = ::min(rows, static_cast<int64_t>(threadIdx.x) * per_thread);
+  const int64_t r1 = ::min(rows, r0 + per_thread);
+  int local = 0;
+  for (int64_t r = r0; r < r1; ++r) local += counts[r];
+  int total = 0;
+  int offset = block_exclusive_scan(local, &total);
+  for (int64_t r = r0; r < r1; ++r) {
+    indptr[r] = offset;
+    offset += counts[r];
+  }
+  if (threadIdx.x == 0) indptr[rows] = total;
+}
+
+static __global__ void compact_rows_kernel(const int32_t* row_blocks, const int32_t* counts, const int32_t* indptr,
+                                    int kv_blocks, int32_t* indices) {
+  const int64_t row = blockIdx.x;
+  const int n = counts[row];
+  const int32_t* src = row_blocks + row * kv_blocks;
+  int32_t* dst = indices + indptr[row];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+static inline void launch_rows_to_csr(const int32_t* row_blocks, const int32_t* counts, int64_t rows, int kv_blocks,
+                              int32_t* indptr, int32_t* indices, cudaStream_t stream) {
+  scan_rows_kernel<<<1, 1024, 0, stream>>>(counts, rows, indptr);
+  compact_rows_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(row_blocks, counts, indptr, kv_blocks, indices);
+}
+
+}  // namespace tessel::cuda::detail

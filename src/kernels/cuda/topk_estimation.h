@@ -1,0 +1,44 @@
+// Internal: device kernels of the dynamic_topk mask estimator (definition in
+// include/tessel/sparse/estimators/topk_estimator.h). Four launches on one stream, no host
+// synchronization: pool q and k blocks; select each row's blocks into a fixed-capacity buffer;
+// scan the row counts into indptr; compact the rows into indices.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessel/core/dtype.h"
+
+namespace tessel::cuda::detail {
+
+struct TopkParams {
+  const void* q;
+  const void* k;
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  int64_t k_stride_b, k_stride_s, k_stride_h;
+  int batch, seq_q, seq_kv, heads_q, heads_kv, dim;
+  int block_q, block_kv, q_blocks, kv_blocks;
+  float scale;
+  float similarity_threshold;
+  int n_topk;           // top-k mode
+  float cdf_threshold;  // > 0: cdf mode
+  bool keep_diagonal;
+  int sink_blocks;
+  // Workspace (device).
+  float* pooled_q;       // (B, Hq, Qb, D)
+  uint8_t* similar_q;    // (B, Hq, Qb)
+  float* pooled_k;       // (B, Hkv, KVb, D)
+  uint8_t* similar_k;    // (B, Hkv, KVb)
+  int32_t* row_counts;   // (B * Hq * Qb)
+  int32_t* row_blocks;   // (B * Hq * Qb, KVb): each row's kept ids, ascending, first row_counts[r] valid
+  // Output (device): indptr (rows + 1), indices (capacity rows * KVb).
+  int32_t* indptr;
+  int32_t* indices;
+};
+
+// dtype kBF16 or kF16; dim a multiple of 32, at most 256; kv_blocks at most kTopkMaxKvBlocks.
+inline constexpr int kTopkMaxKvBlocks = 4096;
+void launch_topk_estimation(const TopkParams& params, DType dtype, cudaStream_t stream);
+
+}  // namespace tessel::cuda::detail

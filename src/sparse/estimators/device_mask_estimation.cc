@@ -1,0 +1,218 @@
+// Host side of the device estimators: argument checks, workspace, launches (CUDA builds); a clear
+// error otherwise.
+#include "tessel/sparse/estimators/device_mask_estimation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tessel/core/error.h"
+
+#ifdef TESSEL_WITH_CUDA
+#include "kernels/cuda/stream.h"
+#include "kernels/cuda/topk_estimation.h"
+#include "kernels/cuda/xattention_estimation.h"
+#endif
+
+namespace tessel {
+
+#ifdef TESSEL_WITH_CUDA
+
+DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv_heads, int64_t head_dim,
+                                         Device device)
+    : shape_(shape), kv_heads_(kv_heads), head_dim_(head_dim), device_(device) {
+  if (!device.is_cuda()) fail_argument("device", "a CUDA device", device.str());
+  if (shape.block_q < 1 || shape.block_kv < 1 || shape.seq_q < 1 || shape.seq_kv < 1)
+    fail_argument("shape", "positive sequence lengths and block sizes",
+                  detail::concat(shape.seq_q, "x", shape.seq_kv, " blocks ", shape.block_q, "x", shape.block_kv));
+  if (kv_heads < 1 || shape.mask_heads % kv_heads != 0)
+    fail_argument("kv_heads", detail::concat("a divisor of mask_heads ", shape.mask_heads), kv_heads);
+  if (head_dim < 32 || head_dim > 256 || head_dim % 32 != 0)
+    fail_argument("head_dim", "a multiple of 32 up to 256 on CUDA", head_dim);
+  if (shape.kv_blocks() > cuda::detail::kTopkMaxKvBlocks)
+    fail_argument("shape", detail::concat("at most ", cuda::detail::kTopkMaxKvBlocks, " kv blocks"), shape.kv_blocks());
+  const int64_t rows = shape.num_rows(), kvb = shape.kv_blocks(), qb = shape.q_blocks();
+  indptr_ = Tensor::empty({rows + 1}, DType::kI32, device);
+  indices_ = Tensor::empty({rows * kvb}, DType::kI32, device);
+  pooled_q_ = Tensor::empty({rows, head_dim}, DType::kF32, device);
+  similar_q_ = Tensor::empty({rows}, DType::kU8, device);
+  pooled_k_ = Tensor::empty({shape.mask_batch * kv_heads * kvb, head_dim}, DType::kF32, device);
+  similar_k_ = Tensor::empty({shape.mask_batch * kv_heads * kvb}, DType::kU8, device);
+  row_counts_ = Tensor::empty({rows}, DType::kI32, device);
+  row_blocks_ = Tensor::empty({rows * kvb}, DType::kI32, device);
+  row_lse2_ = Tensor::empty({shape.mask_batch * shape.mask_heads * ((shape.seq_q + 7) / 8)}, DType::kF32, device);
+  mass_ = Tensor::empty({rows * kvb}, DType::kF32, device);
+  (void)qb;
+}
+
+BlockMaskView DeviceEstimatedMask::view() const {
+  BlockMaskView v;
+  v.indptr = indptr_.data_as<const int32_t>();
+  v.indices = indices_.data_as<const int32_t>();
+  v.mask_batch = shape_.mask_batch;
+  v.mask_heads = shape_.mask_heads;
+  v.q_blocks = shape_.q_blocks();
+  v.kv_blocks = shape_.kv_blocks();
+  v.block_q = shape_.block_q;
+  v.block_kv = shape_.block_kv;
+  v.seq_q = shape_.seq_q;
+  v.seq_kv = shape_.seq_kv;
+  v.device = device_;
+  return v;
+}
+
+BlockMask DeviceEstimatedMask::to_host() const {
+  const Tensor indptr = indptr_.to(Device::cpu());
+  const Tensor indices = indices_.to(Device::cpu());
+  const int32_t* p = indptr.data_as<const int32_t>();
+  const int64_t rows = shape_.num_rows();
+  std::vector<int32_t> host_indptr(p, p + rows + 1);
+  const int32_t* i = indices.data_as<const int32_t>();
+  std::vector<int32_t> host_indices(i, i + host_indptr.back());
+  return BlockMask::from_csr(shape_, std::move(host_indptr), std::move(host_indices));
+}
+
+namespace {
+void check_operand(const TensorView& t, const char* name) {
+  if (!t.device().is_cuda()) fail_argument(name, "a CUDA tensor", t.describe());
+  if (t.dim() != 4) fail_argument(name, "rank 4 (B, S, H, D)", t.describe());
+  if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+    fail_argument(name, "dtype bf16 or fp16 on CUDA", dtype_name(t.dtype()));
+  if (t.stride(3) != 1) fail_argument(name, "unit stride along the head dim", t.stride(3));
+}
+// q and k as the device estimators take them, and a mask allocated for exactly their shapes.
+void check_estimate_arguments(const TensorView& q, const TensorView& k, int64_t block_q, int64_t block_kv,
+                              Device mask_device, const BlockMaskShape& mask_shape, int64_t mask_kv_heads,
+                              int64_t mask_head_dim) {
+  check_operand(q, "q");
+  check_operand(k, "k");
+  if (k.dtype() != q.dtype()) fail_argument("k", detail::concat("the dtype of q (", dtype_name(q.dtype()), ")"), dtype_name(k.dtype()));
+  if (k.device() != q.device() || mask_device != q.device())
+    fail_argument("k, mask", "the device of q (" + q.device().str() + ")", k.device().str() + ", " + mask_device.str());
+  if (k.size(0) != q.size(0) || k.size(3) != q.size(3) || q.size(2) % k.size(2) != 0)
+    fail_argument("k", "the batch and head dim of q and a divisor of its heads", k.describe());
+  const BlockMaskShape want{q.size(0), q.size(2), q.size(1), k.size(1), block_q, block_kv};
+  if (!(mask_shape == want) || mask_kv_heads != k.size(2) || mask_head_dim != q.size(3))
+    fail_argument("mask", "a DeviceEstimatedMask allocated for these q, k and block sizes",
+                  detail::concat("mask for ", mask_shape.mask_batch, "x", mask_shape.mask_heads, " S ", mask_shape.seq_q,
+                                 "/", mask_shape.seq_kv, " blocks ", mask_shape.block_q, "x", mask_shape.block_kv));
+}
+
+}  // namespace
+
+void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
+                               DeviceEstimatedMask& mask) {
+  check_estimate_arguments(q, k, options.block_q, options.block_kv, mask.device_, mask.shape_, mask.kv_heads_,
+                           mask.head_dim_);
+  const BlockMaskShape want = mask.shape_;
+  if (options.cdf_threshold > 1.0 || std::isnan(options.cdf_threshold))
+    fail_argument("topk.cdf_threshold", "<= 1 (<= 0 for top-k mode)", options.cdf_threshold);
+  if (options.cdf_threshold <= 0.0 && !(options.topk_ratio > 0.0 && options.topk_ratio <= 1.0))
+    fail_argument("topk.topk_ratio", "in (0, 1]", options.topk_ratio);
+  if (options.keep.sink_blocks < 0) fail_argument("topk.keep.sink_blocks", ">= 0", options.keep.sink_blocks);
+
+  const int64_t kvb = want.kv_blocks();
+  cuda::detail::TopkParams p{};
+  p.q = q.data();
+  p.k = k.data();
+  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
+  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
+  p.batch = static_cast<int>(q.size(0));
+  p.seq_q = static_cast<int>(q.size(1));
+  p.seq_kv = static_cast<int>(k.size(1));
+  p.heads_q = static_cast<int>(q.size(2));
+  p.heads_kv = static_cast<int>(k.size(2));
+  p.dim = static_cast<int>(q.size(3));
+  p.block_q = static_cast<int>(options.block_q);
+  p.block_kv = static_cast<int>(options.block_kv);
+  p.q_blocks = static_cast<int>(want.q_blocks());
+  p.kv_blocks = static_cast<int>(kvb);
+  p.scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(q.size(3)));
+  p.similarity_threshold = static_cast<float>(options.similarity_threshold);
+  p.n_topk = static_cast<int>(std::clamp<int64_t>(std::llround(options.topk_ratio * static_cast<double>(kvb)), 1, kvb));
+  p.cdf_threshold = static_cast<float>(options.cdf_threshold);
+  p.keep_diagonal = options.keep.diagonal;
+  p.sink_blocks = static_cast<int>(std::min<int64_t>(options.keep.sink_blocks, kvb));
+  p.pooled_q = mask.pooled_q_.data_as<float>();
+  p.similar_q = mask.similar_q_.data_as<uint8_t>();
+  p.pooled_k = mask.pooled_k_.data_as<float>();
+  p.similar_k = mask.similar_k_.data_as<uint8_t>();
+  p.row_counts = mask.row_counts_.data_as<int32_t>();
+  p.row_blocks = mask.row_blocks_.data_as<int32_t>();
+  p.indptr = mask.indptr_.data_as<int32_t>();
+  p.indices = mask.indices_.data_as<int32_t>();
+  cuda::detail::launch_topk_estimation(p, q.dtype(), cuda::current_stream());
+  cuda::check_launch("estimate_topk_mask_device");
+}
+
+void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, const XAttentionOptions& options,
+                                     DeviceEstimatedMask& mask) {
+  check_estimate_arguments(q, k, options.block_q, options.block_kv, mask.device_, mask.shape_, mask.kv_heads_,
+                           mask.head_dim_);
+  const int64_t s = options.stride, dim = q.size(3);
+  if (!((s == 8 && (dim == 64 || dim == 128)) || (s == 16 && dim == 64)))
+    fail_argument("xattention.stride", "8 (head dim 64 or 128) or 16 (head dim 64) on CUDA",
+                  detail::concat("stride ", s, " with head dim ", dim));
+  if ((64 * s) % options.block_q != 0 || options.block_q % s != 0)
+    fail_argument("xattention.block_q", detail::concat("a multiple of the stride dividing ", 64 * s, " on CUDA"),
+                  options.block_q);
+  if ((64 * s) % options.block_kv != 0 || options.block_kv % s != 0)
+    fail_argument("xattention.block_kv", detail::concat("a multiple of the stride dividing ", 64 * s, " on CUDA"),
+                  options.block_kv);
+  if (!(options.threshold > 0.0 && options.threshold <= 1.0))
+    fail_argument("xattention.threshold", "in (0, 1]", options.threshold);
+  if (options.vote != XAttentionVote::kNone || options.gqa_any)
+    fail_argument("xattention.vote / gqa_any", "none / false on CUDA (the aggregated masks are CPU-only)",
+                  options.gqa_any ? "gqa_any" : "a vote");
+  const BlockMaskShape& shape = mask.shape_;
+  cuda::detail::XAttentionParams p{};
+  p.q = q.data();
+  p.k = k.data();
+  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
+  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
+  p.batch = static_cast<int>(q.size(0));
+  p.seq_q = static_cast<int>(q.size(1));
+  p.seq_kv = static_cast<int>(k.size(1));
+  p.heads_q = static_cast<int>(q.size(2));
+  p.heads_kv = static_cast<int>(k.size(2));
+  p.dim = static_cast<int>(dim);
+  p.stride = static_cast<int>(s);
+  p.groups_q = static_cast<int>((q.size(1) + s - 1) / s);
+  p.groups_kv = static_cast<int>((k.size(1) + s - 1) / s);
+  p.block_q = static_cast<int>(options.block_q);
+  p.block_kv = static_cast<int>(options.block_kv);
+  p.q_blocks = static_cast<int>(shape.q_blocks());
+  p.kv_blocks = static_cast<int>(shape.kv_blocks());
+  const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dim));
+  p.logit_scale_log2 = scale / static_cast<float>(s) * 1.4426950408889634f;
+  p.threshold = static_cast<float>(options.threshold);
+  p.keep_diagonal = options.keep_diagonal;
+  p.keep_first = options.keep_first;
+  p.row_lse2 = mask.row_lse2_.data_as<float>();
+  p.mass = mask.mass_.data_as<float>();
+  p.row_counts = mask.row_counts_.data_as<int32_t>();
+  p.row_blocks = mask.row_blocks_.data_as<int32_t>();
+  p.indptr = mask.indptr_.data_as<int32_t>();
+  p.indices = mask.indices_.data_as<int32_t>();
+  cuda::detail::launch_xattention_estimation(p, q.dtype(), cuda::current_stream());
+  cuda::check_launch("estimate_xattention_mask_device");
+}
+
+#else
+
+DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape&, int64_t, int64_t, Device device) {
+  fail_argument("device", "a CUDA device in a tessel built with CUDA", device.str() + " (built without CUDA)");
+}
+BlockMaskView DeviceEstimatedMask::view() const { return {}; }
+BlockMask DeviceEstimatedMask::to_host() const { return {}; }
+void estimate_topk_mask_device(const TensorView&, const TensorView&, const TopkEstimatorOptions&, DeviceEstimatedMask&) {
+  throw Error("estimate_topk_mask_device: tessel was built without CUDA (configure with -DTESSEL_CUDA=ON)");
+}
+void estimate_xattention_mask_device(const TensorView&, const TensorView&, const XAttentionOptions&,
+                                     DeviceEstimatedMask&) {
+  throw Error("estimate_xattention_mask_device: tessel was built without CUDA (configure with -DTESSEL_CUDA=ON)");
+}
+
+#endif
+
+}  // namespace tessel

@@ -1,0 +1,101 @@
+// `tessel bench-estimate`: time of the device mask estimators against dense attention on the same
+// shape (the budget is a few percent of it). dynamic_topk is timed in its worst case, every block
+// self-similar so every row is scored, sorted and cut; the threshold (XAttention) estimator costs
+// the same on any data.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+#include <memory>
+#include <string>
+
+#include "bench_timer.h"
+#include "command.h"
+#include "tessel/core/device.h"
+#include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/core/tensor.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/sparse/estimators/device_mask_estimation.h"
+
+namespace tessel::cli {
+namespace {
+
+struct EstimateBenchConfig {
+  int64_t heads = 40, kv_heads = 0, head_dim = 128, seq = 29700;
+  double topk_ratio = 0.3, cdf_threshold = 0.0, threshold = 0.95;
+  int iters = 10, warmup = 3;
+};
+
+double median_ms(Device device, int warmup, int iters, const std::function<void()>& run) {
+  for (int i = 0; i < warmup; ++i) run();
+  auto timer = make_bench_timer(device);
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    timer->start();
+    run();
+    ms.push_back(timer->stop_ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int run(const EstimateBenchConfig& c) {
+  if (!cuda_available()) throw Error("bench-estimate: needs a CUDA GPU (none visible, or tessel built without CUDA)");
+  const Device gpu = Device::cuda();
+  const int64_t hk = c.kv_heads > 0 ? c.kv_heads : c.heads;
+  Tensor host = Tensor::empty({1, c.seq, c.heads, c.head_dim}, DType::kBF16);
+  fill_normal(host.view(), 1);
+  const Tensor q = host.to(gpu);
+  Tensor host_k = Tensor::empty({1, c.seq, hk, c.head_dim}, DType::kBF16);
+  fill_normal(host_k.view(), 2);
+  const Tensor k = host_k.to(gpu), v = host_k.to(gpu);
+  Tensor out = Tensor::empty({1, c.seq, c.heads, c.head_dim}, DType::kBF16, gpu);
+
+  const double dense_ms = median_ms(gpu, c.warmup, c.iters, [&] { attention_forward(q, k, v, out, {}); });
+  TopkEstimatorOptions options;
+  options.topk_ratio = c.topk_ratio;
+  options.cdf_threshold = c.cdf_threshold;
+  options.similarity_threshold = -1.0;  // worst case: every row scored and sorted
+  options.keep.diagonal = true;
+  DeviceEstimatedMask mask({1, c.heads, c.seq, c.seq, options.block_q, options.block_kv}, hk, c.head_dim, gpu);
+  const double topk_ms = median_ms(gpu, c.warmup, c.iters, [&] { estimate_topk_mask_device(q, k, options, mask); });
+  const double density = mask.to_host().density();
+  XAttentionOptions xattention;
+  xattention.threshold = c.threshold;
+  DeviceEstimatedMask threshold_mask({1, c.heads, c.seq, c.seq, xattention.block_q, xattention.block_kv}, hk,
+                                     c.head_dim, gpu);
+  const double threshold_ms =
+      median_ms(gpu, c.warmup, c.iters, [&] { estimate_xattention_mask_device(q, k, xattention, threshold_mask); });
+  const double threshold_density = threshold_mask.to_host().density();
+  const double sparse_ms =
+      median_ms(gpu, c.warmup, c.iters, [&] { block_sparse_attention_forward(q, k, v, mask.view(), out, {}); });
+  std::printf("bench-estimate: cuda bf16 B=1 H=%lld/%lld D=%lld S=%lld, median of %d runs\n",
+              static_cast<long long>(c.heads), static_cast<long long>(hk), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.seq), c.iters);
+  std::printf("%-22s %10s %12s\n", "what", "ms", "% of dense");
+  std::printf("%-22s %10.3f %12.2f\n", "dense attention", dense_ms, 100.0);
+  std::printf("%-22s %10.3f %12.2f\n", "dynamic_topk estimate", topk_ms, 100.0 * topk_ms / dense_ms);
+  std::printf("%-22s %10.3f %12.2f   (density %.3f)\n", "sparse attention", sparse_ms, 100.0 * sparse_ms / dense_ms,
+              density);
+  std::printf("%-22s %10.3f %12.2f   (stride 8, threshold %.2f, density %.3f)\n", "threshold estimate",
+              threshold_ms, 100.0 * threshold_ms / dense_ms, c.threshold, threshold_density);
+  return 0;
+}
+
+CommandRegistration registration{
+    "bench-estimate", "Time the device mask estimators against dense attention (CUDA)", [](CLI::App& app) {
+      auto c = std::make_shared<EstimateBenchConfig>();
+      app.add_option("--heads", c->heads, "query heads")->capture_default_str();
+      app.add_option("--kv-heads", c->kv_heads, "key/value heads (default: --heads)");
+      app.add_option("--head-dim", c->head_dim, "head dimension")->capture_default_str();
+      app.add_option("--seq", c->seq, "tokens")->capture_default_str();
+      app.add_option("--topk-ratio", c->topk_ratio, "dynamic_topk kept fraction")->capture_default_str();
+      app.add_option("--cdf", c->cdf_threshold, "dynamic_topk cdf threshold (> 0 selects cdf mode)");
+      app.add_option("--threshold", c->threshold, "XAttention mass threshold")->capture_default_str();
+      app.add_option("--iters", c->iters, "timed runs (the median is reported)")->capture_default_str();
+      return CommandRunner([c] { return run(*c); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli
