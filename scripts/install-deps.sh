@@ -5,7 +5,6 @@ packages=(
   build-essential   # g++ (C++20) and make
   cmake             # build system
   libgtest-dev      # GoogleTest: unit tests
-  libbenchmark-dev  # Google Benchmark: micro-benchmarks
   nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI
   libpng-dev        # libpng: `tessel mask` pictures
