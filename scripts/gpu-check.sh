@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for tessel's CUDA kernels, on a machine with an NVIDIA GPU:
-#   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel`,
-#      `attention_gpu_test`, `topk_estimator_gpu_test` and `xattention_estimator_gpu_test` (built with
+#   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel` and
+#      the `*_gpu_test` binaries (built with
 #      -gencode arch=compute_90a,code=sm_90a; their libraries found through LD_LIBRARY_PATH);
 #   2. run the GPU tests, then compute-sanitizer memcheck and racecheck on a small case;
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
@@ -39,12 +39,13 @@ if [[ -z "$BIN" ]]; then
   BUILD="$ROOT/build-gpu-check"
   echo "== build ($BUILD, sm_90a)"
   cmake -S "$ROOT" -B "$BUILD" -DTESSEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUTDIR/configure.log"
-  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli attention_gpu_test topk_estimator_gpu_test xattention_estimator_gpu_test >"$OUTDIR/build.log"
+  GPU_TARGETS=$(find "$ROOT/tests" -name '*_gpu_test.cc' -exec basename {} .cc \;)
+  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli $GPU_TARGETS >"$OUTDIR/build.log"
   BIN="$BUILD/bin"
 fi
 TESSEL="$BIN/tessel"
 GPU_TEST="$BIN/attention_gpu_test"
-GPU_TESTS=("$BIN/attention_gpu_test" "$BIN/topk_estimator_gpu_test" "$BIN/xattention_estimator_gpu_test")
+GPU_TESTS=("$BIN"/*_gpu_test)  # every GPU test binary (kernels, estimators, backends, kv engine)
 STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
 
 if [[ $RUN_TESTS == 1 ]]; then

@@ -67,11 +67,6 @@ double computed_fraction(const BenchConfig& c, const BlockMask* mask) {
                   static_cast<double>(seq_kv));
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Median ms of each run function. Iterations go round-robin over the methods, so on a shared
 // machine a burst of load slows every method alike instead of one of them.
@@ -91,27 +86,6 @@ std::vector<double> time_medians_ms(const BenchConfig& c, const std::vector<std:
   return medians;
 }
 
-double max_relative_error(const BenchConfig& c, const Inputs& in, const BlockMask* mask, const AttentionOptions& opt) {
-  std::vector<int64_t> rows;
-  const int64_t n = std::min(c.check_rows, c.seq);
-  for (int64_t r = 0; r < n; ++r) rows.push_back(n == 1 ? 0 : r * (c.seq - 1) / (n - 1));
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  const auto ref = mask ? reference::block_sparse_attention(in.q_host, in.k_host, in.v_host, mask->view(), opt, rows)
-                        : reference::attention(in.q_host, in.k_host, in.v_host, opt, rows);
-  const Tensor out = in.out.to(Device::cpu());
-  double max_err = 0.0, max_ref = 0.0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t r = 0; r < ref.rows(); ++r)
-      for (int64_t h = 0; h < c.heads; ++h)
-        for (int64_t d = 0; d < c.head_dim; ++d) {
-          const int64_t i = ref.q_rows[static_cast<size_t>(r)];
-          const double want = ref.out_at(b, r, h, d);
-          const double got = element_as_double(out.view(), ((b * c.seq + i) * c.heads + h) * c.head_dim + d);
-          max_err = std::max(max_err, std::isfinite(got) ? std::abs(got - want) : INFINITY);
-          max_ref = std::max(max_ref, std::abs(want));
-        }
-  return max_ref > 0.0 ? max_err / max_ref : max_err;
-}
 
 void validate(const BenchConfig& c) {
   if (c.batch < 1) fail_argument("--batch", ">= 1", c.batch);
@@ -175,6 +149,35 @@ std::string BenchReport::to_table() const {
   return os.str();
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double sampled_relative_error(const BenchConfig& c, const Tensor& q_host, const Tensor& k_host, const Tensor& v_host,
+                              const BlockMask* mask, const AttentionOptions& opt, const Tensor& out_any_device) {
+  std::vector<int64_t> rows;
+  const int64_t n = std::min(c.check_rows, c.seq);
+  for (int64_t r = 0; r < n; ++r) rows.push_back(n == 1 ? 0 : r * (c.seq - 1) / (n - 1));
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const auto ref = mask ? reference::block_sparse_attention(q_host, k_host, v_host, mask->view(), opt, rows)
+                        : reference::attention(q_host, k_host, v_host, opt, rows);
+  const Tensor out = out_any_device.to(Device::cpu());
+  double max_err = 0.0, max_ref = 0.0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t r = 0; r < ref.rows(); ++r)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t d = 0; d < c.head_dim; ++d) {
+          const int64_t i = ref.q_rows[static_cast<size_t>(r)];
+          const double want = ref.out_at(b, r, h, d);
+          const double got = element_as_double(out.view(), ((b * c.seq + i) * c.heads + h) * c.head_dim + d);
+          max_err = std::max(max_err, std::isfinite(got) ? std::abs(got - want) : INFINITY);
+          max_ref = std::max(max_ref, std::abs(want));
+        }
+  return max_ref > 0.0 ? max_err / max_ref : max_err;
+}
+
 BenchReport run_bench(const BenchConfig& config) {
   validate(config);
   if (config.threads > 0) set_num_threads(config.threads);
@@ -219,7 +222,7 @@ BenchReport run_bench(const BenchConfig& config) {
     m.result.tflops_dense_equiv = flops / seconds * 1e-12;
     m.result.tflops_effective = flops * computed_fraction(config, mask) / seconds * 1e-12;
     runs[n]();  // the output of this method, for the error check
-    m.result.max_rel_err = max_relative_error(config, in, mask, opt);
+    m.result.max_rel_err = sampled_relative_error(config, in.q_host, in.k_host, in.v_host, mask, opt, in.out);
     report.results.push_back(m.result);
   }
   return report;

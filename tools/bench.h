@@ -11,6 +11,9 @@
 
 #include "tessel/core/device.h"
 #include "tessel/core/dtype.h"
+#include "tessel/core/tensor.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/sparse/block_mask.h"
 
 namespace tessel::cli {
 
@@ -49,5 +52,12 @@ struct BenchReport {
 };
 
 BenchReport run_bench(const BenchConfig& config);
+
+// Shared by the bench runners.
+double median(std::vector<double> values);
+// Max |out - ref| / max |ref| over config.check_rows evenly spaced query rows, against the fp64
+// reference (with `mask` when given). q/k/v are CPU tensors; `out` may live on any device.
+double sampled_relative_error(const BenchConfig& config, const Tensor& q_host, const Tensor& k_host, const Tensor& v_host,
+                              const BlockMask* mask, const AttentionOptions& options, const Tensor& out);
 
 }  // namespace tessel::cli

@@ -13,38 +13,6 @@
 #include "tessel/sparse/sparse_attention.h"
 
 namespace tessel::cli {
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Max |out - dense| / max |dense| over a few query rows (fp64 dense reference).
-double error_vs_dense(const BenchConfig& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
-  std::vector<int64_t> rows;
-  const int64_t n = std::min(c.check_rows, c.seq);
-  for (int64_t r = 0; r < n; ++r) rows.push_back(n == 1 ? 0 : r * (c.seq - 1) / (n - 1));
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  const auto ref = reference::attention(q, k, v, {}, rows);
-  const Tensor host = out.to(Device::cpu());
-  double max_err = 0.0, max_ref = 0.0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t r = 0; r < ref.rows(); ++r)
-      for (int64_t h = 0; h < c.heads; ++h)
-        for (int64_t d = 0; d < c.head_dim; ++d) {
-          const int64_t i = ref.q_rows[static_cast<size_t>(r)];
-          const double want = ref.out_at(b, r, h, d);
-          const double got = element_as_double(host.view(), ((b * c.seq + i) * c.heads + h) * c.head_dim + d);
-          max_err = std::max(max_err, std::isfinite(got) ? std::abs(got - want) : INFINITY);
-          max_ref = std::max(max_ref, std::abs(want));
-        }
-  return max_ref > 0.0 ? max_err / max_ref : max_err;
-}
-
-}  // namespace
-
 StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
   if (s.steps < 1) fail_argument("--steps", ">= 1", s.steps);
   if (s.layers < 1) fail_argument("--layers", ">= 1", s.layers);
@@ -115,7 +83,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
       result.estimate_ms += r.estimate_ms;
     }
     result.density = density_sum / static_cast<double>(reports.size());
-    result.rel_err_vs_dense = error_vs_dense(c, q_host, k_host, v_host, out);
+    result.rel_err_vs_dense = sampled_relative_error(c, q_host, k_host, v_host, nullptr, {}, out);
     report.results.push_back(result);
   }
   report.plan_cache_hits = cache->hits();
