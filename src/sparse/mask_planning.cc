@@ -9,6 +9,10 @@
 #include "tessel/kernels/attention.h"
 #include "token_permutation.h"
 
+#ifdef TESSEL_WITH_CUDA
+#include "device_estimate_state.h"
+#endif
+
 namespace tessel {
 namespace {
 
@@ -110,12 +114,28 @@ class MaskPlanningBackend : public InfoBackend {
 
 // ---- data-dependent masks -------------------------------------------------------------------
 
+// A CUDA plan of a backend with a device estimator: the device mask and its statistics.
+struct DeviceEstimateMetadata : Metadata {
+#ifdef TESSEL_WITH_CUDA
+  std::shared_ptr<detail::DeviceEstimateState> state;
+#endif
+};
+
 class EstimatingBuilder : public MetadataBuilder {
  public:
-  explicit EstimatingBuilder(std::shared_ptr<const Backend> backend) : backend_(std::move(backend)) {}
+  EstimatingBuilder(std::shared_ptr<const Backend> backend, DeviceMaskEstimator device_estimator)
+      : backend_(std::move(backend)), device_estimator_(std::move(device_estimator)) {}
   std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
     check_plan_request(*backend_, spec, module, shape);
-    auto metadata = std::make_shared<Metadata>();
+    std::shared_ptr<Metadata> metadata = std::make_shared<Metadata>();
+    if (shape.device.is_cuda() && device_estimator_.estimate) {
+      if (device_estimator_.check) device_estimator_.check(spec, shape);
+      auto device = std::make_shared<DeviceEstimateMetadata>();
+#ifdef TESSEL_WITH_CUDA
+      device->state = std::make_shared<detail::DeviceEstimateState>(shape, spec);
+#endif
+      metadata = std::move(device);
+    }
     metadata->backend = backend_->name();
     metadata->spec = spec;
     metadata->module = module;
@@ -125,15 +145,18 @@ class EstimatingBuilder : public MetadataBuilder {
 
  private:
   std::shared_ptr<const Backend> backend_;
+  DeviceMaskEstimator device_estimator_;
 };
 
 class EstimatingImpl : public Impl {
  public:
-  EstimatingImpl(std::string name, MaskEstimator estimator) : name_(std::move(name)), estimator_(std::move(estimator)) {}
+  EstimatingImpl(std::string name, MaskEstimator estimator, DeviceMaskEstimator device_estimator)
+      : name_(std::move(name)), estimator_(std::move(estimator)), device_estimator_(std::move(device_estimator)) {}
 
   ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
                        const TensorView& out, const TensorView& lse) override {
     check_forward_shape(metadata, q, k, v);
+    if (const auto* device = dynamic_cast<const DeviceEstimateMetadata*>(&metadata)) return forward_device(q, k, v, *device, out, lse);
     const auto start = std::chrono::steady_clock::now();
     BlockMask mask = apply_always_keep(metadata.spec, estimator_(q, k, metadata.spec, metadata.shape));
     check_mask_geometry(mask, metadata.spec, metadata.shape, "estimator of backend '" + name_ + "'");
@@ -146,23 +169,44 @@ class EstimatingImpl : public Impl {
   }
 
  private:
+  // Estimate into the plan's device mask and attend with it, all in stream order (no host sync).
+  ForwardStats forward_device(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const DeviceEstimateMetadata& metadata, const TensorView& out, const TensorView& lse) {
+#ifdef TESSEL_WITH_CUDA
+    detail::DeviceEstimateState& state = *metadata.state;
+    const std::optional<ForwardStats> measured = state.finished();
+    state.begin();
+    device_estimator_.estimate(q, k, metadata.spec, state.mask());
+    state.end();
+    block_sparse_attention_forward(q, k, v, state.mask().view(), out, lse);
+    return measured.value_or(ForwardStats{metadata.planned_density(), 0.0});
+#else
+    (void)q, (void)k, (void)v, (void)out, (void)lse;
+    fail_argument("backend '" + name_ + "' device", "cpu (tessel was built without CUDA)", metadata.shape.device.str());
+#endif
+  }
+
   std::string name_;
   MaskEstimator estimator_;
+  DeviceMaskEstimator device_estimator_;
 };
 
 class MaskEstimatingBackend : public InfoBackend {
  public:
-  MaskEstimatingBackend(PatternBackendInfo info, MaskEstimator estimator)
-      : InfoBackend(std::move(info)), estimator_(std::move(estimator)) {
+  MaskEstimatingBackend(PatternBackendInfo info, MaskEstimator estimator, DeviceMaskEstimator device_estimator)
+      : InfoBackend(std::move(info)), estimator_(std::move(estimator)), device_estimator_(std::move(device_estimator)) {
     if (!estimator_) fail_argument("estimator of '" + name() + "'", "a callable function", "an empty function");
   }
   std::unique_ptr<MetadataBuilder> make_metadata_builder() const override {
-    return std::make_unique<EstimatingBuilder>(self());
+    return std::make_unique<EstimatingBuilder>(self(), device_estimator_);
   }
-  std::unique_ptr<Impl> make_impl() const override { return std::make_unique<EstimatingImpl>(name(), estimator_); }
+  std::unique_ptr<Impl> make_impl() const override {
+    return std::make_unique<EstimatingImpl>(name(), estimator_, device_estimator_);
+  }
 
  private:
   MaskEstimator estimator_;
+  DeviceMaskEstimator device_estimator_;
 };
 
 // Sorted union of two sorted, unique lists.
@@ -202,7 +246,26 @@ std::shared_ptr<Backend> make_mask_planning_backend(PatternBackendInfo info, Mas
 }
 
 std::shared_ptr<Backend> make_mask_estimating_backend(PatternBackendInfo info, MaskEstimator estimator) {
-  return std::make_shared<MaskEstimatingBackend>(std::move(info), std::move(estimator));
+  return std::make_shared<MaskEstimatingBackend>(std::move(info), std::move(estimator), DeviceMaskEstimator{});
+}
+
+std::shared_ptr<Backend> make_mask_estimating_backend(PatternBackendInfo info, MaskEstimator estimator,
+                                                      DeviceMaskEstimator device_estimator) {
+  if (!device_estimator.estimate)
+    fail_argument("device estimator of '" + info.name + "'", "a callable estimate function", "an empty function");
+  return std::make_shared<MaskEstimatingBackend>(std::move(info), std::move(estimator), std::move(device_estimator));
+}
+
+BlockMask device_estimated_mask(const Metadata& metadata) {
+  const auto* device = dynamic_cast<const DeviceEstimateMetadata*>(&metadata);
+  if (device == nullptr)
+    fail_argument("metadata", "a CUDA plan of a device-estimating backend",
+                  "a plan of backend '" + metadata.backend + "' on " + metadata.shape.device.str());
+#ifdef TESSEL_WITH_CUDA
+  return device->state->mask().to_host();
+#else
+  fail_argument("metadata", "a CUDA plan (tessel was built without CUDA)", metadata.shape.device.str());
+#endif
 }
 
 BlockRange diagonal_kv_blocks(const BlockMaskShape& shape, int64_t q_block) {

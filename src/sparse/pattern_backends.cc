@@ -4,6 +4,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/sparse/builtin_backends.h"
+#include "tessel/sparse/estimators/device_mask_estimation.h"
 #include "tessel/sparse/mask_planning.h"
 #include "tessel/sparse/planners/plan_cache.h"
 #include "tessel/sparse/registry.h"
@@ -92,20 +93,81 @@ std::shared_ptr<Backend> static_backend(const std::string& name, PatternType typ
   });
 }
 
+// ---- the device estimators (device_mask_estimation.h) behind the same backends ----------------
+// Their limits are checked at plan time, naming the option; the always-keep options are passed to
+// the estimator, since the host-side union does not run on the device path.
+
+void check_device_common(const PatternSpec& spec, const AttentionShape& shape, const std::string& backend) {
+  const std::string who = "backend '" + backend + "' on CUDA: ";
+  if (shape.dtype != DType::kBF16 && shape.dtype != DType::kF16)
+    fail_argument(who + "dtype", "bf16 or fp16", dtype_name(shape.dtype));
+  if (spec.keep_text && spec.num_text_tokens.value_or(0) > 0)
+    fail_argument(who + "pattern.keep_text", "false (the device estimators have no token layout)", "true");
+}
+
+void check_topk_device(const PatternSpec& spec, const AttentionShape& shape) {
+  check_device_common(spec, shape, "dynamic_topk");
+  const TopkEstimatorOptions o = topk_options_from_spec(spec);
+  if (!o.per_head.empty())
+    fail_argument("backend 'dynamic_topk' on CUDA: pattern.options.per_head", "empty (one ratio for all heads on CUDA)",
+                  spec.option("per_head"));
+}
+
+void estimate_topk_device(const TensorView& q, const TensorView& k, const PatternSpec& spec, DeviceEstimatedMask& mask) {
+  TopkEstimatorOptions o = topk_options_from_spec(spec);
+  o.keep.diagonal = spec.keep_diagonal;
+  o.keep.sink_blocks = spec.sink_blocks;
+  estimate_topk_mask_device(q, k, o, mask);
+}
+
+void check_xattention_device(const PatternSpec& spec, const AttentionShape& shape) {
+  check_device_common(spec, shape, "threshold");
+  const std::string who = "backend 'threshold' on CUDA: ";
+  const XAttentionOptions o = xattention_options_from_spec(spec);
+  if (o.vote != XAttentionVote::kNone)
+    fail_argument(who + "pattern.options.vote", "none (the voted masks are CPU-only)", spec.option("vote"));
+  if (o.gqa_any) fail_argument(who + "pattern.options.gqa_any", "false (the aggregated mask is CPU-only)", "true");
+  if (!o.per_head_threshold.empty())
+    fail_argument(who + "pattern.options.per_head_threshold", "empty (one threshold for all heads on CUDA)",
+                  spec.option("per_head_threshold"));
+  const int64_t s = o.stride, d = shape.head_dim;
+  if (!((s == 8 && (d == 64 || d == 128)) || (s == 16 && d == 64)))
+    fail_argument(who + "pattern.stride with head_dim", "stride 8 (head dim 64 or 128) or 16 (head dim 64)",
+                  detail::concat("stride ", s, " with head dim ", d));
+  for (const auto& [field, block] : {std::pair<const char*, int64_t>{"pattern.block_q", o.block_q}, {"pattern.block_kv", o.block_kv}})
+    if ((64 * s) % block != 0 || block % s != 0)
+      fail_argument(who + field, detail::concat("a multiple of the stride ", s, " dividing ", 64 * s), block);
+  if (!(o.threshold > 0.0 && o.threshold <= 1.0)) fail_argument(who + "pattern.threshold", "in (0, 1]", o.threshold);
+  // The estimator forces the diagonal and block 0 before the threshold cut; the spec's
+  // always-keep blocks must be among those forced blocks.
+  if (spec.keep_diagonal && !o.keep_diagonal)
+    fail_argument(who + "pattern.keep_diagonal with options.keep_diagonal = false", "options.keep_diagonal = true", "false");
+  if (spec.sink_blocks > 1 || (spec.sink_blocks == 1 && !o.keep_first))
+    fail_argument(who + "pattern.sink_blocks", "0, or 1 with options.keep_first = true",
+                  detail::concat(spec.sink_blocks, o.keep_first ? "" : " with keep_first = false"));
+}
+
+void estimate_xattention_device(const TensorView& q, const TensorView& k, const PatternSpec& spec, DeviceEstimatedMask& mask) {
+  estimate_xattention_mask_device(q, k, xattention_options_from_spec(spec), mask);
+}
+
 std::shared_ptr<Backend> dynamic_backend(const std::string& name, PatternType type) {
   PatternBackendInfo info;
   info.name = name;
   info.patterns = {type};
-  info.devices = {DeviceType::kCPU};  // the CUDA estimators live with the CUDA kernels
   if (type == PatternType::kDynamicTopk)
-    return make_mask_estimating_backend(std::move(info), [](const TensorView& q, const TensorView& k, const PatternSpec& spec,
-                                                            const AttentionShape&) {
-      return estimate_topk_mask(q, k, topk_options_from_spec(spec)).mask;
-    });
-  return make_mask_estimating_backend(std::move(info), [](const TensorView& q, const TensorView& k, const PatternSpec& spec,
-                                                          const AttentionShape&) {
-    return estimate_xattention_mask(q, k, xattention_options_from_spec(spec)).mask;
-  });
+    return make_mask_estimating_backend(
+        std::move(info),
+        [](const TensorView& q, const TensorView& k, const PatternSpec& spec, const AttentionShape&) {
+          return estimate_topk_mask(q, k, topk_options_from_spec(spec)).mask;
+        },
+        DeviceMaskEstimator{check_topk_device, estimate_topk_device});
+  return make_mask_estimating_backend(
+      std::move(info),
+      [](const TensorView& q, const TensorView& k, const PatternSpec& spec, const AttentionShape&) {
+        return estimate_xattention_mask(q, k, xattention_options_from_spec(spec)).mask;
+      },
+      DeviceMaskEstimator{check_xattention_device, estimate_xattention_device});
 }
 
 BuiltinBackendRegistration sliding_window_registration{[] { return static_backend("sliding_window", PatternType::kSlidingWindow); }};

@@ -24,6 +24,16 @@
 // output and lse back, so callers never see the permutation. The estimator receives the schedule's
 // density for the step in spec.topk_ratio and the step in spec.current_step/total_steps.
 // forward() reports ForwardStats{density of the executed mask, estimate_ms of the estimator}.
+//
+// CUDA tensors: a dynamic backend made with a DeviceMaskEstimator estimates on the device. Plan
+// allocates a DeviceEstimatedMask for (B, H_q, S_q, S_kv, block_q, block_kv) and runs the device
+// estimator's check (an unsupported option is an Error at plan time, never a silent host
+// fallback); forward refills the mask with kernels on tessel's current stream and runs the CUDA
+// block-sparse kernel on it, without synchronizing with the host, so it can be captured in a
+// CUDA graph. Layers sharing a plan share its mask buffer: run them on one stream. The
+// ForwardStats of a CUDA forward are read lazily (CUDA events, no synchronization): those of the
+// latest earlier forward of the plan whose estimate has finished; before any has, density is the
+// plan's target and estimate_ms 0; forwards captured in a graph are not measured.
 #pragma once
 
 #include <functional>
@@ -44,6 +54,19 @@ using MaskPlanner = std::function<PlannedMask(const PatternSpec& spec, ModuleTyp
 using MaskEstimator = std::function<BlockMask(const TensorView& q, const TensorView& k, const PatternSpec& spec,
                                               const AttentionShape& shape)>;
 
+class DeviceEstimatedMask;
+
+// The device form of a dynamic estimator (see above).
+struct DeviceMaskEstimator {
+  // Plan time: throws Error naming the spec option or shape field the device estimator cannot
+  // run. Runs after check_plan_request and before the mask is allocated.
+  std::function<void(const PatternSpec& spec, const AttentionShape& shape)> check;
+  // Forward: refills `mask` from q and k (CUDA tensors), always-keep blocks included — the
+  // host-side apply_always_keep does not run on this path. Must not synchronize with the host.
+  std::function<void(const TensorView& q, const TensorView& k, const PatternSpec& spec, DeviceEstimatedMask& mask)>
+      estimate;
+};
+
 // What a pattern backend declares about itself.
 struct PatternBackendInfo {
   std::string name;
@@ -60,6 +83,13 @@ struct PatternBackendInfo {
 
 std::shared_ptr<Backend> make_mask_planning_backend(PatternBackendInfo info, MaskPlanner planner);
 std::shared_ptr<Backend> make_mask_estimating_backend(PatternBackendInfo info, MaskEstimator estimator);
+// The same with the device path for CUDA tensors (the host estimator serves CPU tensors).
+std::shared_ptr<Backend> make_mask_estimating_backend(PatternBackendInfo info, MaskEstimator estimator,
+                                                      DeviceMaskEstimator device_estimator);
+
+// The mask the latest forward of a CUDA plan of a device-estimating backend computed, copied to
+// the host (synchronizes): for tests and inspection. Throws Error for any other metadata.
+BlockMask device_estimated_mask(const Metadata& metadata);
 
 // The spec's always-keep blocks (keep_diagonal, sink_blocks, keep_text with num_text_tokens and
 // text_first) unioned into `mask`. Returns `mask` unchanged when none is asked for.
