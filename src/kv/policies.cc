@@ -107,27 +107,29 @@ const float* BlockKeyStats::mean(int64_t layer, int64_t block) const {
   return min(layer, block) - min_.data() + mean_.data();
 }
 
+// ---- key statistics hooks (Quest, Top-K) --------------------------------------------------
+
+void KeyStatsPolicy::initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks,
+                             DType, Device) {
+  stats_.initialize(num_layers, num_host_blocks, num_kv_heads, head_dim);
+}
+
+void KeyStatsPolicy::on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                                     int64_t num_valid_tokens) {
+  stats_.update(host_block, layer_id, k_cache, num_valid_tokens);
+}
+
+void KeyStatsPolicy::on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                                    int64_t num_valid_tokens) {
+  stats_.update(host_block, layer_id, k_cache, num_valid_tokens);
+}
+
 // ---- Quest --------------------------------------------------------------------------------------
 
 QuestPolicy::QuestPolicy(QuestOptions options) : options_(options) {
   if (options.top_k < 0) fail_argument("quest.top_k", ">= 0", options.top_k);
   if (options.sink_blocks < 0) fail_argument("quest.sink_blocks", ">= 0", options.sink_blocks);
   if (options.recent_blocks < 0) fail_argument("quest.recent_blocks", ">= 0", options.recent_blocks);
-}
-
-void QuestPolicy::initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks,
-                             DType, Device) {
-  stats_.initialize(num_layers, num_host_blocks, num_kv_heads, head_dim);
-}
-
-void QuestPolicy::on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                                     int64_t num_valid_tokens) {
-  stats_.update(host_block, layer_id, k_cache, num_valid_tokens);
-}
-
-void QuestPolicy::on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                                    int64_t num_valid_tokens) {
-  stats_.update(host_block, layer_id, k_cache, num_valid_tokens);
 }
 
 std::vector<int32_t> QuestPolicy::select_blocks(const std::vector<int32_t>& available, OffloadEngine&,
@@ -174,21 +176,6 @@ std::vector<int32_t> QuestPolicy::select_blocks(const std::vector<int32_t>& avai
 
 TopKPolicy::TopKPolicy(int64_t top_k) : top_k_(top_k) {
   if (top_k < 1) fail_argument("top_k", ">= 1", top_k);
-}
-
-void TopKPolicy::initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks,
-                            DType, Device) {
-  stats_.initialize(num_layers, num_host_blocks, num_kv_heads, head_dim);
-}
-
-void TopKPolicy::on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                                    int64_t num_valid_tokens) {
-  stats_.update(host_block, layer_id, k_cache, num_valid_tokens);
-}
-
-void TopKPolicy::on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                                   int64_t num_valid_tokens) {
-  stats_.update(host_block, layer_id, k_cache, num_valid_tokens);
 }
 
 std::vector<int32_t> TopKPolicy::select_blocks(const std::vector<int32_t>& available, OffloadEngine&,

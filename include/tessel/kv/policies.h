@@ -45,6 +45,21 @@ class BlockKeyStats {
   std::vector<uint8_t> valid_;
 };
 
+// A policy that scores blocks from key statistics: the offload hooks keep `stats_` up to date.
+class KeyStatsPolicy : public SparsePolicy {
+ public:
+  void initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks, DType dtype,
+                  Device device) override;
+  void on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                          int64_t num_valid_tokens) override;
+  void on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
+                         int64_t num_valid_tokens) override;
+  void reset() override { stats_.reset(); }
+
+ protected:
+  BlockKeyStats stats_;
+};
+
 struct QuestOptions {
   int64_t top_k = 8;           // blocks chosen by score, besides sink and recent blocks
   int64_t sink_blocks = 1;     // first blocks, always kept
@@ -55,7 +70,7 @@ struct QuestOptions {
 // Quest (Tang et al. 2024): block upper bound Σ_d max(q_d·min_d, q_d·max_d) of each query head
 // against its kv head's key min/max; a block's score is the max over query heads (a kv block is
 // loaded for the whole GQA group) and query rows; the top_k blocks win.
-class QuestPolicy final : public SparsePolicy {
+class QuestPolicy final : public KeyStatsPolicy {
  public:
   explicit QuestPolicy(QuestOptions options = {});
   std::string name() const override { return "quest"; }
@@ -63,17 +78,9 @@ class QuestPolicy final : public SparsePolicy {
   bool supports_decode() const override { return true; }
   std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
                                      const PolicyContext& ctx) override;
-  void initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks, DType dtype,
-                  Device device) override;
-  void on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                          int64_t num_valid_tokens) override;
-  void on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                         int64_t num_valid_tokens) override;
-  void reset() override { stats_.reset(); }
 
  private:
   QuestOptions options_;
-  BlockKeyStats stats_;
 };
 
 struct XAttentionOptions {
@@ -105,7 +112,7 @@ class XAttentionBsaPolicy final : public SparsePolicy {
 
 // The guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)
 // and loads the top_k blocks.
-class TopKPolicy final : public SparsePolicy {
+class TopKPolicy final : public KeyStatsPolicy {
  public:
   explicit TopKPolicy(int64_t top_k = 8);
   std::string name() const override { return "topk"; }
@@ -113,17 +120,9 @@ class TopKPolicy final : public SparsePolicy {
   bool supports_decode() const override { return true; }
   std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
                                      const PolicyContext& ctx) override;
-  void initialize(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t num_host_blocks, DType dtype,
-                  Device device) override;
-  void on_prefill_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                          int64_t num_valid_tokens) override;
-  void on_decode_offload(int64_t host_block, int64_t layer_id, const TensorView& k_cache,
-                         int64_t num_valid_tokens) override;
-  void reset() override { stats_.reset(); }
 
  private:
   int64_t top_k_;
-  BlockKeyStats stats_;
 };
 
 struct PolicyOptions {

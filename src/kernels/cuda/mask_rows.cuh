@@ -44,6 +44,22 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int* total) {
   return result;
 }
 
+// Writes the ids of the kept columns of one row (keep[c] != 0, c < kv_blocks) in ascending order
+// into `row_ids` and their count into *row_count. Every thread of the CTA must call it after the
+// keep flags are final (a __syncthreads() before); each thread compacts a contiguous chunk.
+__device__ __forceinline__ void write_kept_row(const uint8_t* keep, int kv_blocks, int32_t* row_ids, int32_t* row_count) {
+  const int tid = threadIdx.x;
+  const int chunk = (kv_blocks + blockDim.x - 1) / blockDim.x;
+  const int c0 = min(kv_blocks, tid * chunk), c1 = min(kv_blocks, c0 + chunk);
+  int count = 0;
+  for (int c = c0; c < c1; ++c) count += keep[c];
+  int row_total = 0;
+  int offset = block_exclusive_scan(count, &row_total);
+  for (int c = c0; c < c1; ++c)
+    if (keep[c]) row_ids[offset++] = c;
+  if (tid == 0) *row_count = row_total;
+}
+
 // Sorts n (a power of two) 64-bit keys in shared memory, descending; all threads of the CTA call it.
 __device__ __forceinline__ void bitonic_sort_descending(unsigned long long* keys, int n) {
   for (int size = 2; size <= n; size <<= 1) {

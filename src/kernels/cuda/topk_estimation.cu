@@ -189,17 +189,8 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
   for (int c = tid; c < min(p.sink_blocks, kvb); c += blockDim.x) keep[c] = 1;
   __syncthreads();
 
-  // The row's ids in ascending order: each thread takes a contiguous chunk of columns.
-  const int chunk = (kvb + blockDim.x - 1) / blockDim.x;
-  const int c0 = min(kvb, tid * chunk), c1 = min(kvb, c0 + chunk);
-  int count = 0;
-  for (int c = c0; c < c1; ++c) count += keep[c];
-  int row_total = 0;
-  int offset = block_exclusive_scan(count, &row_total);
-  int32_t* out = p.row_blocks + row * kvb;
-  for (int c = c0; c < c1; ++c)
-    if (keep[c]) out[offset++] = c;
-  if (tid == 0) p.row_counts[row] = row_total;
+  // The row's ids in ascending order.
+  write_kept_row(keep, kvb, p.row_blocks + row * kvb, p.row_counts + row);
 }
 
 template <typename T>
