@@ -256,8 +256,8 @@ std::vector<int32_t> BlockMask::row(int64_t batch, int64_t head, int64_t q_block
   return {indices_.begin() + indptr_[static_cast<size_t>(r)], indices_.begin() + indptr_[static_cast<size_t>(r + 1)]};
 }
 
-namespace {
-BlockMaskView make_view(const BlockMaskShape& shape, const int32_t* indptr, const int32_t* indices, Device device) {
+BlockMaskView make_block_mask_view(const BlockMaskShape& shape, const int32_t* indptr, const int32_t* indices,
+                                   Device device) {
   BlockMaskView v;
   v.indptr = indptr;
   v.indices = indices;
@@ -272,12 +272,11 @@ BlockMaskView make_view(const BlockMaskShape& shape, const int32_t* indptr, cons
   v.device = device;
   return v;
 }
-}  // namespace
 
-BlockMaskView BlockMask::view() const { return make_view(shape_, indptr_.data(), indices_.data(), Device::cpu()); }
+BlockMaskView BlockMask::view() const { return make_block_mask_view(shape_, indptr_.data(), indices_.data(), Device::cpu()); }
 
 BlockMaskView BlockMask::DeviceCopy::view() const {
-  return make_view(shape, indptr.data_as<const int32_t>(), indices.data_as<const int32_t>(), indptr.device());
+  return make_block_mask_view(shape, indptr.data_as<const int32_t>(), indices.data_as<const int32_t>(), indptr.device());
 }
 
 BlockMask::DeviceCopy BlockMask::to_device(Device device) const {

@@ -229,28 +229,35 @@ TEST(ChunkedAttention, RingPipelineOverlapsCopiesWithAttention) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   // One compute thread and interleaved runs (best of each) keep the comparison fair on a busy machine.
+  // A whole measurement is retried (up to 3 times, best overlap kept) because a burst of load from
+  // other processes can stall either thread; a serialized pipeline has overlap ~0 on every attempt.
   ScopedSingleThread single_thread;
-  auto fast = make_cpu_offload_engine(config);
-  fill_host(*fast);
-  double compute = 1e9;
-  for (int i = 0; i < 3; ++i) compute = std::min(compute, seconds(*fast));
-  const double per_block = compute / static_cast<double>(blocks.size());
-  auto slow = make_cpu_offload_engine(config, CpuCopyOptions{0.0, per_block / 2 * 1e6});  // K and V copies
-  fill_host(*slow);
-  // Per run: its own copy time (copy thread busy time) against the best compute time.
-  double overlap = -1, copy = 0, pipelined = 0;
-  for (int i = 0; i < 4; ++i) {
-    const double busy_before = slow->stats().copy_busy_seconds;
-    const double total = seconds(*slow);
-    const double run_copy = slow->stats().copy_busy_seconds - busy_before;
-    compute = std::min(compute, seconds(*fast));
-    const double run_overlap = testing::overlap_fraction(total, compute, run_copy);
-    if (run_overlap > overlap) overlap = run_overlap, copy = run_copy, pipelined = total;
+  double overlap = -1, copy = 0, pipelined = 0, compute = 1e9;
+  int64_t max_loads_in_flight = 0;
+  for (int attempt = 0; attempt < 3 && overlap <= 0.6; ++attempt) {
+    auto fast = make_cpu_offload_engine(config);
+    fill_host(*fast);
+    double attempt_compute = 1e9;
+    for (int i = 0; i < 3; ++i) attempt_compute = std::min(attempt_compute, seconds(*fast));
+    const double per_block = attempt_compute / static_cast<double>(blocks.size());
+    auto slow = make_cpu_offload_engine(config, CpuCopyOptions{0.0, per_block / 2 * 1e6});  // K and V copies
+    fill_host(*slow);
+    // Per run: its own copy time (copy thread busy time) against the best compute time.
+    for (int i = 0; i < 4; ++i) {
+      const double busy_before = slow->stats().copy_busy_seconds;
+      const double total = seconds(*slow);
+      const double run_copy = slow->stats().copy_busy_seconds - busy_before;
+      attempt_compute = std::min(attempt_compute, seconds(*fast));
+      const double run_overlap = testing::overlap_fraction(total, attempt_compute, run_copy);
+      if (run_overlap > overlap)
+        overlap = run_overlap, copy = run_copy, pipelined = total, compute = attempt_compute;
+    }
+    max_loads_in_flight = slow->stats().max_loads_in_flight;
   }
   std::printf("ring pipeline: compute %.2f ms, copies %.2f ms, pipelined %.2f ms, overlap %.2f\n", compute * 1e3,
               copy * 1e3, pipelined * 1e3, overlap);
   EXPECT_GT(overlap, 0.6) << "copies did not overlap attention";
-  EXPECT_EQ(slow->stats().max_loads_in_flight, config.num_slots);
+  EXPECT_EQ(max_loads_in_flight, config.num_slots);
   EXPECT_GT(copy, 0.9 * compute);
 }
 

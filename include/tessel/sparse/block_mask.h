@@ -38,6 +38,10 @@ struct FlexBlockMask {
   std::vector<int32_t> kv_indices;
 };
 
+// A view over BSR arrays of `shape` living on `device` (no copy, no validation).
+BlockMaskView make_block_mask_view(const BlockMaskShape& shape, const int32_t* indptr, const int32_t* indices,
+                                   Device device);
+
 class BlockMask {
  public:
   BlockMask() = default;

@@ -46,19 +46,7 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
 }
 
 BlockMaskView DeviceEstimatedMask::view() const {
-  BlockMaskView v;
-  v.indptr = indptr_.data_as<const int32_t>();
-  v.indices = indices_.data_as<const int32_t>();
-  v.mask_batch = shape_.mask_batch;
-  v.mask_heads = shape_.mask_heads;
-  v.q_blocks = shape_.q_blocks();
-  v.kv_blocks = shape_.kv_blocks();
-  v.block_q = shape_.block_q;
-  v.block_kv = shape_.block_kv;
-  v.seq_q = shape_.seq_q;
-  v.seq_kv = shape_.seq_kv;
-  v.device = device_;
-  return v;
+  return make_block_mask_view(shape_, indptr_.data_as<const int32_t>(), indices_.data_as<const int32_t>(), device_);
 }
 
 BlockMask DeviceEstimatedMask::to_host() const {
@@ -100,6 +88,22 @@ void check_estimate_arguments(const TensorView& q, const TensorView& k, int64_t 
 
 }  // namespace
 
+namespace {
+// The q/k pointers, strides and sizes both estimator launches read (their params share these names).
+template <typename Params>
+void set_qk_geometry(Params& p, const TensorView& q, const TensorView& k) {
+  p.q = q.data();
+  p.k = k.data();
+  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
+  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
+  p.batch = static_cast<int>(q.size(0));
+  p.seq_q = static_cast<int>(q.size(1));
+  p.seq_kv = static_cast<int>(k.size(1));
+  p.heads_q = static_cast<int>(q.size(2));
+  p.heads_kv = static_cast<int>(k.size(2));
+}
+}  // namespace
+
 void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask) {
   check_estimate_arguments(q, k, options.block_q, options.block_kv, mask.device_, mask.shape_, mask.kv_heads_,
@@ -113,15 +117,7 @@ void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const T
 
   const int64_t kvb = want.kv_blocks();
   cuda::detail::TopkParams p{};
-  p.q = q.data();
-  p.k = k.data();
-  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
-  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
-  p.batch = static_cast<int>(q.size(0));
-  p.seq_q = static_cast<int>(q.size(1));
-  p.seq_kv = static_cast<int>(k.size(1));
-  p.heads_q = static_cast<int>(q.size(2));
-  p.heads_kv = static_cast<int>(k.size(2));
+  set_qk_geometry(p, q, k);
   p.dim = static_cast<int>(q.size(3));
   p.block_q = static_cast<int>(options.block_q);
   p.block_kv = static_cast<int>(options.block_kv);
@@ -166,15 +162,7 @@ void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, c
                   options.gqa_any ? "gqa_any" : "a vote");
   const BlockMaskShape& shape = mask.shape_;
   cuda::detail::XAttentionParams p{};
-  p.q = q.data();
-  p.k = k.data();
-  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
-  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
-  p.batch = static_cast<int>(q.size(0));
-  p.seq_q = static_cast<int>(q.size(1));
-  p.seq_kv = static_cast<int>(k.size(1));
-  p.heads_q = static_cast<int>(q.size(2));
-  p.heads_kv = static_cast<int>(k.size(2));
+  set_qk_geometry(p, q, k);
   p.dim = static_cast<int>(dim);
   p.stride = static_cast<int>(s);
   p.groups_q = static_cast<int>((q.size(1) + s - 1) / s);
