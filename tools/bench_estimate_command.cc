@@ -24,6 +24,7 @@ namespace {
 struct EstimateBenchConfig {
   int64_t heads = 40, kv_heads = 0, head_dim = 128, seq = 29700;
   double topk_ratio = 0.3, cdf_threshold = 0.0, threshold = 0.95;
+  std::vector<int64_t> strides{8, 16};  // XAttention antidiagonal strides to time
   int iters = 10, warmup = 3;
 };
 
@@ -61,13 +62,21 @@ int run(const EstimateBenchConfig& c) {
   DeviceEstimatedMask mask({1, c.heads, c.seq, c.seq, options.block_q, options.block_kv}, hk, c.head_dim, gpu);
   const double topk_ms = median_ms(gpu, c.warmup, c.iters, [&] { estimate_topk_mask_device(q, k, options, mask); });
   const double density = mask.to_host().density();
-  XAttentionOptions xattention;
-  xattention.threshold = c.threshold;
-  DeviceEstimatedMask threshold_mask({1, c.heads, c.seq, c.seq, xattention.block_q, xattention.block_kv}, hk,
-                                     c.head_dim, gpu);
-  const double threshold_ms =
-      median_ms(gpu, c.warmup, c.iters, [&] { estimate_xattention_mask_device(q, k, xattention, threshold_mask); });
-  const double threshold_density = threshold_mask.to_host().density();
+  struct ThresholdRow {
+    int64_t stride;
+    double ms, density;
+  };
+  std::vector<ThresholdRow> threshold_rows;
+  for (const int64_t stride : c.strides) {
+    XAttentionOptions xattention;
+    xattention.threshold = c.threshold;
+    xattention.stride = stride;
+    DeviceEstimatedMask threshold_mask({1, c.heads, c.seq, c.seq, xattention.block_q, xattention.block_kv}, hk,
+                                       c.head_dim, gpu, stride);
+    const double ms =
+        median_ms(gpu, c.warmup, c.iters, [&] { estimate_xattention_mask_device(q, k, xattention, threshold_mask); });
+    threshold_rows.push_back({stride, ms, threshold_mask.to_host().density()});
+  }
   const double sparse_ms =
       median_ms(gpu, c.warmup, c.iters, [&] { block_sparse_attention_forward(q, k, v, mask.view(), out, {}); });
   std::printf("bench-estimate: cuda bf16 B=1 H=%lld/%lld D=%lld S=%lld, median of %d runs\n",
@@ -78,8 +87,9 @@ int run(const EstimateBenchConfig& c) {
   std::printf("%-22s %10.3f %12.2f\n", "dynamic_topk estimate", topk_ms, 100.0 * topk_ms / dense_ms);
   std::printf("%-22s %10.3f %12.2f   (density %.3f)\n", "sparse attention", sparse_ms, 100.0 * sparse_ms / dense_ms,
               density);
-  std::printf("%-22s %10.3f %12.2f   (stride 8, threshold %.2f, density %.3f)\n", "threshold estimate",
-              threshold_ms, 100.0 * threshold_ms / dense_ms, c.threshold, threshold_density);
+  for (const ThresholdRow& row : threshold_rows)
+    std::printf("%-22s %10.3f %12.2f   (stride %lld, threshold %.2f, density %.3f)\n", "threshold estimate", row.ms,
+                100.0 * row.ms / dense_ms, static_cast<long long>(row.stride), c.threshold, row.density);
   return 0;
 }
 
@@ -93,6 +103,9 @@ CommandRegistration registration{
       app.add_option("--topk-ratio", c->topk_ratio, "dynamic_topk kept fraction")->capture_default_str();
       app.add_option("--cdf", c->cdf_threshold, "dynamic_topk cdf threshold (> 0 selects cdf mode)");
       app.add_option("--threshold", c->threshold, "XAttention mass threshold")->capture_default_str();
+      app.add_option("--strides", c->strides, "XAttention strides to time (comma separated)")
+          ->delimiter(',')
+          ->capture_default_str();
       app.add_option("--iters", c->iters, "timed runs (the median is reported)")->capture_default_str();
       return CommandRunner([c] { return run(*c); });
     }};

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/stream.h"
 #include "tessel/core/error.h"
+#include "tessel/sparse/pattern_backends.h"
 
 namespace tessel::detail {
 
@@ -49,7 +50,8 @@ struct DeviceEstimateState::Events {
 
 DeviceEstimateState::DeviceEstimateState(const AttentionShape& shape, const PatternSpec& spec)
     : mask_(BlockMaskShape{shape.batch, shape.num_qo_heads, shape.seq_q, shape.seq_kv, spec.block_q, spec.block_kv},
-            shape.num_kv_heads, shape.head_dim, shape.device),
+            shape.num_kv_heads, shape.head_dim, shape.device,
+            spec.type == PatternType::kThreshold ? xattention_options_from_spec(spec).stride : 0),
       events_(std::make_unique<Events>()) {
   DeviceGuard guard(shape.device.index);
   check(cudaEventCreate(&events_->start), "cudaEventCreate");

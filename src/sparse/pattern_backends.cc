@@ -131,12 +131,9 @@ void check_xattention_device(const PatternSpec& spec, const AttentionShape& shap
     fail_argument(who + "pattern.options.per_head_threshold", "empty (one threshold for all heads on CUDA)",
                   spec.option("per_head_threshold"));
   const int64_t s = o.stride, d = shape.head_dim;
-  if (!((s == 8 && (d == 64 || d == 128)) || (s == 16 && d == 64)))
-    fail_argument(who + "pattern.stride with head_dim", "stride 8 (head dim 64 or 128) or 16 (head dim 64)",
-                  detail::concat("stride ", s, " with head dim ", d));
-  for (const auto& [field, block] : {std::pair<const char*, int64_t>{"pattern.block_q", o.block_q}, {"pattern.block_kv", o.block_kv}})
-    if ((64 * s) % block != 0 || block % s != 0)
-      fail_argument(who + field, detail::concat("a multiple of the stride ", s, " dividing ", 64 * s), block);
+  if (const char* limit = xattention_device_limit(d, s, o.block_q, o.block_kv))
+    fail_argument(who + "pattern.stride with head_dim and block sizes", limit,
+                  detail::concat("stride ", s, ", head dim ", d, ", blocks ", o.block_q, "x", o.block_kv));
   if (!(o.threshold > 0.0 && o.threshold <= 1.0)) fail_argument(who + "pattern.threshold", "in (0, 1]", o.threshold);
   // The estimator forces the diagonal and block 0 before the threshold cut; the spec's
   // always-keep blocks must be among those forced blocks.

@@ -186,9 +186,9 @@ TEST(DynamicBackendsGpu, UnsupportedOptionsAreErrorsAtPlanTime) {
                         "pattern.options.gqa_any");
   testing::expect_error([&] { plan("threshold", with_option("threshold", "per_head_threshold", "0.9,0.9,0.8,0.8"), shape); },
                         "pattern.options.per_head_threshold");
-  PatternSpec stride16 = spec_for("threshold");
-  stride16.stride = 16;  // stride 16 runs on CUDA only at head dim 64
-  testing::expect_error([&] { plan("threshold", stride16, shape); }, "pattern.stride");
+  PatternSpec stride32 = spec_for("threshold");
+  stride32.stride = 32;  // 64-token kv blocks hold 2 groups of 32: below the device's 4
+  testing::expect_error([&] { plan("threshold", stride32, shape); }, "pattern.stride");
   PatternSpec sinks = spec_for("threshold");
   sinks.sink_blocks = 2;
   testing::expect_error([&] { plan("threshold", sinks, shape); }, "pattern.sink_blocks");

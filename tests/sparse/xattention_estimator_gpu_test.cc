@@ -72,9 +72,22 @@ TEST(XAttentionEstimatorGpu, MatchesTheCpuEstimator) {
   small_blocks.block_q = 64;
   small_blocks.threshold = 0.8;
   small_blocks.keep_diagonal = false;
+  XAttentionOptions stride16_d128 = base;  // the configuration that meets the 5% cost bar at D = 128
+  stride16_d128.stride = 16;
+  stride16_d128.block_kv = 128;
+  XAttentionOptions narrow_units = base;  // block_kv / stride = 4: units of 4 groups
+  narrow_units.stride = 16;
+  narrow_units.block_q = 128;
+  narrow_units.block_kv = 64;
+  XAttentionOptions two_units = base;  // 16 groups per kv block: two units of 8 per block
+  two_units.block_kv = 128;
+  two_units.threshold = 0.95;
   const std::vector<Case> cases = {{1500, 1500, 4, 2, 128, base},
                                    {1001, 1333, 2, 1, 64, stride16},
-                                   {777, 777, 2, 2, 64, small_blocks}};
+                                   {777, 777, 2, 2, 64, small_blocks},
+                                   {2100, 2100, 4, 1, 128, stride16_d128},
+                                   {1234, 999, 2, 2, 128, narrow_units},
+                                   {1100, 1100, 2, 1, 64, two_units}};
   uint64_t seed = 9;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "S=" << c.seq_q << "/" << c.seq_kv << " D=" << c.dim << " stride "
@@ -99,9 +112,12 @@ TEST(XAttentionEstimatorGpu, RejectsWhatTheDeviceCannotRun) {
   DeviceEstimatedMask mask({1, 2, 512, 512, 128, 64}, 2, 128, Device::cuda());
   XAttentionOptions voted;
   voted.vote = XAttentionVote::kHeads;
-  XAttentionOptions stride16;
-  stride16.stride = 16;  // with D = 128 the query stripe would not fit in shared memory
-  for (const auto& [options, name] : {std::pair{voted, "vote"}, std::pair{stride16, "stride"}}) {
+  XAttentionOptions stride32;
+  stride32.stride = 32;  // block_kv 64 / stride 32 = 2 groups per block: a unit would straddle blocks
+  XAttentionOptions stride3;
+  stride3.stride = 3;  // blocks are not multiples of the stride
+  for (const auto& [options, name] :
+       {std::pair{voted, "vote"}, std::pair{stride32, "stride"}, std::pair{stride3, "stride"}}) {
     try {
       estimate_xattention_mask_device(q, q, options, mask);
       ADD_FAILURE() << "expected tessel::Error naming " << name;
@@ -117,7 +133,7 @@ TEST(XAttentionEstimatorGpu, GraphCaptureReplaysTheSameMask) {
   const Tensor q = drifting(1200, 2, 128, 51).to(Device::cuda());
   const Tensor k = drifting(1200, 2, 128, 52).to(Device::cuda());
   const BlockMaskShape shape{1, 2, 1200, 1200, 128, 64};
-  DeviceEstimatedMask eager(shape, 2, 128, Device::cuda()), graphed(shape, 2, 128, Device::cuda());
+  DeviceEstimatedMask eager(shape, 2, 128, Device::cuda()), graphed(shape, 2, 128, Device::cuda(), /*xattention_stride=*/8);
   estimate_xattention_mask_device(q, k, {}, eager);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -133,11 +149,54 @@ TEST(XAttentionEstimatorGpu, GraphCaptureReplaysTheSameMask) {
   for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   const BlockMask a = eager.to_host(), b = graphed.to_host();
-  // Shared-memory float atomics may add in another order between runs: compare as masks.
-  EXPECT_LE(disagreement(a, b), 0.005);
+  // Every sum runs in a fixed order: replays select exactly the same blocks.
+  EXPECT_EQ(a.indptr(), b.indptr());
+  EXPECT_EQ(a.indices(), b.indices());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Without a workspace reserved for the stride, a capture is refused before anything is enqueued.
+TEST(XAttentionEstimatorGpu, CaptureWithoutReservedWorkspaceIsAClearError) {
+  SKIP_WITHOUT_GPU();
+  const Tensor q = drifting(600, 2, 64, 53).to(Device::cuda());
+  DeviceEstimatedMask mask({1, 2, 600, 600, 128, 64}, 2, 64, Device::cuda());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    cuda::StreamGuard guard(stream);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    try {
+      estimate_xattention_mask_device(q, q, {}, mask);
+      ADD_FAILURE() << "expected tessel::Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("xattention_stride"), std::string::npos) << e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+  // Outside a capture the same call allocates the workspace and runs.
+  estimate_xattention_mask_device(q, q, {}, mask);
+  EXPECT_GT(mask.to_host().density(), 0.0);
+}
+
+TEST(XAttentionEstimatorGpu, UnalignedRowsAreRejectedNamingTheArgument) {
+  SKIP_WITHOUT_GPU();
+  const Tensor q = Tensor::empty({1, 513, 2, 64}, DType::kBF16, Device::cuda());
+  const Tensor k = Tensor::empty({1, 512, 2, 64}, DType::kBF16, Device::cuda());
+  const TensorView shifted(static_cast<char*>(const_cast<void*>(q.data())) + 2, DType::kBF16, Device::cuda(),
+                           {1, 512, 2, 64});
+  DeviceEstimatedMask mask({1, 2, 512, 512, 128, 64}, 2, 64, Device::cuda(), 8);
+  try {
+    estimate_xattention_mask_device(shifted, k, {}, mask);
+    ADD_FAILURE() << "expected tessel::Error naming q";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aligned"), std::string::npos) << e.what();
+  }
 }
 #endif
 

@@ -1,11 +1,26 @@
-// XAttention (threshold) mask estimation on the device. The antidiagonal scores
-// A[g][g'] = Σ_i q[gS + S-1-i] · k[g'S + i] are a sum over i of products of two strided views
-// (rows S apart), so they run on the tensor cores with the flash kernel's tiles: a CTA keeps the
-// S query tiles of its 64 groups in shared memory and streams the S key tiles of each 64-group
-// column tile. Pass 1 writes each group row's log-sum-exp; pass 2 recomputes the scores and adds
-// the softmax probabilities into per-block masses (whole blocks per CTA: no atomics in global
-// memory). Key tiles stream kStages deep. Arithmetic: bf16/fp16 products with fp32 accumulation, where the CPU definition sums
-// fp32 products; masses agree to about 1e-3 relative.
+// XAttention (threshold) mask estimation on the device, in one pass over the scores.
+//
+// The antidiagonal scores A[g][g'] = Σ_i q[gS + S-1-i] · k[g'S + i] are a GEMM whose inner index
+// runs over (i, d): row g of the left operand is the query tokens of group g in reverse order,
+// column g' of the right operand the key tokens of group g' in order. Both are strided views of
+// q and k (rows S tokens apart), so 64-wide slices of them stream through shared memory with
+// cp.async and multiply on the tensor cores (mma.sync m16n8k16, fp32 accumulation), a 128 x 128
+// tile of group rows x group columns per CTA (8 warps of 32 x 64), two CTAs per SM, kStages
+// slices in flight.
+//
+// Measured on an H200 at S = 29700, H = 40, D = 128, stride 8 (whole estimate): 128 x 128 tiles
+// with 2 CTAs/SM 5.5 ms; 256 x 128 tiles (64 x 64 per warp, more FLOP per loaded byte) with one
+// CTA/SM 6.2 ms. Nsight Compute shows the kernel latency-bound (tensor pipe ~33% active, L2 and
+// DRAM far from busy), so more resident warps beat more reuse. A wgmma/TMA version is the next step.
+//
+// The epilogue never materializes the score matrix: per row and kv block it keeps the scores'
+// log-sum-exp (log2 domain), first over units of kUnit columns in registers and shuffles, then
+// over the units of a block through shared memory. A row's softmax mass in block c is
+// exp2(lse[c] - logsumexp2(lse[·])), so the masses come out exact without a second pass (the
+// previous design recomputed every score in a second pass to normalize them).
+//
+// Arithmetic: bf16/fp16 products with fp32 accumulation, where the CPU definition sums fp32
+// products; masses agree to about 1e-3 relative.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -19,10 +34,24 @@ namespace tessel::cuda::detail {
 
 namespace {
 
-constexpr int kGroupTile = 64;  // groups per CTA row tile and per column tile
-constexpr int kMassTile = 16;   // at most 64*16/64 blocks per tile side
+constexpr int kTile = 128;       // group columns per CTA tile
+constexpr int kSlice = 64;       // inner elements per pipeline step (one 128-byte row per group)
+constexpr int kThreads = 256;    // 8 warps: 4 along rows x 2 along columns (64 each)
+constexpr int kTilesPerCta = 4;  // column tiles one CTA walks through (keeps the pipeline full across tiles)
+constexpr uint32_t kColSliceBytes = kTile * kSlice * 2;
+
+// WM m16 tiles per warp: 4 -> 256-row CTA tiles, one CTA per SM (255 registers); 2 -> 128-row
+// tiles, two CTAs per SM.
+template <int WM>
+struct TileShape {
+  static constexpr int kRows = WM * 16 * 4;
+  static constexpr int kStages = WM == 4 ? 4 : 3;
+  static constexpr int kMinBlocks = WM == 4 ? 1 : 2;
+  static constexpr uint32_t kRowSliceBytes = kRows * kSlice * 2;
+  static constexpr uint32_t kStageBytes = kRowSliceBytes + kColSliceBytes;
+};
+constexpr int kMassThreads = 256;
 constexpr int kSelectThreads = 256;
-constexpr int kStages = 4;  // key tiles in flight: each step is short (64 MMAs per warp), so loads need look-ahead
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait_pending() {
@@ -31,176 +60,241 @@ __device__ __forceinline__ void cp_async_wait_pending() {
 
 // Rows j of a strided tile starting at token `first` (row j is token first + j*S) that lie
 // before `seq`: the rest are zero-filled.
-__device__ __forceinline__ int strided_rows_valid(int seq, int first, int stride) {
+__device__ __forceinline__ int strided_rows_valid(int seq, int first, int stride, int tile_rows) {
   const int left = seq - first;
-  return left <= 0 ? 0 : min(kGroupTile, (left + stride - 1) / stride);
+  return left <= 0 ? 0 : min(tile_rows, (left + stride - 1) / stride);
 }
 
-template <typename T, int D, int S, bool kMass>
-__global__ void __launch_bounds__(128, 1) xattention_scores_kernel(const XAttentionParams p) {
-  constexpr int kThreads = 128;
-  constexpr uint32_t kTileBytes = kGroupTile * D * 2;
-  constexpr int kNTiles = kGroupTile / 8;
+__device__ __forceinline__ float lse2_of(float max, float sum) { return max == -INFINITY ? -INFINITY : max + __log2f(sum); }
+
+// One 64-wide inner slice for a warp's M m16 tiles x 64 columns: A fragments by ldmatrix, B
+// fragments two n8 tiles per ldmatrix.x4, M x 8 MMAs per k16. a_off / b_off: the lane's swizzled
+// byte offsets for each k16 (the m16 / n16 steps add constants), computed once per kernel: address
+// math per ldmatrix was a third of the issued instructions.
+template <typename T, int M, int WM>
+__device__ __forceinline__ void mma_slice(float (&acc)[WM][8][4], uint32_t sa, uint32_t sb, const uint32_t (&a_off)[4],
+                                          const uint32_t (&b_off)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < kSlice / 16; ++kk) {
+    uint32_t a[M][4];
+#pragma unroll
+    for (int mt = 0; mt < M; ++mt) ldmatrix_x4(a[mt], sa + a_off[kk] + mt * 16 * kSlice * 2);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, sb + b_off[kk] + np * 16 * kSlice * 2);
+#pragma unroll
+      for (int mt = 0; mt < M; ++mt) {
+        mma_16816<T>(acc[mt][2 * np], a[mt], bf);
+        mma_16816<T>(acc[mt][2 * np + 1], a[mt], bf + 2);
+      }
+    }
+  }
+}
+
+// Grid: (row tiles x column splits, H_q, B). Writes block_lse2[b][h][g][c] for the CTA's rows g
+// and the kv blocks c of its column tiles.
+template <typename T, int kUnit, int WM>
+__global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
+    xattention_block_lse_kernel(const XAttentionParams p, int col_splits) {
+  using Shape = TileShape<WM>;
+  constexpr int kRows = Shape::kRows, kStages = Shape::kStages;
+  constexpr uint32_t kStageBytes = Shape::kStageBytes, kRowSliceBytes = Shape::kRowSliceBytes;
+  constexpr int kUnitsPerTile = kTile / kUnit;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t s_q = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t s_k = s_q + S * kTileBytes;
-  float* s_mass = reinterpret_cast<float*>(smem + (S + kStages) * kTileBytes);
+  const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  float* s_unit = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [kRows][kUnitsPerTile]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, group = lane >> 2, quad = lane & 3;
-  const int g0 = blockIdx.x * kGroupTile, h = blockIdx.y, b = blockIdx.z;
+  // Warps 2w and 2w+1 share rows: a partial last row tile idles row warps, and this spreads the
+  // idle ones over the four SM sub-partitions (warp w runs on sub-partition w % 4).
+  const int warp_row = (warp >> 1) * WM * 16, warp_col = (warp & 1) * 64;
+  const int row_tile = blockIdx.x / col_splits, split = blockIdx.x % col_splits;
+  const int g0 = row_tile * kRows, h = blockIdx.y, b = blockIdx.z;
+  // m16 tiles of this warp with at least one row inside groups_q (warp-uniform).
+  const int active_m = min(WM, max(0, (p.groups_q - g0 - warp_row + 15) / 16));
   const int hk = h / (p.heads_q / p.heads_kv);
+  const int S = p.stride;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.k_stride_b + hk * p.k_stride_h;
-  const int64_t q_rows = S * p.q_stride_s, k_rows = S * p.k_stride_s;
+  const int64_t q_rows = static_cast<int64_t>(S) * p.q_stride_s, k_rows = static_cast<int64_t>(S) * p.k_stride_s;
 
-#pragma unroll
-  for (int i = 0; i < S; ++i) {
-    const int first = g0 * S + S - 1 - i;  // reversed within the group: the antidiagonal
-    const int valid = strided_rows_valid(p.seq_q, first, S);
-    load_tile<D, kGroupTile, kThreads>(s_q + i * kTileBytes, valid > 0 ? q + static_cast<int64_t>(first) * p.q_stride_s : q,
-                                       q_rows, valid, tid);
-  }
-  const int col_tiles = (p.groups_kv + kGroupTile - 1) / kGroupTile;
-  const int steps = col_tiles * S;
-  // Step n multiplies Q_i by K_i of column tile t (n = t*S + i); its key tile sits in stage n % kStages.
-  auto issue = [&](int step) {
-    if (step < steps) {
-      const int first = (step / S) * kGroupTile * S + step % S;
-      const int valid = strided_rows_valid(p.seq_kv, first, S);
-      load_tile<D, kGroupTile, kThreads>(s_k + (step % kStages) * kTileBytes,
-                                         valid > 0 ? k + static_cast<int64_t>(first) * p.k_stride_s : k, k_rows, valid,
-                                         tid);
+  const int col_tiles = (p.groups_kv + kTile - 1) / kTile;
+  const int first_tile = split * kTilesPerCta;
+  const int tiles = min(kTilesPerCta, col_tiles - first_tile);
+  if (tiles <= 0) return;
+  const int slices_per_token = p.dim / kSlice;
+  const int slices = S * slices_per_token;  // inner steps per tile
+  const int steps = tiles * slices;
+  const int group_kv_block = p.block_kv / S;  // groups per kv block: a power of two, 4..128
+
+  // Loads run kStages - 1 steps ahead of the MMAs; a cursor walks (column tile, token offset i,
+  // d chunk) in step order, so the loop does no integer division.
+  int issued = 0, issue_stage = 0, issue_tile = 0, issue_i = 0, issue_d = 0;
+  auto issue = [&]() {
+    if (issued < steps) {
+      const uint32_t stage = s_base + issue_stage * kStageBytes;
+      const int d0 = issue_d * kSlice;
+      const int q_first = g0 * S + S - 1 - issue_i;  // reversed within the group: the antidiagonal
+      const int q_valid = strided_rows_valid(p.seq_q, q_first, S, kRows);
+      load_tile<kSlice, kRows, kThreads>(stage, (q_valid > 0 ? q + static_cast<int64_t>(q_first) * p.q_stride_s : q) + d0,
+                                         q_rows, q_valid, tid);
+      const int k_first = (first_tile + issue_tile) * kTile * S + issue_i;
+      const int k_valid = strided_rows_valid(p.seq_kv, k_first, S, kTile);
+      load_tile<kSlice, kTile, kThreads>(stage + kRowSliceBytes,
+                                         (k_valid > 0 ? k + static_cast<int64_t>(k_first) * p.k_stride_s : k) + d0,
+                                         k_rows, k_valid, tid);
+      if (++issue_d == slices_per_token) {
+        issue_d = 0;
+        if (++issue_i == S) issue_i = 0, ++issue_tile;
+      }
     }
+    ++issued;
+    issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     cp_async_commit();
   };
-  for (int step = 0; step < kStages - 1; ++step) issue(step);
-  if (kMass)
-    for (int i = tid; i < kMassTile * kMassTile; i += kThreads) s_mass[i] = 0.f;
+  for (int step = 0; step < kStages - 1; ++step) issue();
 
-  const int64_t lse_base = (static_cast<int64_t>(b) * p.heads_q + h) * p.groups_q;
-  const bool warp_sums = (p.block_q / S) % 16 == 0 && (p.block_kv / S) % 8 == 0;
-  float row_lse2[2] = {0.f, 0.f}, row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-  if (kMass)
+  float acc[WM][8][4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int g = g0 + warp * 16 + group + half * 8;
-      row_lse2[half] = g < p.groups_q ? p.row_lse2[lse_base + g] : 0.f;
-    }
-  float acc[kNTiles][4];
+  for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
+    for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 
+  float* out = p.block_lse2 + (static_cast<int64_t>(b) * p.heads_q + h) * p.groups_q * p.kv_blocks;
+  const int block_shift = __ffs(group_kv_block) - 1;
+  // Rows of both tiles are multiples of 8 plus a lane term, so row & 7 = lane & 7 and the swizzle
+  // (16-byte chunk XOR row & 7) depends on the lane and k16 only: swizzled<kSlice>(row, col) below.
+  uint32_t a_off[4], b_off[4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a_off[kk] = swizzled<kSlice>(warp_row + (lane & 15), kk * 16 + (lane >> 4) * 8);
+    b_off[kk] = swizzled<kSlice>(warp_col + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8);
+  }
+  int stage = 0, slice = 0, tile = 0;
   for (int n = 0; n < steps; ++n) {
-    const int t = n / S, i = n % S, stage = n % kStages;
-    cp_async_wait_pending<kStages - 2>();  // step n's tile (and, at n = 0, the Q tiles) landed
-    __syncthreads();                       // ... for every thread; and stage (n - 1) % kStages is free
-    issue(n + kStages - 1);
+    cp_async_wait_pending<kStages - 2>();  // step n's slices landed ...
+    __syncthreads();                       // ... for every thread; and the stage step n - 1 read is free
+    issue();
 
-    const uint32_t sq = s_q + i * kTileBytes, sk = s_k + stage * kTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, sq + swizzled<D>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t bf[4];
-        ldmatrix_x4(bf, sk + swizzled<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma_16816<T>(acc[2 * np], a, bf);
-        mma_16816<T>(acc[2 * np + 1], a, bf + 2);
-      }
+    const uint32_t sa = s_base + stage * kStageBytes, sb = sa + kRowSliceBytes;
+    // One uniform branch per step (not per MMA: per-MMA guards cost a branch each and broke the
+    // scheduling — measured 14% of issued instructions were MMAs).
+    switch (active_m) {
+      case 4: mma_slice<T, WM < 4 ? WM : 4, WM>(acc, sa, sb, a_off, b_off); break;
+      case 3: mma_slice<T, WM < 3 ? WM : 3, WM>(acc, sa, sb, a_off, b_off); break;
+      case 2: mma_slice<T, 2, WM>(acc, sa, sb, a_off, b_off); break;
+      case 1: mma_slice<T, 1, WM>(acc, sa, sb, a_off, b_off); break;
+      default: break;
     }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (++slice < slices) continue;
+    slice = 0;
 
-    if (i == S - 1) {  // column tile t complete
-      const int col0 = t * kGroupTile;
-      float part[kNTiles];
+    // Column tile complete: per (row, unit of kUnit columns) log-sum-exp into shared memory.
+    const int c0 = (first_tile + tile++) * kTile;
+    // Validity of this lane's two columns in each n8 tile (groups past the sequence, or past a
+    // partially filled block's valid groups, are excluded from the softmax).
+    uint32_t valid_bits = 0;
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) part[nt] = 0.f;
+    for (int nt = 0; nt < 8; ++nt) {
+      const int col = c0 + warp_col + nt * 8 + quad * 2;  // this lane's columns: col, col + 1
+      int valid_in_block = group_kv_block;
+      if (p.kv_valid_groups != nullptr) {
+        const int block = col >> block_shift;
+        valid_in_block = block < p.kv_blocks ? p.kv_valid_groups[block] : 0;
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (col + e < p.groups_kv && ((col + e) & (group_kv_block - 1)) < valid_in_block) valid_bits |= 1u << (nt * 2 + e);
+    }
+    // Per row: one max over the warp's 64 columns, then per unit a sum of exp2(x - max). A unit
+    // whose sum underflows (all its scores 2^126 below the row's best) gets -inf: its mass is 0 in
+    // fp32 anyway, as in the CPU definition. Half the shuffles of a max per unit.
+#pragma unroll
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int local_row = warp * 16 + group + half * 8;
-        if (!kMass) {
-          float mx = row_max[half];
+        float v[16];
+        float mx = -INFINITY;
 #pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (col0 + nt * 8 + quad * 2 + e < p.groups_kv)
-                mx = fmaxf(mx, acc[nt][half * 2 + e] * p.logit_scale_log2);
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          float sum = row_sum[half] * fast_exp2(row_max[half] - mx);
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (col0 + nt * 8 + quad * 2 + e < p.groups_kv)
-                sum += fast_exp2(acc[nt][half * 2 + e] * p.logit_scale_log2 - mx);
-          row_max[half] = mx;
-          row_sum[half] = sum;
-        } else if (warp_sums) {
-          // All 16 rows of the warp lie in one q block and each n8 tile in one kv block: reduce
-          // over the warp first, then one shared atomic per tile (32 lanes on one address would
-          // serialize: that made this pass 10x slower than pass 1).
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) {
-            float v = 0.f;
-            if (g0 + local_row < p.groups_q)
-#pragma unroll
-              for (int e = 0; e < 2; ++e)
-                if (col0 + nt * 8 + quad * 2 + e < p.groups_kv)
-                  v += fast_exp2(acc[nt][half * 2 + e] * p.logit_scale_log2 - row_lse2[half]);
-            part[nt] += v;
-          }
-        } else if (g0 + local_row < p.groups_q) {
-          const int r_local = local_row * S / p.block_q;
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = nt * 8 + quad * 2 + e;
-              if (col0 + col < p.groups_kv)
-                atomicAdd(&s_mass[r_local * kMassTile + col * S / p.block_kv],
-                          fast_exp2(acc[nt][half * 2 + e] * p.logit_scale_log2 - row_lse2[half]));
-            }
+        for (int j = 0; j < 16; ++j) {
+          v[j] = (valid_bits >> j) & 1u ? acc[mt][j / 2][half * 2 + (j & 1)] * p.logit_scale_log2 : -INFINITY;
+          mx = fmaxf(mx, v[j]);
         }
-      }
-      if (kMass && warp_sums) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx;
+        float* row_units = s_unit + (warp_row + mt * 16 + group + half * 8) * kUnitsPerTile;
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          const float v = warp_sum(part[nt]);
-          if (lane == 0) atomicAdd(&s_mass[(warp * 16 * S / p.block_q) * kMassTile + nt * 8 * S / p.block_kv], v);
-        }
-      }
-      if (kMass) {
-        __syncthreads();
-        const int rows = kGroupTile * S / p.block_q, cols = kGroupTile * S / p.block_kv;
-        const int r0 = g0 * S / p.block_q, c0 = col0 * S / p.block_kv;
-        float* mass = p.mass + (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks * p.kv_blocks;
-        for (int idx = tid; idx < rows * cols; idx += kThreads) {
-          const int rr = idx / cols, cc = idx % cols;
-          if (r0 + rr < p.q_blocks && c0 + cc < p.kv_blocks)
-            mass[static_cast<int64_t>(r0 + rr) * p.kv_blocks + c0 + cc] = s_mass[rr * kMassTile + cc];
-          s_mass[rr * kMassTile + cc] = 0.f;
+        for (int nt = 0; nt < 8; ++nt) {
+          float sum = fast_exp2(v[2 * nt] - base) + fast_exp2(v[2 * nt + 1] - base);
+#pragma unroll
+          for (int o = 1; o < kUnit / 2; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+          if ((quad * 2) % kUnit == 0)
+            row_units[(warp_col + nt * 8 + quad * 2) / kUnit] = sum > 0.f ? base + __log2f(sum) : -INFINITY;
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+    __syncthreads();
+    // Units to blocks: each thread combines the units of (row, block) pairs and writes them.
+    const int units_per_block = group_kv_block / kUnit, blocks_per_tile = kTile / group_kv_block;
+    const int block0 = c0 / group_kv_block;
+    for (int idx = tid; idx < kRows * blocks_per_tile; idx += kThreads) {
+      const int r = idx / blocks_per_tile, bl = idx % blocks_per_tile;
+      if (g0 + r >= p.groups_q || block0 + bl >= p.kv_blocks) continue;
+      const float* u = s_unit + r * kUnitsPerTile + bl * units_per_block;
+      float mx = -INFINITY;
+      for (int j = 0; j < units_per_block; ++j) mx = fmaxf(mx, u[j]);
+      float sum = 0.f;
+      if (mx != -INFINITY)
+        for (int j = 0; j < units_per_block; ++j) sum += fast_exp2(u[j] - mx);
+      out[static_cast<int64_t>(g0 + r) * p.kv_blocks + block0 + bl] = lse2_of(mx, sum);
     }
+    // The next write to s_unit comes after at least one more step, whose __syncthreads orders it.
   }
+  cp_async_wait_pending<0>();
+}
 
-  if (!kMass)
+// One CTA per (q block r, head h, batch b): each group row's log-sum-exp over all kv blocks (one
+// warp per row), then, per kv block, the sum over the rows of their softmax mass (one thread per
+// block, rows in order: deterministic, so graph replays and reruns select the same blocks).
+__global__ void xattention_mass_kernel(const XAttentionParams p) {
+  extern __shared__ float s_row_lse[];
+  const int r = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, warps = blockDim.x >> 5;
+  const int rows_per_block = p.block_q / p.stride;
+  const int g_begin = r * rows_per_block, g_end = min(p.groups_q, g_begin + rows_per_block);
+  const float* lse = p.block_lse2 + (static_cast<int64_t>(b) * p.heads_q + h) * p.groups_q * p.kv_blocks;
+  for (int g = g_begin + warp; g < g_end; g += warps) {
+    const float* row = lse + static_cast<int64_t>(g) * p.kv_blocks;
+    float mx = -INFINITY;
+    for (int c = lane; c < p.kv_blocks; c += 32) mx = fmaxf(mx, row[c]);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float sum = row_sum[half];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int g = g0 + warp * 16 + group + half * 8;
-      if (quad == 0 && g < p.groups_q) p.row_lse2[lse_base + g] = row_max[half] + __log2f(sum);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    if (mx != -INFINITY)
+      for (int c = lane; c < p.kv_blocks; c += 32) sum += fast_exp2(row[c] - mx);
+    sum = warp_sum(sum);
+    if (lane == 0) s_row_lse[g - g_begin] = lse2_of(mx, sum);
+  }
+  __syncthreads();
+  float* mass = p.mass + ((static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r) * p.kv_blocks;
+  for (int c = tid; c < p.kv_blocks; c += blockDim.x) {
+    float m = 0.f;
+    for (int g = g_begin; g < g_end; ++g) {
+      const float row_lse = s_row_lse[g - g_begin];
+      if (row_lse != -INFINITY) m += fast_exp2(lse[static_cast<int64_t>(g) * p.kv_blocks + c] - row_lse);
     }
+    mass[c] = m;
+  }
 }
 
 // One CTA per (q block r, head h, batch b): forced blocks (diagonal, first), then the others by
@@ -253,37 +347,46 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
   write_kept_row(keep, kvb, p.row_blocks + row * kvb, p.row_counts + row);
 }
 
-template <typename T, int D, int S>
-void launch_scores(const XAttentionParams& p, cudaStream_t stream) {
-  constexpr int kSmem = (S + kStages) * kGroupTile * D * 2 + kMassTile * kMassTile * 4;
-  static const cudaError_t lse_attr = cudaFuncSetAttribute(xattention_scores_kernel<T, D, S, false>,
-                                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  static const cudaError_t mass_attr = cudaFuncSetAttribute(xattention_scores_kernel<T, D, S, true>,
+template <typename T, int kUnit, int WM>
+void launch_block_lse(const XAttentionParams& p, cudaStream_t stream) {
+  using Shape = TileShape<WM>;
+  constexpr int kSmem = Shape::kStages * Shape::kStageBytes + Shape::kRows * (kTile / kUnit) * 4;
+  static const cudaError_t attribute = cudaFuncSetAttribute(xattention_block_lse_kernel<T, kUnit, WM>,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  (void)lse_attr;
-  (void)mass_attr;
-  const dim3 grid((p.groups_q + kGroupTile - 1) / kGroupTile, p.heads_q, p.batch);
-  xattention_scores_kernel<T, D, S, false><<<grid, 128, kSmem, stream>>>(p);
-  xattention_scores_kernel<T, D, S, true><<<grid, 128, kSmem, stream>>>(p);
+  (void)attribute;
+  const int row_tiles = (p.groups_q + Shape::kRows - 1) / Shape::kRows, col_tiles = (p.groups_kv + kTile - 1) / kTile;
+  const int col_splits = (col_tiles + kTilesPerCta - 1) / kTilesPerCta;
+  const dim3 grid(row_tiles * col_splits, p.heads_q, p.batch);
+  xattention_block_lse_kernel<T, kUnit, WM><<<grid, kThreads, kSmem, stream>>>(p, col_splits);
 }
 
-template <typename T>
-void launch_scores_typed(const XAttentionParams& p, cudaStream_t stream) {
-  if (p.stride == 16)
-    launch_scores<T, 64, 16>(p, stream);
-  else if (p.dim == 128)
-    launch_scores<T, 128, 8>(p, stream);
+template <typename T, int WM>
+void launch_block_lse_shaped(const XAttentionParams& p, cudaStream_t stream) {
+  if (p.block_kv / p.stride == 4)
+    launch_block_lse<T, 4, WM>(p, stream);
   else
-    launch_scores<T, 64, 8>(p, stream);
+    launch_block_lse<T, 8, WM>(p, stream);
+}
+
+// 128-row tiles, two CTAs per SM: faster than 256-row tiles with one CTA per SM (see the top).
+template <typename T>
+void launch_block_lse_typed(const XAttentionParams& p, cudaStream_t stream) {
+  launch_block_lse_shaped<T, 2>(p, stream);
 }
 
 }  // namespace
 
-void launch_xattention_estimation(const XAttentionParams& p, DType dtype, cudaStream_t stream) {
+void launch_xattention_block_mass(const XAttentionParams& p, DType dtype, cudaStream_t stream) {
   if (dtype == DType::kBF16)
-    launch_scores_typed<__nv_bfloat16>(p, stream);
+    launch_block_lse_typed<__nv_bfloat16>(p, stream);
   else
-    launch_scores_typed<__half>(p, stream);
+    launch_block_lse_typed<__half>(p, stream);
+  const size_t smem = static_cast<size_t>(p.block_q / p.stride) * sizeof(float);
+  xattention_mass_kernel<<<dim3(p.q_blocks, p.heads_q, p.batch), kMassThreads, smem, stream>>>(p);
+}
+
+void launch_xattention_estimation(const XAttentionParams& p, DType dtype, cudaStream_t stream) {
+  launch_xattention_block_mass(p, dtype, stream);
   int sort_size = 1;
   while (sort_size < p.kv_blocks) sort_size <<= 1;
   const size_t smem = sort_size * sizeof(unsigned long long) + p.kv_blocks;

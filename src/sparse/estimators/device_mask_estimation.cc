@@ -16,10 +16,22 @@
 
 namespace tessel {
 
+const char* xattention_device_limit(int64_t head_dim, int64_t stride, int64_t block_q, int64_t block_kv) {
+  if (head_dim != 64 && head_dim != 128) return "head dim 64 or 128";
+  if (stride < 2 || stride > 64) return "a stride from 2 to 64";
+  if (block_q < 1 || block_kv < 1 || block_q % stride != 0 || block_kv % stride != 0)
+    return "block sizes that are multiples of the stride";
+  // One 128-group column tile holds whole kv blocks, and a unit of up to 8 groups (one mma
+  // n-tile) never straddles two blocks.
+  const int64_t groups = block_kv / stride;
+  if (groups < 4 || groups > 128 || (groups & (groups - 1)) != 0) return "block_kv / stride a power of two from 4 to 128";
+  return nullptr;
+}
+
 #ifdef TESSEL_WITH_CUDA
 
 DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv_heads, int64_t head_dim,
-                                         Device device)
+                                         Device device, int64_t xattention_stride)
     : shape_(shape), kv_heads_(kv_heads), head_dim_(head_dim), device_(device) {
   if (!device.is_cuda()) fail_argument("device", "a CUDA device", device.str());
   if (shape.block_q < 1 || shape.block_kv < 1 || shape.seq_q < 1 || shape.seq_kv < 1)
@@ -40,9 +52,22 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
   similar_k_ = Tensor::empty({shape.mask_batch * kv_heads * kvb}, DType::kU8, device);
   row_counts_ = Tensor::empty({rows}, DType::kI32, device);
   row_blocks_ = Tensor::empty({rows * kvb}, DType::kI32, device);
-  row_lse2_ = Tensor::empty({shape.mask_batch * shape.mask_heads * ((shape.seq_q + 7) / 8)}, DType::kF32, device);
   mass_ = Tensor::empty({rows * kvb}, DType::kF32, device);
   (void)qb;
+  if (xattention_stride < 0) fail_argument("xattention_stride", ">= 0", xattention_stride);
+  if (xattention_stride > 0) reserve_xattention_workspace(xattention_stride);
+}
+
+// block_lse2 (B, H_q, ceil(S_q / stride), kv blocks): one fp32 per group row and kv block.
+void DeviceEstimatedMask::reserve_xattention_workspace(int64_t stride) {
+  const int64_t needed = shape_.mask_batch * shape_.mask_heads * ((shape_.seq_q + stride - 1) / stride) * shape_.kv_blocks();
+  if (block_lse2_.defined() && block_lse2_.numel() >= needed) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(cuda::current_stream(), &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+    fail_argument("mask", detail::concat("a DeviceEstimatedMask constructed with xattention_stride ", stride,
+                                         " (its workspace cannot be allocated inside a CUDA graph capture)"),
+                  "a mask without a threshold workspace for this stride");
+  block_lse2_ = Tensor::empty({needed}, DType::kF32, device_);
 }
 
 BlockMaskView DeviceEstimatedMask::view() const {
@@ -67,6 +92,10 @@ void check_operand(const TensorView& t, const char* name) {
   if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
     fail_argument(name, "dtype bf16 or fp16 on CUDA", dtype_name(t.dtype()));
   if (t.stride(3) != 1) fail_argument(name, "unit stride along the head dim", t.stride(3));
+  // The kernels copy 16-byte pieces of rows: every row must start on a 16-byte boundary.
+  if (reinterpret_cast<uintptr_t>(t.data()) % 16 != 0 || t.stride(0) % 8 != 0 || t.stride(1) % 8 != 0 ||
+      t.stride(2) % 8 != 0)
+    fail_argument(name, "16-byte aligned rows (data pointer aligned, strides multiples of 8 elements)", t.describe());
 }
 // q and k as the device estimators take them, and a mask allocated for exactly their shapes.
 void check_estimate_arguments(const TensorView& q, const TensorView& k, int64_t block_q, int64_t block_kv,
@@ -146,15 +175,9 @@ void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, c
   check_estimate_arguments(q, k, options.block_q, options.block_kv, mask.device_, mask.shape_, mask.kv_heads_,
                            mask.head_dim_);
   const int64_t s = options.stride, dim = q.size(3);
-  if (!((s == 8 && (dim == 64 || dim == 128)) || (s == 16 && dim == 64)))
-    fail_argument("xattention.stride", "8 (head dim 64 or 128) or 16 (head dim 64) on CUDA",
-                  detail::concat("stride ", s, " with head dim ", dim));
-  if ((64 * s) % options.block_q != 0 || options.block_q % s != 0)
-    fail_argument("xattention.block_q", detail::concat("a multiple of the stride dividing ", 64 * s, " on CUDA"),
-                  options.block_q);
-  if ((64 * s) % options.block_kv != 0 || options.block_kv % s != 0)
-    fail_argument("xattention.block_kv", detail::concat("a multiple of the stride dividing ", 64 * s, " on CUDA"),
-                  options.block_kv);
+  if (const char* limit = xattention_device_limit(dim, s, options.block_q, options.block_kv))
+    fail_argument("xattention.stride with head dim and block sizes", detail::concat(limit, " on CUDA"),
+                  detail::concat("stride ", s, ", head dim ", dim, ", blocks ", options.block_q, "x", options.block_kv));
   if (!(options.threshold > 0.0 && options.threshold <= 1.0))
     fail_argument("xattention.threshold", "in (0, 1]", options.threshold);
   if (options.vote != XAttentionVote::kNone || options.gqa_any)
@@ -176,7 +199,9 @@ void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, c
   p.threshold = static_cast<float>(options.threshold);
   p.keep_diagonal = options.keep_diagonal;
   p.keep_first = options.keep_first;
-  p.row_lse2 = mask.row_lse2_.data_as<float>();
+  mask.reserve_xattention_workspace(s);
+  p.kv_valid_groups = nullptr;
+  p.block_lse2 = mask.block_lse2_.data_as<float>();
   p.mass = mask.mass_.data_as<float>();
   p.row_counts = mask.row_counts_.data_as<int32_t>();
   p.row_blocks = mask.row_blocks_.data_as<int32_t>();
@@ -188,7 +213,7 @@ void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, c
 
 #else
 
-DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape&, int64_t, int64_t, Device device) {
+DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape&, int64_t, int64_t, Device device, int64_t) {
   fail_argument("device", "a CUDA device in a tessel built with CUDA", device.str() + " (built without CUDA)");
 }
 BlockMaskView DeviceEstimatedMask::view() const { return {}; }

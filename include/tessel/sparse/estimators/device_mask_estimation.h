@@ -23,8 +23,12 @@ class DeviceEstimatedMask {
  public:
   DeviceEstimatedMask() = default;
   // shape: mask_batch = B and mask_heads = H_q (what the estimators produce). Throws Error when
-  // tessel was built without CUDA or the device is not a CUDA device.
-  DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv_heads, int64_t head_dim, Device device);
+  // tessel was built without CUDA or the device is not a CUDA device. xattention_stride > 0 also
+  // allocates the threshold estimator's workspace for that stride (it depends on the stride), so
+  // the first threshold estimate can be captured in a CUDA graph; with 0 the workspace is
+  // allocated by the first threshold estimate (which then must not be inside a capture).
+  DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv_heads, int64_t head_dim, Device device,
+                      int64_t xattention_stride = 0);
 
   const BlockMaskShape& shape() const { return shape_; }
   BlockMaskView view() const;
@@ -41,7 +45,8 @@ class DeviceEstimatedMask {
   Device device_{};
   Tensor indptr_, indices_;
   Tensor pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
-  Tensor row_lse2_, mass_;                                                          // threshold
+  Tensor block_lse2_, mass_;                                                        // threshold
+  void reserve_xattention_workspace(int64_t stride);
 };
 
 // dynamic_topk on the device: q (B, S_q, H_q, D), k (B, S_kv, H_kv, D) bf16/fp16 CUDA tensors with
@@ -51,12 +56,18 @@ class DeviceEstimatedMask {
 void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask);
 
-// threshold (XAttention) on the device: q, k as above with (stride, D) in {(8, 64), (8, 128),
-// (16, 64)}, 64 * stride a multiple of block_q and block_kv (e.g. 128×64 blocks at stride 8),
-// vote = kNone and gqa_any = false (the aggregated forms are CPU-only for now). `mask` allocated
-// for (B, H_q, S_q, S_kv, options.block_q, options.block_kv). No host synchronization. Cost: two
-// passes over the strided scores, each 1/(2·stride) of dense attention's tensor-core work.
+// threshold (XAttention) on the device: q, k as above with D 64 or 128, stride 2..64, block_q and
+// block_kv multiples of the stride with block_kv / stride a power of two from 4 to 128 (e.g.
+// 128×128 blocks at stride 8 or 16, 128×64 at stride 8 or 16), vote = kNone and gqa_any = false
+// (the aggregated forms are CPU-only for now). `mask` allocated for (B, H_q, S_q, S_kv,
+// options.block_q, options.block_kv). No host synchronization. Cost: one pass over the strided
+// scores, 1/(2·stride) of dense attention's tensor-core work, plus a (B, H_q, S_q/stride, kv
+// blocks) fp32 workspace written once and read twice.
 void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, const XAttentionOptions& options,
                                      DeviceEstimatedMask& mask);
+
+// nullptr when the device threshold estimator runs (head dim, stride, block sizes), else what it
+// needs instead, as a phrase for an error message. The same in builds without CUDA.
+const char* xattention_device_limit(int64_t head_dim, int64_t stride, int64_t block_q, int64_t block_kv);
 
 }  // namespace tessel
