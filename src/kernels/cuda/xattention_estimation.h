@@ -1,7 +1,13 @@
 // Internal: device kernels of the XAttention (threshold) mask estimator, definition in
 // include/tessel/sparse/estimators/xattention_estimator.h. Launches on one stream, no host
-// synchronization: strided antidiagonal scores on the tensor cores in two passes (row
-// log-sum-exp, then softmax block masses), per-row threshold selection, then indptr and indices.
+// synchronization.
+//
+// One pass over the strided antidiagonal scores A[g][g'] = Σ_i q[gS + S-1-i] · k[g'S + i] (a GEMM
+// with inner size S·D) on the tensor cores; its epilogue keeps, for every group row g and kv
+// block c, the log-sum-exp (log2 domain) of the row's scaled scores inside block c. A row's
+// softmax mass in block c is then exp2(block_lse2[g][c] - logsumexp2_c(block_lse2[g][·])), exact
+// without a second pass over the scores. A small kernel sums those masses over the rows of each
+// query block; a third selects blocks per row by threshold.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,28 +19,49 @@
 namespace tessel::cuda::detail {
 
 struct XAttentionParams {
-  const void* q;
-  const void* k;
+  const void* q;  // (B, S_q, H_q, D) bf16/fp16, unit stride along D, rows 16-byte aligned
+  const void* k;  // (B, S_kv, H_kv, D)
   int64_t q_stride_b, q_stride_s, q_stride_h;
   int64_t k_stride_b, k_stride_s, k_stride_h;
   int batch, seq_q, seq_kv, heads_q, heads_kv, dim, stride;
-  int groups_q, groups_kv;  // ceil(S / stride)
+  // Group rows/columns scored: ceil(S / stride). A group that runs past the sequence is scored
+  // with zeros in place of the missing tokens (the CPU estimator's definition). Callers that
+  // score whole groups only pass seq rounded down to a multiple of stride.
+  int groups_q, groups_kv;
   int block_q, block_kv, q_blocks, kv_blocks;
   float logit_scale_log2;  // scale / stride * log2(e)
+  // Optional (nullptr: all groups of every block are valid): kv_valid_groups[c] = number of
+  // leading groups of kv block c that are scored; the rest of the block is excluded from the
+  // softmax (a partially filled block of an offloaded KV cache).
+  const int32_t* kv_valid_groups;
+  // Selection (launch_xattention_estimation only).
   float threshold;
   bool keep_diagonal, keep_first;
-  // Workspace (device).
-  float* row_lse2;      // (B, Hq, groups_q), log2 domain
-  float* mass;          // (B, Hq, Qb, KVb)
-  int32_t* row_counts;  // (B * Hq * Qb)
-  int32_t* row_blocks;  // (B * Hq * Qb, KVb)
-  // Output (device): indptr (rows + 1), indices (capacity rows * KVb).
-  int32_t* indptr;
-  int32_t* indices;
+  // Workspace (device): block_lse2 (B, H_q, groups_q, kv_blocks), xattention_block_lse_floats().
+  float* block_lse2;
+  // Output of launch_xattention_block_mass (device): mass (B, H_q, q_blocks, kv_blocks), the sum
+  // over the group rows of each query block of their softmax mass in each kv block (each row's
+  // masses sum to 1 over the valid columns).
+  float* mass;
+  // Selection workspace and output (launch_xattention_estimation only).
+  int32_t* row_counts;  // (B * H_q * q_blocks)
+  int32_t* row_blocks;  // (B * H_q * q_blocks, kv_blocks)
+  int32_t* indptr;      // rows + 1
+  int32_t* indices;     // capacity rows * kv_blocks
 };
 
-// dtype kBF16 or kF16; (stride, dim) in {(8, 64), (8, 128), (16, 64)}; 64 * stride a multiple of
-// block_q and block_kv; kv_blocks at most 4096.
+// Elements of the block_lse2 workspace.
+inline int64_t xattention_block_lse_floats(const XAttentionParams& p) {
+  return static_cast<int64_t>(p.batch) * p.heads_q * p.groups_q * p.kv_blocks;
+}
+
+// The caller checks the limits first: tessel::xattention_device_limit (device_mask_estimation.h).
+
+// Scores and per-query-block masses (p.mass); no selection. dtype kBF16 or kF16.
+void launch_xattention_block_mass(const XAttentionParams& params, DType dtype, cudaStream_t stream);
+
+// Masses, then per (b, h, q block) threshold selection (forced diagonal / first block, then by
+// mass descending until threshold × total), then the CSR indptr and indices.
 void launch_xattention_estimation(const XAttentionParams& params, DType dtype, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail
