@@ -27,6 +27,7 @@ struct PrefillBenchConfig {
   std::string decode_policy;            // default: the prefill policy when it decodes, else full
   double threshold = 0.95;              // XAttention τ
   int64_t stride = 8;                   // XAttention stride
+  std::string scoring = "auto";         // XAttention scoring: auto | device | host
   int64_t top_k = 16;                   // Quest / Top-K budget in blocks
   std::string data = "clustered";       // clustered | random
   double cpu_copy_bandwidth = 0;        // CPU engine only: simulated link in GB/s (0 = memcpy)

@@ -52,6 +52,9 @@ CommandRegistration registration{
                      "decode policy: full, quest, topk (default: --policy when it decodes, else full)");
       app.add_option("--threshold", config->threshold, "XAttention threshold tau")->capture_default_str();
       app.add_option("--stride", config->stride, "XAttention stride")->capture_default_str();
+      app.add_option("--scoring", config->scoring,
+                     "XAttention scoring: auto (device when supported), device (or fail), host")
+          ->capture_default_str();
       app.add_option("--top-k", config->top_k, "Quest / Top-K block budget")->capture_default_str();
       app.add_option("--data", config->data, "synthetic inputs: clustered or random")->capture_default_str();
       app.add_option("--cpu-copy-bandwidth", config->cpu_copy_bandwidth,
@@ -67,15 +70,20 @@ CommandRegistration registration{
                                                                          : std::vector<int64_t>{32768, 65536, 131072})
                                              : parse_contexts(*contexts);
         nlohmann::json results = nlohmann::json::array();
+        // H2D GB: everything prefill copied host→device; "keys" the part that was history K copied
+        // for device scoring. select s: host time in select_blocks (see prefill_bench.cc).
         if (!*json)
-          std::cout << "context  policy  prefill tok/s  decode tok/s  density  H2D GB  eff GB/s  peak GB/s  needle\n";
+          std::cout << "context  policy  prefill tok/s  decode tok/s  density  select s  scoring  kernel s  H2D GB"
+                       "  keys GB  eff GB/s  peak GB/s  needle\n";
         for (int64_t context : config->contexts) {
           nlohmann::json r = run_prefill_bench(*config, context);
           if (!*json) {
-            std::printf("%7lld  %-6s  %13.0f  %12.1f  %7.3f  %6.2f  %8.2f  %9.2f  %s\n",
+            std::printf("%7lld  %-6s  %13.0f  %12.1f  %7.3f  %8.3f  %-7s  %8.4f  %6.2f  %7.2f  %8.2f  %9.2f  %s\n",
                         static_cast<long long>(context), r["policy"].get<std::string>().c_str(),
                         r["prefill_tokens_per_s"].get<double>(), r["decode_tokens_per_s"].get<double>(),
-                        r["density"].get<double>(), r["bytes_h2d"].get<double>() / 1e9,
+                        r["density"].get<double>(), r["select_seconds"].get<double>(),
+                        r["scoring"].get<std::string>().c_str(), r["score_kernel_seconds"].get<double>(),
+                        r["bytes_h2d"].get<double>() / 1e9, r["bytes_h2d_score_keys"].get<double>() / 1e9,
                         r["h2d_gb_per_s_effective"].get<double>(), r["peak_h2d_gb_per_s"].get<double>(),
                         r["needle_found"].get<bool>() ? "found" : "MISSED");
             std::fflush(stdout);

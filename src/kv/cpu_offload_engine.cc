@@ -51,6 +51,8 @@ class CpuOffloadEngine final : public OffloadEngine {
 
   void synchronize() override { wait_ticket(issued_); }
 
+  void* compute_stream() const override { return nullptr; }
+
   double measure_peak_h2d_bandwidth() override {
     // Large copies from the host cache into a separate arena on the copy thread, as loads run
     // (including the simulated link, if any); the best of a few repeats.
@@ -99,6 +101,17 @@ class CpuOffloadEngine final : public OffloadEngine {
     std::memcpy(dst_k, k.data(), k.nbytes());
     std::memcpy(dst_v, v.data(), v.nbytes());
   }
+
+  // A ticket after every offload issued so far (so the keys are those offloaded), then waited for:
+  // compute is synchronous, so the copy must be done before the caller scores.
+  void do_load_keys(int64_t layer, std::span<const int32_t> host_blocks, char* dst) override {
+    std::vector<KeyCopy> copies = key_copies(layer, host_blocks, dst, [](size_t) { return true; });
+    wait_ticket(enqueue(false, [this, copies = std::move(copies)] {
+      for (const KeyCopy& c : copies) paced_copy(c.dst, c.src, c.bytes);
+    }));
+  }
+
+  void do_record_keys_consumed() override {}
 
   void do_offload(int64_t layer, bool decode_buffer, std::span<const BlockCopy> copies) override {
     std::vector<BlockCopy> owned(copies.begin(), copies.end());

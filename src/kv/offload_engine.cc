@@ -196,6 +196,48 @@ void OffloadEngine::offload_decode_block(int64_t layer, int64_t host_block, int6
   stats_.bytes_d2h += static_cast<int64_t>(2 * bytes);
 }
 
+void OffloadEngine::load_keys(int64_t layer, std::span<const int32_t> host_blocks, const TensorView& dst) {
+  check_layer(layer);
+  for (int32_t b : host_blocks) check_host_block(b);
+  const int64_t rows = static_cast<int64_t>(host_blocks.size()) * config_.block_size;
+  check_rank(dst, 4, "dst");
+  check_device(dst, device_, "dst");
+  check_dtype(dst, config_.dtype, "dst");
+  check_contiguous(dst, "dst");
+  if (dst.size(0) != 1 || dst.size(1) < rows || dst.size(2) != config_.num_kv_heads || dst.size(3) != config_.head_dim)
+    fail_argument("dst.shape",
+                  detail::concat("(1, >= ", rows, ", ", config_.num_kv_heads, ", ", config_.head_dim, ")"),
+                  shape_str(dst.shape()));
+  if (host_blocks.empty()) return;
+  do_load_keys(layer, host_blocks, static_cast<char*>(dst.data()));
+  std::lock_guard lock(stats_mutex_);
+  const int64_t bytes = static_cast<int64_t>(host_blocks.size() * block_bytes());
+  stats_.key_loads += static_cast<int64_t>(host_blocks.size());
+  stats_.bytes_h2d_keys += bytes;
+  stats_.bytes_h2d += bytes;
+}
+
+void OffloadEngine::record_keys_consumed() { do_record_keys_consumed(); }
+
+std::vector<OffloadEngine::KeyCopy> OffloadEngine::key_copies(
+    int64_t layer, std::span<const int32_t> host_blocks, char* dst, const std::function<bool(size_t)>& include) const {
+  std::vector<KeyCopy> copies;
+  int64_t previous = -2;  // host block of the last included position, when it was the one just before
+  for (size_t i = 0; i < host_blocks.size(); ++i) {
+    if (!include(i)) {
+      previous = -2;
+      continue;
+    }
+    if (host_blocks[i] == previous + 1) {
+      copies.back().bytes += block_bytes();
+    } else {
+      copies.push_back({host_k_ptr(layer, host_blocks[i]), dst + i * block_bytes(), block_bytes()});
+    }
+    previous = host_blocks[i];
+  }
+  return copies;
+}
+
 KvPair OffloadEngine::host_block(int64_t layer, int64_t block) const {
   check_layer(layer);
   check_host_block(block);

@@ -1,17 +1,26 @@
 // The CUDA offload engine: pinned host KV cache, device ring slots, one non-blocking copy stream
-// per slot plus one offload stream, and events for the ordering rules of offload_engine.h:
+// per slot plus one offload stream and one key stream, and events for the ordering rules of
+// offload_engine.h:
 //   slot_loaded[s]        recorded on slot stream s after its H2D copy; the compute stream waits on it
 //   slot_compute_done[s]  recorded on the compute stream; slot stream s waits on it before reloading
 //   offload_done[layer]   recorded on the offload stream after D2H copies; the compute stream waits on
 //                         it before overwriting the layer's buffer, and slot streams before loading
+//   offload_prior[layer]  recorded on the offload stream just before an offload's copies: every
+//                         earlier offload is done (load_keys waits on it for blocks the latest
+//                         offload did not write, so their copy can overlap the compute that the
+//                         latest offload itself waits for)
 //   buffer_ready          recorded on the compute stream before an offload; the offload stream waits
+//   keys_loaded           recorded on the key stream after load_keys' copies; the compute stream waits
+//   keys_consumed         recorded on the compute stream; the key stream waits before the next copy
 // Copy streams are created non-blocking so the legacy default stream (where the attention entry
 // points launch) does not serialize with them.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
+#include "kernels/cuda/device_guard.h"
 #include "kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offload_engine.h"
@@ -19,26 +28,12 @@
 namespace tessel::kv {
 namespace {
 
+using cuda::DeviceGuard;
+
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     throw Error(detail::concat("CUDA offload engine: ", what, " failed: ", cudaGetErrorString(status)));
 }
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    restore_ = previous_ != device;
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
 
 cudaEvent_t make_event() {
   cudaEvent_t event;
@@ -65,15 +60,25 @@ class CudaOffloadEngine final : public OffloadEngine {
       slot_compute_done_.push_back(make_event());
     }
     check_cuda(cudaStreamCreateWithFlags(&offload_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&key_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     for (int64_t l = 0; l < config.num_layers; ++l) {
       prefill_offload_done_.push_back(make_event());
       decode_offload_done_.push_back(make_event());
+      prefill_offload_prior_.push_back(make_event());
+      decode_offload_prior_.push_back(make_event());
     }
+    last_prefill_blocks_.resize(static_cast<size_t>(config.num_layers));
+    last_decode_block_.assign(static_cast<size_t>(config.num_layers), -1);
     buffer_ready_ = make_event();
+    keys_loaded_ = make_event();
+    keys_consumed_ = make_event();
     // Record every event once so that the first waits on them are satisfied immediately.
     for (cudaEvent_t e : slot_compute_done_) check_cuda(cudaEventRecord(e, compute_), "cudaEventRecord");
     for (cudaEvent_t e : prefill_offload_done_) check_cuda(cudaEventRecord(e, offload_stream_), "cudaEventRecord");
     for (cudaEvent_t e : decode_offload_done_) check_cuda(cudaEventRecord(e, offload_stream_), "cudaEventRecord");
+    for (cudaEvent_t e : prefill_offload_prior_) check_cuda(cudaEventRecord(e, offload_stream_), "cudaEventRecord");
+    for (cudaEvent_t e : decode_offload_prior_) check_cuda(cudaEventRecord(e, offload_stream_), "cudaEventRecord");
+    check_cuda(cudaEventRecord(keys_consumed_, compute_), "cudaEventRecord");
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
@@ -82,11 +87,11 @@ class CudaOffloadEngine final : public OffloadEngine {
     cudaDeviceSynchronize();
     for (cudaStream_t s : slot_streams_) cudaStreamDestroy(s);
     cudaStreamDestroy(offload_stream_);
-    for (cudaEvent_t e : slot_loaded_) cudaEventDestroy(e);
-    for (cudaEvent_t e : slot_compute_done_) cudaEventDestroy(e);
-    for (cudaEvent_t e : prefill_offload_done_) cudaEventDestroy(e);
-    for (cudaEvent_t e : decode_offload_done_) cudaEventDestroy(e);
-    cudaEventDestroy(buffer_ready_);
+    cudaStreamDestroy(key_stream_);
+    for (const auto* events : {&slot_loaded_, &slot_compute_done_, &prefill_offload_done_, &decode_offload_done_,
+                               &prefill_offload_prior_, &decode_offload_prior_})
+      for (cudaEvent_t e : *events) cudaEventDestroy(e);
+    for (cudaEvent_t e : {buffer_ready_, keys_loaded_, keys_consumed_}) cudaEventDestroy(e);
   }
 
   void wait_offloads(int64_t layer) override {
@@ -100,6 +105,8 @@ class CudaOffloadEngine final : public OffloadEngine {
     DeviceGuard guard(device_.index);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
+
+  void* compute_stream() const override { return compute_; }
 
   double measure_peak_h2d_bandwidth() override {
     DeviceGuard guard(device_.index);
@@ -170,6 +177,18 @@ class CudaOffloadEngine final : public OffloadEngine {
 
   void do_offload(int64_t layer, bool decode_buffer, std::span<const BlockCopy> copies) override {
     DeviceGuard guard(device_.index);
+    const size_t l = static_cast<size_t>(layer);
+    const auto& prior = decode_buffer ? decode_offload_prior_ : prefill_offload_prior_;
+    check_cuda(cudaEventRecord(prior[l], offload_stream_), "cudaEventRecord");
+    // The host blocks this offload writes (from their destination in the host K cache).
+    const auto block = static_cast<std::ptrdiff_t>(block_bytes());
+    std::vector<int32_t> written;
+    for (const BlockCopy& c : copies) written.push_back(static_cast<int32_t>((c.dst_k - host_k_ptr(layer, 0)) / block));
+    if (decode_buffer) {
+      last_decode_block_[l] = written.front();
+    } else {
+      last_prefill_blocks_[l] = std::move(written);
+    }
     check_cuda(cudaEventRecord(buffer_ready_, compute_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(offload_stream_, buffer_ready_, 0), "cudaStreamWaitEvent");
     for (const BlockCopy& c : copies) {
@@ -182,13 +201,50 @@ class CudaOffloadEngine final : public OffloadEngine {
     check_cuda(cudaEventRecord(done[static_cast<size_t>(layer)], offload_stream_), "cudaEventRecord");
   }
 
+  // Blocks the layer's latest offloads wrote wait for those offloads; all others only for the
+  // offloads before them (offload_prior), which usually finished long ago.
+  void do_load_keys(int64_t layer, std::span<const int32_t> host_blocks, char* dst) override {
+    DeviceGuard guard(device_.index);
+    const size_t l = static_cast<size_t>(layer);
+    const std::vector<int32_t>& latest = last_prefill_blocks_[l];
+    auto recent = [&](size_t i) {
+      return host_blocks[i] == last_decode_block_[l] ||
+             std::find(latest.begin(), latest.end(), host_blocks[i]) != latest.end();
+    };
+    auto issue = [&](const std::vector<KeyCopy>& copies) {
+      for (const KeyCopy& c : copies)
+        check_cuda(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyHostToDevice, key_stream_),
+                   "cudaMemcpyAsync (keys)");
+    };
+    check_cuda(cudaStreamWaitEvent(key_stream_, keys_consumed_, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(key_stream_, prefill_offload_prior_[l], 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(key_stream_, decode_offload_prior_[l], 0), "cudaStreamWaitEvent");
+    issue(key_copies(layer, host_blocks, dst, [&](size_t i) { return !recent(i); }));
+    check_cuda(cudaStreamWaitEvent(key_stream_, prefill_offload_done_[l], 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(key_stream_, decode_offload_done_[l], 0), "cudaStreamWaitEvent");
+    issue(key_copies(layer, host_blocks, dst, recent));
+    check_cuda(cudaEventRecord(keys_loaded_, key_stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(compute_, keys_loaded_, 0), "cudaStreamWaitEvent");
+  }
+
+  void do_record_keys_consumed() override {
+    DeviceGuard guard(device_.index);
+    check_cuda(cudaEventRecord(keys_consumed_, compute_), "cudaEventRecord");
+  }
+
  private:
   cudaStream_t compute_;
   cudaStream_t offload_stream_ = nullptr;
+  cudaStream_t key_stream_ = nullptr;
   cudaEvent_t buffer_ready_ = nullptr;
+  cudaEvent_t keys_loaded_ = nullptr, keys_consumed_ = nullptr;
   std::vector<cudaStream_t> slot_streams_;
   std::vector<cudaEvent_t> slot_loaded_, slot_compute_done_;
   std::vector<cudaEvent_t> prefill_offload_done_, decode_offload_done_;
+  std::vector<cudaEvent_t> prefill_offload_prior_, decode_offload_prior_;
+  // Per layer: the host blocks its latest prefill offload wrote, its latest decode offload's block.
+  std::vector<std::vector<int32_t>> last_prefill_blocks_;
+  std::vector<int32_t> last_decode_block_;
 };
 
 }  // namespace

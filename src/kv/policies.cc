@@ -23,14 +23,18 @@ std::vector<size_t> top_indices(const std::vector<double>& scores, int64_t k) {
   return order;
 }
 
-// Query rows (S_q, H_q, D) of ctx.query on the host, checked against the statistics' shape.
-std::vector<float> host_query(const PolicyContext& ctx, const BlockKeyStats& stats, int64_t& rows, int64_t& heads) {
+// Query rows (S_q, H_q, D) of ctx.query on the host, checked against the statistics' shape; counts
+// a host-scored call and the query's read back in `selection`.
+std::vector<float> host_query(const PolicyContext& ctx, const BlockKeyStats& stats, int64_t& rows, int64_t& heads,
+                              SelectionStats& selection) {
   const TensorView& q = ctx.query;
   if (q.dim() != 4 || q.size(3) != stats.head_dim() || q.size(2) % stats.num_kv_heads() != 0)
     fail_argument("ctx.query.shape", detail::concat("(1, S_q, k*", stats.num_kv_heads(), ", ", stats.head_dim(), ")"),
                   shape_str(q.shape()));
   rows = q.size(0) * q.size(1);
   heads = q.size(2);
+  selection.host_scored += 1;
+  if (!q.device().is_cpu()) selection.score_bytes_d2h += static_cast<int64_t>(q.nbytes());
   return to_host_floats(q);
 }
 
@@ -141,7 +145,7 @@ std::vector<int32_t> QuestPolicy::select_blocks(const std::vector<int32_t>& avai
   if (n <= sink + recent + options_.top_k) return available;
 
   int64_t rows = 0, heads = 0;
-  const std::vector<float> q = host_query(ctx, stats_, rows, heads);
+  const std::vector<float> q = host_query(ctx, stats_, rows, heads, selection_);
   const int64_t d = stats_.head_dim();
   const int64_t group = heads / stats_.num_kv_heads();
   // Candidates are the blocks between the sink and the recent window.
@@ -184,7 +188,7 @@ std::vector<int32_t> TopKPolicy::select_blocks(const std::vector<int32_t>& avail
   const int64_t n = static_cast<int64_t>(available.size());
   if (n <= top_k_) return available;
   int64_t rows = 0, heads = 0;
-  const std::vector<float> q = host_query(ctx, stats_, rows, heads);
+  const std::vector<float> q = host_query(ctx, stats_, rows, heads, selection_);
   const int64_t d = stats_.head_dim();
   const int64_t group = heads / stats_.num_kv_heads();
   std::vector<double> scores(static_cast<size_t>(n));

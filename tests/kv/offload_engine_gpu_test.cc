@@ -10,6 +10,10 @@
 #include "tessel/kv/offloaded_attention.h"
 #include "tessel/kv/policies.h"
 
+#ifdef TESSEL_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace tessel::kv {
 namespace {
 
@@ -88,6 +92,56 @@ TEST(CudaOffloadEngine, DecodeBufferOffload) {
   engine->wait_offloads(1);
   EXPECT_EQ(std::memcmp(engine->host_block(1, 9).first.data(), k.data(), k.nbytes()), 0);
   EXPECT_EQ(std::memcmp(engine->host_block(1, 9).second.data(), v.data(), v.nbytes()), 0);
+}
+
+// load_keys issued right after offloads (no host wait) copies the keys those offloads wrote, in list
+// order, and compute issued afterwards on the engine's compute stream sees them.
+TEST(CudaOffloadEngine, LoadKeysRightAfterOffloadsSeesTheOffloadedKeys) {
+  SKIP_WITHOUT_GPU();
+  const OffloadConfig c = gpu_config();
+  auto engine = make_cuda_offload_engine(c);
+  const int64_t block_rows = c.block_size;
+  Tensor dst = Tensor::zeros({1, 40 * block_rows, c.num_kv_heads, c.head_dim}, DType::kBF16, Device::cuda(0));
+  Tensor mirror = Tensor::zeros(dst.shape(), DType::kBF16, Device::cuda(0));
+  std::vector<Tensor> ks;
+  std::vector<int32_t> offloaded;
+  int64_t expected_blocks = 0;
+  for (int32_t chunk = 0; chunk < 8; ++chunk) {
+    ks.push_back(random_bf16(256, c.num_kv_heads, c.head_dim, 300 + chunk));
+    const Tensor v = random_bf16(256, c.num_kv_heads, c.head_dim, 400 + chunk);
+    engine->store_prefill_kv(0, ks.back().view(), v.view());
+    const int32_t blocks[] = {4 * chunk, 4 * chunk + 1, 4 * chunk + 2, 4 * chunk + 3};
+    engine->offload_prefill_blocks(0, blocks, 256);
+    offloaded.insert(offloaded.end(), std::begin(blocks), std::end(blocks));
+    // Newest first, so runs of consecutive blocks and the freshly offloaded ones are both exercised.
+    std::vector<int32_t> order(offloaded.rbegin(), offloaded.rend());
+    std::swap(order[0], order[order.size() - 1]);
+    engine->load_keys(0, order, dst.view());
+    expected_blocks += static_cast<int64_t>(order.size());
+#ifdef TESSEL_WITH_CUDA
+    ASSERT_EQ(cudaMemcpyAsync(mirror.data(), dst.data(), order.size() * block_rows * c.num_kv_heads * c.head_dim * 2,
+                              cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(engine->compute_stream())),
+              cudaSuccess);
+#endif
+    engine->synchronize();
+    for (size_t i = 0; i < order.size(); ++i) {
+      const TensorView want = rows(ks[order[i] / 4].view(), (order[i] % 4) * block_rows, block_rows);
+      EXPECT_TRUE(device_equals_host(rows(mirror.view(), static_cast<int64_t>(i) * block_rows, block_rows), want))
+          << "chunk " << chunk << " position " << i << " block " << order[i];
+    }
+  }
+  // A decode block offloaded a moment ago.
+  const Tensor kd = random_bf16(64, c.num_kv_heads, c.head_dim, 500);
+  engine->store_decode_kv(0, 0, kd.view(), kd.view());
+  engine->offload_decode_block(0, 33, 64);
+  const int32_t with_decode[] = {33, 0};
+  engine->load_keys(0, with_decode, dst.view());
+  engine->synchronize();
+  EXPECT_TRUE(device_equals_host(rows(dst.view(), 0, block_rows), kd.view()));
+  EXPECT_TRUE(device_equals_host(rows(dst.view(), block_rows, block_rows), rows(ks[0].view(), 0, block_rows)));
+  const OffloadStats stats = engine->stats();
+  EXPECT_EQ(stats.key_loads, expected_blocks + 2);
+  EXPECT_EQ(stats.bytes_h2d_keys, (expected_blocks + 2) * block_rows * c.num_kv_heads * c.head_dim * 2);
 }
 
 // Full chunked prefill + decode on the GPU equals monolithic causal attention (bf16 tolerance).

@@ -70,6 +70,45 @@ TEST(CpuOffloadEngine, DecodeBufferOffloadAndSlices) {
   EXPECT_TRUE(same_bytes(engine->host_block(0, 6).second, v.view()));
 }
 
+// load_keys: the K of the listed blocks (whole blocks, in list order, consecutive host blocks in one
+// copy) right after the offloads that wrote them; V untouched; bytes counted.
+TEST(CpuOffloadEngine, LoadKeysCopiesTheKeysOfTheListedBlocksAfterTheirOffload) {
+  OffloadConfig c = small_config();
+  auto engine = make_cpu_offload_engine(c, CpuCopyOptions{0.0, 2000.0});  // slow copies: ordering matters
+  const Tensor k = random_bshd(8, 2, 3, 1), v = random_bshd(8, 2, 3, 2);
+  engine->store_prefill_kv(1, k.view(), v.view());
+  const int32_t blocks[] = {3, 4};
+  engine->offload_prefill_blocks(1, blocks, 8);
+  const Tensor k2 = random_bshd(4, 2, 3, 3);
+  engine->store_decode_kv(1, 0, k2.view(), k2.view());
+  engine->offload_decode_block(1, 0, 4);
+  Tensor dst = Tensor::zeros({1, 16, 2, 3}, DType::kF32);
+  const int32_t wanted[] = {4, 0, 3, 4};  // a repeat, a decode block, a run split by the list order
+  engine->load_keys(1, wanted, dst.view());
+  EXPECT_TRUE(same_bytes(rows(dst.view(), 0, 4), rows(k.view(), 4, 4)));
+  EXPECT_TRUE(same_bytes(rows(dst.view(), 4, 4), k2.view()));
+  EXPECT_TRUE(same_bytes(rows(dst.view(), 8, 4), rows(k.view(), 0, 4)));
+  EXPECT_TRUE(same_bytes(rows(dst.view(), 12, 4), rows(k.view(), 4, 4)));
+  const int32_t run[] = {3, 4};
+  Tensor pair = Tensor::zeros({1, 9, 2, 3}, DType::kF32);  // more rows than needed is fine
+  engine->load_keys(1, run, pair.view());
+  EXPECT_TRUE(same_bytes(rows(pair.view(), 0, 8), k.view()));
+  const OffloadStats stats = engine->stats();
+  EXPECT_EQ(stats.key_loads, 6);
+  EXPECT_EQ(stats.bytes_h2d_keys, 6 * 4 * 6 * 4);
+  EXPECT_EQ(stats.bytes_h2d, stats.bytes_h2d_keys);  // no slot loads: only the keys
+  EXPECT_EQ(stats.loads, 0);
+
+  Tensor short_dst = Tensor::zeros({1, 15, 2, 3}, DType::kF32);
+  EXPECT_THROW(engine->load_keys(1, wanted, short_dst.view()), Error);  // 4 blocks need 16 rows
+  EXPECT_THROW(engine->load_keys(2, run, dst.view()), Error);           // layer
+  const int32_t out_of_range[] = {8};
+  EXPECT_THROW(engine->load_keys(0, out_of_range, dst.view()), Error);
+  Tensor half = Tensor::zeros({1, 16, 2, 3}, DType::kF16);
+  EXPECT_THROW(engine->load_keys(0, run, half.view()), Error);
+  EXPECT_EQ(engine->stats().key_loads, 6);
+}
+
 TEST(CpuOffloadEngine, RejectsBadArgumentsWithoutIssuingWork) {
   auto engine = make_cpu_offload_engine(small_config());
   EXPECT_THROW(engine->load_to_slot_layer(2, 0, 0), Error);   // slot out of range

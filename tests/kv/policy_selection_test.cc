@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kv/kv_test_util.h"
+#include "kv/xattention_scoring.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offloaded_attention.h"
 #include "tessel/kv/policies.h"
@@ -171,6 +172,67 @@ TEST(XAttentionBsaPolicy, RejectsABlockSizeThatIsNotAMultipleOfTheStride) {
   const Tensor q = random_bshd(kBlock, kHeads, kDim, 2);
   EXPECT_THROW(xattn.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true)), Error);
   EXPECT_THROW(XAttentionBsaPolicy(XAttentionOptions{1.5, 8, 0.5}), Error);
+}
+
+TEST(XAttentionBsaPolicy, ScoringOnTheDeviceNeedsADeviceEngine) {
+  XAttentionOptions options{0.9, 4, 0.5};
+  options.scoring = XAttentionScoring::kDevice;
+  XAttentionBsaPolicy device_only(options);
+  Fixture f;
+  build_history(f, device_only, random_bshd(kBlocks * kBlock, kKvHeads, kDim, 1));
+  const Tensor q = random_bshd(kBlock, kHeads, kDim, 2);
+  try {
+    device_only.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true));
+    ADD_FAILURE() << "device scoring on a CPU engine did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the offload engine is on the CPU"), std::string::npos) << e.what();
+  }
+  // kAuto on a CPU engine scores on the host.
+  XAttentionBsaPolicy automatic(XAttentionOptions{0.9, 4, 0.5});
+  automatic.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true));
+  EXPECT_EQ(automatic.selection_stats().host_scored, 1);
+  EXPECT_EQ(automatic.selection_stats().device_scored, 0);
+}
+
+// Selection geometry for hand-made masses (stride and dims do not matter to the rule).
+XAttentionGeometry mass_grid(int64_t heads, int64_t kv_heads, int64_t q_rows, int64_t rows_per_qblock, int64_t blocks) {
+  XAttentionGeometry g;
+  g.heads = heads;
+  g.kv_heads = kv_heads;
+  g.q_rows = q_rows;
+  g.rows_per_qblock = rows_per_qblock;
+  g.q_blocks = (q_rows + rows_per_qblock - 1) / rows_per_qblock;
+  g.blocks = blocks;
+  return g;
+}
+
+// The selection rule shared by the host and device scorers, on masses chosen so that each
+// (head, query block) keeps a known set: per-row threshold (the last query block has 2 rows, so its
+// goal is 0.9 x 2), GQA any-within-group, strict majority vote, first and last always kept.
+TEST(XAttentionSelection, ThresholdGqaAnyMajorityVoteFirstAndLast) {
+  const XAttentionGeometry g = mass_grid(4, 2, 6, 4, 5);  // 2 query blocks of 4 and 2 rows
+  const std::vector<float> keep_12 = {0.0f, 2.0f, 1.7f, 0.2f, 0.1f};    // 4 rows: keeps {1, 2}
+  const std::vector<float> keep_13 = {0.1f, 2.0f, 0.2f, 1.7f, 0.0f};    // 4 rows: keeps {1, 3}
+  const std::vector<float> keep_1 = {0.1f, 3.7f, 0.1f, 0.1f, 0.0f};     // 4 rows: keeps {1}
+  const std::vector<float> keep_13_2 = {0.05f, 1.0f, 0.1f, 0.85f, 0.0f};  // 2 rows: keeps {1, 3}
+  const std::vector<float> keep_1_2 = {0.05f, 1.9f, 0.05f, 0.0f, 0.0f};   // 2 rows: keeps {1}
+  // Rows (h, qb): kv head 0 = heads 0, 1; kv head 1 = heads 2, 3.
+  const std::vector<const std::vector<float>*> rows_of = {&keep_12, &keep_13_2, &keep_13, &keep_1_2,
+                                                          &keep_12, &keep_13_2, &keep_1, &keep_1_2};
+  std::vector<float> mass;
+  for (const auto* r : rows_of) mass.insert(mass.end(), r->begin(), r->end());
+  // Votes: block 1 4/4, block 2 2/4 (query block 0 of both kv heads: not more than half), block 3
+  // 3/4 (kv head 0 both query blocks, kv head 1 query block 1).
+  EXPECT_EQ(select_from_block_masses(mass, g, 0.9, 0.5), (std::vector<int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(select_from_block_masses(mass, g, 0.9, 0.25), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  mass.pop_back();
+  EXPECT_THROW(select_from_block_masses(mass, g, 0.9, 0.5), Error);
+}
+
+TEST(XAttentionSelection, EqualMassesKeepTheLowerIndexFirst) {
+  const XAttentionGeometry g = mass_grid(1, 1, 4, 4, 6);
+  const std::vector<float> mass = {0.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0.0f};
+  EXPECT_EQ(select_from_block_masses(mass, g, 0.5, 0.0), (std::vector<int64_t>{0, 1, 2, 5}));
 }
 
 TEST(TopKPolicy, SelectsTheBlocksWhoseMeanKeyMatches) {

@@ -17,10 +17,14 @@
 //     layer's prefill (or decode) buffer waits until the offload has read it.
 //   * wait_offloads(layer) blocks the host until the layer's host cache is up to date (for
 //     estimators that read the host cache).
+//   * load_keys(...) copies start after the offloads that wrote the blocks it reads and after the
+//     compute recorded by the last record_keys_consumed(); compute issued after load_keys waits for
+//     them (for estimators that score history keys on the device).
 // Every public method validates its arguments first (tessel::Error, nothing issued).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -58,6 +62,8 @@ struct OffloadStats {
   double copy_busy_seconds = 0;  // CPU engine: time the copy thread spent copying (0 on CUDA)
   double wait_seconds = 0;       // CPU engine: time the caller blocked in wait_slot_layer
   int64_t max_loads_in_flight = 0;  // largest number of issued, unfinished loads seen at issue time
+  int64_t key_loads = 0;       // blocks whose K load_keys copied (device-side scoring), one per block
+  int64_t bytes_h2d_keys = 0;  // their bytes (also counted in bytes_h2d)
 };
 
 using KvPair = std::pair<TensorView, TensorView>;
@@ -101,6 +107,23 @@ class OffloadEngine {
   // Blocks the host until every issued copy and the compute stream are done.
   virtual void synchronize() = 0;
 
+  // Keys for scoring history on the device (XAttention): asynchronously copies the K (not V) of
+  // each of host_blocks of `layer`, whole blocks, into dst (1, >= blocks * block_size, kv_heads,
+  // head_dim), contiguous, on the engine's device, in the engine's dtype: block i at rows
+  // [i * block_size, (i + 1) * block_size). Rows past a block's valid tokens hold whatever its host
+  // block holds. Ordered after the offloads that wrote those blocks (on CUDA, on a copy stream of its
+  // own, so it can overlap compute issued earlier) and after the compute recorded by the last
+  // record_keys_consumed(); compute issued afterwards waits for the copy. Runs of consecutive host
+  // blocks are copied at once.
+  void load_keys(int64_t layer, std::span<const int32_t> host_blocks, const TensorView& dst);
+  // Marks the compute issued so far as the last reader of load_keys' destination: the next
+  // load_keys overwrites it only after that compute.
+  void record_keys_consumed();
+  // The CUDA stream (a cudaStream_t as void*; nullptr is the legacy default stream) that the engine
+  // orders compute on, for callers that launch their own work there. nullptr for the CPU engine,
+  // whose compute is synchronous.
+  virtual void* compute_stream() const = 0;
+
   // Scratch memory on the device, reused across calls (grows when a larger size is asked for).
   // Views of different ids never alias. Work is ordered on the compute stream, so reuse is safe.
   TensorView scratch(int id, const Shape& shape, DType dtype);
@@ -142,6 +165,18 @@ class OffloadEngine {
     size_t bytes;
   };
   virtual void do_offload(int64_t layer, bool decode_buffer, std::span<const BlockCopy> copies) = 0;
+  // load_keys: host_blocks are valid, dst is checked.
+  virtual void do_load_keys(int64_t layer, std::span<const int32_t> host_blocks, char* dst) = 0;
+  virtual void do_record_keys_consumed() = 0;
+  // One copy per run of consecutive host blocks among host_blocks[i] with include(i): the keys of
+  // `layer` into dst rows [i * block_size, ...).
+  struct KeyCopy {
+    const char* src;
+    char* dst;
+    size_t bytes;
+  };
+  std::vector<KeyCopy> key_copies(int64_t layer, std::span<const int32_t> host_blocks, char* dst,
+                                  const std::function<bool(size_t)>& include) const;
 
   OffloadConfig config_;
   Device device_;

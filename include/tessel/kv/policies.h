@@ -1,8 +1,9 @@
 // Built-in sparse policies: Full, Quest, XAttention-BSA, Top-K.
 //
 // Block statistics (Quest's key min/max, Top-K's key mean) are gathered in the offload hooks, per
-// layer and host block, and kept on the host in fp32. Scoring runs on the host: the query (a
-// decode token or a prefill chunk) is read back from the device when the engine is a GPU.
+// layer and host block, and kept on the host in fp32. Quest and Top-K score on the host: the query
+// (a decode token or a prefill chunk) is read back from the device when the engine is a GPU.
+// XAttention scores on the device when it can (XAttentionScoring), else on the host.
 #pragma once
 
 #include <memory>
@@ -83,10 +84,17 @@ class QuestPolicy final : public KeyStatsPolicy {
   QuestOptions options_;
 };
 
+// Where XAttention scores the history. kAuto: on the device when the engine is a CUDA engine in
+// bf16/fp16 with the query on the device and the device scorer supports the shapes, else on the
+// host (logging once why a CUDA engine falls back). kDevice: the device or a tessel::Error saying
+// why not. kHost: always the host.
+enum class XAttentionScoring : uint8_t { kAuto, kHost, kDevice };
+
 struct XAttentionOptions {
   double threshold = 0.95;      // τ: cumulative attention mass each (head, query block) keeps
   int64_t stride = 8;           // antidiagonal stride; block_size must be a multiple of it
   double vote_threshold = 0.5;  // a block needs more than this fraction of (kv head, query block) votes
+  XAttentionScoring scoring = XAttentionScoring::kAuto;
 };
 
 // XAttention block selection for chunked prefill (prefill only; decode throws).
@@ -97,6 +105,9 @@ struct XAttentionOptions {
 // a GQA group keeps a block when any of its query heads does; a block is loaded when more than
 // vote_threshold of the (kv head, query block) pairs keep it. The first and last history blocks
 // are always loaded. With fewer than `stride` queries there is nothing to estimate: all blocks load.
+// Scoring (the masses per (query head, query block, history block)) runs on the host, reading the
+// host cache, or on the device over the history keys copied up by OffloadEngine::load_keys (see
+// XAttentionScoring); both feed one selection rule, so the same masses select the same blocks.
 class XAttentionBsaPolicy final : public SparsePolicy {
  public:
   explicit XAttentionBsaPolicy(XAttentionOptions options = {});
@@ -108,6 +119,7 @@ class XAttentionBsaPolicy final : public SparsePolicy {
 
  private:
   XAttentionOptions options_;
+  bool warned_host_fallback_ = false;
 };
 
 // The guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)

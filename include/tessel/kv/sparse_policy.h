@@ -50,11 +50,20 @@ struct ChunkedDecodeArgs {
   SequenceId seq = 0;
 };
 
-// What the last select_blocks call of a policy chose (for benchmarks and tests).
+// What the select_blocks calls of a policy chose and what scoring cost (for benchmarks and tests).
 struct SelectionStats {
   int64_t available_blocks = 0;
   int64_t selected_blocks = 0;
-  double select_seconds = 0;  // host time spent in select_blocks
+  // Host wall time spent in select_blocks. A policy that scores on the device waits there for its
+  // results, and so also for the device work queued before them (e.g. the previous chunk's attention).
+  double select_seconds = 0;
+  int64_t device_scored = 0;      // select_blocks calls scored on the device
+  int64_t host_scored = 0;        // select_blocks calls scored on the host
+  double score_kernel_seconds = 0;  // device time of the scoring kernels (CUDA events)
+  // Bytes the policy itself copied for scoring, besides the engine's load_keys (in OffloadStats):
+  // e.g. per-block valid counts uploaded, block masses or a device query read back.
+  int64_t score_bytes_h2d = 0;
+  int64_t score_bytes_d2h = 0;
 };
 
 class SparsePolicy {
@@ -98,7 +107,7 @@ class SparsePolicy {
   // Throws the "does not support the <phase> phase" error.
   [[noreturn]] void fail_phase(const char* phase) const;
 
- private:
+  // select_blocks adds its scoring costs here; checked_select counts blocks and time.
   SelectionStats selection_;
 };
 
