@@ -8,14 +8,16 @@
 #      `tessel bench --device cuda` at the RFC shapes (B=1, H=40, D=128, bf16,
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
-#   4. print the side-by-side table last.
+#   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
+#   5. print the side-by-side table last.
 # Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
-#          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --iters N.
+#          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
+#          --kv-contexts "32768,65536,131072", --iters N.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
-RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1
+RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -26,6 +28,8 @@ while [[ $# -gt 0 ]]; do
     --skip-sanitizer) RUN_SANITIZER=0; shift ;;
     --skip-bench) RUN_BENCH=0; shift ;;
     --skip-peers) RUN_PEERS=0; shift ;;
+    --skip-kv) RUN_KV=0; shift ;;
+    --kv-contexts) KV_CONTEXTS="$2"; shift 2 ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -96,6 +100,15 @@ if [[ $RUN_BENCH == 1 ]]; then
   done
 fi
 
+if [[ $RUN_KV == 1 ]]; then
+  echo "== tessel prefill-bench (KV offload), contexts $KV_CONTEXTS"
+  : >"$OUTDIR/prefill.txt"
+  for policy in full xattn; do
+    OMP_WAIT_POLICY=passive "$TESSEL" prefill-bench --device cuda --policy "$policy" --context "$KV_CONTEXTS" \
+      >>"$OUTDIR/prefill.txt" 2>"$OUTDIR/prefill_$policy.log" || echo "prefill-bench $policy FAILED" >>"$OUTDIR/prefill.txt"
+  done
+fi
+
 PEER_ARGS=(--seq $SEQS --heads 40 --dim 128 --reps "$ITERS" --json "$OUTDIR/peers.json")
 [[ $RUN_BENCH == 1 ]] && PEER_ARGS+=(--mask-dir "$OUTDIR/masks" --tessel-json "${TESSEL_JSON[@]}")
 if [[ $RUN_PEERS == 1 ]]; then
@@ -107,6 +120,7 @@ echo
 echo "== gpu-check summary: $GPU_INFO; CUDA $CUDA_INFO; PyTorch $TORCH_INFO"
 echo "GPU tests:$STATUS_TESTS | memcheck: $STATUS_MEMCHECK | racecheck: $STATUS_RACECHECK"
 [[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
+[[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then
