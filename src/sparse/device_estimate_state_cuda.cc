@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/device_guard.h"
 #include "kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/pattern_backends.h"
@@ -13,21 +14,6 @@ namespace {
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw Error(concat("dynamic backend statistics: ", what, ": ", cudaGetErrorString(status)));
 }
-
-// Makes `index` the current device for its lifetime (events are created on the current device).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != index) check(cudaSetDevice(index), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // True when the current stream is being captured into a graph: then no event or copy may be
 // recorded for statistics (the query calls below are not allowed during capture either).
@@ -53,7 +39,7 @@ DeviceEstimateState::DeviceEstimateState(const AttentionShape& shape, const Patt
             shape.num_kv_heads, shape.head_dim, shape.device,
             spec.type == PatternType::kThreshold ? xattention_options_from_spec(spec).stride : 0),
       events_(std::make_unique<Events>()) {
-  DeviceGuard guard(shape.device.index);
+  cuda::DeviceGuard guard(shape.device.index);  // events are created on the current device
   check(cudaEventCreate(&events_->start), "cudaEventCreate");
   check(cudaEventCreate(&events_->stop), "cudaEventCreate");
   check(cudaMallocHost(&events_->kept_blocks, sizeof(int32_t)), "cudaMallocHost");
