@@ -127,6 +127,16 @@ TEST(XAttentionEstimatorGpu, RejectsWhatTheDeviceCannotRun) {
   }
 }
 
+TEST(XAttentionEstimatorGpu, NegativeWorkspaceStrideIsAnError) {
+  SKIP_WITHOUT_GPU();
+  try {
+    DeviceEstimatedMask mask({1, 2, 512, 512, 128, 64}, 2, 64, Device::cuda(), -8);
+    ADD_FAILURE() << "expected tessel::Error naming xattention_stride";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("xattention_stride"), std::string::npos) << e.what();
+  }
+}
+
 #ifdef TESSEL_WITH_CUDA
 TEST(XAttentionEstimatorGpu, GraphCaptureReplaysTheSameMask) {
   SKIP_WITHOUT_GPU();

@@ -92,6 +92,17 @@ __device__ __forceinline__ void mma_slice(float (&acc)[WM][8][4], uint32_t sa, u
   }
 }
 
+// mma_slice over the warp's first `active` m16 tiles (those with rows inside groups_q), chosen
+// once per step among the compile-time counts M, M-1, ..., 1.
+template <typename T, int M, int WM>
+__device__ __forceinline__ void mma_active_tiles(int active, float (&acc)[WM][8][4], uint32_t sa, uint32_t sb,
+                                                 const uint32_t (&a_off)[4], const uint32_t (&b_off)[4]) {
+  if (active == M)
+    mma_slice<T, M, WM>(acc, sa, sb, a_off, b_off);
+  else if constexpr (M > 1)
+    mma_active_tiles<T, M - 1, WM>(active, acc, sa, sb, a_off, b_off);
+}
+
 // Grid: (row tiles x column splits, H_q, B). Writes block_lse2[b][h][g][c] for the CTA's rows g
 // and the kv blocks c of its column tiles.
 template <typename T, int kUnit, int WM>
@@ -182,13 +193,7 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
     const uint32_t sa = s_base + stage * kStageBytes, sb = sa + kRowSliceBytes;
     // One uniform branch per step (not per MMA: per-MMA guards cost a branch each and broke the
     // scheduling — measured 14% of issued instructions were MMAs).
-    switch (active_m) {
-      case 4: mma_slice<T, WM < 4 ? WM : 4, WM>(acc, sa, sb, a_off, b_off); break;
-      case 3: mma_slice<T, WM < 3 ? WM : 3, WM>(acc, sa, sb, a_off, b_off); break;
-      case 2: mma_slice<T, 2, WM>(acc, sa, sb, a_off, b_off); break;
-      case 1: mma_slice<T, 1, WM>(acc, sa, sb, a_off, b_off); break;
-      default: break;
-    }
+    mma_active_tiles<T, WM, WM>(active_m, acc, sa, sb, a_off, b_off);
     stage = stage + 1 == kStages ? 0 : stage + 1;
     if (++slice < slices) continue;
     slice = 0;
