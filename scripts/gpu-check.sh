@@ -76,7 +76,9 @@ if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
        compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/topk_estimator_gpu_test" \
          --gtest_filter='*MatchesTheCpuEstimator' >>"$OUTDIR/$tool.log" 2>&1 &&
        compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/xattention_estimator_gpu_test" \
-         --gtest_filter='*GraphCapture*' >>"$OUTDIR/$tool.log" 2>&1; then
+         --gtest_filter='*GraphCapture*' >>"$OUTDIR/$tool.log" 2>&1 &&
+       compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/xattention_block_mass_gpu_test" \
+         --gtest_filter='*MatchesTheFp64Oracle' >>"$OUTDIR/$tool.log" 2>&1; then
       result="clean ($(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: [0-9]* hazard[s]*' "$OUTDIR/$tool.log" | tail -1))"
     else
       result="FAILED (see $OUTDIR/$tool.log)"

@@ -4,7 +4,9 @@
 // groups. Skips (with a message) when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -17,6 +19,7 @@
 #ifdef TESSEL_WITH_CUDA
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda/xattention_estimation.h"
+#include "kernels/cuda/xattention_scores_wgmma.h"
 #endif
 
 namespace tessel {
@@ -28,7 +31,53 @@ namespace {
 struct MassCase {
   int seq_q, seq_kv, heads, kv_heads, dim, stride, block_q, block_kv;
   std::vector<int32_t> valid_groups;  // empty: every group of every block is scored
+  DType dtype = DType::kBF16;
 };
+
+#ifdef TESSEL_WITH_CUDA
+// Every score GEMM this device can run: mma.sync always, the wgmma shapes on sm_90a builds for
+// compute capability 9.0.
+std::vector<cuda::detail::XAttentionGemm> runnable_gemms() {
+  using cuda::detail::XAttentionGemm;
+  std::vector<XAttentionGemm> gemms{XAttentionGemm::kMmaSync};
+  if (cuda::detail::xattention_wgmma_supported()) {
+    gemms.push_back(XAttentionGemm::kWgmma128);
+    gemms.push_back(XAttentionGemm::kWgmma256);
+  }
+  return gemms;
+}
+
+const char* gemm_name(cuda::detail::XAttentionGemm gemm) {
+  switch (gemm) {
+    case cuda::detail::XAttentionGemm::kMmaSync: return "mma.sync";
+    case cuda::detail::XAttentionGemm::kWgmma128: return "wgmma 128x128";
+    case cuda::detail::XAttentionGemm::kWgmma256: return "wgmma 128x256";
+    default: return "auto";
+  }
+}
+
+// Params for q (B=1, S_q, H, D) and k on the device, the case's geometry and the scale.
+cuda::detail::XAttentionParams mass_params(const MassCase& c, const Tensor& qd, const Tensor& kd, double scale) {
+  cuda::detail::XAttentionParams p{};
+  p.q = qd.data();
+  p.k = kd.data();
+  p.q_stride_b = qd.view().stride(0), p.q_stride_s = qd.view().stride(1), p.q_stride_h = qd.view().stride(2);
+  p.k_stride_b = kd.view().stride(0), p.k_stride_s = kd.view().stride(1), p.k_stride_h = kd.view().stride(2);
+  p.batch = 1, p.seq_q = c.seq_q, p.seq_kv = c.seq_kv, p.heads_q = c.heads, p.heads_kv = c.kv_heads;
+  p.dim = c.dim, p.stride = c.stride;
+  p.groups_q = (c.seq_q + c.stride - 1) / c.stride, p.groups_kv = (c.seq_kv + c.stride - 1) / c.stride;
+  p.block_q = c.block_q, p.block_kv = c.block_kv;
+  p.q_blocks = (c.seq_q + c.block_q - 1) / c.block_q, p.kv_blocks = (c.seq_kv + c.block_kv - 1) / c.block_kv;
+  p.logit_scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  return p;
+}
+
+Tensor nan_filled_device(int64_t n) {
+  Tensor poisoned = Tensor::empty({n}, DType::kF32);
+  std::fill_n(poisoned.data_as<float>(), n, std::numeric_limits<float>::quiet_NaN());
+  return poisoned.to(Device::cuda());
+}
+#endif
 
 // mass[h][qb][c] in fp64 from the bf16 values the kernel reads.
 std::vector<double> oracle_mass(const MassCase& c, const std::vector<float>& q, const std::vector<float>& k, double scale) {
@@ -76,6 +125,8 @@ TEST(XAttentionBlockMassGpu, MatchesTheFp64Oracle) {
       {300, 900, 2, 1, 64, 16, 64, 64, {}},                    // 4 groups per block (units of 4)
       {1024, 3072, 2, 1, 128, 8, 1024, 1024, {128, 50, 128}},  // the KV policy's shape: one block per tile
       {333, 777, 3, 3, 64, 4, 128, 128, {}},                   // 32 groups per block
+      {2100, 4500, 2, 1, 128, 16, 128, 128, {}, DType::kF16},  // fp16, several row and column tiles
+      {4096, 4096, 1, 1, 64, 2, 64, 64, {}},                   // stride 2: 2048 x 2048 groups, units of 4
   };
   uint64_t seed = 71;
   for (const MassCase& c : cases) {
@@ -85,7 +136,7 @@ TEST(XAttentionBlockMassGpu, MatchesTheFp64Oracle) {
     Tensor k = Tensor::empty({1, c.seq_kv, c.kv_heads, c.dim}, DType::kF32);
     fill_normal(q.view(), seed++, 0.0, 1.5);
     fill_normal(k.view(), seed++, 0.0, 1.5);
-    const Tensor q16 = q.to(DType::kBF16), k16 = k.to(DType::kBF16);
+    const Tensor q16 = q.to(c.dtype), k16 = k.to(c.dtype);
     const Tensor qf = q16.to(DType::kF32), kf = k16.to(DType::kF32);  // what the kernel sees
     const std::vector<float> qv(qf.data_as<const float>(), qf.data_as<const float>() + qf.numel());
     const std::vector<float> kv(kf.data_as<const float>(), kf.data_as<const float>() + kf.numel());
@@ -93,17 +144,7 @@ TEST(XAttentionBlockMassGpu, MatchesTheFp64Oracle) {
     const std::vector<double> want = oracle_mass(c, qv, kv, scale);
 
     const Tensor qd = q16.to(Device::cuda()), kd = k16.to(Device::cuda());
-    cuda::detail::XAttentionParams p{};
-    p.q = qd.data();
-    p.k = kd.data();
-    p.q_stride_b = qd.view().stride(0), p.q_stride_s = qd.view().stride(1), p.q_stride_h = qd.view().stride(2);
-    p.k_stride_b = kd.view().stride(0), p.k_stride_s = kd.view().stride(1), p.k_stride_h = kd.view().stride(2);
-    p.batch = 1, p.seq_q = c.seq_q, p.seq_kv = c.seq_kv, p.heads_q = c.heads, p.heads_kv = c.kv_heads;
-    p.dim = c.dim, p.stride = c.stride;
-    p.groups_q = (c.seq_q + c.stride - 1) / c.stride, p.groups_kv = (c.seq_kv + c.stride - 1) / c.stride;
-    p.block_q = c.block_q, p.block_kv = c.block_kv;
-    p.q_blocks = (c.seq_q + c.block_q - 1) / c.block_q, p.kv_blocks = (c.seq_kv + c.block_kv - 1) / c.block_kv;
-    p.logit_scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+    cuda::detail::XAttentionParams p = mass_params(c, qd, kd, scale);
     Tensor valid_device;
     if (!c.valid_groups.empty()) {
       ASSERT_EQ(static_cast<int>(c.valid_groups.size()), p.kv_blocks);
@@ -112,23 +153,83 @@ TEST(XAttentionBlockMassGpu, MatchesTheFp64Oracle) {
       valid_device = valid.to(Device::cuda());
       p.kv_valid_groups = valid_device.data_as<const int32_t>();
     }
-    Tensor workspace = Tensor::empty({cuda::detail::xattention_block_lse_floats(p)}, DType::kF32, Device::cuda());
-    Tensor poisoned = Tensor::empty({static_cast<int64_t>(want.size())}, DType::kF32);
-    std::fill_n(poisoned.data_as<float>(), want.size(), std::numeric_limits<float>::quiet_NaN());
-    Tensor mass = poisoned.to(Device::cuda());
-    p.block_lse2 = workspace.data_as<float>();
-    p.mass = mass.data_as<float>();
-    cuda::detail::launch_xattention_block_mass(p, DType::kBF16, cuda::current_stream());
-    const Tensor got = mass.to(Device::cpu());
-    const float* g = got.data_as<const float>();
-    double worst = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(g[i])) << "mass " << i << " not written";
-      worst = std::max(worst, std::abs(g[i] - want[i]));
+    for (const cuda::detail::XAttentionGemm gemm : runnable_gemms()) {
+      SCOPED_TRACE(gemm_name(gemm));
+      p.gemm = gemm;
+      Tensor workspace = nan_filled_device(cuda::detail::xattention_block_lse_floats(p));
+      Tensor mass = nan_filled_device(static_cast<int64_t>(want.size()));
+      p.block_lse2 = workspace.data_as<float>();
+      p.mass = mass.data_as<float>();
+      cuda::detail::launch_xattention_block_mass(p, c.dtype, cuda::current_stream());
+      const Tensor got = mass.to(Device::cpu());
+      const float* g = got.data_as<const float>();
+      double worst = 0.0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(g[i])) << "mass " << i << " not written";
+        worst = std::max(worst, std::abs(g[i] - want[i]));
+      }
+      // fp32 accumulation of 16-bit products and ex2.approx against fp64: masses are sums of up
+      // to block_q / stride row probabilities, each off by ~1e-6 relative.
+      EXPECT_LT(worst, 2e-4) << "largest |mass - fp64 oracle|";
     }
-    // fp32 accumulation of bf16 products and ex2.approx against fp64: masses are sums of up to
-    // block_q / stride row probabilities, each off by ~1e-6 relative.
-    EXPECT_LT(worst, 2e-4) << "largest |mass - fp64 oracle|";
+  }
+#endif
+}
+
+// The GEMM variants at the RFC's largest benchmark shape (S = 29700, 40 heads, D = 128, bf16,
+// 128 x 128 blocks, strides 16 and 8): the masses agree with the mma.sync kernel's, and each
+// variant's time (median of 15 launches of the scores + masses) is printed for the record.
+TEST(XAttentionBlockMassGpu, GemmVariantsAgreeAtTheBenchmarkShape) {
+  SKIP_WITHOUT_GPU();
+#ifdef TESSEL_WITH_CUDA
+  Tensor q = Tensor::empty({1, 29700, 40, 128}, DType::kF32), k = Tensor::empty({1, 29700, 40, 128}, DType::kF32);
+  fill_normal(q.view(), 900, 0.0, 1.0);
+  fill_normal(k.view(), 901, 0.0, 1.0);
+  const Tensor qd = q.to(DType::kBF16).to(Device::cuda()), kd = k.to(DType::kBF16).to(Device::cuda());
+  for (const int stride : {16, 8}) {
+    const MassCase c{29700, 29700, 40, 40, 128, stride, 128, 128, {}};
+    SCOPED_TRACE(::testing::Message() << "stride " << stride);
+    cuda::detail::XAttentionParams p = mass_params(c, qd, kd, 1.0 / std::sqrt(128.0) / stride);
+    const int64_t mass_floats = static_cast<int64_t>(p.q_blocks) * p.kv_blocks * c.heads;
+    Tensor workspace = nan_filled_device(cuda::detail::xattention_block_lse_floats(p));
+    p.block_lse2 = workspace.data_as<float>();
+    std::vector<float> reference;
+    cudaEvent_t start, stop;
+    ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+    for (const cuda::detail::XAttentionGemm gemm : runnable_gemms()) {
+      p.gemm = gemm;
+      Tensor mass = nan_filled_device(mass_floats);
+      p.mass = mass.data_as<float>();
+      std::vector<float> ms;
+      for (int i = 0; i < 18; ++i) {
+        cudaEventRecord(start, cuda::current_stream());
+        cuda::detail::launch_xattention_block_mass(p, DType::kBF16, cuda::current_stream());
+        cudaEventRecord(stop, cuda::current_stream());
+        ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+        float t = 0.f;
+        cudaEventElapsedTime(&t, start, stop);
+        if (i >= 3) ms.push_back(t);  // the first launches warm up
+      }
+      std::sort(ms.begin(), ms.end());
+      const double gflop = 2.0 * p.groups_q * p.groups_kv * (static_cast<double>(stride) * c.dim) * c.heads * 1e-9;
+      std::printf("[ timing ] XAttention scores+masses %-14s S=29700 H=40 D=128 stride %2d: %.3f ms (%.0f TFLOP/s)\n",
+                  gemm_name(gemm), stride, ms[ms.size() / 2], gflop / ms[ms.size() / 2]);
+      const Tensor got = mass.to(Device::cpu());
+      const float* g = got.data_as<const float>();
+      if (reference.empty()) {
+        reference.assign(g, g + mass_floats);
+        continue;
+      }
+      double worst = 0.0;
+      for (int64_t i = 0; i < mass_floats; ++i) {
+        ASSERT_TRUE(std::isfinite(g[i])) << "mass " << i << " not written";
+        worst = std::max(worst, static_cast<double>(std::abs(g[i] - reference[static_cast<size_t>(i)])));
+      }
+      EXPECT_LT(worst, 2e-4) << gemm_name(gemm) << ": largest |mass - mma.sync mass|";
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
   }
 #endif
 }

@@ -15,31 +15,36 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// Exclusive scan of one value per thread over the CTA (blockDim.x a multiple of 32, <= 1024).
-__device__ __forceinline__ int block_exclusive_scan(int value, int* total) {
-  __shared__ int s_warp[32];
+// Exclusive scan of one value per thread over the CTA (blockDim.x a multiple of 32, <= 1024), in a
+// fixed order (floating-point sums are the same on every run); *total gets the sum of all values.
+template <typename T>
+__device__ __forceinline__ T block_exclusive_scan(T value, T* total) {
+  __shared__ T s_warp[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int inclusive = value;
+  T inclusive = value;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, inclusive, o);
+    const T y = __shfl_up_sync(0xffffffffu, inclusive, o);
     if (lane >= o) inclusive += y;
   }
+  // The lane before's inclusive sum (not inclusive - value, which rounds differently for floats).
+  const T up = __shfl_up_sync(0xffffffffu, inclusive, 1);
+  const T exclusive_in_warp = lane == 0 ? T(0) : up;
   if (lane == 31) s_warp[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < warps ? s_warp[lane] : 0;
+    T w = lane < warps ? s_warp[lane] : T(0);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      const T y = __shfl_up_sync(0xffffffffu, w, o);
       if (lane >= o) w += y;
     }
     if (lane < warps) s_warp[lane] = w;  // inclusive prefix over warps
   }
   __syncthreads();
-  const int warp_offset = warp == 0 ? 0 : s_warp[warp - 1];
+  const T warp_offset = warp == 0 ? T(0) : s_warp[warp - 1];
   *total = s_warp[warps - 1];
-  const int result = warp_offset + inclusive - value;
+  const T result = warp_offset + exclusive_in_warp;
   __syncthreads();  // s_warp may be reused by the next call
   return result;
 }

@@ -29,13 +29,15 @@
 #include "kernels/cuda/flash_forward_kernel.cuh"
 #include "kernels/cuda/mask_rows.cuh"
 #include "kernels/cuda/xattention_estimation.h"
+#include "kernels/cuda/xattention_scores_wgmma.h"
+#include "kernels/cuda/xattention_tile.cuh"
 
 namespace tessel::cuda::detail {
 
 namespace {
 
 constexpr int kTile = 128;       // group columns per CTA tile
-constexpr int kSlice = 64;       // inner elements per pipeline step (one 128-byte row per group)
+constexpr int kSlice = kXAttentionSlice;
 constexpr int kThreads = 256;    // 8 warps: 4 along rows x 2 along columns (64 each)
 constexpr int kTilesPerCta = 4;  // column tiles one CTA walks through (keeps the pipeline full across tiles)
 constexpr uint32_t kColSliceBytes = kTile * kSlice * 2;
@@ -52,20 +54,6 @@ struct TileShape {
 };
 constexpr int kMassThreads = 256;
 constexpr int kSelectThreads = 256;
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait_pending() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Rows j of a strided tile starting at token `first` (row j is token first + j*S) that lie
-// before `seq`: the rest are zero-filled.
-__device__ __forceinline__ int strided_rows_valid(int seq, int first, int stride, int tile_rows) {
-  const int left = seq - first;
-  return left <= 0 ? 0 : min(tile_rows, (left + stride - 1) / stride);
-}
-
-__device__ __forceinline__ float lse2_of(float max, float sum) { return max == -INFINITY ? -INFINITY : max + __log2f(sum); }
 
 // One 64-wide inner slice for a warp's M m16 tiles x 64 columns: A fragments by ldmatrix, B
 // fragments two n8 tiles per ldmatrix.x4, M x 8 MMAs per k16. a_off / b_off: the lane's swizzled
@@ -128,7 +116,6 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
   const int S = p.stride;
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.k_stride_b + hk * p.k_stride_h;
-  const int64_t q_rows = static_cast<int64_t>(S) * p.q_stride_s, k_rows = static_cast<int64_t>(S) * p.k_stride_s;
 
   const int col_tiles = (p.groups_kv + kTile - 1) / kTile;
   const int first_tile = split * kTilesPerCta;
@@ -139,27 +126,12 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
   const int steps = tiles * slices;
   const int group_kv_block = p.block_kv / S;  // groups per kv block: a power of two, 4..128
 
-  // Loads run kStages - 1 steps ahead of the MMAs; a cursor walks (column tile, token offset i,
-  // d chunk) in step order, so the loop does no integer division.
-  int issued = 0, issue_stage = 0, issue_tile = 0, issue_i = 0, issue_d = 0;
+  // Loads run kStages - 1 steps ahead of the MMAs.
+  StridedSliceLoader<kRows, kTile, kThreads> loader{q, k, p.q_stride_s, p.k_stride_s, p.seq_q, p.seq_kv, S,
+                                                    g0, first_tile, slices_per_token};
+  int issued = 0, issue_stage = 0;
   auto issue = [&]() {
-    if (issued < steps) {
-      const uint32_t stage = s_base + issue_stage * kStageBytes;
-      const int d0 = issue_d * kSlice;
-      const int q_first = g0 * S + S - 1 - issue_i;  // reversed within the group: the antidiagonal
-      const int q_valid = strided_rows_valid(p.seq_q, q_first, S, kRows);
-      load_tile<kSlice, kRows, kThreads>(stage, (q_valid > 0 ? q + static_cast<int64_t>(q_first) * p.q_stride_s : q) + d0,
-                                         q_rows, q_valid, tid);
-      const int k_first = (first_tile + issue_tile) * kTile * S + issue_i;
-      const int k_valid = strided_rows_valid(p.seq_kv, k_first, S, kTile);
-      load_tile<kSlice, kTile, kThreads>(stage + kRowSliceBytes,
-                                         (k_valid > 0 ? k + static_cast<int64_t>(k_first) * p.k_stride_s : k) + d0,
-                                         k_rows, k_valid, tid);
-      if (++issue_d == slices_per_token) {
-        issue_d = 0;
-        if (++issue_i == S) issue_i = 0, ++issue_tile;
-      }
-    }
+    if (issued < steps) loader.load(s_base + issue_stage * kStageBytes, tid);
     ++issued;
     issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     cp_async_commit();
@@ -206,14 +178,9 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int col = c0 + warp_col + nt * 8 + quad * 2;  // this lane's columns: col, col + 1
-      int valid_in_block = group_kv_block;
-      if (p.kv_valid_groups != nullptr) {
-        const int block = col >> block_shift;
-        valid_in_block = block < p.kv_blocks ? p.kv_valid_groups[block] : 0;
-      }
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        if (col + e < p.groups_kv && ((col + e) & (group_kv_block - 1)) < valid_in_block) valid_bits |= 1u << (nt * 2 + e);
+        if (group_column_scored(p, col + e, block_shift)) valid_bits |= 1u << (nt * 2 + e);
     }
     // Per row: one max over the warp's 64 columns, then per unit a sum of exp2(x - max). A unit
     // whose sum underflows (all its scores 2^126 below the row's best) gets -inf: its mass is 0 in
@@ -249,20 +216,7 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
     __syncthreads();
-    // Units to blocks: each thread combines the units of (row, block) pairs and writes them.
-    const int units_per_block = group_kv_block / kUnit, blocks_per_tile = kTile / group_kv_block;
-    const int block0 = c0 / group_kv_block;
-    for (int idx = tid; idx < kRows * blocks_per_tile; idx += kThreads) {
-      const int r = idx / blocks_per_tile, bl = idx % blocks_per_tile;
-      if (g0 + r >= p.groups_q || block0 + bl >= p.kv_blocks) continue;
-      const float* u = s_unit + r * kUnitsPerTile + bl * units_per_block;
-      float mx = -INFINITY;
-      for (int j = 0; j < units_per_block; ++j) mx = fmaxf(mx, u[j]);
-      float sum = 0.f;
-      if (mx != -INFINITY)
-        for (int j = 0; j < units_per_block; ++j) sum += fast_exp2(u[j] - mx);
-      out[static_cast<int64_t>(g0 + r) * p.kv_blocks + block0 + bl] = lse2_of(mx, sum);
-    }
+    store_tile_block_lse<kRows, kUnitsPerTile, kUnit, kThreads>(s_unit, p, out, g0, c0, group_kv_block, tid);
     // The next write to s_unit comes after at least one more step, whose __syncthreads orders it.
   }
   cp_async_wait_pending<0>();
@@ -303,18 +257,25 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
 }
 
 // One CTA per (q block r, head h, batch b): forced blocks (diagonal, first), then the others by
-// (mass desc, c asc) while the kept mass is below threshold × the row's total (sums in double, in
-// the CPU's order), then the row's ids ascending.
+// (mass desc, c asc) while the kept mass is below threshold x the row's total, then the row's ids
+// ascending. The greedy rule runs in parallel: sorted entry i is kept iff forced + (sum of the
+// sorted masses before i) < target, a prefix sum (double, fixed order, so replays select the same
+// blocks). A single-thread loop over the row measured 0.42 ms of a 2.4 ms estimate at S = 29700,
+// stride 16, 465 kv blocks, on an H100.
 __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_size) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
-  uint8_t* keep = reinterpret_cast<uint8_t*>(keys + sort_size);
+  float* s_mass = reinterpret_cast<float*>(keys + sort_size);
+  uint8_t* keep = reinterpret_cast<uint8_t*>(s_mass + p.kv_blocks);
   const int r = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int kvb = p.kv_blocks;
   const int64_t row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r;
   const float* m = p.mass + row * kvb;
 
-  for (int c = tid; c < kvb; c += blockDim.x) keep[c] = 0;
+  for (int c = tid; c < kvb; c += blockDim.x) {
+    keep[c] = 0;
+    s_mass[c] = m[c];
+  }
   __syncthreads();
   if (p.keep_diagonal) {
     const int shift = p.seq_kv - p.seq_q;
@@ -329,24 +290,38 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
   for (int i = tid; i < sort_size; i += blockDim.x) {
     unsigned long long key = 0ull;
     if (i < kvb && !keep[i])
-      key = (static_cast<unsigned long long>(__float_as_uint(m[i])) << 32) | (0xffffffffu - static_cast<unsigned>(i));
+      key = (static_cast<unsigned long long>(__float_as_uint(s_mass[i])) << 32) | (0xffffffffu - static_cast<unsigned>(i));
     keys[i] = key;
   }
   bitonic_sort_descending(keys, sort_size);
-  if (tid == 0) {
-    double total = 0.0, kept = 0.0;
-    int others = 0;
-    for (int c = 0; c < kvb; ++c) {
-      total += m[c];
-      if (keep[c]) kept += m[c];
-      else ++others;
-    }
-    const double target = static_cast<double>(p.threshold) * total;
-    for (int i = 0; i < others && kept < target; ++i) {
-      const int c = static_cast<int>(0xffffffffu - static_cast<unsigned>(keys[i] & 0xffffffffull));
-      keep[c] = 1;
-      kept += m[c];
-    }
+  __syncthreads();
+  // Row totals over contiguous per-thread chunks: all mass, forced mass, candidates.
+  const int chunk = (kvb + blockDim.x - 1) / blockDim.x;
+  const int c0 = min(kvb, tid * chunk), c1 = min(kvb, c0 + chunk);
+  double my_total = 0.0, my_forced = 0.0;
+  int my_others = 0;
+  for (int c = c0; c < c1; ++c) {
+    my_total += s_mass[c];
+    if (keep[c]) my_forced += s_mass[c];
+    else ++my_others;
+  }
+  double total = 0.0, forced = 0.0;
+  int others = 0;
+  block_exclusive_scan(my_total, &total);
+  block_exclusive_scan(my_forced, &forced);
+  block_exclusive_scan(my_others, &others);
+  const double target = static_cast<double>(p.threshold) * total;
+  // The candidates are the first `others` sorted keys; each key carries its mass in the high word.
+  const int sort_chunk = (others + blockDim.x - 1) / blockDim.x;
+  const int s0 = min(others, tid * sort_chunk), s1 = min(others, s0 + sort_chunk);
+  double my_sorted = 0.0;
+  for (int i = s0; i < s1; ++i) my_sorted += __uint_as_float(static_cast<unsigned>(keys[i] >> 32));
+  double all_sorted = 0.0;
+  double kept = forced + block_exclusive_scan(my_sorted, &all_sorted);
+  for (int i = s0; i < s1 && kept < target; ++i) {
+    const unsigned long long key = keys[i];
+    keep[static_cast<int>(0xffffffffu - static_cast<unsigned>(key & 0xffffffffull))] = 1;
+    kept += __uint_as_float(static_cast<unsigned>(key >> 32));
   }
   __syncthreads();
   write_kept_row(keep, kvb, p.row_blocks + row * kvb, p.row_counts + row);
@@ -382,7 +357,11 @@ void launch_block_lse_typed(const XAttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_xattention_block_mass(const XAttentionParams& p, DType dtype, cudaStream_t stream) {
-  if (dtype == DType::kBF16)
+  XAttentionGemm gemm = p.gemm;
+  if (gemm == XAttentionGemm::kAuto) gemm = xattention_wgmma_supported() ? XAttentionGemm::kWgmma128 : XAttentionGemm::kMmaSync;
+  if (gemm == XAttentionGemm::kWgmma128 || gemm == XAttentionGemm::kWgmma256)
+    launch_xattention_block_lse_wgmma(p, dtype, gemm == XAttentionGemm::kWgmma128 ? 128 : 256, stream);
+  else if (dtype == DType::kBF16)
     launch_block_lse_typed<__nv_bfloat16>(p, stream);
   else
     launch_block_lse_typed<__half>(p, stream);
@@ -394,9 +373,10 @@ void launch_xattention_estimation(const XAttentionParams& p, DType dtype, cudaSt
   launch_xattention_block_mass(p, dtype, stream);
   int sort_size = 1;
   while (sort_size < p.kv_blocks) sort_size <<= 1;
-  const size_t smem = sort_size * sizeof(unsigned long long) + p.kv_blocks;
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      select_threshold_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 4096 * (sizeof(unsigned long long) + 1));
+  const size_t smem = sort_size * sizeof(unsigned long long) + p.kv_blocks * (sizeof(float) + 1);
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(select_threshold_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           4096 * (sizeof(unsigned long long) + sizeof(float) + 1));
   (void)attribute_status;
   select_threshold_rows_kernel<<<dim3(p.q_blocks, p.heads_q, p.batch), kSelectThreads, smem, stream>>>(p, sort_size);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_blocks;

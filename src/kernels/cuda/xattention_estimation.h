@@ -18,6 +18,11 @@
 
 namespace tessel::cuda::detail {
 
+// Which tensor-core GEMM computes the scores. kAuto: wgmma (kWgmma128) on compute capability 9.0
+// devices when the build includes sm_90a, mma.sync otherwise. The others force one (tests and
+// benchmarks compare them); forcing wgmma where it cannot run is an error.
+enum class XAttentionGemm { kAuto, kMmaSync, kWgmma128, kWgmma256 };
+
 struct XAttentionParams {
   const void* q;  // (B, S_q, H_q, D) bf16/fp16, unit stride along D, rows 16-byte aligned
   const void* k;  // (B, S_kv, H_kv, D)
@@ -34,6 +39,7 @@ struct XAttentionParams {
   // leading groups of kv block c that are scored; the rest of the block is excluded from the
   // softmax (a partially filled block of an offloaded KV cache).
   const int32_t* kv_valid_groups;
+  XAttentionGemm gemm = XAttentionGemm::kAuto;
   // Selection (launch_xattention_estimation only).
   float threshold;
   bool keep_diagonal, keep_first;
