@@ -11,7 +11,9 @@
 // Measured on an H200 at S = 29700, H = 40, D = 128, stride 8 (whole estimate): 128 x 128 tiles
 // with 2 CTAs/SM 5.5 ms; 256 x 128 tiles (64 x 64 per warp, more FLOP per loaded byte) with one
 // CTA/SM 6.2 ms. Nsight Compute shows the kernel latency-bound (tensor pipe ~33% active, L2 and
-// DRAM far from busy), so more resident warps beat more reuse. A wgmma/TMA version is the next step.
+// DRAM far from busy), so more resident warps beat more reuse. This kernel is the sm_80 path (and
+// that of builds without sm_90a); compute capability 9.0 runs the wgmma version of the same GEMM
+// (xattention_scores_wgmma.cu), chosen in launch_xattention_block_mass.
 //
 // The epilogue never materializes the score matrix: per row and kv block it keeps the scores'
 // log-sum-exp (log2 domain), first over units of kUnit columns in registers and shuffles, then
@@ -127,11 +129,11 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
   const int group_kv_block = p.block_kv / S;  // groups per kv block: a power of two, 4..128
 
   // Loads run kStages - 1 steps ahead of the MMAs.
-  StridedSliceLoader<kRows, kTile, kThreads> loader{q, k, p.q_stride_s, p.k_stride_s, p.seq_q, p.seq_kv, S,
-                                                    g0, first_tile, slices_per_token};
+  StridedSliceLoader<kRows, kTile, kThreads> loader{p.q_stride_s, p.k_stride_s, p.seq_q, p.seq_kv, S, slices_per_token,
+                                                    q, k, g0, first_tile * kTile};
   int issued = 0, issue_stage = 0;
   auto issue = [&]() {
-    if (issued < steps) loader.load(s_base + issue_stage * kStageBytes, tid);
+    if (issued < steps && loader.load(s_base + issue_stage * kStageBytes, tid)) loader.c0 += kTile;
     ++issued;
     issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     cp_async_commit();

@@ -8,16 +8,21 @@
 // 64-wide slice straight from the swizzled tiles cp.async wrote (wgmma.cuh), with no register
 // fragments to load.
 //
-// Two shapes:
-//  - kCols 128: 3 stages, two CTAs per SM; each step waits for its own wgmmas (the other CTA
-//    keeps the tensor cores busy across barriers).
+// Two shapes (measured on an H100 at S = 29700, H = 40, D = 128, scores + masses):
+//  - kCols 128 (the default): 3 stages, two CTAs per SM; each step waits for its own wgmmas (the
+//    other CTA keeps the tensor cores busy across barriers). 1.77 ms at stride 16, 320 TFLOP/s
+//    (mma.sync: 2.2 ms).
 //  - kCols 256: 4 stages, one CTA per SM, more FLOP per loaded byte; one wgmma group stays in
-//    flight across the barrier, so loads run two steps ahead instead of three.
+//    flight across the barrier, so loads run two steps ahead instead of three. 2.13 ms: slower.
+// Still short of the tensor cores' peak: every step ends in a CTA-wide barrier. A producer warp
+// feeding stages through mbarriers (TMA, warp specialization) is the next step.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -43,7 +48,6 @@ struct WgmmaTile {
   static constexpr bool kOverlap = kCols == 256;
   static constexpr int kPrefetch = kStages - 1 - (kOverlap ? 1 : 0);
   static constexpr int kMinBlocks = kCols == 128 ? 2 : 1;
-  static constexpr int kTilesPerCta = kCols == 128 ? 4 : 2;  // column tiles one CTA walks through
   static constexpr uint32_t kRowSliceBytes = kRows * kSlice * 2;
   static constexpr uint32_t kStageBytes = kRowSliceBytes + kCols * kSlice * 2;
   template <int kUnit>
@@ -52,10 +56,25 @@ struct WgmmaTile {
   }
 };
 
-// Grid: (row tiles x column splits, H_q, B), as the mma.sync kernel.
+// One work item per (b, h, row tile, column tile), column tile fastest (CTAs running at the same
+// time share q rows and k columns in L2).
+struct TileItem {
+  int b, h, g0, c0;
+};
+
+__device__ __forceinline__ TileItem decode_item(int item, int row_tiles, int col_tiles, int heads, int cols) {
+  const int ct = item % col_tiles, rest = item / col_tiles;
+  const int rt = rest % row_tiles, bh = rest / row_tiles;
+  return {bh / heads, bh % heads, rt * kRows, ct * cols};
+}
+
+// A persistent grid: CTA j takes items j, j + gridDim.x, ..., one pipeline running through all of
+// them. With a fixed chunk of four column tiles per CTA (the mma.sync kernel's grid), the last of
+// ~9 waves at S = 29700 held a tenth of the SMs for four tile-times; here the rounds differ by at
+// most one tile.
 template <typename T, int kUnit, int kCols>
 __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
-    xattention_block_lse_wgmma_kernel(const XAttentionParams p, int col_splits) {
+    xattention_block_lse_wgmma_kernel(const XAttentionParams p) {
 #if TESSEL_WGMMA_AVAILABLE
   using Tile = WgmmaTile<kCols>;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
@@ -70,49 +89,57 @@ __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, group = lane >> 2, quad = lane & 3;
   const int warpgroup = warp >> 2;
   const int warp_row = warpgroup * 64 + (warp & 3) * 16;  // this warp's 16 accumulator rows
-  const int row_tile = blockIdx.x / col_splits, split = blockIdx.x % col_splits;
-  const int g0 = row_tile * kRows, h = blockIdx.y, b = blockIdx.z;
-  // A warpgroup whose 64 rows all lie past groups_q skips its MMAs (warpgroup-uniform). Not with
-  // a wgmma group in flight across the loop: ptxas then serializes every wgmma (warning C7518).
-  const bool rows_active = Tile::kOverlap || g0 + warpgroup * 64 < p.groups_q;
-  const int hk = h / (p.heads_q / p.heads_kv);
   const int S = p.stride;
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const uint16_t* k = static_cast<const uint16_t*>(p.k) + b * p.k_stride_b + hk * p.k_stride_h;
-
-  const int col_tiles = (p.groups_kv + kCols - 1) / kCols;
-  const int first_tile = split * Tile::kTilesPerCta;
-  const int tiles = min(Tile::kTilesPerCta, col_tiles - first_tile);
-  if (tiles <= 0) return;
+  const int row_tiles = (p.groups_q + kRows - 1) / kRows, col_tiles = (p.groups_kv + kCols - 1) / kCols;
+  const int items = p.batch * p.heads_q * row_tiles * col_tiles;
+  if (static_cast<int>(blockIdx.x) >= items) return;
+  const int my_items = (items - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
   const int slices_per_token = p.dim / kSlice;
   const int slices = S * slices_per_token;  // inner steps per tile
-  const int steps = tiles * slices;
+  const int steps = my_items * slices;
   const int group_kv_block = p.block_kv / S;  // groups per kv block: a power of two, 4..128
   const int block_shift = __ffs(group_kv_block) - 1;
+  const int group_heads = p.heads_q / p.heads_kv;
 
-  StridedSliceLoader<kRows, kCols, kThreads> loader{q, k, p.q_stride_s, p.k_stride_s, p.seq_q, p.seq_kv, S,
-                                                    g0, first_tile, slices_per_token};
+  StridedSliceLoader<kRows, kCols, kThreads> loader{p.q_stride_s, p.k_stride_s, p.seq_q, p.seq_kv, S, slices_per_token,
+                                                    nullptr, nullptr, 0, 0};
+  auto point_loader = [&](int item) {
+    const TileItem t = decode_item(item, row_tiles, col_tiles, p.heads_q, kCols);
+    loader.q = static_cast<const uint16_t*>(p.q) + t.b * p.q_stride_b + t.h * p.q_stride_h;
+    loader.k = static_cast<const uint16_t*>(p.k) + t.b * p.k_stride_b + (t.h / group_heads) * p.k_stride_h;
+    loader.g0 = t.g0;
+    loader.c0 = t.c0;
+  };
+  int load_item = blockIdx.x;
+  point_loader(load_item);
   int issued = 0, issue_stage = 0;
   auto issue = [&]() {
-    if (issued < steps) loader.load(s_base + issue_stage * kStageBytes, tid);
+    if (issued < steps && loader.load(s_base + issue_stage * kStageBytes, tid)) {
+      load_item += gridDim.x;
+      if (load_item < items) point_loader(load_item);
+    }
     ++issued;
     issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     cp_async_commit();
   };
   for (int step = 0; step < Tile::kPrefetch; ++step) issue();
 
+  int item = blockIdx.x;
+  TileItem tile = decode_item(item, row_tiles, col_tiles, p.heads_q, kCols);
   float acc[kCols / 2];
 #pragma unroll
   for (int i = 0; i < kCols / 2; ++i) acc[i] = 0.f;
 
-  float* out = p.block_lse2 + (static_cast<int64_t>(b) * p.heads_q + h) * p.groups_q * p.kv_blocks;
-  int stage = 0, slice = 0, tile = 0;
+  int stage = 0, slice = 0;
   for (int n = 0; n < steps; ++n) {
     cp_async_wait_pending<Tile::kPrefetch - 1>();  // step n's slices landed (this thread's copies) ...
     fence_proxy_async_shared();                    // ... visible to the tensor cores' proxy ...
     __syncthreads();  // ... for every thread's copies; and the stage refilled next is no longer read
     issue();
 
+    // A warpgroup whose 64 rows all lie past groups_q skips its MMAs (warpgroup-uniform). Not with
+    // a wgmma group in flight across the loop: ptxas then serializes every wgmma (warning C7518).
+    const bool rows_active = Tile::kOverlap || tile.g0 + warpgroup * 64 < p.groups_q;
     if (rows_active) {
       const uint32_t sa = s_base + stage * kStageBytes + warpgroup * 64 * kSlice * 2;
       const uint32_t sb = s_base + stage * kStageBytes + Tile::kRowSliceBytes;
@@ -143,7 +170,8 @@ __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
     }
 
     // Column tile complete: per (row, unit of kUnit columns) log-sum-exp into shared memory.
-    const int c0 = (first_tile + tile++) * kCols;
+    const int c0 = tile.c0, g0 = tile.g0;
+    float* out = p.block_lse2 + (static_cast<int64_t>(tile.b) * p.heads_q + tile.h) * p.groups_q * p.kv_blocks;
     uint64_t scored = 0;  // this lane's columns c0 + 8 nt + 2 quad + e, bit 2 nt + e
 #pragma unroll
     for (int nt = 0; nt < kN8; ++nt)
@@ -177,6 +205,8 @@ __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
     __syncthreads();
     store_tile_block_lse<kRows, kUnitsPerTile, kUnit, kThreads>(s_unit, p, out, g0, c0, group_kv_block, tid);
     // The next write to s_unit comes after at least one more step, whose __syncthreads orders it.
+    item += gridDim.x;
+    if (item < items) tile = decode_item(item, row_tiles, col_tiles, p.heads_q, kCols);
   }
   cp_async_wait_pending<0>();
 #else
@@ -185,58 +215,75 @@ __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
 }
 
 template <typename T, int kUnit, int kCols>
-void launch_shaped(const XAttentionParams& p, cudaStream_t stream) {
+void launch_shaped(const XAttentionParams& p, int multiprocessors, cudaStream_t stream) {
   using Tile = WgmmaTile<kCols>;
   constexpr int kSmem = Tile::template smem_bytes<kUnit>();
   static const cudaError_t attribute = cudaFuncSetAttribute(xattention_block_lse_wgmma_kernel<T, kUnit, kCols>,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   (void)attribute;
-  const int row_tiles = (p.groups_q + kRows - 1) / kRows, col_tiles = (p.groups_kv + kCols - 1) / kCols;
-  const int col_splits = (col_tiles + Tile::kTilesPerCta - 1) / Tile::kTilesPerCta;
-  const dim3 grid(row_tiles * col_splits, p.heads_q, p.batch);
-  xattention_block_lse_wgmma_kernel<T, kUnit, kCols><<<grid, kThreads, kSmem, stream>>>(p, col_splits);
+  const int64_t items = static_cast<int64_t>(p.batch) * p.heads_q * ((p.groups_q + kRows - 1) / kRows) *
+                        ((p.groups_kv + kCols - 1) / kCols);
+  const int grid = static_cast<int>(std::min<int64_t>(items, static_cast<int64_t>(multiprocessors) * Tile::kMinBlocks));
+  xattention_block_lse_wgmma_kernel<T, kUnit, kCols><<<grid, kThreads, kSmem, stream>>>(p);
 }
 
 template <typename T, int kCols>
-void launch_typed(const XAttentionParams& p, cudaStream_t stream) {
+void launch_typed(const XAttentionParams& p, int multiprocessors, cudaStream_t stream) {
   if (p.block_kv / p.stride == 4)
-    launch_shaped<T, 4, kCols>(p, stream);
+    launch_shaped<T, 4, kCols>(p, multiprocessors, stream);
   else
-    launch_shaped<T, 8, kCols>(p, stream);
+    launch_shaped<T, 8, kCols>(p, multiprocessors, stream);
 }
 
 }  // namespace
 
-bool xattention_wgmma_supported() {
-#if defined(TESSEL_CUDA_SM90A)
-  // Per device, read once (attribute queries are not stream work: safe during graph capture).
+namespace {
+
+struct WgmmaDevice {
+  bool supported = false;
+  int multiprocessors = 0;
+};
+
+// The current device's facts, read once per device (attribute queries are not stream work: safe
+// during graph capture).
+WgmmaDevice current_wgmma_device() {
   static std::mutex mutex;
-  static std::vector<int> known;  // -1 unknown, 0 no, 1 yes
+  static std::vector<std::optional<WgmmaDevice>> known;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaGetDevice(&device) != cudaSuccess) return {};
   std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(known.size()) <= device) known.resize(static_cast<size_t>(device) + 1, -1);
-  if (known[static_cast<size_t>(device)] < 0) {
-    int major = 0, minor = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess;
-    known[static_cast<size_t>(device)] = ok && major == 9 && minor == 0 ? 1 : 0;
-  }
-  return known[static_cast<size_t>(device)] == 1;
+  if (static_cast<int>(known.size()) <= device) known.resize(static_cast<size_t>(device) + 1);
+  std::optional<WgmmaDevice>& facts = known[static_cast<size_t>(device)];
+  if (!facts) {
+    int major = 0, minor = 0, sms = 0;
+    const bool read = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+#if defined(TESSEL_CUDA_SM90A)
+    const bool sm90a_code = true;
 #else
-  return false;
+    const bool sm90a_code = false;
 #endif
+    facts = WgmmaDevice{read && sm90a_code && major == 9 && minor == 0, sms};
+  }
+  return *facts;
 }
 
+}  // namespace
+
+bool xattention_wgmma_supported() { return current_wgmma_device().supported; }
+
 void launch_xattention_block_lse_wgmma(const XAttentionParams& p, DType dtype, int cols, cudaStream_t stream) {
-  if (!xattention_wgmma_supported())
+  const WgmmaDevice device = current_wgmma_device();
+  if (!device.supported)
     throw std::runtime_error("XAttention wgmma kernel: needs a compute capability 9.0 device and a build with sm_90a");
   if (cols != 128 && cols != 256) throw std::invalid_argument("XAttention wgmma kernel: cols must be 128 or 256");
   const bool bf16 = dtype == DType::kBF16;
+  const int sms = device.multiprocessors;
   if (cols == 128)
-    bf16 ? launch_typed<__nv_bfloat16, 128>(p, stream) : launch_typed<__half, 128>(p, stream);
+    bf16 ? launch_typed<__nv_bfloat16, 128>(p, sms, stream) : launch_typed<__half, 128>(p, sms, stream);
   else
-    bf16 ? launch_typed<__nv_bfloat16, 256>(p, stream) : launch_typed<__half, 256>(p, stream);
+    bf16 ? launch_typed<__nv_bfloat16, 256>(p, sms, stream) : launch_typed<__half, 256>(p, sms, stream);
 }
 
 }  // namespace tessel::cuda::detail

@@ -39,33 +39,37 @@ __device__ __forceinline__ bool group_column_scored(const XAttentionParams& p, i
 }
 
 // Streams the GEMM's operand slices into shared memory with cp.async, one pipeline step per call:
-// the kRows group rows of q (each group's tokens in reverse order: the antidiagonal) and the kCols
-// group columns of k, 64 inner elements each, at token offset i and d chunk of the current column
-// tile. A cursor walks (column tile, i, d chunk) in step order, so the loop does no division.
+// the kRows group rows of q from g0 (each group's tokens in reverse order: the antidiagonal) and
+// the kCols group columns of k from c0, 64 inner elements each, at token offset i and d chunk. A
+// cursor walks (i, d chunk) in step order, so the loop does no division; the caller moves q, k,
+// g0 and c0 to its next tile when load() reports the last slice of one.
 template <int kRows, int kCols, int kThreads>
 struct StridedSliceLoader {
   static constexpr uint32_t kRowSliceBytes = kRows * kXAttentionSlice * 2;
-  const uint16_t* q;
-  const uint16_t* k;
   int64_t q_stride_s, k_stride_s;
-  int seq_q, seq_kv, stride, g0, first_tile, slices_per_token;
-  int tile = 0, i = 0, d = 0;
+  int seq_q, seq_kv, stride, slices_per_token;
+  const uint16_t* q;  // the tile's head (and batch) of q and k
+  const uint16_t* k;
+  int g0, c0;         // first group row and group column of the tile
+  int i = 0, d = 0;
 
-  __device__ __forceinline__ void load(uint32_t stage, int tid) {
+  // Returns true when the slice just loaded was the tile's last (the cursor is back at its start).
+  __device__ __forceinline__ bool load(uint32_t stage, int tid) {
     const int d0 = d * kXAttentionSlice;
     const int q_first = g0 * stride + stride - 1 - i;  // reversed within the group
     const int q_valid = strided_rows_valid(seq_q, q_first, stride, kRows);
     load_tile<kXAttentionSlice, kRows, kThreads>(
         stage, (q_valid > 0 ? q + static_cast<int64_t>(q_first) * q_stride_s : q) + d0, stride * q_stride_s, q_valid, tid);
-    const int k_first = (first_tile + tile) * kCols * stride + i;
+    const int k_first = c0 * stride + i;
     const int k_valid = strided_rows_valid(seq_kv, k_first, stride, kCols);
     load_tile<kXAttentionSlice, kCols, kThreads>(stage + kRowSliceBytes,
                                                  (k_valid > 0 ? k + static_cast<int64_t>(k_first) * k_stride_s : k) + d0,
                                                  stride * k_stride_s, k_valid, tid);
-    if (++d == slices_per_token) {
-      d = 0;
-      if (++i == stride) i = 0, ++tile;
-    }
+    if (++d < slices_per_token) return false;
+    d = 0;
+    if (++i < stride) return false;
+    i = 0;
+    return true;
   }
 };
 
