@@ -19,8 +19,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -62,11 +63,13 @@ struct TileItem {
   int b, h, g0, c0;
 };
 
+#if TESSEL_WGMMA_AVAILABLE  // only the sm_90a pass has a kernel body using it
 __device__ __forceinline__ TileItem decode_item(int item, int row_tiles, int col_tiles, int heads, int cols) {
   const int ct = item % col_tiles, rest = item / col_tiles;
   const int rt = rest % row_tiles, bh = rest / row_tiles;
   return {bh / heads, bh % heads, rt * kRows, ct * cols};
 }
+#endif
 
 // A persistent grid: CTA j takes items j, j + gridDim.x, ..., one pipeline running through all of
 // them. With a fixed chunk of four column tiles per CTA (the mma.sync kernel's grid), the last of
@@ -210,6 +213,7 @@ __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
   }
   cp_async_wait_pending<0>();
 #else
+  static_assert(WgmmaTile<kCols>::kPrefetch >= 1 && (WgmmaTile<kCols>::kOverlap || kCols == 128));
   __trap();  // never launched: the host selects this kernel only where sm_90a code exists
 #endif
 }
@@ -223,6 +227,8 @@ void launch_shaped(const XAttentionParams& p, int multiprocessors, cudaStream_t 
   (void)attribute;
   const int64_t items = static_cast<int64_t>(p.batch) * p.heads_q * ((p.groups_q + kRows - 1) / kRows) *
                         ((p.groups_kv + kCols - 1) / kCols);
+  if (items > std::numeric_limits<int>::max())
+    throw std::invalid_argument("XAttention wgmma kernel: more than 2^31 - 1 tiles (batch x heads x row tiles x column tiles)");
   const int grid = static_cast<int>(std::min<int64_t>(items, static_cast<int64_t>(multiprocessors) * Tile::kMinBlocks));
   xattention_block_lse_wgmma_kernel<T, kUnit, kCols><<<grid, kThreads, kSmem, stream>>>(p);
 }
