@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tessel/core/device.h"
@@ -231,6 +233,33 @@ TEST(XAttentionBlockMassGpu, GemmVariantsAgreeAtTheBenchmarkShape) {
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
   }
+#endif
+}
+
+// The wgmma launch refuses what it cannot run, before enqueuing anything: no sm_90a code or not
+// compute capability 9.0, a tile width other than 128 / 256, more tiles than its int item count.
+TEST(XAttentionBlockMassGpu, WgmmaLaunchRejectsWhatItCannotRun) {
+  SKIP_WITHOUT_GPU();
+#ifdef TESSEL_WITH_CUDA
+  const MassCase c{1 << 22, 1 << 22, 64, 64, 128, 2, 128, 128, {}};  // (2^21 / 128)^2 x 64 tiles > 2^31
+  cuda::detail::XAttentionParams p = mass_params(c, Tensor::empty({1, 8, 1, 128}, DType::kBF16, Device::cuda()),
+                                                 Tensor::empty({1, 8, 1, 128}, DType::kBF16, Device::cuda()), 0.01);
+  if (!cuda::detail::xattention_wgmma_supported()) {
+    EXPECT_THROW(cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 128, cuda::current_stream()),
+                 std::runtime_error);
+    p.gemm = cuda::detail::XAttentionGemm::kWgmma128;
+    EXPECT_THROW(cuda::detail::launch_xattention_block_mass(p, DType::kBF16, cuda::current_stream()), std::runtime_error);
+    return;
+  }
+  EXPECT_THROW(cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 192, cuda::current_stream()),
+               std::invalid_argument);
+  try {
+    cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 128, cuda::current_stream());
+    ADD_FAILURE() << "2^31 or more tiles were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tiles"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a refused launch must not leave a launch error behind";
 #endif
 }
 
