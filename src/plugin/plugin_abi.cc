@@ -79,7 +79,7 @@ tessel_status host_attention(const tessel_tensor* q, const tessel_tensor* k, con
                              const tessel_attention_options* options, tessel_error* error) {
   return guarded(error, [&] {
     if (!q || !k || !v || !out) throw Error("attention: q, k, v and out must not be NULL");
-    attention_forward(from_c(*q, "q"), from_c(*k, "k"), from_c(*v, "v"), from_c(*out, "out"),
+    attention_forward(ExecContext{}, from_c(*q, "q"), from_c(*k, "k"), from_c(*v, "v"), from_c(*out, "out"),
                       optional_tensor(lse, "lse"), from_c(options));
   });
 }
@@ -109,7 +109,7 @@ tessel_status host_block_sparse_attention(const tessel_tensor* q, const tessel_t
     if (!q || !k || !v || !out || !mask) throw Error("block_sparse_attention: q, k, v, mask and out must not be NULL");
     const TensorView qv = from_c(*q, "q");
     const auto run = [&](const BlockMaskView& view) {
-      block_sparse_attention_forward(qv, from_c(*k, "k"), from_c(*v, "v"), view, from_c(*out, "out"),
+      block_sparse_attention_forward(ExecContext{}, qv, from_c(*k, "k"), from_c(*v, "v"), view, from_c(*out, "out"),
                                      optional_tensor(lse, "lse"), from_c(options));
     };
     if (mask->device_type != TESSEL_DEVICE_CPU) {

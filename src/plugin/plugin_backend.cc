@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "plugin_abi.h"
 #include "tessel/core/error.h"
@@ -52,6 +53,9 @@ std::vector<T> from_bits(uint32_t mask, int count) {
 struct PluginMetadata : Metadata {
   std::shared_ptr<PluginLibrary> library;
   void* plan = nullptr;
+  // A plugin's update_step changes its plan: forwards that call it hold this lock from
+  // update_step to the end of forward, so threads sharing the plan see their own step.
+  mutable std::mutex step_mutex;
   ~PluginMetadata() override {
     if (plan) library->table.destroy_plan(library->table.user_data, plan);
   }
@@ -62,7 +66,8 @@ class PluginBuilder : public MetadataBuilder {
   PluginBuilder(std::shared_ptr<const Backend> backend, std::shared_ptr<PluginLibrary> library)
       : backend_(std::move(backend)), library_(std::move(library)) {}
 
-  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
+                                 const AttentionShape& shape) override {
     check_plan_request(*backend_, spec, module, shape);
     const CPatternSpec c_spec(spec);
     const tessel_plan_request request = to_c(shape, module);
@@ -82,16 +87,6 @@ class PluginBuilder : public MetadataBuilder {
     return metadata;
   }
 
-  void update_step(Metadata& metadata, int64_t step, int64_t total_steps) override {
-    const tessel_plugin_backend& table = library_->table;
-    if (table.update_step == nullptr) return;
-    auto& plugin_metadata = dynamic_cast<PluginMetadata&>(metadata);
-    const tessel_step_info info{step, total_steps, metadata.spec.topk_ratio.value_or(std::nan(""))};
-    tessel_error error{};
-    const tessel_status status = table.update_step(table.user_data, plugin_metadata.plan, &info, &error);
-    if (status != TESSEL_OK) fail_status(*library_, "update_step", status, error);
-  }
-
  private:
   std::shared_ptr<const Backend> backend_;
   std::shared_ptr<PluginLibrary> library_;
@@ -101,8 +96,9 @@ class PluginImpl : public Impl {
  public:
   explicit PluginImpl(std::shared_ptr<PluginLibrary> library) : library_(std::move(library)) {}
 
-  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
-                       const TensorView& out, const TensorView& lse) override {
+  ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Metadata& metadata, const StepInfo& step, const TensorView& out,
+                       const TensorView& lse) override {
     const auto* plugin_metadata = dynamic_cast<const PluginMetadata*>(&metadata);
     if (plugin_metadata == nullptr || plugin_metadata->library != library_)
       fail_argument("metadata", "a plan made by " + library_->describe(), "a plan from backend '" + metadata.backend + "'");
@@ -112,6 +108,16 @@ class PluginImpl : public Impl {
     tessel_forward_stats stats{metadata.planned_density(), 0.0};
     tessel_error error{};
     const tessel_plugin_backend& table = library_->table;
+    // The step reaches the plugin through update_step (when it has one and a step is given).
+    std::unique_lock<std::mutex> step_lock;
+    if (table.update_step != nullptr && step.step) {
+      step_lock = std::unique_lock<std::mutex>(plugin_metadata->step_mutex);
+      const tessel_step_info info{*step.step, step.total_steps,
+                                  step.density.value_or(metadata.spec.topk_ratio.value_or(std::nan("")))};
+      const tessel_status status = table.update_step(table.user_data, plugin_metadata->plan, &info, &error);
+      if (status != TESSEL_OK) fail_status(*library_, "update_step", status, error);
+    }
+    (void)ctx;
     const tessel_status status = table.forward(table.user_data, plugin_metadata->plan, &cq, &ck, &cv, &cout,
                                                lse.empty() ? nullptr : &clse, &stats, &error);
     if (status != TESSEL_OK) fail_status(*library_, "forward", status, error);

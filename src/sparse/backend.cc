@@ -94,9 +94,10 @@ double Metadata::planned_density() const {
 
 MetadataBuilder::~MetadataBuilder() = default;
 
-std::shared_ptr<Metadata> MetadataBuilder::plan(const PatternSpec& spec, ModuleType module, int64_t num_qo_heads,
-                                                int64_t num_kv_heads, int64_t head_dim, int64_t seq_q,
-                                                int64_t seq_kv, int64_t batch, DType dtype, Device device) {
+std::shared_ptr<Metadata> MetadataBuilder::plan(const ExecContext& ctx, const PatternSpec& spec, ModuleType module,
+                                                int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim,
+                                                int64_t seq_q, int64_t seq_kv, int64_t batch, DType dtype,
+                                                Device device) {
   AttentionShape shape;
   shape.batch = batch;
   shape.num_qo_heads = num_qo_heads;
@@ -106,10 +107,8 @@ std::shared_ptr<Metadata> MetadataBuilder::plan(const PatternSpec& spec, ModuleT
   shape.seq_kv = seq_kv;
   shape.dtype = dtype;
   shape.device = device;
-  return plan(spec, module, shape);
+  return plan(ctx, spec, module, shape);
 }
-
-void MetadataBuilder::update_step(Metadata&, int64_t, int64_t) {}
 
 Impl::~Impl() = default;
 Backend::~Backend() = default;

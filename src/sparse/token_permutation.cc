@@ -59,7 +59,7 @@ void gather_along_axis(const TensorView& src, const TensorView& dst, int64_t axi
   }
 }
 
-void permuted_block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+void permuted_block_sparse_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                                      const BlockMaskView& mask, const std::vector<int64_t>& permutation,
                                      const std::vector<int64_t>& inverse_permutation, const TensorView& out,
                                      const TensorView& lse) {
@@ -80,7 +80,7 @@ void permuted_block_sparse_attention(const TensorView& q, const TensorView& k, c
   gather_along_axis(v, pv, 1, permutation);
   const Tensor pout = Tensor::empty(out.shape(), out.dtype());
   const Tensor plse = lse.empty() ? Tensor() : Tensor::empty(lse.shape(), DType::kF32);
-  block_sparse_attention_forward(pq, pk, pv, mask, pout, lse.empty() ? TensorView{} : plse.view());
+  block_sparse_attention_forward(ctx, pq, pk, pv, mask, pout, lse.empty() ? TensorView{} : plse.view());
   // Token t of the caller's order sits at position inverse[t] of the permuted one.
   gather_along_axis(pout, out, 1, inverse_permutation);
   if (!lse.empty()) gather_along_axis(plse, lse, 2, inverse_permutation);

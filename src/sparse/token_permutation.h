@@ -22,7 +22,7 @@ void gather_along_axis(const TensorView& src, const TensorView& dst, int64_t axi
 // Block-sparse attention where token t of the permuted sequence is token permutation[t] of the
 // caller's: gathers q/k/v, attends with `mask` (permuted order), scatters out and lse back.
 // CPU only. Validates out/lse before writing them.
-void permuted_block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+void permuted_block_sparse_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                                      const BlockMaskView& mask, const std::vector<int64_t>& permutation,
                                      const std::vector<int64_t>& inverse_permutation, const TensorView& out,
                                      const TensorView& lse);

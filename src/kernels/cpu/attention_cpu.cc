@@ -242,13 +242,14 @@ std::vector<KeyRange> item_ranges(const Problem& p, int64_t b, int64_t h0, int64
   return ranges;
 }
 
-void run(const Problem& p) {
+void run(const ExecContext& ctx, const Problem& p) {
+  const int threads = ctx.threads();
   // Query tiles never straddle a mask q block, so one item reads one mask row.
   const int64_t block = p.mask ? p.mask->block_q : std::max<int64_t>(p.seq_q, 1);
   const int64_t q_blocks = (p.seq_q + block - 1) / block;
   const int64_t groups = p.batch * p.heads / p.heads_per_item;
   int64_t tile = std::min(p.rows_per_head, block);
-  while (tile > kMinRowsPerHead && groups * q_blocks * ((block + tile - 1) / tile) < 4 * max_threads()) tile = (tile + 1) / 2;
+  while (tile > kMinRowsPerHead && groups * q_blocks * ((block + tile - 1) / tile) < 4 * threads) tile = (tile + 1) / 2;
   const int64_t tiles_per_block = (block + tile - 1) / tile;
   const int64_t groups_per_kv_head = p.group / p.heads_per_item;
   const int64_t items_per_kv_head = groups_per_kv_head * q_blocks * tiles_per_block;
@@ -270,14 +271,14 @@ void run(const Problem& p) {
     // A few consecutive panels per task keep each thread on one stream of keys.
     constexpr int64_t kPanelsPerTask = 8;
     const int64_t tasks_per_head = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
-    parallel_for(count * tasks_per_head, [&](int64_t task) {
+    parallel_for(threads, count * tasks_per_head, [&](int64_t task, int) {
       const int64_t slot = task / tasks_per_head, bh = first + slot;
       const auto [kt, v] = packed(slot);
       const int64_t begin = task % tasks_per_head * kPanelsPerTask;
       for (int64_t panel = begin; panel < std::min(panels, begin + kPanelsPerTask); ++panel)
         pack_panel(p, bh / p.kv_heads, bh % p.kv_heads, panel, kt, v);
     });
-    parallel_for(count * items_per_kv_head, [&](int64_t item) {
+    parallel_for(threads, count * items_per_kv_head, [&](int64_t item, int) {
       thread_local Workspace ws;
       const int64_t slot = item / items_per_kv_head, bh = first + slot, b = bh / p.kv_heads, hk = bh % p.kv_heads;
       const int64_t local = item % items_per_kv_head;
@@ -295,15 +296,15 @@ void run(const Problem& p) {
 
 }  // namespace
 
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
-  run(make_problem(q, k, v, out, lse, options, nullptr));
+  run(ctx, make_problem(q, k, v, out, lse, options, nullptr));
 }
 
-void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options) {
-  run(make_problem(q, k, v, out, lse, options, &mask));
+  run(ctx, make_problem(q, k, v, out, lse, options, &mask));
 }
 
 }  // namespace tessel::cpu
