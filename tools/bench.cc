@@ -185,6 +185,12 @@ BenchReport run_bench(const BenchConfig& config) {
   ExecContext ctx;
   ctx.device = config.device;
   ctx.num_threads = config.threads;
+  // Scratch sized once, as a plan would: the timed calls allocate nothing.
+  Workspace workspace(config.device);
+  const AttentionDims dims{config.batch, config.seq, config.effective_seq_kv(), config.heads,
+                           config.effective_kv_heads(), config.head_dim};
+  workspace.reserve(attention_workspace_bytes(ctx, config.device, dims, config.block_kv));
+  ctx.workspace = &workspace;
   Inputs in = make_inputs(config);
   AttentionOptions opt;
   opt.causal = config.causal;

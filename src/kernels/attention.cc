@@ -119,6 +119,18 @@ float attention_scale(const AttentionOptions& options, int64_t head_dim) {
   return 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
+size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
+                                 int64_t mask_block_kv) {
+  if (!device.is_cpu()) return 0;
+  if (dims.batch < 1 || dims.seq_kv < 0 || dims.kv_heads < 1 || dims.heads % dims.kv_heads != 0 || dims.head_dim < 1)
+    fail_argument("attention dims", "batch, kv heads and head dim >= 1, heads a multiple of kv heads",
+                  detail::concat("B=", dims.batch, " Skv=", dims.seq_kv, " Hq=", dims.heads, " Hkv=", dims.kv_heads,
+                                 " D=", dims.head_dim));
+  if (mask_block_kv < 0) fail_argument("mask_block_kv", ">= 0 (0 = dense only)", mask_block_kv);
+  return cpu::workspace_bytes(ctx.threads(), dims.batch, dims.seq_kv, dims.heads, dims.kv_heads, dims.head_dim,
+                              mask_block_kv);
+}
+
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   check_attention_args(q, k, v, out, lse, options);

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "tessel/core/error.h"
+#include "tessel/kernels/attention.h"
 
 namespace tessel {
 namespace {
@@ -90,6 +91,11 @@ double Metadata::planned_density() const {
   if (spec.type == PatternType::kDense) return 1.0;
   if (spec.type == PatternType::kThreshold) return 1.0;
   return spec.topk_ratio.value_or(1.0);
+}
+
+size_t Metadata::workspace_bytes(const ExecContext& ctx) const {
+  const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
+  return attention_workspace_bytes(ctx, shape.device, dims, spec.type == PatternType::kDense ? 0 : spec.block_kv);
 }
 
 MetadataBuilder::~MetadataBuilder() = default;

@@ -20,6 +20,11 @@ namespace {
 struct MaskMetadata : Metadata {
   std::optional<BlockMask::DeviceCopy> device_mask;
   std::vector<int64_t> inverse_permutation;
+
+  size_t workspace_bytes(const ExecContext& ctx) const override {
+    if (permutation.empty()) return Metadata::workspace_bytes(ctx);
+    return permuted_attention_workspace_bytes(ctx, shape, spec.block_kv, /*with_lse=*/true);
+  }
 };
 
 BlockMaskView mask_view_for(const BlockMask& mask, const std::optional<BlockMask::DeviceCopy>& device_mask) {

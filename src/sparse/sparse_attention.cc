@@ -98,12 +98,18 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, c
   const double density = density_at(step);  // validates the step
   AttentionStepReport report;
   if (!backend_ || density >= 1.0) {
+    if (ctx.workspace != nullptr) {
+      const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads,
+                               shape.head_dim};
+      ctx.workspace->reserve(attention_workspace_bytes(ctx, shape.device, dims));
+    }
     attention_forward(ctx, q, k, v, out, lse);
     return report;
   }
   const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, pattern_key_);
   const std::shared_ptr<const Metadata> metadata =
       plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, spec_, module_, shape); });
+  if (ctx.workspace != nullptr) ctx.workspace->reserve(metadata->workspace_bytes(ctx));
   StepInfo this_layer = step;
   this_layer.layer = layer_index_;
   this_layer.density = density;

@@ -31,6 +31,19 @@ struct AttentionOptions {
 // Effective scale: options.scale, or 1/sqrt(head_dim) when it is 0.
 float attention_scale(const AttentionOptions& options, int64_t head_dim);
 
+// The sizes of an attention call, for sizing a workspace before the tensors exist.
+struct AttentionDims {
+  int64_t batch = 1, seq_q = 0, seq_kv = 0, heads = 1, kv_heads = 1, head_dim = 0;
+};
+
+// Bytes of ctx.workspace that attention_forward and block_sparse_attention_forward take for
+// `dims` on `device` with ctx.threads() threads: enough for dense attention and for block masks
+// whose kv blocks hold at least mask_block_kv tokens (0: dense only). 0 on CUDA, whose kernels
+// take no scratch. Reserve it at plan time; a call with a smaller workspace throws Error before
+// writing anything, a call without a workspace allocates its own (slower).
+size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
+                                 int64_t mask_block_kv = 0);
+
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options = {});
 

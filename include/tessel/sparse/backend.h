@@ -77,6 +77,10 @@ struct Metadata {
   // Density the plan keeps (kept blocks / all blocks): mask->density(), 1 for dense, or the
   // target ratio for data-dependent patterns until a forward has run.
   double planned_density() const;
+  // Bytes of ctx.workspace one forward of this plan takes under ctx (CPU scratch; 0 on CUDA).
+  // The adapter reserves it before forwarding; callers driving an Impl directly may do the same
+  // (without a workspace, forward allocates its scratch per call).
+  virtual size_t workspace_bytes(const ExecContext& ctx) const;
 };
 
 // Where one forward call sits in the denoising loop. Passed to Impl::forward; plans never hold it.

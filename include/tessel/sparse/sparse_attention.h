@@ -86,7 +86,8 @@ class DiTSparseAttentionAdapter {
   // Attention for this layer at step `step` (step.step unset: no step warm-up, the config's
   // topk_ratio; step.layer and step.density are filled in by the adapter). q/k/v/out BSHD, lse
   // optional. Throws Error on shape mismatch with the heads/head_dim given at construction, or
-  // for a step outside [0, total_steps).
+  // for a step outside [0, total_steps). Grows ctx.workspace (when given) to what this shape
+  // needs: the first call of a shape may allocate, later calls do not.
   AttentionStepReport forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse = {}) const;
 
