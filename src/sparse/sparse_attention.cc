@@ -140,7 +140,7 @@ SparseAttention::SparseAttention(SparseAttentionOptions options)
 
 AttentionStepReport SparseAttention::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q,
                                              const TensorView& k, const TensorView& v, const TensorView& out,
-                                             const TensorView& lse, const TensorView& attn_mask) {
+                                             const TensorView& lse, const TensorView& attn_mask) const {
   check_dtype(q, dtype_, "q");
   if (attn_mask.empty()) return adapter_.forward(ctx, step, q, k, v, out, lse);
   masked_attention_forward(ctx, q, k, v, attn_mask, out, lse);

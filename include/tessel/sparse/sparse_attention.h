@@ -140,7 +140,7 @@ class SparseAttention {
   // the first time.
   AttentionStepReport forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse = {},
-                              const TensorView& attn_mask = {});
+                              const TensorView& attn_mask = {}) const;
 
   const Resolution& resolution() const { return resolution_; }
   const DiTSparseAttentionAdapter& adapter() const { return adapter_; }
