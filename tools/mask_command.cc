@@ -44,10 +44,11 @@ struct MaskArgs {
 
 int run_mask(const MaskArgs& a) {
   SparseAttnConfig c = a.config_json.empty() ? SparseAttnConfig{} : parse_sparse_attn_config_arg(a.config_json);
-  if (!a.pattern.empty()) c.pattern.type = parse_pattern_type(a.pattern);
+  if (!a.pattern.empty()) c.pattern.type = parse_enum_flag(parse_pattern_type, a.pattern, "--pattern");
   const TokenGrid grid = parse_token_grid(a.grid, "--grid");
   c.geometry.spatial_layout = SpatialLayout{grid.frames, grid.height, grid.width, 1,
-                                            a.ordering.empty() ? SpatialOrdering::kHilbert : parse_spatial_ordering(a.ordering)};
+                                            a.ordering.empty() ? SpatialOrdering::kHilbert
+                                                               : parse_enum_flag(parse_spatial_ordering, a.ordering, "--ordering")};
   if (a.text_tokens > 0) c.geometry.num_text_tokens = a.text_tokens;
   c.geometry.text_first = !a.text_last;
   c.geometry.block_q = a.block_q;
@@ -56,12 +57,13 @@ int run_mask(const MaskArgs& a) {
   if (a.window) c.pattern.window_size = *a.window;
   if (a.local_window) c.pattern.local_window_size = *a.local_window;
   if (a.decay) c.pattern.decay_factor = *a.decay;
-  if (!a.inner.empty()) c.pattern.i2i_pattern = parse_pattern_type(a.inner);
+  if (!a.inner.empty()) c.pattern.i2i_pattern = parse_enum_flag(parse_pattern_type, a.inner, "--inner");
   if (!a.children.empty()) {
     c.pattern.children.clear();
-    for (const std::string& child : a.children) c.pattern.children.push_back(parse_pattern_type(child));
+    for (const std::string& child : a.children)
+      c.pattern.children.push_back(parse_enum_flag(parse_pattern_type, child, "--children"));
   }
-  c.pattern.composite_op = parse_composite_op(a.op);
+  c.pattern.composite_op = parse_enum_flag(parse_composite_op, a.op, "--op");
   if (a.topk) c.selection.topk_ratio = *a.topk;
   if (a.threshold) c.selection.threshold = *a.threshold;
   if (a.stride) c.selection.stride = *a.stride;

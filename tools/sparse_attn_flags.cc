@@ -100,13 +100,7 @@ SparseAttnConfig sparse_attn_config_from(const SparseAttnFlags& flags, const Spa
     result.selection.topk_ratio = *flags.topk;
   }
   if (flags.schedule) result.schedule = *flags.schedule;
-  if (flags.pattern) {
-    try {
-      result.pattern.type = parse_pattern_type(*flags.pattern);
-    } catch (const Error& e) {
-      throw Error(std::string("--sparse-attn-pattern: ") + e.what());
-    }
-  }
+  if (flags.pattern) result.pattern.type = parse_enum_flag(parse_pattern_type, *flags.pattern, "--sparse-attn-pattern");
   return result;
 }
 

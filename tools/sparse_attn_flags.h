@@ -27,6 +27,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tessel/core/error.h"
 #include "tessel/sparse/config.h"
 
 namespace tessel {
@@ -79,6 +80,17 @@ SparseAttnConfig sparse_attn_config_from(const SparseAttnFlags& flags, const Spa
 
 // Reads '<json>' or '@path/to/file.json' (Error naming `source` when the file cannot be read).
 SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const std::string& source = "--sparse-attn-config");
+
+// `parse(value)` for a named enumeration given by `flag`; an unknown name is an Error that names
+// the flag (and the allowed names).
+template <typename Enum>
+Enum parse_enum_flag(Enum (*parse)(std::string_view), const std::string& value, const std::string& flag) {
+  try {
+    return parse(value);
+  } catch (const Error& e) {
+    throw Error(flag + ": " + e.what());
+  }
+}
 
 // The backend override for resolution: the env variable, "" when absent.
 inline std::string backend_override(const SparseAttnEnv& env) { return env.backend.value_or(""); }
