@@ -68,6 +68,7 @@ int run_backends(const BackendsArgs& args) {
 
   if (args.json) {
     nlohmann::json out = {{"backends", rows},
+                          {"config", nlohmann::json::parse(config.json())},
                           {"plugin_dirs", registry.plugin_search_dirs()},
                           {"plugin_failures", failures},
                           {"resolved", {{"backend", resolution.backend ? resolution.backend->name() : "none"},

@@ -1,6 +1,7 @@
 #include "tessel/sparse/config.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -31,7 +32,11 @@ template <typename T>
 struct Scalar;
 template <>
 struct Scalar<int64_t> {
-  static bool accepts(const json& value) { return value.is_number_integer(); }
+  // Integers above INT64_MAX arrive as unsigned and would wrap.
+  static bool accepts(const json& value) {
+    return value.is_number_integer() &&
+           !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+  }
   static constexpr const char* kExpected = "an integer";
 };
 template <>
@@ -372,7 +377,7 @@ SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const Spar
   json parsed;
   try {
     parsed = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers out of double's range
     throw Error(std::string("sparse_attn config: invalid JSON: ") + e.what());
   }
   if (!parsed.is_object()) fail_argument("sparse_attn config", "a JSON object", std::string(parsed.type_name()));

@@ -209,6 +209,9 @@ TEST(SparseAttnConfig, WrongTypesUnknownKeysUnknownNamesAndBadJsonAreNamed) {
        {"sparse_attn.spatial_layout.ordering", "z_curve", "'snake'"}},
       {R"({"topk_ratio": 0.2, "selection": {"topk_ratio": 0.3}})", {"given twice", "sparse_attn.topk_ratio",
                                                                     "sparse_attn.selection.topk_ratio"}},
+      {R"({"selection": {"stride": 18446744073709551615}})", {"sparse_attn.selection.stride", "an integer"}},
+      {R"({"geometry": {"block_q": -9223372036854775809}})", {"sparse_attn.geometry.block_q", "an integer"}},
+      {R"({"selection": {"topk_ratio": 1e400}})", {"invalid JSON", "1e400"}},
       {R"({"topk_ratio": )", {"invalid JSON"}},
       {"[1, 2]", {"a JSON object", "array"}},
   };

@@ -137,7 +137,14 @@ TEST_F(CliPlugin, EnvironmentVariablesReachResolution) {
   };
   const std::string log = (dir_ / "stderr.txt").string();
 
-  // The config variable sets the pattern; the flag's backend is the config's.
+  // The config variable sets the pattern; the flag's backend is the config's. The resolved config
+  // is printed in its nested form.
+  const CommandOutput full = run_tessel(dir_.string(), "backends --json --sparse-attn-topk 0.25", window_config, log);
+  ASSERT_EQ(full.status, 0) << full.out;
+  const nlohmann::json config = nlohmann::json::parse(full.out)["config"];
+  EXPECT_EQ(config["pattern"]["type"], "sliding_window");
+  EXPECT_EQ(config["pattern"]["window_size"], 64);
+  EXPECT_EQ(config["selection"]["topk_ratio"], 0.25);
   nlohmann::json r = resolved(window_config, "--sparse-attn-backend block_sparse", log);
   EXPECT_EQ(r["pattern"], "sliding_window");
   EXPECT_EQ(r["backend"], "block_sparse");
