@@ -119,7 +119,7 @@ std::shared_ptr<Metadata> MetadataBuilder::plan(const ExecContext& ctx, const Pa
 Impl::~Impl() = default;
 Backend::~Backend() = default;
 
-void Backend::validate_config(const SparseAttnConfig&) const {}
+void Backend::validate_config(const ResolvedSparseAttnConfig&) const {}
 
 bool Backend::supports(PatternType pattern) const {
   const auto patterns = supported_patterns();

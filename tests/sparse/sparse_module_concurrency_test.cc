@@ -28,11 +28,11 @@ SparseAttentionOptions topk_module_options(BackendRegistry& registry) {
   o.head_dim = 32;
   o.dtype = DType::kF32;
   o.config.backend = "dynamic_topk";
-  o.config.pattern_type = "dynamic_topk";
-  o.config.block_size_q = 32;
-  o.config.block_size_kv = 32;
+  o.config.pattern.type = PatternType::kDynamicTopk;
+  o.config.geometry.block_q = 32;
+  o.config.geometry.block_kv = 32;
   o.config.schedule = "aggressive";  // a different density at every step
-  o.config.dense_timesteps = 1;      // step 0 takes the dense path
+  o.config.warmup.dense_steps = 1;   // step 0 takes the dense path
   // Every block counts as self-similar, so the step's top-k ratio decides each row (random data
   // would otherwise keep whole rows).
   o.config.options["similarity_threshold"] = "-1";
@@ -53,7 +53,6 @@ struct ThreadContext {
 bool same_bytes(const Tensor& a, const Tensor& b) { return std::memcmp(a.data(), b.data(), a.nbytes()) == 0; }
 
 TEST(SparseModuleConcurrency, TwoThreadsAtDifferentStepsMatchTheSequentialRun) {
-  ScopedEnv env(kBackendEnvVar, std::nullopt);
   BackendRegistry registry(true, false);
   const SparseAttention module(topk_module_options(registry));
   ASSERT_TRUE(module.resolution().backend);
