@@ -1,5 +1,6 @@
 #include "tessel/core/exec_context.h"
 
+#include <cstdint>
 #include <string>
 
 #include "tessel/core/allocator.h"
@@ -20,8 +21,11 @@ void Workspace::reserve(size_t bytes) {
   memory_.reset();
   base_ = nullptr;
   capacity_ = 0;
-  memory_ = allocate(rounded, device_.is_cuda() ? MemoryKind::kDevice : MemoryKind::kHost, device_.index);
-  base_ = static_cast<std::byte*>(memory_.get());
+  // Allocators promise less than the workspace alignment: over-allocate and start aligned.
+  memory_ = allocate(rounded + kWorkspaceAlignment, device_.is_cuda() ? MemoryKind::kDevice : MemoryKind::kHost,
+                     device_.index);
+  const auto address = reinterpret_cast<uintptr_t>(memory_.get());
+  base_ = static_cast<std::byte*>(memory_.get()) + (kWorkspaceAlignment - address % kWorkspaceAlignment) % kWorkspaceAlignment;
   capacity_ = rounded;
 }
 
@@ -35,6 +39,20 @@ Workspace Workspace::suffix(size_t offset) const {
     rest.capacity_ = capacity_ - start;
   }
   return rest;
+}
+
+Workspace Workspace::borrowed(void* data, size_t bytes, Device device) {
+  if (data == nullptr && bytes > 0) fail_argument("borrowed workspace data", "a pointer", "null");
+  Workspace view(device);
+  view.growable_ = false;
+  if (data == nullptr) return view;
+  // Slices are aligned relative to the base: start at the first aligned byte.
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  const size_t skip = (kWorkspaceAlignment - address % kWorkspaceAlignment) % kWorkspaceAlignment;
+  if (skip >= bytes) return view;
+  view.base_ = static_cast<std::byte*>(data) + skip;
+  view.capacity_ = bytes - skip;
+  return view;
 }
 
 void* WorkspaceSlicer::take_bytes(size_t bytes, std::string_view what) {

@@ -17,6 +17,13 @@ namespace {
 
 // The fields a version-1 table must provide (everything up to destroy_plan).
 constexpr size_t kMinimumTableSize = offsetof(tessel_plugin_backend, destroy_plan) + sizeof(void (*)(void*, void*));
+// The version-2 member; a table shorter than this has none (the host reads only what fits).
+constexpr size_t kForwardWithContextEnd =
+    offsetof(tessel_plugin_backend, forward_with_context) + sizeof(tessel_plugin_backend::forward_with_context);
+
+bool has_forward_with_context(const tessel_plugin_backend& table) {
+  return table.struct_size >= kForwardWithContextEnd && table.forward_with_context != nullptr;
+}
 // Zeroed room given to init: a plugin built against a newer header may write a longer table before
 // the host gets to reject its ABI version; it must not write past what we own.
 constexpr size_t kTableReserve = 4096;
@@ -108,7 +115,14 @@ class PluginImpl : public Impl {
     tessel_forward_stats stats{metadata.planned_density(), 0.0};
     tessel_error error{};
     const tessel_plugin_backend& table = library_->table;
-    // The step reaches the plugin through update_step (when it has one and a step is given).
+    if (has_forward_with_context(table)) {
+      const tessel_exec_context c_ctx = to_c(ctx, step);
+      const tessel_status status = table.forward_with_context(table.user_data, plugin_metadata->plan, &c_ctx, &cq, &ck,
+                                                              &cv, &cout, lse.empty() ? nullptr : &clse, &stats, &error);
+      if (status != TESSEL_OK) fail_status(*library_, "forward_with_context", status, error);
+      return ForwardStats{stats.density, stats.estimate_ms};
+    }
+    // A version-1 plugin: the step reaches it through update_step (when it has one and a step is given).
     std::unique_lock<std::mutex> step_lock;
     if (table.update_step != nullptr && step.step) {
       step_lock = std::unique_lock<std::mutex>(plugin_metadata->step_mutex);
@@ -117,7 +131,6 @@ class PluginImpl : public Impl {
       const tessel_status status = table.update_step(table.user_data, plugin_metadata->plan, &info, &error);
       if (status != TESSEL_OK) fail_status(*library_, "update_step", status, error);
     }
-    (void)ctx;
     const tessel_status status = table.forward(table.user_data, plugin_metadata->plan, &cq, &ck, &cv, &cout,
                                                lse.empty() ? nullptr : &clse, &stats, &error);
     if (status != TESSEL_OK) fail_status(*library_, "forward", status, error);
@@ -175,7 +188,7 @@ void check_table(const std::string& where, const tessel_plugin_backend& table) {
   };
   require(table.name != nullptr && table.name[0] != '\0', "name");
   require(table.plan != nullptr, "plan");
-  require(table.forward != nullptr, "forward");
+  require(table.forward != nullptr || has_forward_with_context(table), "forward");
   require(table.destroy_plan != nullptr, "destroy_plan");
   require(table.pattern_mask != 0, "pattern_mask");
   require(table.module_mask != 0, "module_mask");

@@ -62,7 +62,7 @@ TEST(Workspace, ReserveGrowsAndNeverShrinks) {
   ws.reserve(1000);
   EXPECT_GE(ws.capacity(), 1000u);
   ASSERT_NE(ws.data(), nullptr);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(ws.data()) % kHostAlignment, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ws.data()) % kWorkspaceAlignment, 0u);
   const size_t grown = ws.capacity();
   ws.reserve(10);
   EXPECT_EQ(ws.capacity(), grown);

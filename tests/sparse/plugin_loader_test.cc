@@ -123,7 +123,7 @@ TEST(PluginLoader, PluginErrorsComeBackAsErrorsWithTheirMessage) {
     ADD_FAILURE() << "expected a forward error";
   } catch (const Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("forward failed"), std::string::npos) << message;
+    EXPECT_NE(message.find("forward_with_context failed"), std::string::npos) << message;
     EXPECT_NE(message.find("out"), std::string::npos) << message;
   }
   // Unsupported module type is refused before the plugin is called.
@@ -141,7 +141,7 @@ TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
   expect_load_error(broken_plugin_path("missing_symbol"),
                     {"libtessel_broken_missing_symbol.so", "missing entry symbol 'tessel_plugin_init'", "tessel_plugin.h"});
   expect_load_error(broken_plugin_path("wrong_abi"),
-                    {"ABI version mismatch", "built for ABI version 999", "supports versions 1..1"});
+                    {"ABI version mismatch", "built for ABI version 999", "supports versions 1..2"});
   expect_load_error(broken_plugin_path("wrong_abi") + ":zero_abi_init", {"did not set abi_version"});
   expect_load_error(broken_plugin_path("wrong_abi") + ":incomplete_init", {"incomplete table: 'forward' is not set"});
   expect_load_error(broken_plugin_path("wrong_abi") + ":no_such_entry", {"missing entry symbol 'no_such_entry'"});

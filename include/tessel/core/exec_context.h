@@ -60,6 +60,9 @@ class Workspace {
   // The bytes from `offset` on, as a workspace that shares this one's memory (for a callee that
   // takes its own slices after the caller's). offset is rounded up to the alignment.
   Workspace suffix(size_t offset) const;
+  // A workspace over memory someone else owns and keeps alive (e.g. passed through a C API),
+  // from its first aligned byte on; it cannot grow.
+  static Workspace borrowed(void* data, size_t bytes, Device device);
 
  private:
   Device device_;
