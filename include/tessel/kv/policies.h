@@ -146,7 +146,9 @@ struct PolicyOptions {
   int64_t top_k = 8;
 };
 
-// "full", "quest", "xattn" (alias "xattention-bsa") or "topk"; throws Error for other names.
+// A built-in policy by name: "full", "quest", "xattn" (alias "xattention-bsa") or "topk", found in a
+// registry holding only the built-in policies (policy_backend.h resolves through any registry);
+// throws Error for other names.
 std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options = {});
 
 }  // namespace tessel::kv
