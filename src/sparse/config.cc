@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -10,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/limited_json.h"
 #include "tessel/sparse/schedule.h"
 
 namespace tessel {
@@ -18,15 +19,22 @@ namespace {
 using nlohmann::json;
 
 constexpr int64_t kMaxBlockSize = 4096;
+// A config is a few hundred bytes, three levels deep ({"options": {"key": value}}); these limits
+// leave room for any real one and refuse hostile text before it is built into values.
+constexpr JsonLimits kConfigJsonLimits{1 << 20, 16};
 
 std::string field(const std::string& name) { return "sparse_attn." + name; }
 
 [[noreturn]] void fail_type(const std::string& key, const std::string& expected, const json& value) {
-  fail_argument(field(key), expected, std::string(value.type_name()) + " " + value.dump());
+  fail_argument(field(key), expected, std::string(value.type_name()) + " " + json_excerpt(value));
 }
 
 int64_t get_int(const std::string& key, const json& value) {
   if (!value.is_number_integer()) fail_type(key, "an integer", value);
+  // Every integer of the config is a size, count or token position, and those are int32 in masks.
+  if (value.is_number_unsigned() ? value.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                                 : (value.get<int64_t>() > INT32_MAX || value.get<int64_t>() < INT32_MIN))
+    fail_type(key, "an integer of magnitude below 2^31", value);
   return value.get<int64_t>();
 }
 double get_number(const std::string& key, const json& value) {
@@ -137,11 +145,7 @@ void check_open_closed(const std::string& name, double value, double low, double
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_argument("--sparse-attn-config", "a readable JSON file after '@'", "'" + path + "' (cannot open)");
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
+  return read_file_bounded(path, kConfigJsonLimits.max_bytes, "--sparse-attn-config file after '@'");
 }
 
 std::optional<std::string> env_value(const char* name) {
@@ -163,7 +167,7 @@ void SparseAttnConfig::validate() const {
   if (!has_sparsity_schedule(schedule)) {
     std::string names;
     for (const std::string& name : sparsity_schedule_names()) names += (names.empty() ? "" : ", ") + name;
-    fail_argument(field("schedule"), "one of " + names, "'" + schedule + "'");
+    fail_argument(field("schedule"), "one of " + names, quoted_excerpt(schedule));
   }
   check_at_least("dense_timesteps", dense_timesteps, 0);
   check_at_least("dense_layers", dense_layers, 0);
@@ -185,7 +189,7 @@ void SparseAttnConfig::validate() const {
     if (type == PatternType::kComposite) fail_argument(field("children"), "pattern types other than composite", "'composite'");
   }
   if (composite_op != "union" && composite_op != "intersection")
-    fail_argument(field("composite_op"), "'union' or 'intersection'", "'" + composite_op + "'");
+    fail_argument(field("composite_op"), "'union' or 'intersection'", quoted_excerpt(composite_op));
 }
 
 PatternSpec SparseAttnConfig::to_pattern_spec() const {
@@ -260,17 +264,15 @@ std::string SparseAttnConfig::to_json() const {
 }
 
 SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const SparseAttnConfig& base) {
-  json parsed;
-  try {
-    parsed = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw Error(std::string("sparse_attn config: invalid JSON: ") + e.what());
-  }
+  const json parsed = parse_json_limited(json_text, kConfigJsonLimits, "sparse_attn config");
   if (!parsed.is_object()) fail_argument("sparse_attn config", "a JSON object", std::string(parsed.type_name()));
   SparseAttnConfig config = base;
   for (const auto& [key, value] : parsed.items()) {
     const auto it = setters().find(key);
-    if (it == setters().end()) fail_argument(field(key), "a known key (" + known_keys() + ")", "unknown key");
+    if (it == setters().end()) {
+      const std::string shown = key.size() <= 60 ? key : key.substr(0, 60) + "... (" + std::to_string(key.size()) + " bytes)";
+      fail_argument(field(shown), "a known key (" + known_keys() + ")", "unknown key");
+    }
     it->second(config, value);
   }
   config.validate();
@@ -278,7 +280,15 @@ SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const Spar
 }
 
 SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const SparseAttnConfig& base) {
-  if (!arg.empty() && arg[0] == '@') return parse_sparse_attn_json(read_file(arg.substr(1)), base);
+  if (!arg.empty() && arg[0] == '@') {
+    const std::string path = arg.substr(1);
+    const std::string text = read_file(path);
+    try {
+      return parse_sparse_attn_json(text, base);
+    } catch (const Error& e) {
+      throw Error("config file " + quoted_excerpt(path, 200) + ": " + e.what());
+    }
+  }
   return parse_sparse_attn_json(arg, base);
 }
 

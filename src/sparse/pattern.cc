@@ -44,7 +44,7 @@ std::string_view pattern_type_name(PatternType type) {
 PatternType parse_pattern_type(std::string_view name) {
   for (size_t i = 0; i < kPatternNames.size(); ++i)
     if (kPatternNames[i] == name) return static_cast<PatternType>(i);
-  fail_argument("pattern_type", "one of " + join_names(kPatternNames), "'" + std::string(name) + "'");
+  fail_argument("pattern_type", "one of " + join_names(kPatternNames), quoted_excerpt(name));
 }
 
 const std::vector<PatternType>& all_pattern_types() {
@@ -64,7 +64,7 @@ std::string_view spatial_ordering_name(SpatialOrdering ordering) {
 SpatialOrdering parse_spatial_ordering(std::string_view name) {
   for (size_t i = 0; i < kOrderingNames.size(); ++i)
     if (kOrderingNames[i] == name) return static_cast<SpatialOrdering>(i);
-  fail_argument("spatial_layout.ordering", "one of " + join_names(kOrderingNames), "'" + std::string(name) + "'");
+  fail_argument("spatial_layout.ordering", "one of " + join_names(kOrderingNames), quoted_excerpt(name));
 }
 
 void SpatialLayout::validate(const std::string& where) const {
@@ -78,6 +78,12 @@ void SpatialLayout::validate(const std::string& where) const {
     fail_argument(where + ".width", "a multiple of patch_size " + std::to_string(patch_size), width);
   if (static_cast<size_t>(ordering) >= kOrderingNames.size())
     fail_argument(where + ".ordering", "one of " + join_names(kOrderingNames), static_cast<int>(ordering));
+  // Token positions are int32 in block masks: refuse a layout with more tokens before num_tokens() overflows.
+  constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
+  const int64_t per_frame = (height / patch_size) * (width / patch_size);
+  if (height > kMaxTokens || width > kMaxTokens || per_frame > kMaxTokens / frames)
+    fail_argument(where, detail::concat("at most ", kMaxTokens, " tokens (frames x height x width / patch_size^2)"),
+                  detail::concat(frames, "x", height, "x", width));
 }
 
 void PatternSpec::validate() const {
