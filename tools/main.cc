@@ -3,7 +3,9 @@
 #include <map>
 
 #include "command.h"
+#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
 std::vector<Command>& command_list() {
@@ -31,10 +33,17 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ValidationError& e) {
+    // A value refused by the validation layer (option_checks.h) is bad input like any other:
+    // the same prefix and exit status as a tessel::Error.
+    std::cerr << "tessel: error: " << e.what() << "\n";
+    return 2;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
+    // The environment is read here, once; the library receives what it says as arguments.
+    apply_plugin_dirs(tessel::BackendRegistry::global(), process_sparse_attn_env());
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
   } catch (const tessel::Error& e) {

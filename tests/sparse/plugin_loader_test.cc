@@ -181,26 +181,25 @@ TEST(PluginLoader, PathSymbolRefusesSymbolsThatAreNoEntryPoint) {
   EXPECT_EQ(registry.get(bad)->name(), "bad_tables_valid_entry");
 }
 
-// A TESSEL_PLUGIN_PATH entry that is a file or a missing folder is reported, not silently skipped.
-TEST(PluginLoader, PluginPathEntriesThatAreNoFolderAreReported) {
+// A plugin folder that is a file or does not exist is reported, not silently skipped.
+TEST(PluginLoader, PluginDirsThatAreNoFolderAreReported) {
   const std::string file = ::testing::TempDir() + "/tessel_plugin_path_file_" + std::to_string(getpid()) + ".txt";
   std::ofstream(file) << "not a folder";
-  ScopedEnv path(kPluginPathEnvVar, file + ":/nonexistent/tessel/plugins");
-  ScopedEnv no_backend(kBackendEnvVar, std::nullopt);
   LogCapture log;
   BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/true);
+  registry.set_plugin_dirs({file, "/nonexistent/tessel/plugins"});
   const auto failures = registry.plugin_failures();
   const auto reported = [&](const std::string& entry, const std::string& fragment) {
     for (const PluginFailure& f : failures)
       if (f.path == entry && f.message.find(fragment) != std::string::npos) return true;
     return false;
   };
-  EXPECT_TRUE(reported(file, "TESSEL_PLUGIN_PATH entry is a file, not a directory"));
-  EXPECT_TRUE(reported("/nonexistent/tessel/plugins", "TESSEL_PLUGIN_PATH entry does not exist"));
+  EXPECT_TRUE(reported(file, "plugin folder is a file, not a directory"));
+  EXPECT_TRUE(reported("/nonexistent/tessel/plugins", "plugin folder does not exist"));
   std::remove(file.c_str());
 }
 
-TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
+TEST(PluginLoader, DiscoveryThroughThePluginDirsSkipsBrokenLibraries) {
   // A plugin folder holding a copy of the example plugin and every broken library.
   const fs::path dir = fs::path(::testing::TempDir()) / ("tessel_plugin_path_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
@@ -210,13 +209,12 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
     fs::copy_file(broken_plugin_path(mode), dir / ("libtessel_broken_" + mode + ".so"));
   std::ofstream(dir / "README.txt") << "not a plugin: ignored (no .so suffix)";
 
-  ScopedEnv path(kPluginPathEnvVar, dir.string());
-  ScopedEnv no_backend(kBackendEnvVar, std::nullopt);
   LogCapture log;
   BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/true);
+  registry.set_plugin_dirs({dir.string()});
   const auto found = registry.find("sink_window");
   ASSERT_TRUE(found);
-  EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // TESSEL_PLUGIN_PATH comes first
+  EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // the given dirs come first
 
   const auto failures = registry.plugin_failures();
   const auto failed = [&](const std::string& file, const std::string& fragment) {
@@ -237,14 +235,14 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   EXPECT_TRUE(listed);
   SparseAttnConfig config;
   config.backend = "sink_window";
-  config.pattern_type = "sliding_window";
-  const Resolution r = registry.resolve(config, ModuleType::kDitSelf, Device::cpu());
+  config.pattern.type = PatternType::kSlidingWindow;
+  const Resolution r = registry.resolve(ResolvedSparseAttnConfig(config), ModuleType::kDitSelf, Device::cpu());
   ASSERT_TRUE(r.backend);
   EXPECT_EQ(r.backend, found);
   expect_sink_window_matches_reference(r.backend, 200, 200, 2, 2, window_spec(50, 64, 64), 1);
   // auto also finds it: the only backend here for sliding_window.
   config.backend = "auto";
-  EXPECT_EQ(registry.resolve(config, ModuleType::kDitSelf, Device::cpu()).backend, found);
+  EXPECT_EQ(registry.resolve(ResolvedSparseAttnConfig(config), ModuleType::kDitSelf, Device::cpu()).backend, found);
   fs::remove_all(dir);
 }
 

@@ -201,7 +201,7 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
   std::ofstream(file) << "not a folder";
   const CommandOutput r = run_tessel("backends", "TESSEL_PLUGIN_PATH=" + quote(file));
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("TESSEL_PLUGIN_PATH entry is a file, not a directory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plugin folder is a file, not a directory"), std::string::npos) << r.out;
 }
 
 // Inputs that failed with a message that did not name them.
