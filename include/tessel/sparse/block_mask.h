@@ -19,8 +19,9 @@ struct BlockMaskShape {
   int64_t block_q = 128;
   int64_t block_kv = 64;
 
-  int64_t q_blocks() const { return (seq_q + block_q - 1) / block_q; }
-  int64_t kv_blocks() const { return (seq_kv + block_kv - 1) / block_kv; }
+  // Ceiling divisions that cannot overflow (seq near INT64_MAX); block sizes must be >= 1.
+  int64_t q_blocks() const { return seq_q / block_q + (seq_q % block_q != 0); }
+  int64_t kv_blocks() const { return seq_kv / block_kv + (seq_kv % block_kv != 0); }
   int64_t num_rows() const { return mask_batch * mask_heads * q_blocks(); }
   bool operator==(const BlockMaskShape&) const = default;
 };
