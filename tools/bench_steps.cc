@@ -37,6 +37,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
     o.num_kv_heads = kv_heads;
     o.head_dim = c.head_dim;
     o.config = s.sparse;
+    o.backend_override = s.backend_override;
     o.dtype = c.dtype;
     o.device = c.device;
     o.layer_index = layer;
@@ -121,7 +122,7 @@ std::string StepsReport::to_table() const {
      << " H=" << c.heads << "/" << c.effective_kv_heads() << " D=" << c.head_dim << " S_q=" << c.seq
      << " S_kv=" << c.effective_seq_kv() << ", " << steps.layers << " layer(s), median of " << c.iters << " runs\n"
      << "backend: " << backend << (origin.empty() ? "" : " [" + origin + "]") << " (resolved by " << source
-     << "), pattern " << steps.sparse.pattern_type << ", schedule " << steps.sparse.schedule << "\n";
+     << "), pattern " << pattern_type_name(steps.sparse.pattern.type) << ", schedule " << steps.sparse.schedule << "\n";
   char line[256];
   std::snprintf(line, sizeof line, "%5s %-16s %6s %8s %11s %12s %14s\n", "step", "backend", "dense", "density", "ms",
                 "estimate_ms", "err_vs_dense");

@@ -3,7 +3,9 @@
 #include <map>
 
 #include "command.h"
+#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
 std::vector<Command>& command_list() {
@@ -27,6 +29,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    // The environment is read here, once; the library receives what it says as arguments.
+    apply_plugin_dirs(tessel::BackendRegistry::global(), process_sparse_attn_env());
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
   } catch (const tessel::Error& e) {

@@ -182,11 +182,11 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
   po.xattention.threshold = c.threshold;
   po.xattention.stride = c.stride;
   if (c.scoring == "auto") {
-    po.xattention.scoring = kv::XAttentionScoring::kAuto;
+    po.xattention_scoring = kv::XAttentionScoring::kAuto;
   } else if (c.scoring == "device") {
-    po.xattention.scoring = kv::XAttentionScoring::kDevice;
+    po.xattention_scoring = kv::XAttentionScoring::kDevice;
   } else if (c.scoring == "host") {
-    po.xattention.scoring = kv::XAttentionScoring::kHost;
+    po.xattention_scoring = kv::XAttentionScoring::kHost;
   } else {
     fail_argument("--scoring", "auto, device or host", c.scoring);
   }

@@ -216,7 +216,7 @@ std::vector<int32_t> TopKPolicy::select_blocks(const std::vector<int32_t>& avail
 std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options) {
   if (name == "full") return std::make_unique<FullPolicy>();
   if (name == "quest") return std::make_unique<QuestPolicy>(options.quest);
-  if (name == "xattn" || name == "xattention-bsa") return std::make_unique<XAttentionBsaPolicy>(options.xattention);
+  if (name == "xattn" || name == "xattention-bsa") return std::make_unique<XAttentionBsaPolicy>(options.xattention, options.xattention_scoring);
   if (name == "topk") return std::make_unique<TopKPolicy>(options.top_k);
   fail_argument("policy", "full, quest, xattn (xattention-bsa) or topk", name);
 }
