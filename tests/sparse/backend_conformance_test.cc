@@ -96,9 +96,9 @@ std::shared_ptr<const BlockMask> mask_with_empty_rows(const ShapeCase& shape) {
 
 // `fields`: the JSON object's members besides the block sizes (which nested specs inherit).
 PatternSpec spec_from_json(const std::string& fields) {
-  return parse_sparse_attn_json(detail::concat(R"({"block_size_q": )", kBlockQ, R"(, "block_size_kv": )", kBlockKv,
-                                               ", ", fields, "}"))
-      .to_pattern_spec();
+  return ResolvedSparseAttnConfig(parse_sparse_attn_json(detail::concat(
+                                      R"({"block_size_q": )", kBlockQ, R"(, "block_size_kv": )", kBlockKv, ", ", fields, "}")))
+      .pattern();
 }
 
 struct PatternCase {
