@@ -29,8 +29,10 @@ tessel_plugin_backend checked_plugin_table(const std::string& where, std::span<c
   if (table.abi_version > TESSEL_PLUGIN_ABI_VERSION)
     throw Error(where + ": ABI version mismatch: the plugin was built for ABI version " + std::to_string(table.abi_version) +
                 ", this tessel supports versions 1.." + std::to_string(TESSEL_PLUGIN_ABI_VERSION));
-  if (table.struct_size < kMinimumTableSize)
-    fail_argument(where + ": table struct_size", ">= " + std::to_string(kMinimumTableSize) + " bytes", table.struct_size);
+  // The version and size come first: nothing else in the table is read before they are known good.
+  if (table.struct_size < kMinimumTableSize || table.struct_size > written.size())
+    fail_argument(where + ": table struct_size",
+                  detail::concat("between ", kMinimumTableSize, " and the ", written.size(), " bytes reserved"), table.struct_size);
   const auto require = [&](bool present, const char* field) {
     if (!present) throw Error(where + ": incomplete table: '" + field + "' is not set");
   };
