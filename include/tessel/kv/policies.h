@@ -3,7 +3,9 @@
 // Block statistics (Quest's key min/max, Top-K's key mean) are gathered in the offload hooks, per
 // layer and host block, and kept on the host in fp32. Quest and Top-K score on the host: the query
 // (a decode token or a prefill chunk) is read back from the device when the engine is a GPU.
-// XAttention scores on the device when it can (XAttentionScoring), else on the host.
+// XAttention scores on the device when it can (XAttentionScoring), else on the host. Every policy
+// selects through the shared block-scoring rules (sparse/estimators/block_scoring.h): top-k with the
+// sink / recent always-keep rule for Quest and Top-K, τ + GQA any + column vote for XAttention.
 #pragma once
 
 #include <memory>

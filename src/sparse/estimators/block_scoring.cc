@@ -43,6 +43,17 @@ void antidiagonal_logits(const float* rows, int64_t num_rows, const float* colum
   }
 }
 
+// The blocks not yet kept, by score descending and index ascending on ties.
+template <typename Score>
+std::vector<int32_t> ranked_others(const Score* score, int64_t n, const uint8_t* keep) {
+  std::vector<int32_t> order;
+  for (int64_t c = 0; c < n; ++c)
+    if (!keep[c]) order.push_back(static_cast<int32_t>(c));
+  std::sort(order.begin(), order.end(),
+            [score](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
+  return order;
+}
+
 }  // namespace
 
 void reverse_stride_groups(const float* rows, int64_t groups, int64_t stride, int64_t dim, float* out) {
@@ -70,33 +81,57 @@ void add_antidiagonal_mass(const float* rows, int64_t num_rows, const float* col
   }
 }
 
-void sort_by_score(const float* score, std::vector<int32_t>& candidates) {
-  std::sort(candidates.begin(), candidates.end(),
-            [score](int32_t a, int32_t b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
+void pooled_softmax_scores(const float* pooled_q, const float* pooled_k, std::span<const int32_t> candidates,
+                           int64_t dim, float scale, float* prob) {
+  if (candidates.empty()) return;
+  float max_score = -INFINITY;
+  for (int32_t c : candidates) {
+    float dot = 0.0f;
+    const float* key = pooled_k + c * dim;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < dim; ++d) dot += pooled_q[d] * key[d];
+    prob[c] = scale * dot;
+    max_score = std::max(max_score, prob[c]);
+  }
+  float total = 0.0f;
+  for (int32_t c : candidates) total += (prob[c] = std::exp(prob[c] - max_score));
+  for (int32_t c : candidates) prob[c] /= total;
+}
+
+void keep_top_k(const float* score, int64_t n, int64_t k, uint8_t* keep) {
+  const std::vector<int32_t> order = ranked_others(score, n, keep);
+  for (size_t i = 0; i < std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0))); ++i) keep[order[i]] = 1;
+}
+
+void keep_top_k(const double* score, int64_t n, int64_t k, uint8_t* keep) {
+  const std::vector<int32_t> order = ranked_others(score, n, keep);
+  for (size_t i = 0; i < std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0))); ++i) keep[order[i]] = 1;
+}
+
+void keep_until_cdf(const float* score, int64_t n, double p, uint8_t* keep) {
+  const std::vector<int32_t> order = ranked_others(score, n, keep);
+  float cumulative = 0.0f;
+  for (int32_t c : order) {
+    keep[c] = 1;
+    cumulative += score[c];
+    if (static_cast<double>(cumulative) >= p) break;
+  }
 }
 
 void keep_until_mass(const float* score, int64_t n, double target, uint8_t* keep) {
   double kept = 0.0;
-  std::vector<int32_t> order;
-  for (int64_t c = 0; c < n; ++c) {
+  for (int64_t c = 0; c < n; ++c)
     if (keep[c]) kept += score[c];
-    else order.push_back(static_cast<int32_t>(c));
-  }
-  sort_by_score(score, order);
+  const std::vector<int32_t> order = ranked_others(score, n, keep);
   for (size_t i = 0; i < order.size() && kept < target; ++i) {
     keep[order[i]] = 1;
     kept += score[order[i]];
   }
 }
 
-int64_t cdf_count(const float* score, std::span<const int32_t> ordered, double p) {
-  float cumulative = 0.0f;
-  int64_t n = 0;
-  while (n < static_cast<int64_t>(ordered.size())) {
-    cumulative += score[ordered[static_cast<size_t>(n++)]];
-    if (static_cast<double>(cumulative) >= p) break;
-  }
-  return n;
+void keep_sink_and_recent(const AlwaysKeep& always, int64_t n, uint8_t* keep) {
+  for (int64_t c = 0; c < std::min(always.sink_blocks, n); ++c) keep[c] = 1;
+  for (int64_t c = std::max<int64_t>(0, n - always.recent_blocks); c < n; ++c) keep[c] = 1;
 }
 
 std::vector<uint8_t> merge_gqa_any(std::span<const uint8_t> per_head, int64_t batch, int64_t heads, int64_t kv_heads,
@@ -118,12 +153,12 @@ std::vector<uint8_t> vote_columns(std::span<const uint8_t> keep, int64_t rows, i
   TESSEL_CHECK(static_cast<int64_t>(keep.size()) == rows * columns, "vote_columns: ", keep.size(),
                " entries, expected ", rows * columns);
   std::vector<uint8_t> kept(static_cast<size_t>(columns), 0);
+  keep_sink_and_recent(always, columns, kept.data());
   const double needed = vote_fraction * static_cast<double>(rows);
   for (int64_t c = 0; c < columns; ++c) {
     int64_t votes = 0;
     for (int64_t r = 0; r < rows; ++r) votes += keep[static_cast<size_t>(r * columns + c)];
-    const bool forced = c < always.sink_blocks || c >= columns - always.recent_blocks;
-    kept[static_cast<size_t>(c)] = forced || static_cast<double>(votes) > needed ? 1 : 0;
+    if (static_cast<double>(votes) > needed) kept[static_cast<size_t>(c)] = 1;
   }
   return kept;
 }

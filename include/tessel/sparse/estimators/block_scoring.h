@@ -3,6 +3,8 @@
 // selection rules over one row of scores, and the aggregation of per-head choices.
 //
 // Scores:
+//   pooled (SpargeAttn-style top-k): softmax over candidate kv blocks of scale · pooled_q · pooled_k,
+//   from mean-pooled query and key blocks;
 //   strided antidiagonal (XAttention): for stride s, query group g holds tokens [gs, gs + s) in
 //   reversed order and key group g' tokens [g's, g's + s) in order, so the dot product of the two
 //   flattened (s·D) groups is the antidiagonal Σ_i q[gs + s-1-i] · k[g's + i]. Each query group's
@@ -34,16 +36,25 @@ void reverse_stride_groups(const float* rows, int64_t groups, int64_t stride, in
 void add_antidiagonal_mass(const float* rows, int64_t num_rows, const float* columns, int64_t num_columns,
                            int64_t width, float scale, std::span<const int32_t> column_block, std::span<double> mass);
 
-// `candidates` sorted by score descending, index ascending on ties.
-void sort_by_score(const float* score, std::vector<int32_t>& candidates);
+// Pooled scores of one query block: prob[c] = softmax over c in candidates of
+// scale · pooled_q[0..dim) · pooled_k[c·dim ..) (fp32); entries of other blocks are left as they are.
+void pooled_softmax_scores(const float* pooled_q, const float* pooled_k, std::span<const int32_t> candidates,
+                           int64_t dim, float scale, float* prob);
 
-// τ selection over n blocks: keep[c] = 1 blocks already count with their score; then the highest
-// of the others are added while the kept score is below target.
+// Selection over one row of n block scores (fp32 scores of the estimators, fp64 scores of the KV
+// policies). Blocks with keep[c] = 1 on entry are the always-kept ones: they stay, and the rule
+// chooses among the others, ranked by score descending, index ascending on ties.
+//   top-k: the k highest of the others (all of them when fewer);
+//   cdf:   the fewest highest of the others whose scores sum (in fp32) to >= p, at least one;
+//   τ:     the always-kept scores count first, then the highest others while the kept sum < target.
+void keep_top_k(const float* score, int64_t n, int64_t k, uint8_t* keep);
+void keep_top_k(const double* score, int64_t n, int64_t k, uint8_t* keep);
+void keep_until_cdf(const float* score, int64_t n, double p, uint8_t* keep);
 void keep_until_mass(const float* score, int64_t n, double target, uint8_t* keep);
 
-// Number of leading entries of `ordered` (sorted by sort_by_score) that cdf selection keeps: the
-// smallest n >= 1 whose scores sum (in fp32) to >= p; all of them when they never do.
-int64_t cdf_count(const float* score, std::span<const int32_t> ordered, double p);
+// The always-keep rule for a row of n blocks that has no query position (a KV cache's history):
+// sets keep[c] for always's sink blocks (the first ones) and recent blocks (the last ones).
+void keep_sink_and_recent(const AlwaysKeep& always, int64_t n, uint8_t* keep);
 
 // GQA any: from per query head choices (batch, heads, plane) to per kv head choices
 // (batch, kv_heads, plane), query head h belonging to kv head h / (heads / kv_heads).
