@@ -1,4 +1,4 @@
-// Full, Quest and Top-K policies, their block statistics and the policy factory.
+// Full, Quest and Top-K policies and their block statistics (the factory is policy_backend.cc).
 // (XAttention-BSA is in xattention_policy.cc.)
 #include "tessel/kv/policies.h"
 
@@ -203,16 +203,6 @@ std::vector<int32_t> TopKPolicy::select_blocks(const std::vector<int32_t>& avail
   std::vector<uint8_t> keep(static_cast<size_t>(n), 0);
   block_scoring::keep_top_k(scores.data(), n, top_k_, keep.data());
   return kept_blocks(available, keep);
-}
-
-// ---- factory ------------------------------------------------------------------------------------
-
-std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options) {
-  if (name == "full") return std::make_unique<FullPolicy>();
-  if (name == "quest") return std::make_unique<QuestPolicy>(options.quest);
-  if (name == "xattn" || name == "xattention-bsa") return std::make_unique<XAttentionBsaPolicy>(options.xattention, options.xattention_scoring);
-  if (name == "topk") return std::make_unique<TopKPolicy>(options.top_k);
-  fail_argument("policy", "full, quest, xattn (xattention-bsa) or topk", name);
 }
 
 }  // namespace tessel::kv
