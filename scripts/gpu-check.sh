@@ -7,7 +7,7 @@
 #      backend x pattern x dtype on CPU and CUDA against the fp64 reference), then
 #      compute-sanitizer memcheck and racecheck on a small case;
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
-#      `tessel bench --device cuda` at the RFC shapes (B=1, H=40, D=128, bf16,
+#      `tessel bench --device cuda` at the benchmark shapes (B=1, H=40, D=128, bf16,
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);

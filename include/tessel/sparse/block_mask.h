@@ -1,4 +1,4 @@
-// BlockMask: the owning BSR block mask of DESIGN.md, with validation, density and interop.
+// BlockMask: the owning BSR block mask (docs/architecture.md), with validation, density and interop.
 // See kernels/block_mask_view.h for the row layout. Validation errors name the row
 // (batch, head, q_block) and the offending value.
 #pragma once
@@ -69,7 +69,7 @@ class BlockMask {
   const std::vector<int32_t>& indptr() const { return indptr_; }
   const std::vector<int32_t>& indices() const { return indices_; }
   int64_t nnz() const { return static_cast<int64_t>(indices_.size()); }
-  // Kept blocks / all blocks (counting whole blocks, as DESIGN.md).
+  // Kept blocks / all blocks (counting whole blocks, docs/architecture.md).
   double density() const;
   // Fraction of (query, key) token pairs kept, partial last blocks weighted by their size.
   double token_density() const;
