@@ -53,8 +53,7 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
                                     const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options = {});
 
-// Combines two partial results over disjoint key sets (the max-shifted form: m = max(a, b),
-// w_a = e^(a-m), w_b = e^(b-m), o = (w_a o_a + w_b o_b) / (w_a + w_b)).
+// Combines two partial results over disjoint key sets (max-shifted form, docs/architecture.md).
 // out_* (B, S, H, D) any float dtype; lse_* fp32 (B, H, S). out/lse may alias a or b.
 void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse);

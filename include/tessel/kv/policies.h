@@ -125,7 +125,7 @@ class XAttentionBsaPolicy final : public SparsePolicy {
   bool warned_host_fallback_ = false;
 };
 
-// The guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)
+// The SparsePolicy guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)
 // and loads the top_k blocks.
 class TopKPolicy final : public KeyStatsPolicy {
  public:

@@ -1,4 +1,4 @@
-// The sparse-attention protocol in C++: a Backend is a factory that names what it supports and
+// The sparse-attention protocol (docs/sparse_attention.md) in C++: a Backend is a factory that names what it supports and
 // makes a MetadataBuilder (plan: shapes + pattern -> Metadata, once per shape) and an Impl
 // (forward: q, k, v + Metadata + StepInfo -> out, every call). Built-in backends and plugins
 // loaded from shared libraries (plugin/tessel_plugin.h, wrapped by the registry) implement the
@@ -9,7 +9,7 @@
 // What changes per call (denoising step, layer, CFG branch, the schedule's density) arrives as a
 // StepInfo argument.
 //
-// Tensors are BSHD views: q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out like q; lse optional
+// Tensors are BSHD views (docs/architecture.md): q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out like q; lse optional
 // fp32 (B, H_q, S_q), or an empty TensorView{}.
 #pragma once
 
@@ -37,7 +37,7 @@ ModuleType parse_module_type(std::string_view name);  // throws Error listing th
 const std::vector<ModuleType>& all_module_types();
 std::string_view device_type_name(DeviceType type);   // "cpu", "cuda"
 
-// The shapes plan() sees (the RFC's plan arguments after pattern and module type).
+// The shapes plan() sees (the plan arguments after pattern and module type).
 struct AttentionShape {
   int64_t batch = 1;
   int64_t num_qo_heads = 1;
