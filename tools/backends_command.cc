@@ -9,6 +9,7 @@
 
 #include "command.h"
 #include "sparse_attn_flags.h"
+#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -35,7 +36,8 @@ struct BackendsArgs {
 };
 
 int run_backends(const BackendsArgs& args) {
-  BackendRegistry& registry = BackendRegistry::global();
+  const std::unique_ptr<BackendRegistry> owned_registry = make_default_registry();
+  BackendRegistry& registry = *owned_registry;
   std::vector<std::shared_ptr<Backend>> backends = registry.list();
   // A backend named by path is loaded on demand; show it too.
   std::string path, symbol;

@@ -10,6 +10,7 @@
 #include "tessel/core/parallel.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/reference.h"
+#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/sparse_attention.h"
 
 namespace tessel::cli {
@@ -29,6 +30,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
   const Tensor out = Tensor::empty(q_host.shape(), c.dtype, c.device);
 
   const auto cache = std::make_shared<PlanCache>();
+  const std::unique_ptr<BackendRegistry> registry = make_default_registry();
   std::vector<SparseAttention> layers;
   layers.reserve(static_cast<size_t>(s.layers));
   for (int64_t layer = 0; layer < s.layers; ++layer) {
@@ -41,6 +43,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
     o.device = c.device;
     o.layer_index = layer;
     o.plan_cache = cache;
+    o.registry = registry.get();
     layers.emplace_back(o);
   }
   const Resolution& resolution = layers.front().resolution();

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "bench_timer.h"
-#include "kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cli {

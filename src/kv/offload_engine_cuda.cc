@@ -20,8 +20,8 @@
 #include <chrono>
 #include <vector>
 
-#include "kernels/cuda/device_guard.h"
-#include "kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offload_engine.h"
 

@@ -2,8 +2,8 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device_guard.h"
-#include "kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/pattern_backends.h"
 

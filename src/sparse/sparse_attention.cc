@@ -142,8 +142,9 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const TensorView& q, cons
 namespace {
 
 Resolution resolve_for(const SparseAttentionOptions& options) {
-  BackendRegistry& registry = options.registry ? *options.registry : BackendRegistry::global();
-  return registry.resolve(options.config, options.module, options.device);
+  if (!options.registry)
+    fail_argument("SparseAttentionOptions::registry", "the application's BackendRegistry", "null");
+  return options.registry->resolve(options.config, options.module, options.device);
 }
 
 }  // namespace

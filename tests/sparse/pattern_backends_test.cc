@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "pattern_test_util.h"
+#include "sparse/sparse_test_util.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/sparse/config.h"
@@ -14,6 +15,8 @@
 
 namespace tessel {
 namespace {
+
+using testing::builtins;
 
 // Tokens: 8 frames of 4x8 patches (latent 8x16, patch 2), 256 tokens.
 SparseAttnConfig config_for(const std::string& pattern) {
@@ -52,11 +55,11 @@ TEST(PatternBackends, EveryPatternIsRegisteredAndChosenByAuto) {
       {"arrow", "arrow"},                   {"composite", "composite"},         {"dynamic_topk", "dynamic_topk"},
       {"threshold", "threshold"}};
   // sliding_window is chosen by name only (score 0: auto keeps block_sparse or a plugin).
-  ASSERT_NE(BackendRegistry::global().find("sliding_window"), nullptr);
-  EXPECT_EQ(BackendRegistry::global().find("sliding_window")->score(), 0);
+  ASSERT_NE(builtins().find("sliding_window"), nullptr);
+  EXPECT_EQ(builtins().find("sliding_window")->score(), 0);
   for (const auto& [pattern, backend] : expected) {
-    ASSERT_NE(BackendRegistry::global().find(backend), nullptr) << backend;
-    const Resolution r = resolve_backend(config_for(pattern), ModuleType::kDitSelf, Device::cpu());
+    ASSERT_NE(builtins().find(backend), nullptr) << backend;
+    const Resolution r = builtins().resolve(config_for(pattern), ModuleType::kDitSelf, Device::cpu());
     ASSERT_NE(r.backend, nullptr) << pattern;
     EXPECT_EQ(r.backend->name(), backend) << pattern;
   }
@@ -67,7 +70,7 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
     SparseAttnConfig c = config_for(pattern);
     if (pattern == "spatial_aware") c.spatial_layout->ordering = SpatialOrdering::kHilbert;
     const PatternSpec spec = c.to_pattern_spec();
-    auto backend = BackendRegistry::global().get(pattern);
+    auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
     auto metadata = backend->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, shape);
@@ -97,7 +100,7 @@ TEST(PatternBackends, ArrowAndCompositeFromConfig) {
   SparseAttnConfig c = config_for("arrow");
   c.num_text_tokens = 20;
   c.i2i_pattern_type = "radial";
-  auto backend = BackendRegistry::global().get("arrow");
+  auto backend = builtins().get("arrow");
   Inputs t = inputs(276);
   auto metadata = backend->make_metadata_builder()->plan(c.to_pattern_spec(), ModuleType::kDitJoint,
                                                          AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
@@ -120,7 +123,7 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
     SparseAttnConfig c = config_for(pattern);
     c.options["similarity_threshold"] = "-2";
     const PatternSpec spec = c.to_pattern_spec();
-    auto backend = BackendRegistry::global().get(pattern);
+    auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     auto metadata = backend->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
     const ForwardStats stats = backend->make_impl()->forward(t.q.view(), t.k.view(), t.v.view(), *metadata, t.out.view(), TensorView{});
@@ -137,7 +140,7 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
 TEST(PatternBackends, BadSpecsAreErrors) {
   Inputs t = inputs(200);
   const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
-  auto radial = BackendRegistry::global().get("radial");
+  auto radial = builtins().get("radial");
   testing::expect_error([&] { radial->make_metadata_builder()->plan(config_for("radial").to_pattern_spec(), ModuleType::kDitSelf, shape); },
                         "seq_q = seq_kv = 256");
   SparseAttnConfig c = config_for("dynamic_topk");

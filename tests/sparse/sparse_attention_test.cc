@@ -230,7 +230,8 @@ SparseAttentionOptions module_options(BackendRegistry& registry, const SparseAtt
 
 TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
   ScopedEnv env(kBackendEnvVar, std::nullopt);
-  BackendRegistry registry(true, false);
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
   SparseAttnConfig config = window_config();
   config.backend = "block_sparse";
   const auto cache = std::make_shared<PlanCache>();
@@ -284,7 +285,7 @@ TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
 
 TEST(SparseAttention, ResolvesThroughTheEnvironmentAndNone) {
   // Only block_sparse, so that "auto" has a known answer whatever other built-ins exist.
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(make_block_sparse_backend());
   SparseAttnConfig config = window_config();
   {

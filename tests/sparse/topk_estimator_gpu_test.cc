@@ -18,7 +18,7 @@
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/stream.h"
 #endif
 
 namespace tessel {

@@ -134,7 +134,7 @@ struct SparseAttentionOptions {
   Device device{};           // device the layer runs on (used to resolve the backend)
   int64_t layer_index = 0;
   std::shared_ptr<PlanCache> plan_cache;  // null = PlanCache::shared()
-  BackendRegistry* registry = nullptr;    // null = BackendRegistry::global()
+  BackendRegistry* registry = nullptr;    // required: the application's registry (not owned)
 };
 
 // The drop-in module: resolves its backend once (env > config > auto > none), then forwards

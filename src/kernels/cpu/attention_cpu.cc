@@ -9,15 +9,15 @@
 // block-sparse the kept kv blocks of its mask row (clipped to that band). Both share
 // process_item(); the token-level causal/window mask is applied only to chunks that straddle the
 // band's edge.
-#include "kernels/cpu/attention_cpu.h"
+#include "cpu/attention_cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/convert.h"
-#include "kernels/cpu/tile_kernels.h"
+#include "cpu/convert.h"
+#include "cpu/tile_kernels.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/parallel.h"
 

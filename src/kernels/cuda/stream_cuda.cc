@@ -1,4 +1,4 @@
-#include "kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/stream.h"
 
 #include "tessel/core/error.h"
 

@@ -9,9 +9,9 @@
 #include "tessel/core/error.h"
 
 #ifdef TESSEL_WITH_CUDA
-#include "kernels/cuda/stream.h"
-#include "kernels/cuda/topk_estimation.h"
-#include "kernels/cuda/xattention_estimation.h"
+#include "tessel/kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/topk_estimation.h"
+#include "tessel/kernels/cuda/xattention_estimation.h"
 #endif
 
 namespace tessel {

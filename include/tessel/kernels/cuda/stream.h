@@ -1,4 +1,4 @@
-// The CUDA stream that tessel's kernels launch on (internal). Defaults to the legacy default
+// The CUDA stream that tessel's kernels launch on (CUDA builds only). Defaults to the legacy default
 // stream; a caller that captures a CUDA graph or overlaps work sets its own stream for the
 // current thread with StreamGuard.
 #pragma once
