@@ -9,7 +9,6 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
-#include "tessel/sparse/quality/qkv_file.h"
 
 namespace tessel {
 namespace {
@@ -78,33 +77,6 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
                     "overlap");
   expect_open_error(raw_file("bad_metadata", R"({"__metadata__":{"k":1}})", 0), "__metadata__.k");
   expect_open_error(temp_path("does_not_exist"), "readable file");
-}
-
-TEST(QkvFile, LoadsAndValidatesQkv) {
-  Tensor q = Tensor::empty({1, 8, 4, 16}, DType::kBF16), k = Tensor::empty({1, 8, 2, 16}, DType::kBF16);
-  fill_normal(q.view(), 1);
-  fill_normal(k.view(), 2);
-  const std::string path = temp_path("qkv.safetensors");
-  write_safetensors(path, {{"q", q.view()}, {"k", k.view()}, {"v", k.view()}});
-  const QkvTensors t = load_qkv_safetensors(path);
-  EXPECT_EQ(t.q.shape(), q.shape());
-  EXPECT_EQ(t.v.shape(), k.shape());
-  const std::string missing = temp_path("qk.safetensors");
-  write_safetensors(missing, {{"q", q.view()}, {"k", k.view()}});
-  EXPECT_THROW(load_qkv_safetensors(missing), Error);
-  Tensor flat = Tensor::empty({8, 4, 16}, DType::kF32);
-  const std::string rank3 = temp_path("rank3.safetensors");
-  write_safetensors(rank3, {{"q", flat.view()}, {"k", k.view()}, {"v", k.view()}});
-  try {
-    load_qkv_safetensors(rank3);
-    ADD_FAILURE() << "rank 3 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank"), std::string::npos) << e.what();
-  }
-  Tensor k3 = Tensor::empty({1, 8, 3, 16}, DType::kBF16);
-  const std::string heads = temp_path("heads.safetensors");
-  write_safetensors(heads, {{"q", q.view()}, {"k", k3.view()}, {"v", k3.view()}});
-  EXPECT_THROW(load_qkv_safetensors(heads), Error);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/sparse/config.h"
-#include "tessel/sparse/quality/output_error.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel {
@@ -92,7 +91,7 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
     } else {
       block_sparse_attention_forward(t.q.view(), t.k.view(), t.v.view(), plan.mask.view(), t.expected.view(), TensorView{});
     }
-    EXPECT_LT(compare_outputs(t.out.view(), t.expected.view()).rel_l2, 1e-6) << pattern;
+    EXPECT_LT(testing::relative_l2(t.out.view(), t.expected.view()), 1e-6) << pattern;
   }
 }
 
@@ -133,7 +132,7 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
     EXPECT_LT(stats.density, 1.0) << pattern;
     EXPECT_GE(stats.estimate_ms, 0.0);
     block_sparse_attention_forward(t.q.view(), t.k.view(), t.v.view(), mask.view(), t.expected.view(), TensorView{});
-    EXPECT_LT(compare_outputs(t.out.view(), t.expected.view()).rel_l2, 1e-6) << pattern;
+    EXPECT_LT(testing::relative_l2(t.out.view(), t.expected.view()), 1e-6) << pattern;
   }
 }
 
