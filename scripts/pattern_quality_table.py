@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables from `tessel eval --json` output (docs/benchmarks.md, "Pattern quality").
+"""Markdown tables from `tessel eval --json` output (docs/perf-log.md, "Pattern quality").
 
 usage: pattern_quality_table.py eval.json [more.json ...]
 

@@ -9,7 +9,6 @@
 
 #include "command.h"
 #include "sparse_attn_flags.h"
-#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -36,7 +35,7 @@ struct BackendsArgs {
 };
 
 int run_backends(const BackendsArgs& args) {
-  const std::unique_ptr<BackendRegistry> owned_registry = make_default_registry();
+  const std::unique_ptr<BackendRegistry> owned_registry = make_cli_registry();
   BackendRegistry& registry = *owned_registry;
   std::vector<std::shared_ptr<Backend>> backends = registry.list();
   // A backend named by path is loaded on demand; show it too.
@@ -49,8 +48,10 @@ int run_backends(const BackendsArgs& args) {
   }
   const ModuleType module = parse_module_type(args.module);
   const Device device = parse_device(args.device);
-  const SparseAttnConfig config = args.flags.to_config();
-  const Resolution resolution = registry.resolve(config, module, device);
+  const SparseAttnEnv& env = process_sparse_attn_env();
+  const ResolvedSparseAttnConfig config(sparse_attn_config_from(args.flags, env));
+  const Resolution resolution = registry.resolve(config, module, device, backend_override(env));
+  const std::string pattern(pattern_type_name(config.pattern().type));
   const std::string resolved = resolution.backend ? resolution.backend->name() : "none (dense attention)";
 
   nlohmann::json rows = nlohmann::json::array();
@@ -68,11 +69,12 @@ int run_backends(const BackendsArgs& args) {
 
   if (args.json) {
     nlohmann::json out = {{"backends", rows},
-                          {"plugin_dirs", BackendRegistry::plugin_search_dirs()},
+                          {"config", nlohmann::json::parse(config.json())},
+                          {"plugin_dirs", registry.plugin_search_dirs()},
                           {"plugin_failures", failures},
                           {"resolved", {{"backend", resolution.backend ? resolution.backend->name() : "none"},
                                         {"source", std::string(resolution_source_name(resolution.source))},
-                                        {"pattern", config.pattern_type},
+                                        {"pattern", pattern},
                                         {"module_type", args.module},
                                         {"device", device.str()}}}};
     std::cout << out.dump(2) << "\n";
@@ -86,11 +88,11 @@ int run_backends(const BackendsArgs& args) {
               << "  module types: " << joined(row["module_types"].get<std::vector<std::string>>()) << "\n"
               << "  devices:      " << joined(row["devices"].get<std::vector<std::string>>()) << "\n";
   }
-  std::cout << "plugin dirs: " << joined(BackendRegistry::plugin_search_dirs()) << "\n";
+  std::cout << "plugin dirs: " << joined(registry.plugin_search_dirs()) << "\n";
   for (const auto& failure : failures)
     std::cout << "not loaded: " << failure["path"].get<std::string>() << ": " << failure["message"].get<std::string>()
               << "\n";
-  std::cout << "resolved for pattern " << config.pattern_type << ", " << args.module << ", " << device.str() << ": "
+  std::cout << "resolved for pattern " << pattern << ", " << args.module << ", " << device.str() << ": "
             << resolved << " (" << resolution_source_name(resolution.source) << ")\n";
   return 0;
 }

@@ -50,10 +50,12 @@ CommandRegistration registration{
         config->device = parse_device(*device);
         config->dtype = parse_dtype(*dtype);
         const SparseAttnFlags& f = *sparse_flags;
-        if (steps->steps == 0 && (f.backend || f.topk || f.schedule || f.pattern || f.config))
+        if (steps->steps == 0 && f.any())
           fail_argument("--steps", "N >= 1 with the --sparse-attn-* flags (they configure the denoising loop)", 0);
         if (steps->steps != 0) {
-          steps->sparse = sparse_flags->to_config();
+          const SparseAttnEnv& env = process_sparse_attn_env();
+          steps->sparse = sparse_attn_config_from(f, env);
+          steps->backend_override = backend_override(env);
           const StepsReport report = run_denoising_steps(*config, *steps);
           std::cout << (*json ? report.to_json().dump() + "\n" : report.to_table());
           return 0;

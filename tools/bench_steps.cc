@@ -6,11 +6,11 @@
 #include <sstream>
 
 #include "bench_timer.h"
+#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/reference.h"
-#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/sparse_attention.h"
 
 namespace tessel::cli {
@@ -30,7 +30,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
   const Tensor out = Tensor::empty(q_host.shape(), c.dtype, c.device);
 
   const auto cache = std::make_shared<PlanCache>();
-  const std::unique_ptr<BackendRegistry> registry = make_default_registry();
+  const std::unique_ptr<BackendRegistry> registry = make_cli_registry();
   std::vector<SparseAttention> layers;
   layers.reserve(static_cast<size_t>(s.layers));
   for (int64_t layer = 0; layer < s.layers; ++layer) {
@@ -39,6 +39,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
     o.num_kv_heads = kv_heads;
     o.head_dim = c.head_dim;
     o.config = s.sparse;
+    o.backend_override = s.backend_override;
     o.dtype = c.dtype;
     o.device = c.device;
     o.layer_index = layer;
@@ -124,7 +125,7 @@ std::string StepsReport::to_table() const {
      << " H=" << c.heads << "/" << c.effective_kv_heads() << " D=" << c.head_dim << " S_q=" << c.seq
      << " S_kv=" << c.effective_seq_kv() << ", " << steps.layers << " layer(s), median of " << c.iters << " runs\n"
      << "backend: " << backend << (origin.empty() ? "" : " [" + origin + "]") << " (resolved by " << source
-     << "), pattern " << steps.sparse.pattern_type << ", schedule " << steps.sparse.schedule << "\n";
+     << "), pattern " << pattern_type_name(steps.sparse.pattern.type) << ", schedule " << steps.sparse.schedule << "\n";
   char line[256];
   std::snprintf(line, sizeof line, "%5s %-16s %6s %8s %11s %12s %14s\n", "step", "backend", "dense", "density", "ms",
                 "estimate_ms", "err_vs_dense");

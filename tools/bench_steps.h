@@ -1,6 +1,7 @@
 // `tessel bench --steps N`: a simulated denoising loop through the sparse-attention interface.
-// The backend is resolved as everywhere (env TESSEL_SPARSE_ATTN_BACKEND > --sparse-attn-backend /
-// config > auto > none), then N steps of `layers` SparseAttention layers (sharing one plan
+// The backend is resolved as everywhere (env TESSEL_SPARSE_ATTN_BACKEND, passed as
+// backend_override > --sparse-attn-backend / config > auto > none), then N steps of `layers`
+// SparseAttention layers (sharing one plan
 // cache) run on the bench shape; each step reports the backend that ran, the density computed,
 // the median time over --iters runs, and the error against dense attention on sampled rows.
 #pragma once
@@ -20,6 +21,7 @@ struct StepsConfig {
   int64_t steps = 0;   // 0 = no denoising loop
   int64_t layers = 1;  // attention layers per step (dense_layers applies to the first ones)
   SparseAttnConfig sparse;
+  std::string backend_override;  // from the environment ("" = none)
 };
 
 struct StepResult {

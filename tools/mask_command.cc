@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "command.h"
+#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/config.h"
 #include "quality/mask_image.h"
@@ -43,30 +44,35 @@ struct MaskArgs {
 
 int run_mask(const MaskArgs& a) {
   SparseAttnConfig c = a.config_json.empty() ? SparseAttnConfig{} : parse_sparse_attn_config_arg(a.config_json);
-  if (!a.pattern.empty()) c.pattern_type = a.pattern;
+  if (!a.pattern.empty()) c.pattern.type = parse_enum_flag(parse_pattern_type, a.pattern, "--pattern");
   const TokenGrid grid = parse_token_grid(a.grid, "--grid");
-  c.spatial_layout = SpatialLayout{grid.frames, grid.height, grid.width, 1,
-                                   a.ordering.empty() ? SpatialOrdering::kHilbert : parse_spatial_ordering(a.ordering)};
-  if (a.text_tokens > 0) c.num_text_tokens = a.text_tokens;
-  c.block_size_q = a.block_q;
-  c.block_size_kv = a.block_kv;
-  if (a.radius) c.spatial_radius = *a.radius;
-  if (a.window) c.window_size = *a.window;
-  if (a.local_window) c.local_window_size = *a.local_window;
-  if (a.decay) c.decay_factor = *a.decay;
-  if (a.topk) c.topk_ratio = *a.topk;
-  if (a.threshold) c.threshold = *a.threshold;
-  if (a.stride) c.stride = *a.stride;
-  if (a.sink_blocks) c.sink_blocks = *a.sink_blocks;
-  if (a.keep_diagonal) c.keep_diagonal = true;
-  if (a.keep_text) c.keep_text = true;
+  c.geometry.spatial_layout = SpatialLayout{grid.frames, grid.height, grid.width, 1,
+                                            a.ordering.empty() ? SpatialOrdering::kHilbert
+                                                               : parse_enum_flag(parse_spatial_ordering, a.ordering, "--ordering")};
+  if (a.text_tokens > 0) c.geometry.num_text_tokens = a.text_tokens;
+  c.geometry.text_first = !a.text_last;
+  c.geometry.block_q = a.block_q;
+  c.geometry.block_kv = a.block_kv;
+  if (a.radius) c.pattern.spatial_radius = *a.radius;
+  if (a.window) c.pattern.window_size = *a.window;
+  if (a.local_window) c.pattern.local_window_size = *a.local_window;
+  if (a.decay) c.pattern.decay_factor = *a.decay;
+  if (!a.inner.empty()) c.pattern.i2i_pattern = parse_enum_flag(parse_pattern_type, a.inner, "--inner");
+  if (!a.children.empty()) {
+    c.pattern.children.clear();
+    for (const std::string& child : a.children)
+      c.pattern.children.push_back(parse_enum_flag(parse_pattern_type, child, "--children"));
+  }
+  c.pattern.composite_op = parse_enum_flag(parse_composite_op, a.op, "--op");
+  if (a.topk) c.selection.topk_ratio = *a.topk;
+  if (a.threshold) c.selection.threshold = *a.threshold;
+  if (a.stride) c.selection.stride = *a.stride;
+  if (a.sink_blocks) c.selection.sink_blocks = *a.sink_blocks;
+  if (a.keep_diagonal) c.selection.keep_diagonal = true;
+  if (a.keep_text) c.selection.keep_text = true;
   if (a.no_sink) c.options["frame0_sink"] = "false";
-  if (!a.inner.empty()) c.i2i_pattern_type = a.inner;
-  if (!a.children.empty()) c.children = a.children;
-  c.composite_op = a.op;
-  c.validate();
-  PatternSpec spec = c.to_pattern_spec();
-  spec.text_first = !a.text_last;
+  const ResolvedSparseAttnConfig resolved(std::move(c));
+  const PatternSpec& spec = resolved.pattern();
   const TokenLayout layout = token_layout_from_spec(spec);
 
   double ms = 0.0;  // planning or estimation time

@@ -138,12 +138,11 @@ class PluginBackend : public Backend, public std::enable_shared_from_this<Plugin
   std::string origin() const override {
     return library_->symbol == TESSEL_PLUGIN_ENTRY_SYMBOL ? library_->path : library_->path + ":" + library_->symbol;
   }
-  void validate_config(const SparseAttnConfig& config) const override {
+  void validate_config(const ResolvedSparseAttnConfig& config) const override {
     const tessel_plugin_backend& table = library_->table;
     if (table.validate_config == nullptr) return;
-    const std::string json = config.to_json();
     tessel_error error{};
-    const tessel_status status = table.validate_config(table.user_data, json.c_str(), &error);
+    const tessel_status status = table.validate_config(table.user_data, config.json().c_str(), &error);
     if (status != TESSEL_OK) fail_status(*library_, "validate_config", status, error);
   }
   std::unique_ptr<MetadataBuilder> make_metadata_builder() const override {

@@ -114,7 +114,7 @@ void MetadataBuilder::update_step(Metadata&, int64_t, int64_t) {}
 Impl::~Impl() = default;
 Backend::~Backend() = default;
 
-void Backend::validate_config(const SparseAttnConfig&) const {}
+void Backend::validate_config(const ResolvedSparseAttnConfig&) const {}
 
 bool Backend::supports(PatternType pattern) const {
   const auto patterns = supported_patterns();

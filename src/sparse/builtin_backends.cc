@@ -62,13 +62,14 @@ std::shared_ptr<Backend> make_block_sparse_backend() {
   info.name = "block_sparse";
   info.patterns = {PatternType::kBlockSparse, PatternType::kSlidingWindow};
   info.score = 1;
-  info.validate_config = [](const SparseAttnConfig& config) {
-    const PatternType type = parse_pattern_type(config.pattern_type);
-    if (type == PatternType::kBlockSparse)
-      throw Error("sparse_attn.pattern_type: block_sparse needs an explicit BlockMask, which only the C++ API "
+  info.validate_config = [](const ResolvedSparseAttnConfig& config) {
+    const PatternSpec& pattern = config.pattern();
+    if (pattern.type == PatternType::kBlockSparse)
+      throw Error("sparse_attn.pattern.type: block_sparse needs an explicit BlockMask, which only the C++ API "
                   "(PatternSpec::block_mask) carries; from a config use sliding_window or a pattern backend");
-    if (type == PatternType::kSlidingWindow && !config.window_size)
-      throw Error("sparse_attn.window_size: required by the block_sparse backend for pattern sliding_window, but not set");
+    if (pattern.type == PatternType::kSlidingWindow && !pattern.window_size)
+      throw Error("sparse_attn.pattern.window_size: required by the block_sparse backend for pattern sliding_window, "
+                  "but not set");
   };
   return make_mask_planning_backend(std::move(info), plan_block_sparse);
 }

@@ -1,11 +1,13 @@
 #include "tessel/sparse/config.h"
 
-#include <cmath>
-#include <cstdlib>
-#include <fstream>
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
-#include <sstream>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -17,295 +19,399 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int64_t kMaxBlockSize = 4096;
+std::string key_path(const std::string& path) { return "sparse_attn." + path; }
 
-std::string field(const std::string& name) { return "sparse_attn." + name; }
-
-[[noreturn]] void fail_type(const std::string& key, const std::string& expected, const json& value) {
-  fail_argument(field(key), expected, std::string(value.type_name()) + " " + value.dump());
+[[noreturn]] void fail_type(const std::string& path, const std::string& expected, const json& value) {
+  fail_argument(key_path(path), expected, std::string(value.type_name()) + " " + value.dump());
 }
 
-int64_t get_int(const std::string& key, const json& value) {
-  if (!value.is_number_integer()) fail_type(key, "an integer", value);
-  return value.get<int64_t>();
-}
-double get_number(const std::string& key, const json& value) {
-  if (!value.is_number()) fail_type(key, "a number", value);
-  return value.get<double>();
-}
-std::string get_string(const std::string& key, const json& value) {
-  if (!value.is_string()) fail_type(key, "a string", value);
-  return value.get<std::string>();
-}
-bool get_bool(const std::string& key, const json& value) {
-  if (!value.is_boolean()) fail_type(key, "true or false", value);
-  return value.get<bool>();
-}
-std::optional<int64_t> get_optional_int(const std::string& key, const json& value) {
-  if (value.is_null()) return std::nullopt;
-  return get_int(key, value);
-}
+// ---- reading and writing one value of each type the schema uses -----------------------------
 
-SpatialLayout get_layout(const json& value) {
-  if (!value.is_object()) fail_type("spatial_layout", "an object {frames, height, width, patch_size, ordering}", value);
-  SpatialLayout layout;
-  for (const auto& [key, item] : value.items()) {
-    const std::string name = "spatial_layout." + key;
-    if (key == "frames") layout.frames = get_int(name, item);
-    else if (key == "height") layout.height = get_int(name, item);
-    else if (key == "width") layout.width = get_int(name, item);
-    else if (key == "patch_size") layout.patch_size = get_int(name, item);
-    else if (key == "ordering") layout.ordering = parse_spatial_ordering(get_string(name, item));
-    else fail_argument(field(name), "one of frames, height, width, patch_size, ordering", "unknown key");
+// What a JSON value must be to read as the scalar T, and how an error says so.
+template <typename T>
+struct Scalar;
+template <>
+struct Scalar<int64_t> {
+  // Integers above INT64_MAX arrive as unsigned and would wrap.
+  static bool accepts(const json& value) {
+    return value.is_number_integer() &&
+           !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
   }
-  return layout;
+  static constexpr const char* kExpected = "an integer";
+};
+template <>
+struct Scalar<double> {
+  static bool accepts(const json& value) { return value.is_number(); }
+  static constexpr const char* kExpected = "a number";
+};
+template <>
+struct Scalar<bool> {
+  static bool accepts(const json& value) { return value.is_boolean(); }
+  static constexpr const char* kExpected = "true or false";
+};
+template <>
+struct Scalar<std::string> {
+  static bool accepts(const json& value) { return value.is_string(); }
+  static constexpr const char* kExpected = "a string";
+};
+
+// Scalars; the specializations below cover the other types.
+template <typename T>
+struct Codec {
+  static T read(const json& value, const std::string& path) {
+    if (!Scalar<T>::accepts(value)) fail_type(path, Scalar<T>::kExpected, value);
+    return value.get<T>();
+  }
+  static json write(const T& value) { return value; }
+};
+
+// Named enumerations: parse_name throws "<name>: expected one of ..., got ..."; the key path
+// replaces its argument name.
+template <typename Enum, Enum (*parse_name)(std::string_view), std::string_view (*name_of)(Enum)>
+struct NamedCodec {
+  static Enum read(const json& value, const std::string& path) {
+    const std::string name = Codec<std::string>::read(value, path);
+    try {
+      return parse_name(name);
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      const size_t expected = message.find(": expected");
+      throw Error(key_path(path) + (expected == std::string::npos ? ": " + message : message.substr(expected)));
+    }
+  }
+  static json write(Enum value) { return std::string(name_of(value)); }
+};
+template <>
+struct Codec<PatternType> : NamedCodec<PatternType, parse_pattern_type, pattern_type_name> {};
+template <>
+struct Codec<CompositeOp> : NamedCodec<CompositeOp, parse_composite_op, composite_op_name> {};
+template <>
+struct Codec<SpatialOrdering> : NamedCodec<SpatialOrdering, parse_spatial_ordering, spatial_ordering_name> {};
+
+template <>
+struct Codec<SpatialLayout> {
+  static SpatialLayout read(const json& value, const std::string& path) {
+    if (!value.is_object()) fail_type(path, "an object {frames, height, width, patch_size, ordering}", value);
+    SpatialLayout layout;
+    for (const auto& [key, item] : value.items()) {
+      const std::string item_path = path + "." + key;
+      if (key == "frames") layout.frames = Codec<int64_t>::read(item, item_path);
+      else if (key == "height") layout.height = Codec<int64_t>::read(item, item_path);
+      else if (key == "width") layout.width = Codec<int64_t>::read(item, item_path);
+      else if (key == "patch_size") layout.patch_size = Codec<int64_t>::read(item, item_path);
+      else if (key == "ordering") layout.ordering = Codec<SpatialOrdering>::read(item, item_path);
+      else fail_argument(key_path(item_path), "one of frames, height, width, patch_size, ordering", "unknown key");
+    }
+    return layout;
+  }
+  static json write(const SpatialLayout& layout) {
+    return {{"frames", layout.frames},
+            {"height", layout.height},
+            {"width", layout.width},
+            {"patch_size", layout.patch_size},
+            {"ordering", Codec<SpatialOrdering>::write(layout.ordering)}};
+  }
+};
+
+// null <-> absent.
+template <typename T>
+struct Codec<std::optional<T>> {
+  static std::optional<T> read(const json& value, const std::string& path) {
+    if (value.is_null()) return std::nullopt;
+    return Codec<T>::read(value, path);
+  }
+  static json write(const std::optional<T>& value) { return value ? Codec<T>::write(*value) : json(nullptr); }
+};
+
+template <typename T>
+struct Codec<std::vector<T>> {
+  static std::vector<T> read(const json& value, const std::string& path) {
+    if (!value.is_array()) fail_type(path, "an array", value);
+    std::vector<T> out;
+    for (size_t i = 0; i < value.size(); ++i) out.push_back(Codec<T>::read(value[i], path + "[" + std::to_string(i) + "]"));
+    return out;
+  }
+  static json write(const std::vector<T>& values) {
+    json out = json::array();
+    for (const T& value : values) out.push_back(Codec<T>::write(value));
+    return out;
+  }
+};
+
+// Backend options: any scalar, kept as its text.
+template <>
+struct Codec<std::map<std::string, std::string>> {
+  static std::map<std::string, std::string> read(const json& value, const std::string& path) {
+    if (!value.is_object()) fail_type(path, "an object of key: value", value);
+    std::map<std::string, std::string> out;
+    for (const auto& [key, item] : value.items()) {
+      if (item.is_string()) out[key] = item.get<std::string>();
+      else if (item.is_number() || item.is_boolean()) out[key] = item.dump();
+      else fail_type(path + "." + key, "a string, number or boolean", item);
+    }
+    return out;
+  }
+  static json write(const std::map<std::string, std::string>& options) { return options; }
+};
+
+// ---- range checks ----------------------------------------------------------------------------
+
+struct IntRange {
+  int64_t low;
+  std::optional<int64_t> high;  // none: unbounded
+  void operator()(int64_t value, const std::string& path) const {
+    if (value >= low && (!high || value <= *high)) return;
+    const std::string expected = high ? "an integer in [" + std::to_string(low) + ", " + std::to_string(*high) + "]"
+                                      : "an integer >= " + std::to_string(low);
+    fail_argument(key_path(path), expected, value);
+  }
+};
+
+// (low, high]: finite, above low, at most high.
+struct OpenClosedRange {
+  double low, high;
+  void operator()(double value, const std::string& path) const {
+    if (value > low && value <= high) return;
+    fail_argument(key_path(path), detail::concat("a number in (", low, ", ", high, "]"), value);
+  }
+};
+
+struct ValidLayout {
+  void operator()(const SpatialLayout& layout, const std::string& path) const { layout.validate(key_path(path)); }
+};
+
+struct NoCheck {};
+
+template <typename Check, typename T>
+void apply_check(const Check& check, const T& value, const std::string& path) {
+  if constexpr (!std::is_same_v<Check, NoCheck>) check(value, path);
+}
+template <typename Check, typename T>
+void apply_check(const Check& check, const std::optional<T>& value, const std::string& path) {
+  if (value) apply_check(check, *value, path);
 }
 
-std::string option_value(const std::string& key, const json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_number() || value.is_boolean()) return value.dump();
-  fail_type("options." + key, "a string, number or boolean", value);
-}
+// ---- the schema: every field once ------------------------------------------------------------
 
-using Setter = std::function<void(SparseAttnConfig&, const json&)>;
+struct Field {
+  std::string path;      // nested key path, e.g. "selection.topk_ratio"
+  std::string flat_key;  // the older top-level key, e.g. "topk_ratio" ("" when it has none)
+  std::function<void(SparseAttnConfig&, const json&, const std::string& spelled)> read;
+  std::function<json(const SparseAttnConfig&)> write;
+  std::function<void(const SparseAttnConfig&)> check;
+};
 
-const std::map<std::string, Setter>& setters() {
-  static const std::map<std::string, Setter> table = {
-      {"backend", [](SparseAttnConfig& c, const json& v) { c.backend = get_string("backend", v); }},
-      {"pattern_type", [](SparseAttnConfig& c, const json& v) { c.pattern_type = get_string("pattern_type", v); }},
-      {"topk_ratio", [](SparseAttnConfig& c, const json& v) { c.topk_ratio = get_number("topk_ratio", v); }},
-      {"block_size_q", [](SparseAttnConfig& c, const json& v) { c.block_size_q = get_int("block_size_q", v); }},
-      {"block_size_kv", [](SparseAttnConfig& c, const json& v) { c.block_size_kv = get_int("block_size_kv", v); }},
-      {"window_size", [](SparseAttnConfig& c, const json& v) { c.window_size = get_optional_int("window_size", v); }},
-      {"spatial_radius", [](SparseAttnConfig& c, const json& v) { c.spatial_radius = get_optional_int("spatial_radius", v); }},
-      {"schedule", [](SparseAttnConfig& c, const json& v) { c.schedule = get_string("schedule", v); }},
-      {"dense_timesteps", [](SparseAttnConfig& c, const json& v) { c.dense_timesteps = get_int("dense_timesteps", v); }},
-      {"dense_layers", [](SparseAttnConfig& c, const json& v) { c.dense_layers = get_int("dense_layers", v); }},
-      {"decay_factor", [](SparseAttnConfig& c, const json& v) { c.decay_factor = get_number("decay_factor", v); }},
-      {"local_window_size", [](SparseAttnConfig& c, const json& v) { c.local_window_size = get_int("local_window_size", v); }},
-      {"threshold", [](SparseAttnConfig& c, const json& v) { c.threshold = get_number("threshold", v); }},
-      {"stride", [](SparseAttnConfig& c, const json& v) { c.stride = get_int("stride", v); }},
-      {"spatial_layout",
-       [](SparseAttnConfig& c, const json& v) {
-         if (v.is_null()) c.spatial_layout.reset();
-         else c.spatial_layout = get_layout(v);
-       }},
-      {"num_text_tokens", [](SparseAttnConfig& c, const json& v) { c.num_text_tokens = get_optional_int("num_text_tokens", v); }},
-      {"keep_diagonal", [](SparseAttnConfig& c, const json& v) { c.keep_diagonal = get_bool("keep_diagonal", v); }},
-      {"sink_blocks", [](SparseAttnConfig& c, const json& v) { c.sink_blocks = get_int("sink_blocks", v); }},
-      {"keep_text", [](SparseAttnConfig& c, const json& v) { c.keep_text = get_bool("keep_text", v); }},
-      {"i2i_pattern_type",
-       [](SparseAttnConfig& c, const json& v) {
-         if (v.is_null()) c.i2i_pattern_type.reset();
-         else c.i2i_pattern_type = get_string("i2i_pattern_type", v);
-       }},
-      {"children",
-       [](SparseAttnConfig& c, const json& v) {
-         if (!v.is_array()) fail_type("children", "an array of pattern type names", v);
-         c.children.clear();
-         for (const json& item : v) c.children.push_back(get_string("children[]", item));
-       }},
-      {"composite_op", [](SparseAttnConfig& c, const json& v) { c.composite_op = get_string("composite_op", v); }},
-      {"options",
-       [](SparseAttnConfig& c, const json& v) {
-         if (!v.is_object()) fail_type("options", "an object of key: value", v);
-         for (const auto& [key, item] : v.items()) c.options[key] = option_value(key, item);
-       }},
+// `access` is a generic lambda returning a reference to the member, for const and non-const configs.
+template <typename Access, typename Check = NoCheck>
+Field field(std::string path, std::string flat_key, Access access, Check check = {}) {
+  using T = std::remove_cvref_t<decltype(access(std::declval<SparseAttnConfig&>()))>;
+  Field f{path, std::move(flat_key), {}, {}, {}};
+  f.read = [access](SparseAttnConfig& c, const json& value, const std::string& spelled) {
+    access(c) = Codec<T>::read(value, spelled);
   };
-  return table;
+  f.write = [access](const SparseAttnConfig& c) { return Codec<T>::write(access(c)); };
+  f.check = [access, check, path](const SparseAttnConfig& c) { apply_check(check, access(c), path); };
+  return f;
 }
 
-std::string known_keys() {
+const std::vector<Field>& schema() {
+  // clang-format off
+  static const std::vector<Field> fields = {
+      field("backend", "", [](auto& c) -> auto& { return c.backend; }),
+      field("geometry.block_q", "block_size_q", [](auto& c) -> auto& { return c.geometry.block_q; },
+            IntRange{1, kMaxConfigBlockSize}),
+      field("geometry.block_kv", "block_size_kv", [](auto& c) -> auto& { return c.geometry.block_kv; },
+            IntRange{1, kMaxConfigBlockSize}),
+      field("geometry.spatial_layout", "spatial_layout", [](auto& c) -> auto& { return c.geometry.spatial_layout; },
+            ValidLayout{}),
+      field("geometry.num_text_tokens", "num_text_tokens", [](auto& c) -> auto& { return c.geometry.num_text_tokens; },
+            IntRange{0, std::nullopt}),
+      field("geometry.text_first", "text_first", [](auto& c) -> auto& { return c.geometry.text_first; }),
+      field("pattern.type", "pattern_type", [](auto& c) -> auto& { return c.pattern.type; }),
+      field("pattern.window_size", "window_size", [](auto& c) -> auto& { return c.pattern.window_size; },
+            IntRange{0, std::nullopt}),
+      field("pattern.spatial_radius", "spatial_radius", [](auto& c) -> auto& { return c.pattern.spatial_radius; },
+            IntRange{0, std::nullopt}),
+      field("pattern.decay_factor", "decay_factor", [](auto& c) -> auto& { return c.pattern.decay_factor; },
+            OpenClosedRange{0.0, kMaxDecayFactor}),
+      field("pattern.local_window_size", "local_window_size",
+            [](auto& c) -> auto& { return c.pattern.local_window_size; }, IntRange{1, std::nullopt}),
+      field("pattern.i2i_pattern", "i2i_pattern_type", [](auto& c) -> auto& { return c.pattern.i2i_pattern; }),
+      field("pattern.children", "children", [](auto& c) -> auto& { return c.pattern.children; }),
+      field("pattern.composite_op", "composite_op", [](auto& c) -> auto& { return c.pattern.composite_op; }),
+      field("selection.topk_ratio", "topk_ratio", [](auto& c) -> auto& { return c.selection.topk_ratio; },
+            OpenClosedRange{0.0, 1.0}),
+      field("selection.threshold", "threshold", [](auto& c) -> auto& { return c.selection.threshold; },
+            OpenClosedRange{0.0, 1.0}),
+      field("selection.stride", "stride", [](auto& c) -> auto& { return c.selection.stride; },
+            IntRange{1, kMaxStride}),
+      field("selection.sink_blocks", "sink_blocks", [](auto& c) -> auto& { return c.selection.sink_blocks; },
+            IntRange{0, std::nullopt}),
+      field("selection.keep_diagonal", "keep_diagonal", [](auto& c) -> auto& { return c.selection.keep_diagonal; }),
+      field("selection.keep_text", "keep_text", [](auto& c) -> auto& { return c.selection.keep_text; }),
+      field("schedule", "", [](auto& c) -> auto& { return c.schedule; }),
+      field("warmup.dense_steps", "dense_timesteps", [](auto& c) -> auto& { return c.warmup.dense_steps; },
+            IntRange{0, std::nullopt}),
+      field("warmup.dense_layers", "dense_layers", [](auto& c) -> auto& { return c.warmup.dense_layers; },
+            IntRange{0, std::nullopt}),
+      field("options", "", [](auto& c) -> auto& { return c.options; }),
+  };
+  // clang-format on
+  return fields;
+}
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = {"geometry", "pattern", "selection", "warmup"};
+  return names;
+}
+
+bool is_section(const std::string& key) {
+  for (const std::string& name : section_names())
+    if (name == key) return true;
+  return false;
+}
+
+const Field* field_at(const std::string& path) {
+  for (const Field& f : schema())
+    if (f.path == path) return &f;
+  return nullptr;
+}
+
+const Field* field_by_flat_key(const std::string& key) {
+  for (const Field& f : schema())
+    if (!f.flat_key.empty() && f.flat_key == key) return &f;
+  return nullptr;
+}
+
+// The keys allowed under `section` ("" = the top level: sections, top-level fields, flat keys).
+std::string allowed_keys(const std::string& section) {
   std::string out;
-  for (const auto& [key, setter] : setters()) out += (out.empty() ? "" : ", ") + key;
+  const auto add = [&](const std::string& key) { out += (out.empty() ? "" : ", ") + key; };
+  if (section.empty()) {
+    for (const std::string& name : section_names()) add(name);
+    for (const Field& f : schema())
+      if (f.path.find('.') == std::string::npos) add(f.path);
+    for (const Field& f : schema())
+      if (!f.flat_key.empty()) add(f.flat_key);
+    return out;
+  }
+  for (const Field& f : schema())
+    if (f.path.starts_with(section + ".")) add(f.path.substr(section.size() + 1));
   return out;
 }
 
-void check_range(const std::string& name, int64_t value, int64_t low, int64_t high) {
-  if (value < low || value > high)
-    fail_argument(field(name), "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]", value);
+std::string joined_schedule_names() {
+  std::string names;
+  for (const std::string& name : sparsity_schedule_names()) names += (names.empty() ? "" : ", ") + name;
+  return names;
 }
-void check_at_least(const std::string& name, int64_t value, int64_t low) {
-  if (value < low) fail_argument(field(name), "an integer >= " + std::to_string(low), value);
-}
-void check_open_closed(const std::string& name, double value, double low, double high) {
-  if (!(value > low && value <= high)) {
-    std::ostringstream range;
-    range << "a number in (" << low << ", " << high << "]";
-    fail_argument(field(name), range.str(), value);
+
+// The one place a config becomes a PatternSpec. Nested patterns are this config with the type
+// replaced (and their own nesting removed).
+PatternSpec derive_pattern_spec(const SparseAttnConfig& c) {
+  PatternSpec spec;
+  spec.type = c.pattern.type;
+  spec.block_q = c.geometry.block_q;
+  spec.block_kv = c.geometry.block_kv;
+  spec.spatial_layout = c.geometry.spatial_layout;
+  spec.num_text_tokens = c.geometry.num_text_tokens;
+  if (c.geometry.spatial_layout && c.geometry.num_text_tokens)
+    spec.num_image_tokens = c.geometry.spatial_layout->num_tokens();
+  spec.text_first = c.geometry.text_first;
+  spec.window_size = c.pattern.window_size;
+  spec.spatial_radius = c.pattern.spatial_radius;
+  spec.decay_factor = c.pattern.decay_factor;
+  spec.local_window_frames = c.pattern.local_window_size;
+  spec.topk_ratio = c.selection.topk_ratio;
+  spec.threshold = c.selection.threshold;
+  spec.stride = c.selection.stride;
+  spec.keep_diagonal = c.selection.keep_diagonal;
+  spec.sink_blocks = c.selection.sink_blocks;
+  spec.keep_text = c.selection.keep_text;
+  spec.options = c.options;
+  if (c.pattern.i2i_pattern) {
+    SparseAttnConfig inner = c;
+    inner.pattern.type = *c.pattern.i2i_pattern;
+    inner.pattern.i2i_pattern.reset();
+    spec.i2i_pattern = std::make_shared<const PatternSpec>(derive_pattern_spec(inner));
   }
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_argument("--sparse-attn-config", "a readable JSON file after '@'", "'" + path + "' (cannot open)");
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
-}
-
-std::optional<std::string> env_value(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::string(value);
+  spec.composite_op = c.pattern.composite_op;
+  for (PatternType child : c.pattern.children) {
+    SparseAttnConfig inner = c;
+    inner.pattern.type = child;
+    inner.pattern.children.clear();
+    spec.children.push_back(derive_pattern_spec(inner));
+  }
+  return spec;
 }
 
 }  // namespace
 
 void SparseAttnConfig::validate() const {
-  if (backend.empty()) fail_argument(field("backend"), "a backend name, a plugin path, 'auto' or 'none'", "''");
-  parse_pattern_type(pattern_type);
-  check_open_closed("topk_ratio", topk_ratio, 0.0, 1.0);
-  check_range("block_size_q", block_size_q, 1, kMaxBlockSize);
-  check_range("block_size_kv", block_size_kv, 1, kMaxBlockSize);
-  if (window_size) check_at_least("window_size", *window_size, 0);
-  if (spatial_radius) check_at_least("spatial_radius", *spatial_radius, 0);
-  if (!has_sparsity_schedule(schedule)) {
-    std::string names;
-    for (const std::string& name : sparsity_schedule_names()) names += (names.empty() ? "" : ", ") + name;
-    fail_argument(field("schedule"), "one of " + names, "'" + schedule + "'");
-  }
-  check_at_least("dense_timesteps", dense_timesteps, 0);
-  check_at_least("dense_layers", dense_layers, 0);
-  check_open_closed("decay_factor", decay_factor, 0.0, 16.0);
-  check_at_least("local_window_size", local_window_size, 1);
-  check_open_closed("threshold", threshold, 0.0, 1.0);
-  check_range("stride", stride, 1, 64);
-  if (spatial_layout) spatial_layout->validate(field("spatial_layout"));
-  if (num_text_tokens) check_at_least("num_text_tokens", *num_text_tokens, 0);
-  check_at_least("sink_blocks", sink_blocks, 0);
-  if (keep_text && !num_text_tokens)
-    throw Error(field("keep_text") + ": requires " + field("num_text_tokens") + ", which is not set");
-  if (i2i_pattern_type) {
-    if (parse_pattern_type(*i2i_pattern_type) == PatternType::kArrow)
-      fail_argument(field("i2i_pattern_type"), "a pattern type other than arrow", "'arrow'");
-  }
-  for (const std::string& child : children) {
-    const PatternType type = parse_pattern_type(child);
-    if (type == PatternType::kComposite) fail_argument(field("children"), "pattern types other than composite", "'composite'");
-  }
-  if (composite_op != "union" && composite_op != "intersection")
-    fail_argument(field("composite_op"), "'union' or 'intersection'", "'" + composite_op + "'");
-}
-
-PatternSpec SparseAttnConfig::to_pattern_spec() const {
-  PatternSpec spec;
-  spec.type = parse_pattern_type(pattern_type);
-  spec.block_q = block_size_q;
-  spec.block_kv = block_size_kv;
-  spec.window_size = window_size;
-  spec.spatial_layout = spatial_layout;
-  spec.spatial_radius = spatial_radius;
-  spec.decay_factor = decay_factor;
-  spec.local_window_frames = local_window_size;
-  spec.topk_ratio = topk_ratio;
-  spec.threshold = threshold;
-  spec.stride = stride;
-  spec.num_text_tokens = num_text_tokens;
-  if (spatial_layout && num_text_tokens) spec.num_image_tokens = spatial_layout->num_tokens();
-  spec.keep_diagonal = keep_diagonal;
-  spec.sink_blocks = sink_blocks;
-  spec.keep_text = keep_text;
-  spec.options = options;
-  if (i2i_pattern_type) {
-    SparseAttnConfig inner = *this;
-    inner.pattern_type = *i2i_pattern_type;
-    inner.i2i_pattern_type.reset();
-    spec.i2i_pattern = std::make_shared<const PatternSpec>(inner.to_pattern_spec());
-  }
-  spec.composite_op = composite_op == "intersection" ? CompositeOp::kIntersection : CompositeOp::kUnion;
-  for (const std::string& child : children) {
-    SparseAttnConfig inner = *this;
-    inner.pattern_type = child;
-    inner.children.clear();
-    spec.children.push_back(inner.to_pattern_spec());
-  }
-  return spec;
+  if (backend.empty())
+    fail_argument(key_path("backend"), "a backend name, a plugin path, 'auto' or 'none'", "''");
+  for (const Field& f : schema()) f.check(*this);
+  if (!has_sparsity_schedule(schedule))
+    fail_argument(key_path("schedule"), "one of " + joined_schedule_names(), "'" + schedule + "'");
+  if (selection.keep_text && !geometry.num_text_tokens)
+    throw Error(key_path("selection.keep_text") + ": requires " + key_path("geometry.num_text_tokens") +
+                ", which is not set");
+  if (pattern.i2i_pattern == PatternType::kArrow)
+    fail_argument(key_path("pattern.i2i_pattern"), "a pattern type other than arrow", "'arrow'");
+  for (PatternType child : pattern.children)
+    if (child == PatternType::kComposite)
+      fail_argument(key_path("pattern.children"), "pattern types other than composite", "'composite'");
 }
 
 std::string SparseAttnConfig::to_json() const {
-  json j;
-  j["backend"] = backend;
-  j["pattern_type"] = pattern_type;
-  j["topk_ratio"] = topk_ratio;
-  j["block_size_q"] = block_size_q;
-  j["block_size_kv"] = block_size_kv;
-  j["window_size"] = window_size ? json(*window_size) : json(nullptr);
-  j["spatial_radius"] = spatial_radius ? json(*spatial_radius) : json(nullptr);
-  j["schedule"] = schedule;
-  j["dense_timesteps"] = dense_timesteps;
-  j["dense_layers"] = dense_layers;
-  j["decay_factor"] = decay_factor;
-  j["local_window_size"] = local_window_size;
-  j["threshold"] = threshold;
-  j["stride"] = stride;
-  if (spatial_layout) {
-    j["spatial_layout"] = {{"frames", spatial_layout->frames},
-                           {"height", spatial_layout->height},
-                           {"width", spatial_layout->width},
-                           {"patch_size", spatial_layout->patch_size},
-                           {"ordering", std::string(spatial_ordering_name(spatial_layout->ordering))}};
-  } else {
-    j["spatial_layout"] = nullptr;
+  json out = json::object();
+  for (const Field& f : schema()) {
+    std::string pointer = "/" + f.path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    out[json::json_pointer(pointer)] = f.write(*this);
   }
-  j["num_text_tokens"] = num_text_tokens ? json(*num_text_tokens) : json(nullptr);
-  j["keep_diagonal"] = keep_diagonal;
-  j["sink_blocks"] = sink_blocks;
-  j["keep_text"] = keep_text;
-  j["i2i_pattern_type"] = i2i_pattern_type ? json(*i2i_pattern_type) : json(nullptr);
-  j["children"] = children;
-  j["composite_op"] = composite_op;
-  j["options"] = options;
-  return j.dump();
+  return out.dump();
 }
 
 SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const SparseAttnConfig& base) {
   json parsed;
   try {
     parsed = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers out of double's range
     throw Error(std::string("sparse_attn config: invalid JSON: ") + e.what());
   }
   if (!parsed.is_object()) fail_argument("sparse_attn config", "a JSON object", std::string(parsed.type_name()));
+
   SparseAttnConfig config = base;
+  std::map<std::string, std::string> spelled_as;  // field path -> the key that set it
+  const auto assign = [&](const Field& f, const json& value, const std::string& spelled) {
+    const auto [it, first] = spelled_as.emplace(f.path, spelled);
+    if (!first) throw Error(key_path(spelled) + ": given twice (also as " + key_path(it->second) + ")");
+    f.read(config, value, spelled);
+  };
   for (const auto& [key, value] : parsed.items()) {
-    const auto it = setters().find(key);
-    if (it == setters().end()) fail_argument(field(key), "a known key (" + known_keys() + ")", "unknown key");
-    it->second(config, value);
+    if (is_section(key)) {
+      if (!value.is_object()) fail_type(key, "an object with keys " + allowed_keys(key), value);
+      for (const auto& [sub_key, item] : value.items()) {
+        const std::string path = key + "." + sub_key;
+        const Field* f = field_at(path);
+        if (f == nullptr) fail_argument(key_path(path), "a known key (" + allowed_keys(key) + ")", "unknown key");
+        assign(*f, item, path);
+      }
+      continue;
+    }
+    const Field* f = key.find('.') == std::string::npos ? field_at(key) : nullptr;
+    if (f == nullptr) f = field_by_flat_key(key);
+    if (f == nullptr) fail_argument(key_path(key), "a known key (" + allowed_keys("") + ")", "unknown key");
+    assign(*f, value, key);
   }
-  config.validate();
   return config;
 }
 
-SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const SparseAttnConfig& base) {
-  if (!arg.empty() && arg[0] == '@') return parse_sparse_attn_json(read_file(arg.substr(1)), base);
-  return parse_sparse_attn_json(arg, base);
-}
-
-bool SparseAttnFlags::any() const {
-  return backend || topk || schedule || pattern || config || env_value("TESSEL_SPARSE_ATTN_CONFIG") ||
-         env_value("TESSEL_SPARSE_ATTN_BACKEND");
-}
-
-SparseAttnConfig SparseAttnFlags::to_config() const {
-  SparseAttnConfig result;
-  if (config) {
-    result = parse_sparse_attn_config_arg(*config);
-  } else if (const auto env = env_value("TESSEL_SPARSE_ATTN_CONFIG")) {
-    result = parse_sparse_attn_config_arg(*env);
-  }
-  if (backend) {
-    if (backend->empty()) fail_argument("--sparse-attn-backend", "a backend name, a plugin path, 'auto' or 'none'", "''");
-    result.backend = *backend;
-  }
-  if (topk) {
-    if (!(*topk > 0.0 && *topk <= 1.0)) fail_argument("--sparse-attn-topk (topk_ratio)", "a number in (0, 1]", *topk);
-    result.topk_ratio = *topk;
-  }
-  if (schedule) result.schedule = *schedule;
-  if (pattern) result.pattern_type = *pattern;
-  result.validate();
-  return result;
+ResolvedSparseAttnConfig::ResolvedSparseAttnConfig(SparseAttnConfig config) : config_(std::move(config)) {
+  config_.validate();
+  pattern_ = derive_pattern_spec(config_);
+  json_ = config_.to_json();
 }
 
 }  // namespace tessel

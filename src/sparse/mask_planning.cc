@@ -37,7 +37,7 @@ class InfoBackend : public Backend, public std::enable_shared_from_this<InfoBack
   std::vector<ModuleType> supported_module_types() const override { return info_.modules; }
   std::vector<DeviceType> supported_devices() const override { return info_.devices; }
   int score() const override { return info_.score; }
-  void validate_config(const SparseAttnConfig& config) const override {
+  void validate_config(const ResolvedSparseAttnConfig& config) const override {
     if (info_.validate_config) info_.validate_config(config);
   }
   std::shared_ptr<const Backend> self() const { return shared_from_this(); }

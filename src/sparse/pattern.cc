@@ -13,12 +13,27 @@ constexpr std::array<std::string_view, kNumPatternTypes> kPatternNames = {
     "dense", "block_sparse", "sliding_window", "spatial_aware", "dynamic_topk",
     "threshold", "radial", "local", "arrow", "composite"};
 constexpr std::array<std::string_view, 3> kOrderingNames = {"raster", "hilbert", "z_curve"};
+constexpr std::array<std::string_view, 2> kCompositeOpNames = {"union", "intersection"};
 
 template <size_t N>
 std::string join_names(const std::array<std::string_view, N>& names) {
   std::string out;
   for (size_t i = 0; i < N; ++i) out += (i ? ", " : "") + std::string(names[i]);
   return out;
+}
+
+// Enumerations are numbered in the order of their names.
+template <typename Enum, size_t N>
+std::string_view name_of(const std::array<std::string_view, N>& names, Enum value) {
+  const auto index = static_cast<size_t>(value);
+  return index < N ? names[index] : "unknown";
+}
+
+template <typename Enum, size_t N>
+Enum parse_name(const std::array<std::string_view, N>& names, std::string_view name, const std::string& argument) {
+  for (size_t i = 0; i < N; ++i)
+    if (names[i] == name) return static_cast<Enum>(i);
+  fail_argument(argument, "one of " + join_names(names), "'" + std::string(name) + "'");
 }
 
 void check_at_least(const std::string& field, int64_t value, int64_t minimum) {
@@ -36,15 +51,9 @@ void require(bool present, const std::string& field, PatternType type) {
 
 }  // namespace
 
-std::string_view pattern_type_name(PatternType type) {
-  const auto index = static_cast<size_t>(type);
-  return index < kPatternNames.size() ? kPatternNames[index] : "unknown";
-}
-
+std::string_view pattern_type_name(PatternType type) { return name_of(kPatternNames, type); }
 PatternType parse_pattern_type(std::string_view name) {
-  for (size_t i = 0; i < kPatternNames.size(); ++i)
-    if (kPatternNames[i] == name) return static_cast<PatternType>(i);
-  fail_argument("pattern_type", "one of " + join_names(kPatternNames), "'" + std::string(name) + "'");
+  return parse_name<PatternType>(kPatternNames, name, "pattern_type");
 }
 
 const std::vector<PatternType>& all_pattern_types() {
@@ -56,15 +65,14 @@ const std::vector<PatternType>& all_pattern_types() {
   return types;
 }
 
-std::string_view spatial_ordering_name(SpatialOrdering ordering) {
-  const auto index = static_cast<size_t>(ordering);
-  return index < kOrderingNames.size() ? kOrderingNames[index] : "unknown";
+std::string_view spatial_ordering_name(SpatialOrdering ordering) { return name_of(kOrderingNames, ordering); }
+SpatialOrdering parse_spatial_ordering(std::string_view name) {
+  return parse_name<SpatialOrdering>(kOrderingNames, name, "spatial_layout.ordering");
 }
 
-SpatialOrdering parse_spatial_ordering(std::string_view name) {
-  for (size_t i = 0; i < kOrderingNames.size(); ++i)
-    if (kOrderingNames[i] == name) return static_cast<SpatialOrdering>(i);
-  fail_argument("spatial_layout.ordering", "one of " + join_names(kOrderingNames), "'" + std::string(name) + "'");
+std::string_view composite_op_name(CompositeOp op) { return name_of(kCompositeOpNames, op); }
+CompositeOp parse_composite_op(std::string_view name) {
+  return parse_name<CompositeOp>(kCompositeOpNames, name, "composite_op");
 }
 
 void SpatialLayout::validate(const std::string& where) const {
@@ -102,11 +110,13 @@ void PatternSpec::validate() const {
   if (window_size) check_at_least("pattern.window_size", *window_size, 0);
   if (spatial_layout) spatial_layout->validate("pattern.spatial_layout");
   if (spatial_radius) check_at_least("pattern.spatial_radius", *spatial_radius, 0);
-  if (!(decay_factor > 0.0 && decay_factor <= 16.0)) fail_argument("pattern.decay_factor", "a value in (0, 16]", decay_factor);
+  if (!(decay_factor > 0.0 && decay_factor <= kMaxDecayFactor))
+    fail_argument("pattern.decay_factor", "a value in (0, " + detail::concat(kMaxDecayFactor) + "]", decay_factor);
   if (local_window_frames) check_at_least("pattern.local_window_frames", *local_window_frames, 1);
   if (topk_ratio) check_ratio("pattern.topk_ratio", *topk_ratio);
   if (threshold) check_ratio("pattern.threshold", *threshold);
-  if (stride && (*stride < 1 || *stride > 64)) fail_argument("pattern.stride", "a value in [1, 64]", *stride);
+  if (stride && (*stride < 1 || *stride > kMaxStride))
+    fail_argument("pattern.stride", "a value in [1, " + std::to_string(kMaxStride) + "]", *stride);
   if (num_image_tokens) check_at_least("pattern.num_image_tokens", *num_image_tokens, 0);
   if (num_text_tokens) check_at_least("pattern.num_text_tokens", *num_text_tokens, 0);
   check_at_least("pattern.sink_blocks", sink_blocks, 0);

@@ -1,7 +1,6 @@
 #include "tessel/sparse/registry.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 
 #include "tessel/core/error.h"
@@ -13,11 +12,6 @@
 
 namespace tessel {
 namespace {
-
-std::string env_string(const char* name) {
-  const char* value = std::getenv(name);
-  return value ? std::string(value) : std::string();
-}
 
 // Shared libraries in `dir`, sorted by name so discovery order is reproducible.
 std::vector<std::string> libraries_in(const std::string& dir) {
@@ -39,10 +33,10 @@ std::string names_of(const std::vector<std::shared_ptr<Backend>>& backends) {
 }
 
 // An explicitly chosen backend must run what the config asks for; say so now rather than at plan().
-void check_supports(const Backend& backend, const SparseAttnConfig& config, ModuleType module, Device device,
+void check_supports(const Backend& backend, const ResolvedSparseAttnConfig& config, ModuleType module, Device device,
                     std::string_view source) {
   const std::string who = "backend '" + backend.name() + "' (chosen by " + std::string(source) + ")";
-  const PatternType pattern = parse_pattern_type(config.pattern_type);
+  const PatternType pattern = config.pattern().type;
   if (!backend.supports(pattern)) {
     std::string names;
     for (PatternType p : backend.supported_patterns()) names += (names.empty() ? "" : ", ") + std::string(pattern_type_name(p));
@@ -150,15 +144,18 @@ std::shared_ptr<Backend> BackendRegistry::load_plugin(const std::string& path, c
   return backend;
 }
 
+void BackendRegistry::set_plugin_dirs(std::vector<std::string> dirs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  plugin_dirs_ = std::move(dirs);
+}
+
 std::vector<std::string> BackendRegistry::plugin_search_dirs() {
-  std::vector<std::string> dirs;
-  const std::string env = env_string(kPluginPathEnvVar);
-  size_t start = 0;
-  while (start <= env.size()) {
-    const size_t end = std::min(env.find(':', start), env.size());
-    if (end > start) dirs.push_back(env.substr(start, end - start));
-    start = end + 1;
-  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  return plugin_search_dirs_locked();
+}
+
+std::vector<std::string> BackendRegistry::plugin_search_dirs_locked() const {
+  std::vector<std::string> dirs = plugin_dirs_;
   const std::string install = plugin_install_dir();
   if (!install.empty()) dirs.push_back(install);
   // The same folder named twice (or via another spelling) is scanned once.
@@ -177,7 +174,7 @@ std::vector<std::string> BackendRegistry::plugin_search_dirs() {
 void BackendRegistry::ensure_discovered_locked() {
   if (discovered_once_ || !discover_plugins_ || !plugin_loader_) return;
   discovered_once_ = true;
-  for (const std::string& dir : plugin_search_dirs()) {
+  for (const std::string& dir : plugin_search_dirs_locked()) {
     for (const std::string& path : libraries_in(dir)) {
       std::shared_ptr<Backend> backend;
       try {
@@ -216,7 +213,8 @@ std::vector<PluginFailure> BackendRegistry::plugin_failures() {
   return failures_;
 }
 
-Resolution BackendRegistry::resolve(const SparseAttnConfig& config, ModuleType module, Device device) {
+Resolution BackendRegistry::resolve(const ResolvedSparseAttnConfig& config, ModuleType module, Device device,
+                                    const std::string& backend_override) {
   const auto explicit_choice = [&](const std::string& requested, ResolutionSource source) {
     Resolution resolution;
     resolution.source = source;
@@ -228,11 +226,11 @@ Resolution BackendRegistry::resolve(const SparseAttnConfig& config, ModuleType m
     }
     return resolution;
   };
-  const std::string env = env_string(kBackendEnvVar);
-  if (!env.empty()) return explicit_choice(env, ResolutionSource::kEnv);
-  if (config.backend != "auto") return explicit_choice(config.backend, ResolutionSource::kConfig);
+  if (!backend_override.empty()) return explicit_choice(backend_override, ResolutionSource::kEnv);
+  const std::string& configured = config.config().backend;
+  if (configured != "auto") return explicit_choice(configured, ResolutionSource::kConfig);
 
-  const PatternType pattern = parse_pattern_type(config.pattern_type);
+  const PatternType pattern = config.pattern().type;
   std::shared_ptr<Backend> best;
   for (const auto& backend : list()) {
     if (backend->score() < 0 || !backend->supports(pattern) || !backend->supports(module) ||

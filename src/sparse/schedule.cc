@@ -85,9 +85,9 @@ double schedule_progress(int64_t step, int64_t total_steps) {
 double step_density(const SparseAttnConfig& config, int64_t step, int64_t total_steps, int64_t layer) {
   schedule_progress(step, total_steps);  // validates step and total
   if (layer < 0) fail_argument("layer", ">= 0", layer);
-  if (step < config.dense_timesteps || layer < config.dense_layers) return 1.0;
+  if (step < config.warmup.dense_steps || layer < config.warmup.dense_layers) return 1.0;
   const SparsitySchedule schedule = get_sparsity_schedule(config.schedule);
-  const double density = schedule(step, total_steps, config.topk_ratio);
+  const double density = schedule(step, total_steps, config.selection.topk_ratio);
   if (!(density > 0.0 && density <= 1.0))
     fail_argument("schedule '" + config.schedule + "' at step " + std::to_string(step) + " of " + std::to_string(total_steps),
                   "a density in (0, 1]", density);

@@ -61,7 +61,7 @@ std::shared_ptr<PlanCache> PlanCache::shared() {
 
 DiTSparseAttentionAdapter::DiTSparseAttentionAdapter(std::shared_ptr<Backend> backend, ModuleType module,
                                                      int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                                     SparseAttnConfig config, int64_t layer_index,
+                                                     ResolvedSparseAttnConfig config, int64_t layer_index,
                                                      std::shared_ptr<PlanCache> plan_cache)
     : backend_(std::move(backend)),
       module_(module),
@@ -76,9 +76,6 @@ DiTSparseAttentionAdapter::DiTSparseAttentionAdapter(std::shared_ptr<Backend> ba
     fail_argument("num_kv_heads", "a divisor of num_heads (" + std::to_string(num_heads_) + ")", num_kv_heads_);
   if (head_dim_ < 1) fail_argument("head_dim", ">= 1", head_dim_);
   if (layer_index_ < 0) fail_argument("layer_index", ">= 0", layer_index_);
-  config_.validate();
-  spec_ = config_.to_pattern_spec();
-  pattern_key_ = config_.to_json();
   if (backend_) {
     backend_->validate_config(config_);
     builder_ = backend_->make_metadata_builder();
@@ -99,8 +96,9 @@ void DiTSparseAttentionAdapter::reset() {
 }
 
 double DiTSparseAttentionAdapter::current_density() const {
-  if (step_) return step_density(config_, *step_, total_steps_, layer_index_);
-  return layer_index_ < config_.dense_layers ? 1.0 : config_.topk_ratio;
+  const SparseAttnConfig& config = config_.config();
+  if (step_) return step_density(config, *step_, total_steps_, layer_index_);
+  return layer_index_ < config.warmup.dense_layers ? 1.0 : config.selection.topk_ratio;
 }
 
 AttentionStepReport DiTSparseAttentionAdapter::forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -117,9 +115,9 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const TensorView& q, cons
     last_report_ = report;
     return report;
   }
-  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, pattern_key_);
+  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
   const std::shared_ptr<Metadata> metadata =
-      plan_cache_->get_or_plan(key, [&] { return builder_->plan(spec_, module_, shape); });
+      plan_cache_->get_or_plan(key, [&] { return builder_->plan(config_.pattern(), module_, shape); });
   if (step_ && (metadata->spec.current_step != step_ || metadata->spec.total_steps != total_steps_ ||
                 metadata->spec.topk_ratio != density)) {
     // Plans are shared by the layers of one shape: the first layer to reach a step updates it.
@@ -141,18 +139,19 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const TensorView& q, cons
 
 namespace {
 
-Resolution resolve_for(const SparseAttentionOptions& options) {
+Resolution resolve_for(const SparseAttentionOptions& options, const ResolvedSparseAttnConfig& config) {
   if (!options.registry)
     fail_argument("SparseAttentionOptions::registry", "the application's BackendRegistry", "null");
-  return options.registry->resolve(options.config, options.module, options.device);
+  return options.registry->resolve(config, options.module, options.device, options.backend_override);
 }
 
 }  // namespace
 
 SparseAttention::SparseAttention(SparseAttentionOptions options)
-    : resolution_(resolve_for(options)),
+    : config_(options.config),
+      resolution_(resolve_for(options, config_)),
       adapter_(resolution_.backend, options.module, options.num_heads, options.num_kv_heads, options.head_dim,
-               options.config, options.layer_index, options.plan_cache ? options.plan_cache : PlanCache::shared()),
+               config_, options.layer_index, options.plan_cache ? options.plan_cache : PlanCache::shared()),
       dtype_(options.dtype) {}
 
 AttentionStepReport SparseAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,

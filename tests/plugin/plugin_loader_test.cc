@@ -161,7 +161,7 @@ TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
   expect_sink_window_matches_reference(registry.get(example_plugin_path()), 128, 128, 2, 2, window_spec(32, 32, 32), 1);
 }
 
-TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
+TEST(PluginLoader, DiscoveryThroughThePluginDirsSkipsBrokenLibraries) {
   // A plugin folder holding a copy of the example plugin and every broken library.
   const fs::path dir = fs::path(::testing::TempDir()) / ("tessel_plugin_path_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
@@ -171,14 +171,13 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
     fs::copy_file(broken_plugin_path(mode), dir / ("libtessel_broken_" + mode + ".so"));
   std::ofstream(dir / "README.txt") << "not a plugin: ignored (no .so suffix)";
 
-  ScopedEnv path(kPluginPathEnvVar, dir.string());
-  ScopedEnv no_backend(kBackendEnvVar, std::nullopt);
   LogCapture log;
   BackendRegistry registry(/*discover_plugins=*/true);
   install_plugin_loader(registry);
+  registry.set_plugin_dirs({dir.string()});
   const auto found = registry.find("sink_window");
   ASSERT_TRUE(found);
-  EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // TESSEL_PLUGIN_PATH comes first
+  EXPECT_EQ(found->origin(), (dir / "libcopied_sink_window.so").string());  // the given dirs come first
 
   const auto failures = registry.plugin_failures();
   const auto failed = [&](const std::string& file, const std::string& fragment) {
@@ -199,19 +198,18 @@ TEST(PluginLoader, DiscoveryThroughThePluginPathSkipsBrokenLibraries) {
   EXPECT_TRUE(listed);
   SparseAttnConfig config;
   config.backend = "sink_window";
-  config.pattern_type = "sliding_window";
-  const Resolution r = registry.resolve(config, ModuleType::kDitSelf, Device::cpu());
+  config.pattern.type = PatternType::kSlidingWindow;
+  const Resolution r = registry.resolve(ResolvedSparseAttnConfig(config), ModuleType::kDitSelf, Device::cpu());
   ASSERT_TRUE(r.backend);
   EXPECT_EQ(r.backend, found);
   expect_sink_window_matches_reference(r.backend, 200, 200, 2, 2, window_spec(50, 64, 64), 1);
   // auto also finds it: the only backend here for sliding_window.
   config.backend = "auto";
-  EXPECT_EQ(registry.resolve(config, ModuleType::kDitSelf, Device::cpu()).backend, found);
+  EXPECT_EQ(registry.resolve(ResolvedSparseAttnConfig(config), ModuleType::kDitSelf, Device::cpu()).backend, found);
   fs::remove_all(dir);
 }
 
 TEST(PluginLoader, DefaultRegistryHasTheBuiltinsAndDiscoversPlugins) {
-  ScopedEnv no_path(kPluginPathEnvVar, std::nullopt);
   const auto registry = make_default_registry();
   EXPECT_NE(registry->find("dense"), nullptr);
   EXPECT_NE(registry->find("threshold"), nullptr);

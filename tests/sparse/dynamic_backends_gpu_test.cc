@@ -42,14 +42,14 @@ constexpr int64_t kBatch = 1, kSeq = 1000, kHeads = 4, kKvHeads = 2, kDim = 128;
 // dynamic_topk rank the blocks of these unstructured inputs instead of keeping whole rows.
 PatternSpec spec_for(const std::string& pattern) {
   SparseAttnConfig c;
-  c.pattern_type = pattern;
-  c.topk_ratio = 0.3;
-  c.threshold = 0.7;  // about 3/4 of the blocks of these near-uniform rows
-  c.stride = 8;
-  c.keep_diagonal = true;
-  c.sink_blocks = 1;
+  c.pattern.type = parse_pattern_type(pattern);
+  c.selection.topk_ratio = 0.3;
+  c.selection.threshold = 0.7;  // about 3/4 of the blocks of these near-uniform rows
+  c.selection.stride = 8;
+  c.selection.keep_diagonal = true;
+  c.selection.sink_blocks = 1;
   c.options["similarity_threshold"] = "-2";
-  return c.to_pattern_spec();
+  return ResolvedSparseAttnConfig(c).pattern();
 }
 
 struct DeviceQkv {

@@ -20,18 +20,20 @@ using testing::builtins;
 // Tokens: 8 frames of 4x8 patches (latent 8x16, patch 2), 256 tokens.
 SparseAttnConfig config_for(const std::string& pattern) {
   SparseAttnConfig c;
-  c.pattern_type = pattern;
-  c.block_size_q = 32;
-  c.block_size_kv = 16;
-  c.spatial_layout = SpatialLayout{8, 8, 16, 2, SpatialOrdering::kRaster};
-  c.spatial_radius = 2;
-  c.local_window_size = 2;
-  c.decay_factor = 0.5;
-  c.topk_ratio = 0.3;
-  c.threshold = 0.9;
-  c.stride = 8;
+  c.pattern.type = parse_pattern_type(pattern);
+  c.geometry.block_q = 32;
+  c.geometry.block_kv = 16;
+  c.geometry.spatial_layout = SpatialLayout{8, 8, 16, 2, SpatialOrdering::kRaster};
+  c.pattern.spatial_radius = 2;
+  c.pattern.local_window_size = 2;
+  c.pattern.decay_factor = 0.5;
+  c.selection.topk_ratio = 0.3;
+  c.selection.threshold = 0.9;
+  c.selection.stride = 8;
   return c;
 }
+
+PatternSpec spec_of(const SparseAttnConfig& c) { return ResolvedSparseAttnConfig(c).pattern(); }
 
 struct Inputs {
   Tensor q, k, v, out, expected;
@@ -58,7 +60,7 @@ TEST(PatternBackends, EveryPatternIsRegisteredAndChosenByAuto) {
   EXPECT_EQ(builtins().find("sliding_window")->score(), 0);
   for (const auto& [pattern, backend] : expected) {
     ASSERT_NE(builtins().find(backend), nullptr) << backend;
-    const Resolution r = builtins().resolve(config_for(pattern), ModuleType::kDitSelf, Device::cpu());
+    const Resolution r = builtins().resolve(ResolvedSparseAttnConfig(config_for(pattern)), ModuleType::kDitSelf, Device::cpu());
     ASSERT_NE(r.backend, nullptr) << pattern;
     EXPECT_EQ(r.backend->name(), backend) << pattern;
   }
@@ -67,8 +69,8 @@ TEST(PatternBackends, EveryPatternIsRegisteredAndChosenByAuto) {
 TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
   for (const std::string pattern : {"radial", "local", "sliding_window", "spatial_aware"}) {
     SparseAttnConfig c = config_for(pattern);
-    if (pattern == "spatial_aware") c.spatial_layout->ordering = SpatialOrdering::kHilbert;
-    const PatternSpec spec = c.to_pattern_spec();
+    if (pattern == "spatial_aware") c.geometry.spatial_layout->ordering = SpatialOrdering::kHilbert;
+    const PatternSpec spec = spec_of(c);
     auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
@@ -97,11 +99,11 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
 
 TEST(PatternBackends, ArrowAndCompositeFromConfig) {
   SparseAttnConfig c = config_for("arrow");
-  c.num_text_tokens = 20;
-  c.i2i_pattern_type = "radial";
+  c.geometry.num_text_tokens = 20;
+  c.pattern.i2i_pattern = PatternType::kRadial;
   auto backend = builtins().get("arrow");
   Inputs t = inputs(276);
-  auto metadata = backend->make_metadata_builder()->plan(c.to_pattern_spec(), ModuleType::kDitJoint,
+  auto metadata = backend->make_metadata_builder()->plan(spec_of(c), ModuleType::kDitJoint,
                                                          AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
   // Text rows (q block 0 holds the 20 text tokens) are full.
   EXPECT_EQ(metadata->mask->row(0, 0, 0).size(), static_cast<size_t>(metadata->mask->shape().kv_blocks()));
@@ -109,9 +111,9 @@ TEST(PatternBackends, ArrowAndCompositeFromConfig) {
   EXPECT_FALSE(std::isnan(t.out.data_as<float>()[0]));
 
   SparseAttnConfig comp = config_for("composite");
-  comp.children = {"radial", "local"};
-  comp.composite_op = "intersection";
-  const PatternSpec spec = comp.to_pattern_spec();
+  comp.pattern.children = {PatternType::kRadial, PatternType::kLocal};
+  comp.pattern.composite_op = CompositeOp::kIntersection;
+  const PatternSpec spec = spec_of(comp);
   const double both = plan_static_pattern(static_pattern_from_spec(spec), static_request_from_spec(spec)).mask.density();
   const double radial = plan_static_pattern(static_pattern_from_spec(spec.children[0]), static_request_from_spec(spec)).mask.density();
   EXPECT_LE(both, radial);
@@ -121,7 +123,7 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
   for (const std::string pattern : {"dynamic_topk", "threshold"}) {
     SparseAttnConfig c = config_for(pattern);
     c.options["similarity_threshold"] = "-2";
-    const PatternSpec spec = c.to_pattern_spec();
+    const PatternSpec spec = spec_of(c);
     auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     auto metadata = backend->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
@@ -140,19 +142,19 @@ TEST(PatternBackends, BadSpecsAreErrors) {
   Inputs t = inputs(200);
   const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
   auto radial = builtins().get("radial");
-  testing::expect_error([&] { radial->make_metadata_builder()->plan(config_for("radial").to_pattern_spec(), ModuleType::kDitSelf, shape); },
+  testing::expect_error([&] { radial->make_metadata_builder()->plan(spec_of(config_for("radial")), ModuleType::kDitSelf, shape); },
                         "seq_q = seq_kv = 256");
   SparseAttnConfig c = config_for("dynamic_topk");
   c.options["cdf"] = "abc";
-  testing::expect_error([&] { topk_options_from_spec(c.to_pattern_spec()); }, "pattern.options.cdf");
+  testing::expect_error([&] { topk_options_from_spec(spec_of(c)); }, "pattern.options.cdf");
   c.options.erase("cdf");
   c.options["per_head"] = "0.1,0.2";
-  EXPECT_EQ(topk_options_from_spec(c.to_pattern_spec()).per_head, (std::vector<double>{0.1, 0.2}));
+  EXPECT_EQ(topk_options_from_spec(spec_of(c)).per_head, (std::vector<double>{0.1, 0.2}));
   c.options["per_head"] = "0.1,x";
-  testing::expect_error([&] { topk_options_from_spec(c.to_pattern_spec()); }, "pattern.options.per_head");
+  testing::expect_error([&] { topk_options_from_spec(spec_of(c)); }, "pattern.options.per_head");
   SparseAttnConfig x = config_for("threshold");
   x.options["vote"] = "all";
-  testing::expect_error([&] { xattention_options_from_spec(x.to_pattern_spec()); }, "vote");
+  testing::expect_error([&] { xattention_options_from_spec(spec_of(x)); }, "vote");
 }
 
 }  // namespace

@@ -36,6 +36,19 @@ void expect_error(F&& f, const std::string& needle) {
   }
 }
 
+// Expects `f` to throw tessel::Error whose message contains every fragment.
+template <typename F>
+void expect_error_containing(F&& f, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragments.front() << "'";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
+  }
+}
+
 // Kept kv blocks of every row of (batch 0, head `head`).
 inline std::vector<std::vector<int32_t>> rows_of(const BlockMask& mask, int64_t head = 0) {
   std::vector<std::vector<int32_t>> rows;

@@ -1,5 +1,5 @@
 // Backend registry: explicit registration, lookup by name and path, and the resolution order
-// env > config > auto > none in every combination.
+// override (the app's env variable) > config > auto > none in every combination.
 #include <gtest/gtest.h>
 
 #include "sparse/sparse_test_util.h"
@@ -14,14 +14,17 @@ using testing::builtin_registry;
 using testing::example_plugin_dir;
 using testing::example_plugin_path;
 using testing::full_mask_backend;
-using testing::ScopedEnv;
 
-SparseAttnConfig config_with(const std::string& backend, const std::string& pattern = "sliding_window") {
+SparseAttnConfig config_with(const std::string& backend, PatternType pattern = PatternType::kSlidingWindow) {
   SparseAttnConfig c;
   c.backend = backend;
-  c.pattern_type = pattern;
-  c.window_size = 64;
+  c.pattern.type = pattern;
+  c.pattern.window_size = 64;
   return c;
+}
+
+ResolvedSparseAttnConfig resolved_with(const std::string& backend, PatternType pattern = PatternType::kSlidingWindow) {
+  return ResolvedSparseAttnConfig(config_with(backend, pattern));
 }
 
 // What each env / config value means in the matrix below.
@@ -51,9 +54,8 @@ TEST(Registry, ResolutionPriorityInEveryCombination) {
       for (const Choice& config : config_choices) {
         SCOPED_TRACE("env=" + env.value.value_or("<unset>") + " config=" + config.value.value_or("auto") +
                      " auto_candidates=" + std::to_string(auto_candidates));
-        ScopedEnv scoped(kBackendEnvVar, env.value);
-        const Resolution r = registry.resolve(config_with(config.value.value_or("auto")), ModuleType::kDitSelf,
-                                              Device::cpu());
+        const Resolution r = registry.resolve(resolved_with(config.value.value_or("auto")), ModuleType::kDitSelf,
+                                              Device::cpu(), env.value.value_or(""));
         std::string expected;
         ResolutionSource source;
         if (env.value) {
@@ -77,44 +79,41 @@ TEST(Registry, ResolutionPriorityInEveryCombination) {
   }
 }
 
-TEST(Registry, EmptyEnvironmentValueCountsAsUnset) {
+TEST(Registry, EmptyOverrideCountsAsNone) {
   BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(full_mask_backend("alpha", {PatternType::kSlidingWindow}, 1));
-  ScopedEnv env(kBackendEnvVar, "");
-  const Resolution r = registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
+  const Resolution r = registry.resolve(resolved_with("auto"), ModuleType::kDitSelf, Device::cpu(), "");
   EXPECT_EQ(r.source, ResolutionSource::kAuto);
   ASSERT_TRUE(r.backend);
   EXPECT_EQ(r.backend->name(), "alpha");
 }
 
 TEST(Registry, AutoFiltersByPatternModuleAndDeviceAndSkipsNegativeScores) {
-  ScopedEnv env(kBackendEnvVar, std::nullopt);
   BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(full_mask_backend("cuda_only", {PatternType::kSlidingWindow}, 50, {DeviceType::kCUDA}));
   registry.register_backend(full_mask_backend("topk_only", {PatternType::kDynamicTopk}, 40));
   registry.register_backend(full_mask_backend("oracle", {PatternType::kSlidingWindow}, -1));
   registry.register_backend(full_mask_backend("first", {PatternType::kSlidingWindow}, 2));
   registry.register_backend(full_mask_backend("tie", {PatternType::kSlidingWindow}, 2));
-  const Resolution cpu = registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
+  const Resolution cpu = registry.resolve(resolved_with("auto"), ModuleType::kDitSelf, Device::cpu());
   ASSERT_TRUE(cpu.backend);
   EXPECT_EQ(cpu.backend->name(), "first");  // ties: the earlier registered
-  const Resolution cuda = registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cuda(0));
+  const Resolution cuda = registry.resolve(resolved_with("auto"), ModuleType::kDitSelf, Device::cuda(0));
   ASSERT_TRUE(cuda.backend);
   EXPECT_EQ(cuda.backend->name(), "cuda_only");
-  const Resolution topk = registry.resolve(config_with("auto", "dynamic_topk"), ModuleType::kDitSelf, Device::cpu());
+  const Resolution topk = registry.resolve(resolved_with("auto", PatternType::kDynamicTopk), ModuleType::kDitSelf, Device::cpu());
   ASSERT_TRUE(topk.backend);
   EXPECT_EQ(topk.backend->name(), "topk_only");
-  const Resolution none = registry.resolve(config_with("auto", "threshold"), ModuleType::kDitSelf, Device::cpu());
+  const Resolution none = registry.resolve(resolved_with("auto", PatternType::kThreshold), ModuleType::kDitSelf, Device::cpu());
   EXPECT_EQ(none.backend, nullptr);
   EXPECT_EQ(none.source, ResolutionSource::kNone);
 }
 
 TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
-  ScopedEnv env(kBackendEnvVar, std::nullopt);
   const auto owned = builtin_registry();
   BackendRegistry& registry = *owned;
   try {
-    registry.resolve(config_with("no_such_backend"), ModuleType::kDitSelf, Device::cpu());
+    registry.resolve(resolved_with("no_such_backend"), ModuleType::kDitSelf, Device::cpu());
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     const std::string message = e.what();
@@ -123,7 +122,7 @@ TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
     EXPECT_NE(message.find("block_sparse"), std::string::npos) << message;
   }
   try {
-    registry.resolve(config_with("block_sparse", "dynamic_topk"), ModuleType::kDitSelf, Device::cpu());
+    registry.resolve(resolved_with("block_sparse", PatternType::kDynamicTopk), ModuleType::kDitSelf, Device::cpu());
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     const std::string message = e.what();
@@ -133,18 +132,17 @@ TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
   }
   // The backend's validate_config runs at resolution.
   SparseAttnConfig no_window = config_with("block_sparse");
-  no_window.window_size.reset();
+  no_window.pattern.window_size.reset();
   try {
-    registry.resolve(no_window, ModuleType::kDitSelf, Device::cpu());
+    registry.resolve(ResolvedSparseAttnConfig(no_window), ModuleType::kDitSelf, Device::cpu());
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sparse_attn.window_size: required by the block_sparse backend"),
+    EXPECT_NE(std::string(e.what()).find("sparse_attn.pattern.window_size: required by the block_sparse backend"),
               std::string::npos) << e.what();
   }
-  EXPECT_THROW(registry.resolve(config_with("block_sparse", "block_sparse"), ModuleType::kDitSelf, Device::cpu()), Error);
-  ScopedEnv bad_env(kBackendEnvVar, "/nonexistent/libnothing.so");
+  EXPECT_THROW(registry.resolve(resolved_with("block_sparse", PatternType::kBlockSparse), ModuleType::kDitSelf, Device::cpu()), Error);
   try {
-    registry.resolve(config_with("auto"), ModuleType::kDitSelf, Device::cpu());
+    registry.resolve(resolved_with("auto"), ModuleType::kDitSelf, Device::cpu(), "/nonexistent/libnothing.so");
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     // Loud, never silently dense (this registry has no plugin loader; the loader's own errors are
@@ -185,8 +183,8 @@ TEST(Registry, BuiltinsAreRegisteredExplicitly) {
 }
 
 TEST(Registry, LibrariesLoadOnlyThroughTheInstalledPluginLoader) {
-  ScopedEnv path(kPluginPathEnvVar, example_plugin_dir());
   BackendRegistry registry(/*discover_plugins=*/true);
+  registry.set_plugin_dirs({example_plugin_dir()});
   EXPECT_TRUE(registry.list().empty());  // no loader: the plugin folders are not scanned
   try {
     registry.get("/some/dir/libx.so");
@@ -228,9 +226,10 @@ TEST(Registry, PluginReferencesParse) {
   EXPECT_EQ(symbol, "tessel_plugin_init");
 }
 
-TEST(Registry, SearchDirsFollowThePluginPathThenTheInstallDir) {
-  ScopedEnv env(kPluginPathEnvVar, "/tmp/tessel_a::/tmp/tessel_b:/tmp/tessel_a");
-  const auto dirs = BackendRegistry::plugin_search_dirs();
+TEST(Registry, SearchDirsFollowTheGivenDirsThenTheInstallDir) {
+  BackendRegistry registry(/*discover_plugins=*/false);
+  registry.set_plugin_dirs({"/tmp/tessel_a", "/tmp/tessel_b", "/tmp/tessel_a"});
+  const auto dirs = registry.plugin_search_dirs();
   ASSERT_GE(dirs.size(), 3u);
   EXPECT_EQ(dirs[0], "/tmp/tessel_a");
   EXPECT_EQ(dirs[1], "/tmp/tessel_b");

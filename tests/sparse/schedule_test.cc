@@ -11,7 +11,7 @@ namespace {
 double at(const std::string& schedule, int64_t step, int64_t total, double topk = 0.5) {
   SparseAttnConfig c;
   c.schedule = schedule;
-  c.topk_ratio = topk;
+  c.selection.topk_ratio = topk;
   return step_density(c, step, total, 0);
 }
 
@@ -49,8 +49,8 @@ TEST(Schedule, DenseWarmupComposesWithEverySchedule) {
   for (const std::string name : {"constant", "conservative", "aggressive"}) {
     SparseAttnConfig c;
     c.schedule = name;
-    c.dense_timesteps = 3;
-    c.dense_layers = 2;
+    c.warmup.dense_steps = 3;
+    c.warmup.dense_layers = 2;
     SCOPED_TRACE(name);
     EXPECT_DOUBLE_EQ(step_density(c, 0, 20, 5), 1.0);  // warm-up step
     EXPECT_DOUBLE_EQ(step_density(c, 2, 20, 5), 1.0);

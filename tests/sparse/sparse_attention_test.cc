@@ -70,12 +70,14 @@ class CountingBackend : public Backend {
 
 SparseAttnConfig window_config() {
   SparseAttnConfig c;
-  c.pattern_type = "sliding_window";
-  c.window_size = 16;
-  c.block_size_q = 32;
-  c.block_size_kv = 32;
+  c.pattern.type = PatternType::kSlidingWindow;
+  c.pattern.window_size = 16;
+  c.geometry.block_q = 32;
+  c.geometry.block_kv = 32;
   return c;
 }
+
+ResolvedSparseAttnConfig resolved_window_config() { return ResolvedSparseAttnConfig(window_config()); }
 
 void expect_dense(const Qkv& t, const TensorView& out, const TensorView& lse) {
   const auto exact = reference::attention(t.q, t.k, t.v);
@@ -87,12 +89,13 @@ TEST(DiTSparseAttentionAdapter, LifecycleAcrossStepsLayersAndReset) {
   const auto backend = std::make_shared<CountingBackend>(counts);
   SparseAttnConfig config = window_config();
   config.schedule = "conservative";
-  config.dense_timesteps = 2;
-  config.dense_layers = 1;
+  config.warmup.dense_steps = 2;
+  config.warmup.dense_layers = 1;
+  const ResolvedSparseAttnConfig resolved(config);
   const auto cache = std::make_shared<PlanCache>();
   std::vector<DiTSparseAttentionAdapter> layers;
   for (int64_t layer = 0; layer < 3; ++layer)
-    layers.emplace_back(backend, ModuleType::kDitSelf, 4, 2, 16, config, layer, cache);
+    layers.emplace_back(backend, ModuleType::kDitSelf, 4, 2, 16, resolved, layer, cache);
   EXPECT_EQ(layers[2].layer_index(), 2);
   EXPECT_FALSE(layers[0].current_step().has_value());
 
@@ -140,7 +143,7 @@ TEST(DiTSparseAttentionAdapter, LifecycleAcrossStepsLayersAndReset) {
   layers[1].reset();
   EXPECT_FALSE(layers[1].current_step().has_value());
   EXPECT_TRUE(layers[1].last_report().dense);
-  EXPECT_DOUBLE_EQ(layers[1].current_density(), config.topk_ratio);
+  EXPECT_DOUBLE_EQ(layers[1].current_density(), config.selection.topk_ratio);
   Tensor out = poisoned(t.q.shape(), DType::kF32);
   const AttentionStepReport after = layers[1].forward(t.q, t.k, t.v, out, {});
   EXPECT_FALSE(after.dense);  // no step warm-up without a step; layer 1 is past dense_layers
@@ -151,23 +154,23 @@ TEST(DiTSparseAttentionAdapter, LifecycleAcrossStepsLayersAndReset) {
 }
 
 TEST(DiTSparseAttentionAdapter, RejectsBadStepsAndShapes) {
-  DiTSparseAttentionAdapter adapter(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16, window_config());
+  DiTSparseAttentionAdapter adapter(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16, resolved_window_config());
   EXPECT_THROW(adapter.begin_step(5, 5), Error);
   EXPECT_THROW(adapter.begin_step(-1, 5), Error);
   EXPECT_THROW(adapter.begin_step(0, 0), Error);
   const Qkv wrong_heads = random_qkv(1, 64, 64, 8, 2, 16, DType::kF32, 1);
   Tensor out = poisoned(wrong_heads.q.shape(), DType::kF32);
   EXPECT_THROW(adapter.forward(wrong_heads.q, wrong_heads.k, wrong_heads.v, out, {}), Error);
-  EXPECT_THROW(DiTSparseAttentionAdapter(nullptr, ModuleType::kDitSelf, 4, 3, 16, window_config()), Error);
-  SparseAttnConfig topk;  // block_sparse cannot run dynamic_topk: refused at the first plan
-  DiTSparseAttentionAdapter cannot(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16, topk);
+  EXPECT_THROW(DiTSparseAttentionAdapter(nullptr, ModuleType::kDitSelf, 4, 3, 16, resolved_window_config()), Error);
+  // block_sparse cannot run dynamic_topk (the default pattern): refused at the first plan
+  DiTSparseAttentionAdapter cannot(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16, ResolvedSparseAttnConfig());
   const Qkv t = random_qkv(1, 64, 64, 4, 2, 16, DType::kF32, 2);
   Tensor out2 = poisoned(t.q.shape(), DType::kF32);
   EXPECT_THROW(cannot.forward(t.q, t.k, t.v, out2, {}), Error);
 }
 
 TEST(DiTSparseAttentionAdapter, NoBackendMeansDense) {
-  DiTSparseAttentionAdapter adapter(nullptr, ModuleType::kDitSelf, 2, 2, 32, window_config());
+  DiTSparseAttentionAdapter adapter(nullptr, ModuleType::kDitSelf, 2, 2, 32, resolved_window_config());
   const Qkv t = random_qkv(2, 50, 90, 2, 2, 32, DType::kF32, 12);
   Tensor out = poisoned(t.q.shape(), DType::kF32), lse = poisoned({2, 2, 50}, DType::kF32);
   adapter.begin_step(3, 4);
@@ -183,7 +186,7 @@ TEST(PlanCache, OnePlanPerShapeSharedByLayers) {
   const auto cache = std::make_shared<PlanCache>();
   std::vector<DiTSparseAttentionAdapter> layers;
   for (int64_t layer = 0; layer < 6; ++layer)
-    layers.emplace_back(backend, ModuleType::kDitSelf, 2, 2, 16, window_config(), layer, cache);
+    layers.emplace_back(backend, ModuleType::kDitSelf, 2, 2, 16, resolved_window_config(), layer, cache);
   const Qkv a = random_qkv(1, 96, 96, 2, 2, 16, DType::kF32, 1);
   const Qkv b = random_qkv(1, 160, 160, 2, 2, 16, DType::kF32, 2);
   const Qkv a_bf16 = random_qkv(1, 96, 96, 2, 2, 16, DType::kBF16, 3);
@@ -229,7 +232,6 @@ SparseAttentionOptions module_options(BackendRegistry& registry, const SparseAtt
 }
 
 TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
-  ScopedEnv env(kBackendEnvVar, std::nullopt);
   const auto owned = builtin_registry();
   BackendRegistry& registry = *owned;
   SparseAttnConfig config = window_config();
@@ -283,14 +285,15 @@ TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
   EXPECT_THROW(attention.forward(bf.q, bf.k, bf.v, bf_out, {}), Error);
 }
 
-TEST(SparseAttention, ResolvesThroughTheEnvironmentAndNone) {
+TEST(SparseAttention, ResolvesThroughTheOverrideAndNone) {
   // Only block_sparse, so that "auto" has a known answer whatever other built-ins exist.
   BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(make_block_sparse_backend());
   SparseAttnConfig config = window_config();
   {
-    ScopedEnv env(kBackendEnvVar, "none");
-    SparseAttention attention(module_options(registry, config, nullptr));
+    SparseAttentionOptions options = module_options(registry, config, nullptr);
+    options.backend_override = "none";
+    SparseAttention attention(options);
     EXPECT_EQ(attention.resolution().source, ResolutionSource::kEnv);
     EXPECT_EQ(attention.resolution().backend, nullptr);
     EXPECT_EQ(attention.adapter().plan_cache(), PlanCache::shared());  // default: the shared cache
@@ -300,7 +303,6 @@ TEST(SparseAttention, ResolvesThroughTheEnvironmentAndNone) {
     expect_dense(t, out, {});
   }
   {
-    ScopedEnv env(kBackendEnvVar, std::nullopt);
     SparseAttention attention(module_options(registry, config, nullptr));
     EXPECT_EQ(attention.resolution().source, ResolutionSource::kAuto);  // block_sparse runs sliding_window
     EXPECT_EQ(attention.resolution().backend->name(), "block_sparse");

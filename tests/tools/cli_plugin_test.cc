@@ -1,12 +1,15 @@
 // End to end through the `tessel` binary: a plugin outside the core library is found through
 // TESSEL_PLUGIN_PATH, listed by `tessel backends`, selected by --sparse-attn-backend in
-// `tessel bench --steps`, and reported per step with its mask's density.
+// `tessel bench --steps`, and reported per step with its mask's density; the sparse-attention
+// environment variables (config, backend and its DIFFUSION_ alias) reach resolution.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
@@ -24,10 +27,14 @@ struct CommandOutput {
   std::string out;
 };
 
-// Runs the tessel binary with `args` (stderr discarded) and the given plugin path.
-CommandOutput run_tessel(const std::string& plugin_path, const std::string& args) {
-  const std::string command = "env -u TESSEL_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG TESSEL_PLUGIN_PATH='" +
-                              plugin_path + "' '" + std::string(TESSEL_BINARY_DIR) + "/bin/tessel' " + args + " 2>/dev/null";
+// Runs the tessel binary with `args`, the given plugin path and extra `NAME='value'` environment
+// assignments; stderr goes to `stderr_path`.
+CommandOutput run_tessel(const std::string& plugin_path, const std::string& args, const std::string& environment = "",
+                         const std::string& stderr_path = "/dev/null") {
+  const std::string command =
+      "env -u TESSEL_SPARSE_ATTN_BACKEND -u DIFFUSION_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG TESSEL_PLUGIN_PATH='" +
+      plugin_path + "' " + environment + " '" + std::string(TESSEL_BINARY_DIR) + "/bin/tessel' " + args + " 2>'" +
+      stderr_path + "'";
   CommandOutput result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -113,6 +120,53 @@ TEST_F(CliPlugin, BenchStepsRunsTheSelectedPlugin) {
   }
   EXPECT_EQ(j["plan_cache"]["misses"], 1);  // one plan for both layers and every step
   EXPECT_EQ(j["plan_cache"]["hits"], 3);
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST_F(CliPlugin, EnvironmentVariablesReachResolution) {
+  const std::string window_config = "TESSEL_SPARSE_ATTN_CONFIG='{\"pattern\": {\"type\": \"sliding_window\", "
+                                    "\"window_size\": 64}}' ";
+  const auto resolved = [&](const std::string& environment, const std::string& flags, const std::string& stderr_path) {
+    const CommandOutput r = run_tessel(dir_.string(), "backends --json " + flags, environment, stderr_path);
+    EXPECT_EQ(r.status, 0) << r.out;
+    return r.status == 0 ? nlohmann::json::parse(r.out)["resolved"] : nlohmann::json();
+  };
+  const std::string log = (dir_ / "stderr.txt").string();
+
+  // The config variable sets the pattern; the flag's backend is the config's. The resolved config
+  // is printed in its nested form.
+  const CommandOutput full = run_tessel(dir_.string(), "backends --json --sparse-attn-topk 0.25", window_config, log);
+  ASSERT_EQ(full.status, 0) << full.out;
+  const nlohmann::json config = nlohmann::json::parse(full.out)["config"];
+  EXPECT_EQ(config["pattern"]["type"], "sliding_window");
+  EXPECT_EQ(config["pattern"]["window_size"], 64);
+  EXPECT_EQ(config["selection"]["topk_ratio"], 0.25);
+  nlohmann::json r = resolved(window_config, "--sparse-attn-backend block_sparse", log);
+  EXPECT_EQ(r["pattern"], "sliding_window");
+  EXPECT_EQ(r["backend"], "block_sparse");
+  EXPECT_EQ(r["source"], "config");
+  // The RFC's variable name is accepted and beats the config.
+  r = resolved(window_config + "DIFFUSION_SPARSE_ATTN_BACKEND=sink_window", "--sparse-attn-backend block_sparse", log);
+  EXPECT_EQ(r["backend"], "sink_window");
+  EXPECT_EQ(r["source"], "env");
+  EXPECT_EQ(read_file(log).find("disagree"), std::string::npos) << read_file(log);
+  // Both names, different values: TESSEL_ wins, and a warning says so.
+  r = resolved(window_config + "TESSEL_SPARSE_ATTN_BACKEND=block_sparse DIFFUSION_SPARSE_ATTN_BACKEND=sink_window", "", log);
+  EXPECT_EQ(r["backend"], "block_sparse");
+  EXPECT_EQ(r["source"], "env");
+  const std::string warning = read_file(log);
+  EXPECT_NE(warning.find("disagree"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("DIFFUSION_SPARSE_ATTN_BACKEND='sink_window'"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("using TESSEL_SPARSE_ATTN_BACKEND"), std::string::npos) << warning;
+  // A bad config in the variable is an error naming the key.
+  const CommandOutput bad =
+      run_tessel(dir_.string(), "backends", "TESSEL_SPARSE_ATTN_CONFIG='{\"selection\": {\"stride\": 0}}'", log);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(read_file(log).find("sparse_attn.selection.stride"), std::string::npos) << read_file(log);
 }
 
 TEST_F(CliPlugin, BadChoicesFailWithAnError) {

@@ -1,5 +1,5 @@
 // End to end through the `tessel` binary: `tessel eval` on synthetic and on loaded q/k/v, and
-// `tessel mask` writing PNGs for static and dynamic patterns.
+// `tessel mask` writing PNGs for static and dynamic patterns, and naming what is wrong.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -28,7 +28,7 @@ fs::path test_dir();
 // Runs the tessel binary with `args`, stdout and stderr captured in a file of the test's folder.
 CommandOutput run_tessel(const std::string& args) {
   const fs::path log = test_dir() / "output.txt";
-  const std::string command = "env -u TESSEL_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG '" + std::string(TESSEL_BINARY_DIR) +
+  const std::string command = "env -u TESSEL_SPARSE_ATTN_BACKEND -u DIFFUSION_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG '" + std::string(TESSEL_BINARY_DIR) +
                               "/bin/tessel' " + args + " > '" + log.string() + "' 2>&1";
   const int status = std::system(command.c_str());
   std::ifstream in(log);
@@ -110,6 +110,24 @@ TEST(MaskCli, WritesPngsForStaticAndDynamicPatterns) {
   }
   const CommandOutput bad = run_tessel("mask --pattern radial --grid 3x0x4 --png '" + (dir / "x.png").string() + "'");
   EXPECT_NE(bad.status, 0);
+}
+
+TEST(MaskCli, BadNamesAndConfigValuesNameTheFlagOrKey) {
+  const std::string png = " --png '" + (test_dir() / "x.png").string() + "'";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"--pattern stripes --grid 2x8x8", {"--pattern", "'stripes'", "radial"}},
+      {"--pattern arrow --inner blob --text-tokens 8 --grid 2x8x8", {"--inner", "'blob'"}},
+      {"--pattern composite --children radial,blob --grid 2x8x8", {"--children", "'blob'"}},
+      {"--pattern composite --children radial,local --op xor --grid 2x8x8", {"--op", "union, intersection", "'xor'"}},
+      {"--pattern spatial_aware --radius 1 --ordering snake --grid 2x8x8", {"--ordering", "z_curve", "'snake'"}},
+      {"--pattern radial --decay 0 --grid 2x8x8", {"sparse_attn.pattern.decay_factor", "(0, 16]"}},
+      {"--pattern radial --grid 2x8x8 --sparse-attn-config '{\"selection\": {\"stride\": 0}}'", {"sparse_attn.selection.stride", "[1, 64]"}},
+  };
+  for (const auto& [args, fragments] : cases) {
+    const CommandOutput r = run_tessel("mask " + args + png);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
+    for (const std::string& fragment : fragments) EXPECT_NE(r.out.find(fragment), std::string::npos) << fragment << " in " << r.out;
+  }
 }
 
 }  // namespace

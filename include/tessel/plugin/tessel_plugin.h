@@ -216,7 +216,9 @@ typedef struct tessel_plugin_backend {
                            tessel_forward_stats* stats, tessel_error* error);
   /* Required. Frees a plan. */
   void (*destroy_plan)(void* user_data, void* plan);
-  /* Optional: rejects a config (the SparseAttnConfig as a JSON object). */
+  /* Optional: rejects a config (the validated SparseAttnConfig as JSON, in its nested form:
+   * {"backend", "geometry": {...}, "pattern": {...}, "selection": {...}, "schedule",
+   * "warmup": {...}, "options": {...}}). */
   tessel_status (*validate_config)(void* user_data, const char* config_json, tessel_error* error);
   /* Optional: called once before the library is unloaded. */
   void (*shutdown)(void* user_data);

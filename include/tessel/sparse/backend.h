@@ -115,7 +115,7 @@ class Backend {
   // "built-in", or the path of the shared library it came from.
   virtual std::string origin() const { return "built-in"; }
   // Rejects configs this backend cannot honour (throws Error). Default: accepts everything.
-  virtual void validate_config(const SparseAttnConfig& config) const;
+  virtual void validate_config(const ResolvedSparseAttnConfig& config) const;
 
   virtual std::unique_ptr<MetadataBuilder> make_metadata_builder() const = 0;
   virtual std::unique_ptr<Impl> make_impl() const = 0;

@@ -1,16 +1,26 @@
-// SparseAttnConfig: the user's sparse-attention settings — the RFC's DiffusionSparseAttnConfig,
-// TeleFuser's SparseAttentionConfig warm-up knobs and XAttention's threshold/stride — with
-// parsing from CLI flags and JSON. Every error names the field, the allowed range and the value.
+// SparseAttnConfig: the one sparse-attention config schema, grouped into sections, with its JSON
+// codec; ResolvedSparseAttnConfig: the validated, immutable form that the registry, the
+// DiT adapter and the backends consume.
 //
-// CLI flags (see add_sparse_attn_flags):
-//   --sparse-attn-backend NAME|/path/libx.so[:symbol]   backend (default "auto")
-//   --sparse-attn-topk R                                 topk_ratio in (0, 1]
-//   --sparse-attn-schedule NAME                          constant | conservative | aggressive | registered
-//   --sparse-attn-pattern NAME                           pattern_type
-//   --sparse-attn-config '<json>' | @file.json           any field below, as a JSON object
-// Precedence: the single-field flags override the JSON. Without --sparse-attn-config the
-// environment variable TESSEL_SPARSE_ATTN_CONFIG (same syntax) is read. The backend environment
-// variable TESSEL_SPARSE_ATTN_BACKEND is applied later, at resolution (registry.h), above all.
+// JSON (nested form, what to_json writes):
+//   {"backend": "auto",
+//    "geometry":  {"block_q": 128, "block_kv": 64, "spatial_layout": {...}, "num_text_tokens": 77,
+//                  "text_first": true},
+//    "pattern":   {"type": "radial", "window_size": 256, "spatial_radius": 3, "decay_factor": 1.0,
+//                  "local_window_size": 6, "i2i_pattern": "radial", "children": [...],
+//                  "composite_op": "union"},
+//    "selection": {"topk_ratio": 0.5, "threshold": 0.95, "stride": 8, "sink_blocks": 0,
+//                  "keep_diagonal": false, "keep_text": false},
+//    "schedule": "constant",
+//    "warmup":    {"dense_steps": 0, "dense_layers": 0},
+//    "options":   {"key": "value"}}
+// Every field also keeps its older flat key (block_size_q, pattern_type, topk_ratio,
+// dense_timesteps, i2i_pattern_type, ...; see flat_key in config.cc's field table), so existing
+// config files keep working; the two forms may be mixed, but one field given twice is an error.
+//
+// Errors (tessel::Error) name the key path ("sparse_attn.selection.topk_ratio"), what is allowed
+// and the value: unknown keys and wrong types when parsing, out-of-range values and inconsistent
+// fields when resolving.
 #pragma once
 
 #include <cstdint>
@@ -23,78 +33,90 @@
 
 namespace tessel {
 
-struct SparseAttnConfig {
-  // ---- the RFC's fields
-  std::string backend = "auto";          // registered name, /path/libx.so[:symbol], "auto" or "none"
-  std::string pattern_type = "dynamic_topk";
-  double topk_ratio = 0.5;               // (0, 1]
-  int64_t block_size_q = 128;            // 1 .. 4096
-  int64_t block_size_kv = 64;            // 1 .. 4096
-  std::optional<int64_t> window_size;    // tokens, >= 0
-  std::optional<int64_t> spatial_radius; // patches, >= 0
-  std::string schedule = "constant";     // a registered schedule (schedule.h)
+inline constexpr int64_t kMaxConfigBlockSize = 4096;
 
-  // ---- TeleFuser's
-  // Steps [0, dense_timesteps) and layers [0, dense_layers) run dense attention. TeleFuser
-  // defaults dense_timesteps to 40 (of its 50-step solver); tessel defaults it to 0 so that a
-  // config that only names a backend is sparse from the first step.
-  int64_t dense_timesteps = 0;           // >= 0
-  int64_t dense_layers = 0;              // >= 0
-  double decay_factor = 1.0;             // radial window scale, (0, 16]
-  int64_t local_window_size = 6;         // local attention window in frames, >= 1
-
-  // ---- XAttention's
-  double threshold = 0.95;               // (0, 1]
-  int64_t stride = 8;                    // antidiagonal stride, 1 .. 64
-
-  // ---- pattern geometry and always-keep options (copied into the PatternSpec)
-  std::optional<SpatialLayout> spatial_layout;
-  std::optional<int64_t> num_text_tokens;
-  bool keep_diagonal = false;
-  int64_t sink_blocks = 0;               // >= 0
-  bool keep_text = false;
-
-  // ---- nested patterns, by type name: arrow's image-to-image pattern and composite's children
-  // (each child/inner spec is this config with pattern_type replaced).
-  std::optional<std::string> i2i_pattern_type;
-  std::vector<std::string> children;
-  std::string composite_op = "union";    // "union" | "intersection"
-
-  // ---- free-form backend options ("options": {"key": value}); values kept as strings
-  std::map<std::string, std::string> options;
-
-  // Throws Error naming the first invalid field (pattern_type and schedule must be known names).
-  void validate() const;
-
-  // The PatternSpec this config describes: type from pattern_type, block sizes, window, radius,
-  // topk_ratio, threshold, stride, decay_factor, local_window_frames (= local_window_size),
-  // layout, text tokens, always-keep options and backend options.
-  PatternSpec to_pattern_spec() const;
-
-  // JSON object with every field (round-trips through parse_sparse_attn_json).
-  std::string to_json() const;
+// Token geometry: block sizes and how the sequence is laid out.
+struct SparseAttnGeometry {
+  int64_t block_q = 128;                  // query tokens per block, 1 .. kMaxConfigBlockSize
+  int64_t block_kv = 64;                  // key tokens per block, 1 .. kMaxConfigBlockSize
+  std::optional<SpatialLayout> spatial_layout;  // the latent grid (spatial, radial, local patterns)
+  std::optional<int64_t> num_text_tokens;       // MMDiT text tokens, >= 0 (arrow, keep_text)
+  bool text_first = true;                 // text tokens precede the image tokens
+  bool operator==(const SparseAttnGeometry&) const = default;
 };
 
-// Parses a JSON object (text) into a config, starting from `base`. Unknown keys, wrong types and
-// out-of-range values throw Error naming the key.
+// Which static or data-dependent pattern, and its shape parameters.
+struct SparseAttnPattern {
+  PatternType type = PatternType::kDynamicTopk;
+  std::optional<int64_t> window_size;     // sliding_window, tokens, >= 0
+  std::optional<int64_t> spatial_radius;  // spatial_aware, patches, >= 0
+  double decay_factor = 1.0;              // radial window scale, (0, kMaxDecayFactor]
+  int64_t local_window_size = 6;          // local attention window in frames, >= 1
+  // Nested patterns by type: arrow's image-to-image pattern and composite's children. Each
+  // inner pattern is this config with the type replaced.
+  std::optional<PatternType> i2i_pattern;  // not arrow
+  std::vector<PatternType> children;       // not composite
+  CompositeOp composite_op = CompositeOp::kUnion;
+  bool operator==(const SparseAttnPattern&) const = default;
+};
+
+// How data-dependent patterns choose blocks, and the blocks every pattern keeps.
+struct SparseAttnSelection {
+  double topk_ratio = 0.5;   // fraction of kv blocks per row, (0, 1] (the constant schedule's density)
+  double threshold = 0.95;   // XAttention cumulative row mass, (0, 1]
+  int64_t stride = 8;        // XAttention antidiagonal stride, 1 .. kMaxStride
+  int64_t sink_blocks = 0;   // the first kv blocks of every row, >= 0
+  bool keep_diagonal = false;
+  bool keep_text = false;    // text rows and columns (needs geometry.num_text_tokens)
+  bool operator==(const SparseAttnSelection&) const = default;
+};
+
+// Dense warm-up: steps [0, dense_steps) and layers [0, dense_layers) run dense attention. The
+// default 0 makes a config that only names a backend sparse from the first step (TeleFuser uses
+// 40 of its 50 steps; set it for that behaviour).
+struct SparseAttnWarmup {
+  int64_t dense_steps = 0;   // >= 0
+  int64_t dense_layers = 0;  // >= 0
+  bool operator==(const SparseAttnWarmup&) const = default;
+};
+
+struct SparseAttnConfig {
+  std::string backend = "auto";  // registered name, /path/libx.so[:symbol], "auto" or "none"
+  SparseAttnGeometry geometry;
+  SparseAttnPattern pattern;
+  SparseAttnSelection selection;
+  std::string schedule = "constant";  // a registered sparsity schedule (schedule.h)
+  SparseAttnWarmup warmup;
+  std::map<std::string, std::string> options;  // free-form backend options; values kept as text
+
+  // Throws Error naming the first invalid field by its key path, the allowed range and the value.
+  void validate() const;
+  // The nested JSON form with every field; parse_sparse_attn_json(to_json()) == *this.
+  std::string to_json() const;
+  bool operator==(const SparseAttnConfig&) const = default;
+};
+
+// Parses a JSON object (nested or flat keys) on top of `base`. Throws Error naming the key path
+// for invalid JSON, unknown keys, wrong types, unknown pattern names and fields given twice.
+// Ranges are checked by validate() (ResolvedSparseAttnConfig calls it).
 SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const SparseAttnConfig& base = {});
-// Reads '<json>' or '@path/to/file.json'.
-SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const SparseAttnConfig& base = {});
 
-// The raw values of the --sparse-attn-* flags; empty optional = flag not given.
-struct SparseAttnFlags {
-  std::optional<std::string> backend;
-  std::optional<double> topk;
-  std::optional<std::string> schedule;
-  std::optional<std::string> pattern;
-  std::optional<std::string> config;  // '<json>' or '@file.json'
+// A validated config and the PatternSpec it describes, derived once. Immutable: share it freely.
+class ResolvedSparseAttnConfig {
+ public:
+  // Validates `config` (throws Error as SparseAttnConfig::validate) and derives the pattern.
+  explicit ResolvedSparseAttnConfig(SparseAttnConfig config = {});
 
-  // True when any flag was given (or TESSEL_SPARSE_ATTN_CONFIG / TESSEL_SPARSE_ATTN_BACKEND is
-  // set): the caller should enable sparse attention.
-  bool any() const;
-  // Builds and validates the config: defaults < JSON (flag, or the env var when the flag is
-  // absent) < single-field flags.
-  SparseAttnConfig to_config() const;
+  const SparseAttnConfig& config() const { return config_; }
+  // The pattern planners and backends consume: type, geometry, selection and options.
+  const PatternSpec& pattern() const { return pattern_; }
+  // config().to_json(), computed once (plan-cache key, plugins' validate_config).
+  const std::string& json() const { return json_; }
+
+ private:
+  SparseAttnConfig config_;
+  PatternSpec pattern_;
+  std::string json_;
 };
 
 }  // namespace tessel

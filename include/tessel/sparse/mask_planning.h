@@ -73,7 +73,7 @@ struct PatternBackendInfo {
   int score = 10;  // built-in pattern backends rank above plugins' default 0 for their own patterns
   // Optional: rejects configs the pattern cannot run (called when the backend is resolved), e.g.
   // a missing spatial_layout. Throws Error naming the field.
-  std::function<void(const SparseAttnConfig& config)> validate_config;
+  std::function<void(const ResolvedSparseAttnConfig& config)> validate_config;
 
   static std::vector<DeviceType> default_devices();  // cpu, plus cuda when compiled with CUDA
 };

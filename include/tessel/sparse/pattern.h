@@ -62,6 +62,12 @@ struct SpatialLayout {
 };
 
 enum class CompositeOp : uint8_t { kUnion, kIntersection };
+std::string_view composite_op_name(CompositeOp op);    // "union", "intersection"
+CompositeOp parse_composite_op(std::string_view name);  // throws Error
+
+// Upper bounds shared by PatternSpec::validate and the config schema.
+inline constexpr double kMaxDecayFactor = 16.0;
+inline constexpr int64_t kMaxStride = 64;
 
 struct PatternSpec {
   PatternType type = PatternType::kDense;

@@ -6,14 +6,16 @@
 // nothing and refuses plugin paths.
 //
 // Plugin discovery (lazy, on first lookup; again on rescan_plugins()): every `*.so` file in the
-// directories of TESSEL_PLUGIN_PATH (colon-separated, searched first) and then in the install's
-// plugin directory (plugin_install_dir()). A library that fails to load is skipped with a logged
-// warning and recorded in plugin_failures(); the host keeps working. When two backends share a
+// directories given to set_plugin_dirs (searched first; the CLI passes TESSEL_PLUGIN_PATH) and
+// then in the install's plugin directory (plugin_install_dir()); the library reads no
+// environment. A library that fails to load is skipped with a logged warning and recorded in
+// plugin_failures(); the host keeps working. When two backends share a
 // name, the first found wins (explicit registrations and built-ins before plugins).
 //
 // Resolution (resolve_backend), as the RFC:
-//   1. env TESSEL_SPARSE_ATTN_BACKEND, when set and not empty
-//   2. config.backend, when not "auto"
+//   1. the backend override, when not empty (the app passes what it read from
+//      TESSEL_SPARSE_ATTN_BACKEND; reported as source "env")
+//   2. the config's backend, when not "auto"
 //   3. "auto": the highest-scoring backend with score >= 0 that supports the config's pattern,
 //      the module type and the device
 //   4. none: dense attention (resolution.backend == nullptr)
@@ -36,8 +38,6 @@ namespace tessel {
 // what failed.
 using PluginLoader = std::function<std::shared_ptr<Backend>(const std::string& path, const std::string& symbol)>;
 
-inline constexpr const char* kBackendEnvVar = "TESSEL_SPARSE_ATTN_BACKEND";
-inline constexpr const char* kPluginPathEnvVar = "TESSEL_PLUGIN_PATH";
 inline constexpr const char* kDefaultPluginSymbol = "tessel_plugin_init";
 
 // The install's plugin directory (the TESSEL_PLUGIN_DIR compile definition).
@@ -86,24 +86,30 @@ class BackendRegistry {
   // missing symbol, a wrong ABI version, a failing init or an incomplete table.
   std::shared_ptr<Backend> load_plugin(const std::string& path, const std::string& symbol = kDefaultPluginSymbol);
 
-  // Forgets discovered plugins and scans the directories again (re-reading TESSEL_PLUGIN_PATH).
+  // Directories searched for plugins before the install's folder, in order. Takes effect at the
+  // next discovery: the first lookup, or rescan_plugins().
+  void set_plugin_dirs(std::vector<std::string> dirs);
+  // Forgets discovered plugins and scans the directories again.
   void rescan_plugins();
   std::vector<PluginFailure> plugin_failures();
   // The directories scanned, in order (duplicates removed).
-  static std::vector<std::string> plugin_search_dirs();
+  std::vector<std::string> plugin_search_dirs();
 
-  // Resolution as described at the top of this file.
-  Resolution resolve(const SparseAttnConfig& config, ModuleType module, Device device);
+  // Resolution as described at the top of this file; `backend_override` "" = none.
+  Resolution resolve(const ResolvedSparseAttnConfig& config, ModuleType module, Device device,
+                     const std::string& backend_override = "");
 
  private:
   void ensure_discovered_locked();
   std::shared_ptr<Backend> find_locked(const std::string& name);
+  std::vector<std::string> plugin_search_dirs_locked() const;
 
   std::mutex mutex_;
   std::vector<std::shared_ptr<Backend>> registered_;
   std::vector<std::shared_ptr<Backend>> discovered_;
   std::vector<std::pair<std::string, std::shared_ptr<Backend>>> loaded_by_path_;
   std::vector<PluginFailure> failures_;
+  std::vector<std::string> plugin_dirs_;
   PluginLoader plugin_loader_;
   bool discovered_once_ = false;
   bool discover_plugins_ = true;

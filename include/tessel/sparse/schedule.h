@@ -7,8 +7,8 @@
 //   conservative:  d(p) = 1                                   for p < 0.2
 //                  d(p) = 1 - 0.7 * (p - 0.2) / 0.8           for p >= 0.2   (1 -> 0.3 at p = 1)
 //   aggressive:    d(p) = 0.2 + 0.3 * p                                      (0.2 -> 0.5 at p = 1)
-// Dense warm-up composes with any schedule (step_density): steps < dense_timesteps and layers
-// < dense_layers are dense whatever the schedule says.
+// Dense warm-up composes with any schedule (step_density): steps < warmup.dense_steps and layers
+// < warmup.dense_layers are dense whatever the schedule says.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +34,7 @@ std::vector<std::string> sparsity_schedule_names();
 double schedule_progress(int64_t step, int64_t total_steps);
 
 // The density for one layer at one step under `config`: 1.0 during dense warm-up
-// (step < dense_timesteps or layer < dense_layers), else the schedule's value. A value outside
+// (step < warmup.dense_steps or layer < warmup.dense_layers), else the schedule's value. A value outside
 // (0, 1] (or NaN) from a custom schedule throws Error naming the schedule.
 double step_density(const SparseAttnConfig& config, int64_t step, int64_t total_steps, int64_t layer);
 

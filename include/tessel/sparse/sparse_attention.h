@@ -78,7 +78,7 @@ class DiTSparseAttentionAdapter {
  public:
   // backend null = dense attention. num_kv_heads 0 = num_heads. plan_cache null = a private one.
   DiTSparseAttentionAdapter(std::shared_ptr<Backend> backend, ModuleType module, int64_t num_heads,
-                            int64_t num_kv_heads, int64_t head_dim, SparseAttnConfig config, int64_t layer_index = 0,
+                            int64_t num_kv_heads, int64_t head_dim, ResolvedSparseAttnConfig config, int64_t layer_index = 0,
                             std::shared_ptr<PlanCache> plan_cache = nullptr);
 
   // Starts denoising step `step` of `total_steps` (0 <= step < total_steps; throws Error otherwise).
@@ -99,7 +99,7 @@ class DiTSparseAttentionAdapter {
   double current_density() const;
   const std::shared_ptr<Backend>& backend() const { return backend_; }
   const std::shared_ptr<PlanCache>& plan_cache() const { return plan_cache_; }
-  const SparseAttnConfig& config() const { return config_; }
+  const ResolvedSparseAttnConfig& config() const { return config_; }
   const AttentionStepReport& last_report() const { return last_report_; }
 
  private:
@@ -108,9 +108,7 @@ class DiTSparseAttentionAdapter {
   std::unique_ptr<Impl> impl_;
   ModuleType module_;
   int64_t num_heads_, num_kv_heads_, head_dim_;
-  SparseAttnConfig config_;
-  PatternSpec spec_;
-  std::string pattern_key_;
+  ResolvedSparseAttnConfig config_;
   int64_t layer_index_;
   std::shared_ptr<PlanCache> plan_cache_;
   std::optional<int64_t> step_;
@@ -130,6 +128,7 @@ struct SparseAttentionOptions {
   int64_t num_kv_heads = 0;  // 0 = num_heads
   ModuleType module = ModuleType::kDitSelf;
   SparseAttnConfig config;
+  std::string backend_override;  // "" = none; the app passes TESSEL_SPARSE_ATTN_BACKEND here
   DType dtype = DType::kF16; // element type of q/k/v (forward checks it)
   Device device{};           // device the layer runs on (used to resolve the backend)
   int64_t layer_index = 0;
@@ -137,7 +136,7 @@ struct SparseAttentionOptions {
   BackendRegistry* registry = nullptr;    // required: the application's registry (not owned)
 };
 
-// The drop-in module: resolves its backend once (env > config > auto > none), then forwards
+// The drop-in module: resolves its config and backend once (override > config > auto > none), then forwards
 // through a DiTSparseAttentionAdapter.
 class SparseAttention {
  public:
@@ -154,6 +153,7 @@ class SparseAttention {
   int64_t masked_fallbacks() const { return masked_fallbacks_; }
 
  private:
+  ResolvedSparseAttnConfig config_;
   Resolution resolution_;
   DiTSparseAttentionAdapter adapter_;
   DType dtype_;
