@@ -20,6 +20,8 @@
 #include "tessel/core/tensor.h"
 #include "tessel/kv/offloaded_attention.h"
 #include "tessel/kv/policies.h"
+#include "tessel/kv/policy_backend.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
 namespace {
@@ -182,25 +184,29 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
   po.xattention.threshold = c.threshold;
   po.xattention.stride = c.stride;
   if (c.scoring == "auto") {
-    po.xattention.scoring = kv::XAttentionScoring::kAuto;
+    po.xattention_scoring = kv::XAttentionScoring::kAuto;
   } else if (c.scoring == "device") {
-    po.xattention.scoring = kv::XAttentionScoring::kDevice;
+    po.xattention_scoring = kv::XAttentionScoring::kDevice;
   } else if (c.scoring == "host") {
-    po.xattention.scoring = kv::XAttentionScoring::kHost;
+    po.xattention_scoring = kv::XAttentionScoring::kHost;
   } else {
     fail_argument("--scoring", "auto, device or host", c.scoring);
   }
   po.quest.top_k = c.top_k;
   po.quest.enable_prefill = c.policy == "quest";
   po.top_k = c.top_k;
-  auto prefill_policy = kv::make_sparse_policy(c.policy, po);
+  // Policies resolve by name through the backend registry: the built-ins plus whatever else is
+  // registered there.
+  BackendRegistry& registry = BackendRegistry::global();
+  kv::register_builtin_policies(registry);
+  auto prefill_policy = kv::make_sparse_policy(registry, c.policy, po);
   std::unique_ptr<kv::SparsePolicy> decode_owned;
   kv::SparsePolicy* decode_policy = prefill_policy.get();
   if (!c.decode_policy.empty() && c.decode_policy != c.policy) {
-    decode_owned = kv::make_sparse_policy(c.decode_policy, po);
+    decode_owned = kv::make_sparse_policy(registry, c.decode_policy, po);
     decode_policy = decode_owned.get();
   } else if (!prefill_policy->supports_decode()) {
-    decode_owned = kv::make_sparse_policy("full", po);
+    decode_owned = kv::make_sparse_policy(registry, "full", po);
     decode_policy = decode_owned.get();
   }
   OffloadedAttention attention(*engine, manager, *prefill_policy, *decode_policy);

@@ -1,26 +1,23 @@
-// Full, Quest and Top-K policies, their block statistics and the policy factory.
+// Full, Quest and Top-K policies and their block statistics (the factory is policy_backend.cc).
 // (XAttention-BSA is in xattention_policy.cc.)
 #include "tessel/kv/policies.h"
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 
 #include "host_floats.h"
 #include "tessel/core/error.h"
+#include "tessel/sparse/estimators/block_scoring.h"
 
 namespace tessel::kv {
 namespace {
 
-// Indices of the `k` largest scores (ties: lower index first).
-std::vector<size_t> top_indices(const std::vector<double>& scores, int64_t k) {
-  std::vector<size_t> order(scores.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  const size_t take = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0)));
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(take), order.end(),
-                    [&](size_t a, size_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
-  order.resize(take);
-  return order;
+// The available blocks whose keep flag is set, in order.
+std::vector<int32_t> kept_blocks(const std::vector<int32_t>& available, const std::vector<uint8_t>& keep) {
+  std::vector<int32_t> selected;
+  for (size_t i = 0; i < available.size(); ++i)
+    if (keep[i]) selected.push_back(available[i]);
+  return selected;
 }
 
 // Query rows (S_q, H_q, D) of ctx.query on the host, checked against the statistics' shape; counts
@@ -148,10 +145,15 @@ std::vector<int32_t> QuestPolicy::select_blocks(const std::vector<int32_t>& avai
   const std::vector<float> q = host_query(ctx, stats_, rows, heads, selection_);
   const int64_t d = stats_.head_dim();
   const int64_t group = heads / stats_.num_kv_heads();
-  // Candidates are the blocks between the sink and the recent window.
-  std::vector<double> scores(static_cast<size_t>(n - sink - recent));
-  for (int64_t c = 0; c < static_cast<int64_t>(scores.size()); ++c) {
-    const int64_t block = available[static_cast<size_t>(sink + c)];
+  // The sink and recent blocks are always kept; the top_k are chosen among the blocks between them.
+  std::vector<uint8_t> keep(static_cast<size_t>(n), 0);
+  AlwaysKeep always;
+  always.sink_blocks = sink;
+  always.recent_blocks = recent;
+  block_scoring::keep_sink_and_recent(always, n, keep.data());
+  std::vector<double> scores(static_cast<size_t>(n));
+  for (int64_t c = sink; c < n - recent; ++c) {
+    const int64_t block = available[static_cast<size_t>(c)];
     const float* mn = stats_.min(ctx.layer_id, block);
     const float* mx = stats_.max(ctx.layer_id, block);
     double best = -std::numeric_limits<double>::infinity();
@@ -166,14 +168,8 @@ std::vector<int32_t> QuestPolicy::select_blocks(const std::vector<int32_t>& avai
       }
     scores[static_cast<size_t>(c)] = best;
   }
-  std::vector<uint8_t> keep(static_cast<size_t>(n), 0);
-  for (int64_t i = 0; i < sink; ++i) keep[static_cast<size_t>(i)] = 1;
-  for (int64_t i = n - recent; i < n; ++i) keep[static_cast<size_t>(i)] = 1;
-  for (size_t c : top_indices(scores, options_.top_k)) keep[static_cast<size_t>(sink) + c] = 1;
-  std::vector<int32_t> selected;
-  for (int64_t i = 0; i < n; ++i)
-    if (keep[static_cast<size_t>(i)]) selected.push_back(available[static_cast<size_t>(i)]);
-  return selected;
+  block_scoring::keep_top_k(scores.data(), n, options_.top_k, keep.data());
+  return kept_blocks(available, keep);
 }
 
 // ---- Top-K --------------------------------------------------------------------------------------
@@ -204,21 +200,9 @@ std::vector<int32_t> TopKPolicy::select_blocks(const std::vector<int32_t>& avail
       }
     scores[static_cast<size_t>(i)] = best;
   }
-  std::vector<size_t> chosen = top_indices(scores, top_k_);
-  std::sort(chosen.begin(), chosen.end());
-  std::vector<int32_t> selected;
-  for (size_t i : chosen) selected.push_back(available[i]);
-  return selected;
-}
-
-// ---- factory ------------------------------------------------------------------------------------
-
-std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options) {
-  if (name == "full") return std::make_unique<FullPolicy>();
-  if (name == "quest") return std::make_unique<QuestPolicy>(options.quest);
-  if (name == "xattn" || name == "xattention-bsa") return std::make_unique<XAttentionBsaPolicy>(options.xattention);
-  if (name == "topk") return std::make_unique<TopKPolicy>(options.top_k);
-  fail_argument("policy", "full, quest, xattn (xattention-bsa) or topk", name);
+  std::vector<uint8_t> keep(static_cast<size_t>(n), 0);
+  block_scoring::keep_top_k(scores.data(), n, top_k_, keep.data());
+  return kept_blocks(available, keep);
 }
 
 }  // namespace tessel::kv

@@ -1,6 +1,7 @@
 // XAttention-BSA block selection (see policies.h for the algorithm): validate, score on the device
 // or the host (xattention_scoring.h), then the one selection rule over the masses.
 #include <string>
+#include <utility>
 
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
@@ -9,12 +10,13 @@
 
 namespace tessel::kv {
 
-XAttentionBsaPolicy::XAttentionBsaPolicy(XAttentionOptions options) : options_(options) {
-  if (!(options.threshold > 0 && options.threshold <= 1))
-    fail_argument("xattention.threshold", "in (0, 1]", options.threshold);
-  if (options.stride < 1) fail_argument("xattention.stride", ">= 1", options.stride);
-  if (!(options.vote_threshold >= 0 && options.vote_threshold < 1))
-    fail_argument("xattention.vote_threshold", "in [0, 1)", options.vote_threshold);
+XAttentionBsaPolicy::XAttentionBsaPolicy(XAttentionOptions options, XAttentionScoring scoring)
+    : options_(std::move(options)), scoring_(scoring) {
+  if (!(options_.threshold > 0 && options_.threshold <= 1))
+    fail_argument("xattention.threshold", "in (0, 1]", options_.threshold);
+  if (options_.stride < 1) fail_argument("xattention.stride", ">= 1", options_.stride);
+  if (!(options_.vote_threshold >= 0 && options_.vote_threshold < 1))
+    fail_argument("xattention.vote_threshold", "in [0, 1)", options_.vote_threshold);
 }
 
 std::vector<int32_t> XAttentionBsaPolicy::select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
@@ -31,10 +33,10 @@ std::vector<int32_t> XAttentionBsaPolicy::select_blocks(const std::vector<int32_
   if (columns == 0) return available;  // no block holds a whole stride group: nothing to score
 
   bool on_device = false;
-  if (options_.scoring != XAttentionScoring::kHost) {
+  if (scoring_ != XAttentionScoring::kHost) {
     const std::string why_not = device_scoring_unavailable(engine, ctx, g);
     on_device = why_not.empty();
-    if (!on_device && options_.scoring == XAttentionScoring::kDevice)
+    if (!on_device && scoring_ == XAttentionScoring::kDevice)
       throw Error("XAttention scoring = device, but the device scorer cannot score this call: " + why_not);
     if (!on_device && engine.device().is_cuda() && !warned_host_fallback_) {
       log_warning("XAttention: scoring on the host (slow at long context) because " + why_not);

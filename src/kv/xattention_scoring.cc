@@ -6,36 +6,10 @@
 #include "host_floats.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
+#include "tessel/sparse/estimators/block_scoring.h"
 #include "xattention_scoring.h"
 
 namespace tessel::kv {
-namespace {
-
-// Dot product with independent partial sums, so the compiler can vectorize without -ffast-math.
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  float sum = 0;
-  for (; i < n; ++i) sum += a[i] * b[i];
-  for (float x : acc) sum += x;
-  return sum;
-}
-
-// logits[r * columns + j] = scale · q_tile[r] · keys[j] for `tile` query rows and all key columns,
-// each key column read once per tile. Cloned per ISA: a portable build still gets AVX2 / AVX-512
-// on machines that have them (the estimator is the host-side cost of XAttention).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void score_tile(const float* q_tile, int64_t tile, const float* keys, int64_t columns, int64_t width, float scale,
-                float* logits) {
-  for (int64_t j = 0; j < columns; ++j)
-    for (int64_t r = 0; r < tile; ++r) logits[r * columns + j] = dot(q_tile + r * width, keys + j * width, width) * scale;
-}
-
-}  // namespace
 
 std::vector<float> score_on_host(OffloadEngine& engine, const PolicyContext& ctx, std::span<const int32_t> available,
                                  const XAttentionGeometry& g, SelectionStats& stats) {
@@ -85,25 +59,10 @@ std::vector<float> score_on_host(OffloadEngine& engine, const PolicyContext& ctx
   parallel_for(heads * g.q_blocks, [&](int64_t task) {
     const int64_t h = task / g.q_blocks, qb = task % g.q_blocks, kv = h / group;
     const int64_t first_row = qb * g.rows_per_qblock;
-    const int64_t last_row = first_row + g.rows_in(qb);
     std::vector<double> block_mass(static_cast<size_t>(n), 0.0);
-    // Rows are scored kRowTile at a time so each key column is read from memory once per tile.
-    constexpr int64_t kRowTile = 8;
-    std::vector<float> logits(static_cast<size_t>(kRowTile * columns));
-    const float* keys = &k_r[static_cast<size_t>(kv * columns * width)];
-    for (int64_t row0 = first_row; row0 < last_row; row0 += kRowTile) {
-      const int64_t tile = std::min(kRowTile, last_row - row0);
-      const float* q_tile = &q_r[static_cast<size_t>((h * q_rows + row0) * width)];
-      score_tile(q_tile, tile, keys, columns, width, g.scale, logits.data());
-      for (int64_t r = 0; r < tile; ++r) {
-        float* row = &logits[static_cast<size_t>(r * columns)];
-        const float peak = *std::max_element(row, row + columns);
-        double total = 0;
-        for (int64_t j = 0; j < columns; ++j) total += (row[j] = std::exp(row[j] - peak));
-        for (int64_t j = 0; j < columns; ++j)
-          block_mass[static_cast<size_t>(column_block[static_cast<size_t>(j)])] += row[j] / total;
-      }
-    }
+    block_scoring::add_antidiagonal_mass(&q_r[static_cast<size_t>((h * q_rows + first_row) * width)], g.rows_in(qb),
+                                         &k_r[static_cast<size_t>(kv * columns * width)], columns, width, g.scale,
+                                         column_block, block_mass);
     for (int64_t b = 0; b < n; ++b)
       mass[static_cast<size_t>(task * n + b)] = static_cast<float>(block_mass[static_cast<size_t>(b)]);
   });

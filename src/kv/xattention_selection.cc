@@ -1,10 +1,10 @@
 // XAttention-BSA: the shapes of a call and the block selection from masses, shared by the host and
-// the device scorers.
+// the device scorers; the selection is the shared block-scoring τ rule, GQA any and column vote.
 #include <algorithm>
-#include <numeric>
 
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/sparse/estimators/block_scoring.h"
 #include "xattention_scoring.h"
 
 namespace tessel::kv {
@@ -38,40 +38,25 @@ XAttentionGeometry xattention_geometry(const OffloadConfig& config, const Tensor
 
 std::vector<int64_t> select_from_block_masses(std::span<const float> mass, const XAttentionGeometry& g,
                                               double threshold, double vote_threshold) {
-  const int64_t n = g.blocks, group = g.heads / g.kv_heads;
+  const int64_t n = g.blocks;
   if (static_cast<int64_t>(mass.size()) != g.mass_size())
     fail_argument("mass.size()", detail::concat(g.mass_size(), " (heads x query blocks x blocks)"), mass.size());
   // keep[(h * q_blocks + qb) * n + b]: head h's query block qb keeps block b.
   std::vector<uint8_t> keep(static_cast<size_t>(g.mass_size()), 0);
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t row = 0; row < g.heads * g.q_blocks; ++row) {
-    const float* m = &mass[static_cast<size_t>(row * n)];
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return m[a] > m[b]; });
-    const double goal = threshold * static_cast<double>(g.rows_in(row % g.q_blocks));
-    double kept = 0;
-    for (int64_t b : order) {
-      if (kept >= goal) break;
-      keep[static_cast<size_t>(row * n + b)] = 1;
-      kept += m[b];
-    }
-  }
+  for (int64_t row = 0; row < g.heads * g.q_blocks; ++row)
+    block_scoring::keep_until_mass(&mass[static_cast<size_t>(row * n)], n,
+                                   threshold * static_cast<double>(g.rows_in(row % g.q_blocks)),
+                                   &keep[static_cast<size_t>(row * n)]);
   // GQA: a kv head keeps a block when any query head of its group does; then the vote over
-  // (kv head, query block) pairs.
-  std::vector<int64_t> votes(static_cast<size_t>(n), 0);
-  for (int64_t kv = 0; kv < g.kv_heads; ++kv)
-    for (int64_t qb = 0; qb < g.q_blocks; ++qb)
-      for (int64_t b = 0; b < n; ++b) {
-        bool any = false;
-        for (int64_t h = kv * group; h < (kv + 1) * group && !any; ++h)
-          any = keep[static_cast<size_t>((h * g.q_blocks + qb) * n + b)] != 0;
-        votes[static_cast<size_t>(b)] += any ? 1 : 0;
-      }
-  const double total_votes = static_cast<double>(g.kv_heads * g.q_blocks);
+  // (kv head, query block) pairs, the first and last blocks always.
+  const std::vector<uint8_t> per_kv_head = block_scoring::merge_gqa_any(keep, 1, g.heads, g.kv_heads, g.q_blocks * n);
+  AlwaysKeep ends;
+  ends.sink_blocks = 1;
+  ends.recent_blocks = 1;
+  const std::vector<uint8_t> kept = block_scoring::vote_columns(per_kv_head, g.kv_heads * g.q_blocks, n, vote_threshold, ends);
   std::vector<int64_t> selected;
   for (int64_t b = 0; b < n; ++b)
-    if (b == 0 || b == n - 1 || static_cast<double>(votes[static_cast<size_t>(b)]) > vote_threshold * total_votes)
-      selected.push_back(b);
+    if (kept[static_cast<size_t>(b)]) selected.push_back(b);
   return selected;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "sparse/enum_names.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
@@ -17,26 +18,13 @@ void check_positive(const std::string& field, int64_t value) {
 
 }  // namespace
 
-std::string_view module_type_name(ModuleType type) {
-  const auto index = static_cast<size_t>(type);
-  return index < kModuleNames.size() ? kModuleNames[index] : "unknown";
-}
-
+std::string_view module_type_name(ModuleType type) { return detail::name_of(kModuleNames, type); }
 ModuleType parse_module_type(std::string_view name) {
-  std::string names;
-  for (size_t i = 0; i < kModuleNames.size(); ++i) {
-    if (kModuleNames[i] == name) return static_cast<ModuleType>(i);
-    names += (i ? ", " : "") + std::string(kModuleNames[i]);
-  }
-  fail_argument("module_type", "one of " + names, "'" + std::string(name) + "'");
+  return detail::parse_name<ModuleType>(kModuleNames, name, "module_type");
 }
 
 const std::vector<ModuleType>& all_module_types() {
-  static const std::vector<ModuleType> types = [] {
-    std::vector<ModuleType> out;
-    for (int i = 0; i < kNumModuleTypes; ++i) out.push_back(static_cast<ModuleType>(i));
-    return out;
-  }();
+  static const std::vector<ModuleType> types = detail::all_values<ModuleType>(kModuleNames);
   return types;
 }
 

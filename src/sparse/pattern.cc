@@ -4,37 +4,21 @@
 #include <cmath>
 #include <string>
 
+#include "sparse/enum_names.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
 namespace {
+
+using detail::join_names;
+using detail::name_of;
+using detail::parse_name;
 
 constexpr std::array<std::string_view, kNumPatternTypes> kPatternNames = {
     "dense", "block_sparse", "sliding_window", "spatial_aware", "dynamic_topk",
     "threshold", "radial", "local", "arrow", "composite"};
 constexpr std::array<std::string_view, 3> kOrderingNames = {"raster", "hilbert", "z_curve"};
 constexpr std::array<std::string_view, 2> kCompositeOpNames = {"union", "intersection"};
-
-template <size_t N>
-std::string join_names(const std::array<std::string_view, N>& names) {
-  std::string out;
-  for (size_t i = 0; i < N; ++i) out += (i ? ", " : "") + std::string(names[i]);
-  return out;
-}
-
-// Enumerations are numbered in the order of their names.
-template <typename Enum, size_t N>
-std::string_view name_of(const std::array<std::string_view, N>& names, Enum value) {
-  const auto index = static_cast<size_t>(value);
-  return index < N ? names[index] : "unknown";
-}
-
-template <typename Enum, size_t N>
-Enum parse_name(const std::array<std::string_view, N>& names, std::string_view name, const std::string& argument) {
-  for (size_t i = 0; i < N; ++i)
-    if (names[i] == name) return static_cast<Enum>(i);
-  fail_argument(argument, "one of " + join_names(names), "'" + std::string(name) + "'");
-}
 
 void check_at_least(const std::string& field, int64_t value, int64_t minimum) {
   if (value < minimum) fail_argument(field, ">= " + std::to_string(minimum), value);
@@ -57,11 +41,7 @@ PatternType parse_pattern_type(std::string_view name) {
 }
 
 const std::vector<PatternType>& all_pattern_types() {
-  static const std::vector<PatternType> types = [] {
-    std::vector<PatternType> out;
-    for (int i = 0; i < kNumPatternTypes; ++i) out.push_back(static_cast<PatternType>(i));
-    return out;
-  }();
+  static const std::vector<PatternType> types = detail::all_values<PatternType>(kPatternNames);
   return types;
 }
 

@@ -17,6 +17,7 @@ namespace {
 
 using testing::max_error;
 using testing::random_bshd;
+using testing::xattention_options;
 using testing::rows;
 
 struct Case {
@@ -135,7 +136,7 @@ TEST(ChunkedAttention, SparsePoliciesWithFullBudgetEqualReference) {
     options.enable_prefill = true;
     QuestPolicy quest(options);
     TopKPolicy topk(1000);
-    XAttentionBsaPolicy xattn(XAttentionOptions{1.0, 4, 0.0});
+    XAttentionBsaPolicy xattn(xattention_options(1.0, 4, 0.0));
     run_case(c, 700 + trial, DType::kF32, &quest, &quest);
     run_case(c, 800 + trial, DType::kF32, &xattn, &topk);
   }

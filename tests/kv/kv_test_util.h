@@ -8,6 +8,7 @@
 #include "tessel/core/random.h"
 #include "tessel/core/tensor.h"
 #include "tessel/kernels/reference.h"
+#include "tessel/sparse/estimators/xattention_estimator.h"
 
 namespace tessel::kv::testing {
 
@@ -16,6 +17,15 @@ inline TensorView rows(const TensorView& t, int64_t first, int64_t count) {
   const int64_t row_elements = t.size(2) * t.size(3);
   return TensorView(static_cast<char*>(t.data()) + first * row_elements * static_cast<int64_t>(dtype_size(t.dtype())),
                     t.dtype(), t.device(), {1, count, t.size(2), t.size(3)});
+}
+
+// XAttention-BSA options: threshold τ, stride and vote threshold.
+inline XAttentionOptions xattention_options(double threshold, int64_t stride, double vote_threshold) {
+  XAttentionOptions o;
+  o.threshold = threshold;
+  o.stride = stride;
+  o.vote_threshold = vote_threshold;
+  return o;
 }
 
 inline Tensor random_bshd(int64_t seq, int64_t heads, int64_t dim, uint64_t seed, double stddev = 1.0) {

@@ -15,6 +15,7 @@ namespace tessel::kv {
 namespace {
 
 using testing::random_bshd;
+using testing::xattention_options;
 using testing::rows;
 
 constexpr int64_t kBlock = 32, kBlocks = 16, kKvHeads = 2, kHeads = 4, kDim = 16;
@@ -137,7 +138,7 @@ TEST(QuestPolicy, MissingStatisticsAreAnError) {
 TEST(XAttentionBsaPolicy, SelectsPlantedBlocksPlusFirstAndLast) {
   const std::vector<float> u = directions(11);
   const std::vector<int64_t> planted{4, 7, 10};
-  XAttentionBsaPolicy xattn(XAttentionOptions{0.9, 4, 0.5});  // τ 0.9, stride 4
+  XAttentionBsaPolicy xattn(xattention_options(0.9, 4, 0.5));  // τ 0.9, stride 4
   Fixture f;
   build_history(f, xattn, planted_keys(planted, u, 6.0f, 12));
   const Tensor q = aligned_queries(4 * kBlock, u, 6.0f, 13);
@@ -156,7 +157,7 @@ TEST(XAttentionBsaPolicy, MajorityVoteDropsABlockOnlyOneQueryBlockWants) {
   Tensor q = aligned_queries(4 * kBlock, u, 6.0f, 24);
   const Tensor q_first = aligned_queries(kBlock, w, 6.0f, 25);
   std::copy(q_first.data_as<float>(), q_first.data_as<float>() + q_first.numel(), q.data_as<float>());
-  XAttentionBsaPolicy xattn(XAttentionOptions{0.9, 4, 0.5});  // τ 0.9, stride 4
+  XAttentionBsaPolicy xattn(xattention_options(0.9, 4, 0.5));  // τ 0.9, stride 4
   Fixture f;
   build_history(f, xattn, k);
   const auto selected = xattn.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true));
@@ -171,13 +172,11 @@ TEST(XAttentionBsaPolicy, RejectsABlockSizeThatIsNotAMultipleOfTheStride) {
   build_history(f, xattn, random_bshd(kBlocks * kBlock, kKvHeads, kDim, 1));
   const Tensor q = random_bshd(kBlock, kHeads, kDim, 2);
   EXPECT_THROW(xattn.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true)), Error);
-  EXPECT_THROW(XAttentionBsaPolicy(XAttentionOptions{1.5, 8, 0.5}), Error);
+  EXPECT_THROW(XAttentionBsaPolicy(xattention_options(1.5, 8, 0.5)), Error);
 }
 
 TEST(XAttentionBsaPolicy, ScoringOnTheDeviceNeedsADeviceEngine) {
-  XAttentionOptions options{0.9, 4, 0.5};
-  options.scoring = XAttentionScoring::kDevice;
-  XAttentionBsaPolicy device_only(options);
+  XAttentionBsaPolicy device_only(xattention_options(0.9, 4, 0.5), XAttentionScoring::kDevice);
   Fixture f;
   build_history(f, device_only, random_bshd(kBlocks * kBlock, kKvHeads, kDim, 1));
   const Tensor q = random_bshd(kBlock, kHeads, kDim, 2);
@@ -188,7 +187,7 @@ TEST(XAttentionBsaPolicy, ScoringOnTheDeviceNeedsADeviceEngine) {
     EXPECT_NE(std::string(e.what()).find("the offload engine is on the CPU"), std::string::npos) << e.what();
   }
   // kAuto on a CPU engine scores on the host.
-  XAttentionBsaPolicy automatic(XAttentionOptions{0.9, 4, 0.5});
+  XAttentionBsaPolicy automatic(xattention_options(0.9, 4, 0.5));
   automatic.select_blocks(f.manager.get_prefilled_blocks(0), *f.engine, context(f, q, true));
   EXPECT_EQ(automatic.selection_stats().host_scored, 1);
   EXPECT_EQ(automatic.selection_stats().device_scored, 0);

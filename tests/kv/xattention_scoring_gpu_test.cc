@@ -25,6 +25,7 @@ namespace tessel::kv {
 namespace {
 
 using testing::random_bshd;
+using testing::xattention_options;
 using testing::rows;
 
 #define SKIP_WITHOUT_GPU() \
@@ -91,12 +92,8 @@ PolicyContext prefill_context(const KvBlockManager& manager, const TensorView& q
   return ctx;
 }
 
-XAttentionOptions scoring_on(XAttentionScoring where, double threshold = 0.9) {
-  XAttentionOptions o;
-  o.threshold = threshold;
-  o.stride = kStride;
-  o.scoring = where;
-  return o;
+XAttentionBsaPolicy scoring_on(XAttentionScoring where, double threshold = 0.9) {
+  return XAttentionBsaPolicy(xattention_options(threshold, kStride, 0.5), where);
 }
 
 size_t symmetric_difference(std::vector<int32_t> a, std::vector<int32_t> b) {

@@ -3,7 +3,9 @@
 // Block statistics (Quest's key min/max, Top-K's key mean) are gathered in the offload hooks, per
 // layer and host block, and kept on the host in fp32. Quest and Top-K score on the host: the query
 // (a decode token or a prefill chunk) is read back from the device when the engine is a GPU.
-// XAttention scores on the device when it can (XAttentionScoring), else on the host.
+// XAttention scores on the device when it can (XAttentionScoring), else on the host. Every policy
+// selects through the shared block-scoring rules (sparse/estimators/block_scoring.h): top-k with the
+// sink / recent always-keep rule for Quest and Top-K, τ + GQA any + column vote for XAttention.
 #pragma once
 
 #include <memory>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "tessel/kv/sparse_policy.h"
+#include "tessel/sparse/estimators/xattention_estimator.h"
 
 namespace tessel::kv {
 
@@ -90,14 +93,11 @@ class QuestPolicy final : public KeyStatsPolicy {
 // why not. kHost: always the host.
 enum class XAttentionScoring : uint8_t { kAuto, kHost, kDevice };
 
-struct XAttentionOptions {
-  double threshold = 0.95;      // τ: cumulative attention mass each (head, query block) keeps
-  int64_t stride = 8;           // antidiagonal stride; block_size must be a multiple of it
-  double vote_threshold = 0.5;  // a block needs more than this fraction of (kv head, query block) votes
-  XAttentionScoring scoring = XAttentionScoring::kAuto;
-};
-
-// XAttention block selection for chunked prefill (prefill only; decode throws).
+// XAttention block selection for chunked prefill (prefill only; decode throws), with the options of
+// the XAttention estimator (tessel::XAttentionOptions): threshold τ, stride (any >= 1; the engine's
+// block_size must be a multiple of it) and vote_threshold; the mask-geometry fields (block_q,
+// block_kv, keep_*, gqa_any, vote, per_head_threshold, scale) do not apply here: query blocks are
+// the engine's blocks, GQA "any" and the column vote always apply, and the scale is 1/sqrt(D).
 // For stride s, reshaped query row i = [q_{is+s-1}, q_{is+s-2}, ..., q_{is}] and reshaped key
 // column j = [k_{js}, ..., k_{js+s-1}] (the antidiagonals of each s×s tile); scores are
 // softmax(Q_r K_rᵀ · scale / s) over all history columns, summed per (query block of block/s rows,
@@ -108,9 +108,10 @@ struct XAttentionOptions {
 // Scoring (the masses per (query head, query block, history block)) runs on the host, reading the
 // host cache, or on the device over the history keys copied up by OffloadEngine::load_keys (see
 // XAttentionScoring); both feed one selection rule, so the same masses select the same blocks.
+// Scoring and selection are the shared block-scoring functions (sparse/estimators/block_scoring.h).
 class XAttentionBsaPolicy final : public SparsePolicy {
  public:
-  explicit XAttentionBsaPolicy(XAttentionOptions options = {});
+  explicit XAttentionBsaPolicy(XAttentionOptions options = {}, XAttentionScoring scoring = XAttentionScoring::kAuto);
   std::string name() const override { return "xattn"; }
   bool supports_prefill() const override { return true; }
   bool supports_decode() const override { return false; }
@@ -119,6 +120,7 @@ class XAttentionBsaPolicy final : public SparsePolicy {
 
  private:
   XAttentionOptions options_;
+  XAttentionScoring scoring_;
   bool warned_host_fallback_ = false;
 };
 
@@ -140,10 +142,13 @@ class TopKPolicy final : public KeyStatsPolicy {
 struct PolicyOptions {
   QuestOptions quest;
   XAttentionOptions xattention;
+  XAttentionScoring xattention_scoring = XAttentionScoring::kAuto;
   int64_t top_k = 8;
 };
 
-// "full", "quest", "xattn" (alias "xattention-bsa") or "topk"; throws Error for other names.
+// A built-in policy by name: "full", "quest", "xattn" (alias "xattention-bsa") or "topk", found in a
+// registry holding only the built-in policies (policy_backend.h resolves through any registry);
+// throws Error for other names.
 std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options = {});
 
 }  // namespace tessel::kv

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "head_data.h"
+#include "tessel/sparse/estimators/block_scoring.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 
@@ -84,7 +85,6 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
     for (int64_t c = 0; c < kvbs; ++c)
       if (pk.similar[c]) candidates.push_back(static_cast<int32_t>(c));
     std::vector<float> prob(static_cast<size_t>(kvbs));
-    std::vector<int32_t> order;
     for (int64_t r = 0; r < qbs; ++r) {
       uint8_t* row = dense.data() + (bh * qbs + r) * kvbs;
       if (!pq.similar[r]) {
@@ -94,27 +94,10 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
       for (int64_t c = 0; c < kvbs; ++c)
         if (!pk.similar[c]) row[c] = 1;
       if (candidates.empty()) continue;
-      float max_score = -INFINITY;
-      for (int32_t c : candidates) {
-        prob[c] = scale * estimators::dot(pq.mean.data() + r * dim, pk.mean.data() + c * dim, dim);
-        max_score = std::max(max_score, prob[c]);
-      }
-      float total = 0.0f;
-      for (int32_t c : candidates) total += (prob[c] = std::exp(prob[c] - max_score));
-      for (int32_t c : candidates) prob[c] /= total;
-      order = candidates;
-      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b2) { return prob[a] > prob[b2] || (prob[a] == prob[b2] && a < b2); });
-      int64_t n = n_topk;
-      if (cdf_mode) {
-        float cumulative = 0.0f;
-        n = 0;
-        while (n < static_cast<int64_t>(order.size())) {
-          cumulative += prob[order[n++]];
-          if (static_cast<double>(cumulative) >= value) break;
-        }
-      }
-      n = std::min<int64_t>(n, static_cast<int64_t>(order.size()));
-      for (int64_t i = 0; i < n; ++i) row[order[i]] = 1;
+      // The other blocks of the row are exactly the candidates: the rule chooses among them.
+      block_scoring::pooled_softmax_scores(pq.mean.data() + r * dim, pk.mean.data(), candidates, dim, scale, prob.data());
+      if (cdf_mode) block_scoring::keep_until_cdf(prob.data(), kvbs, value, row);
+      else block_scoring::keep_top_k(prob.data(), kvbs, n_topk, row);
     }
   });
   AlwaysKeep keep = options.keep;

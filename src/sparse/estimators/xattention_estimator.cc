@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "head_data.h"
+#include "tessel/sparse/estimators/block_scoring.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "tessel/sparse/planners/always_keep.h"
@@ -23,6 +24,8 @@ void check_options(const XAttentionOptions& o) {
   for (size_t h = 0; h < o.per_head_threshold.size(); ++h)
     if (!(o.per_head_threshold[h] > 0.0 && o.per_head_threshold[h] <= 1.0))
       fail_argument(detail::concat("xattention.per_head_threshold[", h, "]"), "in (0, 1]", o.per_head_threshold[h]);
+  if (!(o.vote_threshold >= 0.0 && o.vote_threshold < 1.0))
+    fail_argument("xattention.vote_threshold", "in [0, 1)", o.vote_threshold);
 }
 
 // Steps 1–4 of the header for every (b, h_q): masses (B, H_q, Qb, KVb).
@@ -40,62 +43,22 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
   parallel_for(batch * hkv, [&](int64_t i) { keys[i] = estimators::head_rows(k, i / hkv, i % hkv, gk * s); });
   std::vector<std::vector<float>> queries(static_cast<size_t>(batch * hq));
   parallel_for(batch * hq, [&](int64_t i) {
-    // Reverse each group's tokens so that a plain dot product of the flattened groups sums the
-    // antidiagonal q[gS + S-1-i] · k[g'S + i].
-    std::vector<float> rows = estimators::head_rows(q, i / hq, i % hq, gq * s);
-    std::vector<float>& out = queries[i];
-    out.resize(rows.size());
-    for (int64_t g = 0; g < gq; ++g)
-      for (int64_t t = 0; t < s; ++t)
-        std::copy_n(rows.data() + (g * s + s - 1 - t) * dim, dim, out.data() + (g * s + t) * dim);
+    const std::vector<float> rows = estimators::head_rows(q, i / hq, i % hq, gq * s);
+    queries[i].resize(rows.size());
+    block_scoring::reverse_stride_groups(rows.data(), gq, s, dim, queries[i].data());
   });
+  std::vector<int32_t> column_block(static_cast<size_t>(gk));
+  for (int64_t g = 0; g < gk; ++g) column_block[static_cast<size_t>(g)] = static_cast<int32_t>(g / groups_per_kvb);
 
   std::vector<float> mass(static_cast<size_t>(batch * hq * qbs * kvbs), 0.0f);
   parallel_for(batch * hq * qbs, [&](int64_t task) {
     const int64_t bh = task / qbs, r = task % qbs, b = bh / hq, h = bh % hq;
-    const float* kg = keys[b * hkv + h / group].data();
-    const float* qg = queries[bh].data();
-    float* out = mass.data() + task * kvbs;
     const int64_t width = s * dim;
     const int64_t g_begin = r * groups_per_qb, g_end = std::min(gq, (r + 1) * groups_per_qb);
-    // 4 query groups x 4 key groups per step: 8 row loads feed 16 dot products.
-    std::vector<float> logits(static_cast<size_t>(4 * gk));
-    for (int64_t g0 = g_begin; g0 < g_end; g0 += 4) {
-      const int64_t n = std::min<int64_t>(4, g_end - g0);
-      const float* q0 = qg + g0 * width;
-      const float* q1 = qg + (g0 + std::min<int64_t>(1, n - 1)) * width;
-      const float* q2 = qg + (g0 + std::min<int64_t>(2, n - 1)) * width;
-      const float* q3 = qg + (g0 + std::min<int64_t>(3, n - 1)) * width;
-      for (int64_t c0 = 0; c0 < gk; c0 += 4) {
-        const int64_t m = std::min<int64_t>(4, gk - c0);
-        const float* k0 = kg + c0 * width;
-        const float* k1 = kg + (c0 + std::min<int64_t>(1, m - 1)) * width;
-        const float* k2 = kg + (c0 + std::min<int64_t>(2, m - 1)) * width;
-        const float* k3 = kg + (c0 + std::min<int64_t>(3, m - 1)) * width;
-        float a00 = 0, a01 = 0, a02 = 0, a03 = 0, a10 = 0, a11 = 0, a12 = 0, a13 = 0;
-        float a20 = 0, a21 = 0, a22 = 0, a23 = 0, a30 = 0, a31 = 0, a32 = 0, a33 = 0;
-#pragma omp simd reduction(+ : a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
-        for (int64_t i = 0; i < width; ++i) {
-          const float x0 = q0[i], x1 = q1[i], x2 = q2[i], x3 = q3[i];
-          const float y0 = k0[i], y1 = k1[i], y2 = k2[i], y3 = k3[i];
-          a00 += x0 * y0; a01 += x0 * y1; a02 += x0 * y2; a03 += x0 * y3;
-          a10 += x1 * y0; a11 += x1 * y1; a12 += x1 * y2; a13 += x1 * y3;
-          a20 += x2 * y0; a21 += x2 * y1; a22 += x2 * y2; a23 += x2 * y3;
-          a30 += x3 * y0; a31 += x3 * y1; a32 += x3 * y2; a33 += x3 * y3;
-        }
-        const float tile[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
-        for (int64_t j = 0; j < 4; ++j)
-          for (int64_t c = 0; c < m; ++c) logits[j * gk + c0 + c] = tile[j][c] * scale;
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        float* row = logits.data() + j * gk;
-        const float max_logit = *std::max_element(row, row + gk);
-        float total = 0.0f;
-        for (int64_t g2 = 0; g2 < gk; ++g2) total += (row[g2] = std::exp(row[g2] - max_logit));
-        const float inv = 1.0f / total;
-        for (int64_t g2 = 0; g2 < gk; ++g2) out[g2 / groups_per_kvb] += row[g2] * inv;
-      }
-    }
+    std::vector<double> row_mass(static_cast<size_t>(kvbs), 0.0);
+    block_scoring::add_antidiagonal_mass(queries[bh].data() + g_begin * width, g_end - g_begin,
+                                         keys[b * hkv + h / group].data(), gk, width, scale, column_block, row_mass);
+    std::copy(row_mass.begin(), row_mass.end(), mass.begin() + task * kvbs);
   });
   return mass;
 }
@@ -127,33 +90,16 @@ EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k
   apply_always_keep(per_head, forced, nullptr, dense);
   parallel_for(batch * hq * qbs, [&](int64_t row_index) {
     const float* m = mass.data() + row_index * kvbs;
-    uint8_t* row = dense.data() + row_index * kvbs;
-    double total = 0.0, kept = 0.0;
-    std::vector<int32_t> order;
-    for (int64_t c = 0; c < kvbs; ++c) {
-      total += m[c];
-      if (row[c]) kept += m[c];
-      else order.push_back(static_cast<int32_t>(c));
-    }
-    std::sort(order.begin(), order.end(), [m](int32_t a, int32_t b) { return m[a] > m[b] || (m[a] == m[b] && a < b); });
+    const double total = std::accumulate(m, m + kvbs, 0.0);
     const int64_t head = (row_index / qbs) % hq;
     const double tau = options.per_head_threshold.empty() ? options.threshold : options.per_head_threshold[head];
-    const double target = tau * total;
-    for (size_t i = 0; i < order.size() && kept < target; ++i) {
-      row[order[i]] = 1;
-      kept += m[order[i]];
-    }
+    block_scoring::keep_until_mass(m, kvbs, tau * total, dense.data() + row_index * kvbs);
   });
 
   BlockMaskShape shape = per_head;
   if (options.gqa_any && group > 1) {
     shape.mask_heads = hkv;
-    std::vector<uint8_t> merged(static_cast<size_t>(batch * hkv * qbs * kvbs), 0);
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < hq; ++h)
-        for (int64_t i = 0; i < qbs * kvbs; ++i)
-          merged[((b * hkv + h / group) * qbs) * kvbs + i] |= dense[((b * hq + h) * qbs) * kvbs + i];
-    dense = std::move(merged);
+    dense = block_scoring::merge_gqa_any(dense, batch, hq, hkv, qbs * kvbs);
   }
   if (options.vote != XAttentionVote::kNone) {
     const int64_t heads = shape.mask_heads;
@@ -168,12 +114,14 @@ EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k
           out[i] = 2 * votes > heads ? 1 : 0;
         }
       } else {
-        for (int64_t c = 0; c < kvbs; ++c) {
-          int64_t votes = 0;
-          for (int64_t i = 0; i < heads * qbs; ++i) votes += base[i * kvbs + c];
-          const bool keep = 2 * votes > heads * qbs || c == 0 || c == kvbs - 1;
-          for (int64_t r = 0; r < qbs; ++r) out[r * kvbs + c] = keep ? 1 : 0;
-        }
+        // The chunked-prefill vote over (head, query block) rows; the first and last kv blocks always.
+        AlwaysKeep ends;
+        ends.sink_blocks = 1;
+        ends.recent_blocks = 1;
+        const std::vector<uint8_t> columns = block_scoring::vote_columns(
+            std::span<const uint8_t>(base, static_cast<size_t>(heads * qbs * kvbs)), heads * qbs, kvbs,
+            options.vote_threshold, ends);
+        for (int64_t r = 0; r < qbs; ++r) std::copy(columns.begin(), columns.end(), out + r * kvbs);
       }
     }
     shape.mask_heads = 1;

@@ -9,6 +9,7 @@ namespace tessel {
 void apply_always_keep(const BlockMaskShape& shape, const AlwaysKeep& keep, const TokenLayout* layout,
                        std::vector<uint8_t>& dense) {
   if (keep.sink_blocks < 0) fail_argument("always_keep.sink_blocks", ">= 0", keep.sink_blocks);
+  if (keep.recent_blocks < 0) fail_argument("always_keep.recent_blocks", ">= 0", keep.recent_blocks);
   const int64_t qb_count = shape.q_blocks(), kvb_count = shape.kv_blocks();
   TESSEL_CHECK(static_cast<int64_t>(dense.size()) == shape.num_rows() * kvb_count,
                "apply_always_keep: dense map has ", dense.size(), " entries, shape needs ", shape.num_rows() * kvb_count);
@@ -33,6 +34,7 @@ void apply_always_keep(const BlockMaskShape& shape, const AlwaysKeep& keep, cons
         for (int64_t kb = lo / shape.block_kv; kb <= hi / shape.block_kv; ++kb) row[kb] = 1;
     }
     for (int64_t kb = 0; kb < std::min(keep.sink_blocks, kvb_count); ++kb) row[kb] = 1;
+    for (int64_t kb = std::max<int64_t>(0, kvb_count - keep.recent_blocks); kb < kvb_count; ++kb) row[kb] = 1;
     if (text) {
       if (q_lo <= text_hi && q_hi >= text_lo) std::fill(row, row + kvb_count, uint8_t{1});
       for (int64_t kb = text_lo / shape.block_kv; kb <= text_hi / shape.block_kv; ++kb) row[kb] = 1;

@@ -22,6 +22,7 @@
 //   5. The options' always-keep blocks (diagonal, first sink blocks) are added.
 // With similarity_threshold <= -1 every block is self-similar (cosines are >= -1), so in top-k
 // mode without always-keep each row keeps exactly n blocks.
+// Steps 2 and 3 are the shared block-scoring functions (block_scoring.h: pooled scores, top-k / cdf).
 #pragma once
 
 #include <cstdint>

@@ -19,9 +19,11 @@
 //        gqa_any: a kv head keeps a block iff any of its query heads does (mask_heads = H_kv);
 //        vote = kHeads: block (r, c) is kept iff more than half of the heads keep it
 //                       (mask_heads = 1), then the forced blocks are added again;
-//        vote = kColumns: kv block c is kept in every row iff more than half of all (head, row)
-//                       pairs keep it (the reference's chunked-prefill vote; the first and last kv
-//                       blocks always), then the forced blocks are added again.
+//        vote = kColumns: kv block c is kept in every row iff more than vote_threshold (default
+//                       one half) of all (head, row) pairs keep it (the chunked-prefill vote; the
+//                       first and last kv blocks always), then the forced blocks are added again.
+// Scoring and selection are the shared block-scoring functions (block_scoring.h); the KV cache's
+// XAttention-BSA policy runs the same ones over the history blocks of a prefill chunk.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,8 @@ struct XAttentionOptions {
   bool keep_first = true;
   bool gqa_any = false;
   XAttentionVote vote = XAttentionVote::kNone;
+  // kColumns: a kv block needs more than this fraction of the (head, query block) votes, in [0, 1).
+  double vote_threshold = 0.5;
 };
 
 EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k, const XAttentionOptions& options);

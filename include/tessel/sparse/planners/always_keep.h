@@ -14,15 +14,17 @@ struct AlwaysKeep {
   bool diagonal = false;
   // kv blocks 0 .. sink_blocks-1 in every row (attention sinks).
   int64_t sink_blocks = 0;
+  // The last recent_blocks kv blocks in every row (the most recent tokens of a KV cache).
+  int64_t recent_blocks = 0;
   // Rows of q blocks overlapping the text tokens are full, and kv blocks overlapping the text
   // tokens are kept in every row (needs a layout with text_tokens > 0; a no-op otherwise).
   bool text = false;
 
-  bool any() const { return diagonal || sink_blocks > 0 || text; }
+  bool any() const { return diagonal || sink_blocks > 0 || recent_blocks > 0 || text; }
 };
 
 // Sets the always-keep blocks in a dense (rows × kv_blocks) map of `shape` (row-major, 1 = kept).
-// `layout` may be null when keep.text is false. Throws Error on a negative sink count.
+// `layout` may be null when keep.text is false. Throws Error on a negative sink or recent count.
 void apply_always_keep(const BlockMaskShape& shape, const AlwaysKeep& keep, const TokenLayout* layout,
                        std::vector<uint8_t>& dense);
 
