@@ -12,7 +12,8 @@
 #   - tools/ or plugins/ including a private header; tests/<layer>/ may include the private
 #     headers of src/<layer>/ only (bench/ is not checked: its micro-benchmarks compile private
 #     kernel sources directly, outside the build)
-#   - src/<layer>/CMakeLists.txt naming a later layer in DEPENDS
+#   - src/<layer>/CMakeLists.txt naming a later layer in DEPENDS, or not listing a .cc/.cu file of
+#     src/<layer>/ (sources are listed explicitly, so a forgotten file would silently not build)
 # Exits 1 when anything is reported, 0 otherwise. Needs only bash and python3.
 set -euo pipefail
 
@@ -37,7 +38,8 @@ if [[ "${1:-}" == "--self-test" ]]; then
   status=0
   for expected in "src/core/higher.cc:1" "src/sparse/private.cc:1" "src/sparse/relative.cc:1" \
                   "include/tessel/kernels/leak.h:1" "tools/tool.cc:1" "tests/sparse/other_test.cc:1" \
-                  "src/core/CMakeLists.txt"; do
+                  "src/core/CMakeLists.txt: layer 'core' DEPENDS" \
+                  "src/core/higher.cc: not listed in src/core/CMakeLists.txt"; do
     grep -qF "$expected" <<< "$output" || { echo "self-test: not reported: $expected"; status=1; }
   done
   for allowed in "src/kernels/ok.cc" "tests/kernels/own_test.cc"; do
@@ -145,6 +147,14 @@ for layer in layers:
     if not os.path.isfile(lists):
         continue
     text = open(lists).read()
+    listed = set(re.findall(r"[\w./-]+\.(?:cc|cu)\b", text))
+    layer_dir = os.path.join(root, "src", layer)
+    for directory, _, files in os.walk(layer_dir):
+        for file in sorted(files):
+            if file.endswith((".cc", ".cu")):
+                source = os.path.relpath(os.path.join(directory, file), layer_dir)
+                if source not in listed:
+                    problems.append(f"{rel(os.path.join(directory, file))}: not listed in {rel(lists)}")
     for call in re.finditer(r"tessel_layer\(\s*(\w+)(.*?)\)", text, re.S):
         depends = re.search(r"DEPENDS\s+([\w\s]+)", call.group(2))
         for dependency in (depends.group(1).split() if depends else []):

@@ -1,6 +1,7 @@
 #include "tessel/plugin/plugin_loader.h"
 
 #include "plugin_backend.h"
+#include "tessel/kv/policy_backend.h"
 #include "tessel/sparse/builtin_backends.h"
 
 namespace tessel {
@@ -10,6 +11,7 @@ void install_plugin_loader(BackendRegistry& registry) { registry.set_plugin_load
 std::unique_ptr<BackendRegistry> make_default_registry(bool discover_plugins) {
   auto registry = std::make_unique<BackendRegistry>(discover_plugins);
   register_builtin_backends(*registry);
+  kv::register_builtin_policies(*registry);
   install_plugin_loader(*registry);
   return registry;
 }

@@ -213,6 +213,7 @@ TEST(PluginLoader, DefaultRegistryHasTheBuiltinsAndDiscoversPlugins) {
   const auto registry = make_default_registry();
   EXPECT_NE(registry->find("dense"), nullptr);
   EXPECT_NE(registry->find("threshold"), nullptr);
+  EXPECT_NE(registry->find("xattn"), nullptr);  // the KV policies too
   const auto found = registry->find("sink_window");  // the install folder's example plugin
   ASSERT_NE(found, nullptr);
   EXPECT_EQ(found->origin(), example_plugin_path());

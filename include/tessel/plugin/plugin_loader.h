@@ -12,7 +12,8 @@ namespace tessel {
 // so discovery and "/path/libx.so[:symbol]" names load libraries.
 void install_plugin_loader(BackendRegistry& registry);
 
-// A registry with every built-in backend (register_builtin_backends) and the plugin loader. With
+// A registry with every built-in backend (register_builtin_backends, kv::register_builtin_policies)
+// and the plugin loader. With
 // discover_plugins false, the plugin directories are scanned only by rescan_plugins().
 std::unique_ptr<BackendRegistry> make_default_registry(bool discover_plugins = true);
 
