@@ -13,7 +13,8 @@
 #     headers of src/<layer>/ only (bench/ is not checked: its micro-benchmarks compile private
 #     kernel sources directly, outside the build)
 #   - src/<layer>/CMakeLists.txt naming a later layer in DEPENDS, or not listing a .cc/.cu file of
-#     src/<layer>/ (sources are listed explicitly, so a forgotten file would silently not build)
+#     src/<layer>/ (likewise tools/CMakeLists.txt for tools/): sources are listed explicitly, so a
+#     forgotten file would silently not build
 # Exits 1 when anything is reported, 0 otherwise. Needs only bash and python3.
 set -euo pipefail
 
@@ -142,19 +143,23 @@ for top in ("src", "include", "tools", "tests", "plugins"):
             if file.endswith(extensions):
                 check_file(os.path.join(directory, file))
 
-for layer in layers:
-    lists = os.path.join(root, "src", layer, "CMakeLists.txt")
+def check_listed(folder):
+    """Every .cc/.cu file under `folder` is named in folder/CMakeLists.txt."""
+    lists = os.path.join(folder, "CMakeLists.txt")
     if not os.path.isfile(lists):
-        continue
+        return ""
     text = open(lists).read()
     listed = set(re.findall(r"[\w./-]+\.(?:cc|cu)\b", text))
-    layer_dir = os.path.join(root, "src", layer)
-    for directory, _, files in os.walk(layer_dir):
+    for directory, _, files in os.walk(folder):
         for file in sorted(files):
-            if file.endswith((".cc", ".cu")):
-                source = os.path.relpath(os.path.join(directory, file), layer_dir)
-                if source not in listed:
-                    problems.append(f"{rel(os.path.join(directory, file))}: not listed in {rel(lists)}")
+            if file.endswith((".cc", ".cu")) and os.path.relpath(os.path.join(directory, file), folder) not in listed:
+                problems.append(f"{rel(os.path.join(directory, file))}: not listed in {rel(lists)}")
+    return text
+
+check_listed(os.path.join(root, "tools"))
+for layer in layers:
+    lists = os.path.join(root, "src", layer, "CMakeLists.txt")
+    text = check_listed(os.path.join(root, "src", layer))
     for call in re.finditer(r"tessel_layer\(\s*(\w+)(.*?)\)", text, re.S):
         depends = re.search(r"DEPENDS\s+([\w\s]+)", call.group(2))
         for dependency in (depends.group(1).split() if depends else []):

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "command.h"
+#include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/sparse/registry.h"
 
@@ -102,8 +103,9 @@ CommandRegistration registration{
     [](CLI::App& app) {
       auto args = std::make_shared<BackendsArgs>();
       app.add_flag("--json", args->json, "Print JSON");
-      app.add_option("--module", args->module, "Module type for resolution: dit_self, dit_cross, dit_joint, llm_prefill, llm_decode");
-      app.add_option("--device", args->device, "Device for resolution: cpu or cuda[:N]");
+      app.add_option("--module", args->module, "Module type for resolution: dit_self, dit_cross, dit_joint, llm_prefill, llm_decode")
+          ->check(parsed_by("a module type", [](const std::string& text) { parse_module_type(text); }));
+      app.add_option("--device", args->device, "Device for resolution: cpu or cuda[:N]")->check(device_name());
       add_sparse_attn_flags(app, args->flags);
       return CommandRunner([args] { return run_backends(*args); });
     }};

@@ -1,16 +1,47 @@
 // `tessel bench`: flags -> BenchConfig -> run_bench() -> table or JSON.
+#include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "bench.h"
 #include "bench_steps.h"
 #include "command.h"
+#include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cli {
 namespace {
+
+// Relations between the options and the memory the run needs, checked before any work.
+void check_bench_config(const BenchConfig& c, const StepsConfig& steps, bool kv_heads_given, bool seq_kv_given) {
+  if (kv_heads_given) require_multiple("--heads", c.heads, "--kv-heads", c.kv_heads);
+  if (!c.save_mask_dir.empty()) {
+    std::error_code error;
+    const std::filesystem::path dir(c.save_mask_dir);
+    if (std::filesystem::exists(dir, error) && !std::filesystem::is_directory(dir, error))
+      fail_argument("--save-mask", "a directory (created when missing)", quoted_excerpt(c.save_mask_dir, 200) + " (not a directory)");
+    for (std::filesystem::path parent = dir.parent_path(); !parent.empty() && parent != parent.root_path();
+         parent = parent.parent_path())
+      if (std::filesystem::exists(parent, error) && !std::filesystem::is_directory(parent, error))
+        fail_argument("--save-mask", "a directory (created when missing)",
+                      quoted_excerpt(c.save_mask_dir, 200) + " (" + parent.string() + " is a file)");
+  }
+  if (steps.steps == 0 && steps.layers != 1)
+    fail_argument("--layers", "to be given with --steps N (it sets the layers of the denoising loop)", steps.layers);
+  // Inputs and outputs on the device plus fp32 host copies for the reference check, and the masks.
+  const double q_elems = double(c.batch) * double(c.seq) * double(c.heads) * double(c.head_dim);
+  const double kv_elems = double(c.batch) * double(c.effective_seq_kv()) * double(c.effective_kv_heads()) * double(c.head_dim);
+  const double mask_blocks = double(c.batch) * double(c.heads) * std::ceil(double(c.seq) / double(c.block_q)) *
+                             std::ceil(double(c.effective_seq_kv()) / double(c.block_kv));
+  const double bytes = 2.0 * (q_elems + kv_elems) * double(dtype_size(c.dtype) + 4) + mask_blocks * 8.0;
+  const std::string shape = detail::concat("batch ", c.batch, ", heads ", c.heads, ", seq ", c.seq, ", seq-kv ", c.effective_seq_kv(),
+                                           ", head-dim ", c.head_dim);
+  check_memory_budget(seq_kv_given ? "--seq-kv" : "--seq", std::to_string(seq_kv_given ? c.seq_kv : c.seq), bytes,
+                      "q, k, v, outputs and block masks (" + shape + ")");
+}
 
 CommandRegistration registration{
     "bench", "Time dense and block-sparse attention at several mask densities and check them against fp64",
@@ -19,23 +50,33 @@ CommandRegistration registration{
       auto device = std::make_shared<std::string>(cuda_available() ? "cuda" : "cpu");
       auto dtype = std::make_shared<std::string>("bf16");
       auto json = std::make_shared<bool>(false);
-      app.add_option("--device", *device, "cpu or cuda[:N] (default: cuda when a GPU is present)")->capture_default_str();
-      app.add_option("--dtype", *dtype, "fp32, fp16 or bf16")->capture_default_str();
-      app.add_option("--batch", config->batch, "batch size")->capture_default_str();
-      app.add_option("--heads", config->heads, "query heads")->capture_default_str();
-      app.add_option("--kv-heads", config->kv_heads, "key/value heads (GQA; default: --heads)");
-      app.add_option("--head-dim", config->head_dim, "head dimension")->capture_default_str();
-      app.add_option("--seq", config->seq, "query tokens")->capture_default_str();
-      app.add_option("--seq-kv", config->seq_kv, "key tokens (default: --seq)");
-      app.add_option("--density", config->densities, "comma-separated kept-block fractions; 1 = dense kernel")
+      app.add_option("--device", *device, "cpu or cuda[:N] (default: cuda when a GPU is present)")
+          ->capture_default_str()
+          ->check(device_name());
+      app.add_option("--dtype", *dtype, "fp32, fp16 or bf16")->capture_default_str()->check(attention_dtype_name());
+      app.add_option("--batch", config->batch, "batch size")->capture_default_str()->check(integer_in(1, 1 << 20));
+      app.add_option("--heads", config->heads, "query heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
+      auto* kv_heads = app.add_option("--kv-heads", config->kv_heads, "key/value heads (GQA; default: --heads)")
+                           ->check(integer_in(1, kMaxHeads));
+      app.add_option("--head-dim", config->head_dim, "head dimension")->capture_default_str()->check(integer_in(1, kMaxHeadDim));
+      app.add_option("--seq", config->seq, "query tokens")->capture_default_str()->check(integer_in(1, kMaxTokens));
+      auto* seq_kv = app.add_option("--seq-kv", config->seq_kv, "key tokens (default: --seq)")->check(integer_in(1, kMaxTokens));
+      app.add_option("--density", config->densities, "comma-separated kept-block fractions in (0, 1]; 1 = dense kernel")
           ->delimiter(',')
-          ->capture_default_str();
-      app.add_option("--block-q", config->block_q, "query tokens per mask block")->capture_default_str();
-      app.add_option("--block-kv", config->block_kv, "key tokens per mask block")->capture_default_str();
-      app.add_option("--iters", config->iters, "timed runs (the median is reported)")->capture_default_str();
-      app.add_option("--warmup", config->warmup, "untimed runs first")->capture_default_str();
-      app.add_option("--threads", config->threads, "CPU threads (default: all)");
-      app.add_option("--seed", config->seed, "seed of the inputs and masks")->capture_default_str();
+          ->capture_default_str()
+          ->check(number_in(0.0, 1.0, Bounds::kOpenLow));
+      app.add_option("--block-q", config->block_q, "query tokens per mask block")
+          ->capture_default_str()
+          ->check(integer_in(1, kMaxBlockTokens));
+      app.add_option("--block-kv", config->block_kv, "key tokens per mask block")
+          ->capture_default_str()
+          ->check(integer_in(1, kMaxBlockTokens));
+      app.add_option("--iters", config->iters, "timed runs (the median is reported)")
+          ->capture_default_str()
+          ->check(integer_in(1, kMaxRepeats));
+      app.add_option("--warmup", config->warmup, "untimed runs first")->capture_default_str()->check(integer_in(0, kMaxRepeats));
+      app.add_option("--threads", config->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_option("--seed", config->seed, "seed of the inputs and masks")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--causal", config->causal, "causal attention (bottom-right aligned)");
       app.add_option("--save-mask", config->save_mask_dir,
                      "write each mask used (FlexAttention's kv_num_blocks/kv_indices) to this directory");
@@ -43,12 +84,16 @@ CommandRegistration registration{
       // The sparse-attention interface (bench_steps.h): --steps N runs a denoising loop through it.
       auto steps = std::make_shared<StepsConfig>();
       auto sparse_flags = std::make_shared<SparseAttnFlags>();
-      app.add_option("--steps", steps->steps, "run N denoising steps through the resolved sparse backend");
-      app.add_option("--layers", steps->layers, "attention layers per step with --steps")->capture_default_str();
+      app.add_option("--steps", steps->steps, "run N denoising steps through the resolved sparse backend")
+          ->check(integer_in(0, kMaxRepeats));
+      app.add_option("--layers", steps->layers, "attention layers per step with --steps")
+          ->capture_default_str()
+          ->check(integer_in(1, 1024));
       add_sparse_attn_flags(app, *sparse_flags);
-      return CommandRunner([config, device, dtype, json, steps, sparse_flags] {
+      return CommandRunner([config, device, dtype, json, steps, sparse_flags, kv_heads, seq_kv] {
         config->device = parse_device(*device);
         config->dtype = parse_dtype(*dtype);
+        check_bench_config(*config, *steps, kv_heads->count() > 0, seq_kv->count() > 0);
         const SparseAttnFlags& f = *sparse_flags;
         if (steps->steps == 0 && f.any())
           fail_argument("--steps", "N >= 1 with the --sparse-attn-* flags (they configure the denoising loop)", 0);

@@ -11,6 +11,7 @@
 
 #include "bench_timer.h"
 #include "command.h"
+#include "option_checks.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
@@ -42,6 +43,7 @@ double median_ms(Device device, int warmup, int iters, const std::function<void(
 }
 
 int run(const EstimateBenchConfig& c) {
+  if (c.kv_heads > 0) require_multiple("--heads", c.heads, "--kv-heads", c.kv_heads);
   if (!cuda_available()) throw Error("bench-estimate: needs a CUDA GPU (none visible, or tessel built without CUDA)");
   const Device gpu = Device::cuda();
   const int64_t hk = c.kv_heads > 0 ? c.kv_heads : c.heads;
@@ -96,17 +98,19 @@ int run(const EstimateBenchConfig& c) {
 CommandRegistration registration{
     "bench-estimate", "Time the device mask estimators against dense attention (CUDA)", [](CLI::App& app) {
       auto c = std::make_shared<EstimateBenchConfig>();
-      app.add_option("--heads", c->heads, "query heads")->capture_default_str();
-      app.add_option("--kv-heads", c->kv_heads, "key/value heads (default: --heads)");
-      app.add_option("--head-dim", c->head_dim, "head dimension")->capture_default_str();
-      app.add_option("--seq", c->seq, "tokens")->capture_default_str();
-      app.add_option("--topk-ratio", c->topk_ratio, "dynamic_topk kept fraction")->capture_default_str();
-      app.add_option("--cdf", c->cdf_threshold, "dynamic_topk cdf threshold (> 0 selects cdf mode)");
-      app.add_option("--threshold", c->threshold, "XAttention mass threshold")->capture_default_str();
+      const CLI::Validator ratio = number_in(0.0, 1.0, Bounds::kOpenLow);
+      app.add_option("--heads", c->heads, "query heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
+      app.add_option("--kv-heads", c->kv_heads, "key/value heads (default: --heads)")->check(integer_in(1, kMaxHeads));
+      app.add_option("--head-dim", c->head_dim, "head dimension")->capture_default_str()->check(integer_in(1, kMaxHeadDim));
+      app.add_option("--seq", c->seq, "tokens")->capture_default_str()->check(integer_in(1, kMaxTokens));
+      app.add_option("--topk-ratio", c->topk_ratio, "dynamic_topk kept fraction in (0, 1]")->capture_default_str()->check(ratio);
+      app.add_option("--cdf", c->cdf_threshold, "dynamic_topk cdf threshold in (0, 1] (selects cdf mode)")->check(ratio);
+      app.add_option("--threshold", c->threshold, "XAttention mass threshold in (0, 1]")->capture_default_str()->check(ratio);
       app.add_option("--strides", c->strides, "XAttention strides to time (comma separated)")
           ->delimiter(',')
-          ->capture_default_str();
-      app.add_option("--iters", c->iters, "timed runs (the median is reported)")->capture_default_str();
+          ->capture_default_str()
+          ->check(integer_in(2, 64));
+      app.add_option("--iters", c->iters, "timed runs (the median is reported)")->capture_default_str()->check(integer_in(1, kMaxRepeats));
       return CommandRunner([c] { return run(*c); });
     }};
 

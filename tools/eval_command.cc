@@ -2,13 +2,17 @@
 // attention (--grid) or on captured q/k/v (--qkv file.safetensors). For every method and
 // parameter it reports the density kept, rel_l2 and cosine of the output against dense
 // attention, the estimation time (dynamic methods) and the block-sparse attention time.
+#include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "command.h"
+#include "option_checks.h"
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/parallel.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
@@ -45,9 +49,47 @@ struct EvalArgs {
   bool cdf = false;
   std::string ordering = "hilbert";
   int repeats = 1;
-  int threads = 0;
+  int threads = 0;  // 0 = default
+  double max_tflop = 5.0;
+  bool stride_given = false;
   bool json = false;
 };
+
+constexpr const char* kMethods[] = {"random", "dynamic_topk", "threshold", "radial", "local", "sliding_window", "spatial_aware"};
+
+bool uses(const EvalArgs& a, const std::string& method) {
+  return std::find(a.methods.begin(), a.methods.end(), method) != a.methods.end();
+}
+
+// Relations between options, checked before any data is made or read.
+void check_eval_args(const EvalArgs& a) {
+  if (a.qkv.empty()) {
+    if (a.head_dim % 2 != 0 || a.head_dim < 6) fail_argument("--head-dim", "an even number >= 6 for synthetic data", a.head_dim);
+    if (!a.head_types.empty() && static_cast<int64_t>(a.head_types.size()) != a.heads)
+      fail_argument("--head-types", detail::concat(a.heads, " types (one per --heads)"), a.head_types.size());
+    if (!a.topk_per_head.empty() && static_cast<int64_t>(a.topk_per_head.size()) != a.heads)
+      fail_argument("--topk-per-head", detail::concat(a.heads, " ratios (one per --heads)"), a.topk_per_head.size());
+  }
+  if (uses(a, "threshold") || a.stride_given) {
+    require_multiple("--block-q", a.block_q, "--stride", a.stride);
+    require_multiple("--block-kv", a.block_kv, "--stride", a.stride);
+  }
+}
+
+// Memory of the buffers and work of the dense reference a shape implies, refused over budget.
+void check_eval_budget(const EvalArgs& a, const std::string& option, const std::string& value, int64_t tokens, int64_t heads,
+                       int64_t head_dim) {
+  const double elems = double(tokens) * double(heads) * double(head_dim);
+  const double blocks = double(heads) * std::ceil(double(tokens) / double(a.block_q)) * std::ceil(double(tokens) / double(a.block_kv));
+  // q, k, v, the dense output, one method's output and a scratch copy in fp32, plus the masks.
+  check_memory_budget(option, value, 6.0 * elems * 4.0 + 8.0 * blocks,
+                      detail::concat("fp32 q, k, v, outputs and block masks (", tokens, " tokens x ", heads, " heads x ", head_dim, " dims)"));
+  const double tflop = 4.0 * double(tokens) * double(tokens) * double(heads) * double(head_dim) / 1e12;
+  if (tflop > a.max_tflop)
+    throw Error(detail::concat(option, " ", quoted_excerpt(value), ": dense attention over ", tokens, " tokens needs ", tflop,
+                               " TFLOP per pass (quadratic in the tokens), over --max-tflop ", a.max_tflop,
+                               "; raise --max-tflop to run it anyway"));
+}
 
 struct Row {
   std::string method;
@@ -56,12 +98,18 @@ struct Row {
 };
 
 int run_eval(const EvalArgs& a) {
+  check_eval_args(a);
   if (a.threads > 0) set_num_threads(a.threads);
   Tensor q, k, v;
   std::optional<TokenGrid> grid;
   if (!a.grid.empty()) grid = parse_token_grid(a.grid, "--grid");
+  if (a.qkv.empty()) {
+    const TokenGrid g = grid.value_or(TokenGrid{9, 16, 16});
+    check_eval_budget(a, "--grid", a.grid.empty() ? "9x16x16" : a.grid, g.numel(), a.heads, a.head_dim);
+  }
   if (!a.qkv.empty()) {
     QkvTensors t = load_qkv_safetensors(a.qkv);
+    check_eval_budget(a, "--qkv", a.qkv, t.q.size(1), t.q.size(2), t.q.size(3));
     q = t.q.dtype() == DType::kF32 ? std::move(t.q) : t.q.to(DType::kF32);
     k = t.k.dtype() == DType::kF32 ? std::move(t.k) : t.k.to(DType::kF32);
     v = t.v.dtype() == DType::kF32 ? std::move(t.v) : t.v.to(DType::kF32);
@@ -81,15 +129,23 @@ int run_eval(const EvalArgs& a) {
     q = std::move(s.q);
     k = std::move(s.k);
     v = std::move(s.v);
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}})
+      check_finite(t->view(), std::string("synthetic ") + name, "--sharpness or --noise too large");
   }
   const int64_t seq = q.size(1), hq = q.size(2);
   Tensor dense = Tensor::empty(q.shape(), DType::kF32);
   const double dense_ms = median_ms(a.repeats, [&] { attention_forward(q.view(), k.view(), v.view(), dense.view(), TensorView{}); });
+  check_finite(dense.view(), "dense attention output", "the inputs overflow fp32 attention (scores too large)");
 
   std::vector<Row> rows;
   auto add = [&](const std::string& method, double param, const BlockMask& mask, const TokenPermutation* perm, double estimate_ms,
                  double plan_ms) {
     const MaskEvaluation e = evaluate_mask(q.view(), k.view(), v.view(), dense.view(), mask, perm, a.repeats);
+    // A non-finite metric is no measurement: refuse rather than print a plausible-looking table.
+    for (const auto& [metric, value] : {std::pair<const char*, double>{"rel_l2", e.error.rel_l2}, {"cosine", e.error.cosine}, {"density", e.density}})
+      if (!std::isfinite(value))
+        throw Error(detail::concat("eval: ", method, " (param ", param, "): ", metric, " is ", value,
+                                   " (the sparse output has non-finite values)"));
     rows.push_back({method, param, e.density, e.error.rel_l2, e.error.cosine, estimate_ms, e.attn_ms, plan_ms});
   };
   auto add_static = [&](const std::string& method, double param, const StaticPattern& pattern) {
@@ -144,8 +200,6 @@ int run_eval(const EvalArgs& a) {
       for (int64_t r : a.radii) add_static("sliding_window", static_cast<double>(r), StaticPattern{SlidingWindow3dPattern{1, r, r}});
     } else if (method == "spatial_aware") {
       for (int64_t r : a.radii) add_static("spatial_aware", static_cast<double>(r), StaticPattern{SpatialAwarePattern{r, 3, ordering}});
-    } else {
-      fail_argument("--methods", "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware", method);
     }
   }
 
@@ -190,33 +244,50 @@ int run_eval(const EvalArgs& a) {
 CommandRegistration registration{
     "eval", "Measure the output error of sparse patterns against dense attention", [](CLI::App& app) {
       auto a = std::make_shared<EvalArgs>();
-      app.add_option("--grid", a->grid, "Latent token grid FxHxW (synthetic data; default 9x16x16), or the layout of --qkv");
+      app.add_option("--grid", a->grid, "Latent token grid FxHxW (synthetic data; default 9x16x16), or the layout of --qkv")
+          ->check(parsed_by("FxHxW or HxW with positive integers", [](const std::string& text) { parse_token_grid(text, "--grid"); }));
       app.add_option("--qkv", a->qkv, "safetensors file with q, k, v (BSHD, F32/F16/BF16)");
-      app.add_option("--heads", a->heads, "Synthetic: heads")->check(CLI::Range(1, 1024));
-      app.add_option("--head-dim", a->head_dim, "Synthetic: head dimension")->check(CLI::Range(6, 1024));
-      app.add_option("--sharpness", a->sharpness, "Synthetic: logit scale (higher = more local)")->check(CLI::PositiveNumber);
-      app.add_option("--noise", a->noise, "Synthetic: content logit noise relative to the peak logit")->check(CLI::NonNegativeNumber);
+      const CLI::Validator ratio = number_in(0.0, 1.0, Bounds::kOpenLow);
+      app.add_option("--heads", a->heads, "Synthetic: heads")->check(integer_in(1, kMaxHeads));
+      app.add_option("--head-dim", a->head_dim, "Synthetic: head dimension (even, >= 6)")->check(integer_in(6, kMaxHeadDim));
+      app.add_option("--sharpness", a->sharpness, "Synthetic: logit scale in (0, 100] (higher = more local)")
+          ->check(number_in(0.0, 100.0, Bounds::kOpenLow));
+      app.add_option("--noise", a->noise, "Synthetic: content logit noise relative to the peak logit, in [0, 100]")
+          ->check(number_in(0.0, 100.0));
       app.add_option("--head-types", a->head_types, "Synthetic: one type per head (spatial, temporal, sink, diffuse); default mix")
-          ->delimiter(',');
-      app.add_option("--seed", a->seed, "Synthetic and random-mask seed");
-      app.add_option("--methods", a->methods, "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware")->delimiter(',');
-      app.add_option("--topk", a->topk, "dynamic_topk ratios (or cdf thresholds with --cdf)")->delimiter(',');
+          ->delimiter(',')
+          ->check(one_of({"spatial", "temporal", "sink", "diffuse"}));
+      app.add_option("--seed", a->seed, "Synthetic and random-mask seed")->check(integer_in(0, INT64_MAX));
+      app.add_option("--methods", a->methods, "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware")
+          ->delimiter(',')
+          ->check(one_of({std::begin(kMethods), std::end(kMethods)}));
+      app.add_option("--topk", a->topk, "dynamic_topk ratios (or cdf thresholds with --cdf), in (0, 1]")->delimiter(',')->check(ratio);
       app.add_option("--topk-per-head", a->topk_per_head,
-                     "dynamic_topk: one more run with these per-head ratios (param = their mean)")
-          ->delimiter(',');
-      app.add_option("--threshold", a->thresholds, "threshold (XAttention) tau values")->delimiter(',');
-      app.add_option("--densities", a->densities, "random baseline densities (default: the --topk list)")->delimiter(',');
-      app.add_option("--decay", a->decays, "radial decay factors")->delimiter(',');
-      app.add_option("--radius", a->radii, "sliding_window / spatial_aware radii in patches")->delimiter(',');
-      app.add_option("--local-window", a->local_windows, "local window sizes in frames")->delimiter(',');
-      app.add_option("--block-q", a->block_q, "Query block size")->check(CLI::Range(1, 4096));
-      app.add_option("--block-kv", a->block_kv, "Key block size")->check(CLI::Range(1, 4096));
-      app.add_option("--stride", a->stride, "XAttention antidiagonal stride (8 or 16)");
-      app.add_option("--similarity-threshold", a->similarity_threshold, "dynamic_topk self-similarity threshold");
+                     "dynamic_topk: one more run with these per-head ratios in (0, 1] (param = their mean)")
+          ->delimiter(',')
+          ->check(ratio);
+      app.add_option("--threshold", a->thresholds, "threshold (XAttention) tau values in (0, 1]")->delimiter(',')->check(ratio);
+      app.add_option("--densities", a->densities, "random baseline densities in (0, 1] (default: the --topk list)")
+          ->delimiter(',')
+          ->check(ratio);
+      app.add_option("--decay", a->decays, "radial decay factors in (0, 16]")->delimiter(',')->check(number_in(0.0, 16.0, Bounds::kOpenLow));
+      app.add_option("--radius", a->radii, "sliding_window / spatial_aware radii in patches")->delimiter(',')->check(integer_in(0, 1 << 20));
+      app.add_option("--local-window", a->local_windows, "local window sizes in frames")->delimiter(',')->check(integer_in(1, 1 << 20));
+      app.add_option("--block-q", a->block_q, "Query block size")->check(integer_in(1, kMaxBlockTokens));
+      app.add_option("--block-kv", a->block_kv, "Key block size")->check(integer_in(1, kMaxBlockTokens));
+      app.add_option("--stride", a->stride, "XAttention antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}))->each([a](const std::string&) {
+        a->stride_given = true;
+      });
+      app.add_option("--similarity-threshold", a->similarity_threshold, "dynamic_topk self-similarity threshold in [-1, 1]")
+          ->check(number_in(-1.0, 1.0));
       app.add_flag("--cdf", a->cdf, "dynamic_topk: --topk values are cumulative-probability thresholds");
-      app.add_option("--ordering", a->ordering, "spatial_aware token ordering: raster, hilbert, z_curve");
-      app.add_option("--repeats", a->repeats, "Timed runs per measurement (median)")->check(CLI::Range(1, 1000));
-      app.add_option("--threads", a->threads, "CPU threads (0 = default)");
+      app.add_option("--ordering", a->ordering, "spatial_aware token ordering: raster, hilbert, z_curve")
+          ->check(one_of({"raster", "hilbert", "z_curve"}));
+      app.add_option("--repeats", a->repeats, "Timed runs per measurement (median)")->check(integer_in(1, 1000));
+      app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_option("--max-tflop", a->max_tflop, "Refuse shapes whose dense attention needs more TFLOP per pass")
+          ->capture_default_str()
+          ->check(number_in(0.0, 1e9, Bounds::kOpenLow));
       app.add_flag("--json", a->json, "Print JSON {config, results}");
       return CommandRunner([a] { return run_eval(*a); });
     }};

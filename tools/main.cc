@@ -17,12 +17,25 @@ int main(int argc, char** argv) {
   CLI::App app{"tessel: sparse attention for diffusion transformers and long-context prefill"};
   app.require_subcommand(1);
   std::map<CLI::App*, CommandRunner> runners;
+  std::string names;
+  bool known = argc < 2 || argv[1][0] == '-';
   for (const Command& command : command_list()) {
     CLI::App* sub = app.add_subcommand(command.name, command.description);
     runners[sub] = command.setup(*sub);
+    names += (names.empty() ? "" : ", ") + command.name;
+    known = known || command.name == argv[1];
+  }
+  if (!known) {  // CLI11 would only say that an argument was not expected
+    std::cerr << "tessel: error: unknown command " << tessel::quoted_excerpt(argv[1]) << " (expected one of " << names << ")\n";
+    return 2;
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ValidationError& e) {
+    // A value refused by the validation layer (option_checks.h) is bad input like any other:
+    // the same prefix and exit status as a tessel::Error.
+    std::cerr << "tessel: error: " << e.what() << "\n";
+    return 2;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -31,6 +44,9 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return run();
   } catch (const tessel::Error& e) {
     std::cerr << "tessel: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "tessel: error: out of memory: the requested shapes need more memory than this machine can give\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "tessel: unexpected error: " << e.what() << "\n";

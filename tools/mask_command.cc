@@ -3,10 +3,14 @@
 //   tessel mask --pattern radial --grid 21x30x52 --png radial.png
 // Static patterns are planned from the grid; dynamic ones (dynamic_topk, threshold) are estimated
 // on synthetic video-DiT q/k (or on --qkv tensors).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <iostream>
 
 #include "command.h"
+#include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/config.h"
@@ -42,6 +46,25 @@ struct MaskArgs {
   std::string png;
 };
 
+// The memory the mask, its picture and (dynamic patterns) the synthetic q/k need, refused over budget.
+void check_mask_budget(const MaskArgs& a, const TokenGrid& grid, bool dynamic) {
+  const double tokens = double(grid.numel()) + double(a.text_tokens);
+  const double q_blocks = std::ceil(tokens / double(a.block_q)), kv_blocks = std::ceil(tokens / double(a.block_kv));
+  const double heads = dynamic ? double(a.heads) : 1.0;
+  // render_mask's automatic scale: about one pixel per token up to 2048 tokens a side.
+  const double ppb_q = a.pixels_per_block > 0 ? double(a.pixels_per_block)
+                                              : std::max(1.0, double(a.block_q) / std::max({1.0, std::ceil(tokens / 2048.0),
+                                                                                              double(std::min(a.block_q, a.block_kv) / 8)}));
+  const double ppb_kv = std::max(1.0, std::round(ppb_q * double(a.block_kv) / double(a.block_q)));
+  const double image = q_blocks * ppb_q * kv_blocks * ppb_kv * 3.0;
+  const double mask = heads * q_blocks * kv_blocks * 4.0 + q_blocks * kv_blocks * 4.0;
+  const double inputs = dynamic && a.qkv.empty() ? 3.0 * tokens * heads * double(a.head_dim) * 4.0 : 0.0;
+  const std::string option = a.pixels_per_block > 0 && image > mask ? "--pixels-per-block" : "--grid";
+  check_memory_budget(option, option == "--grid" ? a.grid : std::to_string(a.pixels_per_block), image + mask + inputs,
+                      detail::concat("the block mask (", q_blocks, " x ", kv_blocks, " blocks), its ",
+                                     q_blocks * ppb_q, " x ", kv_blocks * ppb_kv, " picture and the inputs"));
+}
+
 int run_mask(const MaskArgs& a) {
   SparseAttnConfig c = a.config_json.empty() ? SparseAttnConfig{} : parse_sparse_attn_config_arg(a.config_json);
   if (!a.pattern.empty()) c.pattern.type = parse_enum_flag(parse_pattern_type, a.pattern, "--pattern");
@@ -74,10 +97,15 @@ int run_mask(const MaskArgs& a) {
   const ResolvedSparseAttnConfig resolved(std::move(c));
   const PatternSpec& spec = resolved.pattern();
   const TokenLayout layout = token_layout_from_spec(spec);
+  const bool dynamic = spec.type == PatternType::kDynamicTopk || spec.type == PatternType::kThreshold;
+  check_mask_budget(a, grid, dynamic);
+  if (a.head >= 0 && a.head >= (dynamic ? a.heads : 1) && a.qkv.empty())
+    fail_argument("--head", detail::concat("-1 (mean) or a head in [0, ", dynamic ? a.heads : 1, ") of this mask"), a.head);
+  if (dynamic && a.qkv.empty() && a.head_dim % 2 != 0) fail_argument("--head-dim", "an even number >= 6 for synthetic data", a.head_dim);
 
   double ms = 0.0;  // planning or estimation time
   BlockMask mask;
-  if (spec.type == PatternType::kDynamicTopk || spec.type == PatternType::kThreshold) {
+  if (dynamic) {
     Tensor q, k;
     if (!a.qkv.empty()) {
       QkvTensors t = load_qkv_safetensors(a.qkv);
@@ -122,36 +150,56 @@ int run_mask(const MaskArgs& a) {
 
 CommandRegistration registration{"mask", "Render a pattern's block mask to a PNG", [](CLI::App& app) {
   auto a = std::make_shared<MaskArgs>();
+  const CLI::Validator pattern_name = parsed_by("a pattern type", [](const std::string& text) { parse_pattern_type(text); });
+  const CLI::Validator ratio = number_in(0.0, 1.0, Bounds::kOpenLow);
+  const CLI::Validator size = integer_in(0, 1 << 30);
   app.add_option("--pattern,--sparse-attn-pattern", a->pattern,
-                 "sliding_window, spatial_aware, radial, local, arrow, composite, dense, dynamic_topk, threshold");
+                 "sliding_window, spatial_aware, radial, local, arrow, composite, dense, dynamic_topk, threshold")
+      ->check(pattern_name);
   app.add_option("--sparse-attn-config", a->config_json, "Config JSON ('{...}' or @file.json); flags override it");
-  app.add_option("--grid", a->grid, "Latent token grid FxHxW (default 21x30x52, Wan 480p 81 frames)");
-  app.add_option("--text-tokens", a->text_tokens, "Text tokens of joint attention (arrow)")->check(CLI::NonNegativeNumber);
+  app.add_option("--grid", a->grid, "Latent token grid FxHxW (default 21x30x52, Wan 480p 81 frames)")
+      ->check(parsed_by("FxHxW or HxW with positive integers", [](const std::string& text) { parse_token_grid(text, "--grid"); }));
+  app.add_option("--text-tokens", a->text_tokens, "Text tokens of joint attention (arrow)")->check(size);
   app.add_flag("--text-last", a->text_last, "Text tokens follow the image tokens");
-  app.add_option("--block-q", a->block_q, "Query block size")->check(CLI::Range(1, 4096));
-  app.add_option("--block-kv", a->block_kv, "Key block size")->check(CLI::Range(1, 4096));
-  app.add_option("--radius", a->radius, "spatial_aware / sliding_window (3-D) radius in patches");
-  app.add_option("--window", a->window, "sliding_window 1-D window in tokens (no effect with a grid: 3-D box)");
-  app.add_option("--local-window", a->local_window, "local: window in frames");
-  app.add_option("--decay", a->decay, "radial: decay factor");
+  app.add_option("--block-q", a->block_q, "Query block size")->check(integer_in(1, kMaxBlockTokens));
+  app.add_option("--block-kv", a->block_kv, "Key block size")->check(integer_in(1, kMaxBlockTokens));
+  app.add_option("--radius", a->radius, "spatial_aware / sliding_window (3-D) radius in patches")->check(integer_in(0, 1 << 20));
+  app.add_option("--window", a->window, "sliding_window 1-D window in tokens (no effect with a grid: 3-D box)")->check(size);
+  app.add_option("--local-window", a->local_window, "local: window in frames")->check(integer_in(1, 1 << 20));
+  app.add_option("--decay", a->decay, "radial: decay factor in (0, 16]")->check(number_in(0.0, 16.0, Bounds::kOpenLow));
   app.add_flag("--no-sink", a->no_sink, "radial: no frame-0 sink");
-  app.add_option("--ordering", a->ordering, "spatial_aware ordering: raster, hilbert (default), z_curve");
-  app.add_option("--inner", a->inner, "arrow: the image-to-image pattern");
-  app.add_option("--children", a->children, "composite: child patterns")->delimiter(',');
-  app.add_option("--op", a->op, "composite: union or intersection");
-  app.add_option("--topk", a->topk, "dynamic_topk ratio");
-  app.add_option("--threshold", a->threshold, "threshold (XAttention) tau");
-  app.add_option("--stride", a->stride, "threshold: antidiagonal stride (8 or 16)");
-  app.add_option("--sink-blocks", a->sink_blocks, "Always keep the first N kv blocks");
+  app.add_option("--ordering", a->ordering, "spatial_aware ordering: raster, hilbert (default), z_curve")
+      ->check(one_of({"raster", "hilbert", "z_curve"}));
+  const auto pattern_except = [](PatternType excluded) {
+    return parsed_by(detail::concat("a pattern type other than ", pattern_type_name(excluded)), [excluded](const std::string& text) {
+      if (parse_pattern_type(text) == excluded) throw Error("not allowed here");
+    });
+  };
+  app.add_option("--inner", a->inner, "arrow: the image-to-image pattern")->check(pattern_except(PatternType::kArrow));
+  app.add_option("--children", a->children, "composite: child patterns")
+      ->delimiter(',')
+      ->check(pattern_except(PatternType::kComposite));
+  app.add_option("--op", a->op, "composite: union or intersection")->check(one_of({"union", "intersection"}));
+  app.add_option("--topk", a->topk, "dynamic_topk ratio in (0, 1]")->check(ratio);
+  app.add_option("--threshold", a->threshold, "threshold (XAttention) tau in (0, 1]")->check(ratio);
+  app.add_option("--stride", a->stride, "threshold: antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}));
+  app.add_option("--sink-blocks", a->sink_blocks, "Always keep the first N kv blocks")->check(size);
   app.add_flag("--keep-diagonal", a->keep_diagonal, "Always keep the diagonal blocks");
   app.add_flag("--keep-text", a->keep_text, "Always keep text rows and columns");
-  app.add_option("--heads", a->heads, "Dynamic patterns on synthetic data: heads");
-  app.add_option("--head-dim", a->head_dim, "Dynamic patterns on synthetic data: head dimension");
+  app.add_option("--heads", a->heads, "Dynamic patterns on synthetic data: heads")->check(integer_in(1, kMaxHeads));
+  app.add_option("--head-dim", a->head_dim, "Dynamic patterns on synthetic data: head dimension (even, >= 6)")
+      ->check(integer_in(6, kMaxHeadDim));
   app.add_option("--qkv", a->qkv, "Dynamic patterns: estimate on q/k from this safetensors file");
-  app.add_option("--seed", a->seed, "Synthetic data seed");
-  app.add_option("--head", a->head, "Mask head to draw (-1 = mean over heads)");
-  app.add_option("--pixels-per-block", a->pixels_per_block, "Pixels per block side (0 = automatic)");
-  app.add_option("--png", a->png, "Output PNG path")->required();
+  app.add_option("--seed", a->seed, "Synthetic data seed")->check(integer_in(0, INT64_MAX));
+  app.add_option("--head", a->head, "Mask head to draw (-1 = mean over heads)")->check(integer_in(-1, kMaxHeads));
+  app.add_option("--pixels-per-block", a->pixels_per_block, "Pixels per block side (0 = automatic)")->check(integer_in(0, 256));
+  app.add_option("--png", a->png, "Output PNG path")->required()->check(parsed_by("a writable file path", [](const std::string& path) {
+    const std::filesystem::path file(path);
+    std::error_code error;
+    if (path.empty() || std::filesystem::is_directory(file, error)) throw Error("not a file name");
+    const std::filesystem::path parent = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
+    if (!std::filesystem::is_directory(parent, error)) throw Error("no directory " + quoted_excerpt(parent.string(), 200));
+  }));
   return CommandRunner([a] { return run_mask(*a); });
 }};
 

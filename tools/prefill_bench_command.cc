@@ -1,10 +1,12 @@
 // `tessel prefill-bench`: long-context chunked prefill + decode with the KV cache offloaded to the
 // host, per context length: prefill and decode tokens/s, selected density, bytes copied, achieved
 // host→device bandwidth against the measured peak, and the needle result.
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
 #include "command.h"
+#include "option_checks.h"
 #include "prefill_bench.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
@@ -24,11 +26,34 @@ std::vector<int64_t> parse_contexts(const std::string& list) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || value < 1) fail_argument("--context", "comma-separated positive token counts", list);
+    if (item.empty() || used != item.size() || value < 1 || value > kMaxTokens)
+      fail_argument("--context", detail::concat("comma-separated token counts in [1, ", kMaxTokens, "]"), quoted_excerpt(list));
     contexts.push_back(value);
   }
-  if (contexts.empty()) fail_argument("--context", "at least one context length", list);
+  if (contexts.empty() || list.back() == ',') fail_argument("--context", "comma-separated token counts", quoted_excerpt(list));
   return contexts;
+}
+
+// Relations between the options and the memory the longest context needs, checked before any
+// work and whatever path the run would take (a small context never reaches some of them).
+void check_prefill_config(const PrefillBenchConfig& c, bool stride_given) {
+  require_multiple("--heads", c.heads, "--kv-heads", c.kv_heads);
+  require_multiple("--chunk", c.chunk, "--block", c.block);
+  if (c.policy == "xattn" || c.policy == "xattention-bsa" || stride_given) require_multiple("--block", c.block, "--stride", c.stride);
+  if (c.scoring == "device" && !c.device.is_cuda())
+    fail_argument("--scoring", "auto or host on " + c.device.str() + " (device scoring needs a CUDA device)", "'device'");
+  if (c.cpu_copy_bandwidth != 0.0 && c.cpu_copy_bandwidth < 0.1)
+    fail_argument("--cpu-copy-bandwidth", "0 (plain memcpy) or at least 0.1 GB/s", c.cpu_copy_bandwidth);
+  const int64_t longest = *std::max_element(c.contexts.begin(), c.contexts.end());
+  const double element = static_cast<double>(dtype_size(c.dtype));
+  // The offloaded KV cache of every layer on the host, plus every chunk's q, k, v made up front.
+  const double cache = double(c.layers) * 2.0 * double(longest + c.decode_steps + 2 * c.block) * double(c.kv_heads) *
+                       double(c.head_dim) * element;
+  const double inputs = double(longest) * double(c.heads + 2 * c.kv_heads) * double(c.head_dim) * element;
+  const double staging = double(c.chunk) * double(c.heads + 2 * c.kv_heads) * double(c.head_dim) * 4.0;
+  check_memory_budget("--context", std::to_string(longest), cache + inputs + staging,
+                      detail::concat("the KV cache (", c.layers, " layers x ", c.kv_heads, " kv heads x ", c.head_dim,
+                                     " dims) and the inputs"));
 }
 
 CommandRegistration registration{
@@ -38,30 +63,44 @@ CommandRegistration registration{
       auto device = std::make_shared<std::string>();
       auto dtype = std::make_shared<std::string>();
       auto json = std::make_shared<bool>(false);
-      app.add_option("--context", *contexts, "context lengths, e.g. 32768,65536,131072 (default: those on cuda, 4096 on cpu)");
-      app.add_option("--chunk", config->chunk, "prefill chunk tokens (a multiple of --block)")->capture_default_str();
-      app.add_option("--block", config->block, "KV block tokens")->capture_default_str();
-      app.add_option("--slots", config->slots, "device ring slots")->capture_default_str();
-      app.add_option("--layers", config->layers, "attention layers")->capture_default_str();
-      app.add_option("--heads", config->heads, "query heads")->capture_default_str();
-      app.add_option("--kv-heads", config->kv_heads, "key/value heads")->capture_default_str();
-      app.add_option("--head-dim", config->head_dim, "head dimension")->capture_default_str();
-      app.add_option("--decode-steps", config->decode_steps, "decoded tokens")->capture_default_str();
-      app.add_option("--policy", config->policy, "prefill policy: full, xattn, quest")->capture_default_str();
+      const CLI::Validator count = integer_in(1, 1 << 20);
+      app.add_option("--context", *contexts, "context lengths, e.g. 32768,65536,131072 (default: those on cuda, 4096 on cpu)")
+          ->check(parsed_by("comma-separated token counts", [](const std::string& text) { parse_contexts(text); }));
+      app.add_option("--chunk", config->chunk, "prefill chunk tokens (a multiple of --block)")->capture_default_str()->check(count);
+      app.add_option("--block", config->block, "KV block tokens")->capture_default_str()->check(count);
+      app.add_option("--slots", config->slots, "device ring slots")->capture_default_str()->check(integer_in(1, 1024));
+      app.add_option("--layers", config->layers, "attention layers")->capture_default_str()->check(integer_in(1, 1024));
+      app.add_option("--heads", config->heads, "query heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
+      app.add_option("--kv-heads", config->kv_heads, "key/value heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
+      app.add_option("--head-dim", config->head_dim, "head dimension")->capture_default_str()->check(integer_in(1, kMaxHeadDim));
+      app.add_option("--decode-steps", config->decode_steps, "decoded tokens")->capture_default_str()->check(count);
+      app.add_option("--policy", config->policy, "prefill policy: full, xattn, quest")
+          ->capture_default_str()
+          ->check(one_of({"full", "xattn", "xattention-bsa", "quest"}));
       app.add_option("--decode-policy", config->decode_policy,
-                     "decode policy: full, quest, topk (default: --policy when it decodes, else full)");
-      app.add_option("--threshold", config->threshold, "XAttention threshold tau")->capture_default_str();
-      app.add_option("--stride", config->stride, "XAttention stride")->capture_default_str();
+                     "decode policy: full, quest, topk (default: --policy when it decodes, else full)")
+          ->check(one_of({"full", "quest", "topk"}));
+      app.add_option("--threshold", config->threshold, "XAttention threshold tau in (0, 1]")
+          ->capture_default_str()
+          ->check(number_in(0.0, 1.0, Bounds::kOpenLow));
+      auto* stride = app.add_option("--stride", config->stride, "XAttention stride (--block a multiple of it)")
+                         ->capture_default_str()
+                         ->check(integer_in(1, 64));
       app.add_option("--scoring", config->scoring,
                      "XAttention scoring: auto (device when supported), device (or fail), host")
-          ->capture_default_str();
-      app.add_option("--top-k", config->top_k, "Quest / Top-K block budget")->capture_default_str();
-      app.add_option("--data", config->data, "synthetic inputs: clustered or random")->capture_default_str();
+          ->capture_default_str()
+          ->check(one_of({"auto", "device", "host"}));
+      app.add_option("--top-k", config->top_k, "Quest / Top-K block budget")->capture_default_str()->check(count);
+      app.add_option("--data", config->data, "synthetic inputs: clustered or random")
+          ->capture_default_str()
+          ->check(one_of({"clustered", "random"}));
       app.add_option("--cpu-copy-bandwidth", config->cpu_copy_bandwidth,
-                     "CPU engine: simulated host-device link in GB/s (0 = plain memcpy)")->capture_default_str();
-      app.add_option("--device", *device, "cpu or cuda[:N] (default: cuda when a GPU is present)");
-      app.add_option("--dtype", *dtype, "fp32, fp16 or bf16 (default: bf16 on cuda, fp32 on cpu)");
-      app.add_option("--seed", config->seed, "data seed")->capture_default_str();
+                     "CPU engine: simulated host-device link in GB/s (0 = plain memcpy, else >= 0.1)")
+          ->capture_default_str()
+          ->check(number_in(0.0, 1e6));
+      app.add_option("--device", *device, "cpu or cuda[:N] (default: cuda when a GPU is present)")->check(device_name());
+      app.add_option("--dtype", *dtype, "fp32, fp16 or bf16 (default: bf16 on cuda, fp32 on cpu)")->check(attention_dtype_name());
+      app.add_option("--seed", config->seed, "data seed")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--json", *json, "print JSON instead of a table");
       return CommandRunner([=] {
         config->device = device->empty() ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(*device);
@@ -69,6 +108,7 @@ CommandRegistration registration{
         config->contexts = contexts->empty() ? (config->device.is_cpu() ? std::vector<int64_t>{4096}
                                                                          : std::vector<int64_t>{32768, 65536, 131072})
                                              : parse_contexts(*contexts);
+        check_prefill_config(*config, stride->count() > 0);
         nlohmann::json results = nlohmann::json::array();
         // H2D GB: everything prefill copied host→device; "keys" the part that was history K copied
         // for device scoring. select s: host time in select_blocks (see prefill_bench.cc).

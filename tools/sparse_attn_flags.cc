@@ -1,10 +1,9 @@
 #include "sparse_attn_flags.h"
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
 #include "tessel/core/log.h"
 #include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
@@ -23,13 +22,8 @@ std::vector<std::string> split_path_list(const std::string& list) {
   return parts;
 }
 
-std::string read_text_file(const std::string& path, const std::string& source) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_argument(source, "a readable JSON file after '@'", "'" + path + "' (cannot open)");
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
-}
+// A config file is small: a regular file of at most this many bytes (not /dev/zero or a FIFO).
+constexpr uint64_t kMaxConfigFileBytes = 1 << 20;
 
 }  // namespace
 
@@ -82,7 +76,15 @@ bool sparse_attn_requested(const SparseAttnFlags& flags, const SparseAttnEnv& en
 }
 
 SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const std::string& source) {
-  if (!arg.empty() && arg[0] == '@') return parse_sparse_attn_json(read_text_file(arg.substr(1), source));
+  if (!arg.empty() && arg[0] == '@') {
+    const std::string path = arg.substr(1);
+    const std::string text = read_file_bounded(path, kMaxConfigFileBytes, source + " file after '@'");
+    try {
+      return parse_sparse_attn_json(text);
+    } catch (const Error& e) {
+      throw Error(source + " file " + quoted_excerpt(path, 200) + ": " + e.what());
+    }
+  }
   return parse_sparse_attn_json(arg);
 }
 

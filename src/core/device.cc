@@ -19,7 +19,8 @@ Device parse_device(std::string_view name) {
   if (name == "cuda") return Device::cuda(0);
   if (name.substr(0, 5) == "cuda:") {
     const std::string digits(name.substr(5));
-    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos)
+    // At most 4 digits: a longer index is no device and would overflow the conversion.
+    if (!digits.empty() && digits.size() <= 4 && digits.find_first_not_of("0123456789") == std::string::npos)
       return Device::cuda(std::stoi(digits));
   }
   fail_argument("device", "cpu, cuda or cuda:N", std::string(name));

@@ -17,16 +17,17 @@ std::vector<float> score_on_host(OffloadEngine& engine, const PolicyContext& ctx
   const int64_t group = heads / kv_heads, q_rows = g.q_rows, width = s * d;
   std::vector<float> mass(static_cast<size_t>(g.mass_size()), 0.0f);
 
-  // Reshaped queries Q_r[h][i] = [q_{is+s-1}, ..., q_{is}] (head h).
+  // Reshaped queries Q_r[h][i] = [q_{is+s-1}, ..., q_{is}] (head h): the head's rows, then each
+  // stride group's tokens reversed.
   const std::vector<float> q = to_host_floats(ctx.query);
   if (!ctx.query.device().is_cpu()) stats.score_bytes_d2h += static_cast<int64_t>(ctx.query.nbytes());
   std::vector<float> q_r(static_cast<size_t>(heads * q_rows * width));
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t i = 0; i < q_rows; ++i)
-      for (int64_t t = 0; t < s; ++t) {
-        const float* src = &q[static_cast<size_t>(((i * s + s - 1 - t) * heads + h) * d)];
-        std::copy(src, src + d, &q_r[static_cast<size_t>(((h * q_rows + i) * s + t) * d)]);
-      }
+  std::vector<float> head(static_cast<size_t>(q_rows * width));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < q_rows * s; ++t)
+      std::copy_n(&q[static_cast<size_t>((t * heads + h) * d)], d, &head[static_cast<size_t>(t * d)]);
+    block_scoring::reverse_stride_groups(head.data(), q_rows, s, d, &q_r[static_cast<size_t>(h * q_rows * width)]);
+  }
 
   // Reshaped key columns per history block (a partial block's tail shorter than s is not scored).
   engine.wait_offloads(ctx.layer_id);

@@ -1,11 +1,15 @@
 #include "plugin_backend.h"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 
 #include "plugin_abi.h"
 #include "tessel/core/error.h"
@@ -154,7 +158,57 @@ class PluginBackend : public Backend, public std::enable_shared_from_this<Plugin
   std::shared_ptr<PluginLibrary> library_;
 };
 
-// Rejects tables a host of this ABI version cannot use.
+// Libraries this loader opened, by the path the dynamic linker knows them under: any other library
+// already in the process (libc, libm, libtessel itself) is a dependency, never a plugin.
+std::set<std::string>& plugin_libraries() {
+  static std::set<std::string> libraries;
+  return libraries;
+}
+std::mutex& plugin_libraries_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// The entry symbol must be a function defined by the library itself: dlsym also finds the symbols
+// of its dependencies (`lib.so:printf` is libc's printf) and data objects, and calling either as
+// the entry point would crash or worse.
+void check_entry_symbol(const std::string& where, void* handle, void* entry, const std::string& symbol) {
+  link_map* library = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &library) != 0 || library == nullptr)
+    throw Error(where + ": cannot inspect the loaded library");
+  Dl_info info{};
+  ElfW(Sym)* elf_symbol = nullptr;
+  if (dladdr1(entry, &info, reinterpret_cast<void**>(&elf_symbol), RTLD_DL_SYMENT) == 0 || info.dli_fname == nullptr)
+    throw Error(where + ": entry symbol '" + symbol + "' lies in no loaded library");
+  if (std::strcmp(info.dli_fname, library->l_name) != 0)
+    throw Error(where + ": entry symbol '" + symbol + "' is not defined by this library but by its dependency " +
+                info.dli_fname + " (a tessel plugin defines its own entry point)");
+  if (elf_symbol == nullptr || ELF64_ST_TYPE(elf_symbol->st_info) != STT_FUNC)
+    throw Error(where + ": entry symbol '" + symbol + "' is not a function (a tessel plugin's entry point is one)");
+}
+
+// A function pointer of the table must point into code of a loaded library; a table filled by a
+// function that is no tessel entry point holds arbitrary values.
+void check_code_pointer(const std::string& where, const void* pointer, const char* field) {
+  Dl_info info{};
+  if (pointer != nullptr && (dladdr(pointer, &info) == 0 || info.dli_fname == nullptr))
+    throw Error(where + ": invalid table: '" + field + "' points into no loaded library (the entry point did not fill a plugin table)");
+}
+
+bool is_known_status(tessel_status status) {
+  switch (status) {
+    case TESSEL_OK:
+    case TESSEL_ERROR_INVALID_ARGUMENT:
+    case TESSEL_ERROR_UNSUPPORTED:
+    case TESSEL_ERROR_OUT_OF_MEMORY:
+    case TESSEL_ERROR_ABI:
+    case TESSEL_ERROR_INTERNAL: return true;
+  }
+  return false;
+}
+
+// Rejects tables a host of this ABI version cannot use. The version and size come first: nothing
+// else in the table is read before they are known good.
 void check_table(const std::string& where, const tessel_plugin_backend& table) {
   if (table.abi_version == 0)
     throw Error(where + ": the entry point did not set abi_version (expected " +
@@ -162,8 +216,15 @@ void check_table(const std::string& where, const tessel_plugin_backend& table) {
   if (table.abi_version > TESSEL_PLUGIN_ABI_VERSION)
     throw Error(where + ": ABI version mismatch: the plugin was built for ABI version " + std::to_string(table.abi_version) +
                 ", this tessel supports versions 1.." + std::to_string(TESSEL_PLUGIN_ABI_VERSION));
-  if (table.struct_size < kMinimumTableSize)
-    fail_argument(where + ": table struct_size", ">= " + std::to_string(kMinimumTableSize) + " bytes", table.struct_size);
+  if (table.struct_size < kMinimumTableSize || table.struct_size > kTableReserve)
+    fail_argument(where + ": table struct_size",
+                  detail::concat("between ", kMinimumTableSize, " and the ", kTableReserve, " bytes reserved"), table.struct_size);
+  check_code_pointer(where, reinterpret_cast<const void*>(table.plan), "plan");
+  check_code_pointer(where, reinterpret_cast<const void*>(table.forward), "forward");
+  check_code_pointer(where, reinterpret_cast<const void*>(table.destroy_plan), "destroy_plan");
+  check_code_pointer(where, reinterpret_cast<const void*>(table.update_step), "update_step");
+  check_code_pointer(where, reinterpret_cast<const void*>(table.validate_config), "validate_config");
+  check_code_pointer(where, reinterpret_cast<const void*>(table.shutdown), "shutdown");
   const auto require = [&](bool present, const char* field) {
     if (!present) throw Error(where + ": incomplete table: '" + field + "' is not set");
   };
@@ -179,15 +240,28 @@ void check_table(const std::string& where, const tessel_plugin_backend& table) {
 }  // namespace
 
 std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std::string& symbol) {
-  const std::string where = "plugin '" + path + "'";
+  const std::string where =
+      "plugin " + quoted_excerpt(path, 200) + (symbol == TESSEL_PLUGIN_ENTRY_SYMBOL ? "" : " (entry " + quoted_excerpt(symbol) + ")");
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw Error(where + ": file not found");
+  const std::filesystem::file_status file = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(file)) throw Error(where + ": file not found");
+  if (!std::filesystem::is_regular_file(file)) throw Error(where + ": not a regular file (a directory, device or FIFO)");
   auto library = std::make_shared<PluginLibrary>();
   library->path = path;
   library->symbol = symbol;
   // dlopen searches the system library folders for a name without '/': load this very file.
   const std::string absolute = std::filesystem::absolute(path, ec).string();
-  library->handle = dlopen((ec ? path : absolute).c_str(), RTLD_NOW | RTLD_LOCAL);
+  const std::string load_path = ec ? path : absolute;
+  std::lock_guard<std::mutex> lock(plugin_libraries_mutex());
+  if (void* already = dlopen(load_path.c_str(), RTLD_LAZY | RTLD_NOLOAD)) {
+    link_map* loaded = nullptr;
+    const bool known = dlinfo(already, RTLD_DI_LINKMAP, &loaded) == 0 && loaded != nullptr &&
+                       plugin_libraries().count(loaded->l_name) > 0;
+    dlclose(already);
+    if (!known)
+      throw Error(where + ": a library this process already uses (a dependency such as the C library), not a tessel plugin");
+  }
+  library->handle = dlopen(load_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library->handle == nullptr) {
     const char* reason = dlerror();
     throw Error(where + ": cannot load the shared library: " + (reason ? reason : "unknown reason"));
@@ -195,8 +269,11 @@ std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std:
   dlerror();
   void* entry = dlsym(library->handle, symbol.c_str());
   if (entry == nullptr)
-    throw Error(where + ": missing entry symbol '" + symbol + "' (a tessel plugin exports tessel_status " + symbol +
-                "(const tessel_host_api*, tessel_plugin_backend*, tessel_error*); see tessel/plugin/tessel_plugin.h)");
+    throw Error(where + ": missing entry symbol " + quoted_excerpt(symbol) + " (a tessel plugin exports tessel_status " +
+                quoted_excerpt(symbol) + "(const tessel_host_api*, tessel_plugin_backend*, tessel_error*); see tessel/plugin/tessel_plugin.h)");
+  check_entry_symbol(where, library->handle, entry, symbol);
+  link_map* loaded = nullptr;
+  if (dlinfo(library->handle, RTLD_DI_LINKMAP, &loaded) == 0 && loaded != nullptr) plugin_libraries().insert(loaded->l_name);
 
   // Aligned, zeroed room for the table; the host's struct is a prefix of it.
   alignas(std::max_align_t) static thread_local unsigned char reserve[kTableReserve];
@@ -210,6 +287,10 @@ std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std:
   } catch (...) {
     throw Error(where + ": the entry point threw an exception (plugins must return status codes)");
   }
+  if (!is_known_status(status))
+    throw Error(detail::concat(where, ": entry symbol '", symbol, "' returned ", static_cast<int64_t>(status),
+                               ", not a tessel_status: it is no tessel plugin entry point"));
+  error.message[TESSEL_ERROR_MESSAGE_SIZE - 1] = '\0';  // whatever the plugin wrote, the host reads a string
   if (status != TESSEL_OK)
     throw Error(detail::concat(where, ": init failed (status ", status_name(status), "): ",
                                error.message[0] ? error.message : "no message"));

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/limited_json.h"
 #include "tessel/sparse/schedule.h"
 
 namespace tessel {
@@ -19,10 +20,19 @@ namespace {
 
 using nlohmann::json;
 
+// A config is a few hundred bytes, a few levels deep ({"section": {"options": {"key": value}}});
+// these limits leave room for any real one and refuse hostile text before values are built.
+constexpr JsonLimits kConfigJsonLimits{1 << 20, 16};
+
 std::string key_path(const std::string& path) { return "sparse_attn." + path; }
 
+// A key as the user spelled it, cut short when hostile.
+std::string shown_key(const std::string& key) {
+  return key.size() <= 60 ? key : key.substr(0, 60) + "... (" + std::to_string(key.size()) + " bytes)";
+}
+
 [[noreturn]] void fail_type(const std::string& path, const std::string& expected, const json& value) {
-  fail_argument(key_path(path), expected, std::string(value.type_name()) + " " + value.dump());
+  fail_argument(key_path(shown_key(path)), expected, std::string(value.type_name()) + " " + json_excerpt(value));
 }
 
 // ---- reading and writing one value of each type the schema uses -----------------------------
@@ -32,12 +42,14 @@ template <typename T>
 struct Scalar;
 template <>
 struct Scalar<int64_t> {
-  // Integers above INT64_MAX arrive as unsigned and would wrap.
+  // Every integer of the config is a size, count or token position, and those are int32 in masks;
+  // integers above INT64_MAX arrive as unsigned and would wrap.
   static bool accepts(const json& value) {
-    return value.is_number_integer() &&
-           !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+    if (!value.is_number_integer()) return false;
+    if (value.is_number_unsigned()) return value.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX);
+    return value.get<int64_t>() >= INT32_MIN && value.get<int64_t>() <= INT32_MAX;
   }
-  static constexpr const char* kExpected = "an integer";
+  static constexpr const char* kExpected = "an integer of magnitude below 2^31";
 };
 template <>
 struct Scalar<double> {
@@ -374,12 +386,8 @@ std::string SparseAttnConfig::to_json() const {
 }
 
 SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const SparseAttnConfig& base) {
-  json parsed;
-  try {
-    parsed = json::parse(json_text);
-  } catch (const json::exception& e) {  // syntax errors, and numbers out of double's range
-    throw Error(std::string("sparse_attn config: invalid JSON: ") + e.what());
-  }
+  // Syntax errors, numbers out of double's range, duplicate keys, oversized or too deeply nested text.
+  const json parsed = parse_json_limited(json_text, kConfigJsonLimits, "sparse_attn config");
   if (!parsed.is_object()) fail_argument("sparse_attn config", "a JSON object", std::string(parsed.type_name()));
 
   SparseAttnConfig config = base;
@@ -395,14 +403,14 @@ SparseAttnConfig parse_sparse_attn_json(const std::string& json_text, const Spar
       for (const auto& [sub_key, item] : value.items()) {
         const std::string path = key + "." + sub_key;
         const Field* f = field_at(path);
-        if (f == nullptr) fail_argument(key_path(path), "a known key (" + allowed_keys(key) + ")", "unknown key");
+        if (f == nullptr) fail_argument(key_path(shown_key(path)), "a known key (" + allowed_keys(key) + ")", "unknown key");
         assign(*f, item, path);
       }
       continue;
     }
     const Field* f = key.find('.') == std::string::npos ? field_at(key) : nullptr;
     if (f == nullptr) f = field_by_flat_key(key);
-    if (f == nullptr) fail_argument(key_path(key), "a known key (" + allowed_keys("") + ")", "unknown key");
+    if (f == nullptr) fail_argument(key_path(shown_key(key)), "a known key (" + allowed_keys("") + ")", "unknown key");
     assign(*f, value, key);
   }
   return config;

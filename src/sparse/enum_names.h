@@ -31,7 +31,7 @@ template <typename Enum, size_t N>
 Enum parse_name(const std::array<std::string_view, N>& names, std::string_view name, const std::string& argument) {
   for (size_t i = 0; i < N; ++i)
     if (names[i] == name) return static_cast<Enum>(i);
-  fail_argument(argument, "one of " + join_names(names), "'" + std::string(name) + "'");
+  fail_argument(argument, "one of " + join_names(names), quoted_excerpt(name));
 }
 
 template <typename Enum, size_t N>

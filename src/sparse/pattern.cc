@@ -66,6 +66,12 @@ void SpatialLayout::validate(const std::string& where) const {
     fail_argument(where + ".width", "a multiple of patch_size " + std::to_string(patch_size), width);
   if (static_cast<size_t>(ordering) >= kOrderingNames.size())
     fail_argument(where + ".ordering", "one of " + join_names(kOrderingNames), static_cast<int>(ordering));
+  // Token positions are int32 in block masks: refuse a layout with more tokens before num_tokens() overflows.
+  constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1;
+  const int64_t per_frame = (height / patch_size) * (width / patch_size);
+  if (height > kMaxTokens || width > kMaxTokens || per_frame > kMaxTokens / frames)
+    fail_argument(where, detail::concat("at most ", kMaxTokens, " tokens (frames x height x width / patch_size^2)"),
+                  detail::concat(frames, "x", height, "x", width));
 }
 
 void PatternSpec::validate() const {

@@ -118,7 +118,7 @@ std::shared_ptr<Backend> BackendRegistry::get(const std::string& name_or_path) {
   std::vector<std::shared_ptr<Backend>> all = registered_;
   all.insert(all.end(), discovered_.begin(), discovered_.end());
   fail_argument("sparse attention backend", "a registered name (" + names_of(all) + "), a plugin path, 'auto' or 'none'",
-                "'" + name_or_path + "'");
+                quoted_excerpt(name_or_path, 200));
 }
 
 std::vector<std::shared_ptr<Backend>> BackendRegistry::list() {
@@ -175,6 +175,18 @@ void BackendRegistry::ensure_discovered_locked() {
   if (discovered_once_ || !discover_plugins_ || !plugin_loader_) return;
   discovered_once_ = true;
   for (const std::string& dir : plugin_search_dirs_locked()) {
+    // A plugin folder that is a file or does not exist is a mistake worth a word (the install's own
+    // folder may legitimately be absent).
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(dir, ec);
+    if ((exists && !std::filesystem::is_directory(dir, ec)) || (!exists && dir != plugin_install_dir())) {
+      const std::string message = exists ? "plugin folder is a file, not a directory (to load one library, name it by path "
+                                           "as the backend)"
+                                         : "plugin folder does not exist";
+      failures_.push_back({dir, message});
+      log_warning("'" + dir + "': " + message);
+      continue;
+    }
     for (const std::string& path : libraries_in(dir)) {
       std::shared_ptr<Backend> backend;
       try {

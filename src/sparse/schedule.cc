@@ -56,7 +56,7 @@ const SparsitySchedule& get_sparsity_schedule(const std::string& name) {
   if (it == t.schedules.end()) {
     std::string names;
     for (const auto& [known, fn] : t.schedules) names += (names.empty() ? "" : ", ") + known;
-    fail_argument("schedule", "one of " + names, "'" + name + "'");
+    fail_argument("schedule", "one of " + names, quoted_excerpt(name));
   }
   return it->second;  // std::map nodes are stable; entries are replaced, never erased
 }

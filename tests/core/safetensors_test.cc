@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -9,6 +10,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
+#include "hostile_text.h"
 
 namespace tessel {
 namespace {
@@ -63,7 +65,7 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
     expect_open_error(path, "truncated");
   }
   expect_open_error(raw_file("header_too_long", good, 16, 1000), "header length");
-  expect_open_error(raw_file("bad_json", "{\"x\": [1,", 0), "not valid JSON");
+  expect_open_error(raw_file("bad_json", "{\"x\": [1,", 0), "invalid JSON");
   expect_open_error(raw_file("not_object", "[1,2]", 0), "a JSON object");
   expect_open_error(raw_file("truncated_data", good, 8), "out of range");
   expect_open_error(raw_file("offsets_out", R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 8), "out of range");
@@ -77,6 +79,46 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
                     "overlap");
   expect_open_error(raw_file("bad_metadata", R"({"__metadata__":{"k":1}})", 0), "__metadata__.k");
   expect_open_error(temp_path("does_not_exist"), "readable file");
+}
+
+using testing::nested;
+
+// Hostile headers: deep nesting anywhere, long values, duplicate names and special files give an
+// Error with a short message (the value is never echoed whole), not a crash or a hang.
+TEST(Safetensors, HostileHeadersGiveShortErrors) {
+  const std::string entry = R"({"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  const struct {
+    const char* name;
+    std::string header;
+    std::string fragment;
+  } cases[] = {
+      {"deep shape", R"({"x":{"dtype":"F32","shape":)" + nested(100000, "[", "1", "]") + R"(,"data_offsets":[0,4]}})",
+       "nested deeper than 8"},
+      {"deep dtype", R"({"x":{"dtype":)" + nested(100000, "[", "1", "]") + R"(,"shape":[1],"data_offsets":[0,4]}})",
+       "nested deeper than 8"},
+      {"deep metadata", R"({"__metadata__":)" + nested(100000, "{\"a\":", "1", "}") + "}", "nested deeper than 8"},
+      {"shallow but wrong dtype value", R"({"x":{"dtype":)" + nested(6, "[", "1", "]") + R"(,"shape":[1],"data_offsets":[0,4]}})",
+       "dtype: expected a string, got [[[[[[1]]]]]]"},
+      {"long dtype", R"({"x":{"dtype":")" + std::string(100000, 'Q') + R"(","shape":[1],"data_offsets":[0,4]}})",
+       "(100000 bytes)"},
+      {"long shape", R"({"x":{"dtype":"F32","shape":[)" + nested(20000, "1,", "-1", "") + R"(],"data_offsets":[0,4]}})",
+       "shape entry: expected a non-negative integer, got -1"},
+      {"long name", "{\"" + std::string(100000, 'n') + R"(":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})", "(100000 bytes)"},
+      {"duplicate name", "{\"x\":" + entry + ",\"x\":" + entry + "}", "'x' appears twice"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = raw_file("hostile.safetensors", c.header, 4);
+    try {
+      SafetensorsFile::open(path);
+      ADD_FAILURE() << c.name << ": accepted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(c.fragment), std::string::npos) << c.name << ": " << message.substr(0, 500);
+      EXPECT_LT(message.size(), 600u) << c.name << ": " << message.substr(0, 600);
+    }
+  }
+  expect_open_error("/dev/zero", "a character device");
+  expect_open_error(std::string(TESSEL_BINARY_DIR), "a directory");
 }
 
 }  // namespace

@@ -161,6 +161,53 @@ TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
   expect_sink_window_matches_reference(registry.get(example_plugin_path()), 128, 128, 2, 2, window_spec(32, 32, 32), 1);
 }
 
+// `path:symbol` names any symbol: only a function of the library itself that fills a valid table
+// (known status, ABI version and size first, then code pointers) is accepted; nothing else in the
+// table is called.
+TEST(PluginLoader, PathSymbolRefusesSymbolsThatAreNoEntryPoint) {
+  const std::string bad = broken_plugin_path("bad_tables");
+  const struct {
+    std::string reference;
+    std::vector<std::string> fragments;
+  } cases[] = {
+      // The example plugin needs the C library: dlsym finds libc's functions through it.
+      {example_plugin_path() + ":printf", {"'printf' is not defined by this library but by its dependency"}},
+      {example_plugin_path() + ":abort", {"'abort' is not defined by this library"}},
+      {bad + ":not_a_function", {"'not_a_function' is not a function"}},
+      {bad + ":oversized_table_init", {"table struct_size", "bytes reserved", "1048576"}},
+      {bad + ":wild_pointer_init", {"'forward' points into no loaded library"}},
+      {bad + ":odd_status_init", {"returned 4242, not a tessel_status"}},
+      {bad + ":unterminated_message_init", {"init failed (status internal): xxxx"}},
+      {"/lib/x86_64-linux-gnu/libc.so.6:abort", {"a library this process already uses"}},
+      {"/dev/zero", {"not a regular file"}},
+      {::testing::TempDir() + "/", {"not a regular file"}},
+  };
+  for (const auto& c : cases) expect_load_error(c.reference, c.fragments);
+  // The same library's real entry point still loads.
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
+  EXPECT_EQ(registry.get(bad)->name(), "bad_tables_valid_entry");
+}
+
+// A plugin folder that is a file or does not exist is reported, not silently skipped.
+TEST(PluginLoader, PluginDirsThatAreNoFolderAreReported) {
+  const std::string file = ::testing::TempDir() + "/tessel_plugin_path_file_" + std::to_string(getpid()) + ".txt";
+  std::ofstream(file) << "not a folder";
+  LogCapture log;
+  BackendRegistry registry(/*discover_plugins=*/true);
+  install_plugin_loader(registry);
+  registry.set_plugin_dirs({file, "/nonexistent/tessel/plugins"});
+  const auto failures = registry.plugin_failures();
+  const auto reported = [&](const std::string& entry, const std::string& fragment) {
+    for (const PluginFailure& f : failures)
+      if (f.path == entry && f.message.find(fragment) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(reported(file, "plugin folder is a file, not a directory"));
+  EXPECT_TRUE(reported("/nonexistent/tessel/plugins", "plugin folder does not exist"));
+  std::remove(file.c_str());
+}
+
 TEST(PluginLoader, DiscoveryThroughThePluginDirsSkipsBrokenLibraries) {
   // A plugin folder holding a copy of the example plugin and every broken library.
   const fs::path dir = fs::path(::testing::TempDir()) / ("tessel_plugin_path_test_" + std::to_string(getpid()));

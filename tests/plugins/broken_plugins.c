@@ -4,6 +4,11 @@
  *   BROKEN_WRONG_ABI       claims ABI version 999; also exports `zero_abi_init` (abi_version left 0)
  *                          and `incomplete_init` (no forward function)
  *   BROKEN_FAILING_INIT    init returns TESSEL_ERROR_UNSUPPORTED with a message
+ *   BROKEN_BAD_TABLES      a valid tessel_plugin_init, and `path:symbol` targets that are no entry
+ *                          point: oversized_table_init (struct_size past the host's room),
+ *                          wild_pointer_init (forward points nowhere), odd_status_init (returns no
+ *                          tessel_status), unterminated_message_init (fails without a NUL in the
+ *                          message) and not_a_function (a data object)
  */
 #include <stdio.h>
 
@@ -69,6 +74,39 @@ TESSEL_PLUGIN_EXPORT tessel_status tessel_plugin_init(const tessel_host_api* h, 
   snprintf(e->message, sizeof e->message, "no accelerator found for the broken plugin");
   return TESSEL_ERROR_UNSUPPORTED;
 }
+#elif defined(BROKEN_BAD_TABLES)
+TESSEL_PLUGIN_EXPORT tessel_status tessel_plugin_init(const tessel_host_api* h, tessel_plugin_backend* b,
+                                                      tessel_error* e) {
+  (void)h; (void)e;
+  fill_valid(b, "bad_tables_valid_entry");
+  return TESSEL_OK;
+}
+TESSEL_PLUGIN_EXPORT tessel_status oversized_table_init(const tessel_host_api* h, tessel_plugin_backend* b,
+                                                        tessel_error* e) {
+  (void)h; (void)e;
+  fill_valid(b, "bad_tables_oversized");
+  b->struct_size = 1u << 20;
+  return TESSEL_OK;
+}
+TESSEL_PLUGIN_EXPORT tessel_status wild_pointer_init(const tessel_host_api* h, tessel_plugin_backend* b,
+                                                     tessel_error* e) {
+  (void)h; (void)e;
+  fill_valid(b, "bad_tables_wild");
+  b->forward = (tessel_status(*)(void*, void*, const tessel_tensor*, const tessel_tensor*, const tessel_tensor*,
+                                 const tessel_tensor*, const tessel_tensor*, tessel_forward_stats*, tessel_error*))(uintptr_t)0x10;
+  return TESSEL_OK;
+}
+TESSEL_PLUGIN_EXPORT int odd_status_init(const tessel_host_api* h, tessel_plugin_backend* b, tessel_error* e) {
+  (void)h; (void)b; (void)e;
+  return 4242;
+}
+TESSEL_PLUGIN_EXPORT tessel_status unterminated_message_init(const tessel_host_api* h, tessel_plugin_backend* b,
+                                                             tessel_error* e) {
+  (void)h; (void)b;
+  for (size_t i = 0; i < sizeof e->message; ++i) e->message[i] = 'x';
+  return TESSEL_ERROR_INTERNAL;
+}
+TESSEL_PLUGIN_EXPORT int not_a_function = 7;
 #else
 #error "define one BROKEN_* macro"
 #endif

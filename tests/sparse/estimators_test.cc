@@ -291,6 +291,10 @@ TEST(XAttentionEstimator, GqaAnyAndVotes) {
   o.vote = XAttentionVote::kHeads;
   const BlockMask voted = estimate_xattention_mask(p.q.view(), k2.view(), o).mask;
   EXPECT_EQ(voted.shape().mask_heads, 1);
+  // Head vote over the 2 kv heads: a cell needs both (more than half), plus the diagonal and block 0.
+  const std::vector<uint8_t> d_voted = voted.to_dense();
+  for (int64_t i = 0; i < 64; ++i)
+    EXPECT_EQ(d_voted[i] != 0, (d_any[i] && d_any[64 + i]) || i % 8 == 0 || i % 8 == i / 8) << i;
   o.vote = XAttentionVote::kColumns;
   const BlockMask columns = estimate_xattention_mask(p.q.view(), k2.view(), o).mask;
   EXPECT_EQ(columns.shape().mask_heads, 1);

@@ -120,7 +120,7 @@ TEST(MaskCli, BadNamesAndConfigValuesNameTheFlagOrKey) {
       {"--pattern composite --children radial,blob --grid 2x8x8", {"--children", "'blob'"}},
       {"--pattern composite --children radial,local --op xor --grid 2x8x8", {"--op", "union, intersection", "'xor'"}},
       {"--pattern spatial_aware --radius 1 --ordering snake --grid 2x8x8", {"--ordering", "z_curve", "'snake'"}},
-      {"--pattern radial --decay 0 --grid 2x8x8", {"sparse_attn.pattern.decay_factor", "(0, 16]"}},
+      {"--pattern radial --decay 0 --grid 2x8x8", {"--decay", "(0, 16]"}},
       {"--pattern radial --grid 2x8x8 --sparse-attn-config '{\"selection\": {\"stride\": 0}}'", {"sparse_attn.selection.stride", "[1, 64]"}},
   };
   for (const auto& [args, fragments] : cases) {

@@ -1,6 +1,7 @@
 #include "quality/qkv_file.h"
 
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/io/safetensors.h"
 
 namespace tessel {
@@ -21,7 +22,11 @@ QkvTensors load_qkv_safetensors(const std::string& path) {
   if (k[0] != q[0] || k[3] != q[3]) fail_argument(path + ": tensor 'k' batch and head_dim", shape_str(q) + "'s", shape_str(k));
   if (q[1] < 1 || k[1] < 1 || q[3] < 1 || k[2] < 1 || q[2] % k[2] != 0)
     fail_argument(path + ": q/k heads and sizes", "non-empty, H_q a multiple of H_kv", shape_str(q) + " / " + shape_str(k));
-  return QkvTensors{file.load("q"), file.load("k"), file.load("v")};
+  QkvTensors out{file.load("q"), file.load("k"), file.load("v")};
+  // Captured tensors with NaN or infinities would give NaN metrics (or a perfect-looking score).
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"q", &out.q}, {"k", &out.k}, {"v", &out.v}})
+    check_finite(t->view(), path + ": tensor '" + name + "'");
+  return out;
 }
 
 }  // namespace tessel

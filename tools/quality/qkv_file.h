@@ -13,7 +13,8 @@ struct QkvTensors {
 };
 
 // Throws Error naming the file and tensor when one is missing, not rank 4, of another dtype, or
-// inconsistent (batch / head_dim differ, k and v shapes differ, H_q not a multiple of H_kv).
+// inconsistent (batch / head_dim differ, k and v shapes differ, H_q not a multiple of H_kv), or
+// holds NaN or infinities (named with the count and the first position).
 QkvTensors load_qkv_safetensors(const std::string& path);
 
 }  // namespace tessel

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace tessel {
@@ -23,6 +24,18 @@ std::string concat(Args&&... args) {
   return os.str();
 }
 }  // namespace detail
+
+// User text for an error message: quoted, and cut to `max_chars` characters (with the full length)
+// when longer, so a huge or binary value is never echoed back whole. Control bytes become '?'.
+inline std::string quoted_excerpt(std::string_view text, size_t max_chars = 60) {
+  std::string out = "'";
+  for (size_t i = 0; i < text.size() && i < max_chars; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    out.push_back(c < 0x20 || c == 0x7f ? '?' : static_cast<char>(c));
+  }
+  out += text.size() > max_chars ? "'... (" + std::to_string(text.size()) + " bytes)" : "'";
+  return out;
+}
 
 // Throws Error("<argument>: expected <expected>, got <actual>").
 template <typename E, typename A>

@@ -9,11 +9,16 @@
 #include <set>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/limited_json.h"
 
 namespace tessel {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
+// A header is a flat object of tensor entries ({"name": {"shape": [..]}}) and "__metadata__" (an
+// object of strings): three levels; anything deeper is refused before it is built.
+constexpr int kMaxHeaderDepth = 8;
 
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
@@ -27,7 +32,7 @@ DType dtype_from_safetensors(const std::string& file, const std::string& tensor,
   if (name == "F64") return DType::kF64;
   if (name == "I32") return DType::kI32;
   if (name == "U8") return DType::kU8;
-  fail_argument(file + ": tensor '" + tensor + "' dtype", "one of F32, F16, BF16, F64, I32, U8", name);
+  fail_argument(file + ": tensor " + quoted_excerpt(tensor) + " dtype", "one of F32, F16, BF16, F64, I32, U8", quoted_excerpt(name));
 }
 
 std::string dtype_to_safetensors(DType dtype) {
@@ -44,13 +49,14 @@ std::string dtype_to_safetensors(DType dtype) {
 
 uint64_t json_uint(const nlohmann::json& value, const std::string& what) {
   if (!value.is_number_integer() || value.get<int64_t>() < 0)
-    fail_argument(what, "a non-negative integer", value.dump());
+    fail_argument(what, "a non-negative integer", json_excerpt(value));
   return value.get<uint64_t>();
 }
 
 }  // namespace
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  require_regular_file(path, "safetensors path");  // not a FIFO or device that would block or never end
   FilePtr file(std::fopen(path.c_str(), "rb"));
   if (!file) fail_argument("safetensors path", "a readable file", path);
   std::fseek(file.get(), 0, SEEK_END);
@@ -68,12 +74,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   std::string text(header_len, '\0');
   if (std::fread(text.data(), 1, header_len, file.get()) != header_len) throw Error(path + ": cannot read the header");
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": header is not valid JSON: " + e.what());
-  }
+  const nlohmann::json header = parse_json_limited(text, JsonLimits{kMaxHeaderBytes, kMaxHeaderDepth}, path + ": header");
   if (!header.is_object()) fail_argument(path + ": header", "a JSON object", header.type_name());
 
   SafetensorsFile out;
@@ -81,36 +82,36 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   out.data_offset_ = 8 + header_len;
   const uint64_t data_size = file_size - out.data_offset_;
   for (const auto& [name, value] : header.items()) {
-    const std::string where = path + ": tensor '" + name + "'";
+    const std::string where = path + ": tensor " + quoted_excerpt(name);
     if (name == "__metadata__") {
-      if (!value.is_object()) fail_argument(path + ": __metadata__", "an object of strings", value.dump());
+      if (!value.is_object()) fail_argument(path + ": __metadata__", "an object of strings", json_excerpt(value));
       for (const auto& [key, item] : value.items()) {
-        if (!item.is_string()) fail_argument(path + ": __metadata__." + key, "a string", item.dump());
+        if (!item.is_string()) fail_argument(path + ": __metadata__." + key.substr(0, 60), "a string", json_excerpt(item));
         out.metadata_[key] = item.get<std::string>();
       }
       continue;
     }
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
-      fail_argument(where, "an object with dtype, shape and data_offsets", value.dump());
-    if (!value["dtype"].is_string()) fail_argument(where + " dtype", "a string", value["dtype"].dump());
+      fail_argument(where, "an object with dtype, shape and data_offsets", json_excerpt(value));
+    if (!value["dtype"].is_string()) fail_argument(where + " dtype", "a string", json_excerpt(value["dtype"]));
     SafetensorsEntry entry;
     entry.name = name;
     entry.dtype = dtype_from_safetensors(path, name, value["dtype"].get<std::string>());
-    if (!value["shape"].is_array()) fail_argument(where + " shape", "an array", value["shape"].dump());
+    if (!value["shape"].is_array()) fail_argument(where + " shape", "an array", json_excerpt(value["shape"]));
     uint64_t numel = 1;
     for (const auto& extent : value["shape"]) {
       const uint64_t e = json_uint(extent, where + " shape entry");
       entry.shape.push_back(static_cast<int64_t>(e));
-      if (e != 0 && numel > (UINT64_MAX / 16) / e) fail_argument(where + " shape", "a size that fits in memory", value["shape"].dump());
+      if (e != 0 && numel > (UINT64_MAX / 16) / e) fail_argument(where + " shape", "a size that fits in memory", json_excerpt(value["shape"]));
       numel *= e;
     }
     const auto& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2) fail_argument(where + " data_offsets", "[begin, end]", offsets.dump());
+    if (!offsets.is_array() || offsets.size() != 2) fail_argument(where + " data_offsets", "[begin, end]", json_excerpt(offsets));
     entry.begin = json_uint(offsets[0], where + " data_offsets[0]");
     entry.end = json_uint(offsets[1], where + " data_offsets[1]");
-    if (entry.begin > entry.end) fail_argument(where + " data_offsets", "begin <= end", offsets.dump());
+    if (entry.begin > entry.end) fail_argument(where + " data_offsets", "begin <= end", json_excerpt(offsets));
     if (entry.end > data_size)
-      fail_argument(where + " data_offsets", detail::concat("within the ", data_size, " data bytes (out of range; file truncated?)"), offsets.dump());
+      fail_argument(where + " data_offsets", detail::concat("within the ", data_size, " data bytes (out of range; file truncated?)"), json_excerpt(offsets));
     const uint64_t expected = numel * dtype_size(entry.dtype);
     if (entry.end - entry.begin != expected)
       fail_argument(where + " byte span", detail::concat(expected, " bytes (shape ", shape_str(entry.shape), " x ", dtype_name(entry.dtype), ")"),
@@ -124,8 +125,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   for (const SafetensorsEntry* e : by_offset) {
     if (e->end == e->begin) continue;
     if (furthest != nullptr && e->begin < furthest->end)
-      throw Error(detail::concat(path, ": tensor '", e->name, "' bytes [", e->begin, ", ", e->end, ") overlap tensor '",
-                                 furthest->name, "' bytes [", furthest->begin, ", ", furthest->end, ")"));
+      throw Error(detail::concat(path, ": tensor ", quoted_excerpt(e->name), " bytes [", e->begin, ", ", e->end, ") overlap tensor ",
+                                 quoted_excerpt(furthest->name), " bytes [", furthest->begin, ", ", furthest->end, ")"));
     if (furthest == nullptr || e->end > furthest->end) furthest = e;
   }
   return out;

@@ -86,11 +86,7 @@ void pooled_softmax_scores(const float* pooled_q, const float* pooled_k, std::sp
   if (candidates.empty()) return;
   float max_score = -INFINITY;
   for (int32_t c : candidates) {
-    float dot = 0.0f;
-    const float* key = pooled_k + c * dim;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < dim; ++d) dot += pooled_q[d] * key[d];
-    prob[c] = scale * dot;
+    prob[c] = scale * dot(pooled_q, pooled_k + c * dim, dim);
     max_score = std::max(max_score, prob[c]);
   }
   float total = 0.0f;

@@ -17,11 +17,4 @@ void check_qk(const TensorView& q, const TensorView& k, const std::string& who);
 // a (rows, D) row-major fp32 matrix; rows past S are zero.
 std::vector<float> head_rows(const TensorView& x, int64_t b, int64_t h, int64_t rows);
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
 }  // namespace tessel::estimators

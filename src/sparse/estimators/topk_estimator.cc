@@ -29,7 +29,7 @@ PooledBlocks pool_blocks(const std::vector<float>& rows, int64_t seq, int64_t di
     std::fill(unit_sum.begin(), unit_sum.end(), 0.0f);
     for (int64_t t = lo; t < hi; ++t) {
       const float* x = rows.data() + t * dim;
-      const float norm = std::sqrt(estimators::dot(x, x, dim));
+      const float norm = std::sqrt(block_scoring::dot(x, x, dim));
       const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
       for (int64_t d = 0; d < dim; ++d) {
         mean[d] += x[d];
@@ -37,7 +37,7 @@ PooledBlocks pool_blocks(const std::vector<float>& rows, int64_t seq, int64_t di
       }
     }
     for (int64_t d = 0; d < dim; ++d) mean[d] /= static_cast<float>(n);
-    const float sim = estimators::dot(unit_sum.data(), unit_sum.data(), dim) / static_cast<float>(n * n);
+    const float sim = block_scoring::dot(unit_sum.data(), unit_sum.data(), dim) / static_cast<float>(n * n);
     out.similar[c] = static_cast<double>(sim) > threshold ? 1 : 0;
   }
   return out;

@@ -108,11 +108,12 @@ EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k
       const uint8_t* base = dense.data() + b * heads * qbs * kvbs;
       uint8_t* out = voted.data() + b * qbs * kvbs;
       if (options.vote == XAttentionVote::kHeads) {
-        for (int64_t i = 0; i < qbs * kvbs; ++i) {
-          int64_t votes = 0;
-          for (int64_t h = 0; h < heads; ++h) votes += base[h * qbs * kvbs + i];
-          out[i] = 2 * votes > heads ? 1 : 0;
-        }
+        // A (row, column) cell is kept when more than half of the heads keep it: the column vote
+        // with the heads as rows and the cells as columns.
+        const std::vector<uint8_t> cells = block_scoring::vote_columns(
+            std::span<const uint8_t>(base, static_cast<size_t>(heads * qbs * kvbs)), heads, qbs * kvbs, 0.5,
+            AlwaysKeep{});
+        std::copy(cells.begin(), cells.end(), out);
       } else {
         // The chunked-prefill vote over (head, query block) rows; the first and last kv blocks always.
         AlwaysKeep ends;

@@ -19,12 +19,21 @@ TokenGrid parse_token_grid(const std::string& text, const std::string& argument)
     } catch (const std::exception&) {
       used = 0;
     }
-    if (item.empty() || used != item.size() || value < 1) fail_argument(argument, "FxHxW or HxW with positive integers", text);
+    if (item.empty() || used != item.size() || value < 1)
+      fail_argument(argument, "FxHxW or HxW with positive integers", quoted_excerpt(text));
     parts.push_back(value);
   }
+  if (parts.size() != 2 && parts.size() != 3) fail_argument(argument, "FxHxW or HxW with positive integers", quoted_excerpt(text));
+  // Token positions are int32 in block masks: refuse a grid with more tokens before any product overflows.
+  constexpr int64_t kMaxGridTokens = (int64_t{1} << 31) - 1;
+  int64_t tokens = 1;
+  for (const int64_t part : parts) {
+    if (part > kMaxGridTokens / tokens)
+      fail_argument(argument, detail::concat("a grid of at most ", kMaxGridTokens, " tokens"), quoted_excerpt(text));
+    tokens *= part;
+  }
   if (parts.size() == 2) return TokenGrid{1, parts[0], parts[1]};
-  if (parts.size() == 3) return TokenGrid{parts[0], parts[1], parts[2]};
-  fail_argument(argument, "FxHxW or HxW with positive integers", text);
+  return TokenGrid{parts[0], parts[1], parts[2]};
 }
 
 void validate_token_layout(const TokenLayout& layout, const std::string& argument) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "tessel/core/error.h"
@@ -40,6 +41,29 @@ TEST(QkvFile, LoadsAndValidatesQkv) {
   const std::string heads = temp_path("heads.safetensors");
   write_safetensors(heads, {{"q", q.view()}, {"k", k3.view()}, {"v", k3.view()}});
   EXPECT_THROW(load_qkv_safetensors(heads), Error);
+}
+
+// Captured tensors holding NaN or infinities are refused with the count and the first position.
+TEST(QkvFile, NonFiniteValuesAreRefused) {
+  for (const float poison : {std::nanf(""), INFINITY, -INFINITY}) {
+    Tensor q = Tensor::empty({1, 4, 1, 8}, DType::kBF16), k = Tensor::empty({1, 4, 1, 8}, DType::kBF16);
+    fill_normal(q.view(), 1);
+    fill_normal(k.view(), 2);
+    Tensor poisoned = Tensor::empty({1, 4, 1, 8}, DType::kF32);
+    fill_normal(poisoned.view(), 3);
+    poisoned.data_as<float>()[13] = poison;
+    const std::string path = temp_path("nonfinite.safetensors");
+    write_safetensors(path, {{"q", q.view()}, {"k", k.view()}, {"v", poisoned.view()}});
+    EXPECT_NO_THROW(SafetensorsFile::open(path));  // the header itself is fine
+    try {
+      load_qkv_safetensors(path);
+      ADD_FAILURE() << "accepted " << poison;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor 'v': expected finite values, got 1 non-finite of 32"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("at element (0, 1, 0, 5)"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

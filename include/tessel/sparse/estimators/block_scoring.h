@@ -25,6 +25,14 @@
 
 namespace tessel::block_scoring {
 
+// Σ a[i]·b[i] over n fp32 values, accumulated in fp32 (vectorized without -ffast-math).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
 // out[(g·s + t)·dim ..] = rows[(g·s + s-1-t)·dim ..] for every group g < groups: reverses the
 // tokens of each stride group, the query side of antidiagonal scoring.
 void reverse_stride_groups(const float* rows, int64_t groups, int64_t stride, int64_t dim, float* out);

@@ -1,0 +1,125 @@
+#include "option_checks.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "tessel/core/device.h"
+#include "tessel/core/error.h"
+
+namespace tessel::cli {
+namespace {
+
+// Up to this many characters of a bad value are echoed back.
+constexpr size_t kEchoChars = 40;
+
+std::string echo(const std::string& text) { return quoted_excerpt(text, kEchoChars); }
+
+std::string interval(double low, double high, Bounds bounds) {
+  const bool open_low = bounds == Bounds::kOpenLow || bounds == Bounds::kOpen;
+  const bool open_high = bounds == Bounds::kOpenHigh || bounds == Bounds::kOpen;
+  std::ostringstream out;
+  out << (open_low ? "(" : "[") << low << ", " << high << (open_high ? ")" : "]");
+  return out.str();
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t low, int64_t high) {
+  const std::string expected = detail::concat("an integer in [", low, ", ", high, "]");
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long value = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || end == nullptr || *end != '\0' || errno == ERANGE || value < low || value > high)
+          return "expected " + expected + ", got " + echo(text);
+        return "";
+      },
+      expected, "INTEGER_IN");
+}
+
+CLI::Validator number_in(double low, double high, Bounds bounds) {
+  const std::string expected = "a finite number in " + interval(low, high, bounds);
+  const bool open_low = bounds == Bounds::kOpenLow || bounds == Bounds::kOpen;
+  const bool open_high = bounds == Bounds::kOpenHigh || bounds == Bounds::kOpen;
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+        const bool parsed = !text.empty() && end != nullptr && *end == '\0';
+        const bool inside = std::isfinite(value) && (open_low ? value > low : value >= low) &&
+                            (open_high ? value < high : value <= high);
+        if (!parsed || !inside) return "expected " + expected + ", got " + echo(text);
+        return "";
+      },
+      expected, "NUMBER_IN");
+}
+
+CLI::Validator one_of(std::vector<std::string> names) {
+  std::string list;
+  for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+  return CLI::Validator(
+      [names, list](std::string& text) -> std::string {
+        for (const std::string& name : names)
+          if (text == name) return "";
+        return "expected one of " + list + ", got " + echo(text);
+      },
+      "one of " + list, "ONE_OF");
+}
+
+CLI::Validator parsed_by(const std::string& description, std::function<void(const std::string&)> parse) {
+  return CLI::Validator(
+      [description, parse](std::string& text) -> std::string {
+        try {
+          parse(text);
+        } catch (const Error& e) {
+          return "expected " + description + ", got " + echo(text) + " (" + e.what() + ")";
+        }
+        return "";
+      },
+      description, "PARSED_BY");
+}
+
+CLI::Validator device_name() {
+  return parsed_by("cpu, cuda or cuda:N", [](const std::string& text) { parse_device(text); });
+}
+
+CLI::Validator attention_dtype_name() {
+  return one_of({"fp32", "fp16", "bf16", "float32", "float16", "bfloat16", "f32", "f16", "half"});
+}
+
+void require_multiple(const std::string& option, int64_t value, const std::string& of_option, int64_t of_value) {
+  if (of_value <= 0 || value % of_value != 0)
+    fail_argument(option, detail::concat("a multiple of ", of_option, " ", of_value), value);
+}
+
+uint64_t memory_budget_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 8ull << 30;  // unknown machine: a conservative 8 GiB
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 2;
+}
+
+std::string format_bytes(double bytes) {
+  char text[64];
+  if (bytes >= 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0)
+    std::snprintf(text, sizeof text, "%.3g PiB", bytes / (1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0));
+  else if (bytes >= 1024.0 * 1024.0 * 1024.0)
+    std::snprintf(text, sizeof text, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  else
+    std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+
+void check_memory_budget(const std::string& option, const std::string& value, double bytes, const std::string& what) {
+  const double budget = static_cast<double>(memory_budget_bytes());
+  if (bytes <= budget) return;
+  throw Error(option + " " + echo(value) + ": needs about " + format_bytes(bytes) + " for " + what +
+              ", over the memory budget of " + format_bytes(budget) + " (half of this machine's memory)");
+}
+
+}  // namespace tessel::cli

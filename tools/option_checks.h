@@ -1,0 +1,51 @@
+// The CLI's validation layer: every number, name and size given on the command line is checked
+// before any work, whatever code path the command later takes.
+//  - Per value: CLI11 validators attached to the option (->check(...)), so a bad value is refused
+//    while the command line is parsed, with "--option: expected ..., got '...'". They refuse NaN,
+//    infinities, out-of-range and non-numeric text (CLI11's own Range lets NaN through).
+//  - Between values (heads vs kv-heads, block vs chunk) and for the memory a request implies:
+//    the functions below, called first thing by a command, throwing tessel::Error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace tessel::cli {
+
+// An integer in [low, high].
+CLI::Validator integer_in(int64_t low, int64_t high);
+// A finite number in the interval; an open end excludes the bound: number_in(0, 1, kOpenLow) is (0, 1].
+enum class Bounds { kClosed, kOpenLow, kOpenHigh, kOpen };
+CLI::Validator number_in(double low, double high, Bounds bounds = Bounds::kClosed);
+// One of the names (case-sensitive).
+CLI::Validator one_of(std::vector<std::string> names);
+// A value the parser accepts: runs `parse` (which throws tessel::Error) on the text.
+CLI::Validator parsed_by(const std::string& description, std::function<void(const std::string&)> parse);
+
+// Names shared by several commands: a device ("cpu", "cuda", "cuda:N") and an attention dtype
+// (fp32, fp16, bf16 and their long names).
+CLI::Validator device_name();
+CLI::Validator attention_dtype_name();
+
+// Common ranges, so that commands agree on them.
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxBlockTokens = 4096;       // as the sparse config's block_size_q/kv
+constexpr int64_t kMaxTokens = (1ll << 31) - 1;  // a sequence: BlockMask indices are int32
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxRepeats = 100000;
+
+// Throws Error("<option>: expected a multiple of <of_option> <of_value>, got <value>").
+void require_multiple(const std::string& option, int64_t value, const std::string& of_option, int64_t of_value);
+
+// The memory a command may plan to use: half of this machine's physical memory.
+uint64_t memory_budget_bytes();
+// Throws Error naming `option` and its value when `bytes` (what `what` needs) exceed the budget.
+void check_memory_budget(const std::string& option, const std::string& value, double bytes, const std::string& what);
+// Bytes as "12.3 GiB".
+std::string format_bytes(double bytes);
+
+}  // namespace tessel::cli
