@@ -1,10 +1,15 @@
 # Two entry points (see README.md): `make demo` and `make test`. Both install missing Debian
 # packages first, then build with CMake into build/.
+#   make test       build + every ctest test, then the sanitizer stages (scripts/sanitize.sh:
+#                   AddressSanitizer+UBSan over the CPU tests, ThreadSanitizer over the
+#                   *_concurrency_test files), then every fuzzer for FUZZ_SECONDS (scripts/fuzz.sh).
+#   make sanitize   the sanitizer stages alone;  make fuzz   the fuzzers alone.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+FUZZ_SECONDS ?= 60
 
-.PHONY: deps build demo test clean
+.PHONY: deps build demo test unit-test sanitize fuzz clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -16,8 +21,18 @@ build: deps
 demo: build
 	bash scripts/demo.sh $(BUILD_DIR)
 
-test: build
+unit-test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+sanitize: deps
+	JOBS=$(JOBS) bash scripts/sanitize.sh all
+
+fuzz: deps
+	JOBS=$(JOBS) bash scripts/fuzz.sh --seconds $(FUZZ_SECONDS)
+
+test: unit-test
+	$(MAKE) sanitize
+	$(MAKE) fuzz
+
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

@@ -3,9 +3,11 @@
 #   1. build (cmake, sm_90a) — or use binaries built elsewhere: --bin DIR holding `tessel` and
 #      the `*_gpu_test` binaries (built with
 #      -gencode arch=compute_90a,code=sm_90a; their libraries found through LD_LIBRARY_PATH);
-#   2. run the GPU tests, then compute-sanitizer memcheck and racecheck on a small case;
+#   2. run the GPU tests and the cross-backend conformance test (backend_conformance_test: every
+#      backend x pattern x dtype on CPU and CUDA against the fp64 reference), then
+#      compute-sanitizer memcheck and racecheck on a small case;
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
-#      `tessel bench --device cuda` at the RFC shapes (B=1, H=40, D=128, bf16,
+#      `tessel bench --device cuda` at the benchmark shapes (B=1, H=40, D=128, bf16,
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
@@ -44,12 +46,18 @@ if [[ -z "$BIN" ]]; then
   echo "== build ($BUILD, sm_90a)"
   cmake -S "$ROOT" -B "$BUILD" -DTESSEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release >"$OUTDIR/configure.log"
   GPU_TARGETS=$(find "$ROOT/tests" -name '*_gpu_test.cc' -exec basename {} .cc \;)
-  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli $GPU_TARGETS >"$OUTDIR/build.log"
+  cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli $GPU_TARGETS backend_conformance_test >"$OUTDIR/build.log"
   BIN="$BUILD/bin"
 fi
 TESSEL="$BIN/tessel"
 GPU_TEST="$BIN/attention_gpu_test"
 GPU_TESTS=("$BIN"/*_gpu_test)  # every GPU test binary (kernels, estimators, backends, kv engine)
+# The conformance test runs its CUDA cases when it sees the GPU (and its CPU cases as well).
+if [[ -x "$BIN/backend_conformance_test" ]]; then
+  GPU_TESTS+=("$BIN/backend_conformance_test")
+else
+  echo "gpu-check: $BIN/backend_conformance_test missing: the conformance test does not run" >&2
+fi
 STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
 
 if [[ $RUN_TESTS == 1 ]]; then

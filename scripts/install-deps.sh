@@ -10,6 +10,8 @@ packages=(
   libpng-dev        # libpng: `tessel mask` pictures
   libomp-dev        # OpenMP runtime headers (g++ uses libgomp; kept for clang builds)
   libopenblas-dev   # BLAS: reference comparisons in CPU benchmarks
+  clang-14          # libFuzzer targets (scripts/fuzz.sh)
+  libclang-rt-14-dev # libFuzzer, AddressSanitizer and UBSan runtimes for clang-14
 )
 missing=()
 for entry in "${packages[@]}"; do

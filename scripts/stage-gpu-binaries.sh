@@ -3,13 +3,13 @@
 # bare GPU machine lacks into one folder (default .stage-gpu), to carry there and run with
 #   LD_LIBRARY_PATH=.stage-gpu/lib scripts/gpu-check.sh --bin .stage-gpu/bin
 # Usage: scripts/stage-gpu-binaries.sh [BUILD_DIR] [STAGE_DIR] [binary names...] (default: tessel
-# and every *_gpu_test binary).
+# backend_conformance_test and every *_gpu_test binary).
 set -euo pipefail
 BUILD="${1:-build-cuda}" STAGE="${2:-.stage-gpu}"
 shift $(( $# < 2 ? $# : 2 ))
 rm -rf "$STAGE" && mkdir -p "$STAGE/bin" "$STAGE/lib"
 if [[ $# -gt 0 ]]; then names=("$@"); else
-  names=(tessel); for f in "$BUILD"/bin/*_gpu_test; do names+=("$(basename "$f")"); done
+  names=(tessel backend_conformance_test); for f in "$BUILD"/bin/*_gpu_test; do names+=("$(basename "$f")"); done
 fi
 for n in "${names[@]}"; do cp "$BUILD/bin/$n" "$STAGE/bin/"; done
 cp "$BUILD/lib/libtessel.so" "$STAGE/lib/"

@@ -13,7 +13,7 @@
 // Environment:
 //   TESSEL_SPARSE_ATTN_CONFIG    the JSON (same syntax as the flag), used when the flag is absent
 //   TESSEL_SPARSE_ATTN_BACKEND   the backend override, above everything at resolution
-//   DIFFUSION_SPARSE_ATTN_BACKEND  alias of TESSEL_SPARSE_ATTN_BACKEND (the RFC's name); when both
+//   DIFFUSION_SPARSE_ATTN_BACKEND  alias of TESSEL_SPARSE_ATTN_BACKEND (the DiT plugin proposal's name); when both
 //                                are set and differ, TESSEL_ wins and a warning is logged
 //   TESSEL_PLUGIN_PATH           colon-separated plugin directories, searched before the install's
 // Precedence of the config: defaults < JSON (flag, else env) < single-field flags. Backend

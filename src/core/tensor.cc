@@ -15,19 +15,32 @@ std::string shape_str(const Shape& shape) {
   return os.str();
 }
 
+namespace {
+
+// a * b for the extents of `shape`, or an Error naming the shape when it does not fit in int64
+// (a hostile file can declare extents whose product overflows, even with a zero extent elsewhere).
+int64_t checked_product(int64_t a, int64_t b, const Shape& shape) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product))
+    fail_argument("shape", "extents whose product fits in 64 bits", shape_str(shape));
+  return product;
+}
+
+}  // namespace
+
 Shape contiguous_strides(const Shape& shape) {
   Shape strides(shape.size());
   int64_t running = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = running;
-    running *= shape[i];
+    running = checked_product(running, shape[i], shape);
   }
   return strides;
 }
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) n = checked_product(n, s, shape);
   return n;
 }
 

@@ -17,6 +17,12 @@ XAttentionBsaPolicy::XAttentionBsaPolicy(XAttentionOptions options, XAttentionSc
   if (options_.stride < 1) fail_argument("xattention.stride", ">= 1", options_.stride);
   if (!(options_.vote_threshold >= 0 && options_.vote_threshold < 1))
     fail_argument("xattention.vote_threshold", "in [0, 1)", options_.vote_threshold);
+  // Settings of the estimator that this policy has no use for are refused rather than ignored.
+  if (!options_.per_head_threshold.empty())
+    fail_argument("xattention.per_head_threshold", "empty (the KV policy uses one threshold for every head)",
+                  detail::concat(options_.per_head_threshold.size(), " values"));
+  if (options_.scale != 0.0f)
+    fail_argument("xattention.scale", "0 (the KV policy scores with 1/sqrt(head_dim))", options_.scale);
 }
 
 std::vector<int32_t> XAttentionBsaPolicy::select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,

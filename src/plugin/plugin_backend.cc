@@ -12,18 +12,12 @@
 #include <set>
 
 #include "plugin_abi.h"
+#include "plugin_table.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 
 namespace tessel::plugin {
 namespace {
-
-// The fields a version-1 table must provide (everything up to destroy_plan).
-constexpr size_t kMinimumTableSize = offsetof(tessel_plugin_backend, destroy_plan) + sizeof(void (*)(void*, void*));
-// Zeroed room given to init: a plugin built against a newer header may write a longer table before
-// the host gets to reject its ABI version; it must not write past what we own.
-constexpr size_t kTableReserve = 4096;
-static_assert(sizeof(tessel_plugin_backend) <= kTableReserve);
 
 // An open library and its validated table. Closed (after shutdown) when the last backend,
 // builder, impl or plan referring to it is gone.
@@ -207,34 +201,15 @@ bool is_known_status(tessel_status status) {
   return false;
 }
 
-// Rejects tables a host of this ABI version cannot use. The version and size come first: nothing
-// else in the table is read before they are known good.
-void check_table(const std::string& where, const tessel_plugin_backend& table) {
-  if (table.abi_version == 0)
-    throw Error(where + ": the entry point did not set abi_version (expected " +
-                std::to_string(TESSEL_PLUGIN_ABI_VERSION) + ")");
-  if (table.abi_version > TESSEL_PLUGIN_ABI_VERSION)
-    throw Error(where + ": ABI version mismatch: the plugin was built for ABI version " + std::to_string(table.abi_version) +
-                ", this tessel supports versions 1.." + std::to_string(TESSEL_PLUGIN_ABI_VERSION));
-  if (table.struct_size < kMinimumTableSize || table.struct_size > kTableReserve)
-    fail_argument(where + ": table struct_size",
-                  detail::concat("between ", kMinimumTableSize, " and the ", kTableReserve, " bytes reserved"), table.struct_size);
+// Every function pointer of a checked table must point into code of a loaded library; a table
+// filled by a function that is no tessel entry point holds arbitrary values.
+void check_code_pointers(const std::string& where, const tessel_plugin_backend& table) {
   check_code_pointer(where, reinterpret_cast<const void*>(table.plan), "plan");
   check_code_pointer(where, reinterpret_cast<const void*>(table.forward), "forward");
   check_code_pointer(where, reinterpret_cast<const void*>(table.destroy_plan), "destroy_plan");
   check_code_pointer(where, reinterpret_cast<const void*>(table.update_step), "update_step");
   check_code_pointer(where, reinterpret_cast<const void*>(table.validate_config), "validate_config");
   check_code_pointer(where, reinterpret_cast<const void*>(table.shutdown), "shutdown");
-  const auto require = [&](bool present, const char* field) {
-    if (!present) throw Error(where + ": incomplete table: '" + field + "' is not set");
-  };
-  require(table.name != nullptr && table.name[0] != '\0', "name");
-  require(table.plan != nullptr, "plan");
-  require(table.forward != nullptr, "forward");
-  require(table.destroy_plan != nullptr, "destroy_plan");
-  require(table.pattern_mask != 0, "pattern_mask");
-  require(table.module_mask != 0, "module_mask");
-  require(table.device_mask != 0, "device_mask");
 }
 
 }  // namespace
@@ -276,10 +251,10 @@ std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std:
   if (dlinfo(library->handle, RTLD_DI_LINKMAP, &loaded) == 0 && loaded != nullptr) plugin_libraries().insert(loaded->l_name);
 
   // Aligned, zeroed room for the table; the host's struct is a prefix of it.
-  alignas(std::max_align_t) static thread_local unsigned char reserve[kTableReserve];
+  alignas(std::max_align_t) static thread_local unsigned char reserve[kPluginTableReserve];
   std::memset(reserve, 0, sizeof reserve);
   auto* table = reinterpret_cast<tessel_plugin_backend*>(reserve);
-  table->struct_size = static_cast<uint32_t>(kTableReserve);
+  table->struct_size = static_cast<uint32_t>(kPluginTableReserve);
   tessel_error error{};
   tessel_status status = TESSEL_ERROR_INTERNAL;
   try {
@@ -294,12 +269,9 @@ std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std:
   if (status != TESSEL_OK)
     throw Error(detail::concat(where, ": init failed (status ", status_name(status), "): ",
                                error.message[0] ? error.message : "no message"));
-  check_table(where, *table);
-  // Fields past the plugin's table are absent (NULL) for the host.
-  const size_t used = std::min<size_t>(table->struct_size, sizeof(tessel_plugin_backend));
-  std::memcpy(&library->table, table, used);
-  if (used < sizeof(tessel_plugin_backend))
-    std::memset(reinterpret_cast<unsigned char*>(&library->table) + used, 0, sizeof(tessel_plugin_backend) - used);
+  const tessel_plugin_backend checked = checked_plugin_table(where, reserve);
+  check_code_pointers(where, checked);
+  library->table = checked;
   log_message(LogLevel::kDebug, "loaded " + library->describe());
   return std::make_shared<PluginBackend>(std::move(library));
 }

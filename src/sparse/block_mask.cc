@@ -26,8 +26,13 @@ void validate_shape(const BlockMaskShape& shape) {
   if (shape.seq_kv < 0) fail_argument("mask shape.seq_kv", ">= 0", shape.seq_kv);
   if (shape.block_q < 1) fail_argument("mask shape.block_q", ">= 1", shape.block_q);
   if (shape.block_kv < 1) fail_argument("mask shape.block_kv", ">= 1", shape.block_kv);
-  const int64_t blocks = shape.num_rows() * shape.kv_blocks();
-  if (blocks > INT32_MAX) fail_argument("mask shape", "at most 2^31-1 blocks in all", blocks);
+  // Products checked step by step: hostile extents must give this error, not a signed overflow.
+  int64_t rows = 0, blocks = 0;
+  if (__builtin_mul_overflow(shape.mask_batch, shape.mask_heads, &rows) ||
+      __builtin_mul_overflow(rows, shape.q_blocks(), &rows) || __builtin_mul_overflow(rows, shape.kv_blocks(), &blocks) ||
+      blocks > INT32_MAX)
+    fail_argument("mask shape", "at most 2^31-1 blocks in all (mask_batch * mask_heads * q_blocks * kv_blocks)",
+                  detail::concat(shape.mask_batch, " x ", shape.mask_heads, " x ", shape.q_blocks(), " x ", shape.kv_blocks()));
 }
 
 int64_t block_tokens(int64_t index, int64_t block, int64_t seq) { return std::min(block, seq - index * block); }

@@ -10,7 +10,7 @@
 namespace tessel {
 namespace {
 
-// ---- dense: the RFC's DenseFallbackBackend -------------------------------------------------
+// ---- dense: the DenseFallbackBackend (docs/sparse_attention.md) ------------------------------
 
 class DenseBuilder : public MetadataBuilder {
  public:

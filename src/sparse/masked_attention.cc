@@ -1,5 +1,5 @@
 // Dense attention with an explicit boolean mask: the path SparseAttention takes when a caller
-// passes attn_mask (the RFC's "bypass with a logged warning"). Plain fp32/fp64 loops: it is a
+// passes attn_mask (bypass with a logged warning; docs/sparse_attention.md). Plain fp32/fp64 loops: it is a
 // fallback, not a fast path.
 #include <cmath>
 #include <limits>

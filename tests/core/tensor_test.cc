@@ -62,6 +62,14 @@ TEST(Tensor, ShapesStridesAndContiguity) {
   EXPECT_THROW(TensorView(nullptr, DType::kF32, Device::cpu(), {2, -1}), Error);
 }
 
+TEST(Tensor, ExtentsWhoseProductOverflowsAreAnError) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  // Zero elements, but the strides of the contiguous layout would overflow.
+  EXPECT_THROW(Tensor::empty({0, kHuge, kHuge}, DType::kF32), Error);
+  EXPECT_THROW(shape_numel({kHuge, 2}), Error);
+  EXPECT_EQ(shape_numel({kHuge, 0}), 0);
+}
+
 TEST(Tensor, ConvertAndRandomFillAreDeterministic) {
   Tensor a = Tensor::empty({64}, DType::kF32);
   Tensor b = Tensor::empty({64}, DType::kF32);

@@ -178,7 +178,7 @@ TEST(XAttentionBlockMassGpu, MatchesTheFp64Oracle) {
 #endif
 }
 
-// The GEMM variants at the RFC's largest benchmark shape (S = 29700, 40 heads, D = 128, bf16,
+// The GEMM variants at the largest benchmark shape (S = 29700, 40 heads, D = 128, bf16,
 // 128 x 128 blocks, strides 16 and 8): the masses agree with the mma.sync kernel's, and each
 // variant's time (median of 15 launches of the scores + masses) is printed for the record.
 TEST(XAttentionBlockMassGpu, GemmVariantsAgreeAtTheBenchmarkShape) {

@@ -104,7 +104,7 @@ void run_case(const Case& c, uint64_t seed, DType dtype = DType::kF32, SparsePol
 
 // These cases make thousands of tiny kernel calls; one OpenMP thread keeps them fast when ctest
 // runs tests side by side on a small machine (spinning OpenMP barriers under oversubscription
-// measured 40x slower here). Correctness does not depend on the thread count.
+// are far slower; docs/perf-log.md). Correctness does not depend on the thread count.
 class ScopedSingleThread {
  public:
   ScopedSingleThread() { set_num_threads(1); }

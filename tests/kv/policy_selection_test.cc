@@ -175,6 +175,15 @@ TEST(XAttentionBsaPolicy, RejectsABlockSizeThatIsNotAMultipleOfTheStride) {
   EXPECT_THROW(XAttentionBsaPolicy(xattention_options(1.5, 8, 0.5)), Error);
 }
 
+TEST(XAttentionBsaPolicy, RefusesEstimatorSettingsItCannotHonour) {
+  XAttentionOptions per_head = xattention_options(0.9, 4, 0.5);
+  per_head.per_head_threshold = {0.9, 0.8};
+  EXPECT_THROW(XAttentionBsaPolicy{per_head}, Error);
+  XAttentionOptions scaled = xattention_options(0.9, 4, 0.5);
+  scaled.scale = 0.25f;
+  EXPECT_THROW(XAttentionBsaPolicy{scaled}, Error);
+}
+
 TEST(XAttentionBsaPolicy, ScoringOnTheDeviceNeedsADeviceEngine) {
   XAttentionBsaPolicy device_only(xattention_options(0.9, 4, 0.5), XAttentionScoring::kDevice);
   Fixture f;

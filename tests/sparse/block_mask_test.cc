@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
@@ -40,6 +41,13 @@ TEST(BlockMask, ValidationNamesTheRow) {
   expect_error([] { BlockMask::full({1, 1, 8, 8, 0, 4}); }, "block_q");
   expect_error([] { BlockMask::random(kShape, 0.0, 1); }, "density");
   expect_error([] { BlockMask::from_dense(kShape, std::vector<uint8_t>(5)); }, "dense");
+}
+
+TEST(BlockMask, ShapesWhoseBlockCountOverflowsAreAnErrorNotUndefinedBehaviour) {
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  expect_error([] { BlockMask::full({1, 1, kHuge, kHuge, 8, 8}); }, "at most 2^31-1 blocks");
+  expect_error([] { BlockMask::full({int64_t{1} << 40, int64_t{1} << 40, 16, 16, 8, 8}); }, "at most 2^31-1 blocks");
+  EXPECT_EQ((BlockMaskShape{1, 1, kHuge, 1, kHuge, 1}.q_blocks()), 1);
 }
 
 TEST(BlockMask, DensityAndTokenDensity) {

@@ -149,7 +149,7 @@ TEST_F(CliPlugin, EnvironmentVariablesReachResolution) {
   EXPECT_EQ(r["pattern"], "sliding_window");
   EXPECT_EQ(r["backend"], "block_sparse");
   EXPECT_EQ(r["source"], "config");
-  // The RFC's variable name is accepted and beats the config.
+  // The DiT plugin proposal's variable name is accepted and beats the config.
   r = resolved(window_config + "DIFFUSION_SPARSE_ATTN_BACKEND=sink_window", "--sparse-attn-backend block_sparse", log);
   EXPECT_EQ(r["backend"], "sink_window");
   EXPECT_EQ(r["source"], "env");

@@ -17,6 +17,7 @@ namespace tessel {
 using Shape = std::vector<int64_t>;
 
 std::string shape_str(const Shape& shape);  // "(1, 128, 8, 64)"
+// Both throw Error naming the shape when a product of its extents overflows int64.
 Shape contiguous_strides(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 

@@ -38,7 +38,7 @@ void block_sparse_attention_forward(const TensorView& q, const TensorView& k, co
                                     const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options = {});
 
-// Combines two partial results over disjoint key sets (max-shifted form of DESIGN.md).
+// Combines two partial results over disjoint key sets (max-shifted form, docs/architecture.md).
 // out_* (B, S, H, D) any float dtype; lse_* fp32 (B, H, S). out/lse may alias a or b.
 void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse);

@@ -37,11 +37,11 @@ class KvBlockManager {
   // Marks the pending chunk's blocks as committed (their KV is on its way to the host cache).
   void commit_prefill_chunk(SequenceId seq);
 
-  // Host blocks whose KV has been offloaded (the guide's get_prefilled_cpu_blocks), in order.
+  // Host blocks whose KV has been offloaded (get_prefilled_cpu_blocks in the SparsePolicy guide), in order.
   const std::vector<int32_t>& get_prefilled_blocks(SequenceId seq) const;
   // Valid tokens of each of those blocks (block_size except possibly the last prefill block).
   const std::vector<int32_t>& prefilled_block_tokens(SequenceId seq) const;
-  // Tokens held in committed host blocks (the guide's get_prefill_len).
+  // Tokens held in committed host blocks (get_prefill_len in the SparsePolicy guide).
   int64_t get_prefill_len(SequenceId seq) const;
 
   // Decode bookkeeping: tokens currently in the decode buffer, [0, block_size).

@@ -1,4 +1,4 @@
-// The ring-buffer pipeline of the guide: attention of a query chunk over offloaded KV blocks,
+// The ring-buffer pipeline (docs/kv-offload.md): attention of a query chunk over offloaded KV blocks,
 // loaded through the engine's device slots so that copies overlap compute, combined with
 // log-sum-exp merging.
 #pragma once

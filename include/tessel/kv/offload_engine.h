@@ -1,5 +1,5 @@
 // Offload engine: the host KV cache, the device ring of slots, the per-layer prefill and decode
-// buffers, and the asynchronous copies between them (the guide's OffloadEngine).
+// buffers, and the asynchronous copies between them (docs/kv-offload.md).
 //
 // Memory:
 //   host K/V cache   [layers, host_blocks, block, kv_heads, head_dim]  (pinned on CUDA)
@@ -77,7 +77,7 @@ class OffloadEngine {
   const OffloadConfig& config() const { return config_; }
   Device device() const { return device_; }
 
-  // The guide's ring-buffer API.
+  // The ring-buffer API (docs/kv-offload.md).
   void load_to_slot_layer(int64_t slot, int64_t layer, int64_t host_block);
   void wait_slot_layer(int64_t slot);
   // (1, num_tokens, kv_heads, head_dim) views of the slot on the device; num_tokens -1 = whole block.

@@ -1,5 +1,5 @@
 // OffloadedAttention: drives chunked prefill and decode of one sequence with its KV offloaded to
-// the host — the role of the model's attention layer in the guide. Per prefill chunk:
+// the host — the role of the model's attention layer (docs/architecture.md, KV prefill chunk). Per prefill chunk:
 //   begin_chunk (reserve host blocks) → for each layer prefill_layer (store the chunk's KV in the
 //   prefill buffer, policy attention, offload hooks, asynchronous offload) → end_chunk (commit).
 // Per decoded token:

@@ -96,8 +96,9 @@ enum class XAttentionScoring : uint8_t { kAuto, kHost, kDevice };
 // XAttention block selection for chunked prefill (prefill only; decode throws), with the options of
 // the XAttention estimator (tessel::XAttentionOptions): threshold τ, stride (any >= 1; the engine's
 // block_size must be a multiple of it) and vote_threshold; the mask-geometry fields (block_q,
-// block_kv, keep_*, gqa_any, vote, per_head_threshold, scale) do not apply here: query blocks are
-// the engine's blocks, GQA "any" and the column vote always apply, and the scale is 1/sqrt(D).
+// block_kv, keep_*, gqa_any, vote) do not apply here: query blocks are the engine's blocks, GQA
+// "any" and the column vote always apply; per_head_threshold must be empty and scale 0 (1/sqrt(D)),
+// else the constructor throws Error.
 // For stride s, reshaped query row i = [q_{is+s-1}, q_{is+s-2}, ..., q_{is}] and reshaped key
 // column j = [k_{js}, ..., k_{js+s-1}] (the antidiagonals of each s×s tile); scores are
 // softmax(Q_r K_rᵀ · scale / s) over all history columns, summed per (query block of block/s rows,
@@ -124,7 +125,7 @@ class XAttentionBsaPolicy final : public SparsePolicy {
   bool warned_host_fallback_ = false;
 };
 
-// The guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)
+// The SparsePolicy guide's Top-K example: decode only; scores each block by max over query heads of q·mean(k)
 // and loads the top_k blocks.
 class TopKPolicy final : public KeyStatsPolicy {
  public:

@@ -1,5 +1,5 @@
 // SparsePolicy: decides which offloaded KV blocks a query chunk (prefill) or token (decode) loads,
-// and computes that attention through the offload engine's ring of slots (the guide's interface).
+// and computes that attention through the offload engine's ring of slots (docs/kv-offload.md).
 //
 // The standard flow, shared by every built-in policy (run_chunked_prefill / run_chunked_decode):
 //   prefill: history = manager.get_prefilled_blocks(seq); selected = select_blocks(history, ...);

@@ -101,7 +101,7 @@ typedef struct tessel_tensor {
   int64_t strides[TESSEL_MAX_DIMS]; /* in elements */
 } tessel_tensor;
 
-/* A BSR block mask (DESIGN.md): rows (mask_batch, mask_heads, q_blocks) flattened row-major,
+/* A BSR block mask (docs/architecture.md): rows (mask_batch, mask_heads, q_blocks) flattened row-major,
  * indptr has rows + 1 int32 entries, indices the sorted, unique kept kv-block ids of each row.
  * mask_batch is 1 or B; mask_heads is 1, H_kv or H_q. Arrays live on device_type/device_index. */
 typedef struct tessel_block_mask {

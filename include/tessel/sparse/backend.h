@@ -1,10 +1,10 @@
-// The sparse-attention protocol of the RFC, in C++: a Backend is a factory that names what it
+// The sparse-attention protocol (docs/sparse_attention.md), in C++: a Backend is a factory that names what it
 // supports and makes a MetadataBuilder (plan: shapes + pattern -> Metadata, once per shape) and an
 // Impl (forward: q, k, v + Metadata -> out, every call). Built-in backends and plugins loaded
 // from shared libraries (plugin/tessel_plugin.h, wrapped by the registry) implement the same
 // interface.
 //
-// Tensors are BSHD views (DESIGN.md): q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out like q;
+// Tensors are BSHD views (docs/architecture.md): q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out like q;
 // lse optional fp32 (B, H_q, S_q), or an empty TensorView{}.
 #pragma once
 
@@ -30,7 +30,7 @@ ModuleType parse_module_type(std::string_view name);  // throws Error listing th
 const std::vector<ModuleType>& all_module_types();
 std::string_view device_type_name(DeviceType type);   // "cpu", "cuda"
 
-// The shapes plan() sees (the RFC's plan arguments after pattern and module type).
+// The shapes plan() sees (the plan arguments after pattern and module type).
 struct AttentionShape {
   int64_t batch = 1;
   int64_t num_qo_heads = 1;
@@ -84,7 +84,7 @@ class MetadataBuilder {
   // Builds everything forward() needs for this pattern and shape. Validates the spec and shape
   // and throws Error for what this backend cannot run.
   virtual std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) = 0;
-  // The RFC's positional form.
+  // The positional form of the DiT plugin proposal.
   std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, int64_t num_qo_heads,
                                  int64_t num_kv_heads, int64_t head_dim, int64_t seq_q, int64_t seq_kv,
                                  int64_t batch = 1, DType dtype = DType::kF16, Device device = Device::cpu());

@@ -1,4 +1,4 @@
-// BlockMask: the owning BSR block mask of DESIGN.md, with validation, density and interop.
+// BlockMask: the owning BSR block mask (docs/architecture.md), with validation, density and interop.
 // See kernels/block_mask_view.h for the row layout. Validation errors name the row
 // (batch, head, q_block) and the offending value.
 #pragma once
@@ -19,8 +19,9 @@ struct BlockMaskShape {
   int64_t block_q = 128;
   int64_t block_kv = 64;
 
-  int64_t q_blocks() const { return (seq_q + block_q - 1) / block_q; }
-  int64_t kv_blocks() const { return (seq_kv + block_kv - 1) / block_kv; }
+  // Ceiling divisions that cannot overflow (seq near INT64_MAX); block sizes must be >= 1.
+  int64_t q_blocks() const { return seq_q / block_q + (seq_q % block_q != 0); }
+  int64_t kv_blocks() const { return seq_kv / block_kv + (seq_kv % block_kv != 0); }
   int64_t num_rows() const { return mask_batch * mask_heads * q_blocks(); }
   bool operator==(const BlockMaskShape&) const = default;
 };
@@ -68,7 +69,7 @@ class BlockMask {
   const std::vector<int32_t>& indptr() const { return indptr_; }
   const std::vector<int32_t>& indices() const { return indices_; }
   int64_t nnz() const { return static_cast<int64_t>(indices_.size()); }
-  // Kept blocks / all blocks (counting whole blocks, as DESIGN.md).
+  // Kept blocks / all blocks (counting whole blocks, docs/architecture.md).
   double density() const;
   // Fraction of (query, key) token pairs kept, partial last blocks weighted by their size.
   double token_density() const;

@@ -2,7 +2,7 @@
 // registers them explicitly (register_builtin_backends); these factories also let tests and tools
 // make fresh instances.
 //
-//   dense        DenseFallbackBackend of the RFC: exact dense attention for every pattern (it
+//   dense        DenseFallbackBackend: exact dense attention for every pattern (it
 //                ignores the pattern), the correctness oracle. Score -1: never chosen by "auto".
 //   block_sparse Executes PatternType::kBlockSparse (spec.block_mask) and kSlidingWindow on the
 //                block-sparse kernel, with the always-keep options. The window is block-granular:

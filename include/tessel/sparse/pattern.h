@@ -1,5 +1,5 @@
 // PatternSpec: a backend-agnostic description of which (query, key) blocks attention computes,
-// as the RFC's SparsePatternSpec (plus XAttention's threshold/stride, TeleFuser's radial/local
+// as the DiT plugin proposal's SparsePatternSpec (plus XAttention's threshold/stride, TeleFuser's radial/local
 // knobs and always-keep options). Each backend's MetadataBuilder translates it into its own form
 // (usually a BlockMask). Validation throws tessel::Error naming the field, the allowed range and
 // the value found.
@@ -42,7 +42,7 @@ std::string_view spatial_ordering_name(SpatialOrdering ordering);  // "raster", 
 SpatialOrdering parse_spatial_ordering(std::string_view name);     // throws Error
 
 // Geometry of a DiT latent: `frames` x `height` x `width` latent pixels, patchified by
-// `patch_size` in height and width (as the RFC: the token grid is frames x height/p x width/p).
+// `patch_size` in height and width (the token grid is frames x height/p x width/p).
 // Tokens are (frame, row, column) in raster order unless `ordering` says otherwise.
 struct SpatialLayout {
   int64_t frames = 1;
@@ -72,14 +72,14 @@ inline constexpr int64_t kMaxStride = 64;
 struct PatternSpec {
   PatternType type = PatternType::kDense;
 
-  // ---- block geometry (DESIGN.md defaults: 128 query tokens, 64 key tokens per block)
+  // ---- block geometry (docs/architecture.md defaults: 128 query tokens, 64 key tokens per block)
   int64_t block_q = 128;
   int64_t block_kv = 64;
 
-  // ---- block_sparse: the explicit mask (covers the RFC's block_mask and bsr_indptr/indices:
+  // ---- block_sparse: the explicit mask (covers the proposal's block_mask and bsr_indptr/indices:
   // build it with BlockMask::from_dense / from_csr). Its block sizes must equal block_q/block_kv.
   std::shared_ptr<const BlockMask> block_mask;
-  // The RFC's sub_block_mask: (nnz, block_q, block_kv) uint8, one token-level mask per kept block
+  // sub_block_mask: (nnz, block_q, block_kv) uint8, one token-level mask per kept block
   // in `block_mask` order. Backends that cannot honour it reject the spec in plan().
   std::vector<uint8_t> sub_block_mask;
 

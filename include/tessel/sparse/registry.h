@@ -12,7 +12,7 @@
 // plugin_failures(); the host keeps working. When two backends share a
 // name, the first found wins (explicit registrations and built-ins before plugins).
 //
-// Resolution (resolve_backend), as the RFC:
+// Resolution (resolve_backend), docs/architecture.md "Resolution order":
 //   1. the backend override, when not empty (the app passes what it read from
 //      TESSEL_SPARSE_ATTN_BACKEND; reported as source "env")
 //   2. the config's backend, when not "auto"

@@ -1,4 +1,4 @@
-// The DiT side of the RFC: DiTSparseAttentionAdapter (one per attention layer; knows the
+// The DiT side of the sparse interface: DiTSparseAttentionAdapter (one per attention layer; knows the
 // denoising step and its layer index, applies the sparsity schedule and the dense warm-up) and
 // the drop-in SparseAttention module (resolves the backend from the config, shares plans across
 // layers through a PlanCache, falls back to dense attention when given an explicit mask).

@@ -26,11 +26,11 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Query rows (all heads of a group) per item. Larger tiles reuse each K/V chunk more while it is
-// in L2; measured at S=4096 D=128 (CPU time, 1 thread): 64 rows 72, 128 rows 80, 256-1024 rows
-// 83-88 GFLOP/s. Tiles shrink when there would be too few items to keep every thread busy.
+// in L2 (512 measured best; docs/perf-log.md, CPU optimization log). Tiles shrink when there would
+// be too few items to keep every thread busy.
 constexpr int64_t kTileRowsTarget = 512;
 // With causal/window limits a tile straddling the band's edge computes masked pairs; smaller
-// tiles waste less (S=4096 causal bf16, 2 threads: 226-244 ms at 128 rows vs 262-275 at 512).
+// tiles waste less (128 rows measured faster than 512; docs/perf-log.md).
 constexpr int64_t kBandedTileRowsTarget = 128;
 constexpr int64_t kMinRowsPerHead = 16;
 constexpr size_t kPackBudgetBytes = size_t{256} << 20;  // fp32 K/V packed per wave

@@ -1,4 +1,4 @@
-// merge_attention_states on the CPU: the max-shifted combination of DESIGN.md, row by row.
+// merge_attention_states on the CPU: the max-shifted combination (docs/architecture.md, LSE), row by row.
 #include <cmath>
 #include <limits>
 #include <vector>

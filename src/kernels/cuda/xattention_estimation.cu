@@ -8,10 +8,10 @@
 // tile of group rows x group columns per CTA (8 warps of 32 x 64), two CTAs per SM, kStages
 // slices in flight.
 //
-// Measured on an H200 at S = 29700, H = 40, D = 128, stride 8 (whole estimate): 128 x 128 tiles
-// with 2 CTAs/SM 5.5 ms; 256 x 128 tiles (64 x 64 per warp, more FLOP per loaded byte) with one
-// CTA/SM 6.2 ms. Nsight Compute shows the kernel latency-bound (tensor pipe ~33% active, L2 and
-// DRAM far from busy), so more resident warps beat more reuse. This kernel is the sm_80 path (and
+// 128 x 128 tiles with 2 CTAs/SM measured faster than 256 x 128 tiles (64 x 64 per warp, more FLOP
+// per loaded byte) with one CTA/SM; Nsight Compute shows the kernel latency-bound (tensor pipe
+// mostly idle, L2 and DRAM far from busy), so more resident warps beat more reuse (numbers:
+// docs/perf-log.md). This kernel is the sm_80 path (and
 // that of builds without sm_90a); compute capability 9.0 runs the wgmma version of the same GEMM
 // (xattention_scores_wgmma.cu), chosen in launch_xattention_block_mass.
 //
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
 
     const uint32_t sa = s_base + stage * kStageBytes, sb = sa + kRowSliceBytes;
     // One uniform branch per step (not per MMA: per-MMA guards cost a branch each and broke the
-    // scheduling — measured 14% of issued instructions were MMAs).
+    // scheduling; docs/perf-log.md).
     mma_active_tiles<T, WM, WM>(active_m, acc, sa, sb, a_off, b_off);
     stage = stage + 1 == kStages ? 0 : stage + 1;
     if (++slice < slices) continue;
@@ -262,8 +262,8 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
 // (mass desc, c asc) while the kept mass is below threshold x the row's total, then the row's ids
 // ascending. The greedy rule runs in parallel: sorted entry i is kept iff forced + (sum of the
 // sorted masses before i) < target, a prefix sum (double, fixed order, so replays select the same
-// blocks). A single-thread loop over the row measured 0.42 ms of a 2.4 ms estimate at S = 29700,
-// stride 16, 465 kv blocks, on an H100.
+// blocks). A single-thread loop over the row was a large share of the whole estimate at S = 29700
+// (docs/perf-log.md).
 __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_size) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);

@@ -3,17 +3,16 @@
 // Same work and output as the mma.sync kernel (xattention_estimation.cu): antidiagonal scores of
 // 128 group rows x kCols group columns per tile, reduced in the epilogue to one log-sum-exp per
 // (row, kv block), never stored. What changes is the inner product: the mma.sync kernel spends
-// most of its issue slots on ldmatrix and per-warp m16n8k16 MMAs and measured latency-bound at
-// about 215 TFLOP/s (tensor pipe ~33% active); here each warpgroup issues four m64nNk16 wgmmas per
+// most of its issue slots on ldmatrix and per-warp m16n8k16 MMAs and measured latency-bound
+// (docs/perf-log.md); here each warpgroup issues four m64nNk16 wgmmas per
 // 64-wide slice straight from the swizzled tiles cp.async wrote (wgmma.cuh), with no register
 // fragments to load.
 //
-// Two shapes (measured on an H100 at S = 29700, H = 40, D = 128, scores + masses):
-//  - kCols 128 (the default): 3 stages, two CTAs per SM; each step waits for its own wgmmas (the
-//    other CTA keeps the tensor cores busy across barriers). 1.77 ms at stride 16, 320 TFLOP/s
-//    (mma.sync: 2.2 ms).
+// Two shapes (their measured times: docs/benchmarks.md and docs/perf-log.md):
+//  - kCols 128 (the default, the faster): 3 stages, two CTAs per SM; each step waits for its own
+//    wgmmas (the other CTA keeps the tensor cores busy across barriers). Faster than mma.sync.
 //  - kCols 256: 4 stages, one CTA per SM, more FLOP per loaded byte; one wgmma group stays in
-//    flight across the barrier, so loads run two steps ahead instead of three. 2.13 ms: slower.
+//    flight across the barrier, so loads run two steps ahead instead of three, which measured slower.
 // Still short of the tensor cores' peak: every step ends in a CTA-wide barrier. A producer warp
 // feeding stages through mbarriers (TMA, warp specialization) is the next step.
 #include <cuda_bf16.h>
