@@ -348,7 +348,8 @@ void run_case(const Backend& backend, PatternType type, const PatternCase& patte
 }
 
 void run_backend_conformance(Device device) {
-  BackendRegistry registry(/*with_builtins=*/true, /*discover_plugins=*/false);
+  const std::unique_ptr<BackendRegistry> owned = testing::builtin_registry();
+  BackendRegistry& registry = *owned;
   const std::vector<DType> dtypes = dtypes_of(device);
   ASSERT_FALSE(dtypes.empty()) << "the dense kernel takes no dtype on " << device.str();
   Tally tally;
