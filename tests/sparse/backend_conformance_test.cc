@@ -34,6 +34,7 @@
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/reference.h"
+#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/backend.h"
 #include "tessel/sparse/block_mask.h"
 #include "tessel/sparse/config.h"
@@ -348,7 +349,8 @@ void run_case(const Backend& backend, PatternType type, const PatternCase& patte
 }
 
 void run_backend_conformance(Device device) {
-  const std::unique_ptr<BackendRegistry> owned = testing::builtin_registry();
+  // Built-ins plus the plugin loader: the example plugin is loaded by path below.
+  const std::unique_ptr<BackendRegistry> owned = make_default_registry(/*discover_plugins=*/false);
   BackendRegistry& registry = *owned;
   const std::vector<DType> dtypes = dtypes_of(device);
   ASSERT_FALSE(dtypes.empty()) << "the dense kernel takes no dtype on " << device.str();
