@@ -27,9 +27,13 @@ void validate_shape(const BlockMaskShape& shape) {
   if (shape.block_q < 1) fail_argument("mask shape.block_q", ">= 1", shape.block_q);
   if (shape.block_kv < 1) fail_argument("mask shape.block_kv", ">= 1", shape.block_kv);
   // Products checked step by step: hostile extents must give this error, not a signed overflow.
-  int64_t rows = 0, blocks = 0;
-  if (__builtin_mul_overflow(shape.mask_batch, shape.mask_heads, &rows) ||
-      __builtin_mul_overflow(rows, shape.q_blocks(), &rows) || __builtin_mul_overflow(rows, shape.kv_blocks(), &blocks) ||
+  // (batch, head) pairs are bounded too: a mask with no q block still has one FlashInfer/Flex
+  // entry per pair.
+  int64_t pairs = 0, rows = 0, blocks = 0;
+  if (__builtin_mul_overflow(shape.mask_batch, shape.mask_heads, &pairs) || pairs > INT32_MAX)
+    fail_argument("mask shape", "at most 2^31-1 (batch, head) rows (mask_batch * mask_heads)",
+                  detail::concat(shape.mask_batch, " x ", shape.mask_heads));
+  if (__builtin_mul_overflow(pairs, shape.q_blocks(), &rows) || __builtin_mul_overflow(rows, shape.kv_blocks(), &blocks) ||
       blocks > INT32_MAX)
     fail_argument("mask shape", "at most 2^31-1 blocks in all (mask_batch * mask_heads * q_blocks * kv_blocks)",
                   detail::concat(shape.mask_batch, " x ", shape.mask_heads, " x ", shape.q_blocks(), " x ", shape.kv_blocks()));

@@ -46,7 +46,9 @@ TEST(BlockMask, ValidationNamesTheRow) {
 TEST(BlockMask, ShapesWhoseBlockCountOverflowsAreAnErrorNotUndefinedBehaviour) {
   constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
   expect_error([] { BlockMask::full({1, 1, kHuge, kHuge, 8, 8}); }, "at most 2^31-1 blocks");
-  expect_error([] { BlockMask::full({int64_t{1} << 40, int64_t{1} << 40, 16, 16, 8, 8}); }, "at most 2^31-1 blocks");
+  expect_error([] { BlockMask::full({int64_t{1} << 40, int64_t{1} << 40, 16, 16, 8, 8}); }, "(batch, head) rows");
+  // No q block, so no block at all, but one FlashInfer entry per (batch, head) pair.
+  expect_error([] { BlockMask::full({1, int64_t{1} << 57, 0, 16, 8, 8}); }, "(batch, head) rows");
   EXPECT_EQ((BlockMaskShape{1, 1, kHuge, 1, kHuge, 1}.q_blocks()), 1);
 }
 

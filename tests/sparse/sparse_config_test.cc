@@ -183,7 +183,7 @@ TEST(SparseAttnConfig, EachOutOfRangeFieldIsNamedWithItsPathAndRange) {
   for (const auto& [json, fragments] : cases) {
     SCOPED_TRACE(json);
     EXPECT_NO_THROW(parse_sparse_attn_json(json));  // ranges are the resolver's job
-    expect_error_containing([&] { resolve_json(json); }, fragments);
+    expect_error_containing([&text = json] { resolve_json(text); }, fragments);  // clang 14 cannot capture a binding
   }
 }
 
@@ -217,7 +217,7 @@ TEST(SparseAttnConfig, WrongTypesUnknownKeysUnknownNamesAndBadJsonAreNamed) {
   };
   for (const auto& [json, fragments] : cases) {
     SCOPED_TRACE(json);
-    expect_error_containing([&] { parse_sparse_attn_json(json); }, fragments);
+    expect_error_containing([&text = json] { parse_sparse_attn_json(text); }, fragments);
   }
 }
 
