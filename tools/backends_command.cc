@@ -36,7 +36,8 @@ struct BackendsArgs {
 };
 
 int run_backends(const BackendsArgs& args) {
-  BackendRegistry& registry = BackendRegistry::global();
+  const std::unique_ptr<BackendRegistry> owned_registry = make_cli_registry();
+  BackendRegistry& registry = *owned_registry;
   std::vector<std::shared_ptr<Backend>> backends = registry.list();
   // A backend named by path is loaded on demand; show it too.
   std::string path, symbol;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bench_timer.h"
+#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "tessel/core/random.h"
@@ -29,6 +30,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
   const Tensor out = Tensor::empty(q_host.shape(), c.dtype, c.device);
 
   const auto cache = std::make_shared<PlanCache>();
+  const std::unique_ptr<BackendRegistry> registry = make_cli_registry();
   std::vector<SparseAttention> layers;
   layers.reserve(static_cast<size_t>(s.layers));
   for (int64_t layer = 0; layer < s.layers; ++layer) {
@@ -42,6 +44,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
     o.device = c.device;
     o.layer_index = layer;
     o.plan_cache = cache;
+    o.registry = registry.get();
     layers.emplace_back(o);
   }
   const Resolution& resolution = layers.front().resolution();

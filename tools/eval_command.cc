@@ -18,9 +18,9 @@
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
 #include "tessel/sparse/planners/static_patterns.h"
-#include "tessel/sparse/quality/evaluate_mask.h"
-#include "tessel/sparse/quality/qkv_file.h"
-#include "tessel/sparse/quality/synthetic_video.h"
+#include "quality/evaluate_mask.h"
+#include "quality/qkv_file.h"
+#include "quality/synthetic_video.h"
 
 namespace tessel::cli {
 namespace {

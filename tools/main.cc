@@ -4,7 +4,6 @@
 #include <map>
 
 #include "command.h"
-#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/sparse/registry.h"
@@ -60,8 +59,6 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    // The environment is read here, once; the library receives what it says as arguments.
-    apply_plugin_dirs(tessel::BackendRegistry::global(), process_sparse_attn_env());
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
   } catch (const tessel::Error& e) {

@@ -14,11 +14,11 @@
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/config.h"
-#include "tessel/sparse/mask_image.h"
+#include "quality/mask_image.h"
 #include "tessel/sparse/mask_planning.h"
 #include "tessel/sparse/pattern_backends.h"
-#include "tessel/sparse/quality/qkv_file.h"
-#include "tessel/sparse/quality/synthetic_video.h"
+#include "quality/qkv_file.h"
+#include "quality/synthetic_video.h"
 
 namespace tessel::cli {
 namespace {

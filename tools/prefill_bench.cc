@@ -13,8 +13,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <random>
 
+#include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "tessel/core/tensor.h"
@@ -199,8 +201,8 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
   po.top_k = c.top_k;
   // Policies resolve by name through the backend registry: the built-ins plus whatever else is
   // registered there.
-  BackendRegistry& registry = BackendRegistry::global();
-  kv::register_builtin_policies(registry);
+  const std::unique_ptr<BackendRegistry> owned_registry = make_cli_registry();
+  BackendRegistry& registry = *owned_registry;
   auto prefill_policy = kv::make_sparse_policy(registry, c.policy, po);
   std::unique_ptr<kv::SparsePolicy> decode_owned;
   kv::SparsePolicy* decode_policy = prefill_policy.get();

@@ -5,6 +5,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/log.h"
+#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -107,5 +108,11 @@ SparseAttnConfig sparse_attn_config_from(const SparseAttnFlags& flags, const Spa
 }
 
 void apply_plugin_dirs(BackendRegistry& registry, const SparseAttnEnv& env) { registry.set_plugin_dirs(env.plugin_dirs); }
+
+std::unique_ptr<BackendRegistry> make_cli_registry() {
+  std::unique_ptr<BackendRegistry> registry = make_default_registry();
+  apply_plugin_dirs(*registry, process_sparse_attn_env());
+  return registry;
+}
 
 }  // namespace tessel::cli

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,5 +98,9 @@ inline std::string backend_override(const SparseAttnEnv& env) { return env.backe
 
 // Hands the environment's plugin directories to `registry`.
 void apply_plugin_dirs(BackendRegistry& registry, const SparseAttnEnv& env);
+
+// The CLI's registry: the built-in backends, the plugin loader, and the plugin directories of the
+// process environment (process_sparse_attn_env()).
+std::unique_ptr<BackendRegistry> make_cli_registry();
 
 }  // namespace tessel::cli

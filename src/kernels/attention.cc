@@ -5,10 +5,10 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/cpu/attention_cpu.h"
+#include "cpu/attention_cpu.h"
 #include "tessel/core/error.h"
 #ifdef TESSEL_WITH_CUDA
-#include "kernels/cuda/attention_cuda.h"
+#include "cuda/attention_cuda.h"
 #endif
 
 namespace tessel {

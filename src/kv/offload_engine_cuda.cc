@@ -20,7 +20,7 @@
 #include <chrono>
 #include <vector>
 
-#include "kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/device_guard.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offload_engine.h"
 

@@ -77,7 +77,7 @@ std::unique_ptr<SparsePolicy> make_sparse_policy(BackendRegistry& registry, cons
 }
 
 std::unique_ptr<SparsePolicy> make_sparse_policy(const std::string& name, const PolicyOptions& options) {
-  BackendRegistry builtins(/*with_builtins=*/false, /*discover_plugins=*/false);
+  BackendRegistry builtins(/*discover_plugins=*/false);
   register_builtin_policies(builtins);
   return make_sparse_policy(builtins, name, options);
 }

@@ -15,9 +15,9 @@
 #include <climits>
 #include <cstdint>
 
-#include "kernels/cuda/device_guard.h"
-#include "kernels/cuda/launch_check.h"
-#include "kernels/cuda/xattention_estimation.h"
+#include "tessel/kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/launch_check.h"
+#include "tessel/kernels/cuda/xattention_estimation.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/chunked_attention.h"
 #include "tessel/sparse/estimators/device_mask_estimation.h"

@@ -208,7 +208,9 @@ void check_code_pointer(const std::string& where, const void* pointer, const cha
     throw Error(where + ": invalid table: '" + field + "' points into no loaded library (the entry point did not fill a plugin table)");
 }
 
-bool is_known_status(tessel_status status) {
+// Takes the raw int: a symbol that is no plugin entry point returns any value, and holding a
+// value outside the enumeration in a tessel_status object is undefined behaviour.
+bool is_known_status(int status) {
   switch (status) {
     case TESSEL_OK:
     case TESSEL_ERROR_INVALID_ARGUMENT:
@@ -276,15 +278,16 @@ std::shared_ptr<Backend> load_plugin_backend(const std::string& path, const std:
   auto* table = reinterpret_cast<tessel_plugin_backend*>(reserve);
   table->struct_size = static_cast<uint32_t>(kPluginTableReserve);
   tessel_error error{};
-  tessel_status status = TESSEL_ERROR_INTERNAL;
+  int raw_status = TESSEL_ERROR_INTERNAL;
   try {
-    status = reinterpret_cast<tessel_plugin_init_fn>(entry)(host_api(), table, &error);
+    raw_status = static_cast<int>(reinterpret_cast<tessel_plugin_init_fn>(entry)(host_api(), table, &error));
   } catch (...) {
     throw Error(where + ": the entry point threw an exception (plugins must return status codes)");
   }
-  if (!is_known_status(status))
-    throw Error(detail::concat(where, ": entry symbol '", symbol, "' returned ", static_cast<int64_t>(status),
+  if (!is_known_status(raw_status))
+    throw Error(detail::concat(where, ": entry symbol '", symbol, "' returned ", raw_status,
                                ", not a tessel_status: it is no tessel plugin entry point"));
+  const auto status = static_cast<tessel_status>(raw_status);
   error.message[TESSEL_ERROR_MESSAGE_SIZE - 1] = '\0';  // whatever the plugin wrote, the host reads a string
   if (status != TESSEL_OK)
     throw Error(detail::concat(where, ": init failed (status ", status_name(status), "): ",

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 
-#include "sparse/enum_names.h"
+#include "enum_names.h"
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
 

@@ -4,6 +4,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/sparse/pattern_backends.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel {
@@ -52,9 +53,6 @@ PlannedMask plan_block_sparse(const PatternSpec& spec, ModuleType module, const 
   return spec.type == PatternType::kBlockSparse ? plan_explicit_block_mask(spec, module, shape)
                                                 : plan_sliding_window_blocks(spec, module, shape);
 }
-
-BuiltinBackendRegistration dense_registration{make_dense_backend};
-BuiltinBackendRegistration block_sparse_registration{make_block_sparse_backend};
 
 }  // namespace
 
@@ -105,6 +103,12 @@ PlannedMask plan_sliding_window_blocks(const PatternSpec& spec, ModuleType, cons
       rows[static_cast<size_t>(qb)].push_back(static_cast<int32_t>(kb));
   }
   return PlannedMask{BlockMask::from_rows(mask_shape, rows), {}};
+}
+
+void register_builtin_backends(BackendRegistry& registry) {
+  registry.register_backend(make_dense_backend());
+  registry.register_backend(make_block_sparse_backend());
+  register_pattern_backends(registry);
 }
 
 }  // namespace tessel

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/device_guard.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/pattern_backends.h"
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "sparse/enum_names.h"
+#include "enum_names.h"
 #include "tessel/core/error.h"
 
 namespace tessel {

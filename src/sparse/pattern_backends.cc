@@ -171,16 +171,18 @@ std::shared_ptr<Backend> dynamic_backend(const std::string& name, PatternType ty
       DeviceMaskEstimator{check_xattention_device, estimate_xattention_device});
 }
 
-BuiltinBackendRegistration sliding_window_registration{[] { return static_backend("sliding_window", PatternType::kSlidingWindow); }};
-BuiltinBackendRegistration spatial_aware_registration{[] { return static_backend("spatial_aware", PatternType::kSpatialAware); }};
-BuiltinBackendRegistration radial_registration{[] { return static_backend("radial", PatternType::kRadial); }};
-BuiltinBackendRegistration local_registration{[] { return static_backend("local", PatternType::kLocal); }};
-BuiltinBackendRegistration arrow_registration{[] { return static_backend("arrow", PatternType::kArrow); }};
-BuiltinBackendRegistration composite_registration{[] { return static_backend("composite", PatternType::kComposite); }};
-BuiltinBackendRegistration topk_registration{[] { return dynamic_backend("dynamic_topk", PatternType::kDynamicTopk); }};
-BuiltinBackendRegistration threshold_registration{[] { return dynamic_backend("threshold", PatternType::kThreshold); }};
-
 }  // namespace
+
+void register_pattern_backends(BackendRegistry& registry) {
+  registry.register_backend(static_backend("sliding_window", PatternType::kSlidingWindow));
+  registry.register_backend(static_backend("spatial_aware", PatternType::kSpatialAware));
+  registry.register_backend(static_backend("radial", PatternType::kRadial));
+  registry.register_backend(static_backend("local", PatternType::kLocal));
+  registry.register_backend(static_backend("arrow", PatternType::kArrow));
+  registry.register_backend(static_backend("composite", PatternType::kComposite));
+  registry.register_backend(dynamic_backend("dynamic_topk", PatternType::kDynamicTopk));
+  registry.register_backend(dynamic_backend("threshold", PatternType::kThreshold));
+}
 
 StaticPlanCache& static_plan_cache() {
   static StaticPlanCache cache;

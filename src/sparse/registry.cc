@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "plugin/plugin_backend.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 
@@ -13,11 +12,6 @@
 
 namespace tessel {
 namespace {
-
-std::vector<BackendFactory>& builtin_factories() {
-  static std::vector<BackendFactory> factories;
-  return factories;
-}
 
 // Shared libraries in `dir`, sorted by name so discovery order is reproducible.
 std::vector<std::string> libraries_in(const std::string& dir) {
@@ -54,10 +48,6 @@ void check_supports(const Backend& backend, const ResolvedSparseAttnConfig& conf
 
 }  // namespace
 
-BuiltinBackendRegistration::BuiltinBackendRegistration(BackendFactory factory) {
-  builtin_factories().push_back(std::move(factory));
-}
-
 std::string plugin_install_dir() { return TESSEL_PLUGIN_DIR; }
 
 std::string_view resolution_source_name(ResolutionSource source) {
@@ -85,16 +75,14 @@ bool parse_plugin_reference(const std::string& spec, std::string& path, std::str
   return true;
 }
 
-BackendRegistry::BackendRegistry(bool with_builtins, bool discover_plugins) : discover_plugins_(discover_plugins) {
-  if (!with_builtins) return;
-  for (const BackendFactory& factory : builtin_factories()) register_backend(factory());
-}
+BackendRegistry::BackendRegistry(bool discover_plugins) : discover_plugins_(discover_plugins) {}
 
 BackendRegistry::~BackendRegistry() = default;
 
-BackendRegistry& BackendRegistry::global() {
-  static BackendRegistry registry;
-  return registry;
+void BackendRegistry::set_plugin_loader(PluginLoader loader) {
+  if (!loader) fail_argument("plugin loader", "a callable loader", "an empty function");
+  std::lock_guard<std::mutex> lock(mutex_);
+  plugin_loader_ = std::move(loader);
 }
 
 void BackendRegistry::register_backend(std::shared_ptr<Backend> backend) {
@@ -148,7 +136,10 @@ std::shared_ptr<Backend> BackendRegistry::load_plugin(const std::string& path, c
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [loaded_key, backend] : loaded_by_path_)
     if (loaded_key == key) return backend;
-  std::shared_ptr<Backend> backend = plugin::load_plugin_backend(path, symbol);
+  if (!plugin_loader_)
+    fail_argument("plugin '" + path + "'", "a registry with a plugin loader (install_plugin_loader)",
+                  "a registry without one");
+  std::shared_ptr<Backend> backend = plugin_loader_(path, symbol);
   loaded_by_path_.emplace_back(key, backend);
   return backend;
 }
@@ -181,7 +172,7 @@ std::vector<std::string> BackendRegistry::plugin_search_dirs_locked() const {
 }
 
 void BackendRegistry::ensure_discovered_locked() {
-  if (discovered_once_ || !discover_plugins_) return;
+  if (discovered_once_ || !discover_plugins_ || !plugin_loader_) return;
   discovered_once_ = true;
   for (const std::string& dir : plugin_search_dirs_locked()) {
     // A plugin folder that is a file or does not exist is a mistake worth a word (the install's own
@@ -199,7 +190,7 @@ void BackendRegistry::ensure_discovered_locked() {
     for (const std::string& path : libraries_in(dir)) {
       std::shared_ptr<Backend> backend;
       try {
-        backend = plugin::load_plugin_backend(path, kDefaultPluginSymbol);
+        backend = plugin_loader_(path, kDefaultPluginSymbol);
       } catch (const Error& e) {
         failures_.push_back({path, e.what()});
         log_warning(std::string("skipping plugin: ") + e.what());
@@ -266,11 +257,6 @@ Resolution BackendRegistry::resolve(const ResolvedSparseAttnConfig& config, Modu
     resolution.source = ResolutionSource::kAuto;
   }
   return resolution;
-}
-
-Resolution resolve_backend(const ResolvedSparseAttnConfig& config, ModuleType module, Device device,
-                           const std::string& backend_override) {
-  return BackendRegistry::global().resolve(config, module, device, backend_override);
 }
 
 }  // namespace tessel

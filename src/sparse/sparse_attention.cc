@@ -124,8 +124,9 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, c
 namespace {
 
 Resolution resolve_for(const SparseAttentionOptions& options, const ResolvedSparseAttnConfig& config) {
-  BackendRegistry& registry = options.registry ? *options.registry : BackendRegistry::global();
-  return registry.resolve(config, options.module, options.device, options.backend_override);
+  if (!options.registry)
+    fail_argument("SparseAttentionOptions::registry", "the application's BackendRegistry", "null");
+  return options.registry->resolve(config, options.module, options.device, options.backend_override);
 }
 
 }  // namespace

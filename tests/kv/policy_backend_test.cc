@@ -7,6 +7,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/kv/policy_backend.h"
+#include "tessel/sparse/builtin_backends.h"
 
 namespace tessel::kv {
 namespace {
@@ -21,7 +22,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(PolicyBackend, BuiltinsResolveByNameWithTheirPhases) {
-  BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   register_builtin_policies(registry);
   register_builtin_policies(registry);  // idempotent: nothing registered twice
   EXPECT_EQ(registry.list().size(), 5u);
@@ -38,7 +39,7 @@ TEST(PolicyBackend, BuiltinsResolveByNameWithTheirPhases) {
 }
 
 TEST(PolicyBackend, OptionsReachThePolicy) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   register_builtin_policies(registry);
   PolicyOptions options;
   options.xattention.threshold = 1.5;
@@ -70,7 +71,7 @@ class LastBlockBackend final : public PolicyBackend {
 };
 
 TEST(PolicyBackend, ARegisteredBackendProvidesAPolicy) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   register_builtin_policies(registry);
   registry.register_backend(std::make_shared<LastBlockBackend>());
   auto policy = make_sparse_policy(registry, "last-block");
@@ -79,7 +80,8 @@ TEST(PolicyBackend, ARegisteredBackendProvidesAPolicy) {
 }
 
 TEST(PolicyBackend, NamesThatAreNotPoliciesAreRejected) {
-  BackendRegistry registry(/*with_builtins=*/true, /*discover_plugins=*/false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  register_builtin_backends(registry);
   register_builtin_policies(registry);
   const std::string dense = error_of([&] { make_sparse_policy(registry, "dense"); });
   EXPECT_NE(dense.find("not a KV policy"), std::string::npos) << dense;

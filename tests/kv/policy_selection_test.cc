@@ -6,7 +6,7 @@
 #include <random>
 
 #include "kv/kv_test_util.h"
-#include "kv/xattention_scoring.h"
+#include "xattention_scoring.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offloaded_attention.h"
 #include "tessel/kv/policies.h"

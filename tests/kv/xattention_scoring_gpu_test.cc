@@ -15,7 +15,7 @@
 #include <iterator>
 
 #include "kv/kv_test_util.h"
-#include "kv/xattention_scoring.h"
+#include "xattention_scoring.h"
 #include "tessel/core/device.h"
 #include "tessel/core/random.h"
 #include "tessel/kv/offloaded_attention.h"

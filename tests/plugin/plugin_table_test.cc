@@ -1,5 +1,5 @@
 // The plugin table checks on plain bytes (no shared library involved).
-#include "plugin/plugin_table.h"
+#include "plugin_table.h"
 
 #include <gtest/gtest.h>
 

@@ -29,6 +29,7 @@
 namespace tessel {
 namespace {
 
+using testing::builtins;
 using testing::Qkv;
 
 #define SKIP_WITHOUT_GPU() \
@@ -73,7 +74,7 @@ struct DevicePlan {
 
 DevicePlan plan_on_device(const std::string& pattern, uint64_t seed) {
   DevicePlan p{spec_for(pattern), inputs(seed), nullptr, nullptr};
-  const std::shared_ptr<Backend> backend = BackendRegistry::global().get(pattern);
+  const std::shared_ptr<Backend> backend = builtins().get(pattern);
   p.metadata = backend->make_metadata_builder()->plan(ExecContext{}, p.spec, ModuleType::kDitSelf, AttentionShape::of(p.t.q, p.t.k, p.t.v));
   p.impl = backend->make_impl();
   return p;
@@ -175,7 +176,7 @@ TEST(DynamicBackendsGpu, UnsupportedOptionsAreErrorsAtPlanTime) {
   shape.dtype = DType::kBF16;
   shape.device = Device::cuda();
   auto plan = [&](const std::string& pattern, const PatternSpec& spec, const AttentionShape& s) {
-    BackendRegistry::global().get(pattern)->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, s);
+    builtins().get(pattern)->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, s);
   };
   auto with_option = [](const std::string& pattern, const std::string& key, const std::string& value) {
     PatternSpec spec = spec_for(pattern);
@@ -206,7 +207,7 @@ TEST(DynamicBackendsGpu, UnsupportedOptionsAreErrorsAtPlanTime) {
   AttentionShape cpu = shape;
   cpu.device = Device::cpu();
   const std::shared_ptr<Metadata> cpu_plan =
-      BackendRegistry::global().get("dynamic_topk")->make_metadata_builder()->plan(ExecContext{}, spec_for("dynamic_topk"), ModuleType::kDitSelf, cpu);
+      builtins().get("dynamic_topk")->make_metadata_builder()->plan(ExecContext{}, spec_for("dynamic_topk"), ModuleType::kDitSelf, cpu);
   testing::expect_error([&] { device_estimated_mask(*cpu_plan); }, "a CUDA plan");
 }
 

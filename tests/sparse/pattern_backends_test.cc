@@ -6,14 +6,16 @@
 #include <cmath>
 
 #include "pattern_test_util.h"
+#include "sparse/sparse_test_util.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/sparse/config.h"
-#include "tessel/sparse/quality/output_error.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel {
 namespace {
+
+using testing::builtins;
 
 // Tokens: 8 frames of 4x8 patches (latent 8x16, patch 2), 256 tokens.
 SparseAttnConfig config_for(const std::string& pattern) {
@@ -54,11 +56,11 @@ TEST(PatternBackends, EveryPatternIsRegisteredAndChosenByAuto) {
       {"arrow", "arrow"},                   {"composite", "composite"},         {"dynamic_topk", "dynamic_topk"},
       {"threshold", "threshold"}};
   // sliding_window is chosen by name only (score 0: auto keeps block_sparse or a plugin).
-  ASSERT_NE(BackendRegistry::global().find("sliding_window"), nullptr);
-  EXPECT_EQ(BackendRegistry::global().find("sliding_window")->score(), 0);
+  ASSERT_NE(builtins().find("sliding_window"), nullptr);
+  EXPECT_EQ(builtins().find("sliding_window")->score(), 0);
   for (const auto& [pattern, backend] : expected) {
-    ASSERT_NE(BackendRegistry::global().find(backend), nullptr) << backend;
-    const Resolution r = resolve_backend(ResolvedSparseAttnConfig(config_for(pattern)), ModuleType::kDitSelf, Device::cpu());
+    ASSERT_NE(builtins().find(backend), nullptr) << backend;
+    const Resolution r = builtins().resolve(ResolvedSparseAttnConfig(config_for(pattern)), ModuleType::kDitSelf, Device::cpu());
     ASSERT_NE(r.backend, nullptr) << pattern;
     EXPECT_EQ(r.backend->name(), backend) << pattern;
   }
@@ -69,7 +71,7 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
     SparseAttnConfig c = config_for(pattern);
     if (pattern == "spatial_aware") c.geometry.spatial_layout->ordering = SpatialOrdering::kHilbert;
     const PatternSpec spec = spec_of(c);
-    auto backend = BackendRegistry::global().get(pattern);
+    auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
     auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, shape);
@@ -91,7 +93,7 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
     } else {
       block_sparse_attention_forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), plan.mask.view(), t.expected.view(), TensorView{});
     }
-    EXPECT_LT(compare_outputs(t.out.view(), t.expected.view()).rel_l2, 1e-6) << pattern;
+    EXPECT_LT(testing::relative_l2(t.out.view(), t.expected.view()), 1e-6) << pattern;
   }
 }
 
@@ -99,7 +101,7 @@ TEST(PatternBackends, ArrowAndCompositeFromConfig) {
   SparseAttnConfig c = config_for("arrow");
   c.geometry.num_text_tokens = 20;
   c.pattern.i2i_pattern = PatternType::kRadial;
-  auto backend = BackendRegistry::global().get("arrow");
+  auto backend = builtins().get("arrow");
   Inputs t = inputs(276);
   auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec_of(c), ModuleType::kDitJoint,
                                                          AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
@@ -122,7 +124,7 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
     SparseAttnConfig c = config_for(pattern);
     c.options["similarity_threshold"] = "-2";
     const PatternSpec spec = spec_of(c);
-    auto backend = BackendRegistry::global().get(pattern);
+    auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
     const ForwardStats stats = backend->make_impl()->forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), *metadata, StepInfo{}, t.out.view(), TensorView{});
@@ -132,14 +134,14 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
     EXPECT_LT(stats.density, 1.0) << pattern;
     EXPECT_GE(stats.estimate_ms, 0.0);
     block_sparse_attention_forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), mask.view(), t.expected.view(), TensorView{});
-    EXPECT_LT(compare_outputs(t.out.view(), t.expected.view()).rel_l2, 1e-6) << pattern;
+    EXPECT_LT(testing::relative_l2(t.out.view(), t.expected.view()), 1e-6) << pattern;
   }
 }
 
 TEST(PatternBackends, BadSpecsAreErrors) {
   Inputs t = inputs(200);
   const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
-  auto radial = BackendRegistry::global().get("radial");
+  auto radial = builtins().get("radial");
   testing::expect_error([&] { radial->make_metadata_builder()->plan(ExecContext{}, spec_of(config_for("radial")), ModuleType::kDitSelf, shape); },
                         "seq_q = seq_kv = 256");
   SparseAttnConfig c = config_for("dynamic_topk");

@@ -3,13 +3,28 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "tessel/core/error.h"
+#include "tessel/core/tensor.h"
 #include "tessel/sparse/block_mask.h"
 
 namespace tessel::testing {
+
+// ‖approx − reference‖₂ / ‖reference‖₂ of two contiguous CPU fp32 tensors of one shape.
+inline double relative_l2(const TensorView& approx, const TensorView& reference) {
+  EXPECT_EQ(approx.shape(), reference.shape());
+  const float* a = approx.data_as<float>();
+  const float* r = reference.data_as<float>();
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < reference.numel(); ++i) {
+    diff += (static_cast<double>(a[i]) - r[i]) * (static_cast<double>(a[i]) - r[i]);
+    norm += static_cast<double>(r[i]) * r[i];
+  }
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
 
 template <typename F>
 void expect_error(F&& f, const std::string& needle) {

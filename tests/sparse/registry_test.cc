@@ -10,6 +10,8 @@
 namespace tessel {
 namespace {
 
+using testing::builtin_registry;
+using testing::example_plugin_dir;
 using testing::example_plugin_path;
 using testing::full_mask_backend;
 
@@ -39,7 +41,12 @@ TEST(Registry, ResolutionPriorityInEveryCombination) {
                                               {example_plugin_path() + ":tessel_plugin_init", "sink_window"},
                                               {"none", ""}};
   for (const bool auto_candidates : {true, false}) {
-    BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/false);
+    BackendRegistry registry(/*discover_plugins=*/false);
+    // Library paths load through the registry's plugin loader; this one stands in for dlopen.
+    registry.set_plugin_loader([](const std::string& path, const std::string&) {
+      EXPECT_EQ(path, example_plugin_path());
+      return full_mask_backend("sink_window", {PatternType::kSlidingWindow}, 0);
+    });
     // With candidates, auto picks the highest score (beta); without, nothing may be auto-chosen.
     registry.register_backend(full_mask_backend("alpha", {PatternType::kSlidingWindow}, auto_candidates ? 3 : -1));
     registry.register_backend(full_mask_backend("beta", {PatternType::kSlidingWindow}, auto_candidates ? 7 : -1));
@@ -73,7 +80,7 @@ TEST(Registry, ResolutionPriorityInEveryCombination) {
 }
 
 TEST(Registry, EmptyOverrideCountsAsNone) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(full_mask_backend("alpha", {PatternType::kSlidingWindow}, 1));
   const Resolution r = registry.resolve(resolved_with("auto"), ModuleType::kDitSelf, Device::cpu(), "");
   EXPECT_EQ(r.source, ResolutionSource::kAuto);
@@ -82,7 +89,7 @@ TEST(Registry, EmptyOverrideCountsAsNone) {
 }
 
 TEST(Registry, AutoFiltersByPatternModuleAndDeviceAndSkipsNegativeScores) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(full_mask_backend("cuda_only", {PatternType::kSlidingWindow}, 50, {DeviceType::kCUDA}));
   registry.register_backend(full_mask_backend("topk_only", {PatternType::kDynamicTopk}, 40));
   registry.register_backend(full_mask_backend("oracle", {PatternType::kSlidingWindow}, -1));
@@ -103,7 +110,8 @@ TEST(Registry, AutoFiltersByPatternModuleAndDeviceAndSkipsNegativeScores) {
 }
 
 TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
-  BackendRegistry registry(true, false);
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
   try {
     registry.resolve(resolved_with("no_such_backend"), ModuleType::kDitSelf, Device::cpu());
     ADD_FAILURE() << "expected an error";
@@ -137,12 +145,15 @@ TEST(Registry, ExplicitChoicesThatCannotRunFailLoudly) {
     registry.resolve(resolved_with("auto"), ModuleType::kDitSelf, Device::cpu(), "/nonexistent/libnothing.so");
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/libnothing.so': file not found"), std::string::npos) << e.what();
+    // Loud, never silently dense (this registry has no plugin loader; the loader's own errors are
+    // tested in tests/plugin/).
+    EXPECT_NE(std::string(e.what()).find("'/nonexistent/libnothing.so'"), std::string::npos) << e.what();
   }
 }
 
 TEST(Registry, RegistrationRejectsDuplicatesAndEmptyNames) {
-  BackendRegistry registry(true, false);
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
   EXPECT_THROW(registry.register_backend(make_dense_backend()), Error);  // built-in already there
   EXPECT_THROW(registry.register_backend(nullptr), Error);
   registry.register_backend(full_mask_backend("mine", {PatternType::kSlidingWindow}, 0));
@@ -151,21 +162,52 @@ TEST(Registry, RegistrationRejectsDuplicatesAndEmptyNames) {
   EXPECT_THROW(full_mask_backend("", {PatternType::kSlidingWindow}, 0), Error);
 }
 
-TEST(Registry, BuiltinsAreRegisteredEverywhere) {
-  for (BackendRegistry* registry : {&BackendRegistry::global()}) {
-    const auto dense = registry->find("dense");
-    ASSERT_TRUE(dense);
-    EXPECT_EQ(dense->origin(), "built-in");
-    EXPECT_LT(dense->score(), 0);  // the oracle is never chosen by auto
-    EXPECT_EQ(dense->supported_patterns().size(), static_cast<size_t>(kNumPatternTypes));
-    const auto block_sparse = registry->find("block_sparse");
-    ASSERT_TRUE(block_sparse);
-    EXPECT_TRUE(block_sparse->supports(PatternType::kBlockSparse));
-    EXPECT_TRUE(block_sparse->supports(PatternType::kSlidingWindow));
-    EXPECT_FALSE(block_sparse->supports(PatternType::kDynamicTopk));
-  }
-  BackendRegistry without(false, false);
+TEST(Registry, BuiltinsAreRegisteredExplicitly) {
+  const auto registry = builtin_registry();
+  const auto dense = registry->find("dense");
+  ASSERT_TRUE(dense);
+  EXPECT_EQ(dense->origin(), "built-in");
+  EXPECT_LT(dense->score(), 0);  // the oracle is never chosen by auto
+  EXPECT_EQ(dense->supported_patterns().size(), static_cast<size_t>(kNumPatternTypes));
+  const auto block_sparse = registry->find("block_sparse");
+  ASSERT_TRUE(block_sparse);
+  EXPECT_TRUE(block_sparse->supports(PatternType::kBlockSparse));
+  EXPECT_TRUE(block_sparse->supports(PatternType::kSlidingWindow));
+  EXPECT_FALSE(block_sparse->supports(PatternType::kDynamicTopk));
+  for (const std::string name : {"sliding_window", "radial", "dynamic_topk", "threshold"})
+    EXPECT_NE(registry->find(name), nullptr) << name;
+  EXPECT_THROW(register_builtin_backends(*registry), Error);  // every name is taken already
+
+  BackendRegistry without(/*discover_plugins=*/false);
   EXPECT_TRUE(without.list().empty());
+}
+
+TEST(Registry, LibrariesLoadOnlyThroughTheInstalledPluginLoader) {
+  BackendRegistry registry(/*discover_plugins=*/true);
+  registry.set_plugin_dirs({example_plugin_dir()});
+  EXPECT_TRUE(registry.list().empty());  // no loader: the plugin folders are not scanned
+  try {
+    registry.get("/some/dir/libx.so");
+    ADD_FAILURE() << "a plugin path loaded without a plugin loader";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin loader"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(registry.set_plugin_loader(PluginLoader{}), Error);
+
+  std::vector<std::string> loaded;
+  registry.set_plugin_loader([&](const std::string& library, const std::string& symbol) {
+    loaded.push_back(library + ":" + symbol);
+    return full_mask_backend("loaded_" + std::to_string(loaded.size()), {PatternType::kSlidingWindow}, 1);
+  });
+  const auto by_path = registry.get("/some/dir/libx.so:my_init");
+  EXPECT_EQ(by_path->name(), "loaded_1");
+  EXPECT_EQ(registry.get("/some/dir/libx.so:my_init"), by_path);  // cached by path and symbol
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0], "/some/dir/libx.so:my_init");
+  // Discovery now runs through the same loader, once per library in the plugin folders.
+  const size_t listed = registry.list().size();
+  EXPECT_GE(listed, 1u);
+  EXPECT_EQ(loaded.size(), 1u + listed);
 }
 
 TEST(Registry, PluginReferencesParse) {
@@ -185,7 +227,7 @@ TEST(Registry, PluginReferencesParse) {
 }
 
 TEST(Registry, SearchDirsFollowTheGivenDirsThenTheInstallDir) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   registry.set_plugin_dirs({"/tmp/tessel_a", "/tmp/tessel_b", "/tmp/tessel_a"});
   const auto dirs = registry.plugin_search_dirs();
   ASSERT_GE(dirs.size(), 3u);

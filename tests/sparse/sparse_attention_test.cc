@@ -230,7 +230,8 @@ SparseAttentionOptions module_options(BackendRegistry& registry, const SparseAtt
 }
 
 TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
-  BackendRegistry registry(true, false);
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
   SparseAttnConfig config = window_config();
   config.backend = "block_sparse";
   const auto cache = std::make_shared<PlanCache>();
@@ -283,7 +284,8 @@ TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
 }
 
 TEST(SparseAttention, WarningsGoToTheContextsSink) {
-  BackendRegistry registry(true, false);
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
   SparseAttnConfig config = window_config();
   config.backend = "block_sparse";
   SparseAttention attention(module_options(registry, config, nullptr));
@@ -303,7 +305,7 @@ TEST(SparseAttention, WarningsGoToTheContextsSink) {
 
 TEST(SparseAttention, ResolvesThroughTheOverrideAndNone) {
   // Only block_sparse, so that "auto" has a known answer whatever other built-ins exist.
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(make_block_sparse_backend());
   SparseAttnConfig config = window_config();
   {

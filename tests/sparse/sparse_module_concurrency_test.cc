@@ -53,7 +53,8 @@ struct ThreadContext {
 bool same_bytes(const Tensor& a, const Tensor& b) { return std::memcmp(a.data(), b.data(), a.nbytes()) == 0; }
 
 TEST(SparseModuleConcurrency, TwoThreadsAtDifferentStepsMatchTheSequentialRun) {
-  BackendRegistry registry(true, false);
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
   const SparseAttention module(topk_module_options(registry));
   ASSERT_TRUE(module.resolution().backend);
   const Qkv t = random_qkv(1, 256, 256, 4, 2, 32, DType::kF32, 21);

@@ -10,7 +10,9 @@
 #include "kernels/attention_test_util.h"
 #include "tessel/core/log.h"
 #include "tessel/kernels/reference.h"
+#include "tessel/sparse/builtin_backends.h"
 #include "tessel/sparse/mask_planning.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel::testing {
 
@@ -54,6 +56,20 @@ inline std::string example_plugin_path() { return example_plugin_dir() + "/libte
 inline std::string test_plugin_dir() { return std::string(TESSEL_BINARY_DIR) + "/lib/tessel/test_plugins"; }
 inline std::string broken_plugin_path(const std::string& mode) {
   return test_plugin_dir() + "/libtessel_broken_" + mode + ".so";
+}
+
+// A registry with the built-in backends and no plugin discovery (what the sparse layer's tests
+// exercise; plugin loading is the plugin layer's, tests/plugin/).
+inline std::unique_ptr<BackendRegistry> builtin_registry() {
+  auto registry = std::make_unique<BackendRegistry>(/*discover_plugins=*/false);
+  register_builtin_backends(*registry);
+  return registry;
+}
+
+// One built-in registry per test process, for tests that only look backends up.
+inline BackendRegistry& builtins() {
+  static const std::unique_ptr<BackendRegistry> registry = builtin_registry();
+  return *registry;
 }
 
 // A static-mask backend keeping every block, for registry and adapter tests.

@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 
 #include "tessel/core/io/safetensors.h"
-#include "tessel/sparse/quality/synthetic_video.h"
+#include "quality/synthetic_video.h"
 
 namespace tessel {
 namespace {

@@ -66,7 +66,7 @@ TEST(SparseAttnEnv, PluginPathIsSplitAtColons) {
   EXPECT_TRUE(env_of({}).plugin_dirs.empty());
   EXPECT_EQ(env_of({{"TESSEL_PLUGIN_PATH", "/tmp/a::/tmp/b:"}}).plugin_dirs,
             (std::vector<std::string>{"/tmp/a", "/tmp/b"}));
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   cli::apply_plugin_dirs(registry, env_of({{"TESSEL_PLUGIN_PATH", "/tmp/tessel_x:/tmp/tessel_y"}}));
   const std::vector<std::string> dirs = registry.plugin_search_dirs();
   ASSERT_GE(dirs.size(), 2u);
@@ -136,7 +136,7 @@ TEST(SparseAttnFlags, BadFlagValuesNameTheFlag) {
 
 // env > config > auto > none, with the override taken from the parsed environment.
 TEST(SparseAttnFlags, ResolutionOrderFromEnvironmentAndFlags) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
   registry.register_backend(full_mask_backend("alpha", {PatternType::kSlidingWindow}, 3));
   registry.register_backend(full_mask_backend("beta", {PatternType::kSlidingWindow}, 7));
   const auto resolve = [&](const std::map<std::string, std::string>& variables, std::vector<std::string> args) {

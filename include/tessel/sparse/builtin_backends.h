@@ -1,6 +1,6 @@
-// The built-in backends, written against the same Backend interface as plugins. Both are
-// registered in every BackendRegistry (BuiltinBackendRegistration); these factories also let
-// tests and tools make fresh instances.
+// The built-in backends, written against the same Backend interface as plugins. An application
+// registers them explicitly (register_builtin_backends); these factories also let tests and tools
+// make fresh instances.
 //
 //   dense        DenseFallbackBackend: exact dense attention for every pattern (it
 //                ignores the pattern), the correctness oracle. Score -1: never chosen by "auto".
@@ -14,8 +14,13 @@
 
 #include "tessel/sparse/backend.h"
 #include "tessel/sparse/mask_planning.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel {
+
+// Registers every built-in backend in `registry`: dense, block_sparse, then the pattern library's
+// (register_pattern_backends in pattern_backends.h). Throws Error when a name is taken already.
+void register_builtin_backends(BackendRegistry& registry);
 
 std::shared_ptr<Backend> make_dense_backend();
 std::shared_ptr<Backend> make_block_sparse_backend();

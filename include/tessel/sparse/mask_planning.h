@@ -4,16 +4,13 @@
 //
 //   Static pattern (mask depends only on shapes and spec; planned once per shape, cached):
 //     PlannedMask plan_radial(const PatternSpec& spec, ModuleType module, const AttentionShape& shape);
-//     static BuiltinBackendRegistration radial_registration{[] {
-//       return make_mask_planning_backend({"radial", {PatternType::kRadial}}, plan_radial);
-//     }};
+//     registry.register_backend(make_mask_planning_backend({"radial", {PatternType::kRadial}}, plan_radial));
 //
 //   Dynamic pattern (mask depends on q and k; estimated inside every forward):
 //     BlockMask estimate_topk(const ExecContext& ctx, const TensorView& q, const TensorView& k,
 //                             const PatternSpec& spec, const StepInfo& step, const AttentionShape& shape);
-//     static BuiltinBackendRegistration topk_registration{[] {
-//       return make_mask_estimating_backend({"dynamic_topk", {PatternType::kDynamicTopk}}, estimate_topk);
-//     }};
+//     registry.register_backend(make_mask_estimating_backend({"dynamic_topk", {PatternType::kDynamicTopk}},
+//                                                            estimate_topk));
 //
 // The planner/estimator returns a BlockMask with block sizes spec.block_q/spec.block_kv over
 // (seq_q, seq_kv), mask_batch ∈ {1, B}, mask_heads ∈ {1, H_kv, H_q}. The backend then unions in

@@ -1,5 +1,5 @@
-// The pattern library's backends, registered as built-ins (BuiltinBackendRegistration) on the
-// mask-planning extension point (mask_planning.h):
+// The pattern library's backends, built on the mask-planning extension point (mask_planning.h)
+// and registered with the other built-ins (register_builtin_backends in builtin_backends.h):
 //
 //   name             patterns                     how
 //   sliding_window   sliding_window               1-D window (no spatial_layout: the block_sparse
@@ -32,8 +32,12 @@
 #include "tessel/sparse/estimators/xattention_estimator.h"
 #include "tessel/sparse/planners/plan_cache.h"
 #include "tessel/sparse/planners/static_patterns.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel {
+
+// Registers the backends of the table above in `registry`, in that order.
+void register_pattern_backends(BackendRegistry& registry);
 
 // The token layout of a spec: spatial_layout's token grid plus num_text_tokens / text_first.
 // Throws Error when the spec has no spatial_layout.

@@ -1,6 +1,9 @@
-// The backend registry: built-in backends (registered at static-initialisation time with
-// BuiltinBackendRegistration), backends registered explicitly at run time, and plugins loaded
-// from shared libraries (plugin/tessel_plugin.h).
+// The backend registry: backends registered explicitly (the built-ins through
+// register_builtin_backends() in builtin_backends.h) and plugins loaded from shared libraries
+// (plugin/tessel_plugin.h). The application owns its registry; the library keeps none. Loading a
+// library goes through the registry's plugin loader, installed by the plugin layer
+// (install_plugin_loader() in tessel/plugin/plugin_loader.h); a registry without one discovers
+// nothing and refuses plugin paths.
 //
 // Plugin discovery (lazy, on first lookup; again on rescan_plugins()): every `*.so` file in the
 // directories given to set_plugin_dirs (searched first; the CLI passes TESSEL_PLUGIN_PATH) and
@@ -31,13 +34,9 @@
 
 namespace tessel {
 
-using BackendFactory = std::function<std::shared_ptr<Backend>()>;
-
-// Adds a factory to the list every registry instantiates at construction (built-in backends).
-// Use as a namespace-scope static in the backend's .cc file.
-struct BuiltinBackendRegistration {
-  explicit BuiltinBackendRegistration(BackendFactory factory);
-};
+// Loads one plugin library: (path, entry symbol) -> its backend. Throws Error naming the path and
+// what failed.
+using PluginLoader = std::function<std::shared_ptr<Backend>(const std::string& path, const std::string& symbol)>;
 
 inline constexpr const char* kDefaultPluginSymbol = "tessel_plugin_init";
 
@@ -61,16 +60,16 @@ struct Resolution {
 
 class BackendRegistry {
  public:
-  // A registry holding the built-in backends (with_builtins) and nothing else yet. With
-  // discover_plugins false, the plugin directories are scanned only by rescan_plugins() (tests use
-  // this to control exactly which backends exist).
-  explicit BackendRegistry(bool with_builtins = true, bool discover_plugins = true);
+  // An empty registry. With discover_plugins false, the plugin directories are scanned only by
+  // rescan_plugins() (tests use this to control exactly which backends exist).
+  explicit BackendRegistry(bool discover_plugins = true);
   ~BackendRegistry();
   BackendRegistry(const BackendRegistry&) = delete;
   BackendRegistry& operator=(const BackendRegistry&) = delete;
 
-  // The process-wide registry the CLI and SparseAttention use.
-  static BackendRegistry& global();
+  // The hook through which libraries are loaded (discovery and plugin paths). Replaces any
+  // previous loader; throws Error for an empty one.
+  void set_plugin_loader(PluginLoader loader);
 
   // Explicit registration. Throws Error when the name is empty or already registered.
   void register_backend(std::shared_ptr<Backend> backend);
@@ -83,8 +82,8 @@ class BackendRegistry {
   std::vector<std::shared_ptr<Backend>> list();
 
   // Loads one plugin library now (not registered under its name; cached by path+symbol).
-  // Throws Error for a missing file, a missing symbol, a wrong ABI version, a failing init or an
-  // incomplete table; the library is unloaded again in that case.
+  // Throws Error when no plugin loader is installed, and (from the loader) for a missing file, a
+  // missing symbol, a wrong ABI version, a failing init or an incomplete table.
   std::shared_ptr<Backend> load_plugin(const std::string& path, const std::string& symbol = kDefaultPluginSymbol);
 
   // Directories searched for plugins before the install's folder, in order. Takes effect at the
@@ -111,6 +110,7 @@ class BackendRegistry {
   std::vector<std::pair<std::string, std::shared_ptr<Backend>>> loaded_by_path_;
   std::vector<PluginFailure> failures_;
   std::vector<std::string> plugin_dirs_;
+  PluginLoader plugin_loader_;
   bool discovered_once_ = false;
   bool discover_plugins_ = true;
 };
@@ -118,9 +118,5 @@ class BackendRegistry {
 // Splits "/path/libx.so:symbol" into path and symbol (default tessel_plugin_init). Returns false
 // when `spec` does not name a path (contains no '/' and does not end in ".so").
 bool parse_plugin_reference(const std::string& spec, std::string& path, std::string& symbol);
-
-// BackendRegistry::global().resolve(config, module, device, backend_override).
-Resolution resolve_backend(const ResolvedSparseAttnConfig& config, ModuleType module, Device device,
-                           const std::string& backend_override = "");
 
 }  // namespace tessel

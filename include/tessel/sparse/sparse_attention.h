@@ -126,7 +126,7 @@ struct SparseAttentionOptions {
   Device device{};           // device the layer runs on (used to resolve the backend)
   int64_t layer_index = 0;
   std::shared_ptr<PlanCache> plan_cache;  // null = a cache of this module's own
-  BackendRegistry* registry = nullptr;    // null = BackendRegistry::global()
+  BackendRegistry* registry = nullptr;    // required: the application's registry (not owned)
 };
 
 // The drop-in module: resolves its config and backend once (override > config > auto > none), then

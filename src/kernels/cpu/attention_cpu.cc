@@ -13,15 +13,15 @@
 // All scratch (the packed K/V wave and each thread's tiles, chunk and range lists) is taken from
 // the context's workspace, sized by cpu_attention_workspace_bytes(); nothing is allocated per call
 // when the caller reserved it.
-#include "kernels/cpu/attention_cpu.h"
+#include "cpu/attention_cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/convert.h"
-#include "kernels/cpu/tile_kernels.h"
+#include "cpu/convert.h"
+#include "cpu/tile_kernels.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"

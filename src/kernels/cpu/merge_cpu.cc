@@ -3,7 +3,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/attention_cpu.h"
+#include "cpu/attention_cpu.h"
 #include "tessel/core/parallel.h"
 
 namespace tessel::cpu {

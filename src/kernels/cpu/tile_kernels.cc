@@ -1,11 +1,11 @@
 // Register-blocked micro-kernels: each block keeps R rows x NV vectors of accumulators in
 // registers for a whole reduction (over head_dim for scores, over keys for the output), so every
 // loaded K/V vector is reused R times and every broadcast query/probability NV times.
-#include "kernels/cpu/tile_kernels.h"
+#include "cpu/tile_kernels.h"
 
 #include <limits>
 
-#include "kernels/cpu/simd.h"
+#include "cpu/simd.h"
 
 namespace tessel::cpu {
 namespace {

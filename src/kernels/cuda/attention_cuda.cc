@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/cuda/attention_cuda.h"
-#include "kernels/cuda/flash_params.h"
-#include "kernels/cuda/merge_states.h"
-#include "kernels/cuda/launch_check.h"
+#include "cuda/attention_cuda.h"
+#include "cuda/flash_params.h"
+#include "cuda/merge_states.h"
+#include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cuda {

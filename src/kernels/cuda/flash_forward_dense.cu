@@ -1,5 +1,5 @@
 // Dense flash forward: the shared kernel walking a contiguous range of key tiles.
-#include "kernels/cuda/flash_forward_launch.cuh"
+#include "cuda/flash_forward_launch.cuh"
 
 namespace tessel::cuda::detail {
 

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/flash_params.h"
+#include "cuda/flash_params.h"
 
 namespace tessel::cuda::detail {
 

@@ -1,7 +1,7 @@
 // Launch helper shared by the dense and sparse instantiation files.
 #pragma once
 
-#include "kernels/cuda/flash_forward_kernel.cuh"
+#include "cuda/flash_forward_kernel.cuh"
 
 namespace tessel::cuda::detail {
 

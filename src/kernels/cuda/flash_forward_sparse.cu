@@ -1,5 +1,5 @@
 // Block-sparse flash forward: the shared kernel walking the kept blocks of each mask row.
-#include "kernels/cuda/flash_forward_launch.cuh"
+#include "cuda/flash_forward_launch.cuh"
 
 namespace tessel::cuda::detail {
 

@@ -1,4 +1,4 @@
-#include "kernels/cuda/launch_check.h"
+#include "tessel/kernels/cuda/launch_check.h"
 
 #include <cuda_runtime.h>
 

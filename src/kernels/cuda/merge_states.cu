@@ -3,7 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kernels/cuda/merge_states.h"
+#include "cuda/merge_states.h"
 
 namespace tessel::cuda::detail {
 

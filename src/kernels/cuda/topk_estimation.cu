@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/mask_rows.cuh"
-#include "kernels/cuda/topk_estimation.h"
+#include "cuda/mask_rows.cuh"
+#include "tessel/kernels/cuda/topk_estimation.h"
 
 namespace tessel::cuda::detail {
 

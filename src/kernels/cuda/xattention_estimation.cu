@@ -28,11 +28,11 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/flash_forward_kernel.cuh"
-#include "kernels/cuda/mask_rows.cuh"
-#include "kernels/cuda/xattention_estimation.h"
-#include "kernels/cuda/xattention_scores_wgmma.h"
-#include "kernels/cuda/xattention_tile.cuh"
+#include "cuda/flash_forward_kernel.cuh"
+#include "cuda/mask_rows.cuh"
+#include "tessel/kernels/cuda/xattention_estimation.h"
+#include "cuda/xattention_scores_wgmma.h"
+#include "cuda/xattention_tile.cuh"
 
 namespace tessel::cuda::detail {
 

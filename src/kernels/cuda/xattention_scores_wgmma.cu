@@ -27,10 +27,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cuda/flash_forward_kernel.cuh"
-#include "kernels/cuda/wgmma.cuh"
-#include "kernels/cuda/xattention_scores_wgmma.h"
-#include "kernels/cuda/xattention_tile.cuh"
+#include "cuda/flash_forward_kernel.cuh"
+#include "cuda/wgmma.cuh"
+#include "cuda/xattention_scores_wgmma.h"
+#include "cuda/xattention_tile.cuh"
 
 namespace tessel::cuda::detail {
 

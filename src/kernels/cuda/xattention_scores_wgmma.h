@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/xattention_estimation.h"
+#include "tessel/kernels/cuda/xattention_estimation.h"
 #include "tessel/core/dtype.h"
 
 namespace tessel::cuda::detail {

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/flash_forward_kernel.cuh"
-#include "kernels/cuda/xattention_estimation.h"
+#include "cuda/flash_forward_kernel.cuh"
+#include "tessel/kernels/cuda/xattention_estimation.h"
 
 namespace tessel::cuda::detail {
 

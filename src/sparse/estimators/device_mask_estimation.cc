@@ -9,9 +9,9 @@
 #include "tessel/core/error.h"
 
 #ifdef TESSEL_WITH_CUDA
-#include "kernels/cuda/launch_check.h"
-#include "kernels/cuda/topk_estimation.h"
-#include "kernels/cuda/xattention_estimation.h"
+#include "tessel/kernels/cuda/launch_check.h"
+#include "tessel/kernels/cuda/topk_estimation.h"
+#include "tessel/kernels/cuda/xattention_estimation.h"
 #endif
 
 namespace tessel {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "sparse/token_permutation.h"  // gather_along_axis
+#include "token_permutation.h"  // gather_along_axis
 #include "tessel/core/error.h"
 
 namespace tessel {

@@ -12,6 +12,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/exec_context.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/plugin/plugin_loader.h"
 #include "tessel/plugin/tessel_plugin.h"
 #include "tessel/sparse/registry.h"
 
@@ -51,7 +52,8 @@ void expect_dense(const Qkv& t, const TensorView& out) {
 }
 
 TEST(PluginAbiCompat, VersionOnePluginLoadsAndGetsTheStepThroughUpdateStep) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   const auto backend = load_fixture(registry, 1);
   const Qkv t = random_qkv(1, 64, 64, 2, 2, 16, DType::kF32, 3);
   const auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, window_spec(), ModuleType::kDitSelf,
@@ -66,7 +68,8 @@ TEST(PluginAbiCompat, VersionOnePluginLoadsAndGetsTheStepThroughUpdateStep) {
 }
 
 TEST(PluginAbiCompat, VersionTwoPluginReceivesTheCallersStreamWorkspaceAndStep) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   const auto backend = load_fixture(registry, 2);
   const Qkv t = random_qkv(1, 64, 64, 2, 2, 16, DType::kF32, 4);
 

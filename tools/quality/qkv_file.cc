@@ -1,4 +1,4 @@
-#include "tessel/sparse/quality/qkv_file.h"
+#include "quality/qkv_file.h"
 
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"

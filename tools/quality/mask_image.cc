@@ -1,4 +1,4 @@
-#include "tessel/sparse/mask_image.h"
+#include "quality/mask_image.h"
 
 #include <png.h>
 

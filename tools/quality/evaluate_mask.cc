@@ -1,4 +1,4 @@
-#include "tessel/sparse/quality/evaluate_mask.h"
+#include "quality/evaluate_mask.h"
 
 #include <algorithm>
 #include <chrono>

@@ -10,6 +10,7 @@
 
 #include "sparse/sparse_test_util.h"
 #include "tessel/core/error.h"
+#include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel {
@@ -19,7 +20,8 @@ namespace fs = std::filesystem;
 using namespace tessel::testing;
 
 void expect_load_error(const std::string& reference, const std::vector<std::string>& fragments) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   try {
     registry.get(reference);
     ADD_FAILURE() << "expected loading '" << reference << "' to fail";
@@ -56,7 +58,8 @@ void expect_sink_window_matches_reference(const std::shared_ptr<Backend>& backen
 }
 
 TEST(PluginLoader, ExamplePluginByPathDescribesItself) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   const auto backend = registry.get(example_plugin_path());
   EXPECT_EQ(backend->name(), "sink_window");
   EXPECT_EQ(backend->origin(), example_plugin_path());
@@ -74,7 +77,8 @@ TEST(PluginLoader, ExamplePluginByPathDescribesItself) {
 TEST(PluginLoader, RelativePathsLoadTheFileInTheWorkingDirectory) {
   const fs::path previous = fs::current_path();
   fs::current_path(example_plugin_dir());
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   std::shared_ptr<Backend> backend;
   EXPECT_NO_THROW(backend = registry.get("./libtessel_sink_window.so"));
   EXPECT_NO_THROW(registry.get("libtessel_sink_window.so"));  // no '/': still this folder, not the system's
@@ -84,7 +88,8 @@ TEST(PluginLoader, RelativePathsLoadTheFileInTheWorkingDirectory) {
 }
 
 TEST(PluginLoader, ExamplePluginEqualsTheReferenceWithItsMask) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   const auto backend = registry.get(example_plugin_path());
   // Default: one sink block; self attention with partial last blocks.
   expect_sink_window_matches_reference(backend, 300, 300, 4, 4, window_spec(40, 64, 32), 1);
@@ -99,7 +104,8 @@ TEST(PluginLoader, ExamplePluginEqualsTheReferenceWithItsMask) {
 }
 
 TEST(PluginLoader, PluginErrorsComeBackAsErrorsWithTheirMessage) {
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   const auto backend = registry.get(example_plugin_path());
   const auto builder = backend->make_metadata_builder();
   PatternSpec spec = window_spec(8, 32, 32);
@@ -150,7 +156,8 @@ TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
   fs::remove(not_a_library);
 
   // After all of that, the host still loads and runs a good plugin.
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   expect_sink_window_matches_reference(registry.get(example_plugin_path()), 128, 128, 2, 2, window_spec(32, 32, 32), 1);
 }
 
@@ -177,7 +184,8 @@ TEST(PluginLoader, PathSymbolRefusesSymbolsThatAreNoEntryPoint) {
   };
   for (const auto& c : cases) expect_load_error(c.reference, c.fragments);
   // The same library's real entry point still loads.
-  BackendRegistry registry(false, false);
+  BackendRegistry registry(/*discover_plugins=*/false);
+  install_plugin_loader(registry);
   EXPECT_EQ(registry.get(bad)->name(), "bad_tables_valid_entry");
 }
 
@@ -186,7 +194,8 @@ TEST(PluginLoader, PluginDirsThatAreNoFolderAreReported) {
   const std::string file = ::testing::TempDir() + "/tessel_plugin_path_file_" + std::to_string(getpid()) + ".txt";
   std::ofstream(file) << "not a folder";
   LogCapture log;
-  BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/true);
+  BackendRegistry registry(/*discover_plugins=*/true);
+  install_plugin_loader(registry);
   registry.set_plugin_dirs({file, "/nonexistent/tessel/plugins"});
   const auto failures = registry.plugin_failures();
   const auto reported = [&](const std::string& entry, const std::string& fragment) {
@@ -210,7 +219,8 @@ TEST(PluginLoader, DiscoveryThroughThePluginDirsSkipsBrokenLibraries) {
   std::ofstream(dir / "README.txt") << "not a plugin: ignored (no .so suffix)";
 
   LogCapture log;
-  BackendRegistry registry(/*with_builtins=*/false, /*discover_plugins=*/true);
+  BackendRegistry registry(/*discover_plugins=*/true);
+  install_plugin_loader(registry);
   registry.set_plugin_dirs({dir.string()});
   const auto found = registry.find("sink_window");
   ASSERT_TRUE(found);
@@ -244,6 +254,17 @@ TEST(PluginLoader, DiscoveryThroughThePluginDirsSkipsBrokenLibraries) {
   config.backend = "auto";
   EXPECT_EQ(registry.resolve(ResolvedSparseAttnConfig(config), ModuleType::kDitSelf, Device::cpu()).backend, found);
   fs::remove_all(dir);
+}
+
+TEST(PluginLoader, DefaultRegistryHasTheBuiltinsAndDiscoversPlugins) {
+  const auto registry = make_default_registry();
+  EXPECT_NE(registry->find("dense"), nullptr);
+  EXPECT_NE(registry->find("threshold"), nullptr);
+  EXPECT_NE(registry->find("xattn"), nullptr);  // the KV policies too
+  const auto found = registry->find("sink_window");  // the install folder's example plugin
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->origin(), example_plugin_path());
+  EXPECT_TRUE(make_default_registry(/*discover_plugins=*/false)->find("sink_window") == nullptr);
 }
 
 }  // namespace

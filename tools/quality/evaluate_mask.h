@@ -8,7 +8,7 @@
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/block_mask.h"
 #include "tessel/sparse/planners/ordering.h"
-#include "tessel/sparse/quality/output_error.h"
+#include "quality/output_error.h"
 
 namespace tessel {
 

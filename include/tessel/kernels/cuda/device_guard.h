@@ -1,4 +1,4 @@
-// Makes a CUDA device current for a scope, then restores the previous one (internal, CUDA builds).
+// Makes a CUDA device current for a scope, then restores the previous one (CUDA builds only).
 #pragma once
 
 #include <cuda_runtime.h>

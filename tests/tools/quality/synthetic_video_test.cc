@@ -1,4 +1,4 @@
-#include "tessel/sparse/quality/synthetic_video.h"
+#include "quality/synthetic_video.h"
 
 #include <gtest/gtest.h>
 
@@ -6,9 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "pattern_test_util.h"
-#include "tessel/sparse/mask_image.h"
-#include "tessel/sparse/quality/output_error.h"
+#include "sparse/pattern_test_util.h"
+#include "quality/mask_image.h"
+#include "quality/output_error.h"
 
 namespace tessel {
 namespace {

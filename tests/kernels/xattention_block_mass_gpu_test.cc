@@ -19,8 +19,8 @@
 #include "tessel/core/tensor.h"
 
 #ifdef TESSEL_WITH_CUDA
-#include "kernels/cuda/xattention_estimation.h"
-#include "kernels/cuda/xattention_scores_wgmma.h"
+#include "tessel/kernels/cuda/xattention_estimation.h"
+#include "cuda/xattention_scores_wgmma.h"
 #endif
 
 namespace tessel {

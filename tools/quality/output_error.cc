@@ -1,4 +1,4 @@
-#include "tessel/sparse/quality/output_error.h"
+#include "quality/output_error.h"
 
 #include <cmath>
 

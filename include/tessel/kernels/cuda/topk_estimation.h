@@ -1,4 +1,4 @@
-// Internal: device kernels of the dynamic_topk mask estimator (definition in
+// CUDA builds only: device kernels of the dynamic_topk mask estimator (definition in
 // include/tessel/sparse/estimators/topk_estimator.h). Four launches on one stream, no host
 // synchronization: pool q and k blocks; select each row's blocks into a fixed-capacity buffer;
 // scan the row counts into indptr; compact the rows into indices.

@@ -1,4 +1,4 @@
-#include "tessel/sparse/quality/synthetic_video.h"
+#include "quality/synthetic_video.h"
 
 #include <cmath>
 #include <random>

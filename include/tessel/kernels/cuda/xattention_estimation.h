@@ -1,4 +1,4 @@
-// Internal: device kernels of the XAttention (threshold) mask estimator, definition in
+// CUDA builds only: device kernels of the XAttention (threshold) mask estimator, definition in
 // include/tessel/sparse/estimators/xattention_estimator.h. Launches on one stream, no host
 // synchronization.
 //
