@@ -37,11 +37,15 @@ inline constexpr int kHeadDim = 128;
 inline constexpr int kBlockM = 128;    // query rows per CTA (64 per consumer warpgroup)
 inline constexpr int kBlockN = 128;    // keys per stage (two sub-tiles of 64)
 inline constexpr int kSubTile = 64;
-inline constexpr int kStages = 2;
+inline constexpr int kStages = 3;
 inline constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
+
+// Kept block ids of a mask row staged in shared memory (the rest are read from global memory):
+// what fits beside three stages.
+inline constexpr int kIndexCacheEntries = 256;
 
 // A column half of a 128-row operand (128 rows x 128 bytes); a box is 64 rows of it.
 inline constexpr uint32_t kHalfBytes = 128 * 128;
@@ -59,7 +63,7 @@ struct SharedLayout {
   static constexpr uint32_t empty = full + 8 * kStages;
   static constexpr uint32_t offsets = empty + 8 * kStages;  // int32 [kStages][2]
   static constexpr uint32_t index_cache = offsets + 8 * kStages;
-  static constexpr uint32_t bytes(bool sparse) { return index_cache + (sparse ? kIndexCache * 4 : 0); }
+  static constexpr uint32_t bytes(bool sparse) { return index_cache + (sparse ? kIndexCacheEntries * 4 : 0); }
 };
 
 }  // namespace hopper
@@ -110,7 +114,8 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     TileWalk<kSparse> walk = make_tile_walk<kSparse>(p, batch, head, m0, row_last);
     if constexpr (kSparse) {
       int32_t* cache = reinterpret_cast<int32_t*>(smem + SharedLayout::index_cache);
-      for (int i = tid; i < min(walk.row_blocks, kIndexCache); i += 32) cache[i] = walk.row_indices[i];
+      walk.cached_count = min(walk.row_blocks, kIndexCacheEntries);
+      for (int i = tid; i < walk.cached_count; i += 32) cache[i] = walk.row_indices[i];
       walk.cached = cache;
       __syncwarp();
     }
@@ -173,25 +178,17 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 
   float o_acc[64];
   float s_acc[64];
+  uint32_t p_frag[8][4];
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
 
   const uint64_t q_desc = wgmma_desc_k_major_sw128(s_q + consumer * kBoxBytes);
-  mbarrier_wait(bar_q, 0);
-
-  for (int iteration = 0;; ++iteration) {
-    const int stage = iteration % kStages;
-    const uint32_t phase = (iteration / kStages) & 1;
-    mbarrier_wait(bar_full + 8 * stage, phase);
-    const int n0 = stage_offsets[2 * stage];
-    const int n1 = stage_offsets[2 * stage + 1];
-    if (n0 < 0) break;
-    const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
-
-    // S = Q K^T: 8 k16 slices, 4 per column half of Q and K.
-    const uint64_t k_desc = wgmma_desc_k_major_sw128(k_stage);
+  // S = Q K^T of a stage: 8 k16 slices, 4 per column half of Q and K; committed, not waited for.
+  auto issue_scores = [&](int stage) {
+    const uint64_t k_desc = wgmma_desc_k_major_sw128(s_k + stage * kTileBytes);
+    wgmma_fence_operands(s_acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -199,11 +196,21 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       wgmma_m64n128k16(s_acc, q_desc + step, k_desc + step, kk > 0, Operands{});
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(s_acc);
-
-    // Per-element limits only where a sub-tile is missing or crosses the sequence end or a
-    // causal/window edge. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
+  };
+  // O += P V of a stage: 8 k16 slices of keys, V read MN-major (column halves kHalfBytes apart).
+  auto issue_values = [&](int stage) {
+    const uint64_t v_desc = wgmma_desc_mn_major_sw128(s_v + stage * kTileBytes, kHalfBytes);
+    wgmma_fence_operands(o_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      wgmma_m64n128k16_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+    wgmma_commit();
+  };
+  // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
+  // turns it into unnormalized probabilities against the new running max; returns each row's
+  // rescale factor for O. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
+  auto softmax = [&](int n0, int n1, float (&alpha)[2]) {
     const bool mask0 = n0 + kSubTile - 1 > all_rows_hi || n0 < all_rows_lo;
     const bool mask1 = n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo;
     if (mask0 || mask1) {
@@ -223,9 +230,6 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         }
       }
     }
-
-    // Online softmax (log2 domain), then P packed straight into wgmma A fragments.
-    uint32_t p_frag[8][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = row_max[h];
@@ -234,14 +238,8 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float shift = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      const float alpha = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * p.scale_log2 - shift);
+      alpha[h] = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * p.scale_log2 - shift);
       row_max[h] = mx;
-      row_sum[h] *= alpha;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o_acc[4 * j + 2 * h] *= alpha;
-        o_acc[4 * j + 2 * h + 1] *= alpha;
-      }
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -251,9 +249,11 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         s_acc[4 * j + 2 * h + 1] = p1;
         sum += p0 + p1;
       }
-      row_sum[h] += sum;
+      row_sum[h] = row_sum[h] * alpha[h] + sum;
     }
-    // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout.
+  };
+  // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout.
+  auto pack_probabilities = [&] {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       p_frag[kk][0] = MmaType<T>::pack(s_acc[8 * kk + 0], s_acc[8 * kk + 1]);
@@ -261,18 +261,55 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       p_frag[kk][2] = MmaType<T>::pack(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
       p_frag[kk][3] = MmaType<T>::pack(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
     }
+  };
+  auto wait_stage = [&](int iteration, int& n0, int& n1) {
+    const int stage = iteration % kStages;
+    mbarrier_wait(bar_full + 8 * stage, (iteration / kStages) & 1);
+    n0 = stage_offsets[2 * stage];
+    n1 = stage_offsets[2 * stage + 1];
+  };
 
-    // O += P V: 8 k16 slices of keys, V read MN-major (its two column halves kHalfBytes apart).
-    const uint64_t v_desc = wgmma_desc_mn_major_sw128(v_stage, kHalfBytes);
-    wgmma_fence_operands(o_acc);
-    wgmma_fence();
+  // Software pipeline inside the warpgroup: the scores of stage j+1 and the PV product of stage j
+  // are issued together; the softmax of j+1 runs while the PV product is on the tensor cores.
+  mbarrier_wait(bar_q, 0);
+  int n0 = 0, n1 = 0;
+  wait_stage(0, n0, n1);
+  if (n0 >= 0) {
+    issue_scores(0);
+    wgmma_wait<0>();
+    wgmma_fence_operands(s_acc);
+    float alpha[2];
+    softmax(n0, n1, alpha);  // O is still zero: nothing to rescale
+    pack_probabilities();
+    int held = 0;  // the stage whose V the pending PV product reads
+    for (int iteration = 1;; ++iteration) {
+      wait_stage(iteration, n0, n1);
+      if (n0 < 0) break;
+      const int stage = iteration % kStages;
+      issue_scores(stage);
+      issue_values(held);
+      wgmma_wait<1>();
+      wgmma_fence_operands(s_acc);
+      softmax(n0, n1, alpha);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o_acc);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_m64n128k16_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
-    wgmma_commit();
+      for (int kk = 0; kk < 8; ++kk) wgmma_fence_operands(p_frag[kk]);
+      mbarrier_arrive(bar_empty + 8 * held);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o_acc[4 * j] *= alpha[0];
+        o_acc[4 * j + 1] *= alpha[0];
+        o_acc[4 * j + 2] *= alpha[1];
+        o_acc[4 * j + 3] *= alpha[1];
+      }
+      pack_probabilities();
+      held = stage;
+    }
+    issue_values(held);
     wgmma_wait<0>();
     wgmma_fence_operands(o_acc);
-    mbarrier_arrive(bar_empty + 8 * stage);
+    mbarrier_arrive(bar_empty + 8 * held);
   }
 
   // Epilogue: row sums across the quad, LSE, normalized O stored from registers.
