@@ -254,6 +254,33 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
   check_case({1, 1240, 1240, 2, 1, 128, dtype, causal}, 702, &mask);
 }
 
+// More (batch, head, query block) items than an H100 has multiprocessors, so each CTA of the
+// persistent Hopper kernel runs several in a row: its stage ring and barriers carry over from
+// item to item, through rows of every length including empty ones.
+TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
+  SKIP_WITHOUT_GPU();
+  const DType dtype = GetParam();
+  const int64_t batch = 2, heads = 16, kv_heads = 4, seq_q = 1100, seq_kv = 300;
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}}, 801);
+  BlockMaskShape shape;
+  shape.mask_batch = batch;
+  shape.mask_heads = heads;
+  shape.seq_q = seq_q;
+  shape.seq_kv = seq_kv;  // 5 kv blocks of 64, the last partial
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t qb = 0; qb < shape.q_blocks(); ++qb) {
+        std::vector<int32_t> row;
+        for (int32_t kb = 0; kb < static_cast<int32_t>((qb + h + b) % 6); ++kb) row.push_back((kb + 2 * static_cast<int32_t>(h)) % 5);
+        std::sort(row.begin(), row.end());
+        row.erase(std::unique(row.begin(), row.end()), row.end());
+        rows.push_back(row);
+      }
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}}, 802, &mask);
+}
+
 INSTANTIATE_TEST_SUITE_P(Hd128, LongAndOddGpu, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
 
