@@ -33,6 +33,9 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Byte offset of the data section in the file: an entry's bytes are at data_offset() + begin
+  // (for readers that memory-map the file instead of calling load()).
+  uint64_t data_offset() const { return data_offset_; }
   // Null when absent.
   const SafetensorsEntry* find(const std::string& name) const;
   // Reads one tensor into a new CPU tensor of its dtype. Throws Error if absent or unreadable.

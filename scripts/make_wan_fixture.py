@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Writes the Wan transformer parity fixture under tests/fixtures/wan/ with diffusers.
+
+    python scripts/make_wan_fixture.py [--out tests/fixtures/wan]
+
+Needs torch (CPU is enough) and diffusers==0.42.1. Builds a tiny WanTransformer3DModel with a
+fixed seed (2 layers, 2 heads of 16, an odd 3x5x3 patch grid, batch 2 as classifier-free guidance
+runs it) and writes:
+
+  checkpoint/          save_pretrained in fp32, sharded (so the index is exercised)
+  checkpoint_bf16/     the same weights stored as bf16, one file
+  io.safetensors       inputs (hidden_states, timestep, encoder_hidden_states) and outputs:
+                       output_fp32          diffusers' forward in fp32
+                       output_fp64          the same forward in float64 (rounded to fp32 at the end)
+                       output_bf16_weights  float64 forward of the bf16-stored weights
+
+output_fp64 carries no rounding of its own, so a forward's difference against it is that
+forward's own error; the script prints diffusers' fp32 error against it, the yardstick for the
+C++ fp32 forward's tolerance.
+"""
+import argparse
+import copy
+import os
+import shutil
+
+import torch
+from diffusers import WanTransformer3DModel
+from safetensors.torch import save_file
+
+CONFIG = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=16,
+    in_channels=16,
+    out_channels=16,
+    text_dim=24,
+    freq_dim=16,
+    ffn_dim=64,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=32,
+)
+LATENT = (2, 16, 3, 10, 6)  # batch, channels, frames, height, width -> 3 x 5 x 3 patches
+TEXT_TOKENS = 7
+
+
+def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Gives every parameter a random value of its init's scale, norm weights and biases included
+    (diffusers initializes those to 1 and 0, which would leave them untested)."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() >= 2:
+                fan_in = parameter[0].numel()
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / fan_in**0.5)
+            elif "norm" in name and name.endswith("weight"):
+                parameter.copy_(1.0 + 0.2 * torch.randn(parameter.shape, generator=generator))
+            else:
+                parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
+
+
+def forward(model: WanTransformer3DModel, inputs: dict, dtype: torch.dtype) -> torch.Tensor:
+    model = model.to(dtype)
+    with torch.no_grad():
+        out = model(
+            hidden_states=inputs["hidden_states"].to(dtype),
+            timestep=inputs["timestep"].to(dtype),
+            encoder_hidden_states=inputs["encoder_hidden_states"].to(dtype),
+            return_dict=False,
+        )[0]
+    return out.float().contiguous()
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "wan"))
+    args = parser.parse_args()
+
+    generator = torch.Generator().manual_seed(20251124)
+    model = WanTransformer3DModel(**CONFIG).eval()
+    randomize(model, generator)
+
+    inputs = {
+        "hidden_states": torch.randn(LATENT, generator=generator),
+        "timestep": torch.tensor([937.0, 421.5]),
+        "encoder_hidden_states": torch.randn((LATENT[0], TEXT_TOKENS, CONFIG["text_dim"]), generator=generator),
+    }
+
+    os.makedirs(args.out, exist_ok=True)
+    for sub in ("checkpoint", "checkpoint_bf16"):
+        shutil.rmtree(os.path.join(args.out, sub), ignore_errors=True)
+    model.save_pretrained(os.path.join(args.out, "checkpoint"), max_shard_size="40KB", safe_serialization=True)
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    bf16_model.save_pretrained(os.path.join(args.out, "checkpoint_bf16"), safe_serialization=True)
+
+    outputs = {  # forward() casts its model in place, hence the copies
+        "output_fp32": forward(copy.deepcopy(model), inputs, torch.float32),
+        "output_fp64": forward(copy.deepcopy(model), inputs, torch.float64),
+        "output_bf16_weights": forward(bf16_model, inputs, torch.float64),
+    }
+    save_file({**inputs, **outputs}, os.path.join(args.out, "io.safetensors"))
+
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(args.out) for f in files)
+    print(f"wrote {args.out}: {total} bytes; output rms {outputs['output_fp64'].pow(2).mean().sqrt():.4f}")
+    print(f"diffusers fp32 vs float64 rel-L2: {rel_l2(outputs['output_fp32'], outputs['output_fp64']):.3e}")
+
+
+if __name__ == "__main__":
+    main()

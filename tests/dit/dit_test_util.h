@@ -1,0 +1,58 @@
+// Helpers of the dit tests: the committed Wan fixture (written by scripts/make_wan_fixture.py) and
+// scratch directories for checkpoints a test breaks on purpose.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace tessel {
+
+inline std::filesystem::path wan_fixture_dir() { return std::filesystem::path(TESSEL_SOURCE_DIR) / "tests/fixtures/wan"; }
+
+// A fresh directory under the test temp dir, unique per test and process, removed at the end.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::path(::testing::TempDir()) /
+            ("tessel_dit_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  // A writable copy of the directory `source` inside this one.
+  std::filesystem::path copy_of(const std::filesystem::path& source) const {
+    const std::filesystem::path copy = path_ / source.filename();
+    std::filesystem::copy(source, copy, std::filesystem::copy_options::recursive);
+    for (const auto& entry : std::filesystem::directory_iterator(copy))
+      std::filesystem::permissions(entry.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write,
+                                   std::filesystem::perm_options::add);
+    return copy;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+}  // namespace tessel
