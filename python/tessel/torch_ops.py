@@ -3,7 +3,9 @@ torch.compile(fullgraph=True) traces them without graph breaks. Imported by tess
 installed. Forward only: no autograd formula is registered.
 
 Tensors reach the extension as DLPack capsules of torch.utils.dlpack.to_dlpack, which shares memory
-and synchronizes nothing.
+and synchronizes nothing. `eager_call(q)` tells tessel.functional when it may call the
+implementations below directly instead of through the dispatcher (plain tensors outside tracing):
+the same work without the custom-op machinery's per-call cost.
 """
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ def _lse_arg(lse: torch.Tensor, return_lse: bool):
     return to_dlpack(lse) if return_lse and lse.numel() > 0 else None
 
 
-@torch.library.custom_op("tessel::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_left: int,
+def eager_call(q) -> bool:
+    return type(q) is torch.Tensor and q.device.type != "meta" and not torch.compiler.is_compiling()
+
+
+def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, window_left: int,
               window_right: int, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     out = q.new_empty(q.shape)
     lse = _lse_or_placeholder(q, return_lse)
@@ -34,13 +39,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, c
     return out, lse
 
 
+attention = torch.library.custom_op("tessel::attention", attention_impl, mutates_args=())
+
+
 @attention.register_fake
 def _(q, k, v, scale, causal, window_left, window_right, return_lse):
     return q.new_empty(q.shape), _lse_or_placeholder(q, return_lse)
 
 
-@torch.library.custom_op("tessel::block_sparse_attention", mutates_args=())
-def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_indptr: torch.Tensor,
+def block_sparse_attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_indptr: torch.Tensor,
                            mask_indices: torch.Tensor, mask_geometry: list[int], scale: float, causal: bool,
                            window_left: int, window_right: int,
                            return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,19 +64,25 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     return out, lse
 
 
+block_sparse_attention = torch.library.custom_op("tessel::block_sparse_attention", block_sparse_attention_impl,
+                                                 mutates_args=())
+
+
 @block_sparse_attention.register_fake
 def _(q, k, v, mask_indptr, mask_indices, mask_geometry, scale, causal, window_left, window_right, return_lse):
     return q.new_empty(q.shape), _lse_or_placeholder(q, return_lse)
 
 
-@torch.library.custom_op("tessel::merge_states", mutates_args=())
-def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+def merge_states_impl(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                  lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out = out_a.new_empty(out_a.shape)
     lse = lse_a.new_empty(lse_a.shape, dtype=torch.float32)
     _tessel.merge_states_forward(to_dlpack(out_a), to_dlpack(lse_a), to_dlpack(out_b), to_dlpack(lse_b),
                                  to_dlpack(out), to_dlpack(lse))
     return out, lse
+
+
+merge_states = torch.library.custom_op("tessel::merge_states", merge_states_impl, mutates_args=())
 
 
 @merge_states.register_fake
