@@ -1,7 +1,7 @@
 // CUDA entry points behind include/tessel/kernels/attention.h. attention.cc has already checked
 // ranks, shapes, dtypes and devices; here come the checks that only the CUDA kernels need
 // (head dim, element type, unit stride on D, 16-byte alignment, 32-bit sizes), then the launch on
-// the current stream. Nothing here synchronizes with the host.
+// ctx.stream. Nothing here synchronizes with the host.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -9,7 +9,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_params.h"
 #include "cuda/merge_states.h"
-#include "tessel/kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cuda {
@@ -95,17 +95,17 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
 
 }  // namespace
 
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   const detail::FlashParams p = make_params(q, k, v, out, lse, options);
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   detail::launch_flash_forward_dense(p, q.dtype(), static_cast<int>(q.size(3)), static_cast<int>(q.size(0)),
-                                     current_stream());
+                                     ctx.stream);
   check_launch("attention_forward");
 }
 
-void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options) {
   detail::FlashParams p = make_params(q, k, v, out, lse, options);
   if (!mask.device.is_cuda() || mask.device != q.device())
@@ -130,11 +130,11 @@ void block_sparse_attention_forward(const TensorView& q, const TensorView& k, co
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
   detail::launch_flash_forward_sparse(p, q.dtype(), static_cast<int>(q.size(3)), block_m,
-                                      static_cast<int>(q.size(0)), current_stream());
+                                      static_cast<int>(q.size(0)), ctx.stream);
   check_launch("block_sparse_attention_forward");
 }
 
-void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
   const struct {
     const TensorView* t;
@@ -168,7 +168,7 @@ void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, co
   p.seq = out_a.size(1);
   p.heads = out_a.size(2);
   p.head_dim = out_a.size(3);
-  detail::launch_merge_attention_states(p, current_stream());
+  detail::launch_merge_attention_states(p, ctx.stream);
   check_launch("merge_attention_states");
 }
 
