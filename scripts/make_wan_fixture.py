@@ -95,13 +95,18 @@ def main() -> None:
     for sub in ("checkpoint", "checkpoint_bf16"):
         shutil.rmtree(os.path.join(args.out, sub), ignore_errors=True)
     model.save_pretrained(os.path.join(args.out, "checkpoint"), max_shard_size="40KB", safe_serialization=True)
-    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
-    bf16_model.save_pretrained(os.path.join(args.out, "checkpoint_bf16"), safe_serialization=True)
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(os.path.join(args.out, "checkpoint_bf16"), safe_serialization=True)
+    # The reference for the bf16 file: its weights rounded to bf16, but the rotary tables (buffers
+    # that .to(bfloat16) would round too, and that no checkpoint holds) left exact.
+    bf16_weights = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in bf16_weights.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).to(parameter.dtype))
 
     outputs = {  # forward() casts its model in place, hence the copies
         "output_fp32": forward(copy.deepcopy(model), inputs, torch.float32),
         "output_fp64": forward(copy.deepcopy(model), inputs, torch.float64),
-        "output_bf16_weights": forward(bf16_model, inputs, torch.float64),
+        "output_bf16_weights": forward(bf16_weights, inputs, torch.float64),
     }
     save_file({**inputs, **outputs}, os.path.join(args.out, "io.safetensors"))
 
