@@ -3,6 +3,7 @@
 // time goes.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -39,6 +40,7 @@ struct DitBenchOptions {
   int64_t threads = 0;
   int64_t seed = 0;
   bool json = false;
+  bool compare_dense = false;
 };
 
 struct LatentShape {
@@ -64,6 +66,11 @@ double median(std::vector<double> values) {
 }
 
 int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
+  const SparseAttnEnv& env = process_sparse_attn_env();
+  const bool sparse = sparse_attn_requested(flags, env);
+  if (o.compare_dense && !sparse)
+    fail_argument("--compare-dense", "a sparse configuration to compare (a --sparse-attn-* flag or its environment variable)",
+                  "dense attention already");
   if (o.layers > 0 && !o.from_dir.empty())
     fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
   WanConfig config = o.from_dir.empty() ? wan_preset(o.model) : load_wan_config(o.from_dir);
@@ -76,22 +83,28 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   double parameters = 0.0;
   for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
   const double rows = static_cast<double>(o.batch) * static_cast<double>(tokens);
-  const double bytes = 4.0 * (2.0 * parameters + rows * (10.0 * static_cast<double>(config.inner_dim()) + config.ffn_dim));
+  const double bytes = 4.0 * (2.0 * parameters + rows * (10.0 * static_cast<double>(config.inner_dim()) + config.ffn_dim)) *
+                       (o.compare_dense ? 2.0 : 1.0);
   check_memory_budget("--model", o.from_dir.empty() ? o.model : o.from_dir, bytes,
                       detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", o.batch, ", ", config.num_layers, " layers)"));
 
   WanAttentionOptions attention;
   std::unique_ptr<BackendRegistry> registry;
-  const SparseAttnEnv& env = process_sparse_attn_env();
-  if (sparse_attn_requested(flags, env)) {
+  if (sparse) {
     registry = make_cli_registry();
     attention.registry = registry.get();
     attention.config = sparse_attn_config_from(flags, env);
     attention.backend_override = backend_override(env);
+    // Patterns with a geometry see the latent's patch grid unless the config names one.
+    if (!attention.config.geometry.spatial_layout && config.patch_size[1] == config.patch_size[2])
+      attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
   }
   const auto load_start = std::chrono::steady_clock::now();
-  const WanTransformer model = o.from_dir.empty() ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention)
-                                                  : WanTransformer::load(o.from_dir, attention);
+  const auto make_model = [&](const WanAttentionOptions& options) {
+    return o.from_dir.empty() ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), options)
+                              : WanTransformer::load(o.from_dir, options);
+  };
+  const WanTransformer model = make_model(attention);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
   Tensor latents = Tensor::empty({o.batch, config.in_channels, latent.frames, latent.height, latent.width}, DType::kF32);
@@ -113,6 +126,20 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
     const auto start = std::chrono::steady_clock::now();
     model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
     if (timed) step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  // The same weights and inputs with dense attention, at the last step's timestep.
+  double rel_l2_vs_dense = -1.0;
+  if (o.compare_dense) {
+    Tensor dense_out = Tensor::empty(out.shape(), DType::kF32);
+    make_model(WanAttentionOptions{}).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
+    double diff = 0.0, norm = 0.0;
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const double d = static_cast<double>(out.data_as<float>()[i]) - dense_out.data_as<float>()[i];
+      diff += d * d;
+      norm += static_cast<double>(dense_out.data_as<float>()[i]) * dense_out.data_as<float>()[i];
+    }
+    rel_l2_vs_dense = std::sqrt(diff / norm);
   }
 
   const SparseAttention* first = model.block_attention(0);
@@ -139,6 +166,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
        {{"attention", profile.attention_s / n}, {"gemm", profile.gemm_s / n}, {"norm_rope", profile.norm_rope_s / n},
         {"other", profile.other_s / n}}},
   };
+  if (o.compare_dense) report["rel_l2_vs_dense"] = rel_l2_vs_dense;
   if (o.json) {
     std::cout << report.dump() << "\n";
     return 0;
@@ -156,6 +184,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"gemm", profile.gemm_s},
                                       {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
     std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
+  if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
   return 0;
 }
 
@@ -187,6 +216,8 @@ CommandRegistration registration{
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
       app.add_option("--seed", options->seed, "seed of the random weights and inputs")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--json", options->json, "print one JSON object instead of a table");
+      app.add_flag("--compare-dense", options->compare_dense,
+                   "also run the last step with dense attention and report the output's relative L2 difference");
       add_sparse_attn_flags(app, *flags);
       return CommandRunner([options, flags] { return run_dit_bench(*options, *flags); });
     }};

@@ -203,6 +203,21 @@ WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, co
   return WanTransformer(config, weights, attention);
 }
 
+SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames, int64_t latent_height, int64_t latent_width) {
+  if (config.patch_size[1] != config.patch_size[2])
+    fail_argument("Wan patch_size height and width", "equal (sparse layouts use square patches)",
+                  detail::concat(config.patch_size[1], " x ", config.patch_size[2]));
+  if (latent_frames % config.patch_size[0] != 0)
+    fail_argument("latent frames", detail::concat("a multiple of the patch's ", config.patch_size[0]), latent_frames);
+  SpatialLayout layout;
+  layout.frames = latent_frames / config.patch_size[0];
+  layout.height = latent_height;
+  layout.width = latent_width;
+  layout.patch_size = config.patch_size[1];
+  layout.validate("Wan latent");
+  return layout;
+}
+
 const WanConfig& WanTransformer::config() const { return impl_->config; }
 
 const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
@@ -240,6 +255,13 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     if (grid[axis] > c.rope_max_seq_len)
       fail_argument(detail::concat("latents ", axes[axis], " in patches"),
                     detail::concat("at most rope_max_seq_len = ", c.rope_max_seq_len), grid[axis]);
+  }
+  if (!self_attention.empty()) {
+    const auto& layout = self_attention.front()->adapter().config().config().geometry.spatial_layout;
+    if (layout && !(layout->frames == grid[0] && layout->grid_height() == grid[1] && layout->grid_width() == grid[2]))
+      fail_argument("sparse attention geometry.spatial_layout",
+                    detail::concat("this latent's patch grid ", grid[0], " x ", grid[1], " x ", grid[2]),
+                    detail::concat(layout->frames, " x ", layout->grid_height(), " x ", layout->grid_width()));
   }
   check_shape(timestep, {batch}, "timestep");
   check_rank(text, 3, "text");

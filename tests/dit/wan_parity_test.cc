@@ -108,6 +108,22 @@ TEST(WanParity, AttentionThroughTheRegistryAndItsStepSchedule) {
   std::printf("sliding window (8 tokens of 45) at step 1: rel-L2 vs dense %.3e\n", sparse_error);
   EXPECT_GT(sparse_error, 1e-4);
   EXPECT_TRUE(std::isfinite(sparse_error));
+
+  // A pattern with a geometry must be given this latent's patch grid (3 x 5 x 3).
+  const WanConfig config = load_wan_config(dir);
+  EXPECT_EQ(wan_spatial_layout(config, 3, 10, 6).num_tokens(), 45);
+  WanAttentionOptions radial =
+      attention_through(registry, R"({"backend": "radial", "pattern": {"type": "radial"}, "geometry": {"block_q": 8, "block_kv": 8}})");
+  radial.config.geometry.spatial_layout = wan_spatial_layout(config, 3, 10, 6);
+  EXPECT_TRUE(std::isfinite(rel_l2(fixture.run(WanTransformer::load(dir, radial), StepInfo::at(0, 1)), dense)));
+  radial.config.geometry.spatial_layout = wan_spatial_layout(config, 3, 6, 10);
+  try {
+    fixture.run(WanTransformer::load(dir, radial), StepInfo::at(0, 1));
+    ADD_FAILURE() << "no Error for a spatial layout of another grid";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 x 5 x 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("spatial_layout"), std::string::npos) << e.what();
+  }
 }
 
 TEST(WanParity, BadInputsNameTheArgument) {

@@ -27,7 +27,7 @@ TEST(DitBenchCli, HelpNamesEveryFlag) {
   const TesselRun run = dit_bench("--help");
   EXPECT_EQ(run.status, 0) << run.out;
   for (const char* flag : {"--model", "--from-dir", "--frames", "--height", "--width", "--batch", "--text-tokens", "--layers", "--steps",
-                           "--warmup", "--threads", "--seed", "--json", "--sparse-attn-backend", "--sparse-attn-topk",
+                           "--warmup", "--threads", "--seed", "--json", "--compare-dense", "--sparse-attn-backend", "--sparse-attn-topk",
                            "--sparse-attn-schedule", "--sparse-attn-pattern", "--sparse-attn-config"})
     EXPECT_NE(run.out.find(flag), std::string::npos) << flag << " missing from:\n" << run.out;
 }
@@ -45,6 +45,14 @@ TEST(DitBenchCli, RunsTheFixtureCheckpointDenseAndSparse) {
                                                    "{\"type\": \"sliding_window\", \"window_size\": 4}, \"geometry\": {\"block_q\": 4, \"block_kv\": 4}}'");
   ASSERT_EQ(sparse.status, 0) << sparse.out;
   EXPECT_EQ(nlohmann::json::parse(sparse.out)["attention_backend"], "sliding_window");
+
+  // Radial needs the latent grid: dit-bench fills it in; the output moves away from dense.
+  const TesselRun radial = dit_bench(kFixtureRun + " --compare-dense --sparse-attn-config '{\"backend\": \"radial\", \"pattern\": "
+                                                   "{\"type\": \"radial\"}, \"geometry\": {\"block_q\": 4, \"block_kv\": 4}}'");
+  ASSERT_EQ(radial.status, 0) << radial.out;
+  const nlohmann::json radial_report = nlohmann::json::parse(radial.out);
+  EXPECT_EQ(radial_report["attention_backend"], "radial");
+  EXPECT_GE(radial_report["rel_l2_vs_dense"].get<double>(), 0.0);
 }
 
 TEST(DitBenchCli, BadShapesAndOptionMixesAreClearErrors) {
@@ -56,6 +64,7 @@ TEST(DitBenchCli, BadShapesAndOptionMixesAreClearErrors) {
       {"--model wan-7b", "--model"},
       {"--model wan-14b --from-dir /tmp", "excludes"},
       {"--from-dir /nonexistent --layers 1", "--layers"},
+      {"--compare-dense", "--compare-dense"},
   };
   for (const auto& c : cases) {
     const TesselRun run = dit_bench(c.args);

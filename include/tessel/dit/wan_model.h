@@ -57,6 +57,12 @@ struct WanForwardProfile {
   double total_s() const { return attention_s + gemm_s + norm_rope_s + other_s; }
 };
 
+// The spatial layout sparse patterns with a geometry (radial, spatial_aware, local, ...) need for a
+// latent of (frames, height, width): the patch grid in frames, latent pixels and patch size.
+// Throws Error when the patch is not square in height and width, or the latent is not a multiple
+// of the patch.
+SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames, int64_t latent_height, int64_t latent_width);
+
 class WanTransformer {
  public:
   // `weights` holds exactly the tensors of wan_weight_specs(config) (any float dtype; converted
@@ -73,7 +79,8 @@ class WanTransformer {
 
   // One transformer forward. latents (B, in_channels, F, H, W), timestep (B), text (B, L, text_dim)
   // and out (B, out_channels, F, H, W): fp32, CPU, contiguous; F, H, W multiples of the patch size
-  // with at most rope_max_seq_len patches along each axis. `step` reaches every block's attention
+  // with at most rope_max_seq_len patches along each axis; a spatial layout in the attention
+  // config must be wan_spatial_layout of this latent. `step` reaches every block's attention
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
