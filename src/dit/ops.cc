@@ -4,18 +4,61 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace tessel::dit {
 namespace {
 
-// Rows of x handled together by one task of the GEMM, and columns of y per pass: 4 rows x 256
-// columns of y stay in L1 while the k loop streams w_t.
-constexpr int64_t kGemmRows = 4;
-constexpr int64_t kGemmCols = 256;
+// The GEMM's register tile: 4 rows x 16 columns of y (eight 8-float accumulators), over chunks of
+// kDepth steps of k so that a 16-column strip of w_t (16 KiB) stays in L1 across row tiles.
+constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileCols = 16;
+constexpr int64_t kDepth = 256;
 // Below this many scalar operations a loop runs on the calling thread: waking a team costs more
 // than the work, and far more when the cores are shared with other processes.
 constexpr int64_t kParallelMinWork = 1 << 16;
+
+// Eight floats in one vector (AVX when the target has it; pairs of SSE registers otherwise).
+using Vec8 = float __attribute__((vector_size(32)));
+inline Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+
+// y[r0 : r0 + 4, c0 : c0 + 16] += x[r0 : r0 + 4, k0 : k1] · w_t[k0 : k1, c0 : c0 + 16].
+void accumulate_tile(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0, int64_t c0, int64_t k0,
+                     int64_t k1) {
+  Vec8 acc[kTileRows][2];
+  for (int64_t r = 0; r < kTileRows; ++r) {
+    acc[r][0] = load8(y + (r0 + r) * n + c0);
+    acc[r][1] = load8(y + (r0 + r) * n + c0 + 8);
+  }
+  for (int64_t kk = k0; kk < k1; ++kk) {
+    const Vec8 w0 = load8(w_t + kk * n + c0), w1 = load8(w_t + kk * n + c0 + 8);
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      const float a = x[(r0 + r) * k + kk];
+      acc[r][0] += a * w0;
+      acc[r][1] += a * w1;
+    }
+  }
+  for (int64_t r = 0; r < kTileRows; ++r) {
+    store8(y + (r0 + r) * n + c0, acc[r][0]);
+    store8(y + (r0 + r) * n + c0 + 8, acc[r][1]);
+  }
+}
+
+// The same for a partial tile at the bottom or right edge.
+void accumulate_edge(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0, int64_t r1, int64_t c0,
+                     int64_t c1, int64_t k0, int64_t k1) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const float a = x[r * k + kk];
+      for (int64_t c = c0; c < c1; ++c) y[r * n + c] += a * w_t[kk * n + c];
+    }
+}
 
 double row_mean(const float* x, int64_t dim) {
   double sum = 0.0;
@@ -37,25 +80,23 @@ double inverse_std(const float* x, int64_t dim, double mean, double eps) {
 
 void linear(const ExecContext& ctx, const float* x, int64_t m, int64_t k, const float* w_t, const float* bias, int64_t n,
             float* y) {
-  const int64_t row_blocks = (m + kGemmRows - 1) / kGemmRows;
-  const int64_t col_blocks = (n + kGemmCols - 1) / kGemmCols;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(ctx.threads()) if (m * k * n >= kParallelMinWork)
-  for (int64_t rb = 0; rb < row_blocks; ++rb) {
-    for (int64_t cb = 0; cb < col_blocks; ++cb) {
-      const int64_t r0 = rb * kGemmRows, r1 = std::min(m, r0 + kGemmRows);
-      const int64_t c0 = cb * kGemmCols, c1 = std::min(n, c0 + kGemmCols);
-      for (int64_t r = r0; r < r1; ++r) {
-        float* out = y + r * n;
-        for (int64_t c = c0; c < c1; ++c) out[c] = bias ? bias[c] : 0.0f;
-      }
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const float* w_row = w_t + kk * n;
-        for (int64_t r = r0; r < r1; ++r) {
-          const float a = x[r * k + kk];
-          float* out = y + r * n;
-#pragma omp simd
-          for (int64_t c = c0; c < c1; ++c) out[c] += a * w_row[c];
-        }
+  const bool parallel = m * k * n >= kParallelMinWork;
+#pragma omp parallel for schedule(static) num_threads(ctx.threads()) if (parallel)
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) y[r * n + c] = bias ? bias[c] : 0.0f;
+  const int64_t strips = (n + kTileCols - 1) / kTileCols, row_blocks = (m + kTileRows - 1) / kTileRows;
+  for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+    const int64_t k1 = std::min(k, k0 + kDepth);
+    // Consecutive iterations share a column strip, so a thread keeps its strip of w_t in cache
+    // while it walks down the rows.
+#pragma omp parallel for collapse(2) schedule(static) num_threads(ctx.threads()) if (parallel)
+    for (int64_t strip = 0; strip < strips; ++strip) {
+      for (int64_t rb = 0; rb < row_blocks; ++rb) {
+        const int64_t r0 = rb * kTileRows, c0 = strip * kTileCols;
+        if (r0 + kTileRows <= m && c0 + kTileCols <= n)
+          accumulate_tile(x, k, w_t, n, y, r0, c0, k0, k1);
+        else
+          accumulate_edge(x, k, w_t, n, y, r0, std::min(m, r0 + kTileRows), c0, std::min(n, c0 + kTileCols), k0, k1);
       }
     }
   }
