@@ -263,7 +263,11 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                     detail::concat("this latent's patch grid ", grid[0], " x ", grid[1], " x ", grid[2]),
                     detail::concat(layout->frames, " x ", layout->grid_height(), " x ", layout->grid_width()));
   }
-  check_shape(timestep, {batch}, "timestep");
+  const int64_t seq = grid[0] * grid[1] * grid[2];
+  if (timestep.dim() == 2)
+    check_shape(timestep, {batch, seq}, "timestep (one per token)");
+  else
+    check_shape(timestep, {batch}, "timestep");
   check_rank(text, 3, "text");
   const int64_t text_len = text.size(1);
   if (text_len < 1) fail_argument("text tokens", "at least 1", text_len);
@@ -271,7 +275,10 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   check_shape(out, {batch, c.out_channels, frames, height, width}, "out");
 
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
-  const int64_t seq = grid[0] * grid[1] * grid[2], rows = batch * seq, text_rows = batch * text_len;
+  const int64_t rows = batch * seq, text_rows = batch * text_len;
+  // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
+  // per-token timesteps); the rows of a group share its modulation vectors.
+  const int64_t groups = timestep.dim() == 2 ? rows : batch, group_rows = rows / groups;
   const int64_t patch_len = c.in_channels * c.patch_volume();
   const auto buffer = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
   Stopwatch clock(profile);
@@ -302,21 +309,21 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                   *row++ = src[(((b * c.in_channels + ch) * frames + f * pt + i) * height + y * ph + j) * width + x * pw + k];
         }
   // Conditioning: temb = MLP(sinusoid(t)); the per-block modulation input = linear(SiLU(temb)).
-  std::vector<float> sinusoid = buffer(batch * c.freq_dim), time_hidden = buffer(batch * dim), temb = buffer(batch * dim);
-  dit::sinusoidal_embedding(timestep.data_as<float>(), batch, c.freq_dim, sinusoid.data());
+  std::vector<float> sinusoid = buffer(groups * c.freq_dim), time_hidden = buffer(groups * dim), temb = buffer(groups * dim);
+  dit::sinusoidal_embedding(timestep.data_as<float>(), groups, c.freq_dim, sinusoid.data());
   const WanRope rope(c, grid[0], grid[1], grid[2]);
   clock.charge(&WanForwardProfile::other_s);
 
   std::vector<float> hidden_states = buffer(rows * dim);
   patch_embedding(ctx, patches.data(), rows, hidden_states.data());
-  time_linear_1(ctx, sinusoid.data(), batch, time_hidden.data());
+  time_linear_1(ctx, sinusoid.data(), groups, time_hidden.data());
   clock.charge(&WanForwardProfile::gemm_s);
-  dit::silu(ctx, time_hidden.data(), batch * dim);
+  dit::silu(ctx, time_hidden.data(), groups * dim);
   clock.charge(&WanForwardProfile::other_s);
-  time_linear_2(ctx, time_hidden.data(), batch, temb.data());
-  std::vector<float> temb_act = temb, modulation_input = buffer(batch * 6 * dim);
-  dit::silu(ctx, temb_act.data(), batch * dim);
-  time_projection(ctx, temb_act.data(), batch, modulation_input.data());
+  time_linear_2(ctx, time_hidden.data(), groups, temb.data());
+  std::vector<float> temb_act = temb, modulation_input = buffer(groups * 6 * dim);
+  dit::silu(ctx, temb_act.data(), groups * dim);
+  time_projection(ctx, temb_act.data(), groups, modulation_input.data());
   // Text: linear -> GELU-tanh -> linear.
   std::vector<float> text_hidden = buffer(text_rows * dim), context = buffer(text_rows * dim);
   text_linear_1(ctx, text.data_as<float>(), text_rows, text_hidden.data());
@@ -328,7 +335,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
 
   std::vector<float> normed = buffer(rows * dim), q = buffer(rows * dim), k = buffer(rows * dim), v = buffer(rows * dim);
   std::vector<float> attended = buffer(rows * dim), projected = buffer(rows * dim), ffn_hidden = buffer(rows * c.ffn_dim);
-  std::vector<float> text_k = buffer(text_rows * dim), text_v = buffer(text_rows * dim), modulation = buffer(batch * 6 * dim);
+  std::vector<float> text_k = buffer(text_rows * dim), text_v = buffer(text_rows * dim), modulation = buffer(groups * 6 * dim);
   const auto bshd = [&](std::vector<float>& data, int64_t tokens) {
     return TensorView(data.data(), DType::kF32, Device::cpu(), {batch, tokens, heads, head_dim});
   };
@@ -336,15 +343,15 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const BlockWeights& block = blocks[static_cast<size_t>(layer)];
     // modulation[b] = table + time projection[b]: (shift, scale, gate) of attention, then of the FFN.
-    for (int64_t b = 0; b < batch; ++b)
+    for (int64_t g = 0; g < groups; ++g)
       for (int64_t i = 0; i < 6 * dim; ++i)
-        modulation[b * 6 * dim + i] = block.modulation.data_as<float>()[i] + modulation_input[b * 6 * dim + i];
+        modulation[g * 6 * dim + i] = block.modulation.data_as<float>()[i] + modulation_input[g * 6 * dim + i];
     const float* mod = modulation.data();
     const int64_t mod_stride = 6 * dim;
     clock.charge(&WanForwardProfile::other_s);
 
     // Self-attention.
-    dit::layer_norm_modulate(ctx, hidden_states.data(), batch, seq, dim, c.eps, mod, mod + dim, mod_stride, normed.data());
+    dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod, mod + dim, mod_stride, normed.data());
     clock.charge(&WanForwardProfile::norm_rope_s);
     const AttentionWeights& sa = block.self_attention;
     sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
@@ -362,7 +369,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     clock.charge(&WanForwardProfile::attention_s);
     sa.out(ctx, attended.data(), rows, projected.data());
     clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, seq, dim, mod + 2 * dim, mod_stride);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 2 * dim, mod_stride);
     clock.charge(&WanForwardProfile::other_s);
 
     // Cross-attention to the text (no modulation, plain residual).
@@ -384,7 +391,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     clock.charge(&WanForwardProfile::other_s);
 
     // Feed-forward.
-    dit::layer_norm_modulate(ctx, hidden_states.data(), batch, seq, dim, c.eps, mod + 3 * dim, mod + 4 * dim, mod_stride, normed.data());
+    dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod + 3 * dim, mod + 4 * dim, mod_stride,
+                             normed.data());
     clock.charge(&WanForwardProfile::norm_rope_s);
     block.ffn_in(ctx, normed.data(), rows, ffn_hidden.data());
     clock.charge(&WanForwardProfile::gemm_s);
@@ -392,17 +400,17 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     clock.charge(&WanForwardProfile::other_s);
     block.ffn_out(ctx, ffn_hidden.data(), rows, projected.data());
     clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, seq, dim, mod + 5 * dim, mod_stride);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 5 * dim, mod_stride);
     clock.charge(&WanForwardProfile::other_s);
   }
 
   // Output: AdaLN from temb itself (not its SiLU), projection to patches, unpatchify.
-  std::vector<float> out_modulation_b = buffer(batch * 2 * dim);
-  for (int64_t b = 0; b < batch; ++b)
+  std::vector<float> out_modulation_g = buffer(groups * 2 * dim);
+  for (int64_t g = 0; g < groups; ++g)
     for (int64_t i = 0; i < 2 * dim; ++i)
-      out_modulation_b[b * 2 * dim + i] = out_modulation.data_as<float>()[i] + temb[b * dim + i % dim];
-  dit::layer_norm_modulate(ctx, hidden_states.data(), batch, seq, dim, c.eps, out_modulation_b.data(), out_modulation_b.data() + dim,
-                           2 * dim, normed.data());
+      out_modulation_g[g * 2 * dim + i] = out_modulation.data_as<float>()[i] + temb[g * dim + i % dim];
+  dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, out_modulation_g.data(),
+                           out_modulation_g.data() + dim, 2 * dim, normed.data());
   clock.charge(&WanForwardProfile::norm_rope_s);
   const int64_t out_patch = c.out_channels * c.patch_volume();
   std::vector<float> patches_out = buffer(rows * out_patch);

@@ -82,6 +82,21 @@ TEST(WanParity, Bf16StoredCheckpointIsCastOnceAndMatches) {
   EXPECT_GT(rel_l2(fixture.io.at("output_bf16_weights"), fixture.io.at("output_fp64")), 1e-4);
 }
 
+TEST(WanParity, PerTokenTimestepsMatchDiffusers) {
+  const Fixture fixture;
+  const WanTransformer model = WanTransformer::load(wan_fixture_dir() / "checkpoint");
+  Tensor out = Tensor::empty(fixture.io.at("output_fp64").shape(), DType::kF32);
+  ExecContext ctx;
+  ctx.num_threads = 1;
+  model.forward(ctx, {}, fixture.io.at("hidden_states"), fixture.io.at("timestep_per_token"),
+                fixture.io.at("encoder_hidden_states"), out);
+  const double error = rel_l2(out, fixture.io.at("output_per_token_fp64"));
+  std::printf("per-token timesteps: rel-L2 vs diffusers float64 %.3e\n", error);
+  EXPECT_LE(error, 4e-6);
+  // The first frame's timestep 0 changes the output against one timestep per batch entry.
+  EXPECT_GT(rel_l2(fixture.io.at("output_per_token_fp64"), fixture.io.at("output_fp64")), 1e-3);
+}
+
 WanAttentionOptions attention_through(BackendRegistry& registry, const std::string& json) {
   WanAttentionOptions options;
   options.registry = &registry;
@@ -145,6 +160,7 @@ TEST(WanParity, BadInputsNameTheArgument) {
   const Tensor odd_width = Tensor::zeros({2, 16, 3, 10, 5}, DType::kF32);
   expect_error(odd_width, timestep, text, Tensor::zeros({2, 16, 3, 10, 5}, DType::kF32), "latents width");
   expect_error(latents, Tensor::zeros({3}, DType::kF32), text, out, "timestep");
+  expect_error(latents, Tensor::zeros({2, 44}, DType::kF32), text, out, "timestep (one per token)");
   expect_error(latents, timestep, Tensor::zeros({2, 7, 23}, DType::kF32), out, "text");
   expect_error(latents, timestep, text, Tensor::zeros({2, 16, 3, 10, 6}, DType::kF16), "out");
   const Tensor too_long = Tensor::zeros({1, 16, 33, 2, 2}, DType::kF32);

@@ -77,8 +77,9 @@ class WanTransformer {
   // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`.
   static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {});
 
-  // One transformer forward. latents (B, in_channels, F, H, W), timestep (B), text (B, L, text_dim)
-  // and out (B, out_channels, F, H, W): fp32, CPU, contiguous; F, H, W multiples of the patch size
+  // One transformer forward. latents (B, in_channels, F, H, W), timestep (B) or (B, S) (one per
+  // token, as Wan 2.2 conditions a first frame), text (B, L, text_dim) and out
+  // (B, out_channels, F, H, W): fp32, CPU, contiguous; F, H, W multiples of the patch size
   // with at most rope_max_seq_len patches along each axis; a spatial layout in the attention
   // config must be wan_spatial_layout of this latent. `step` reaches every block's attention
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
