@@ -2,10 +2,12 @@
 // or a diffusers checkpoint directory) with dense or sparse self-attention, and reports where the
 // time goes.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +18,8 @@
 #include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/limited_json.h"
 #include "tessel/core/exec_context.h"
 #include "tessel/core/random.h"
 #include "tessel/dit/wan_model.h"
@@ -41,7 +45,32 @@ struct DitBenchOptions {
   int64_t seed = 0;
   bool json = false;
   bool compare_dense = false;
+  std::string layer_configs;  // '<json>' or '@file.json': {"<block>": {config fields}, ...}
 };
+
+constexpr uint64_t kMaxLayerConfigBytes = 1 << 20;
+
+// --sparse-attn-layers: each block's fields on top of the command's whole config (`base`).
+std::map<int64_t, SparseAttnConfig> parse_layer_configs(const std::string& arg, const SparseAttnConfig& base, int64_t num_layers) {
+  const std::string flag = "--sparse-attn-layers";
+  const std::string text = arg.rfind('@', 0) == 0 ? read_file_bounded(arg.substr(1), kMaxLayerConfigBytes, flag + " file after '@'") : arg;
+  const nlohmann::json json = parse_json_limited(text, JsonLimits{}, flag);
+  if (!json.is_object()) fail_argument(flag, "a JSON object of block index -> config fields", json_excerpt(json));
+  std::map<int64_t, SparseAttnConfig> configs;
+  for (const auto& [key, value] : json.items()) {
+    int64_t layer = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), layer);
+    if (error != std::errc{} || end != key.data() + key.size() || layer < 0 || layer >= num_layers)
+      fail_argument(flag + " key", detail::concat("a block index in [0, ", num_layers, ")"), quoted_excerpt(key));
+    if (!value.is_object()) fail_argument(flag + "[" + key + "]", "an object of config fields", json_excerpt(value));
+    try {
+      configs[layer] = parse_sparse_attn_json(value.dump(), base);
+    } catch (const Error& e) {
+      throw Error(flag + "[" + key + "]: " + e.what());
+    }
+  }
+  return configs;
+}
 
 struct LatentShape {
   int64_t frames, height, width;
@@ -68,6 +97,9 @@ double median(std::vector<double> values) {
 int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   const SparseAttnEnv& env = process_sparse_attn_env();
   const bool sparse = sparse_attn_requested(flags, env);
+  if (!o.layer_configs.empty() && !sparse)
+    fail_argument("--sparse-attn-layers", "given with a sparse configuration for the other blocks (a --sparse-attn-* flag)",
+                  "no sparse configuration");
   if (o.compare_dense && !sparse)
     fail_argument("--compare-dense", "a sparse configuration to compare (a --sparse-attn-* flag or its environment variable)",
                   "dense attention already");
@@ -98,6 +130,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
     // Patterns with a geometry see the latent's patch grid unless the config names one.
     if (!attention.config.geometry.spatial_layout && config.patch_size[1] == config.patch_size[2])
       attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
+    if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
   }
   const auto load_start = std::chrono::steady_clock::now();
   const auto make_model = [&](const WanAttentionOptions& options) {
@@ -216,6 +249,8 @@ CommandRegistration registration{
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
       app.add_option("--seed", options->seed, "seed of the random weights and inputs")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--json", options->json, "print one JSON object instead of a table");
+      app.add_option("--sparse-attn-layers", options->layer_configs,
+                     "per-block configs, '<json>' or @file.json: {\"<block>\": {fields over the whole config}, ...}");
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       add_sparse_attn_flags(app, *flags);

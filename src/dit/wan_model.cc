@@ -152,6 +152,11 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
     block.modulation = to_f32(weights.at(wan_block_tensor(layer, "scale_shift_table")));
     m.blocks.push_back(std::move(block));
   }
+  for (const auto& [layer, layer_config] : attention.layer_configs)
+    if (layer < 0 || layer >= config.num_layers)
+      fail_argument("WanAttentionOptions::layer_configs key", detail::concat("a block index in [0, ", config.num_layers, ")"), layer);
+  if (!attention.layer_configs.empty() && attention.registry == nullptr)
+    fail_argument("WanAttentionOptions::registry", "a registry to resolve the per-block configs with", "null");
   if (attention.registry != nullptr) {
     const auto plan_cache = attention.plan_cache ? attention.plan_cache : std::make_shared<PlanCache>();
     for (int64_t layer = 0; layer < config.num_layers; ++layer) {
@@ -159,7 +164,8 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
       options.num_heads = config.num_attention_heads;
       options.head_dim = config.attention_head_dim;
       options.module = ModuleType::kDitSelf;
-      options.config = attention.config;
+      const auto own = attention.layer_configs.find(layer);
+      options.config = own == attention.layer_configs.end() ? attention.config : own->second;
       options.backend_override = attention.backend_override;
       options.dtype = DType::kF32;
       options.device = Device::cpu();

@@ -124,6 +124,22 @@ TEST(WanParity, AttentionThroughTheRegistryAndItsStepSchedule) {
   EXPECT_GT(sparse_error, 1e-4);
   EXPECT_TRUE(std::isfinite(sparse_error));
 
+  // Per-block configs: both blocks back to dense ("none") give the dense output at a sparse step.
+  WanAttentionOptions per_block = attention_through(registry, R"({"backend": "sliding_window", "pattern": {"type": "sliding_window",
+                                                               "window_size": 8}, "geometry": {"block_q": 8, "block_kv": 8}})");
+  per_block.layer_configs[0] = parse_sparse_attn_json(R"({"backend": "none"})");
+  per_block.layer_configs[1] = parse_sparse_attn_json(R"({"backend": "none"})");
+  EXPECT_LE(rel_l2(fixture.run(WanTransformer::load(dir, per_block), StepInfo::at(1, 4)), dense), 1e-6);
+  per_block.layer_configs.erase(1);
+  EXPECT_GT(rel_l2(fixture.run(WanTransformer::load(dir, per_block), StepInfo::at(1, 4)), dense), 1e-4);
+  per_block.layer_configs[2] = parse_sparse_attn_json(R"({"backend": "none"})");
+  try {
+    WanTransformer::load(dir, per_block);
+    ADD_FAILURE() << "no Error for a config of block 2 in a 2-block model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_configs"), std::string::npos) << e.what();
+  }
+
   // A pattern with a geometry must be given this latent's patch grid (3 x 5 x 3).
   const WanConfig config = load_wan_config(dir);
   EXPECT_EQ(wan_spatial_layout(config, 3, 10, 6).num_tokens(), 45);

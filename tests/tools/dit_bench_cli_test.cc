@@ -27,7 +27,7 @@ TEST(DitBenchCli, HelpNamesEveryFlag) {
   const TesselRun run = dit_bench("--help");
   EXPECT_EQ(run.status, 0) << run.out;
   for (const char* flag : {"--model", "--from-dir", "--frames", "--height", "--width", "--batch", "--text-tokens", "--layers", "--steps",
-                           "--warmup", "--threads", "--seed", "--json", "--compare-dense", "--sparse-attn-backend", "--sparse-attn-topk",
+                           "--warmup", "--threads", "--seed", "--json", "--compare-dense", "--sparse-attn-layers", "--sparse-attn-backend", "--sparse-attn-topk",
                            "--sparse-attn-schedule", "--sparse-attn-pattern", "--sparse-attn-config"})
     EXPECT_NE(run.out.find(flag), std::string::npos) << flag << " missing from:\n" << run.out;
 }
@@ -53,6 +53,14 @@ TEST(DitBenchCli, RunsTheFixtureCheckpointDenseAndSparse) {
   const nlohmann::json radial_report = nlohmann::json::parse(radial.out);
   EXPECT_EQ(radial_report["attention_backend"], "radial");
   EXPECT_GE(radial_report["rel_l2_vs_dense"].get<double>(), 0.0);
+
+  // Both blocks set back to dense through the per-block configs: the output is dense attention's.
+  const TesselRun per_block = dit_bench(kFixtureRun + " --compare-dense --sparse-attn-backend sliding_window --sparse-attn-config "
+                                                      "'{\"pattern\": {\"type\": \"sliding_window\", \"window_size\": 2}, \"geometry\": "
+                                                      "{\"block_q\": 2, \"block_kv\": 2}}' --sparse-attn-layers '{\"0\": {\"backend\": \"none\"}, "
+                                                      "\"1\": {\"backend\": \"none\"}}'");
+  ASSERT_EQ(per_block.status, 0) << per_block.out;
+  EXPECT_EQ(nlohmann::json::parse(per_block.out)["rel_l2_vs_dense"].get<double>(), 0.0);
 }
 
 TEST(DitBenchCli, BadShapesAndOptionMixesAreClearErrors) {
@@ -65,6 +73,9 @@ TEST(DitBenchCli, BadShapesAndOptionMixesAreClearErrors) {
       {"--model wan-14b --from-dir /tmp", "excludes"},
       {"--from-dir /nonexistent --layers 1", "--layers"},
       {"--compare-dense", "--compare-dense"},
+      {"--sparse-attn-layers '{}'", "--sparse-attn-layers"},
+      {kFixtureRun + " --sparse-attn-backend dense --sparse-attn-layers '{\"2\": {}}'", "block index in [0, 2)"},
+      {kFixtureRun + " --sparse-attn-backend dense --sparse-attn-layers '{\"0\": {\"bogus\": 1}}'", "--sparse-attn-layers[0]"},
   };
   for (const auto& c : cases) {
     const TesselRun run = dit_bench(c.args);

@@ -43,6 +43,9 @@ struct WanAttentionOptions {
   // SparseAttention module that resolves its backend here (override > config > auto > none).
   BackendRegistry* registry = nullptr;
   SparseAttnConfig config;
+  // Blocks whose attention is configured apart (block index -> its whole config); the others
+  // use `config`. An index outside [0, num_layers) is an Error at construction.
+  std::map<int64_t, SparseAttnConfig> layer_configs;
   std::string backend_override;  // the app passes its environment's backend override here
   std::shared_ptr<PlanCache> plan_cache;  // null: one cache shared by this model's blocks
 };
