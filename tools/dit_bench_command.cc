@@ -195,6 +195,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
       {"steps_timed", o.steps},
       {"step_s_median", median(step_s)},
       {"step_s_mean", profile.total_s() / n},
+      {"self_attention_density", profile.mean_self_attention_density()},
+      {"dense_self_attention_calls", profile.dense_self_attention_calls},
+      {"self_attention_calls", profile.self_attention_calls},
       {"breakdown_s_per_step",
        {{"attention", profile.attention_s / n}, {"gemm", profile.gemm_s / n}, {"norm_rope", profile.norm_rope_s / n},
         {"other", profile.other_s / n}}},
@@ -217,6 +220,8 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"gemm", profile.gemm_s},
                                       {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
     std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
+  std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
+              static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
   if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
   return 0;
 }

@@ -364,13 +364,19 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     dit::rotate_pairs(ctx, q.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
     dit::rotate_pairs(ctx, k.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
     clock.charge(&WanForwardProfile::norm_rope_s);
+    AttentionStepReport report;
     if (self_attention.empty()) {
       attention_forward(run_ctx, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq), TensorView{});
     } else {
       StepInfo layer_step = step;
       layer_step.layer = layer;
-      self_attention[static_cast<size_t>(layer)]->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq),
-                                                          bshd(attended, seq));
+      report = self_attention[static_cast<size_t>(layer)]->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq),
+                                                                   bshd(attended, seq));
+    }
+    if (profile) {
+      ++profile->self_attention_calls;
+      profile->dense_self_attention_calls += report.dense ? 1 : 0;
+      profile->self_attention_density_sum += report.density;
     }
     clock.charge(&WanForwardProfile::attention_s);
     sa.out(ctx, attended.data(), rows, projected.data());

@@ -57,6 +57,14 @@ struct WanForwardProfile {
   double norm_rope_s = 0.0;  // LayerNorm / AdaLN, RMSNorm, rotary embedding
   double other_s = 0.0;      // activations, residuals, embeddings, patchify
   int64_t forwards = 0;
+  // Self-attention calls and the sum of their densities (blocks computed / all blocks; 1 for a
+  // dense call), and how many of them ran dense (no backend, warm-up, or density 1).
+  int64_t self_attention_calls = 0;
+  int64_t dense_self_attention_calls = 0;
+  double self_attention_density_sum = 0.0;
+  double mean_self_attention_density() const {
+    return self_attention_calls ? self_attention_density_sum / static_cast<double>(self_attention_calls) : 1.0;
+  }
   double total_s() const { return attention_s + gemm_s + norm_rope_s + other_s; }
 };
 
