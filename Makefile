@@ -3,13 +3,14 @@
 #   make test       build + every ctest test, then the sanitizer stages (scripts/sanitize.sh:
 #                   AddressSanitizer+UBSan over the CPU tests, ThreadSanitizer over the
 #                   *_concurrency_test files), then every fuzzer for FUZZ_SECONDS (scripts/fuzz.sh).
-#   make sanitize   the sanitizer stages alone;  make fuzz   the fuzzers alone.
+#                   Then the Python package: pip install . and pytest python/tests (scripts/python-test.sh).
+#   make sanitize   the sanitizer stages alone;  make fuzz   the fuzzers alone;  make python-test  the Python tests alone.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: deps build demo test unit-test sanitize fuzz clean
+.PHONY: deps build demo test unit-test sanitize fuzz python-test clean
 
 deps:
 	bash scripts/install-deps.sh
@@ -30,9 +31,13 @@ sanitize: deps
 fuzz: deps
 	JOBS=$(JOBS) bash scripts/fuzz.sh --seconds $(FUZZ_SECONDS)
 
+python-test: deps
+	JOBS=$(JOBS) bash scripts/python-test.sh
+
 test: unit-test
 	$(MAKE) sanitize
 	$(MAKE) fuzz
+	$(MAKE) python-test
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

@@ -3,6 +3,7 @@
 // merge, argument errors, and CUDA-graph capture. Skips (with a message) when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -180,6 +181,108 @@ TEST_P(SparseGpu, FullMaskEqualsDense) {
 INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
                          param_name);
+
+// Head dim 128 runs the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere): odd
+// lengths around its 128-row and 128-key tiles, rows longer than its stage ring, GQA up to 8:1.
+class LongAndOddGpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LongAndOddGpu, DenseMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const DType dtype = GetParam();
+  AttentionOptions causal;
+  causal.causal = true;
+  AttentionOptions window;
+  window.window_left = 300;
+  window.window_right = 0;
+  const std::vector<Case> cases = {
+      {1, 63, 65, 2, 2, 128, dtype, {}},     {1, 127, 129, 2, 1, 128, dtype, {}},
+      {1, 129, 127, 2, 1, 128, dtype, {}},   {3, 255, 257, 2, 2, 128, dtype, {}},
+      {1, 1000, 1000, 4, 1, 128, dtype, {}}, {1, 2049, 1531, 1, 1, 128, dtype, {}},
+      {1, 777, 777, 4, 2, 128, dtype, causal}, {2, 1100, 1100, 2, 1, 128, dtype, window},
+  };
+  uint64_t seed = 501;
+  for (const Case& c : cases) check_case(c, seed++);
+}
+
+TEST_P(LongAndOddGpu, SparseMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const DType dtype = GetParam();
+  const int64_t batch = 2, heads = 4, kv_heads = 1;
+  uint64_t seed = 601;
+  for (const int64_t block_kv : {64, 256})
+    for (const double density : {0.15, 0.5})
+      for (const bool causal : {false, true}) {
+        const int64_t seq_q = 641 + seed % 5, seq_kv = causal ? seq_q : 899;
+        BlockMaskShape shape;
+        shape.mask_batch = batch;
+        shape.mask_heads = heads;
+        shape.seq_q = seq_q;
+        shape.seq_kv = seq_kv;
+        shape.block_q = seed % 2 == 0 ? 128 : 256;
+        shape.block_kv = block_kv;
+        const BlockMask mask = BlockMask::random(shape, density, seed);
+        Case c{batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}};
+        c.options.causal = causal;
+        SCOPED_TRACE(detail::concat("block ", shape.block_q, "x", block_kv, " density ", density));
+        check_case(c, seed++, &mask);
+      }
+}
+
+// Rows of 0 to 9 kept blocks (odd counts leave half of the kernel's last 128-key stage empty),
+// kept blocks past the end of a causal row, and rows that keep nothing.
+TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
+  SKIP_WITHOUT_GPU();
+  const DType dtype = GetParam();
+  BlockMaskShape shape;
+  shape.mask_heads = 2;
+  shape.seq_q = 1240;  // 10 q blocks of 128, the last partial
+  shape.seq_kv = 1240; // 20 kv blocks of 64, the last partial
+  std::vector<std::vector<int32_t>> rows;
+  for (int h = 0; h < 2; ++h)
+    for (int qb = 0; qb < 10; ++qb) {
+      std::vector<int32_t> row;
+      const int kept = (qb + 3 * h) % 10;
+      for (int i = 0; i < kept; ++i) row.push_back(static_cast<int32_t>((i * 7 + qb + h) % 20));
+      std::sort(row.begin(), row.end());
+      row.erase(std::unique(row.begin(), row.end()), row.end());
+      rows.push_back(row);
+    }
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  check_case({1, 1240, 1240, 2, 1, 128, dtype, {}}, 701, &mask);
+  AttentionOptions causal;
+  causal.causal = true;
+  check_case({1, 1240, 1240, 2, 1, 128, dtype, causal}, 702, &mask);
+}
+
+// More (batch, head, query block) items than an H100 has multiprocessors, so each CTA of the
+// persistent Hopper kernel runs several in a row: its stage ring and barriers carry over from
+// item to item, through rows of every length including empty ones.
+TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
+  SKIP_WITHOUT_GPU();
+  const DType dtype = GetParam();
+  const int64_t batch = 2, heads = 16, kv_heads = 4, seq_q = 1100, seq_kv = 300;
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}}, 801);
+  BlockMaskShape shape;
+  shape.mask_batch = batch;
+  shape.mask_heads = heads;
+  shape.seq_q = seq_q;
+  shape.seq_kv = seq_kv;  // 5 kv blocks of 64, the last partial
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t qb = 0; qb < shape.q_blocks(); ++qb) {
+        std::vector<int32_t> row;
+        for (int32_t kb = 0; kb < static_cast<int32_t>((qb + h + b) % 6); ++kb) row.push_back((kb + 2 * static_cast<int32_t>(h)) % 5);
+        std::sort(row.begin(), row.end());
+        row.erase(std::unique(row.begin(), row.end()), row.end());
+        rows.push_back(row);
+      }
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}}, 802, &mask);
+}
+
+INSTANTIATE_TEST_SUITE_P(Hd128, LongAndOddGpu, ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
   SKIP_WITHOUT_GPU();

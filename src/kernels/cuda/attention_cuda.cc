@@ -8,6 +8,7 @@
 
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_params.h"
+#include "cuda/hopper/flash_forward_hopper.h"
 #include "cuda/merge_states.h"
 #include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/core/error.h"
@@ -99,8 +100,11 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
                        const TensorView& lse, const AttentionOptions& options) {
   const detail::FlashParams p = make_params(q, k, v, out, lse, options);
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
-  detail::launch_flash_forward_dense(p, q.dtype(), static_cast<int>(q.size(3)), static_cast<int>(q.size(0)),
-                                     ctx.stream);
+  const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
+  if (detail::flash_forward_hopper_fits(head_dim, false, 0))
+    detail::launch_flash_forward_hopper(p, q.dtype(), false, batch, static_cast<int>(k.size(2)), ctx.stream);
+  else
+    detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, ctx.stream);
   check_launch("attention_forward");
 }
 
@@ -128,9 +132,13 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   p.block_kv = static_cast<int>(mask.block_kv);
   p.sub_shift = sub_shift;
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
-  const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
-  detail::launch_flash_forward_sparse(p, q.dtype(), static_cast<int>(q.size(3)), block_m,
-                                      static_cast<int>(q.size(0)), ctx.stream);
+  const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
+  if (detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
+    detail::launch_flash_forward_hopper(p, q.dtype(), true, batch, static_cast<int>(heads_kv), ctx.stream);
+  } else {
+    const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
+    detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, ctx.stream);
+  }
   check_launch("block_sparse_attention_forward");
 }
 

@@ -129,13 +129,14 @@ struct TileWalk {
   int kv_lo, kv_hi;
   int first, count;             // dense
   const int32_t* row_indices;   // sparse: global
-  const int32_t* cached;        // sparse: the first kIndexCache ids, in shared memory
+  const int32_t* cached;        // sparse: the first cached_count ids, in shared memory
+  int cached_count;
   int row_blocks, sub_shift, block_kv;
 
   __device__ __forceinline__ int tile_start(int t) const {
     if constexpr (kSparse) {
       const int i = t >> sub_shift;
-      const int block = i < kIndexCache ? cached[i] : row_indices[i];
+      const int block = i < cached_count ? cached[i] : row_indices[i];
       return block * block_kv + ((t & ((1 << sub_shift) - 1)) << 6);
     } else {
       return (first + t) * 64;
@@ -157,6 +158,31 @@ struct TileWalk {
     }
   }
 };
+
+// The walk of the CTA whose query rows are [m0, row_last]: the union of their visible keys
+// [kv_lo, kv_hi] and, for a block mask, the row of (batch, head, m0's query block). A sparse walk
+// still needs `cached` and `cached_count` set to the ids its CTA staged.
+template <bool kSparse>
+__device__ __forceinline__ TileWalk<kSparse> make_tile_walk(const FlashParams& p, int batch, int head, int m0,
+                                                            int row_last) {
+  TileWalk<kSparse> walk;
+  walk.kv_lo = p.has_lo ? max(0, m0 + p.lo_offset) : 0;
+  walk.kv_hi = p.has_hi ? min(p.seq_kv - 1, row_last + p.hi_offset) : p.seq_kv - 1;
+  if constexpr (kSparse) {
+    const int mask_b = p.mask_batch == 1 ? 0 : batch;
+    const int mask_h = p.mask_heads == 1 ? 0 : head / p.mask_head_div;
+    const int row = (mask_b * p.mask_heads + mask_h) * p.q_blocks + m0 / p.block_q;
+    const int begin = p.indptr[row];
+    walk.row_indices = p.indices + begin;
+    walk.row_blocks = p.indptr[row + 1] - begin;
+    walk.sub_shift = p.sub_shift;
+    walk.block_kv = p.block_kv;
+  } else {
+    walk.first = walk.kv_lo / 64;
+    walk.count = walk.kv_hi >= walk.kv_lo ? walk.kv_hi / 64 - walk.first + 1 : 0;
+  }
+  return walk;
+}
 
 template <typename T, int D, int MT, bool kSparse>
 __global__ void __launch_bounds__(128, 2) flash_forward_kernel(const FlashParams p) {
@@ -186,26 +212,13 @@ __global__ void __launch_bounds__(128, 2) flash_forward_kernel(const FlashParams
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + batch * p.k_stride_b + kv_head * p.k_stride_h;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + batch * p.v_stride_b + kv_head * p.v_stride_h;
 
-  // Visible keys of this CTA's rows (union): [kv_lo, kv_hi].
-  TileWalk<kSparse> walk;
-  walk.kv_lo = p.has_lo ? max(0, m0 + p.lo_offset) : 0;
-  walk.kv_hi = p.has_hi ? min(p.seq_kv - 1, row_last + p.hi_offset) : p.seq_kv - 1;
+  TileWalk<kSparse> walk = make_tile_walk<kSparse>(p, batch, head, m0, row_last);
   if constexpr (kSparse) {
-    const int mask_b = p.mask_batch == 1 ? 0 : batch;
-    const int mask_h = p.mask_heads == 1 ? 0 : head / p.mask_head_div;
-    const int row = (mask_b * p.mask_heads + mask_h) * p.q_blocks + m0 / p.block_q;
-    const int begin = p.indptr[row];
-    walk.row_indices = p.indices + begin;
-    walk.row_blocks = p.indptr[row + 1] - begin;
-    walk.sub_shift = p.sub_shift;
-    walk.block_kv = p.block_kv;
     int32_t* cache = reinterpret_cast<int32_t*>(smem + (kBlockM * D + 4 * kBlockN * D) * 2);
-    for (int i = tid; i < min(walk.row_blocks, kIndexCache); i += kThreads) cache[i] = walk.row_indices[i];
+    walk.cached_count = min(walk.row_blocks, kIndexCache);
+    for (int i = tid; i < walk.cached_count; i += kThreads) cache[i] = walk.row_indices[i];
     walk.cached = cache;
     __syncthreads();
-  } else {
-    walk.first = walk.kv_lo / kBlockN;
-    walk.count = walk.kv_hi >= walk.kv_lo ? walk.kv_hi / kBlockN - walk.first + 1 : 0;
   }
   // Rows that need no per-element mask: every key in [lo(row_last), hi(m0)] is visible to all rows.
   const int all_rows_lo = p.has_lo ? m0 + p.lo_offset + (row_last - m0) : -kNoLimit;

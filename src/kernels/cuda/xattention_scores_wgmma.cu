@@ -21,13 +21,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <type_traits>
-#include <vector>
 
 #include "cuda/flash_forward_kernel.cuh"
+#include "cuda/hopper/device_support.h"
 #include "cuda/wgmma.cuh"
 #include "cuda/xattention_scores_wgmma.h"
 #include "cuda/xattention_tile.cuh"
@@ -242,44 +240,10 @@ void launch_typed(const XAttentionParams& p, int multiprocessors, cudaStream_t s
 
 }  // namespace
 
-namespace {
-
-struct WgmmaDevice {
-  bool supported = false;
-  int multiprocessors = 0;
-};
-
-// The current device's facts, read once per device (attribute queries are not stream work: safe
-// during graph capture).
-WgmmaDevice current_wgmma_device() {
-  static std::mutex mutex;
-  static std::vector<std::optional<WgmmaDevice>> known;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return {};
-  std::lock_guard<std::mutex> lock(mutex);
-  if (static_cast<int>(known.size()) <= device) known.resize(static_cast<size_t>(device) + 1);
-  std::optional<WgmmaDevice>& facts = known[static_cast<size_t>(device)];
-  if (!facts) {
-    int major = 0, minor = 0, sms = 0;
-    const bool read = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
-#if defined(TESSEL_CUDA_SM90A)
-    const bool sm90a_code = true;
-#else
-    const bool sm90a_code = false;
-#endif
-    facts = WgmmaDevice{read && sm90a_code && major == 9 && minor == 0, sms};
-  }
-  return *facts;
-}
-
-}  // namespace
-
-bool xattention_wgmma_supported() { return current_wgmma_device().supported; }
+bool xattention_wgmma_supported() { return current_hopper_device().supported; }
 
 void launch_xattention_block_lse_wgmma(const XAttentionParams& p, DType dtype, int cols, cudaStream_t stream) {
-  const WgmmaDevice device = current_wgmma_device();
+  const HopperDevice device = current_hopper_device();
   if (!device.supported)
     throw std::runtime_error("XAttention wgmma kernel: needs a compute capability 9.0 device and a build with sm_90a");
   if (cols != 128 && cols != 256) throw std::invalid_argument("XAttention wgmma kernel: cols must be 128 or 256");

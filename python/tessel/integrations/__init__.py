@@ -1,0 +1,1 @@
+"""Integrations of tessel into other libraries' models (imported on demand: each needs its library)."""

@@ -1,0 +1,97 @@
+// Host side of the warp-specialized Hopper forward kernel: the tensor maps the copy engine reads
+// Q, K and V through, and the launch.
+#include "cuda/hopper/flash_forward_hopper.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "cuda/hopper/device_support.h"
+#include "cuda/hopper/flash_forward_hopper_kernel.cuh"
+#include "tessel/core/error.h"
+
+namespace tessel::cuda::detail {
+
+namespace {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static std::once_flag once;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  });
+  if (encode == nullptr) throw Error("Hopper attention kernel: the driver offers no cuTensorMapEncodeTiled");
+  return encode;
+}
+
+// A (D, S, H, B) view with 64 x 64 boxes (64 head-dim columns of 64 tokens) and the 128-byte
+// swizzle; tokens past S read as zero. Strides of axes of size 1 are never stepped: any legal
+// value stands in for them.
+CUtensorMap make_bshd_map(const void* data, DType dtype, int seq, int heads, int batch, int64_t stride_s,
+                          int64_t stride_h, int64_t stride_b) {
+  auto bytes = [](int64_t stride, int size) { return static_cast<cuuint64_t>(size > 1 ? stride * 2 : 16); };
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hopper::kHeadDim), static_cast<cuuint64_t>(seq),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {bytes(stride_s, seq), bytes(stride_h, heads), bytes(stride_b, batch)};
+  const cuuint32_t box[4] = {64, 64, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult status = tensor_map_encoder()(
+      &map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    throw Error(tessel::detail::concat("Hopper attention kernel: cuTensorMapEncodeTiled failed with status ",
+                                      static_cast<int>(status)));
+  return map;
+}
+
+template <typename T, bool kSparse>
+void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
+  constexpr int kSmem = static_cast<int>(hopper::SharedLayout::bytes(kSparse)) + 1024;  // + alignment slack
+  auto kernel = flash_forward_hopper_kernel<T, kSparse>;
+  // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  (void)attribute_status;
+  const CUtensorMap q_map = make_bshd_map(p.q, dtype, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
+  const CUtensorMap k_map = make_bshd_map(p.k, dtype, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
+  const CUtensorMap v_map = make_bshd_map(p.v, dtype, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
+  // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
+  // items until all are done.
+  const int64_t items = static_cast<int64_t>((p.seq_q + hopper::kBlockM - 1) / hopper::kBlockM) * p.heads_q * batch;
+  if (items > std::numeric_limits<int>::max())
+    throw Error(tessel::detail::concat("Hopper attention kernel: ", items,
+                                       " work items (query blocks x heads x batch), more than 2^31 - 1"));
+  const int grid = static_cast<int>(std::min<int64_t>(items, std::max(1, current_hopper_device().multiprocessors)));
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch);
+}
+
+}  // namespace
+
+bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q) {
+  return head_dim == hopper::kHeadDim && (!sparse || block_q % hopper::kBlockM == 0) && current_hopper_device().supported;
+}
+
+void launch_flash_forward_hopper(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
+                                 cudaStream_t stream) {
+  if (dtype == DType::kBF16) {
+    sparse ? launch_typed<__nv_bfloat16, true>(params, batch, heads_kv, dtype, stream)
+           : launch_typed<__nv_bfloat16, false>(params, batch, heads_kv, dtype, stream);
+  } else {
+    sparse ? launch_typed<__half, true>(params, batch, heads_kv, dtype, stream)
+           : launch_typed<__half, false>(params, batch, heads_kv, dtype, stream);
+  }
+}
+
+}  // namespace tessel::cuda::detail

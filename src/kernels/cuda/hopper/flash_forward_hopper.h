@@ -1,0 +1,22 @@
+// Internal: the warp-specialized Hopper forward kernel (flash_forward_hopper_kernel.cuh) for
+// dense and block-sparse attention. attention_cuda.cc selects it when flash_forward_hopper_fits()
+// holds and keeps the sm_80 kernel (flash_forward_kernel.cuh) for everything else.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/flash_params.h"
+#include "tessel/core/dtype.h"
+
+namespace tessel::cuda::detail {
+
+// True on a compute capability 9.0 device of a build with sm_90a code, for head dim 128 and, for
+// a block mask, query blocks that are a multiple of the kernel's 128 rows.
+bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q);
+
+// Launches on `stream`; params as for launch_flash_forward_dense/_sparse (flash_params.h), dtype
+// kBF16 or kF16. batch and heads_kv complete the shapes the tensor maps describe.
+void launch_flash_forward_hopper(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
+                                 cudaStream_t stream);
+
+}  // namespace tessel::cuda::detail
