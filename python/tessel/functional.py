@@ -46,7 +46,7 @@ def attention(q, k, v, *, causal: bool = False, window=(-1, -1), softmax_scale=N
     if is_torch_tensor(q):
         from . import torch_ops
 
-        op = torch_ops.attention_impl if torch_ops.eager_call(q) else torch_ops.attention
+        op = torch_ops.run_attention if torch_ops.eager_call(q) else torch_ops.attention
         out, lse = op(q, k, v, scale, bool(causal), left, right, bool(return_lse))
     else:
         _check_arrays(q=q, k=k, v=v)
@@ -69,7 +69,7 @@ def block_sparse_attention(q, k, v, mask: BlockMask, *, causal: bool = False, wi
         from . import torch_ops
 
         indptr, indices = mask.csr_on(q.device)
-        op = torch_ops.block_sparse_attention_impl if torch_ops.eager_call(q) else torch_ops.block_sparse_attention
+        op = torch_ops.run_block_sparse_attention if torch_ops.eager_call(q) else torch_ops.block_sparse_attention
         out, lse = op(q, k, v, indptr, indices, list(geometry), scale, bool(causal), left, right, bool(return_lse))
     else:
         _check_arrays(q=q, k=k, v=v)

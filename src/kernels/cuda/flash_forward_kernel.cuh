@@ -129,13 +129,14 @@ struct TileWalk {
   int kv_lo, kv_hi;
   int first, count;             // dense
   const int32_t* row_indices;   // sparse: global
-  const int32_t* cached;        // sparse: the first kIndexCache ids, in shared memory
+  const int32_t* cached;        // sparse: the first cached_count ids, in shared memory
+  int cached_count;
   int row_blocks, sub_shift, block_kv;
 
   __device__ __forceinline__ int tile_start(int t) const {
     if constexpr (kSparse) {
       const int i = t >> sub_shift;
-      const int block = i < kIndexCache ? cached[i] : row_indices[i];
+      const int block = i < cached_count ? cached[i] : row_indices[i];
       return block * block_kv + ((t & ((1 << sub_shift) - 1)) << 6);
     } else {
       return (first + t) * 64;
@@ -160,7 +161,7 @@ struct TileWalk {
 
 // The walk of the CTA whose query rows are [m0, row_last]: the union of their visible keys
 // [kv_lo, kv_hi] and, for a block mask, the row of (batch, head, m0's query block). A sparse walk
-// still needs `cached` pointed at the ids its CTA staged.
+// still needs `cached` and `cached_count` set to the ids its CTA staged.
 template <bool kSparse>
 __device__ __forceinline__ TileWalk<kSparse> make_tile_walk(const FlashParams& p, int batch, int head, int m0,
                                                             int row_last) {
@@ -214,7 +215,8 @@ __global__ void __launch_bounds__(128, 2) flash_forward_kernel(const FlashParams
   TileWalk<kSparse> walk = make_tile_walk<kSparse>(p, batch, head, m0, row_last);
   if constexpr (kSparse) {
     int32_t* cache = reinterpret_cast<int32_t*>(smem + (kBlockM * D + 4 * kBlockN * D) * 2);
-    for (int i = tid; i < min(walk.row_blocks, kIndexCache); i += kThreads) cache[i] = walk.row_indices[i];
+    walk.cached_count = min(walk.row_blocks, kIndexCache);
+    for (int i = tid; i < walk.cached_count; i += kThreads) cache[i] = walk.row_indices[i];
     walk.cached = cache;
     __syncthreads();
   }

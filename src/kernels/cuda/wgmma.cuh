@@ -58,6 +58,13 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for registers a wgmma reads asynchronously (A fragments): kept live and unchanged
+// until the wait that follows the instruction.
+template <int R>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
 // Makes this thread's generic-proxy writes to shared memory (cp.async, st.shared) visible to the
 // async proxy wgmma reads through; each writing thread runs it before the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

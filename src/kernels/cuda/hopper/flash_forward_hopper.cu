@@ -5,6 +5,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <mutex>
 
 #include "cuda/hopper/device_support.h"
@@ -64,8 +67,14 @@ void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cu
   const CUtensorMap q_map = make_bshd_map(p.q, dtype, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
   const CUtensorMap k_map = make_bshd_map(p.k, dtype, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
   const CUtensorMap v_map = make_bshd_map(p.v, dtype, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
-  const dim3 grid((p.seq_q + hopper::kBlockM - 1) / hopper::kBlockM, p.heads_q, batch);
-  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p);
+  // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
+  // items until all are done.
+  const int64_t items = static_cast<int64_t>((p.seq_q + hopper::kBlockM - 1) / hopper::kBlockM) * p.heads_q * batch;
+  if (items > std::numeric_limits<int>::max())
+    throw Error(tessel::detail::concat("Hopper attention kernel: ", items,
+                                       " work items (query blocks x heads x batch), more than 2^31 - 1"));
+  const int grid = static_cast<int>(std::min<int64_t>(items, std::max(1, current_hopper_device().multiprocessors)));
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch);
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 128.
 //
-// One CTA computes 128 query rows of one (batch, head) with three warpgroups:
+// A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head); each
+// CTA has three warpgroups:
 //  - warpgroup 0, the producer, gives up registers (setmaxnreg) and one of its threads issues
-//    bulk tensor copies (TMA): Q once, then K and V tiles of 128 keys into a ring of kStages
-//    shared-memory stages, each guarded by a "full" and an "empty" mbarrier;
+//    bulk tensor copies (TMA): per item Q, then K and V tiles of 128 keys into a ring of kStages
+//    shared-memory stages, each guarded by a "full" and an "empty" mbarrier. The ring runs on
+//    across items, so the next item's loads overlap the current item's last GEMM and epilogue;
 //  - warpgroups 1 and 2, the consumers, take the registers and own 64 query rows each: per stage
 //    S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, then
 //    O += P V (wgmma with P from registers and V read transposed from shared memory).
@@ -37,11 +39,15 @@ inline constexpr int kHeadDim = 128;
 inline constexpr int kBlockM = 128;    // query rows per CTA (64 per consumer warpgroup)
 inline constexpr int kBlockN = 128;    // keys per stage (two sub-tiles of 64)
 inline constexpr int kSubTile = 64;
-inline constexpr int kStages = 2;
+inline constexpr int kStages = 3;
 inline constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
+
+// Kept block ids of a mask row staged in shared memory (the rest are read from global memory):
+// what fits beside three stages.
+inline constexpr int kIndexCacheEntries = 256;
 
 // A column half of a 128-row operand (128 rows x 128 bytes); a box is 64 rows of it.
 inline constexpr uint32_t kHalfBytes = 128 * 128;
@@ -55,11 +61,12 @@ struct SharedLayout {
   static constexpr uint32_t k = q + kTileBytes;
   static constexpr uint32_t v = k + kStages * kTileBytes;
   static constexpr uint32_t q_full = v + kStages * kTileBytes;
-  static constexpr uint32_t full = q_full + 8;
+  static constexpr uint32_t q_empty = q_full + 8;
+  static constexpr uint32_t full = q_empty + 8;
   static constexpr uint32_t empty = full + 8 * kStages;
   static constexpr uint32_t offsets = empty + 8 * kStages;  // int32 [kStages][2]
   static constexpr uint32_t index_cache = offsets + 8 * kStages;
-  static constexpr uint32_t bytes(bool sparse) { return index_cache + (sparse ? kIndexCache * 4 : 0); }
+  static constexpr uint32_t bytes(bool sparse) { return index_cache + (sparse ? kIndexCacheEntries * 4 : 0); }
 };
 
 }  // namespace hopper
@@ -67,7 +74,7 @@ struct SharedLayout {
 template <typename T, bool kSparse>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                                const __grid_constant__ CUtensorMap v_map, const FlashParams p) {
+                                const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count) {
 #if TESSEL_WGMMA_AVAILABLE
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
@@ -80,20 +87,27 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   const uint32_t s_k = base + SharedLayout::k;
   const uint32_t s_v = base + SharedLayout::v;
   const uint32_t bar_q = base + SharedLayout::q_full;
+  const uint32_t bar_q_empty = base + SharedLayout::q_empty;
   const uint32_t bar_full = base + SharedLayout::full;
   const uint32_t bar_empty = base + SharedLayout::empty;
   volatile int32_t* stage_offsets = reinterpret_cast<volatile int32_t*>(smem + SharedLayout::offsets);
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / 128;
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows start first
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int kv_head = head / p.group;
-  const int m0 = m_block * kBlockM;
+  // CTA c takes items c, c + gridDim.x, ...: query blocks fastest, in descending order (causal:
+  // the longest rows first), so CTAs that run together read the K/V of few heads (L2).
+  const int q_blocks = (p.seq_q + kBlockM - 1) / kBlockM;
+  const int items = q_blocks * p.heads_q * batch_count;
+  struct Item {
+    int m0, head, batch;
+  };
+  auto item_at = [&](int item) {
+    return Item{(q_blocks - 1 - item % q_blocks) * kBlockM, (item / q_blocks) % p.heads_q, item / (q_blocks * p.heads_q)};
+  };
 
   if (tid == 0) {
     mbarrier_init(bar_q, 1);
+    mbarrier_init(bar_q_empty, kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(bar_full + 8 * s, 1);
       mbarrier_init(bar_empty + 8 * s, kConsumerThreads);
@@ -105,55 +119,68 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (tid >= 32) return;
-    // Producer warp: the visible key range of the CTA's rows and the list of 64-key tiles.
-    const int row_last = min(m0 + kBlockM, p.seq_q) - 1;
-    TileWalk<kSparse> walk = make_tile_walk<kSparse>(p, batch, head, m0, row_last);
-    if constexpr (kSparse) {
-      int32_t* cache = reinterpret_cast<int32_t*>(smem + SharedLayout::index_cache);
-      for (int i = tid; i < min(walk.row_blocks, kIndexCache); i += 32) cache[i] = walk.row_indices[i];
-      walk.cached = cache;
-      __syncwarp();
+    if (tid == 0) {
+      prefetch_tensor_map(&q_map);
+      prefetch_tensor_map(&k_map);
+      prefetch_tensor_map(&v_map);
     }
-    if (tid != 0) return;
-
-    prefetch_tensor_map(&q_map);
-    prefetch_tensor_map(&k_map);
-    prefetch_tensor_map(&v_map);
-    mbarrier_arrive_expect_tx(bar_q, kTileBytes);
-    for (int half = 0; half < 2; ++half)
-      for (int rows = 0; rows < 2; ++rows)
-        tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, m0 + rows * 64, head, batch);
-
     int iteration = 0;
-    int tile = walk.next(0);
-    const int end = walk.end();
-    for (;; ++iteration) {
-      const int stage = iteration % kStages;
-      const uint32_t phase = (iteration / kStages) & 1;
-      mbarrier_wait(bar_empty + 8 * stage, phase ^ 1);
-      if (tile >= end) {
-        // No more tiles: a stage with no bytes and offset -1 ends the consumers' loop.
-        stage_offsets[2 * stage] = -1;
-        stage_offsets[2 * stage + 1] = -1;
-        mbarrier_arrive(bar_full + 8 * stage);
-        break;
+    int local = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+      const Item w = item_at(item);
+      const int kv_head = w.head / p.group;
+      // The visible key range of the item's rows and its list of 64-key tiles; the warp stages a
+      // mask row's block ids once thread 0 is done with the previous item's.
+      TileWalk<kSparse> walk = make_tile_walk<kSparse>(p, w.batch, w.head, w.m0, min(w.m0 + kBlockM, p.seq_q) - 1);
+      if constexpr (kSparse) {
+        int32_t* cache = reinterpret_cast<int32_t*>(smem + SharedLayout::index_cache);
+        walk.cached_count = min(walk.row_blocks, kIndexCacheEntries);
+        __syncwarp();
+        for (int i = tid; i < walk.cached_count; i += 32) cache[i] = walk.row_indices[i];
+        walk.cached = cache;
+        __syncwarp();
       }
-      const int n0 = walk.tile_start(tile);
-      const int second = walk.next(tile + 1);
-      const int n1 = second < end ? walk.tile_start(second) : -1;
-      tile = second < end ? walk.next(second + 1) : end;
-      stage_offsets[2 * stage] = n0;
-      stage_offsets[2 * stage + 1] = n1;
-      const uint32_t bar = bar_full + 8 * stage;
-      mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
-      const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
-      // A missing second sub-tile reloads the first: finite values under masked columns.
-      const int keys1 = n1 >= 0 ? n1 : n0;
-      for (int half = 0; half < 2; ++half) {
-        tma_load_4d(k_stage + half * kHalfBytes, &k_map, bar, half * 64, n0, kv_head, batch);
-        tma_load_4d(k_stage + half * kHalfBytes + kBoxBytes, &k_map, bar, half * 64, keys1, kv_head, batch);
-        tma_load_4d(v_stage + half * kHalfBytes, &v_map, bar, half * 64, n0, kv_head, batch);
-        tma_load_4d(v_stage + half * kHalfBytes + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, batch);
+      if (tid != 0) continue;
+
+      // Q once the consumers have issued their last product with the previous item's.
+      mbarrier_wait(bar_q_empty, (local & 1) ^ 1);
+      mbarrier_arrive_expect_tx(bar_q, kTileBytes);
+      for (int half = 0; half < 2; ++half)
+        for (int rows = 0; rows < 2; ++rows)
+          tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, w.m0 + rows * 64, w.head,
+                      w.batch);
+
+      int tile = walk.next(0);
+      const int end = walk.end();
+      for (;; ++iteration) {
+        const int stage = iteration % kStages;
+        const uint32_t phase = (iteration / kStages) & 1;
+        mbarrier_wait(bar_empty + 8 * stage, phase ^ 1);
+        if (tile >= end) {
+          // No more tiles: a stage with no bytes and offset -1 ends the item for the consumers.
+          stage_offsets[2 * stage] = -1;
+          stage_offsets[2 * stage + 1] = -1;
+          mbarrier_arrive(bar_full + 8 * stage);
+          ++iteration;
+          break;
+        }
+        const int n0 = walk.tile_start(tile);
+        const int second = walk.next(tile + 1);
+        const int n1 = second < end ? walk.tile_start(second) : -1;
+        tile = second < end ? walk.next(second + 1) : end;
+        stage_offsets[2 * stage] = n0;
+        stage_offsets[2 * stage + 1] = n1;
+        const uint32_t bar = bar_full + 8 * stage;
+        mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
+        const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
+        // A missing second sub-tile reloads the first: finite values under masked columns.
+        const int keys1 = n1 >= 0 ? n1 : n0;
+        for (int half = 0; half < 2; ++half) {
+          tma_load_4d(k_stage + half * kHalfBytes, &k_map, bar, half * 64, n0, kv_head, w.batch);
+          tma_load_4d(k_stage + half * kHalfBytes + kBoxBytes, &k_map, bar, half * 64, keys1, kv_head, w.batch);
+          tma_load_4d(v_stage + half * kHalfBytes, &v_map, bar, half * 64, n0, kv_head, w.batch);
+          tma_load_4d(v_stage + half * kHalfBytes + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
+        }
       }
     }
     return;
@@ -165,33 +192,21 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   const int ctid = tid - 128 * warpgroup;
   const int warp = ctid >> 5, lane = ctid & 31;
   const int group = lane >> 2, quad = lane & 3;
-  const int wg_row0 = m0 + 64 * consumer;
-  const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
-  // Keys every row of this warpgroup sees ([all_rows_lo, all_rows_hi]); tiles inside need no mask.
-  const int all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
-  const int all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
+  // The current item's rows: [wg_row0, wg_row0 + 63] for this warpgroup; keys in
+  // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
+  int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
 
   float o_acc[64];
   float s_acc[64];
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+  uint32_t p_frag[8][4];
+  float row_max[2];
+  float row_sum[2];
 
   const uint64_t q_desc = wgmma_desc_k_major_sw128(s_q + consumer * kBoxBytes);
-  mbarrier_wait(bar_q, 0);
-
-  for (int iteration = 0;; ++iteration) {
-    const int stage = iteration % kStages;
-    const uint32_t phase = (iteration / kStages) & 1;
-    mbarrier_wait(bar_full + 8 * stage, phase);
-    const int n0 = stage_offsets[2 * stage];
-    const int n1 = stage_offsets[2 * stage + 1];
-    if (n0 < 0) break;
-    const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
-
-    // S = Q K^T: 8 k16 slices, 4 per column half of Q and K.
-    const uint64_t k_desc = wgmma_desc_k_major_sw128(k_stage);
+  // S = Q K^T of a stage: 8 k16 slices, 4 per column half of Q and K; committed, not waited for.
+  auto issue_scores = [&](int stage) {
+    const uint64_t k_desc = wgmma_desc_k_major_sw128(s_k + stage * kTileBytes);
+    wgmma_fence_operands(s_acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -199,11 +214,21 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       wgmma_m64n128k16(s_acc, q_desc + step, k_desc + step, kk > 0, Operands{});
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(s_acc);
-
-    // Per-element limits only where a sub-tile is missing or crosses the sequence end or a
-    // causal/window edge. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
+  };
+  // O += P V of a stage: 8 k16 slices of keys, V read MN-major (column halves kHalfBytes apart).
+  auto issue_values = [&](int stage) {
+    const uint64_t v_desc = wgmma_desc_mn_major_sw128(s_v + stage * kTileBytes, kHalfBytes);
+    wgmma_fence_operands(o_acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      wgmma_m64n128k16_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+    wgmma_commit();
+  };
+  // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
+  // turns it into unnormalized probabilities against the new running max; returns each row's
+  // rescale factor for O. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
+  auto softmax = [&](int n0, int n1, float (&alpha)[2]) {
     const bool mask0 = n0 + kSubTile - 1 > all_rows_hi || n0 < all_rows_lo;
     const bool mask1 = n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo;
     if (mask0 || mask1) {
@@ -223,9 +248,6 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         }
       }
     }
-
-    // Online softmax (log2 domain), then P packed straight into wgmma A fragments.
-    uint32_t p_frag[8][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = row_max[h];
@@ -234,14 +256,8 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float shift = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      const float alpha = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * p.scale_log2 - shift);
+      alpha[h] = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * p.scale_log2 - shift);
       row_max[h] = mx;
-      row_sum[h] *= alpha;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o_acc[4 * j + 2 * h] *= alpha;
-        o_acc[4 * j + 2 * h + 1] *= alpha;
-      }
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -251,9 +267,11 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         s_acc[4 * j + 2 * h + 1] = p1;
         sum += p0 + p1;
       }
-      row_sum[h] += sum;
+      row_sum[h] = row_sum[h] * alpha[h] + sum;
     }
-    // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout.
+  };
+  // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout.
+  auto pack_probabilities = [&] {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       p_frag[kk][0] = MmaType<T>::pack(s_acc[8 * kk + 0], s_acc[8 * kk + 1]);
@@ -261,39 +279,97 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       p_frag[kk][2] = MmaType<T>::pack(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
       p_frag[kk][3] = MmaType<T>::pack(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
     }
+  };
+  auto wait_stage = [&](int iteration, int& n0, int& n1) {
+    const int stage = iteration % kStages;
+    mbarrier_wait(bar_full + 8 * stage, (iteration / kStages) & 1);
+    n0 = stage_offsets[2 * stage];
+    n1 = stage_offsets[2 * stage + 1];
+  };
 
-    // O += P V: 8 k16 slices of keys, V read MN-major (its two column halves kHalfBytes apart).
-    const uint64_t v_desc = wgmma_desc_mn_major_sw128(v_stage, kHalfBytes);
-    wgmma_fence_operands(o_acc);
-    wgmma_fence();
+  // Software pipeline inside the warpgroup: the scores of stage j+1 and the PV product of stage j
+  // are issued together; the softmax of j+1 runs while the PV product is on the tensor cores.
+  int iteration = 0;
+  int local = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
+    const Item w = item_at(item);
+    wg_row0 = w.m0 + 64 * consumer;
+    const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
+    all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
+    all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_m64n128k16_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(o_acc);
-    mbarrier_arrive(bar_empty + 8 * stage);
-  }
+    for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
 
-  // Epilogue: row sums across the quad, LSE, normalized O stored from registers.
-  T* out = static_cast<T*>(p.out) + batch * p.o_stride_b + head * p.o_stride_h;
+    mbarrier_wait(bar_q, local & 1);
+    int n0 = 0, n1 = 0;
+    wait_stage(iteration, n0, n1);
+    if (n0 >= 0) {
+      issue_scores(iteration % kStages);
+      wgmma_wait<0>();
+      wgmma_fence_operands(s_acc);
+      float alpha[2];
+      softmax(n0, n1, alpha);  // O is still zero: nothing to rescale
+      pack_probabilities();
+      int held = iteration % kStages;  // the stage whose V the pending PV product reads
+      for (;;) {
+        wait_stage(++iteration, n0, n1);
+        if (n0 < 0) break;
+        const int stage = iteration % kStages;
+        issue_scores(stage);
+        issue_values(held);
+        wgmma_wait<1>();
+        wgmma_fence_operands(s_acc);
+        softmax(n0, n1, alpha);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o_acc);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = row_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int i = wg_row0 + warp * 16 + group + 8 * h;
-    if (i >= p.seq_q) continue;
-    if (p.lse != nullptr && quad == 0) {
-      const float lse = sum > 0.f ? (row_max[h] * p.scale_log2 + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
-      p.lse[(static_cast<int64_t>(batch) * p.heads_q + head) * p.seq_q + i] = lse;
+        for (int kk = 0; kk < 8; ++kk) wgmma_fence_operands(p_frag[kk]);
+        mbarrier_arrive(bar_empty + 8 * held);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          o_acc[4 * j] *= alpha[0];
+          o_acc[4 * j + 1] *= alpha[0];
+          o_acc[4 * j + 2] *= alpha[1];
+          o_acc[4 * j + 3] *= alpha[1];
+        }
+        pack_probabilities();
+        held = stage;
+      }
+      // Every product with Q is done: the producer may load the next item's.
+      mbarrier_arrive(bar_q_empty);
+      mbarrier_arrive(bar_empty + 8 * (iteration % kStages));  // the end-of-item stage
+      issue_values(held);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o_acc);
+      mbarrier_arrive(bar_empty + 8 * held);
+    } else {
+      mbarrier_arrive(bar_q_empty);
+      mbarrier_arrive(bar_empty + 8 * (iteration % kStages));
     }
-    T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
+    ++iteration;  // past the end-of-item stage
+
+    // Epilogue: row sums across the quad, LSE, normalized O stored from registers.
+    T* out = static_cast<T*>(p.out) + w.batch * p.o_stride_b + w.head * p.o_stride_h;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t packed = MmaType<T>::pack(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
-      *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int i = wg_row0 + warp * 16 + group + 8 * h;
+      if (i >= p.seq_q) continue;
+      if (p.lse != nullptr && quad == 0) {
+        const float lse = sum > 0.f ? (row_max[h] * p.scale_log2 + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+        p.lse[(static_cast<int64_t>(w.batch) * p.heads_q + w.head) * p.seq_q + i] = lse;
+      }
+      T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t packed = MmaType<T>::pack(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
+      }
     }
   }
 #else
