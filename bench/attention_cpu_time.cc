@@ -47,9 +47,9 @@ int main(int argc, char** argv) {
     const BlockMask mask = BlockMask::random({1, heads, seq, seq, 128, 64}, density, 7);
     auto run = [&] {
       if (density >= 1.0)
-        attention_forward(q, k, v, out, lse);
+        attention_forward(ExecContext{}, q, k, v, out, lse);
       else
-        block_sparse_attention_forward(q, k, v, mask.view(), out, lse);
+        block_sparse_attention_forward(ExecContext{}, q, k, v, mask.view(), out, lse);
     };
     run();  // warm-up
     std::vector<double> wall, cpu;

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/cpu/tile_kernels.h"
+#include "cpu/tile_kernels.h"
 
 using tessel::cpu::kPanelKeys;
 
@@ -37,7 +37,7 @@ double best_seconds(F&& f, int reps) {
 
 int main() {
   openblas_set_num_threads(1);
-  std::printf("tile kernels ISA: %s\n", tessel::cpu::tile_kernels_isa());
+  std::printf("tile kernels ISA: %s\n", tessel::cpu::active_tile_kernels().isa);
   std::printf("%-6s %-6s %-6s %-26s %10s %10s\n", "m", "keys", "dp", "product", "ours GF/s", "sgemm GF/s");
   for (int64_t m : {32, 64, 128}) {
     for (int64_t dp : {64, 128}) {

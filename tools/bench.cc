@@ -70,10 +70,11 @@ double computed_fraction(const BenchConfig& c, const BlockMask* mask) {
 
 // Median ms of each run function. Iterations go round-robin over the methods, so on a shared
 // machine a burst of load slows every method alike instead of one of them.
-std::vector<double> time_medians_ms(const BenchConfig& c, const std::vector<std::function<void()>>& runs) {
+std::vector<double> time_medians_ms(const BenchConfig& c, const ExecContext& ctx,
+                                    const std::vector<std::function<void()>>& runs) {
   for (const auto& run : runs)
     for (int i = 0; i < c.warmup; ++i) run();
-  auto timer = make_bench_timer(c.device);
+  auto timer = make_bench_timer(ctx);
   std::vector<std::vector<double>> ms(runs.size());
   for (int i = 0; i < c.iters; ++i)
     for (size_t m = 0; m < runs.size(); ++m) {
@@ -181,6 +182,15 @@ double sampled_relative_error(const BenchConfig& c, const Tensor& q_host, const 
 BenchReport run_bench(const BenchConfig& config) {
   validate(config);
   if (config.threads > 0) set_num_threads(config.threads);
+  ExecContext ctx;
+  ctx.device = config.device;
+  ctx.num_threads = config.threads;
+  // Scratch sized once, as a plan would: the timed calls allocate nothing.
+  Workspace workspace(config.device);
+  const AttentionDims dims{config.batch, config.seq, config.effective_seq_kv(), config.heads,
+                           config.effective_kv_heads(), config.head_dim};
+  workspace.reserve(attention_workspace_bytes(ctx, config.device, dims, config.block_kv));
+  ctx.workspace = &workspace;
   Inputs in = make_inputs(config);
   AttentionOptions opt;
   opt.causal = config.causal;
@@ -198,7 +208,7 @@ BenchReport run_bench(const BenchConfig& config) {
     Method& m = methods[n];
     if (config.densities[n] >= 1.0) {
       m.result.method = "dense";
-      runs.push_back([&in, &opt] { attention_forward(in.q, in.k, in.v, in.out, in.lse, opt); });
+      runs.push_back([&ctx, &in, &opt] { attention_forward(ctx, in.q, in.k, in.v, in.out, in.lse, opt); });
     } else {
       // One mask per (batch, query head): the general case a kernel must handle.
       m.mask = BlockMask::random({config.batch, config.heads, config.seq, config.effective_seq_kv(), config.block_q,
@@ -207,12 +217,13 @@ BenchReport run_bench(const BenchConfig& config) {
       m.device_mask = m.mask->to_device(config.device);
       m.result.method = "block_sparse";
       const BlockMaskView view = m.device_mask->view();
-      runs.push_back([&in, &opt, view] { block_sparse_attention_forward(in.q, in.k, in.v, view, in.out, in.lse, opt); });
+      runs.push_back(
+          [&ctx, &in, &opt, view] { block_sparse_attention_forward(ctx, in.q, in.k, in.v, view, in.out, in.lse, opt); });
     }
     m.result.density = m.mask ? m.mask->density() : 1.0;
     if (!config.save_mask_dir.empty()) save_bench_mask(config, config.densities[n], m.mask ? &*m.mask : nullptr);
   }
-  const std::vector<double> ms = time_medians_ms(config, runs);
+  const std::vector<double> ms = time_medians_ms(config, ctx, runs);
   BenchReport report{config, {}};
   for (size_t n = 0; n < methods.size(); ++n) {
     Method& m = methods[n];

@@ -29,9 +29,9 @@ struct EstimateBenchConfig {
   int iters = 10, warmup = 3;
 };
 
-double median_ms(Device device, int warmup, int iters, const std::function<void()>& run) {
+double median_ms(const ExecContext& ctx, int warmup, int iters, const std::function<void()>& run) {
   for (int i = 0; i < warmup; ++i) run();
-  auto timer = make_bench_timer(device);
+  auto timer = make_bench_timer(ctx);
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
     timer->start();
@@ -46,6 +46,8 @@ int run(const EstimateBenchConfig& c) {
   if (c.kv_heads > 0) require_multiple("--heads", c.heads, "--kv-heads", c.kv_heads);
   if (!cuda_available()) throw Error("bench-estimate: needs a CUDA GPU (none visible, or tessel built without CUDA)");
   const Device gpu = Device::cuda();
+  ExecContext ctx;
+  ctx.device = gpu;
   const int64_t hk = c.kv_heads > 0 ? c.kv_heads : c.heads;
   Tensor host = Tensor::empty({1, c.seq, c.heads, c.head_dim}, DType::kBF16);
   fill_normal(host.view(), 1);
@@ -55,14 +57,14 @@ int run(const EstimateBenchConfig& c) {
   const Tensor k = host_k.to(gpu), v = host_k.to(gpu);
   Tensor out = Tensor::empty({1, c.seq, c.heads, c.head_dim}, DType::kBF16, gpu);
 
-  const double dense_ms = median_ms(gpu, c.warmup, c.iters, [&] { attention_forward(q, k, v, out, {}); });
+  const double dense_ms = median_ms(ctx, c.warmup, c.iters, [&] { attention_forward(ctx, q, k, v, out, {}); });
   TopkEstimatorOptions options;
   options.topk_ratio = c.topk_ratio;
   options.cdf_threshold = c.cdf_threshold;
   options.similarity_threshold = -1.0;  // worst case: every row scored and sorted
   options.keep.diagonal = true;
   DeviceEstimatedMask mask({1, c.heads, c.seq, c.seq, options.block_q, options.block_kv}, hk, c.head_dim, gpu);
-  const double topk_ms = median_ms(gpu, c.warmup, c.iters, [&] { estimate_topk_mask_device(q, k, options, mask); });
+  const double topk_ms = median_ms(ctx, c.warmup, c.iters, [&] { estimate_topk_mask_device(ctx, q, k, options, mask); });
   const double density = mask.to_host().density();
   struct ThresholdRow {
     int64_t stride;
@@ -76,11 +78,11 @@ int run(const EstimateBenchConfig& c) {
     DeviceEstimatedMask threshold_mask({1, c.heads, c.seq, c.seq, xattention.block_q, xattention.block_kv}, hk,
                                        c.head_dim, gpu, stride);
     const double ms =
-        median_ms(gpu, c.warmup, c.iters, [&] { estimate_xattention_mask_device(q, k, xattention, threshold_mask); });
+        median_ms(ctx, c.warmup, c.iters, [&] { estimate_xattention_mask_device(ctx, q, k, xattention, threshold_mask); });
     threshold_rows.push_back({stride, ms, threshold_mask.to_host().density()});
   }
   const double sparse_ms =
-      median_ms(gpu, c.warmup, c.iters, [&] { block_sparse_attention_forward(q, k, v, mask.view(), out, {}); });
+      median_ms(ctx, c.warmup, c.iters, [&] { block_sparse_attention_forward(ctx, q, k, v, mask.view(), out, {}); });
   std::printf("bench-estimate: cuda bf16 B=1 H=%lld/%lld D=%lld S=%lld, median of %d runs\n",
               static_cast<long long>(c.heads), static_cast<long long>(hk), static_cast<long long>(c.head_dim),
               static_cast<long long>(c.seq), c.iters);

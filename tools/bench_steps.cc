@@ -56,18 +56,21 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
   report.origin = resolution.backend ? resolution.backend->origin() : "";
   report.source = std::string(resolution_source_name(resolution.source));
 
-  auto timer = make_bench_timer(c.device);
+  ExecContext ctx;
+  ctx.device = c.device;
+  ctx.num_threads = c.threads;
+  auto timer = make_bench_timer(ctx);
   for (int64_t step = 0; step < s.steps; ++step) {
     // The latents change every step; fresh inputs stand in for them.
     fill_normal(q_host.view(), c.seed * 7 + 3 * static_cast<uint64_t>(step) + 1);
     fill_normal(k_host.view(), c.seed * 7 + 3 * static_cast<uint64_t>(step) + 2);
     fill_normal(v_host.view(), c.seed * 7 + 3 * static_cast<uint64_t>(step) + 3);
     const Tensor q = q_host.to(c.device), k = k_host.to(c.device), v = v_host.to(c.device);
-    for (auto& layer : layers) layer.begin_step(step, s.steps);
 
     std::vector<AttentionStepReport> reports(layers.size());
     const auto run_step = [&] {
-      for (size_t l = 0; l < layers.size(); ++l) reports[l] = layers[l].forward(q, k, v, out);
+      for (size_t l = 0; l < layers.size(); ++l)
+        reports[l] = layers[l].forward(ctx, StepInfo::at(step, s.steps, static_cast<int64_t>(l)), q, k, v, out);
     };
     for (int i = 0; i < (step == 0 ? c.warmup : 0); ++i) run_step();
     std::vector<double> times;

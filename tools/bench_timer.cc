@@ -25,7 +25,7 @@ class WallClockTimer : public BenchTimer {
   std::chrono::steady_clock::time_point begin_;
 };
 
-BenchTimerRegistration cpu_timer{DeviceType::kCPU, [](Device) { return std::make_unique<WallClockTimer>(); }};
+BenchTimerRegistration cpu_timer{DeviceType::kCPU, [](const ExecContext&) { return std::make_unique<WallClockTimer>(); }};
 
 }  // namespace
 
@@ -33,10 +33,10 @@ BenchTimerRegistration::BenchTimerRegistration(DeviceType type, BenchTimerFactor
   registry()[type] = std::move(factory);
 }
 
-std::unique_ptr<BenchTimer> make_bench_timer(Device device) {
-  const auto it = registry().find(device.type);
-  if (it == registry().end()) fail_argument("device", "a device with a registered bench timer", device.str());
-  return it->second(device);
+std::unique_ptr<BenchTimer> make_bench_timer(const ExecContext& ctx) {
+  const auto it = registry().find(ctx.device.type);
+  if (it == registry().end()) fail_argument("device", "a device with a registered bench timer", ctx.device.str());
+  return it->second(ctx);
 }
 
 }  // namespace tessel::cli

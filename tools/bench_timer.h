@@ -6,7 +6,7 @@
 #include <functional>
 #include <memory>
 
-#include "tessel/core/device.h"
+#include "tessel/core/exec_context.h"
 
 namespace tessel::cli {
 
@@ -18,13 +18,14 @@ class BenchTimer {
   virtual double stop_ms() = 0;
 };
 
-using BenchTimerFactory = std::function<std::unique_ptr<BenchTimer>(Device)>;
+// The timer measures the work run under `ctx` (its device; on CUDA its stream).
+using BenchTimerFactory = std::function<std::unique_ptr<BenchTimer>(const ExecContext& ctx)>;
 
 struct BenchTimerRegistration {
   BenchTimerRegistration(DeviceType type, BenchTimerFactory factory);
 };
 
-// Throws Error when no timer is registered for the device type.
-std::unique_ptr<BenchTimer> make_bench_timer(Device device);
+// Throws Error when no timer is registered for the context's device type.
+std::unique_ptr<BenchTimer> make_bench_timer(const ExecContext& ctx);
 
 }  // namespace tessel::cli

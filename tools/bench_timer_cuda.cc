@@ -1,4 +1,4 @@
-// The CUDA timer of `tessel bench`: two CUDA events on tessel's current stream around the timed
+// The CUDA timer of `tessel bench`: two CUDA events on the context's stream around the timed
 // work, so the time is the device's, not the host's launch overhead. Compiled only with CUDA.
 #ifdef TESSEL_WITH_CUDA
 
@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "bench_timer.h"
-#include "tessel/kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cli {
@@ -19,8 +18,8 @@ void check(cudaError_t status, const char* what) {
 
 class CudaEventTimer : public BenchTimer {
  public:
-  explicit CudaEventTimer(Device device) {
-    check(cudaSetDevice(device.index), "cudaSetDevice");
+  explicit CudaEventTimer(const ExecContext& ctx) : stream_(ctx.stream) {
+    check(cudaSetDevice(ctx.device.index), "cudaSetDevice");
     check(cudaEventCreate(&begin_), "cudaEventCreate");
     check(cudaEventCreate(&end_), "cudaEventCreate");
   }
@@ -31,9 +30,9 @@ class CudaEventTimer : public BenchTimer {
   CudaEventTimer(const CudaEventTimer&) = delete;
   CudaEventTimer& operator=(const CudaEventTimer&) = delete;
 
-  void start() override { check(cudaEventRecord(begin_, cuda::current_stream()), "cudaEventRecord"); }
+  void start() override { check(cudaEventRecord(begin_, stream_), "cudaEventRecord"); }
   double stop_ms() override {
-    check(cudaEventRecord(end_, cuda::current_stream()), "cudaEventRecord");
+    check(cudaEventRecord(end_, stream_), "cudaEventRecord");
     check(cudaEventSynchronize(end_), "cudaEventSynchronize");
     float ms = 0.f;
     check(cudaEventElapsedTime(&ms, begin_, end_), "cudaEventElapsedTime");
@@ -41,11 +40,12 @@ class CudaEventTimer : public BenchTimer {
   }
 
  private:
+  cudaStream_t stream_;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
 };
 
-BenchTimerRegistration cuda_timer{DeviceType::kCUDA, [](Device device) {
-                                    return std::unique_ptr<BenchTimer>(std::make_unique<CudaEventTimer>(device));
+BenchTimerRegistration cuda_timer{DeviceType::kCUDA, [](const ExecContext& ctx) {
+                                    return std::unique_ptr<BenchTimer>(std::make_unique<CudaEventTimer>(ctx));
                                   }};
 
 }  // namespace

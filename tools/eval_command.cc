@@ -134,13 +134,13 @@ int run_eval(const EvalArgs& a) {
   }
   const int64_t seq = q.size(1), hq = q.size(2);
   Tensor dense = Tensor::empty(q.shape(), DType::kF32);
-  const double dense_ms = median_ms(a.repeats, [&] { attention_forward(q.view(), k.view(), v.view(), dense.view(), TensorView{}); });
+  const double dense_ms = median_ms(a.repeats, [&] { attention_forward(ExecContext{}, q.view(), k.view(), v.view(), dense.view(), TensorView{}); });
   check_finite(dense.view(), "dense attention output", "the inputs overflow fp32 attention (scores too large)");
 
   std::vector<Row> rows;
   auto add = [&](const std::string& method, double param, const BlockMask& mask, const TokenPermutation* perm, double estimate_ms,
                  double plan_ms) {
-    const MaskEvaluation e = evaluate_mask(q.view(), k.view(), v.view(), dense.view(), mask, perm, a.repeats);
+    const MaskEvaluation e = evaluate_mask(ExecContext{}, q.view(), k.view(), v.view(), dense.view(), mask, perm, a.repeats);
     // A non-finite metric is no measurement: refuse rather than print a plausible-looking table.
     for (const auto& [metric, value] : {std::pair<const char*, double>{"rel_l2", e.error.rel_l2}, {"cosine", e.error.cosine}, {"density", e.density}})
       if (!std::isfinite(value))
@@ -170,13 +170,13 @@ int run_eval(const EvalArgs& a) {
       o.similarity_threshold = a.similarity_threshold;
       for (double t : a.topk) {
         (a.cdf ? o.cdf_threshold : o.topk_ratio) = t;
-        EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
-        const double ms = median_ms(a.repeats - 1, [&] { r = estimate_topk_mask(q.view(), k.view(), o); });
+        EstimateResult r = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o);
+        const double ms = median_ms(a.repeats - 1, [&] { r = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o); });
         add("dynamic_topk", t, r.mask, nullptr, a.repeats > 1 ? ms : r.estimate_ms, 0.0);
       }
       if (!a.topk_per_head.empty()) {
         o.per_head = a.topk_per_head;
-        EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
+        EstimateResult r = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o);
         double mean = 0.0;
         for (double x : a.topk_per_head) mean += x / static_cast<double>(a.topk_per_head.size());
         add("dynamic_topk_per_head", mean, r.mask, nullptr, r.estimate_ms, 0.0);
@@ -188,8 +188,8 @@ int run_eval(const EvalArgs& a) {
       o.stride = a.stride;
       for (double t : a.thresholds) {
         o.threshold = t;
-        EstimateResult r = estimate_xattention_mask(q.view(), k.view(), o);
-        const double ms = median_ms(a.repeats - 1, [&] { r = estimate_xattention_mask(q.view(), k.view(), o); });
+        EstimateResult r = estimate_xattention_mask(ExecContext{}, q.view(), k.view(), o);
+        const double ms = median_ms(a.repeats - 1, [&] { r = estimate_xattention_mask(ExecContext{}, q.view(), k.view(), o); });
         add("threshold", t, r.mask, nullptr, a.repeats > 1 ? ms : r.estimate_ms, 0.0);
       }
     } else if (method == "radial") {

@@ -1,9 +1,12 @@
 // The `tessel` command-line tool: dispatches to the registered sub-commands.
+#include <cstdlib>
 #include <iostream>
 #include <map>
 
 #include "command.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
+#include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
 std::vector<Command>& command_list() {
@@ -12,8 +15,24 @@ std::vector<Command>& command_list() {
 }
 }  // namespace tessel::cli
 
+namespace {
+
+// The library reads no environment; the CLI reads TESSEL_LOG_LEVEL once, here.
+void apply_log_level_from_environment() {
+  const char* value = std::getenv("TESSEL_LOG_LEVEL");
+  if (value == nullptr || *value == '\0') return;
+  try {
+    tessel::set_log_level(tessel::parse_log_level(value));
+  } catch (const tessel::Error& e) {
+    std::cerr << "tessel: warning: TESSEL_LOG_LEVEL ignored: " << e.what() << "\n";
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace tessel::cli;
+  apply_log_level_from_environment();
   CLI::App app{"tessel: sparse attention for diffusion transformers and long-context prefill"};
   app.require_subcommand(1);
   std::map<CLI::App*, CommandRunner> runners;

@@ -123,8 +123,8 @@ int run_mask(const MaskArgs& a) {
       q = std::move(s.q);
       k = std::move(s.k);
     }
-    EstimateResult r = spec.type == PatternType::kDynamicTopk ? estimate_topk_mask(q.view(), k.view(), topk_options_from_spec(spec))
-                                                              : estimate_xattention_mask(q.view(), k.view(), xattention_options_from_spec(spec));
+    EstimateResult r = spec.type == PatternType::kDynamicTopk ? estimate_topk_mask(ExecContext{}, q.view(), k.view(), topk_options_from_spec(spec))
+                                                              : estimate_xattention_mask(ExecContext{}, q.view(), k.view(), xattention_options_from_spec(spec));
     mask = std::move(r.mask);
     ms = r.estimate_ms;
   } else {

@@ -179,7 +179,9 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
   oc.max_chunk_tokens = c.chunk;
   oc.dtype = c.dtype;
   oc.num_host_blocks = (context + c.decode_steps + c.block - 1) / c.block + 1;
-  auto engine = kv::make_offload_engine(oc, c.device, kv::CpuCopyOptions{c.cpu_copy_bandwidth, 0.0});
+  ExecContext ctx;
+  ctx.device = c.device;
+  auto engine = kv::make_offload_engine(ctx, oc, kv::CpuCopyOptions{c.cpu_copy_bandwidth, 0.0});
   kv::KvBlockManager manager(oc.num_host_blocks, c.block);
 
   kv::PolicyOptions po;
@@ -238,7 +240,7 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
     const TensorView out_rows(out.data(), c.dtype, c.device, {1, n, c.heads, c.head_dim});
     attention.begin_chunk(n, i, chunks);
     for (int64_t l = 0; l < c.layers; ++l)
-      attention.prefill_layer(l, q[static_cast<size_t>(i)].view(), k[static_cast<size_t>(i)].view(),
+      attention.prefill_layer(ctx, l, q[static_cast<size_t>(i)].view(), k[static_cast<size_t>(i)].view(),
                               v[static_cast<size_t>(i)].view(), out_rows);
     attention.end_chunk();
   }
@@ -264,7 +266,7 @@ nlohmann::json run_prefill_bench(const PrefillBenchConfig& c, int64_t context) {
   for (int64_t s = 0; s < c.decode_steps; ++s) {
     attention.begin_decode_step();
     for (int64_t l = 0; l < c.layers; ++l)
-      attention.decode_layer(l, q_dec.view(), k_dec.view(), v_dec.view(), out_dec.view());
+      attention.decode_layer(ctx, l, q_dec.view(), k_dec.view(), v_dec.view(), out_dec.view());
     attention.end_decode_step();
     if (s == 0) {
       engine->synchronize();

@@ -4,6 +4,7 @@
 #include "command.h"
 #include "tessel/core/device.h"
 #include "tessel/core/parallel.h"
+#include "tessel/kernels/cpu_isa.h"
 
 namespace tessel::cli {
 namespace {
@@ -12,7 +13,9 @@ CommandRegistration registration{"version", "Print version and build configurati
     std::cout << "tessel 0.1.0\n"
               << "cuda compiled: " << (cuda_compiled() ? "yes" : "no") << "\n"
               << "cuda available: " << (cuda_available() ? "yes" : "no") << "\n"
-              << "cpu threads: " << max_threads() << "\n";
+              << "cpu threads: " << max_threads() << "\n"
+              << "cpu kernels: " << cpu_kernels_isa()
+              << (cpu_kernels_native_build() ? " (native build, this machine only)" : " (chosen at run time)") << "\n";
     return 0;
   });
 }};

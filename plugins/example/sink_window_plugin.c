@@ -1,7 +1,9 @@
 /* Example out-of-tree tessel plugin: attention sinks + a local window.
  *
  * Built against tessel/plugin/tessel_plugin.h only (plain C, no tessel C++ headers, no link to
- * libtessel): it chooses blocks and lets the host's block-sparse kernel compute them.
+ * libtessel): it chooses blocks and lets the host's block-sparse kernel compute them. Plugin ABI
+ * version 2: forward_with_context hands the caller's execution context (stream, workspace,
+ * threads) on to the host kernel, so the work goes where the caller said.
  *
  * Backend "sink_window", pattern sliding_window. For q block i (tokens [i*bq, min((i+1)*bq, Sq)))
  * with shift = Skv - Sq, the mask keeps
@@ -104,12 +106,14 @@ static tessel_status plan(void* user_data, const tessel_pattern_spec* spec, cons
   return TESSEL_OK;
 }
 
-static tessel_status forward(void* user_data, void* plan, const tessel_tensor* q, const tessel_tensor* k,
-                             const tessel_tensor* v, const tessel_tensor* out, const tessel_tensor* lse,
-                             tessel_forward_stats* stats, tessel_error* error) {
+/* The plan is only read here: several threads may run one plan at once. */
+static tessel_status forward_with_context(void* user_data, void* plan, const tessel_exec_context* ctx,
+                                          const tessel_tensor* q, const tessel_tensor* k, const tessel_tensor* v,
+                                          const tessel_tensor* out, const tessel_tensor* lse,
+                                          tessel_forward_stats* stats, tessel_error* error) {
   (void)user_data;
   const sink_window_plan* p = (const sink_window_plan*)plan;
-  tessel_status status = g_host->block_sparse_attention(q, k, v, &p->mask, out, lse, NULL, error);
+  tessel_status status = g_host->block_sparse_attention_with_context(ctx, q, k, v, &p->mask, out, lse, NULL, error);
   if (status == TESSEL_OK && stats != NULL) {
     stats->density = p->density;
     stats->estimate_ms = 0.0;
@@ -119,8 +123,8 @@ static tessel_status forward(void* user_data, void* plan, const tessel_tensor* q
 
 TESSEL_PLUGIN_EXPORT tessel_status tessel_plugin_init(const tessel_host_api* host, tessel_plugin_backend* backend,
                                                       tessel_error* error) {
-  if (host == NULL || host->abi_version < 1 || !TESSEL_HOST_HAS(host, validate_block_mask))
-    return fail(error, TESSEL_ERROR_ABI, "sink_window: needs a tessel host with plugin ABI >= 1");
+  if (host == NULL || host->abi_version < 2 || !TESSEL_HOST_HAS(host, block_sparse_attention_with_context))
+    return fail(error, TESSEL_ERROR_ABI, "sink_window: needs a tessel host with plugin ABI >= 2");
   g_host = host;
   backend->abi_version = TESSEL_PLUGIN_ABI_VERSION;
   backend->struct_size = (uint32_t)sizeof(tessel_plugin_backend);
@@ -134,9 +138,10 @@ TESSEL_PLUGIN_EXPORT tessel_status tessel_plugin_init(const tessel_host_api* hos
   backend->user_data = NULL;
   backend->plan = plan;
   backend->update_step = NULL;
-  backend->forward = forward;
+  backend->forward = NULL; /* forward_with_context replaces it */
   backend->destroy_plan = destroy_plan;
   backend->validate_config = NULL;
   backend->shutdown = NULL;
+  backend->forward_with_context = forward_with_context;
   return TESSEL_OK;
 }

@@ -1,6 +1,7 @@
 // Dense attention, block-sparse attention and the merge of partial states. Outputs are allocated
 // by the Python layer (with the inputs' framework and device) and written in place here; the
 // library validates every argument before it writes anything. The GIL is released while kernels run.
+#include <cstdint>
 #include <optional>
 
 #include <nanobind/nanobind.h>
@@ -9,6 +10,7 @@
 #include "bindings.h"
 #include "tensor_arg.h"
 #include "tessel/core/error.h"
+#include "tessel/core/exec_context.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/sparse/block_mask.h"
 
@@ -18,18 +20,26 @@ using namespace nb::literals;
 namespace tessel::python {
 namespace {
 
+// Work runs on the caller's CUDA stream (torch's current stream, passed as its integer handle;
+// 0 = the legacy default stream, and the only value CPU work accepts meaningfully).
+ExecContext context_on(uintptr_t stream) {
+  ExecContext ctx;
+  ctx.stream = reinterpret_cast<StreamHandle>(stream);
+  return ctx;
+}
+
 AttentionOptions attention_options(double scale, bool causal, int64_t window_left, int64_t window_right) {
   return AttentionOptions{static_cast<float>(scale), causal, window_left, window_right};
 }
 
 void attention(const ReadOnlyArray& q, const ReadOnlyArray& k, const ReadOnlyArray& v, const AnyArray& out,
                const std::optional<AnyArray>& lse, double scale, bool causal, int64_t window_left,
-               int64_t window_right) {
+               int64_t window_right, uintptr_t stream) {
   const TensorView q_view = tensor_view(q, "q"), k_view = tensor_view(k, "k"), v_view = tensor_view(v, "v");
   const TensorView out_view = tensor_view(out, "out"), lse_view = optional_tensor_view(lse, "lse");
   const AttentionOptions options = attention_options(scale, causal, window_left, window_right);
   nb::gil_scoped_release release;
-  attention_forward(q_view, k_view, v_view, out_view, lse_view, options);
+  attention_forward(context_on(stream), q_view, k_view, v_view, out_view, lse_view, options);
 }
 
 // The mask arrives as its CSR arrays plus geometry (the form torch custom ops can carry); the
@@ -70,34 +80,34 @@ void block_sparse_attention(const ReadOnlyArray& q, const ReadOnlyArray& k, cons
                             const ReadOnlyArray& indptr, const ReadOnlyArray& indices, int64_t mask_batch,
                             int64_t mask_heads, int64_t block_q, int64_t block_kv, const AnyArray& out,
                             const std::optional<AnyArray>& lse, double scale, bool causal, int64_t window_left,
-                            int64_t window_right) {
+                            int64_t window_right, uintptr_t stream) {
   const TensorView q_view = tensor_view(q, "q"), k_view = tensor_view(k, "k"), v_view = tensor_view(v, "v");
   const TensorView out_view = tensor_view(out, "out"), lse_view = optional_tensor_view(lse, "lse");
   const BlockMaskView mask = csr_mask_view(tensor_view(indptr, "mask.indptr"), tensor_view(indices, "mask.indices"),
                                            q_view, k_view, mask_batch, mask_heads, block_q, block_kv);
   const AttentionOptions options = attention_options(scale, causal, window_left, window_right);
   nb::gil_scoped_release release;
-  block_sparse_attention_forward(q_view, k_view, v_view, mask, out_view, lse_view, options);
+  block_sparse_attention_forward(context_on(stream), q_view, k_view, v_view, mask, out_view, lse_view, options);
 }
 
 void merge_states(const ReadOnlyArray& out_a, const ReadOnlyArray& lse_a, const ReadOnlyArray& out_b,
-                  const ReadOnlyArray& lse_b, const AnyArray& out, const AnyArray& lse) {
+                  const ReadOnlyArray& lse_b, const AnyArray& out, const AnyArray& lse, uintptr_t stream) {
   const TensorView out_a_view = tensor_view(out_a, "out_a"), lse_a_view = tensor_view(lse_a, "lse_a");
   const TensorView out_b_view = tensor_view(out_b, "out_b"), lse_b_view = tensor_view(lse_b, "lse_b");
   const TensorView out_view = tensor_view(out, "out"), lse_view = tensor_view(lse, "lse");
   nb::gil_scoped_release release;
-  merge_attention_states(out_a_view, lse_a_view, out_b_view, lse_b_view, out_view, lse_view);
+  merge_attention_states(context_on(stream), out_a_view, lse_a_view, out_b_view, lse_b_view, out_view, lse_view);
 }
 
 }  // namespace
 
 void bind_attention(nb::module_& m) {
   m.def("attention_forward", &attention, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a);
+        "window_left"_a, "window_right"_a, "stream"_a = 0);
   m.def("block_sparse_attention_forward", &block_sparse_attention, "q"_a, "k"_a, "v"_a, "indptr"_a, "indices"_a,
         "mask_batch"_a, "mask_heads"_a, "block_q"_a, "block_kv"_a, "out"_a, "lse"_a.none(), "scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a);
-  m.def("merge_states_forward", &merge_states, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a);
+        "window_left"_a, "window_right"_a, "stream"_a = 0);
+  m.def("merge_states_forward", &merge_states, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a, "stream"_a = 0);
 }
 
 }  // namespace tessel::python

@@ -13,6 +13,8 @@
 #include "bindings.h"
 #include "tensor_arg.h"
 #include "tessel/core/error.h"
+#include "tessel/core/exec_context.h"
+#include "tessel/core/exec_context.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
 
@@ -43,7 +45,7 @@ std::pair<BlockMask, double> topk(const ReadOnlyArray& q, const ReadOnlyArray& k
                                      .keep = AlwaysKeep{.diagonal = keep_diagonal, .sink_blocks = sink_blocks}};
   const TensorView q_view = tensor_view(q, "q"), k_view = tensor_view(k, "k");
   nb::gil_scoped_release release;
-  EstimateResult result = estimate_topk_mask(q_view, k_view, options);
+  EstimateResult result = estimate_topk_mask(ExecContext{}, q_view, k_view, options);
   return {std::move(result.mask), result.estimate_ms};
 }
 
@@ -64,7 +66,7 @@ std::pair<BlockMask, double> threshold(const ReadOnlyArray& q, const ReadOnlyArr
                                   .vote_threshold = vote_threshold};
   const TensorView q_view = tensor_view(q, "q"), k_view = tensor_view(k, "k");
   nb::gil_scoped_release release;
-  EstimateResult result = estimate_xattention_mask(q_view, k_view, options);
+  EstimateResult result = estimate_xattention_mask(ExecContext{}, q_view, k_view, options);
   return {std::move(result.mask), result.estimate_ms};
 }
 

@@ -20,6 +20,11 @@ def _lse_or_placeholder(q: torch.Tensor, return_lse: bool) -> torch.Tensor:
     return q.new_empty((0,), dtype=torch.float32)
 
 
+def _stream_of(x: torch.Tensor) -> int:
+    # CUDA work goes on torch's current stream of the tensor's device (captured by CUDA graphs).
+    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+
+
 def _lse_arg(lse: torch.Tensor, return_lse: bool):
     return to_dlpack(lse) if return_lse and lse.numel() > 0 else None
 
@@ -30,7 +35,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, c
     out = q.new_empty(q.shape)
     lse = _lse_or_placeholder(q, return_lse)
     _tessel.attention_forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), _lse_arg(lse, return_lse),
-                              scale, causal, window_left, window_right)
+                              scale, causal, window_left, window_right, _stream_of(q))
     return out, lse
 
 
@@ -53,7 +58,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     lse = _lse_or_placeholder(q, return_lse)
     _tessel.block_sparse_attention_forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(mask_indptr),
                                            to_dlpack(mask_indices), *mask_geometry, to_dlpack(out),
-                                           _lse_arg(lse, return_lse), scale, causal, window_left, window_right)
+                                           _lse_arg(lse, return_lse), scale, causal, window_left, window_right,
+                                           _stream_of(q))
     return out, lse
 
 
@@ -68,7 +74,7 @@ def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
     out = out_a.new_empty(out_a.shape)
     lse = lse_a.new_empty(lse_a.shape, dtype=torch.float32)
     _tessel.merge_states_forward(to_dlpack(out_a), to_dlpack(lse_a), to_dlpack(out_b), to_dlpack(lse_b),
-                                 to_dlpack(out), to_dlpack(lse))
+                                 to_dlpack(out), to_dlpack(lse), _stream_of(out_a))
     return out, lse
 
 

@@ -1,26 +1,18 @@
 #include "tessel/core/log.h"
 
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <string>
 
+#include "tessel/core/error.h"
+
 namespace tessel {
 namespace {
-
-LogLevel level_from_env() {
-  const char* env = std::getenv("TESSEL_LOG_LEVEL");
-  const std::string value = env ? env : "";
-  if (value == "debug") return LogLevel::kDebug;
-  if (value == "warning") return LogLevel::kWarning;
-  if (value == "error") return LogLevel::kError;
-  return LogLevel::kInfo;
-}
 
 struct LogState {
   std::mutex mutex;
   LogSink sink;
-  LogLevel minimum = level_from_env();
+  LogLevel minimum = LogLevel::kInfo;
 };
 
 LogState& state() {
@@ -40,15 +32,34 @@ std::string_view log_level_name(LogLevel level) {
   return "unknown";
 }
 
-void log_message(LogLevel level, std::string_view message) {
-  LogState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (level < s.minimum) return;
+LogLevel parse_log_level(std::string_view name) {
+  for (const LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError})
+    if (log_level_name(level) == name) return level;
+  fail_argument("log level", "debug, info, warning or error", "'" + std::string(name) + "'");
+}
+
+namespace {
+
+void write_locked(LogState& s, LogLevel level, std::string_view message) {
   if (s.sink) {
     s.sink(level, message);
   } else {
     std::cerr << "tessel: " << log_level_name(level) << ": " << message << "\n";
   }
+}
+
+}  // namespace
+
+void log_message(LogLevel level, std::string_view message) {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (level >= s.minimum) write_locked(s, level, message);
+}
+
+void emit_log(LogLevel level, std::string_view message) {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  write_locked(s, level, message);
 }
 
 LogSink set_log_sink(LogSink sink) {
@@ -63,6 +74,12 @@ void set_log_level(LogLevel minimum) {
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.minimum = minimum;
+}
+
+LogLevel log_level() {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.minimum;
 }
 
 }  // namespace tessel

@@ -33,6 +33,17 @@ void set_num_threads(int threads) {
 #endif
 }
 
+void parallel_for(int threads, int64_t count, const std::function<void(int64_t item, int thread)>& body) {
+#ifdef _OPENMP
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team)
+  for (int64_t i = 0; i < count; ++i) body(i, omp_get_thread_num());
+#else
+  (void)threads;
+  for (int64_t i = 0; i < count; ++i) body(i, 0);
+#endif
+}
+
 void parallel_for(int64_t count, const std::function<void(int64_t)>& body) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1)

@@ -119,31 +119,43 @@ float attention_scale(const AttentionOptions& options, int64_t head_dim) {
   return 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
+                                 int64_t mask_block_kv) {
+  if (!device.is_cpu()) return 0;
+  if (dims.batch < 1 || dims.seq_kv < 0 || dims.kv_heads < 1 || dims.heads % dims.kv_heads != 0 || dims.head_dim < 1)
+    fail_argument("attention dims", "batch, kv heads and head dim >= 1, heads a multiple of kv heads",
+                  detail::concat("B=", dims.batch, " Skv=", dims.seq_kv, " Hq=", dims.heads, " Hkv=", dims.kv_heads,
+                                 " D=", dims.head_dim));
+  if (mask_block_kv < 0) fail_argument("mask_block_kv", ">= 0 (0 = dense only)", mask_block_kv);
+  return cpu::workspace_bytes(ctx.threads(), dims.batch, dims.seq_kv, dims.heads, dims.kv_heads, dims.head_dim,
+                              mask_block_kv);
+}
+
+void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   check_attention_args(q, k, v, out, lse, options);
-  if (q.device().is_cpu()) return cpu::attention_forward(q, k, v, out, lse, options);
+  if (q.device().is_cpu()) return cpu::attention_forward(ctx, q, k, v, out, lse, options);
 #ifdef TESSEL_WITH_CUDA
-  cuda::attention_forward(q, k, v, out, lse, options);
+  cuda::attention_forward(ctx, q, k, v, out, lse, options);
 #else
   fail_no_cuda(q);
 #endif
 }
 
-void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options) {
   const Dims d = check_attention_args(q, k, v, out, lse, options);
   check_mask(mask, d, q.device());
-  if (q.device().is_cpu()) return cpu::block_sparse_attention_forward(q, k, v, mask, out, lse, options);
+  if (q.device().is_cpu()) return cpu::block_sparse_attention_forward(ctx, q, k, v, mask, out, lse, options);
 #ifdef TESSEL_WITH_CUDA
-  cuda::block_sparse_attention_forward(q, k, v, mask, out, lse, options);
+  cuda::block_sparse_attention_forward(ctx, q, k, v, mask, out, lse, options);
 #else
   fail_no_cuda(q);
 #endif
 }
 
-void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
   check_bshd(out_a, "out_a");
   check_bshd(out_b, "out_b");
@@ -157,9 +169,9 @@ void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, co
   check_lse(lse_a, lse_shape, device, "lse_a");
   check_lse(lse_b, lse_shape, device, "lse_b");
   check_lse(lse, lse_shape, device, "lse");
-  if (device.is_cpu()) return cpu::merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse);
+  if (device.is_cpu()) return cpu::merge_attention_states(ctx, out_a, lse_a, out_b, lse_b, out, lse);
 #ifdef TESSEL_WITH_CUDA
-  cuda::merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse);
+  cuda::merge_attention_states(ctx, out_a, lse_a, out_b, lse_b, out, lse);
 #else
   fail_no_cuda(out_a);
 #endif

@@ -7,7 +7,7 @@
 
 namespace tessel::kv {
 
-bool ring_buffer_attention(const TensorView& q, std::span<const BlockRef> blocks, int64_t layer, float scale,
+bool ring_buffer_attention(const ExecContext& ctx, const TensorView& q, std::span<const BlockRef> blocks, int64_t layer, float scale,
                            OffloadEngine& engine, const TensorView& out, const TensorView& lse) {
   if (blocks.empty()) return false;
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
@@ -32,11 +32,11 @@ bool ring_buffer_attention(const TensorView& q, std::span<const BlockRef> blocks
     engine.wait_slot_layer(slot);
     const auto [k, v] = engine.get_kv_for_slot(slot, blocks[static_cast<size_t>(i)].num_tokens);
     const bool first = i == 0;
-    attention_forward(q, k, v, first ? out : part_out, first ? lse : part_lse, options);
+    attention_forward(ctx, q, k, v, first ? out : part_out, first ? lse : part_lse, options);
     engine.record_slot_compute_done(slot);
     if (i + num_slots < num_blocks)
       engine.load_to_slot_layer(slot, layer, blocks[static_cast<size_t>(i + num_slots)].host_block);
-    if (!first) merge_attention_states(out, lse, part_out, part_lse, out, lse);
+    if (!first) merge_attention_states(ctx, out, lse, part_out, part_lse, out, lse);
   }
   return true;
 }

@@ -51,7 +51,7 @@ class CpuOffloadEngine final : public OffloadEngine {
 
   void synchronize() override { wait_ticket(issued_); }
 
-  void* compute_stream() const override { return nullptr; }
+  StreamHandle compute_stream() const override { return nullptr; }
 
   double measure_peak_h2d_bandwidth() override {
     // Large copies from the host cache into a separate arena on the copy thread, as loads run

@@ -281,16 +281,17 @@ void OffloadEngine::reset_stats() {
   stats_ = OffloadStats{};
 }
 
-std::unique_ptr<OffloadEngine> make_offload_engine(const OffloadConfig& config, Device device,
+std::unique_ptr<OffloadEngine> make_offload_engine(const ExecContext& ctx, const OffloadConfig& config,
                                                    CpuCopyOptions cpu_options) {
-  if (device.is_cpu()) return make_cpu_offload_engine(config, cpu_options);
-  return make_cuda_offload_engine(config, device.index);
+  if (ctx.device.is_cpu()) return make_cpu_offload_engine(config, cpu_options);
+  return make_cuda_offload_engine(ctx, config);
 }
 
 #ifndef TESSEL_WITH_CUDA
 // CPU-only build: the CUDA engine lives in offload_engine_cuda.cc, which is not compiled.
-std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const OffloadConfig&, int device_index, void*) {
-  fail_argument("device", "cpu (this tessel was built without CUDA)", Device::cuda(device_index).str());
+std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const ExecContext& ctx, const OffloadConfig&) {
+  fail_argument("device", "cpu (this tessel was built without CUDA)",
+                ctx.device.is_cuda() ? ctx.device.str() : Device::cuda(0).str());
 }
 #endif
 

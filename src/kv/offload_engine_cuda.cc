@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "tessel/kernels/cuda/device_guard.h"
-#include "tessel/kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/offload_engine.h"
 
@@ -106,7 +105,7 @@ class CudaOffloadEngine final : public OffloadEngine {
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
-  void* compute_stream() const override { return compute_; }
+  StreamHandle compute_stream() const override { return compute_; }
 
   double measure_peak_h2d_bandwidth() override {
     DeviceGuard guard(device_.index);
@@ -249,12 +248,9 @@ class CudaOffloadEngine final : public OffloadEngine {
 
 }  // namespace
 
-std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const OffloadConfig& config, int device_index,
-                                                        void* compute_stream) {
-  // By default compute is ordered on the stream tessel's kernels launch on for this thread.
-  const cudaStream_t stream =
-      compute_stream != nullptr ? static_cast<cudaStream_t>(compute_stream) : tessel::cuda::current_stream();
-  return std::make_unique<CudaOffloadEngine>(config, device_index, stream);
+std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const ExecContext& ctx, const OffloadConfig& config) {
+  const int device_index = ctx.device.is_cuda() ? ctx.device.index : 0;
+  return std::make_unique<CudaOffloadEngine>(config, device_index, ctx.stream);
 }
 
 }  // namespace tessel::kv

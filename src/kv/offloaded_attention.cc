@@ -55,7 +55,7 @@ void OffloadedAttention::begin_chunk(int64_t num_tokens, int64_t chunk_idx, int6
   in_chunk_ = true;
 }
 
-void OffloadedAttention::prefill_layer(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
+void OffloadedAttention::prefill_layer(const ExecContext& ctx, int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
                                        const TensorView& out) {
   if (!in_chunk_) fail_argument("prefill_layer", "inside begin_chunk/end_chunk", "no open chunk");
   if (k.dim() == 4 && k.size(1) != chunk_tokens_)
@@ -70,7 +70,7 @@ void OffloadedAttention::prefill_layer(int64_t layer, const TensorView& q, const
   args.num_chunks = num_chunks_;
   args.seq = seq_;
   args.num_tokens = chunk_tokens_;
-  prefill_policy_.compute_chunked_prefill(args, engine_, manager_);
+  prefill_policy_.compute_chunked_prefill(ctx, args, engine_, manager_);
   offload_chunk(layer);
 }
 
@@ -110,7 +110,7 @@ void OffloadedAttention::begin_decode_step() {
   in_decode_step_ = true;
 }
 
-void OffloadedAttention::decode_layer(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
+void OffloadedAttention::decode_layer(const ExecContext& ctx, int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& out) {
   if (!in_decode_step_) fail_argument("decode_layer", "inside begin_decode_step/end_decode_step", "no open step");
   engine_.store_decode_kv(layer, decode_position_, k, v);
@@ -120,7 +120,7 @@ void OffloadedAttention::decode_layer(int64_t layer, const TensorView& q, const 
   args.layer_id = layer;
   args.softmax_scale = scale_;
   args.seq = seq_;
-  decode_policy_.compute_chunked_decode(args, engine_, manager_);
+  decode_policy_.compute_chunked_decode(ctx, args, engine_, manager_);
 }
 
 void OffloadedAttention::end_decode_step() {

@@ -39,6 +39,13 @@ std::vector<BlockRef> block_refs(const std::vector<int32_t>& selected, const std
   return refs;
 }
 
+// On a CUDA engine, attention must be enqueued on the stream the engine orders its copies against.
+void check_engine_stream(const ExecContext& ctx, const OffloadEngine& engine) {
+  if (engine.device().is_cuda() && ctx.stream != engine.compute_stream())
+    fail_argument("ctx.stream", "the offload engine's compute stream (the stream of the context it was made with)",
+                  "another stream");
+}
+
 }  // namespace
 
 void SparsePolicy::fail_phase(const char* phase) const {
@@ -64,29 +71,31 @@ std::vector<int32_t> SparsePolicy::checked_select(const std::vector<int32_t>& av
   return selected;
 }
 
-void SparsePolicy::compute_chunked_prefill(const ChunkedPrefillArgs& args, OffloadEngine& engine,
-                                           KvBlockManager& manager) {
+void SparsePolicy::compute_chunked_prefill(const ExecContext& ctx, const ChunkedPrefillArgs& args,
+                                           OffloadEngine& engine, KvBlockManager& manager) {
   if (!supports_prefill()) fail_phase("prefill");
+  check_engine_stream(ctx, engine);
   if (args.num_tokens < 1 || args.num_tokens > engine.config().max_chunk_tokens)
     fail_argument("num_tokens", detail::concat("in [1, ", engine.config().max_chunk_tokens, "]"), args.num_tokens);
   if (args.current_chunk_idx < 0 || args.current_chunk_idx >= args.num_chunks)
     fail_argument("current_chunk_idx", detail::concat("in [0, ", args.num_chunks, ")"), args.current_chunk_idx);
   check_query(args.q, args.out, args.num_tokens, engine);
-  run_chunked_prefill(args, engine, manager);
+  run_chunked_prefill(ctx, args, engine, manager);
 }
 
-void SparsePolicy::compute_chunked_decode(const ChunkedDecodeArgs& args, OffloadEngine& engine,
-                                          KvBlockManager& manager) {
+void SparsePolicy::compute_chunked_decode(const ExecContext& ctx, const ChunkedDecodeArgs& args,
+                                          OffloadEngine& engine, KvBlockManager& manager) {
   if (!supports_decode()) fail_phase("decode");
+  check_engine_stream(ctx, engine);
   check_query(args.q, args.out, 1, engine);
   if (manager.decode_buffer_len(args.seq) < 1)
     fail_argument("seq", "the current token stored in the decode buffer and counted (append_decode_token)",
                   "an empty decode buffer");
-  run_chunked_decode(args, engine, manager);
+  run_chunked_decode(ctx, args, engine, manager);
 }
 
-void SparsePolicy::run_chunked_prefill(const ChunkedPrefillArgs& args, OffloadEngine& engine,
-                                       KvBlockManager& manager) {
+void SparsePolicy::run_chunked_prefill(const ExecContext& exec, const ChunkedPrefillArgs& args,
+                                       OffloadEngine& engine, KvBlockManager& manager) {
   const std::vector<int32_t>& history = manager.get_prefilled_blocks(args.seq);
   PolicyContext ctx;
   ctx.query_chunk_idx = args.current_chunk_idx;
@@ -104,23 +113,24 @@ void SparsePolicy::run_chunked_prefill(const ChunkedPrefillArgs& args, OffloadEn
   const Shape lse_shape{1, heads, args.num_tokens};
   const TensorView history_lse = engine.scratch(kScratchHistoryLse, lse_shape, DType::kF32);
   const bool has_history =
-      ring_buffer_attention(args.q, refs, args.layer_id, args.softmax_scale, engine, args.out, history_lse);
+      ring_buffer_attention(exec, args.q, refs, args.layer_id, args.softmax_scale, engine, args.out, history_lse);
 
   AttentionOptions causal;
   causal.scale = args.softmax_scale;
   causal.causal = true;
   const auto [k, v] = engine.get_prefill_buffer_slice(args.layer_id, args.num_tokens);
   if (!has_history) {
-    attention_forward(args.q, k, v, args.out, TensorView{}, causal);
+    attention_forward(exec, args.q, k, v, args.out, TensorView{}, causal);
     return;
   }
   const TensorView current_out = engine.scratch(kScratchCurrentOut, args.q.shape(), args.q.dtype());
   const TensorView current_lse = engine.scratch(kScratchCurrentLse, lse_shape, DType::kF32);
-  attention_forward(args.q, k, v, current_out, current_lse, causal);
-  merge_attention_states(args.out, history_lse, current_out, current_lse, args.out, history_lse);
+  attention_forward(exec, args.q, k, v, current_out, current_lse, causal);
+  merge_attention_states(exec, args.out, history_lse, current_out, current_lse, args.out, history_lse);
 }
 
-void SparsePolicy::run_chunked_decode(const ChunkedDecodeArgs& args, OffloadEngine& engine, KvBlockManager& manager) {
+void SparsePolicy::run_chunked_decode(const ExecContext& exec, const ChunkedDecodeArgs& args, OffloadEngine& engine,
+                                      KvBlockManager& manager) {
   const std::vector<int32_t>& history = manager.get_prefilled_blocks(args.seq);
   const int64_t buffered = manager.decode_buffer_len(args.seq);
   PolicyContext ctx;
@@ -136,19 +146,19 @@ void SparsePolicy::run_chunked_decode(const ChunkedDecodeArgs& args, OffloadEngi
   const Shape lse_shape{1, args.q.size(2), 1};
   const TensorView history_lse = engine.scratch(kScratchHistoryLse, lse_shape, DType::kF32);
   const bool has_history =
-      ring_buffer_attention(args.q, refs, args.layer_id, args.softmax_scale, engine, args.out, history_lse);
+      ring_buffer_attention(exec, args.q, refs, args.layer_id, args.softmax_scale, engine, args.out, history_lse);
 
   AttentionOptions options;
   options.scale = args.softmax_scale;
   const auto [k, v] = engine.decode_buffer_slice(args.layer_id, 0, buffered);
   if (!has_history) {
-    attention_forward(args.q, k, v, args.out, TensorView{}, options);
+    attention_forward(exec, args.q, k, v, args.out, TensorView{}, options);
     return;
   }
   const TensorView current_out = engine.scratch(kScratchCurrentOut, args.q.shape(), args.q.dtype());
   const TensorView current_lse = engine.scratch(kScratchCurrentLse, lse_shape, DType::kF32);
-  attention_forward(args.q, k, v, current_out, current_lse, options);
-  merge_attention_states(args.out, history_lse, current_out, current_lse, args.out, history_lse);
+  attention_forward(exec, args.q, k, v, current_out, current_lse, options);
+  merge_attention_states(exec, args.out, history_lse, current_out, current_lse, args.out, history_lse);
 }
 
 }  // namespace tessel::kv

@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "tessel/kernels/cuda/device_guard.h"
-#include "tessel/kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/kernels/cuda/xattention_estimation.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/chunked_attention.h"
@@ -92,7 +92,7 @@ std::vector<float> score_on_device(OffloadEngine& engine, const PolicyContext& c
   const std::string why_not = device_scoring_unavailable(engine, ctx, g);
   if (!why_not.empty()) throw Error("XAttention device scoring: " + why_not);
   cuda::DeviceGuard guard(engine.device().index);
-  const cudaStream_t stream = static_cast<cudaStream_t>(engine.compute_stream());
+  const cudaStream_t stream = engine.compute_stream();
   const OffloadConfig& c = engine.config();
   const int64_t n = g.blocks, block = g.block_size;
 

@@ -1,6 +1,7 @@
 #include "plugin_abi.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 
@@ -74,14 +75,23 @@ void host_log(int32_t level, const char* message) {
   log_message(clamped, std::string("plugin: ") + (message ? message : ""));
 }
 
+tessel_status host_attention_with_context(const tessel_exec_context* c_ctx, const tessel_tensor* q,
+                                         const tessel_tensor* k, const tessel_tensor* v, const tessel_tensor* out,
+                                         const tessel_tensor* lse, const tessel_attention_options* options,
+                                         tessel_error* error) {
+  return guarded(error, [&] {
+    if (!q || !k || !v || !out) throw Error("attention: q, k, v and out must not be NULL");
+    Workspace workspace;
+    const ExecContext ctx = from_c(c_ctx, workspace);
+    attention_forward(ctx, from_c(*q, "q"), from_c(*k, "k"), from_c(*v, "v"), from_c(*out, "out"),
+                      optional_tensor(lse, "lse"), from_c(options));
+  });
+}
+
 tessel_status host_attention(const tessel_tensor* q, const tessel_tensor* k, const tessel_tensor* v,
                              const tessel_tensor* out, const tessel_tensor* lse,
                              const tessel_attention_options* options, tessel_error* error) {
-  return guarded(error, [&] {
-    if (!q || !k || !v || !out) throw Error("attention: q, k, v and out must not be NULL");
-    attention_forward(from_c(*q, "q"), from_c(*k, "k"), from_c(*v, "v"), from_c(*out, "out"),
-                      optional_tensor(lse, "lse"), from_c(options));
-  });
+  return host_attention_with_context(nullptr, q, k, v, out, lse, options, error);
 }
 
 // Copies and validates a plugin's host mask (the kernels trust the masks they are given).
@@ -101,15 +111,18 @@ BlockMask copy_host_mask(const tessel_block_mask& mask) {
   return BlockMask::from_csr(shape, std::move(indptr), std::move(indices));
 }
 
-tessel_status host_block_sparse_attention(const tessel_tensor* q, const tessel_tensor* k, const tessel_tensor* v,
-                                          const tessel_block_mask* mask, const tessel_tensor* out,
-                                          const tessel_tensor* lse, const tessel_attention_options* options,
-                                          tessel_error* error) {
+tessel_status host_block_sparse_attention_with_context(const tessel_exec_context* c_ctx, const tessel_tensor* q,
+                                                       const tessel_tensor* k, const tessel_tensor* v,
+                                                       const tessel_block_mask* mask, const tessel_tensor* out,
+                                                       const tessel_tensor* lse,
+                                                       const tessel_attention_options* options, tessel_error* error) {
   return guarded(error, [&] {
     if (!q || !k || !v || !out || !mask) throw Error("block_sparse_attention: q, k, v, mask and out must not be NULL");
+    Workspace workspace;
+    const ExecContext ctx = from_c(c_ctx, workspace);
     const TensorView qv = from_c(*q, "q");
     const auto run = [&](const BlockMaskView& view) {
-      block_sparse_attention_forward(qv, from_c(*k, "k"), from_c(*v, "v"), view, from_c(*out, "out"),
+      block_sparse_attention_forward(ctx, qv, from_c(*k, "k"), from_c(*v, "v"), view, from_c(*out, "out"),
                                      optional_tensor(lse, "lse"), from_c(options));
     };
     if (mask->device_type != TESSEL_DEVICE_CPU) {
@@ -124,6 +137,13 @@ tessel_status host_block_sparse_attention(const tessel_tensor* q, const tessel_t
       run(owned.view());
     }
   });
+}
+
+tessel_status host_block_sparse_attention(const tessel_tensor* q, const tessel_tensor* k, const tessel_tensor* v,
+                                          const tessel_block_mask* mask, const tessel_tensor* out,
+                                          const tessel_tensor* lse, const tessel_attention_options* options,
+                                          tessel_error* error) {
+  return host_block_sparse_attention_with_context(nullptr, q, k, v, mask, out, lse, options, error);
 }
 
 tessel_status host_validate_block_mask(const tessel_block_mask* mask, tessel_error* error) {
@@ -227,6 +247,43 @@ tessel_plan_request to_c(const AttentionShape& shape, ModuleType module) {
   return request;
 }
 
+tessel_exec_context to_c(const ExecContext& ctx, const StepInfo& step) {
+  tessel_exec_context c{};
+  c.struct_size = static_cast<uint32_t>(sizeof(tessel_exec_context));
+  c.device_type = static_cast<int32_t>(ctx.device.type);
+  c.device_index = ctx.device.index;
+  c.num_threads = ctx.num_threads;
+  c.stream = ctx.stream;
+  if (ctx.workspace != nullptr) {
+    c.workspace = ctx.workspace->data();
+    c.workspace_bytes = ctx.workspace->capacity();
+  }
+  c.step = step.step.value_or(-1);
+  c.total_steps = step.total_steps;
+  c.layer = step.layer;
+  c.cfg_branch = step.cfg_branch;
+  c.density = step.density.value_or(kAbsentReal);
+  return c;
+}
+
+ExecContext from_c(const tessel_exec_context* c, Workspace& workspace) {
+  ExecContext ctx;
+  if (c == nullptr) return ctx;
+  // The host reads the stream, threads and workspace: the struct must reach that far.
+  constexpr size_t kNeeded = offsetof(tessel_exec_context, workspace_bytes) + sizeof(uint64_t);
+  if (c->struct_size < kNeeded) fail_argument("ctx.struct_size", detail::concat(">= ", kNeeded, " bytes"), c->struct_size);
+  if (c->device_type != TESSEL_DEVICE_CPU && c->device_type != TESSEL_DEVICE_CUDA)
+    fail_argument("ctx.device_type", "0 (cpu) or 1 (cuda)", c->device_type);
+  ctx.device = Device{static_cast<DeviceType>(c->device_type), c->device_index};
+  ctx.num_threads = c->num_threads;
+  ctx.stream = static_cast<StreamHandle>(c->stream);
+  if (c->workspace != nullptr) {
+    workspace = Workspace::borrowed(c->workspace, static_cast<size_t>(c->workspace_bytes), ctx.device);
+    ctx.workspace = &workspace;
+  }
+  return ctx;
+}
+
 CPatternSpec::CPatternSpec(const PatternSpec& spec) {
   spec_.type = static_cast<int32_t>(spec.type);
   spec_.block_q = spec.block_q;
@@ -293,6 +350,7 @@ const tessel_host_api* host_api() {
   static const tessel_host_api api = {
       TESSEL_PLUGIN_ABI_VERSION, static_cast<uint32_t>(sizeof(tessel_host_api)), "0.1.0", host_log,
       host_attention, host_block_sparse_attention, host_validate_block_mask,
+      host_attention_with_context, host_block_sparse_attention_with_context,
   };
   return &api;
 }

@@ -27,6 +27,12 @@ AttentionOptions from_c(const tessel_attention_options* options);
 
 tessel_plan_request to_c(const AttentionShape& shape, ModuleType module);
 
+// The C form of a context and step (ABI 2). The workspace pointer is the context's arena.
+tessel_exec_context to_c(const ExecContext& ctx, const StepInfo& step);
+// A context from a plugin's C context (NULL: the default one). `workspace` receives the borrowed
+// workspace the returned context points to; it must outlive the context's use.
+ExecContext from_c(const tessel_exec_context* ctx, Workspace& workspace);
+
 // A C view of a PatternSpec; owns every array the C struct points to (nested specs included).
 class CPatternSpec {
  public:

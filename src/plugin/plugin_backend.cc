@@ -19,6 +19,14 @@
 namespace tessel::plugin {
 namespace {
 
+// The version-2 member; a table shorter than this has none (the host reads only what fits).
+constexpr size_t kForwardWithContextEnd =
+    offsetof(tessel_plugin_backend, forward_with_context) + sizeof(tessel_plugin_backend::forward_with_context);
+
+bool has_forward_with_context(const tessel_plugin_backend& table) {
+  return table.struct_size >= kForwardWithContextEnd && table.forward_with_context != nullptr;
+}
+
 // An open library and its validated table. Closed (after shutdown) when the last backend,
 // builder, impl or plan referring to it is gone.
 struct PluginLibrary {
@@ -50,6 +58,9 @@ std::vector<T> from_bits(uint32_t mask, int count) {
 struct PluginMetadata : Metadata {
   std::shared_ptr<PluginLibrary> library;
   void* plan = nullptr;
+  // A plugin's update_step changes its plan: forwards that call it hold this lock from
+  // update_step to the end of forward, so threads sharing the plan see their own step.
+  mutable std::mutex step_mutex;
   ~PluginMetadata() override {
     if (plan) library->table.destroy_plan(library->table.user_data, plan);
   }
@@ -60,7 +71,8 @@ class PluginBuilder : public MetadataBuilder {
   PluginBuilder(std::shared_ptr<const Backend> backend, std::shared_ptr<PluginLibrary> library)
       : backend_(std::move(backend)), library_(std::move(library)) {}
 
-  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
+                                 const AttentionShape& shape) override {
     check_plan_request(*backend_, spec, module, shape);
     const CPatternSpec c_spec(spec);
     const tessel_plan_request request = to_c(shape, module);
@@ -80,16 +92,6 @@ class PluginBuilder : public MetadataBuilder {
     return metadata;
   }
 
-  void update_step(Metadata& metadata, int64_t step, int64_t total_steps) override {
-    const tessel_plugin_backend& table = library_->table;
-    if (table.update_step == nullptr) return;
-    auto& plugin_metadata = dynamic_cast<PluginMetadata&>(metadata);
-    const tessel_step_info info{step, total_steps, metadata.spec.topk_ratio.value_or(std::nan(""))};
-    tessel_error error{};
-    const tessel_status status = table.update_step(table.user_data, plugin_metadata.plan, &info, &error);
-    if (status != TESSEL_OK) fail_status(*library_, "update_step", status, error);
-  }
-
  private:
   std::shared_ptr<const Backend> backend_;
   std::shared_ptr<PluginLibrary> library_;
@@ -99,8 +101,9 @@ class PluginImpl : public Impl {
  public:
   explicit PluginImpl(std::shared_ptr<PluginLibrary> library) : library_(std::move(library)) {}
 
-  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
-                       const TensorView& out, const TensorView& lse) override {
+  ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Metadata& metadata, const StepInfo& step, const TensorView& out,
+                       const TensorView& lse) override {
     const auto* plugin_metadata = dynamic_cast<const PluginMetadata*>(&metadata);
     if (plugin_metadata == nullptr || plugin_metadata->library != library_)
       fail_argument("metadata", "a plan made by " + library_->describe(), "a plan from backend '" + metadata.backend + "'");
@@ -110,6 +113,22 @@ class PluginImpl : public Impl {
     tessel_forward_stats stats{metadata.planned_density(), 0.0};
     tessel_error error{};
     const tessel_plugin_backend& table = library_->table;
+    if (has_forward_with_context(table)) {
+      const tessel_exec_context c_ctx = to_c(ctx, step);
+      const tessel_status status = table.forward_with_context(table.user_data, plugin_metadata->plan, &c_ctx, &cq, &ck,
+                                                              &cv, &cout, lse.empty() ? nullptr : &clse, &stats, &error);
+      if (status != TESSEL_OK) fail_status(*library_, "forward_with_context", status, error);
+      return ForwardStats{stats.density, stats.estimate_ms};
+    }
+    // A version-1 plugin: the step reaches it through update_step (when it has one and a step is given).
+    std::unique_lock<std::mutex> step_lock;
+    if (table.update_step != nullptr && step.step) {
+      step_lock = std::unique_lock<std::mutex>(plugin_metadata->step_mutex);
+      const tessel_step_info info{*step.step, step.total_steps,
+                                  step.density.value_or(metadata.spec.topk_ratio.value_or(std::nan("")))};
+      const tessel_status status = table.update_step(table.user_data, plugin_metadata->plan, &info, &error);
+      if (status != TESSEL_OK) fail_status(*library_, "update_step", status, error);
+    }
     const tessel_status status = table.forward(table.user_data, plugin_metadata->plan, &cq, &ck, &cv, &cout,
                                                lse.empty() ? nullptr : &clse, &stats, &error);
     if (status != TESSEL_OK) fail_status(*library_, "forward", status, error);
@@ -212,6 +231,7 @@ void check_code_pointers(const std::string& where, const tessel_plugin_backend& 
   check_code_pointer(where, reinterpret_cast<const void*>(table.update_step), "update_step");
   check_code_pointer(where, reinterpret_cast<const void*>(table.validate_config), "validate_config");
   check_code_pointer(where, reinterpret_cast<const void*>(table.shutdown), "shutdown");
+  check_code_pointer(where, reinterpret_cast<const void*>(table.forward_with_context), "forward_with_context");
 }
 
 }  // namespace

@@ -38,7 +38,11 @@ tessel_plugin_backend checked_plugin_table(const std::string& where, std::span<c
   };
   require(table.name != nullptr && table.name[0] != '\0', "name");
   require(table.plan != nullptr, "plan");
-  require(table.forward != nullptr, "forward");
+  // Version 2: forward_with_context may replace forward, when the table reaches that far.
+  const bool has_forward_with_context =
+      table.struct_size >= offsetof(tessel_plugin_backend, forward_with_context) + kOptionalFieldSize &&
+      table.forward_with_context != nullptr;
+  require(table.forward != nullptr || has_forward_with_context, "forward");
   require(table.destroy_plan != nullptr, "destroy_plan");
   require(table.pattern_mask != 0, "pattern_mask");
   require(table.module_mask != 0, "module_mask");

@@ -18,8 +18,9 @@ static_assert(sizeof(tessel_plugin_backend) <= kPluginTableReserve);
 
 // Validates the table a plugin's init wrote at the start of `written` (at least
 // sizeof(tessel_plugin_backend) bytes): ABI version in 1..TESSEL_PLUGIN_ABI_VERSION, struct_size
-// covering the version-1 fields and within `written`, name, plan, forward, destroy_plan and the
-// capability masks set. Whether the function pointers point into loaded code is the loader's check.
+// covering the version-1 fields and within `written`, name, plan, forward (or, version 2,
+// forward_with_context), destroy_plan and the capability masks set. Whether the function
+// pointers point into loaded code is the loader's check.
 // Returns the host's copy, with the fields past the plugin's struct_size cleared (absent). Throws
 // Error starting with `where` (e.g. "plugin '/path/libx.so'") naming what is wrong.
 tessel_plugin_backend checked_plugin_table(const std::string& where, std::span<const unsigned char> written);

@@ -5,6 +5,7 @@
 
 #include "enum_names.h"
 #include "tessel/core/error.h"
+#include "tessel/kernels/attention.h"
 
 namespace tessel {
 namespace {
@@ -80,11 +81,17 @@ double Metadata::planned_density() const {
   return spec.topk_ratio.value_or(1.0);
 }
 
+size_t Metadata::workspace_bytes(const ExecContext& ctx) const {
+  const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
+  return attention_workspace_bytes(ctx, shape.device, dims, spec.type == PatternType::kDense ? 0 : spec.block_kv);
+}
+
 MetadataBuilder::~MetadataBuilder() = default;
 
-std::shared_ptr<Metadata> MetadataBuilder::plan(const PatternSpec& spec, ModuleType module, int64_t num_qo_heads,
-                                                int64_t num_kv_heads, int64_t head_dim, int64_t seq_q,
-                                                int64_t seq_kv, int64_t batch, DType dtype, Device device) {
+std::shared_ptr<Metadata> MetadataBuilder::plan(const ExecContext& ctx, const PatternSpec& spec, ModuleType module,
+                                                int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim,
+                                                int64_t seq_q, int64_t seq_kv, int64_t batch, DType dtype,
+                                                Device device) {
   AttentionShape shape;
   shape.batch = batch;
   shape.num_qo_heads = num_qo_heads;
@@ -94,10 +101,8 @@ std::shared_ptr<Metadata> MetadataBuilder::plan(const PatternSpec& spec, ModuleT
   shape.seq_kv = seq_kv;
   shape.dtype = dtype;
   shape.device = device;
-  return plan(spec, module, shape);
+  return plan(ctx, spec, module, shape);
 }
-
-void MetadataBuilder::update_step(Metadata&, int64_t, int64_t) {}
 
 Impl::~Impl() = default;
 Backend::~Backend() = default;

@@ -14,7 +14,8 @@ namespace {
 
 class DenseBuilder : public MetadataBuilder {
  public:
-  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
+                                 const AttentionShape& shape) override {
     shape.validate();
     auto metadata = std::make_shared<Metadata>();
     metadata->backend = "dense";
@@ -27,10 +28,10 @@ class DenseBuilder : public MetadataBuilder {
 
 class DenseImpl : public Impl {
  public:
-  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
-                       const TensorView& out, const TensorView& lse) override {
+  ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Metadata& metadata, const StepInfo&, const TensorView& out, const TensorView& lse) override {
     check_forward_shape(metadata, q, k, v);
-    attention_forward(q, k, v, out, lse);
+    attention_forward(ctx, q, k, v, out, lse);
     return ForwardStats{1.0, 0.0};
   }
 };

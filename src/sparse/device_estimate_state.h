@@ -29,11 +29,12 @@ class DeviceEstimateState {
   DeviceEstimatedMask& mask() { return mask_; }
   const DeviceEstimatedMask& mask() const { return mask_; }
 
-  // Call begin() before and end() after the estimator's launches on the current stream.
-  void begin();
-  void end();
-  // Statistics of the latest measured forward that has finished (non-blocking), if any.
-  std::optional<ForwardStats> finished();
+  // Call begin() before and end() after the estimator's launches on `stream`.
+  void begin(StreamHandle stream);
+  void end(StreamHandle stream);
+  // Statistics of the latest measured forward that has finished (non-blocking), if any. Reads
+  // nothing while `stream` is being captured.
+  std::optional<ForwardStats> finished(StreamHandle stream);
 
  private:
   struct Events;

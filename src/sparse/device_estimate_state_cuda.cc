@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include "tessel/kernels/cuda/device_guard.h"
-#include "tessel/kernels/cuda/stream.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/pattern_backends.h"
 
@@ -52,23 +51,21 @@ DeviceEstimateState::~DeviceEstimateState() {
   if (events_->kept_blocks) cudaFreeHost(events_->kept_blocks);
 }
 
-void DeviceEstimateState::begin() {
-  const cudaStream_t stream = cuda::current_stream();
+void DeviceEstimateState::begin(StreamHandle stream) {
   recording_ = !capturing(stream);
   if (recording_) check(cudaEventRecord(events_->start, stream), "cudaEventRecord");
 }
 
-void DeviceEstimateState::end() {
+void DeviceEstimateState::end(StreamHandle stream) {
   if (!recording_) return;
-  const cudaStream_t stream = cuda::current_stream();
   const int32_t* count = mask_.view().indptr + mask_.shape().num_rows();
   check(cudaMemcpyAsync(events_->kept_blocks, count, sizeof(int32_t), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaEventRecord(events_->stop, stream), "cudaEventRecord");
   pending_ = true;
 }
 
-std::optional<ForwardStats> DeviceEstimateState::finished() {
-  if (pending_ && !capturing(cuda::current_stream())) {
+std::optional<ForwardStats> DeviceEstimateState::finished(StreamHandle stream) {
+  if (pending_ && !capturing(stream)) {
     const cudaError_t status = cudaEventQuery(events_->stop);
     if (status == cudaSuccess) {
       float ms = 0.0f;

@@ -20,6 +20,11 @@ namespace {
 struct MaskMetadata : Metadata {
   std::optional<BlockMask::DeviceCopy> device_mask;
   std::vector<int64_t> inverse_permutation;
+
+  size_t workspace_bytes(const ExecContext& ctx) const override {
+    if (permutation.empty()) return Metadata::workspace_bytes(ctx);
+    return permuted_attention_workspace_bytes(ctx, shape, spec.block_kv, /*with_lse=*/true);
+  }
 };
 
 BlockMaskView mask_view_for(const BlockMask& mask, const std::optional<BlockMask::DeviceCopy>& device_mask) {
@@ -53,7 +58,8 @@ class PlanningBuilder : public MetadataBuilder {
   PlanningBuilder(std::shared_ptr<const Backend> backend, MaskPlanner planner)
       : backend_(std::move(backend)), planner_(std::move(planner)) {}
 
-  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
+                                 const AttentionShape& shape) override {
     check_plan_request(*backend_, spec, module, shape);
     PlannedMask planned = planner_(spec, module, shape);
     auto metadata = std::make_shared<MaskMetadata>();
@@ -82,17 +88,17 @@ class PlanningBuilder : public MetadataBuilder {
 
 class PlanningImpl : public Impl {
  public:
-  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
-                       const TensorView& out, const TensorView& lse) override {
+  ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Metadata& metadata, const StepInfo&, const TensorView& out, const TensorView& lse) override {
     const auto* planned = dynamic_cast<const MaskMetadata*>(&metadata);
     if (planned == nullptr || !planned->mask)
       fail_argument("metadata", "a plan made by backend '" + metadata.backend + "'s metadata builder", "foreign metadata");
     check_forward_shape(metadata, q, k, v);
     const BlockMaskView view = mask_view_for(*planned->mask, planned->device_mask);
     if (planned->permutation.empty()) {
-      block_sparse_attention_forward(q, k, v, view, out, lse);
+      block_sparse_attention_forward(ctx, q, k, v, view, out, lse);
     } else {
-      permuted_block_sparse_attention(q, k, v, view, planned->permutation, planned->inverse_permutation, out, lse);
+      permuted_block_sparse_attention(ctx, q, k, v, view, planned->permutation, planned->inverse_permutation, out, lse);
     }
     return ForwardStats{planned->mask->density(), 0.0};
   }
@@ -125,7 +131,8 @@ class EstimatingBuilder : public MetadataBuilder {
  public:
   EstimatingBuilder(std::shared_ptr<const Backend> backend, DeviceMaskEstimator device_estimator)
       : backend_(std::move(backend)), device_estimator_(std::move(device_estimator)) {}
-  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) override {
+  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
+                                 const AttentionShape& shape) override {
     check_plan_request(*backend_, spec, module, shape);
     std::shared_ptr<Metadata> metadata = std::make_shared<Metadata>();
     if (shape.device.is_cuda() && device_estimator_.estimate) {
@@ -153,35 +160,38 @@ class EstimatingImpl : public Impl {
   EstimatingImpl(std::string name, MaskEstimator estimator, DeviceMaskEstimator device_estimator)
       : name_(std::move(name)), estimator_(std::move(estimator)), device_estimator_(std::move(device_estimator)) {}
 
-  ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& metadata,
-                       const TensorView& out, const TensorView& lse) override {
+  ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Metadata& metadata, const StepInfo& step, const TensorView& out,
+                       const TensorView& lse) override {
     check_forward_shape(metadata, q, k, v);
-    if (const auto* device = dynamic_cast<const DeviceEstimateMetadata*>(&metadata)) return forward_device(q, k, v, *device, out, lse);
+    if (const auto* device = dynamic_cast<const DeviceEstimateMetadata*>(&metadata))
+      return forward_device(ctx, q, k, v, *device, step, out, lse);
     const auto start = std::chrono::steady_clock::now();
-    BlockMask mask = apply_always_keep(metadata.spec, estimator_(q, k, metadata.spec, metadata.shape));
+    BlockMask mask = apply_always_keep(metadata.spec, estimator_(ctx, q, k, metadata.spec, step, metadata.shape));
     check_mask_geometry(mask, metadata.spec, metadata.shape, "estimator of backend '" + name_ + "'");
     std::optional<BlockMask::DeviceCopy> device_mask;
     if (q.device().is_cuda()) device_mask = mask.to_device(q.device());
     const double estimate_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    block_sparse_attention_forward(q, k, v, mask_view_for(mask, device_mask), out, lse);
+    block_sparse_attention_forward(ctx, q, k, v, mask_view_for(mask, device_mask), out, lse);
     return ForwardStats{mask.density(), estimate_ms};
   }
 
  private:
   // Estimate into the plan's device mask and attend with it, all in stream order (no host sync).
-  ForwardStats forward_device(const TensorView& q, const TensorView& k, const TensorView& v,
-                              const DeviceEstimateMetadata& metadata, const TensorView& out, const TensorView& lse) {
+  ForwardStats forward_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const DeviceEstimateMetadata& metadata, const StepInfo& step, const TensorView& out,
+                              const TensorView& lse) {
 #ifdef TESSEL_WITH_CUDA
     detail::DeviceEstimateState& state = *metadata.state;
-    const std::optional<ForwardStats> measured = state.finished();
-    state.begin();
-    device_estimator_.estimate(q, k, metadata.spec, state.mask());
-    state.end();
-    block_sparse_attention_forward(q, k, v, state.mask().view(), out, lse);
+    const std::optional<ForwardStats> measured = state.finished(ctx.stream);
+    state.begin(ctx.stream);
+    device_estimator_.estimate(ctx, q, k, metadata.spec, step, state.mask());
+    state.end(ctx.stream);
+    block_sparse_attention_forward(ctx, q, k, v, state.mask().view(), out, lse);
     return measured.value_or(ForwardStats{metadata.planned_density(), 0.0});
 #else
-    (void)q, (void)k, (void)v, (void)out, (void)lse;
+    (void)ctx, (void)q, (void)k, (void)v, (void)step, (void)out, (void)lse;
     fail_argument("backend '" + name_ + "' device", "cpu (tessel was built without CUDA)", metadata.shape.device.str());
 #endif
   }

@@ -21,7 +21,7 @@ Tensor to_f32_contiguous(const TensorView& view) {
 
 }  // namespace
 
-void masked_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& mask,
+void masked_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& mask,
                               const TensorView& out, const TensorView& lse, float scale) {
   const AttentionShape shape = AttentionShape::of(q, k, v);
   check_device(q, Device::cpu(), "q (masked attention)");
@@ -66,7 +66,7 @@ void masked_attention_forward(const TensorView& q, const TensorView& k, const Te
     return mp[mb * mask.stride(0) + mh * mask.stride(1) + i * mask.stride(2) + j * mask.stride(3)] != 0;
   };
 
-  parallel_for(B * Hq, [&](int64_t bh) {
+  parallel_for(ctx.threads(), B * Hq, [&](int64_t bh, int) {
     const int64_t b = bh / Hq, h = bh % Hq, hk = h / group;
     std::vector<double> scores(static_cast<size_t>(Skv));
     for (int64_t i = 0; i < Sq; ++i) {

@@ -113,11 +113,12 @@ void check_topk_device(const PatternSpec& spec, const AttentionShape& shape) {
                   spec.option("per_head"));
 }
 
-void estimate_topk_device(const TensorView& q, const TensorView& k, const PatternSpec& spec, DeviceEstimatedMask& mask) {
-  TopkEstimatorOptions o = topk_options_from_spec(spec);
+void estimate_topk_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const PatternSpec& spec,
+                          const StepInfo& step, DeviceEstimatedMask& mask) {
+  TopkEstimatorOptions o = topk_options_for_step(spec, step);
   o.keep.diagonal = spec.keep_diagonal;
   o.keep.sink_blocks = spec.sink_blocks;
-  estimate_topk_mask_device(q, k, o, mask);
+  estimate_topk_mask_device(ctx, q, k, o, mask);
 }
 
 void check_xattention_device(const PatternSpec& spec, const AttentionShape& shape) {
@@ -144,8 +145,9 @@ void check_xattention_device(const PatternSpec& spec, const AttentionShape& shap
                   detail::concat(spec.sink_blocks, o.keep_first ? "" : " with keep_first = false"));
 }
 
-void estimate_xattention_device(const TensorView& q, const TensorView& k, const PatternSpec& spec, DeviceEstimatedMask& mask) {
-  estimate_xattention_mask_device(q, k, xattention_options_from_spec(spec), mask);
+void estimate_xattention_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const PatternSpec& spec,
+                                const StepInfo&, DeviceEstimatedMask& mask) {
+  estimate_xattention_mask_device(ctx, q, k, xattention_options_from_spec(spec), mask);
 }
 
 std::shared_ptr<Backend> dynamic_backend(const std::string& name, PatternType type) {
@@ -155,14 +157,16 @@ std::shared_ptr<Backend> dynamic_backend(const std::string& name, PatternType ty
   if (type == PatternType::kDynamicTopk)
     return make_mask_estimating_backend(
         std::move(info),
-        [](const TensorView& q, const TensorView& k, const PatternSpec& spec, const AttentionShape&) {
-          return estimate_topk_mask(q, k, topk_options_from_spec(spec)).mask;
+        [](const ExecContext& ctx, const TensorView& q, const TensorView& k, const PatternSpec& spec,
+           const StepInfo& step, const AttentionShape&) {
+          return estimate_topk_mask(ctx, q, k, topk_options_for_step(spec, step)).mask;
         },
         DeviceMaskEstimator{check_topk_device, estimate_topk_device});
   return make_mask_estimating_backend(
       std::move(info),
-      [](const TensorView& q, const TensorView& k, const PatternSpec& spec, const AttentionShape&) {
-        return estimate_xattention_mask(q, k, xattention_options_from_spec(spec)).mask;
+      [](const ExecContext& ctx, const TensorView& q, const TensorView& k, const PatternSpec& spec, const StepInfo&,
+         const AttentionShape&) {
+        return estimate_xattention_mask(ctx, q, k, xattention_options_from_spec(spec)).mask;
       },
       DeviceMaskEstimator{check_xattention_device, estimate_xattention_device});
 }
@@ -250,6 +254,12 @@ TopkEstimatorOptions topk_options_from_spec(const PatternSpec& spec) {
   o.per_head = option_list(spec, "per_head");
   o.block_q = spec.block_q;
   o.block_kv = spec.block_kv;
+  return o;
+}
+
+TopkEstimatorOptions topk_options_for_step(const PatternSpec& spec, const StepInfo& step) {
+  TopkEstimatorOptions o = topk_options_from_spec(spec);
+  if (step.density) o.topk_ratio = *step.density;
   return o;
 }
 

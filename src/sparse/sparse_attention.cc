@@ -16,7 +16,8 @@ PlanCache::Key PlanCache::make_key(const AttentionShape& shape, const std::strin
              module,            pattern};
 }
 
-std::shared_ptr<Metadata> PlanCache::get_or_plan(const Key& key, const std::function<std::shared_ptr<Metadata>()>& plan) {
+std::shared_ptr<const Metadata> PlanCache::get_or_plan(const Key& key,
+                                                       const std::function<std::shared_ptr<Metadata>()>& plan) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = plans_.find(key);
@@ -26,7 +27,7 @@ std::shared_ptr<Metadata> PlanCache::get_or_plan(const Key& key, const std::func
     }
   }
   // Plan outside the lock (it can be slow); if two threads race, the first stored plan wins.
-  std::shared_ptr<Metadata> planned = plan();
+  std::shared_ptr<const Metadata> planned = plan();
   std::lock_guard<std::mutex> lock(mutex_);
   const auto [it, inserted] = plans_.emplace(key, std::move(planned));
   if (inserted) ++misses_;
@@ -50,11 +51,6 @@ void PlanCache::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   plans_.clear();
   hits_ = misses_ = 0;
-}
-
-std::shared_ptr<PlanCache> PlanCache::shared() {
-  static const std::shared_ptr<PlanCache> cache = std::make_shared<PlanCache>();
-  return cache;
 }
 
 // ---- DiTSparseAttentionAdapter -------------------------------------------------------------
@@ -83,55 +79,43 @@ DiTSparseAttentionAdapter::DiTSparseAttentionAdapter(std::shared_ptr<Backend> ba
   }
 }
 
-void DiTSparseAttentionAdapter::begin_step(int64_t step, int64_t total_steps) {
-  schedule_progress(step, total_steps);  // validates
-  step_ = step;
-  total_steps_ = total_steps;
-}
-
-void DiTSparseAttentionAdapter::reset() {
-  step_.reset();
-  total_steps_ = 0;
-  last_report_ = AttentionStepReport{};
-}
-
-double DiTSparseAttentionAdapter::current_density() const {
+double DiTSparseAttentionAdapter::density_at(const StepInfo& step) const {
   const SparseAttnConfig& config = config_.config();
-  if (step_) return step_density(config, *step_, total_steps_, layer_index_);
+  if (step.step) return step_density(config, *step.step, step.total_steps, layer_index_);
   return layer_index_ < config.warmup.dense_layers ? 1.0 : config.selection.topk_ratio;
 }
 
-AttentionStepReport DiTSparseAttentionAdapter::forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                                       const TensorView& out, const TensorView& lse) {
+AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, const StepInfo& step,
+                                                       const TensorView& q, const TensorView& k, const TensorView& v,
+                                                       const TensorView& out, const TensorView& lse) const {
   const AttentionShape shape = AttentionShape::of(q, k, v);
   if (shape.num_qo_heads != num_heads_) fail_argument("q heads", num_heads_, shape.num_qo_heads);
   if (shape.num_kv_heads != num_kv_heads_) fail_argument("k/v heads", num_kv_heads_, shape.num_kv_heads);
   if (shape.head_dim != head_dim_) fail_argument("head_dim", head_dim_, shape.head_dim);
 
-  const double density = current_density();
+  const double density = density_at(step);  // validates the step
   AttentionStepReport report;
   if (!backend_ || density >= 1.0) {
-    attention_forward(q, k, v, out, lse);
-    last_report_ = report;
+    if (ctx.workspace != nullptr) {
+      const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads,
+                               shape.head_dim};
+      ctx.workspace->reserve(attention_workspace_bytes(ctx, shape.device, dims));
+    }
+    attention_forward(ctx, q, k, v, out, lse);
     return report;
   }
   const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
-  const std::shared_ptr<Metadata> metadata =
-      plan_cache_->get_or_plan(key, [&] { return builder_->plan(config_.pattern(), module_, shape); });
-  if (step_ && (metadata->spec.current_step != step_ || metadata->spec.total_steps != total_steps_ ||
-                metadata->spec.topk_ratio != density)) {
-    // Plans are shared by the layers of one shape: the first layer to reach a step updates it.
-    metadata->spec.current_step = step_;
-    metadata->spec.total_steps = total_steps_;
-    metadata->spec.topk_ratio = density;
-    builder_->update_step(*metadata, *step_, total_steps_);
-  }
-  const ForwardStats stats = impl_->forward(q, k, v, *metadata, out, lse);
+  const std::shared_ptr<const Metadata> metadata =
+      plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, config_.pattern(), module_, shape); });
+  if (ctx.workspace != nullptr) ctx.workspace->reserve(metadata->workspace_bytes(ctx));
+  StepInfo this_layer = step;
+  this_layer.layer = layer_index_;
+  this_layer.density = density;
+  const ForwardStats stats = impl_->forward(ctx, q, k, v, *metadata, this_layer, out, lse);
   report.backend = backend_->name();
   report.dense = false;
   report.density = stats.density;
   report.estimate_ms = stats.estimate_ms;
-  last_report_ = report;
   return report;
 }
 
@@ -151,16 +135,17 @@ SparseAttention::SparseAttention(SparseAttentionOptions options)
     : config_(options.config),
       resolution_(resolve_for(options, config_)),
       adapter_(resolution_.backend, options.module, options.num_heads, options.num_kv_heads, options.head_dim,
-               config_, options.layer_index, options.plan_cache ? options.plan_cache : PlanCache::shared()),
+               config_, options.layer_index, options.plan_cache),
       dtype_(options.dtype) {}
 
-AttentionStepReport SparseAttention::forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                             const TensorView& out, const TensorView& lse, const TensorView& attn_mask) {
+AttentionStepReport SparseAttention::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q,
+                                             const TensorView& k, const TensorView& v, const TensorView& out,
+                                             const TensorView& lse, const TensorView& attn_mask) const {
   check_dtype(q, dtype_, "q");
-  if (attn_mask.empty()) return adapter_.forward(q, k, v, out, lse);
-  masked_attention_forward(q, k, v, attn_mask, out, lse);
-  if (masked_fallbacks_++ == 0)
-    log_warning("SparseAttention layer " + std::to_string(adapter_.layer_index()) +
+  if (attn_mask.empty()) return adapter_.forward(ctx, step, q, k, v, out, lse);
+  masked_attention_forward(ctx, q, k, v, attn_mask, out, lse);
+  if (masked_fallbacks_->fetch_add(1) == 0)
+    ctx.log(LogLevel::kWarning, "SparseAttention layer " + std::to_string(adapter_.layer_index()) +
                 ": an explicit attention mask was given, so sparse attention" +
                 (resolution_.backend ? " (backend '" + resolution_.backend->name() + "')" : std::string()) +
                 " is bypassed and dense attention runs; this warning is shown once per layer");

@@ -59,7 +59,21 @@ void gather_along_axis(const TensorView& src, const TensorView& dst, int64_t axi
   }
 }
 
-void permuted_block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+size_t permuted_attention_workspace_bytes(const ExecContext& ctx, const AttentionShape& shape, int64_t block_kv,
+                                          bool with_lse) {
+  const size_t elem = dtype_size(shape.dtype);
+  const auto bytes = [&](int64_t seq, int64_t heads) {
+    return workspace_slice_bytes(static_cast<size_t>(shape.batch * seq * heads * shape.head_dim) * elem);
+  };
+  const size_t lse = with_lse ? workspace_slice_bytes(static_cast<size_t>(shape.batch * shape.num_qo_heads * shape.seq_q) *
+                                                      sizeof(float))
+                              : 0;
+  const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
+  return 2 * bytes(shape.seq_q, shape.num_qo_heads) + 2 * bytes(shape.seq_kv, shape.num_kv_heads) + lse +
+         attention_workspace_bytes(ctx, Device::cpu(), dims, block_kv);
+}
+
+void permuted_block_sparse_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                                      const BlockMaskView& mask, const std::vector<int64_t>& permutation,
                                      const std::vector<int64_t>& inverse_permutation, const TensorView& out,
                                      const TensorView& lse) {
@@ -72,15 +86,26 @@ void permuted_block_sparse_attention(const TensorView& q, const TensorView& k, c
     check_dtype(lse, DType::kF32, "lse");
     check_device(lse, q.device(), "lse");
   }
-  const Tensor pq = Tensor::empty(q.shape(), q.dtype());
-  const Tensor pk = Tensor::empty(k.shape(), k.dtype());
-  const Tensor pv = Tensor::empty(v.shape(), v.dtype());
+  Workspace own;
+  const Workspace* workspace = ctx.workspace;
+  if (workspace == nullptr) {
+    own.reserve(permuted_attention_workspace_bytes(ctx, AttentionShape::of(q, k, v), mask.block_kv, !lse.empty()));
+    workspace = &own;
+  }
+  if (!workspace->device().is_cpu())
+    fail_argument("ctx.workspace", "host memory for the token permutation", workspace->device().str());
+  WorkspaceSlicer slicer(*workspace);
+  const auto slice = [&](const TensorView& like, const char* what) {
+    return TensorView(slicer.take_bytes(like.nbytes(), what), like.dtype(), Device::cpu(), like.shape());
+  };
+  const TensorView pq = slice(q, "permuted q"), pk = slice(k, "permuted k"), pv = slice(v, "permuted v");
+  const TensorView pout = slice(out, "permuted out");
+  const TensorView plse = lse.empty() ? TensorView{} : slice(lse, "permuted lse");
   gather_along_axis(q, pq, 1, permutation);
   gather_along_axis(k, pk, 1, permutation);
   gather_along_axis(v, pv, 1, permutation);
-  const Tensor pout = Tensor::empty(out.shape(), out.dtype());
-  const Tensor plse = lse.empty() ? Tensor() : Tensor::empty(lse.shape(), DType::kF32);
-  block_sparse_attention_forward(pq, pk, pv, mask, pout, lse.empty() ? TensorView{} : plse.view());
+  Workspace rest = slicer.rest();
+  block_sparse_attention_forward(ctx.with_workspace(&rest), pq, pk, pv, mask, pout, plse);
   // Token t of the caller's order sits at position inverse[t] of the permuted one.
   gather_along_axis(pout, out, 1, inverse_permutation);
   if (!lse.empty()) gather_along_axis(plse, lse, 2, inverse_permutation);

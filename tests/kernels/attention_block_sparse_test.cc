@@ -46,7 +46,7 @@ void check_sparse(const SparseCase& c, uint64_t seed) {
   opt.window_left = c.window_left;
   Tensor out = poisoned(t.q.shape(), c.dtype);
   Tensor lse = poisoned({c.batch, c.heads, c.seq_q}, DType::kF32);
-  block_sparse_attention_forward(t.q, t.k, t.v, mv, out, lse, opt);
+  block_sparse_attention_forward(ExecContext{}, t.q, t.k, t.v, mv, out, lse, opt);
   const auto exact = reference::block_sparse_attention(t.q, t.k, t.v, mv, opt);
   auto keep = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     const auto row = mask.row(c.mask_batch == 1 ? 0 : b, mv.mask_head_for(h, c.heads, c.kv_heads), i / c.block_q);
@@ -75,8 +75,8 @@ TEST(BlockSparseAttention, FullMaskEqualsDense) {
   const auto t = random_qkv(1, 150, 170, 4, 2, 64, DType::kF32, 33);
   const BlockMask mask = BlockMask::full({1, 1, 150, 170, 64, 64});
   Tensor a = poisoned(t.q.shape(), DType::kF32), b = poisoned(t.q.shape(), DType::kF32);
-  attention_forward(t.q, t.k, t.v, a, TensorView{});
-  block_sparse_attention_forward(t.q, t.k, t.v, mask.view(), b, TensorView{});
+  attention_forward(ExecContext{}, t.q, t.k, t.v, a, TensorView{});
+  block_sparse_attention_forward(ExecContext{}, t.q, t.k, t.v, mask.view(), b, TensorView{});
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.data_as<float>()[i], b.data_as<float>()[i], 1e-6) << i;
 }
 

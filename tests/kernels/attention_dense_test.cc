@@ -37,7 +37,7 @@ void check_dense(const DenseCase& c, uint64_t seed) {
   opt.scale = c.scale;
   Tensor out = poisoned(t.q.shape(), c.dtype);
   Tensor lse = poisoned({c.batch, c.heads, c.seq_q}, DType::kF32);
-  attention_forward(t.q, t.k, t.v, out, lse, opt);
+  attention_forward(ExecContext{}, t.q, t.k, t.v, out, lse, opt);
   const auto exact = reference::attention(t.q, t.k, t.v, opt);
   testing::expect_close_to_reference(t, opt, [](int64_t, int64_t, int64_t, int64_t) { return true; }, out, lse, exact);
 }
@@ -81,7 +81,7 @@ TEST(DenseAttention, CausalAndWindowIncludingEmptyRows) {
 TEST(DenseAttention, EmptyKeysGiveZeroAndMinusInfinity) {
   const auto t = random_qkv(1, 5, 0, 2, 2, 64, DType::kF32, 7);
   Tensor out = poisoned(t.q.shape(), DType::kF32), lse = poisoned({1, 2, 5}, DType::kF32);
-  attention_forward(t.q, t.k, t.v, out, lse);
+  attention_forward(ExecContext{}, t.q, t.k, t.v, out, lse);
   for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out.data_as<float>()[i], 0.0f);
   for (int64_t i = 0; i < lse.numel(); ++i) EXPECT_EQ(lse.data_as<float>()[i], -INFINITY);
 }
@@ -96,7 +96,7 @@ TEST(DenseAttention, StridedInputsAndNoLse) {
     return TensorView(packed.data_as<float>() + part * h * d, DType::kF32, Device::cpu(), {b, s, h, d}, strides);
   };
   Tensor out = poisoned({b, s, h, d}, DType::kF32);
-  attention_forward(slice(0), slice(1), slice(2), out, TensorView{});
+  attention_forward(ExecContext{}, slice(0), slice(1), slice(2), out, TensorView{});
   const auto exact = reference::attention(slice(0), slice(1), slice(2));
   const auto got = testing::compare(out, TensorView{}, exact);
   EXPECT_TRUE(got.finite);
@@ -110,9 +110,9 @@ TEST(DenseAttention, SameBitsForAnyThreadCount) {
   opt.causal = true;
   Tensor one = poisoned(t.q.shape(), DType::kBF16), two = poisoned(t.q.shape(), DType::kBF16);
   set_num_threads(1);
-  attention_forward(t.q, t.k, t.v, one, TensorView{}, opt);
+  attention_forward(ExecContext{}, t.q, t.k, t.v, one, TensorView{}, opt);
   set_num_threads(2);
-  attention_forward(t.q, t.k, t.v, two, TensorView{}, opt);
+  attention_forward(ExecContext{}, t.q, t.k, t.v, two, TensorView{}, opt);
   set_num_threads(0);
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
 }

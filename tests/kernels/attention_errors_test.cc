@@ -32,45 +32,45 @@ struct Fixture {
 TEST(AttentionErrors, ShapesDtypesHeadsAndLse) {
   Fixture f;
   const Tensor k_bad_dim = Tensor::zeros({1, 24, 2, 16}, DType::kF32);
-  expect_error([&] { attention_forward(f.t.q, k_bad_dim, f.t.v, f.out, f.lse); }, "k:", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, k_bad_dim, f.t.v, f.out, f.lse); }, "k:", f.out);
   const Tensor v_bad = Tensor::zeros({1, 23, 2, 32}, DType::kF32);
-  expect_error([&] { attention_forward(f.t.q, f.t.k, v_bad, f.out, f.lse); }, "v:", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, v_bad, f.out, f.lse); }, "v:", f.out);
   const Tensor k_bf16 = Tensor::zeros({1, 24, 2, 32}, DType::kBF16);
-  expect_error([&] { attention_forward(f.t.q, k_bf16, f.t.v, f.out, f.lse); }, "dtype", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, k_bf16, f.t.v, f.out, f.lse); }, "dtype", f.out);
   const Tensor k3 = Tensor::zeros({1, 24, 3, 32}, DType::kF32), v3 = Tensor::zeros({1, 24, 3, 32}, DType::kF32);
-  expect_error([&] { attention_forward(f.t.q, k3, v3, f.out, f.lse); }, "dividing", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, k3, v3, f.out, f.lse); }, "dividing", f.out);
   const Tensor k_batch = Tensor::zeros({2, 24, 2, 32}, DType::kF32), v_batch = Tensor::zeros({2, 24, 2, 32}, DType::kF32);
-  expect_error([&] { attention_forward(f.t.q, k_batch, v_batch, f.out, f.lse); }, "batch", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, k_batch, v_batch, f.out, f.lse); }, "batch", f.out);
   const Tensor lse_shape = Tensor::zeros({1, 16, 4}, DType::kF32);
-  expect_error([&] { attention_forward(f.t.q, f.t.k, f.t.v, f.out, lse_shape); }, "lse:", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, lse_shape); }, "lse:", f.out);
   const Tensor lse_dtype = Tensor::zeros({1, 4, 16}, DType::kBF16);
-  expect_error([&] { attention_forward(f.t.q, f.t.k, f.t.v, f.out, lse_dtype); }, "lse: expected dtype fp32", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, lse_dtype); }, "lse: expected dtype fp32", f.out);
   const Tensor q_i32 = Tensor::zeros({1, 16, 4, 32}, DType::kI32);
-  expect_error([&] { attention_forward(q_i32, f.t.k, f.t.v, f.out, f.lse); }, "q:", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, q_i32, f.t.k, f.t.v, f.out, f.lse); }, "q:", f.out);
   const Tensor q3 = Tensor::zeros({16, 4, 32}, DType::kF32);
-  expect_error([&] { attention_forward(q3, f.t.k, f.t.v, f.out, f.lse); }, "rank 4", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, q3, f.t.k, f.t.v, f.out, f.lse); }, "rank 4", f.out);
   const Tensor out_small = Tensor::zeros({1, 15, 4, 32}, DType::kF32);
-  expect_error([&] { attention_forward(f.t.q, f.t.k, f.t.v, out_small, f.lse); }, "out:", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, out_small, f.lse); }, "out:", f.out);
   const TensorView q_strided(f.t.q.data(), DType::kF32, Device::cpu(), {1, 8, 4, 16}, {2048, 128, 32, 2});
-  expect_error([&] { attention_forward(q_strided, f.t.k, f.t.v, f.out, f.lse); }, "head_dim stride 1", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, q_strided, f.t.k, f.t.v, f.out, f.lse); }, "head_dim stride 1", f.out);
   AttentionOptions bad_window;
   bad_window.window_left = -3;
-  expect_error([&] { attention_forward(f.t.q, f.t.k, f.t.v, f.out, f.lse, bad_window); }, "window_left", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, f.lse, bad_window); }, "window_left", f.out);
   AttentionOptions bad_scale;
   bad_scale.scale = NAN;
-  expect_error([&] { attention_forward(f.t.q, f.t.k, f.t.v, f.out, f.lse, bad_scale); }, "scale", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, f.lse, bad_scale); }, "scale", f.out);
 }
 
 TEST(AttentionErrors, WrongDevice) {
   Fixture f;
   // A view that claims to be on a GPU: rejected before any memory is touched.
   const TensorView k_gpu(f.t.k.data(), DType::kF32, Device::cuda(0), f.t.k.shape());
-  expect_error([&] { attention_forward(f.t.q, k_gpu, f.t.v, f.out, f.lse); }, "k: expected device cpu", f.out);
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, k_gpu, f.t.v, f.out, f.lse); }, "k: expected device cpu", f.out);
   if (!cuda_compiled()) {
     const TensorView q_gpu(f.t.q.data(), DType::kF32, Device::cuda(0), f.t.q.shape());
     const TensorView v_gpu(f.t.v.data(), DType::kF32, Device::cuda(0), f.t.v.shape());
     const TensorView o_gpu(f.out.data(), DType::kF32, Device::cuda(0), f.out.shape());
-    expect_error([&] { attention_forward(q_gpu, k_gpu, v_gpu, o_gpu, TensorView{}); }, "without CUDA", f.out);
+    expect_error([&] { attention_forward(ExecContext{}, q_gpu, k_gpu, v_gpu, o_gpu, TensorView{}); }, "without CUDA", f.out);
   }
 }
 
@@ -80,36 +80,36 @@ TEST(AttentionErrors, MaskMustMatchTensors) {
   BlockMaskView v = good.view();
   v.seq_kv = 32;
   v.kv_blocks = 4;
-  expect_error([&] { block_sparse_attention_forward(f.t.q, f.t.k, f.t.v, v, f.out, f.lse); }, "mask.seq_kv", f.out);
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, v, f.out, f.lse); }, "mask.seq_kv", f.out);
   v = good.view();
   v.mask_heads = 3;
-  expect_error([&] { block_sparse_attention_forward(f.t.q, f.t.k, f.t.v, v, f.out, f.lse); }, "mask.mask_heads", f.out);
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, v, f.out, f.lse); }, "mask.mask_heads", f.out);
   v = good.view();
   v.q_blocks = 3;
-  expect_error([&] { block_sparse_attention_forward(f.t.q, f.t.k, f.t.v, v, f.out, f.lse); }, "mask.q_blocks", f.out);
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, v, f.out, f.lse); }, "mask.q_blocks", f.out);
   const BlockMask other_batch = BlockMask::full({3, 1, 16, 24, 8, 8});
-  expect_error([&] { block_sparse_attention_forward(f.t.q, f.t.k, f.t.v, other_batch.view(), f.out, f.lse); },
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, other_batch.view(), f.out, f.lse); },
                "mask.mask_batch", f.out);
   // A raw view with an out-of-range index is caught on the CPU, naming the row.
   std::vector<int32_t> indptr{0, 1, 2, 3, 4}, indices{0, 1, 7, 2};
   BlockMaskView raw = BlockMask::full({1, 2, 16, 24, 8, 8}).view();
   raw.indptr = indptr.data();
   raw.indices = indices.data();
-  expect_error([&] { block_sparse_attention_forward(f.t.q, f.t.k, f.t.v, raw, f.out, f.lse); },
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, raw, f.out, f.lse); },
                "mask row (batch 0, head 1, q_block 0): kv block index 7", f.out);
   BlockMaskView on_gpu = good.view();
   on_gpu.device = Device::cuda(0);
-  expect_error([&] { block_sparse_attention_forward(f.t.q, f.t.k, f.t.v, on_gpu, f.out, f.lse); }, "mask.device", f.out);
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, on_gpu, f.out, f.lse); }, "mask.device", f.out);
 }
 
 TEST(AttentionErrors, MergeArguments) {
   Fixture f;
   const Tensor a = Tensor::zeros({1, 16, 4, 32}, DType::kF32), la = Tensor::zeros({1, 4, 16}, DType::kF32);
   const Tensor b_bad = Tensor::zeros({1, 16, 4, 16}, DType::kF32);
-  expect_error([&] { merge_attention_states(a, la, b_bad, la, f.out, f.lse); }, "out_b", f.out);
+  expect_error([&] { merge_attention_states(ExecContext{}, a, la, b_bad, la, f.out, f.lse); }, "out_b", f.out);
   const Tensor lse_bad = Tensor::zeros({1, 16, 4}, DType::kF32);
-  expect_error([&] { merge_attention_states(a, lse_bad, a, la, f.out, f.lse); }, "lse_a", f.out);
-  expect_error([&] { merge_attention_states(a, la, a, la, f.out, TensorView{}); }, "lse", f.out);
+  expect_error([&] { merge_attention_states(ExecContext{}, a, lse_bad, a, la, f.out, f.lse); }, "lse_a", f.out);
+  expect_error([&] { merge_attention_states(ExecContext{}, a, la, a, la, f.out, TensorView{}); }, "lse", f.out);
 }
 
 TEST(AttentionScale, DefaultIsInverseSqrtHeadDim) {

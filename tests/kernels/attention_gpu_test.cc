@@ -22,7 +22,6 @@
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "tessel/kernels/cuda/stream.h"
 #endif
 
 namespace tessel {
@@ -59,11 +58,11 @@ void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
 
   reference::AttentionResult ref;
   if (mask == nullptr) {
-    attention_forward(q, k, v, out, lse, c.options);
+    attention_forward(ExecContext{}, q, k, v, out, lse, c.options);
     ref = reference::attention(host.q, host.k, host.v, c.options);
   } else {
     const BlockMask::DeviceCopy device_mask = mask->to_device(gpu);
-    block_sparse_attention_forward(q, k, v, device_mask.view(), out, lse, c.options);
+    block_sparse_attention_forward(ExecContext{}, q, k, v, device_mask.view(), out, lse, c.options);
     ref = reference::block_sparse_attention(host.q, host.k, host.v, mask->view(), c.options);
   }
   const Tensor out_host = out.to(Device::cpu());
@@ -301,7 +300,7 @@ TEST(AttentionGpu, StridedViewsOfPackedQkv) {
   };
   Tensor out = testing::poisoned({batch, seq, heads, dim}, DType::kBF16).to(Device::cuda());
   Tensor lse = testing::poisoned({batch, heads, seq}, DType::kF32).to(Device::cuda());
-  attention_forward(part(device_packed, 0, Device::cuda()), part(device_packed, 1, Device::cuda()),
+  attention_forward(ExecContext{}, part(device_packed, 0, Device::cuda()), part(device_packed, 1, Device::cuda()),
                     part(device_packed, 2, Device::cuda()), out, lse);
   const auto ref = reference::attention(part(packed, 0, Device::cpu()), part(packed, 1, Device::cpu()),
                                         part(packed, 2, Device::cpu()));
@@ -327,11 +326,11 @@ TEST(AttentionGpu, MergeOfTwoKeyHalvesEqualsWhole) {
     Tensor out_b = Tensor::empty({batch, seq_q, heads, dim}, DType::kBF16, gpu);
     Tensor lse_a = Tensor::empty({batch, heads, seq_q}, DType::kF32, gpu);
     Tensor lse_b = Tensor::empty({batch, heads, seq_q}, DType::kF32, gpu);
-    attention_forward(q, half(k, 0), half(v, 0), out_a, lse_a);
-    attention_forward(q, half(k, 1), half(v, 1), out_b, lse_b);
+    attention_forward(ExecContext{}, q, half(k, 0), half(v, 0), out_a, lse_a);
+    attention_forward(ExecContext{}, q, half(k, 1), half(v, 1), out_b, lse_b);
     Tensor out = testing::poisoned({batch, seq_q, heads, dim}, dtype).to(gpu);
     Tensor lse = testing::poisoned({batch, heads, seq_q}, DType::kF32).to(gpu);
-    merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse);
+    merge_attention_states(ExecContext{}, out_a, lse_a, out_b, lse_b, out, lse);
     const auto ref = reference::attention(host.q, host.k, host.v);
     const Errors got = compare(out.to(Device::cpu()), lse.to(Device::cpu()), ref);
     EXPECT_TRUE(got.finite);
@@ -339,7 +338,7 @@ TEST(AttentionGpu, MergeOfTwoKeyHalvesEqualsWhole) {
     EXPECT_LE(got.lse, 2e-3);
     // In place: the result overwrites input a.
     if (dtype == DType::kBF16) {
-      merge_attention_states(out_a, lse_a, out_b, lse_b, out_a, lse_a);
+      merge_attention_states(ExecContext{}, out_a, lse_a, out_b, lse_b, out_a, lse_a);
       const Errors in_place = compare(out_a.to(Device::cpu()), lse_a.to(Device::cpu()), ref);
       EXPECT_LE(in_place.out, 2e-2);
       EXPECT_LE(in_place.lse, 2e-3);
@@ -360,7 +359,7 @@ TEST(AttentionGpu, MergeWithEmptyPartsGivesZeroAndMinusInfinity) {
   for (int i = 0; i < 3; ++i) lse_a.data_as<float>()[i] = la[i], lse_b.data_as<float>()[i] = lb[i];
   for (int64_t d = 0; d < 64; ++d) a.data_as<float>()[2 * 64 + d] = 0.25f;
   Tensor out = Tensor::empty(shape, DType::kF32, gpu), lse = Tensor::empty({1, 1, 3}, DType::kF32, gpu);
-  merge_attention_states(a.to(gpu), lse_a.to(gpu), b.to(gpu), lse_b.to(gpu), out, lse);
+  merge_attention_states(ExecContext{}, a.to(gpu), lse_a.to(gpu), b.to(gpu), lse_b.to(gpu), out, lse);
   const Tensor o = out.to(Device::cpu()), l = lse.to(Device::cpu());
   EXPECT_EQ(l.data_as<float>()[0], -inf);
   EXPECT_FLOAT_EQ(l.data_as<float>()[1], 2.0f);
@@ -384,28 +383,28 @@ TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
   const Device gpu = Device::cuda();
   const Tensor q96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
   const Tensor o96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
-  expect_error_naming([&] { attention_forward(q96, q96, q96, o96, {}); }, "q");
+  expect_error_naming([&] { attention_forward(ExecContext{}, q96, q96, q96, o96, {}); }, "q");
 
   const Tensor q = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
   Tensor out = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
   // D not contiguous: a view with stride 2 along D over a buffer twice as large.
   const Tensor wide = Tensor::empty({1, 64, 2, 128}, DType::kBF16, gpu);
   const TensorView strided_k(wide.data(), DType::kBF16, gpu, {1, 64, 2, 64}, {64 * 2 * 128, 2 * 128, 128, 2});
-  expect_error_naming([&] { attention_forward(q, strided_k, q, out, {}); }, "k");
+  expect_error_naming([&] { attention_forward(ExecContext{}, q, strided_k, q, out, {}); }, "k");
   // Base pointer not 16-byte aligned.
   const TensorView shifted_v(static_cast<uint16_t*>(wide.data()) + 1, DType::kBF16, gpu, {1, 64, 2, 64},
                              {64 * 2 * 128, 2 * 128, 128, 1});
-  expect_error_naming([&] { attention_forward(q, q, shifted_v, out, {}); }, "v");
+  expect_error_naming([&] { attention_forward(ExecContext{}, q, q, shifted_v, out, {}); }, "v");
   const Tensor q32 = Tensor::empty({1, 64, 2, 64}, DType::kF32, gpu);
   const Tensor o32 = Tensor::empty({1, 64, 2, 64}, DType::kF32, gpu);
-  expect_error_naming([&] { attention_forward(q32, q32, q32, o32, {}); }, "q");
+  expect_error_naming([&] { attention_forward(ExecContext{}, q32, q32, q32, o32, {}); }, "q");
   // A mask whose kv block is not a multiple of 64.
   BlockMaskShape shape;
   shape.seq_q = 64;
   shape.seq_kv = 64;
   shape.block_kv = 32;
   const BlockMask::DeviceCopy mask = BlockMask::full(shape).to_device(gpu);
-  expect_error_naming([&] { block_sparse_attention_forward(q, q, q, mask.view(), out, {}); }, "block_kv");
+  expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, q, q, q, mask.view(), out, {}); }, "block_kv");
 }
 
 #ifdef TESSEL_WITH_CUDA
@@ -423,18 +422,20 @@ TEST(AttentionGpu, GraphCaptureReplaysTheSameOutput) {
   Tensor eager = Tensor::empty({1, seq, heads, dim}, DType::kBF16, gpu);
   Tensor graphed = testing::poisoned({1, seq, heads, dim}, DType::kBF16).to(gpu);
   Tensor lse = Tensor::empty({1, heads, seq}, DType::kF32, gpu);
-  block_sparse_attention_forward(q, k, v, mask.view(), eager, lse);
+  block_sparse_attention_forward(ExecContext{}, q, k, v, mask.view(), eager, lse);
 
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   {
-    cuda::StreamGuard guard(stream);
+    ExecContext on_stream;
+    on_stream.device = Device::cuda();
+    on_stream.stream = stream;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    block_sparse_attention_forward(q, k, v, mask.view(), graphed, lse);
-    attention_forward(q, k, v, graphed, lse);  // dense into the same buffer, then sparse again
-    block_sparse_attention_forward(q, k, v, mask.view(), graphed, lse);
+    block_sparse_attention_forward(on_stream, q, k, v, mask.view(), graphed, lse);
+    attention_forward(on_stream, q, k, v, graphed, lse);  // dense into the same buffer, then sparse again
+    block_sparse_attention_forward(on_stream, q, k, v, mask.view(), graphed, lse);
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   }
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);

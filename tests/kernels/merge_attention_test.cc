@@ -24,11 +24,11 @@ void check_merge_identity(DType dtype, int64_t split, bool causal, bool in_place
   Tensor lse_a = poisoned({b, h, sq}, DType::kF32), lse_b = poisoned({b, h, sq}, DType::kF32);
   // Causal (split <= S_kv - S_q): every query sees all keys of part A, and causal attention over
   // part B alone has the same bottom-right alignment as over the whole.
-  attention_forward(t.q, rows(t.k, 0, split), rows(t.v, 0, split), out_a, lse_a, causal ? AttentionOptions{} : opt);
-  attention_forward(t.q, rows(t.k, split, skv), rows(t.v, split, skv), out_b, lse_b, opt);
+  attention_forward(ExecContext{}, t.q, rows(t.k, 0, split), rows(t.v, 0, split), out_a, lse_a, causal ? AttentionOptions{} : opt);
+  attention_forward(ExecContext{}, t.q, rows(t.k, split, skv), rows(t.v, split, skv), out_b, lse_b, opt);
   Tensor out = in_place ? out_a : poisoned(t.q.shape(), dtype);
   Tensor lse = in_place ? lse_a : poisoned({b, h, sq}, DType::kF32);
-  merge_attention_states(out_a, lse_a, out_b, lse_b, out, lse);
+  merge_attention_states(ExecContext{}, out_a, lse_a, out_b, lse_b, out, lse);
   const auto exact = reference::attention(t.q, t.k, t.v, opt);
   const auto got = testing::compare(out, lse, exact);
   EXPECT_TRUE(got.finite);
@@ -56,7 +56,7 @@ TEST(MergeAttentionStates, EmptySidesAreHandled) {
   fill(lc.view(), -INFINITY);
   la.data_as<float>()[2] = -INFINITY;  // row 2: both empty
   Tensor out = poisoned({b, s, h, d}, DType::kF32), lse = poisoned({b, h, s}, DType::kF32);
-  merge_attention_states(a, la, c, lc, out, lse);
+  merge_attention_states(ExecContext{}, a, la, c, lc, out, lse);
   for (int64_t i = 0; i < 2; ++i) {
     EXPECT_FLOAT_EQ(lse.data_as<float>()[i], 0.5f);
     for (int64_t k = 0; k < d; ++k) EXPECT_FLOAT_EQ(out.data_as<float>()[i * d + k], 2.0f);

@@ -19,7 +19,6 @@
 #include "tessel/core/tensor.h"
 
 #ifdef TESSEL_WITH_CUDA
-#include "tessel/kernels/cuda/stream.h"
 #include "tessel/kernels/cuda/xattention_estimation.h"
 #include "cuda/xattention_scores_wgmma.h"
 #endif
@@ -162,7 +161,7 @@ TEST(XAttentionBlockMassGpu, MatchesTheFp64Oracle) {
       Tensor mass = nan_filled_device(static_cast<int64_t>(want.size()));
       p.block_lse2 = workspace.data_as<float>();
       p.mass = mass.data_as<float>();
-      cuda::detail::launch_xattention_block_mass(p, c.dtype, cuda::current_stream());
+      cuda::detail::launch_xattention_block_mass(p, c.dtype, nullptr);
       const Tensor got = mass.to(Device::cpu());
       const float* g = got.data_as<const float>();
       double worst = 0.0;
@@ -205,9 +204,9 @@ TEST(XAttentionBlockMassGpu, GemmVariantsAgreeAtTheBenchmarkShape) {
       p.mass = mass.data_as<float>();
       std::vector<float> ms;
       for (int i = 0; i < 18; ++i) {
-        cudaEventRecord(start, cuda::current_stream());
-        cuda::detail::launch_xattention_block_mass(p, DType::kBF16, cuda::current_stream());
-        cudaEventRecord(stop, cuda::current_stream());
+        cudaEventRecord(start, nullptr);
+        cuda::detail::launch_xattention_block_mass(p, DType::kBF16, nullptr);
+        cudaEventRecord(stop, nullptr);
         ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
         float t = 0.f;
         cudaEventElapsedTime(&t, start, stop);
@@ -245,16 +244,16 @@ TEST(XAttentionBlockMassGpu, WgmmaLaunchRejectsWhatItCannotRun) {
   cuda::detail::XAttentionParams p = mass_params(c, Tensor::empty({1, 8, 1, 128}, DType::kBF16, Device::cuda()),
                                                  Tensor::empty({1, 8, 1, 128}, DType::kBF16, Device::cuda()), 0.01);
   if (!cuda::detail::xattention_wgmma_supported()) {
-    EXPECT_THROW(cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 128, cuda::current_stream()),
+    EXPECT_THROW(cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 128, nullptr),
                  std::runtime_error);
     p.gemm = cuda::detail::XAttentionGemm::kWgmma128;
-    EXPECT_THROW(cuda::detail::launch_xattention_block_mass(p, DType::kBF16, cuda::current_stream()), std::runtime_error);
+    EXPECT_THROW(cuda::detail::launch_xattention_block_mass(p, DType::kBF16, nullptr), std::runtime_error);
     return;
   }
-  EXPECT_THROW(cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 192, cuda::current_stream()),
+  EXPECT_THROW(cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 192, nullptr),
                std::invalid_argument);
   try {
-    cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 128, cuda::current_stream());
+    cuda::detail::launch_xattention_block_lse_wgmma(p, DType::kBF16, 128, nullptr);
     ADD_FAILURE() << "2^31 or more tiles were accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("tiles"), std::string::npos) << e.what();

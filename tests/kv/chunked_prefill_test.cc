@@ -82,7 +82,7 @@ void run_case(const Case& c, uint64_t seed, DType dtype = DType::kF32, SparsePol
     const int64_t n = c.chunks[i];
     attention.begin_chunk(n, static_cast<int64_t>(i), static_cast<int64_t>(c.chunks.size()));
     for (int64_t l = 0; l < c.layers; ++l)
-      attention.prefill_layer(l, rows(q[l], first, n), rows(k[l], first, n), rows(v[l], first, n),
+      attention.prefill_layer(ExecContext{}, l, rows(q[l], first, n), rows(k[l], first, n), rows(v[l], first, n),
                               rows(out[l], first, n));
     attention.end_chunk();
     first += n;
@@ -90,7 +90,7 @@ void run_case(const Case& c, uint64_t seed, DType dtype = DType::kF32, SparsePol
   for (int64_t t = c.seq; t < total; ++t) {
     attention.begin_decode_step();
     for (int64_t l = 0; l < c.layers; ++l)
-      attention.decode_layer(l, rows(q[l], t, 1), rows(k[l], t, 1), rows(v[l], t, 1), rows(out[l], t, 1));
+      attention.decode_layer(ExecContext{}, l, rows(q[l], t, 1), rows(k[l], t, 1), rows(v[l], t, 1), rows(out[l], t, 1));
     attention.end_decode_step();
   }
   AttentionOptions causal;
@@ -172,15 +172,15 @@ TEST(ChunkedAttention, UnsupportedPhasesThrow) {
   const SequenceId seq = manager.create_sequence();
   const Tensor q = random_bshd(1, 1, 8, 1), out = Tensor::zeros({1, 1, 1, 8}, DType::kF32);
   ChunkedDecodeArgs decode{q.view(), out.view(), 0, 0.0f, seq};
-  EXPECT_THROW(xattn.compute_chunked_decode(decode, *engine, manager), Error);
+  EXPECT_THROW(xattn.compute_chunked_decode(ExecContext{}, decode, *engine, manager), Error);
   ChunkedPrefillArgs prefill{q.view(), out.view(), 0, 0.0f, 0, 1, seq, 1};
-  EXPECT_THROW(topk.compute_chunked_prefill(prefill, *engine, manager), Error);
-  EXPECT_THROW(quest.compute_chunked_prefill(prefill, *engine, manager), Error);
+  EXPECT_THROW(topk.compute_chunked_prefill(ExecContext{}, prefill, *engine, manager), Error);
+  EXPECT_THROW(quest.compute_chunked_prefill(ExecContext{}, prefill, *engine, manager), Error);
   PolicyContext decode_ctx;
   decode_ctx.is_prefill = false;
   EXPECT_THROW(xattn.select_blocks({0, 1, 2}, *engine, decode_ctx), Error);
   // Decode with an empty decode buffer (token not stored/counted) is an error, not a silent result.
-  EXPECT_THROW(full.compute_chunked_decode(decode, *engine, manager), Error);
+  EXPECT_THROW(full.compute_chunked_decode(ExecContext{}, decode, *engine, manager), Error);
   EXPECT_THROW(make_sparse_policy("nope"), Error);
   EXPECT_EQ(make_sparse_policy("xattention-bsa")->name(), "xattn");
 }
@@ -195,10 +195,10 @@ TEST(ChunkedAttention, RejectsMisshapedQueries) {
   const Tensor k = random_bshd(4, 2, 8, 1);
   const Tensor q_bad = random_bshd(4, 3, 8, 2);  // 3 heads is not a multiple of 2 kv heads
   const Tensor out = Tensor::zeros({1, 4, 3, 8}, DType::kF32);
-  EXPECT_THROW(attention.prefill_layer(0, q_bad.view(), k.view(), k.view(), out.view()), Error);
+  EXPECT_THROW(attention.prefill_layer(ExecContext{}, 0, q_bad.view(), k.view(), k.view(), out.view()), Error);
   const Tensor q = random_bshd(4, 2, 8, 2);
   const Tensor out_short = Tensor::zeros({1, 3, 2, 8}, DType::kF32);
-  EXPECT_THROW(attention.prefill_layer(0, q.view(), k.view(), k.view(), out_short.view()), Error);
+  EXPECT_THROW(attention.prefill_layer(ExecContext{}, 0, q.view(), k.view(), k.view(), out_short.view()), Error);
   EXPECT_THROW(attention.begin_decode_step(), Error);  // a chunk is open
 }
 
@@ -226,7 +226,7 @@ TEST(ChunkedAttention, RingPipelineOverlapsCopiesWithAttention) {
   };
   auto seconds = [&](OffloadEngine& engine) {
     const auto start = std::chrono::steady_clock::now();
-    ring_buffer_attention(q.view(), blocks, 0, 0.0f, engine, out.view(), lse.view());
+    ring_buffer_attention(ExecContext{}, q.view(), blocks, 0, 0.0f, engine, out.view(), lse.view());
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   // One compute thread and interleaved runs (best of each) keep the comparison fair on a busy machine.

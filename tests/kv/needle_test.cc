@@ -118,7 +118,7 @@ TEST(Needle, XAttentionPrefillAndQuestDecodeReadTheMarkerAt32K) {
     fill(out.view(), NAN);
     xattn.reset_selection_stats();
     attention.begin_chunk(kQuestion, chunks - 1, chunks);
-    attention.prefill_layer(0, q.view(), rows(h.k.view(), history, kQuestion), rows(h.v.view(), history, kQuestion),
+    attention.prefill_layer(ExecContext{}, 0, q.view(), rows(h.k.view(), history, kQuestion), rows(h.v.view(), history, kQuestion),
                             out.view());
     attention.end_chunk();
     const SelectionStats s = xattn.selection_stats();
@@ -133,7 +133,7 @@ TEST(Needle, XAttentionPrefillAndQuestDecodeReadTheMarkerAt32K) {
     fill(out_decode.view(), NAN);
     quest.reset_selection_stats();
     attention.begin_decode_step();
-    attention.decode_layer(0, q_decode.view(), rows(h.k.view(), kSeq, 1), rows(h.v.view(), kSeq, 1),
+    attention.decode_layer(ExecContext{}, 0, q_decode.view(), rows(h.k.view(), kSeq, 1), rows(h.v.view(), kSeq, 1),
                            out_decode.view());
     attention.end_decode_step();
     EXPECT_EQ(quest.selection_stats().selected_blocks, 6);  // top 4 + sink + recent of 128

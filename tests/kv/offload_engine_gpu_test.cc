@@ -51,7 +51,7 @@ bool device_equals_host(const TensorView& device_view, const TensorView& host_vi
 TEST(CudaOffloadEngine, OffloadThenLoadOrderingHoldsAcrossManyChunks) {
   SKIP_WITHOUT_GPU();
   const OffloadConfig c = gpu_config();
-  auto engine = make_cuda_offload_engine(c);
+  auto engine = make_cuda_offload_engine(ExecContext{}, c);
   std::vector<Tensor> ks, vs;
   for (int32_t chunk = 0; chunk < 12; ++chunk) {
     ks.push_back(random_bf16(256, c.num_kv_heads, c.head_dim, 100 + chunk));
@@ -84,7 +84,7 @@ TEST(CudaOffloadEngine, OffloadThenLoadOrderingHoldsAcrossManyChunks) {
 TEST(CudaOffloadEngine, DecodeBufferOffload) {
   SKIP_WITHOUT_GPU();
   const OffloadConfig c = gpu_config();
-  auto engine = make_cuda_offload_engine(c);
+  auto engine = make_cuda_offload_engine(ExecContext{}, c);
   const Tensor k = random_bf16(64, c.num_kv_heads, c.head_dim, 1), v = random_bf16(64, c.num_kv_heads, c.head_dim, 2);
   for (int64_t t = 0; t < 64; ++t) engine->store_decode_kv(1, t, rows(k.view(), t, 1), rows(v.view(), t, 1));
   EXPECT_TRUE(device_equals_host(engine->decode_buffer_slice(1, 10, 20).first, rows(k.view(), 10, 10)));
@@ -99,7 +99,7 @@ TEST(CudaOffloadEngine, DecodeBufferOffload) {
 TEST(CudaOffloadEngine, LoadKeysRightAfterOffloadsSeesTheOffloadedKeys) {
   SKIP_WITHOUT_GPU();
   const OffloadConfig c = gpu_config();
-  auto engine = make_cuda_offload_engine(c);
+  auto engine = make_cuda_offload_engine(ExecContext{}, c);
   const int64_t block_rows = c.block_size;
   Tensor dst = Tensor::zeros({1, 40 * block_rows, c.num_kv_heads, c.head_dim}, DType::kBF16, Device::cuda(0));
   Tensor mirror = Tensor::zeros(dst.shape(), DType::kBF16, Device::cuda(0));
@@ -149,7 +149,7 @@ TEST(CudaOffloadEngine, FullPolicyChunkedPrefillAndDecodeMatchReference) {
   SKIP_WITHOUT_GPU();
   const OffloadConfig c = gpu_config();
   const int64_t heads = 4, seq = 700, decode = 70, total = seq + decode;
-  auto engine = make_cuda_offload_engine(c);
+  auto engine = make_cuda_offload_engine(ExecContext{}, c);
   KvBlockManager manager(c.num_host_blocks, c.block_size);
   FullPolicy full;
   OffloadedAttention attention(*engine, manager, full, full);
@@ -163,14 +163,14 @@ TEST(CudaOffloadEngine, FullPolicyChunkedPrefillAndDecodeMatchReference) {
   for (int64_t n : chunk_sizes) {
     attention.begin_chunk(n, index++, 5);
     for (int64_t l = 0; l < 2; ++l)
-      attention.prefill_layer(l, rows(qd, first, n), rows(kd, first, n), rows(vd, first, n), rows(out, first, n));
+      attention.prefill_layer(ExecContext{}, l, rows(qd, first, n), rows(kd, first, n), rows(vd, first, n), rows(out, first, n));
     attention.end_chunk();
     first += n;
   }
   for (int64_t t = seq; t < total; ++t) {
     attention.begin_decode_step();
     for (int64_t l = 0; l < 2; ++l)
-      attention.decode_layer(l, rows(qd, t, 1), rows(kd, t, 1), rows(vd, t, 1), rows(out, t, 1));
+      attention.decode_layer(ExecContext{}, l, rows(qd, t, 1), rows(kd, t, 1), rows(vd, t, 1), rows(out, t, 1));
     attention.end_decode_step();
   }
   engine->synchronize();

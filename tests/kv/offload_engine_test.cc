@@ -172,7 +172,9 @@ TEST(CpuOffloadEngine, CopiesOverlapCompute) {
 
 TEST(OffloadEngineFactory, CudaEngineNeedsAGpu) {
   if (cuda_available()) GTEST_SKIP() << "a GPU is present; covered by offload_engine_gpu_test";
-  EXPECT_THROW(make_offload_engine(small_config(), Device::cuda(0)), Error);
+  ExecContext cuda_ctx;
+  cuda_ctx.device = Device::cuda(0);
+  EXPECT_THROW(make_offload_engine(cuda_ctx, small_config()), Error);
 }
 
 }  // namespace

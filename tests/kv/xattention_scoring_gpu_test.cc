@@ -124,7 +124,7 @@ TEST(XAttentionDeviceScoring, MassesAndSelectionMatchTheHostScorer) {
   for (int64_t b = 0; b < kBlocks; ++b) available[static_cast<size_t>(b)] = static_cast<int32_t>(b * 7 % kBlocks);
 
   const OffloadConfig config = engine_config(kBlock, kBlocks, 4096);
-  auto engine = make_cuda_offload_engine(config);
+  auto engine = make_cuda_offload_engine(ExecContext{}, config);
   for (int64_t b = 0; b < kBlocks; ++b) {
     Tensor k = random_bshd(kBlock, kKvHeads, kDim, 100 + static_cast<uint64_t>(b), 0.5);
     const int64_t valid = block_tokens[static_cast<size_t>(b)];
@@ -212,7 +212,7 @@ TEST(XAttentionDeviceScoring, SelectsPlantedBlocksPlusFirstAndLast) {
   Tensor q = random_bshd(4 * kBlock, kHeads, kDim, 53, 0.3);
   add_direction(q, 8.0f, [&](int64_t, int64_t kv) { return &u[static_cast<size_t>(kv * kDim)]; });
   const OffloadConfig config = engine_config(kBlock, kBlocks + 8, 4 * kBlock);
-  auto engine = make_cuda_offload_engine(config);
+  auto engine = make_cuda_offload_engine(ExecContext{}, config);
   KvBlockManager manager(config.num_host_blocks, kBlock);
   XAttentionBsaPolicy xattn(scoring_on(XAttentionScoring::kDevice));
   FullPolicy full;
@@ -237,7 +237,7 @@ TEST(XAttentionDeviceScoring, NeedleAt128KThroughTheOffloadedPrefill) {
   constexpr int64_t kSeq = 131072, kBlock = 1024, kChunk = 4096, kQuestion = 1024, kNeedle = 16;
   constexpr int64_t kHistory = kSeq - kQuestion;
   const OffloadConfig config = engine_config(kBlock, kSeq / kBlock + 1, kChunk);
-  auto engine = make_cuda_offload_engine(config);
+  auto engine = make_cuda_offload_engine(ExecContext{}, config);
   KvBlockManager manager(config.num_host_blocks, kBlock);
   XAttentionBsaPolicy xattn(scoring_on(XAttentionScoring::kDevice, 0.95));
   XAttentionBsaPolicy host_xattn(scoring_on(XAttentionScoring::kHost, 0.95));
@@ -275,7 +275,7 @@ TEST(XAttentionDeviceScoring, NeedleAt128KThroughTheOffloadedPrefill) {
     Tensor out = Tensor::zeros({1, kQuestion, kHeads, kDim}, DType::kBF16, Device::cuda(0));
     xattn.reset_selection_stats();
     attention.begin_chunk(kQuestion, chunks - 1, chunks);
-    attention.prefill_layer(0, q_device.view(), rows(k16.view(), kHistory, kQuestion),
+    attention.prefill_layer(ExecContext{}, 0, q_device.view(), rows(k16.view(), kHistory, kQuestion),
                             rows(v16.view(), kHistory, kQuestion), out.view());
     attention.end_chunk();
     engine->synchronize();

@@ -48,10 +48,10 @@ void expect_sink_window_matches_reference(const std::shared_ptr<Backend>& backen
   const Qkv t = random_qkv(2, seq_q, seq_kv, heads, kv_heads, dim, DType::kF32, 17 + seq_q);
   const auto builder = backend->make_metadata_builder();
   const auto impl = backend->make_impl();
-  const auto metadata = builder->plan(spec, ModuleType::kDitSelf, heads, kv_heads, dim, seq_q, seq_kv, 2, DType::kF32);
+  const auto metadata = builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, heads, kv_heads, dim, seq_q, seq_kv, 2, DType::kF32);
   Tensor out = poisoned(t.q.shape(), DType::kF32);
   Tensor lse = poisoned({2, heads, seq_q}, DType::kF32);
-  const ForwardStats stats = impl->forward(t.q, t.k, t.v, *metadata, out, lse);
+  const ForwardStats stats = impl->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, out, lse);
   const BlockMask mask = sink_window_mask(seq_q, seq_kv, spec.block_q, spec.block_kv, *spec.window_size, sinks);
   EXPECT_DOUBLE_EQ(stats.density, mask.density());
   expect_matches_masked_reference(t, mask, out, lse);
@@ -111,7 +111,7 @@ TEST(PluginLoader, PluginErrorsComeBackAsErrorsWithTheirMessage) {
   PatternSpec spec = window_spec(8, 32, 32);
   spec.options["sinks"] = "-1";
   try {
-    builder->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 64, 64);
+    builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 64, 64);
     ADD_FAILURE() << "expected a plan error";
   } catch (const Error& e) {
     const std::string message = e.what();
@@ -121,19 +121,19 @@ TEST(PluginLoader, PluginErrorsComeBackAsErrorsWithTheirMessage) {
   }
   // A bad output tensor: the host kernel's error travels through the plugin and back.
   spec.options.clear();
-  const auto metadata = builder->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 64, 64, 1, DType::kF32);
+  const auto metadata = builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 64, 64, 1, DType::kF32);
   const Qkv t = random_qkv(1, 64, 64, 2, 2, 16, DType::kF32, 3);
   Tensor wrong_out = Tensor::empty({1, 64, 2, 8}, DType::kF32);
   try {
-    backend->make_impl()->forward(t.q, t.k, t.v, *metadata, wrong_out, {});
+    backend->make_impl()->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, wrong_out, {});
     ADD_FAILURE() << "expected a forward error";
   } catch (const Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("forward failed"), std::string::npos) << message;
+    EXPECT_NE(message.find("forward_with_context failed"), std::string::npos) << message;
     EXPECT_NE(message.find("out"), std::string::npos) << message;
   }
   // Unsupported module type is refused before the plugin is called.
-  EXPECT_THROW(builder->plan(spec, ModuleType::kDitCross, 2, 2, 16, 64, 64), Error);
+  EXPECT_THROW(builder->plan(ExecContext{}, spec, ModuleType::kDitCross, 2, 2, 16, 64, 64), Error);
 }
 
 TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
@@ -147,7 +147,7 @@ TEST(PluginLoader, EveryFailureModeIsAClearErrorAndTheHostKeepsWorking) {
   expect_load_error(broken_plugin_path("missing_symbol"),
                     {"libtessel_broken_missing_symbol.so", "missing entry symbol 'tessel_plugin_init'", "tessel_plugin.h"});
   expect_load_error(broken_plugin_path("wrong_abi"),
-                    {"ABI version mismatch", "built for ABI version 999", "supports versions 1..1"});
+                    {"ABI version mismatch", "built for ABI version 999", "supports versions 1..2"});
   expect_load_error(broken_plugin_path("wrong_abi") + ":zero_abi_init", {"did not set abi_version"});
   expect_load_error(broken_plugin_path("wrong_abi") + ":incomplete_init", {"incomplete table: 'forward' is not set"});
   expect_load_error(broken_plugin_path("wrong_abi") + ":no_such_entry", {"missing entry symbol 'no_such_entry'"});

@@ -70,7 +70,7 @@ TEST(PluginTable, FieldsPastTheStructSizeAreAbsent) {
 
 TEST(PluginTable, AFieldCutByTheStructSizeIsAbsent) {
   Reserve reserve = valid_reserve();
-  reserve.table().struct_size = sizeof(tessel_plugin_backend) - 4;  // half of `shutdown`
+  reserve.table().struct_size = offsetof(tessel_plugin_backend, shutdown) + 4;  // half of `shutdown`
   const tessel_plugin_backend table = checked_plugin_table("plugin 'x.so'", reserve.bytes);
   EXPECT_EQ(table.shutdown, nullptr);
   EXPECT_NE(table.validate_config, nullptr);

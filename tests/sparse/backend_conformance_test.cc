@@ -53,38 +53,53 @@ using testing::lse_floor;
 using testing::Qkv;
 using testing::random_qkv;
 
-constexpr int64_t kBlockQ = 16;
-constexpr int64_t kBlockKv = 8;
-
 struct ShapeCase {
   std::string name;
   int64_t batch, seq_q, seq_kv, heads, kv_heads, head_dim;
+  int64_t block_q, block_kv;
 };
 
-// Sequence patterns take any lengths; all of these end in partial blocks (16-token q blocks,
-// 8-token kv blocks).
-const std::vector<ShapeCase>& sequence_shapes() {
-  static const std::vector<ShapeCase> shapes = {
-      {"self_odd", 1, 77, 77, 2, 2, 32},
-      {"gqa_batch2", 2, 45, 45, 4, 2, 16},
-      {"cross_mqa", 1, 37, 91, 2, 1, 16},
-  };
-  return shapes;
-}
+// What each device's kernels take: the CPU any head dim and block size, so its cases are small
+// (16-token q blocks, 8-token kv blocks, head dims 16/32); the CUDA kernels head dims 64/128,
+// q blocks of a multiple of 64 and kv blocks of 64 * 2^k. Every sequence ends in a partial block.
+struct Geometry {
+  int64_t block_q, block_kv;
+  std::vector<ShapeCase> sequence_shapes;  // sequence patterns take any lengths
+  // Latent-grid patterns attend within one sequence laid out as layout_json says (image_tokens
+  // tokens; arrow adds kTextTokens text tokens).
+  std::string layout_json;
+  int64_t image_tokens;
+  int64_t wide_head_dim, narrow_head_dim;
 
-// Latent-grid patterns attend within one sequence laid out as kLayoutJson says: 3 frames of a
-// 3 x 5 patch grid = 45 image tokens (plus kTextTokens text tokens for arrow).
-constexpr const char* kLayoutJson = R"("spatial_layout": {"frames": 3, "height": 6, "width": 10, "patch_size": 2, "ordering": "hilbert"})";
-constexpr int64_t kImageTokens = 45;
+  std::vector<ShapeCase> layout_shapes(int64_t seq) const {
+    return {{"grid", 1, seq, seq, 2, 2, wide_head_dim, block_q, block_kv},
+            {"grid_gqa_batch2", 2, seq, seq, 4, 2, narrow_head_dim, block_q, block_kv}};
+  }
+};
+
 constexpr int64_t kTextTokens = 7;
 
-std::vector<ShapeCase> layout_shapes(int64_t seq) {
-  return {{"grid", 1, seq, seq, 2, 2, 32}, {"grid_gqa_batch2", 2, seq, seq, 4, 2, 16}};
+const Geometry& geometry_of(Device device) {
+  // 3 frames of a 3 x 5 patch grid = 45 tokens.
+  static const Geometry cpu{16, 8,
+                            {{"self_odd", 1, 77, 77, 2, 2, 32, 16, 8},
+                             {"gqa_batch2", 2, 45, 45, 4, 2, 16, 16, 8},
+                             {"cross_mqa", 1, 37, 91, 2, 1, 16, 16, 8}},
+                            R"("spatial_layout": {"frames": 3, "height": 6, "width": 10, "patch_size": 2, "ordering": "hilbert"})",
+                            45, 32, 16};
+  // 3 frames of an 8 x 10 patch grid = 240 tokens.
+  static const Geometry cuda{64, 64,
+                             {{"self_odd", 1, 333, 333, 2, 2, 128, 64, 64},
+                              {"gqa_batch2", 2, 200, 200, 4, 2, 64, 64, 64},
+                              {"cross_mqa", 1, 150, 391, 2, 1, 64, 64, 64}},
+                             R"("spatial_layout": {"frames": 3, "height": 16, "width": 20, "patch_size": 2, "ordering": "hilbert"})",
+                             240, 128, 64};
+  return device.is_cuda() ? cuda : cpu;
 }
 
 // An explicit mask with empty rows (every third row) and random rows elsewhere.
 std::shared_ptr<const BlockMask> mask_with_empty_rows(const ShapeCase& shape) {
-  const BlockMaskShape mask_shape{shape.batch, shape.kv_heads, shape.seq_q, shape.seq_kv, kBlockQ, kBlockKv};
+  const BlockMaskShape mask_shape{shape.batch, shape.kv_heads, shape.seq_q, shape.seq_kv, shape.block_q, shape.block_kv};
   const BlockMask random = BlockMask::random(mask_shape, 0.4, 17);
   std::vector<std::vector<int32_t>> rows;
   for (int64_t r = 0; r < mask_shape.num_rows(); ++r) {
@@ -96,9 +111,9 @@ std::shared_ptr<const BlockMask> mask_with_empty_rows(const ShapeCase& shape) {
 }
 
 // `fields`: the JSON object's members besides the block sizes (which nested specs inherit).
-PatternSpec spec_from_json(const std::string& fields) {
+PatternSpec spec_from_json(const Geometry& g, const std::string& fields) {
   return ResolvedSparseAttnConfig(parse_sparse_attn_json(detail::concat(
-                                      R"({"block_size_q": )", kBlockQ, R"(, "block_size_kv": )", kBlockKv, ", ", fields, "}")))
+                                      R"({"block_size_q": )", g.block_q, R"(, "block_size_kv": )", g.block_kv, ", ", fields, "}")))
       .pattern();
 }
 
@@ -109,41 +124,41 @@ struct PatternCase {
 
 // The spec and shapes each pattern type is exercised with (block_sparse's mask depends on the
 // shape and is filled in per case).
-PatternCase pattern_case(PatternType type) {
-  const std::string layout = kLayoutJson;
+PatternCase pattern_case(PatternType type, const Geometry& g) {
+  const std::string& layout = g.layout_json;
   switch (type) {
-    case PatternType::kDense: return {spec_from_json(R"("pattern_type": "dense")"), sequence_shapes()};
+    case PatternType::kDense: return {spec_from_json(g, R"("pattern_type": "dense")"), g.sequence_shapes};
     case PatternType::kBlockSparse: {
       PatternSpec spec;
       spec.type = PatternType::kBlockSparse;
-      spec.block_q = kBlockQ;
-      spec.block_kv = kBlockKv;
-      return {spec, sequence_shapes()};
+      spec.block_q = g.block_q;
+      spec.block_kv = g.block_kv;
+      return {spec, g.sequence_shapes};
     }
     case PatternType::kSlidingWindow:
-      return {spec_from_json(R"("pattern_type": "sliding_window", "window_size": 20, "sink_blocks": 1)"),
-              sequence_shapes()};
+      return {spec_from_json(g, R"("pattern_type": "sliding_window", "window_size": 20, "sink_blocks": 1)"),
+              g.sequence_shapes};
     case PatternType::kDynamicTopk:
-      return {spec_from_json(R"("pattern_type": "dynamic_topk", "topk_ratio": 0.4, "keep_diagonal": true)"),
-              sequence_shapes()};
+      return {spec_from_json(g, R"("pattern_type": "dynamic_topk", "topk_ratio": 0.4, "keep_diagonal": true)"),
+              g.sequence_shapes};
     case PatternType::kThreshold:
-      return {spec_from_json(R"("pattern_type": "threshold", "threshold": 0.8, "stride": 8)"), sequence_shapes()};
+      return {spec_from_json(g, R"("pattern_type": "threshold", "threshold": 0.8, "stride": 8)"), g.sequence_shapes};
     case PatternType::kSpatialAware:
-      return {spec_from_json(R"("pattern_type": "spatial_aware", "spatial_radius": 1, )" + layout),
-              layout_shapes(kImageTokens)};
+      return {spec_from_json(g, R"("pattern_type": "spatial_aware", "spatial_radius": 1, )" + layout),
+              g.layout_shapes(g.image_tokens)};
     case PatternType::kRadial:
-      return {spec_from_json(R"("pattern_type": "radial", "decay_factor": 1.0, )" + layout),
-              layout_shapes(kImageTokens)};
+      return {spec_from_json(g, R"("pattern_type": "radial", "decay_factor": 1.0, )" + layout),
+              g.layout_shapes(g.image_tokens)};
     case PatternType::kLocal:
-      return {spec_from_json(R"("pattern_type": "local", "local_window_size": 1, )" + layout),
-              layout_shapes(kImageTokens)};
+      return {spec_from_json(g, R"("pattern_type": "local", "local_window_size": 1, )" + layout),
+              g.layout_shapes(g.image_tokens)};
     case PatternType::kArrow:
-      return {spec_from_json(R"("pattern_type": "arrow", "i2i_pattern_type": "radial", "num_text_tokens": 7, )" + layout),
-              layout_shapes(kImageTokens + kTextTokens)};
+      return {spec_from_json(g, R"("pattern_type": "arrow", "i2i_pattern_type": "radial", "num_text_tokens": 7, )" + layout),
+              g.layout_shapes(g.image_tokens + kTextTokens)};
     case PatternType::kComposite:
-      return {spec_from_json(R"("pattern_type": "composite", "children": ["radial", "local"], "local_window_size": 1, )" +
+      return {spec_from_json(g, R"("pattern_type": "composite", "children": ["radial", "local"], "local_window_size": 1, )" +
                              layout),
-              layout_shapes(kImageTokens)};
+              g.layout_shapes(g.image_tokens)};
   }
   throw Error("unknown pattern type");
 }
@@ -199,7 +214,7 @@ reference::AttentionResult masked_reference(const Qkv& t, const BlockMask& mask,
 // Reads the mask a data-independent plan executes back through forward (see the file comment):
 // one (batch, q head, q block) row per mask row, a block kept when any query of the q block sees it.
 BlockMask probe_executed_mask(Impl& impl, const Metadata& metadata, const ShapeCase& shape, DType dtype, Device device) {
-  const BlockMaskShape mask_shape{shape.batch, shape.heads, shape.seq_q, shape.seq_kv, kBlockQ, kBlockKv};
+  const BlockMaskShape mask_shape{shape.batch, shape.heads, shape.seq_q, shape.seq_kv, shape.block_q, shape.block_kv};
   const int64_t kv_blocks = mask_shape.kv_blocks(), dim = shape.head_dim;
   std::vector<uint8_t> dense(static_cast<size_t>(mask_shape.num_rows() * kv_blocks), 0);
   Tensor q = Tensor::zeros({shape.batch, shape.seq_q, shape.heads, dim}, dtype);
@@ -211,11 +226,11 @@ BlockMask probe_executed_mask(Impl& impl, const Metadata& metadata, const ShapeC
     for (int64_t b = 0; b < shape.batch; ++b)
       for (int64_t j = 0; j < shape.seq_kv; ++j)
         for (int64_t h = 0; h < shape.kv_heads; ++h) {
-          const int64_t c = j / kBlockKv - first;
+          const int64_t c = j / shape.block_kv - first;
           if (c >= 0 && c < dim) v.data_as<float>()[((b * shape.seq_kv + j) * shape.kv_heads + h) * dim + c] = 1.0f;
         }
     Tensor out = poisoned(q.shape(), dtype, device);
-    impl.forward(q.to(device), k.to(device), v.to(dtype).to(device), metadata, out, TensorView{});
+    impl.forward(ExecContext{}, q.to(device), k.to(device), v.to(dtype).to(device), metadata, StepInfo{}, out, TensorView{});
     const Tensor host_out = out.to(Device::cpu());
     for (int64_t b = 0; b < shape.batch; ++b)
       for (int64_t i = 0; i < shape.seq_q; ++i)
@@ -223,7 +238,7 @@ BlockMask probe_executed_mask(Impl& impl, const Metadata& metadata, const ShapeC
           for (int64_t c = 0; c < dim && first + c < kv_blocks; ++c) {
             const double value = element_as_double(host_out, ((b * shape.seq_q + i) * shape.heads + h) * dim + c);
             if (value != 0.0) {
-              const int64_t row = (b * shape.heads + h) * mask_shape.q_blocks() + i / kBlockQ;
+              const int64_t row = (b * shape.heads + h) * mask_shape.q_blocks() + i / shape.block_q;
               dense[static_cast<size_t>(row * kv_blocks + first + c)] = 1;
             }
           }
@@ -247,8 +262,8 @@ ExecutedMask executed_mask(const Backend& backend, Impl& impl, const Metadata& m
   if (estimating_builtin && device.is_cuda()) return {device_estimated_mask(metadata), {}};
   if (estimating_builtin) {
     const BlockMask chosen = type == PatternType::kDynamicTopk
-                                 ? estimate_topk_mask(t.q, t.k, topk_options_from_spec(metadata.spec)).mask
-                                 : estimate_xattention_mask(t.q, t.k, xattention_options_from_spec(metadata.spec)).mask;
+                                 ? estimate_topk_mask(ExecContext{}, t.q, t.k, topk_options_from_spec(metadata.spec)).mask
+                                 : estimate_xattention_mask(ExecContext{}, t.q, t.k, xattention_options_from_spec(metadata.spec)).mask;
     return {apply_always_keep(metadata.spec, chosen), {}};
   }
   return {probe_executed_mask(impl, metadata, shape, t.q.dtype(), device), {}};
@@ -259,7 +274,7 @@ testing::Errors dense_kernel_error(const Qkv& t, Device device) {
   const reference::AttentionResult exact = reference::attention(t.q, t.k, t.v);
   Tensor out = poisoned(t.q.shape(), t.q.dtype(), device);
   Tensor lse = poisoned({t.q.size(0), t.q.size(2), t.q.size(1)}, DType::kF32, device);
-  attention_forward(t.q.to(device), t.k.to(device), t.v.to(device), out, lse);
+  attention_forward(ExecContext{}, t.q.to(device), t.k.to(device), t.v.to(device), out, lse);
   return compare(out.to(Device::cpu()), lse.to(Device::cpu()), exact);
 }
 
@@ -332,7 +347,7 @@ void run_case(const Backend& backend, PatternType type, const PatternCase& patte
                                        shape.seq_q, shape.seq_kv, dtype, device};
   std::shared_ptr<Metadata> metadata;
   try {
-    metadata = backend.make_metadata_builder()->plan(spec, *module, attention_shape);
+    metadata = backend.make_metadata_builder()->plan(ExecContext{}, spec, *module, attention_shape);
   } catch (const Error& e) {
     tally.declined.push_back(label + ": " + e.what());
     return;
@@ -341,7 +356,7 @@ void run_case(const Backend& backend, PatternType type, const PatternCase& patte
   const std::unique_ptr<Impl> impl = backend.make_impl();
   Tensor out = poisoned(t.q.shape(), dtype, device);
   Tensor lse = poisoned({shape.batch, shape.heads, shape.seq_q}, DType::kF32, device);
-  impl->forward(t.q.to(device), t.k.to(device), t.v.to(device), *metadata, out, lse);
+  impl->forward(ExecContext{}, t.q.to(device), t.k.to(device), t.v.to(device), *metadata, StepInfo{}, out, lse);
   const ExecutedMask executed = executed_mask(backend, *impl, *metadata, t, shape, device);
   expect_conformant(out, lse, masked_reference(t, executed.mask, executed.permutation), dense_kernel_error(t, device), dtype);
   ++tally.run;
@@ -363,7 +378,7 @@ void run_backend_conformance(Device device) {
       continue;
     }
     for (PatternType type : backend->supported_patterns()) {
-      const PatternCase pattern = pattern_case(type);
+      const PatternCase pattern = pattern_case(type, geometry_of(device));
       for (const ShapeCase& shape : pattern.shapes)
         for (DType dtype : dtypes) run_case(*backend, type, pattern, shape, dtype, device, ++seed, tally);
     }
@@ -386,7 +401,7 @@ void run_kernel_conformance(Device device) {
       {0.0f, true, 30, -1},   // causal with a left window
   };
   for (DType dtype : dtypes_of(device))
-    for (const ShapeCase& shape : sequence_shapes())
+    for (const ShapeCase& shape : geometry_of(device).sequence_shapes)
       for (const AttentionOptions& options : rules) {
         SCOPED_TRACE(detail::concat("block_sparse_attention_forward ", shape.name, " ", dtype_name(dtype), " ",
                                     device.str(), " causal ", options.causal, " window ", options.window_left, "/",
@@ -398,9 +413,9 @@ void run_kernel_conformance(Device device) {
         Tensor lse = poisoned({shape.batch, shape.heads, shape.seq_q}, DType::kF32, device);
         if (device.is_cuda()) {
           const BlockMask::DeviceCopy device_mask = mask->to_device(device);
-          block_sparse_attention_forward(t.q.to(device), t.k.to(device), t.v.to(device), device_mask.view(), out, lse, options);
+          block_sparse_attention_forward(ExecContext{}, t.q.to(device), t.k.to(device), t.v.to(device), device_mask.view(), out, lse, options);
         } else {
-          block_sparse_attention_forward(t.q, t.k, t.v, mask->view(), out, lse, options);
+          block_sparse_attention_forward(ExecContext{}, t.q, t.k, t.v, mask->view(), out, lse, options);
         }
         expect_conformant(out, lse, reference::block_sparse_attention(t.q, t.k, t.v, mask->view(), options),
                           dense_kernel_error(t, device), dtype);

@@ -18,13 +18,13 @@ struct BackendRun {
   std::shared_ptr<Metadata> metadata;
 };
 
-BackendRun run_backend(const Backend& backend, const PatternSpec& spec, const Qkv& t) {
+BackendRun run_backend(const Backend& backend, const PatternSpec& spec, const Qkv& t, const StepInfo& step = {}) {
   const AttentionShape shape = AttentionShape::of(t.q, t.k, t.v);
   BackendRun run;
-  run.metadata = backend.make_metadata_builder()->plan(spec, ModuleType::kDitSelf, shape);
+  run.metadata = backend.make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, shape);
   run.out = poisoned(t.q.shape(), t.q.dtype());
   run.lse = poisoned({shape.batch, shape.num_qo_heads, shape.seq_q}, DType::kF32);
-  run.stats = backend.make_impl()->forward(t.q, t.k, t.v, *run.metadata, run.out, run.lse);
+  run.stats = backend.make_impl()->forward(ExecContext{}, t.q, t.k, t.v, *run.metadata, step, run.out, run.lse);
   return run;
 }
 
@@ -117,11 +117,11 @@ TEST(BlockSparseBackend, RejectsWhatItCannotRun) {
   spec.type = PatternType::kBlockSparse;
   spec.block_mask = std::make_shared<const BlockMask>(BlockMask::full(mask_shape(128, 128, 128, 64)));
   spec.sub_block_mask.assign(static_cast<size_t>(spec.block_mask->nnz() * 128 * 64), 1);
-  EXPECT_THROW(builder->plan(spec, ModuleType::kDitSelf, 1, 1, 16, 128, 128), Error);
+  EXPECT_THROW(builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 1, 1, 16, 128, 128), Error);
   spec.sub_block_mask.clear();
   // The explicit mask must match the attention shape.
   try {
-    builder->plan(spec, ModuleType::kDitSelf, 1, 1, 16, 256, 128);
+    builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 1, 1, 16, 256, 128);
     ADD_FAILURE() << "expected a geometry error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("backend 'block_sparse' mask sequence lengths"), std::string::npos) << e.what();
@@ -129,19 +129,19 @@ TEST(BlockSparseBackend, RejectsWhatItCannotRun) {
   PatternSpec topk;
   topk.type = PatternType::kDynamicTopk;
   topk.topk_ratio = 0.5;
-  EXPECT_THROW(builder->plan(topk, ModuleType::kDitSelf, 1, 1, 16, 128, 128), Error);
+  EXPECT_THROW(builder->plan(ExecContext{}, topk, ModuleType::kDitSelf, 1, 1, 16, 128, 128), Error);
   PatternSpec spatial_window;  // the 3-D window needs a pattern backend
   spatial_window.type = PatternType::kSlidingWindow;
   spatial_window.spatial_layout = SpatialLayout{1, 16, 16, 2};
-  EXPECT_THROW(builder->plan(spatial_window, ModuleType::kDitSelf, 1, 1, 16, 64, 64), Error);
+  EXPECT_THROW(builder->plan(ExecContext{}, spatial_window, ModuleType::kDitSelf, 1, 1, 16, 64, 64), Error);
 
   // forward with other shapes than planned
   spec.block_mask = std::make_shared<const BlockMask>(BlockMask::full(mask_shape(128, 128, 128, 64)));
-  const auto metadata = builder->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 128, 128, 1, DType::kF32);
+  const auto metadata = builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 128, 128, 1, DType::kF32);
   const Qkv t = random_qkv(1, 128, 128, 2, 2, 32, DType::kF32, 1);
   Tensor out = poisoned(t.q.shape(), DType::kF32);
   try {
-    backend->make_impl()->forward(t.q, t.k, t.v, *metadata, out, {});
+    backend->make_impl()->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, out, {});
     ADD_FAILURE() << "expected a shape error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the planned shape B=1 Sq=128 Skv=128 Hq=2 Hkv=2 D=16"), std::string::npos)
@@ -223,7 +223,7 @@ TEST(MaskPlanningBackend, BadPlannerOutputIsNamed) {
     return PlannedMask{BlockMask::full(mask_shape(s.seq_q, s.seq_kv, 16, 16)), {}};
   });
   try {
-    wrong_blocks->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 32, 32);
+    wrong_blocks->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 32, 32);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("backend 'sloppy' mask block sizes: expected 128x64, got 16x16"), std::string::npos)
@@ -233,7 +233,7 @@ TEST(MaskPlanningBackend, BadPlannerOutputIsNamed) {
     return PlannedMask{BlockMask::full(mask_shape(s.seq_q, s.seq_kv, p.block_q, p.block_kv)), std::vector<int64_t>(32, 0)};
   });
   try {
-    bad_permutation->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, 2, 2, 16, 32, 32);
+    bad_permutation->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 32, 32);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("permutation[1]"), std::string::npos) << e.what();
@@ -247,9 +247,10 @@ TEST(MaskEstimatingBackend, EstimatesInsideForwardWithTheStepsTopk) {
   info.name = "diagonal_estimator";
   info.patterns = {PatternType::kDynamicTopk};
   const auto backend = make_mask_estimating_backend(
-      info, [&](const TensorView& q, const TensorView&, const PatternSpec& spec, const AttentionShape& shape) {
+      info, [&](const ExecContext&, const TensorView& q, const TensorView&, const PatternSpec& spec,
+                const StepInfo& step, const AttentionShape& shape) {
         ++calls;
-        seen_topk = *spec.topk_ratio;
+        seen_topk = step.density.value_or(*spec.topk_ratio);
         EXPECT_EQ(q.size(1), shape.seq_q);
         std::vector<std::vector<int32_t>> rows(static_cast<size_t>((shape.seq_q + spec.block_q - 1) / spec.block_q));
         return BlockMask::from_rows(mask_shape(shape.seq_q, shape.seq_kv, spec.block_q, spec.block_kv), rows);
@@ -268,6 +269,13 @@ TEST(MaskEstimatingBackend, EstimatesInsideForwardWithTheStepsTopk) {
   EXPECT_EQ(run.metadata->mask, nullptr);  // nothing static
   EXPECT_DOUBLE_EQ(run.metadata->planned_density(), 0.3);
   expect_matches_masked_reference(t, sink_window_mask(128, 128, 32, 32, 0, 0), run.out, run.lse);
+
+  // The schedule's density for a step arrives in the StepInfo; the plan's spec is not touched.
+  StepInfo step = StepInfo::at(4, 10);
+  step.density = 0.6;
+  run_backend(*backend, spec, t, step);
+  EXPECT_EQ(calls, 2);
+  EXPECT_DOUBLE_EQ(seen_topk, 0.6);
 }
 
 }  // namespace

@@ -21,7 +21,8 @@ PatternBackendInfo info_for(const std::string& name) {
 }
 
 // Keeps the first kv block of every row.
-BlockMask first_block(const TensorView&, const TensorView&, const PatternSpec& spec, const AttentionShape& shape) {
+BlockMask first_block(const ExecContext&, const TensorView&, const TensorView&, const PatternSpec& spec, const StepInfo&,
+                      const AttentionShape& shape) {
   BlockMaskShape s;
   s.seq_q = shape.seq_q;
   s.seq_kv = shape.seq_kv;
@@ -34,7 +35,8 @@ BlockMask first_block(const TensorView&, const TensorView&, const PatternSpec& s
 TEST(DeviceEstimatorBackend, CpuTensorsUseTheHostEstimator) {
   int device_checks = 0, device_estimates = 0;
   DeviceMaskEstimator device{[&](const PatternSpec&, const AttentionShape&) { ++device_checks; },
-                             [&](const TensorView&, const TensorView&, const PatternSpec&, DeviceEstimatedMask&) {
+                             [&](const ExecContext&, const TensorView&, const TensorView&, const PatternSpec&,
+                                 const StepInfo&, DeviceEstimatedMask&) {
                                ++device_estimates;
                              }};
   const auto backend = make_mask_estimating_backend(info_for("first_block"), first_block, device);
@@ -43,14 +45,14 @@ TEST(DeviceEstimatorBackend, CpuTensorsUseTheHostEstimator) {
   spec.topk_ratio = 0.5;
   spec.block_q = spec.block_kv = 32;
   const Qkv t = random_qkv(1, 96, 128, 2, 1, 16, DType::kF32, 9);
-  const auto metadata = backend->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, AttentionShape::of(t.q, t.k, t.v));
+  const auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, AttentionShape::of(t.q, t.k, t.v));
   Tensor out = poisoned(t.q.shape(), DType::kF32);
   Tensor lse = poisoned({1, 2, 96}, DType::kF32);
-  const ForwardStats stats = backend->make_impl()->forward(t.q, t.k, t.v, *metadata, out, lse);
+  const ForwardStats stats = backend->make_impl()->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, out, lse);
   EXPECT_EQ(device_checks, 0);
   EXPECT_EQ(device_estimates, 0);
   EXPECT_DOUBLE_EQ(stats.density, 0.25);  // one of four kv blocks
-  expect_matches_masked_reference(t, first_block(t.q, t.k, spec, AttentionShape::of(t.q, t.k, t.v)), out, lse);
+  expect_matches_masked_reference(t, first_block(ExecContext{}, t.q, t.k, spec, StepInfo{}, AttentionShape::of(t.q, t.k, t.v)), out, lse);
   expect_error([&] { device_estimated_mask(*metadata); }, "a CUDA plan");
 }
 

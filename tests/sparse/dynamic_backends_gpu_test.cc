@@ -24,7 +24,6 @@
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "tessel/kernels/cuda/stream.h"
 #endif
 
 namespace tessel {
@@ -76,7 +75,7 @@ struct DevicePlan {
 DevicePlan plan_on_device(const std::string& pattern, uint64_t seed) {
   DevicePlan p{spec_for(pattern), inputs(seed), nullptr, nullptr};
   const std::shared_ptr<Backend> backend = builtins().get(pattern);
-  p.metadata = backend->make_metadata_builder()->plan(p.spec, ModuleType::kDitSelf, AttentionShape::of(p.t.q, p.t.k, p.t.v));
+  p.metadata = backend->make_metadata_builder()->plan(ExecContext{}, p.spec, ModuleType::kDitSelf, AttentionShape::of(p.t.q, p.t.k, p.t.v));
   p.impl = backend->make_impl();
   return p;
 }
@@ -84,8 +83,8 @@ DevicePlan plan_on_device(const std::string& pattern, uint64_t seed) {
 // The CPU backend's mask for the same inputs: host estimator plus the always-keep union.
 BlockMask cpu_mask(const std::string& pattern, const PatternSpec& spec, const Qkv& host) {
   const BlockMask estimated = pattern == "dynamic_topk"
-                                  ? estimate_topk_mask(host.q, host.k, topk_options_from_spec(spec)).mask
-                                  : estimate_xattention_mask(host.q, host.k, xattention_options_from_spec(spec)).mask;
+                                  ? estimate_topk_mask(ExecContext{}, host.q, host.k, topk_options_from_spec(spec)).mask
+                                  : estimate_xattention_mask(ExecContext{}, host.q, host.k, xattention_options_from_spec(spec)).mask;
   return apply_always_keep(spec, estimated);
 }
 
@@ -102,7 +101,7 @@ TEST(DynamicBackendsGpu, OutputMatchesTheReferenceOnTheDeviceMask) {
     Tensor out = testing::poisoned({kBatch, kSeq, kHeads, kDim}, DType::kBF16).to(Device::cuda());
     Tensor lse = testing::poisoned({kBatch, kHeads, kSeq}, DType::kF32).to(Device::cuda());
 
-    const ForwardStats first = impl->forward(t.q, t.k, t.v, *metadata, out, lse);
+    const ForwardStats first = impl->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, out, lse);
     EXPECT_EQ(first.estimate_ms, 0.0) << "no earlier forward of this plan has finished";
     EXPECT_EQ(first.density, metadata->planned_density());
 
@@ -118,7 +117,7 @@ TEST(DynamicBackendsGpu, OutputMatchesTheReferenceOnTheDeviceMask) {
     EXPECT_NEAR(mask.density(), cpu_mask(pattern, spec, t.host).density(), 0.02);
 
     // The second forward reports the first one's measurement (finished: to_host synchronized).
-    const ForwardStats second = impl->forward(t.q, t.k, t.v, *metadata, out, lse);
+    const ForwardStats second = impl->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, out, lse);
     EXPECT_NEAR(second.density, mask.density(), 1e-12);
     EXPECT_GT(second.estimate_ms, 0.0);
   }
@@ -136,7 +135,7 @@ TEST(DynamicBackendsGpu, GraphCaptureOfForwardReplays) {
     Impl* impl = p.impl.get();
     Tensor eager = Tensor::empty({kBatch, kSeq, kHeads, kDim}, DType::kBF16, Device::cuda());
     Tensor graphed = testing::poisoned({kBatch, kSeq, kHeads, kDim}, DType::kBF16).to(Device::cuda());
-    impl->forward(t.q, t.k, t.v, *metadata, eager, {});
+    impl->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, eager, {});
     const BlockMask eager_mask = device_estimated_mask(*metadata);
 
     cudaStream_t stream;
@@ -144,9 +143,11 @@ TEST(DynamicBackendsGpu, GraphCaptureOfForwardReplays) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     {
-      cuda::StreamGuard guard(stream);
+      ExecContext on_stream;
+      on_stream.device = Device::cuda();
+      on_stream.stream = stream;
       ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-      impl->forward(t.q, t.k, t.v, *metadata, graphed, {});
+      impl->forward(on_stream, t.q, t.k, t.v, *metadata, StepInfo{}, graphed, {});
       ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
     }
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -175,7 +176,7 @@ TEST(DynamicBackendsGpu, UnsupportedOptionsAreErrorsAtPlanTime) {
   shape.dtype = DType::kBF16;
   shape.device = Device::cuda();
   auto plan = [&](const std::string& pattern, const PatternSpec& spec, const AttentionShape& s) {
-    builtins().get(pattern)->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, s);
+    builtins().get(pattern)->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, s);
   };
   auto with_option = [](const std::string& pattern, const std::string& key, const std::string& value) {
     PatternSpec spec = spec_for(pattern);
@@ -206,7 +207,7 @@ TEST(DynamicBackendsGpu, UnsupportedOptionsAreErrorsAtPlanTime) {
   AttentionShape cpu = shape;
   cpu.device = Device::cpu();
   const std::shared_ptr<Metadata> cpu_plan =
-      builtins().get("dynamic_topk")->make_metadata_builder()->plan(spec_for("dynamic_topk"), ModuleType::kDitSelf, cpu);
+      builtins().get("dynamic_topk")->make_metadata_builder()->plan(ExecContext{}, spec_for("dynamic_topk"), ModuleType::kDitSelf, cpu);
   testing::expect_error([&] { device_estimated_mask(*cpu_plan); }, "a CUDA plan");
 }
 

@@ -74,7 +74,7 @@ TEST(TopkEstimator, KeepsExactlyTheRequestedCount) {
   TopkEstimatorOptions& o = c.options;
   for (double ratio : {0.1, 0.25, 0.5, 1.0}) {
     o.topk_ratio = ratio;
-    const EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
+    const EstimateResult r = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o);
     EXPECT_EQ(r.mask.shape().mask_batch, 2);
     EXPECT_EQ(r.mask.shape().mask_heads, 4);
     const int64_t n = std::clamp<int64_t>(std::llround(ratio * 13), 1, 13);
@@ -90,13 +90,13 @@ TEST(TopkEstimator, PerHeadRatios) {
   const Tensor& k = c.k;
   TopkEstimatorOptions& o = c.options;
   o.per_head = {0.1, 0.5, 1.0};
-  const BlockMask m = estimate_topk_mask(q.view(), k.view(), o).mask;
+  const BlockMask m = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o).mask;
   for (int64_t h = 0; h < 3; ++h)
     for (int64_t r = 0; r < 5; ++r) EXPECT_EQ(m.row(0, h, r).size(), std::vector<size_t>({1, 5, 10})[h]) << "head " << h;
   o.per_head = {0.1, 0.5};
-  expect_error([&] { estimate_topk_mask(q.view(), k.view(), o); }, "per_head");
+  expect_error([&] { estimate_topk_mask(ExecContext{}, q.view(), k.view(), o); }, "per_head");
   o.per_head = {0.1, 0.0, 1.0};
-  expect_error([&] { estimate_topk_mask(q.view(), k.view(), o); }, "per_head[1]");
+  expect_error([&] { estimate_topk_mask(ExecContext{}, q.view(), k.view(), o); }, "per_head[1]");
 }
 
 TEST(TopkEstimator, FindsPlantedBlocks) {
@@ -107,7 +107,7 @@ TEST(TopkEstimator, FindsPlantedBlocks) {
     o.block_kv = 16;
     o.topk_ratio = 1.0 / 12.0;
     o.similarity_threshold = -2.0;
-    const EstimateResult r = estimate_topk_mask(p.q.view(), p.k.view(), o);
+    const EstimateResult r = estimate_topk_mask(ExecContext{}, p.q.view(), p.k.view(), o);
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t row = 0; row < 12; ++row) {
         EXPECT_TRUE(keeps(r.mask, h, row, p.target[row])) << "head " << h << " row " << row;
@@ -115,7 +115,7 @@ TEST(TopkEstimator, FindsPlantedBlocks) {
       }
     // cdf mode reaches the planted block first too.
     o.cdf_threshold = 0.3;
-    const EstimateResult c = estimate_topk_mask(p.q.view(), p.k.view(), o);
+    const EstimateResult c = estimate_topk_mask(ExecContext{}, p.q.view(), p.k.view(), o);
     for (int64_t row = 0; row < 12; ++row) EXPECT_TRUE(keeps(c.mask, 0, row, p.target[row]));
   }
 }
@@ -131,7 +131,7 @@ TEST(TopkEstimator, CdfModeKeepsMoreForHigherThresholds) {
   int64_t last = 0;
   for (double cdf : {0.2, 0.5, 0.8, 0.99}) {
     o.cdf_threshold = cdf;
-    const int64_t nnz = estimate_topk_mask(q.view(), k.view(), o).mask.nnz();
+    const int64_t nnz = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o).mask.nnz();
     EXPECT_GE(nnz, last);
     last = nnz;
   }
@@ -155,7 +155,7 @@ TEST(TopkEstimator, NonSelfSimilarBlocksAreKeptWhole) {
   o.block_q = 32;
   o.block_kv = 16;
   o.topk_ratio = 0.125;
-  const EstimateResult r = estimate_topk_mask(q.view(), k.view(), o);
+  const EstimateResult r = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o);
   for (int64_t row = 0; row < 4; ++row) EXPECT_TRUE(keeps(r.mask, 0, row, 2)) << "column of the non-similar k block, row " << row;
   EXPECT_EQ(r.mask.row(0, 0, 1).size(), 8u) << "row of the non-similar q block";
   EXPECT_EQ(r.mask.row(0, 0, 0).size(), 2u) << "top 1 plus the forced column";
@@ -163,13 +163,13 @@ TEST(TopkEstimator, NonSelfSimilarBlocksAreKeptWhole) {
 
 TEST(TopkEstimator, RejectsBadInput) {
   Tensor q = Tensor::empty({1, 64, 2, 16}, DType::kF32), k = Tensor::empty({1, 64, 3, 16}, DType::kF32);
-  expect_error([&] { estimate_topk_mask(q.view(), k.view(), {}); }, "k heads");
+  expect_error([&] { estimate_topk_mask(ExecContext{}, q.view(), k.view(), {}); }, "k heads");
   Tensor k2 = Tensor::empty({1, 64, 2, 16}, DType::kF32);
   TopkEstimatorOptions o;
   o.topk_ratio = 0.0;
-  expect_error([&] { estimate_topk_mask(q.view(), k2.view(), o); }, "topk_ratio");
+  expect_error([&] { estimate_topk_mask(ExecContext{}, q.view(), k2.view(), o); }, "topk_ratio");
   Tensor qi = Tensor::empty({1, 64, 2, 16}, DType::kI32);
-  expect_error([&] { estimate_topk_mask(qi.view(), k2.view(), {}); }, "dtype");
+  expect_error([&] { estimate_topk_mask(ExecContext{}, qi.view(), k2.view(), {}); }, "dtype");
 }
 
 // Steps 1-4 of the header straight from the definition, in fp64.
@@ -207,7 +207,7 @@ TEST(XAttentionEstimator, BlockMassMatchesTheDefinition) {
   o.stride = 8;
   o.block_q = 32;
   o.block_kv = 16;
-  const std::vector<float> got = xattention_block_mass(q.view(), k.view(), o);
+  const std::vector<float> got = xattention_block_mass(ExecContext{}, q.view(), k.view(), o);
   const std::vector<double> want = mass_by_definition(q, k, 8, 32, 16);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
@@ -219,7 +219,7 @@ TEST(XAttentionEstimator, FindsPlantedBlocksAndKeepsDiagonalAndFirst) {
   o.block_q = 16;
   o.block_kv = 16;
   o.threshold = 0.6;
-  const EstimateResult r = estimate_xattention_mask(p.q.view(), p.k.view(), o);
+  const EstimateResult r = estimate_xattention_mask(ExecContext{}, p.q.view(), p.k.view(), o);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t row = 0; row < 12; ++row) {
       EXPECT_TRUE(keeps(r.mask, h, row, p.target[row])) << "planted, row " << row;
@@ -241,7 +241,7 @@ TEST(XAttentionEstimator, DensityGrowsWithThresholdAndMasksNest) {
   double last_density = 0.0;
   for (double tau : {0.3, 0.5, 0.7, 0.9, 0.95, 0.99, 1.0}) {
     o.threshold = tau;
-    const BlockMask m = estimate_xattention_mask(q.view(), k.view(), o).mask;
+    const BlockMask m = estimate_xattention_mask(ExecContext{}, q.view(), k.view(), o).mask;
     EXPECT_GE(m.density(), last_density) << "tau " << tau;
     const std::vector<uint8_t> dense = m.to_dense();
     if (!previous.empty())
@@ -258,15 +258,15 @@ TEST(XAttentionEstimator, PerHeadThresholds) {
   o.block_q = 32;
   o.block_kv = 32;
   o.threshold = 0.5;
-  const BlockMask low = estimate_xattention_mask(q.view(), q.view(), o).mask;
+  const BlockMask low = estimate_xattention_mask(ExecContext{}, q.view(), q.view(), o).mask;
   o.per_head_threshold = {0.5, 1.0};
-  const BlockMask mixed = estimate_xattention_mask(q.view(), q.view(), o).mask;
+  const BlockMask mixed = estimate_xattention_mask(ExecContext{}, q.view(), q.view(), o).mask;
   for (int64_t r = 0; r < 8; ++r) {
     EXPECT_EQ(mixed.row(0, 0, r), low.row(0, 0, r));
     EXPECT_EQ(mixed.row(0, 1, r).size(), 8u) << "tau 1 keeps every block";
   }
   o.per_head_threshold = {0.5};
-  expect_error([&] { estimate_xattention_mask(q.view(), q.view(), o); }, "per_head_threshold");
+  expect_error([&] { estimate_xattention_mask(ExecContext{}, q.view(), q.view(), o); }, "per_head_threshold");
 }
 
 TEST(XAttentionEstimator, GqaAnyAndVotes) {
@@ -280,23 +280,23 @@ TEST(XAttentionEstimator, GqaAnyAndVotes) {
   o.block_q = 16;
   o.block_kv = 16;
   o.threshold = 0.8;
-  const BlockMask per_head = estimate_xattention_mask(p.q.view(), k2.view(), o).mask;
+  const BlockMask per_head = estimate_xattention_mask(ExecContext{}, p.q.view(), k2.view(), o).mask;
   o.gqa_any = true;
-  const BlockMask any = estimate_xattention_mask(p.q.view(), k2.view(), o).mask;
+  const BlockMask any = estimate_xattention_mask(ExecContext{}, p.q.view(), k2.view(), o).mask;
   ASSERT_EQ(any.shape().mask_heads, 2);
   const std::vector<uint8_t> d_head = per_head.to_dense(), d_any = any.to_dense();
   for (int64_t h = 0; h < 4; ++h)
     for (int64_t i = 0; i < 64; ++i)
       if (d_head[h * 64 + i]) EXPECT_TRUE(d_any[(h / 2) * 64 + i]);
   o.vote = XAttentionVote::kHeads;
-  const BlockMask voted = estimate_xattention_mask(p.q.view(), k2.view(), o).mask;
+  const BlockMask voted = estimate_xattention_mask(ExecContext{}, p.q.view(), k2.view(), o).mask;
   EXPECT_EQ(voted.shape().mask_heads, 1);
   // Head vote over the 2 kv heads: a cell needs both (more than half), plus the diagonal and block 0.
   const std::vector<uint8_t> d_voted = voted.to_dense();
   for (int64_t i = 0; i < 64; ++i)
     EXPECT_EQ(d_voted[i] != 0, (d_any[i] && d_any[64 + i]) || i % 8 == 0 || i % 8 == i / 8) << i;
   o.vote = XAttentionVote::kColumns;
-  const BlockMask columns = estimate_xattention_mask(p.q.view(), k2.view(), o).mask;
+  const BlockMask columns = estimate_xattention_mask(ExecContext{}, p.q.view(), k2.view(), o).mask;
   EXPECT_EQ(columns.shape().mask_heads, 1);
   for (int64_t row = 0; row < 8; ++row) {
     EXPECT_TRUE(keeps(columns, 0, row, 0));
@@ -309,13 +309,13 @@ TEST(XAttentionEstimator, RejectsBadOptions) {
   Tensor q = Tensor::empty({1, 64, 1, 16}, DType::kF32);
   XAttentionOptions o;
   o.stride = 4;
-  expect_error([&] { estimate_xattention_mask(q.view(), q.view(), o); }, "stride");
+  expect_error([&] { estimate_xattention_mask(ExecContext{}, q.view(), q.view(), o); }, "stride");
   o.stride = 16;
   o.block_kv = 24;
-  expect_error([&] { estimate_xattention_mask(q.view(), q.view(), o); }, "block_kv");
+  expect_error([&] { estimate_xattention_mask(ExecContext{}, q.view(), q.view(), o); }, "block_kv");
   o.block_kv = 64;
   o.threshold = 1.5;
-  expect_error([&] { estimate_xattention_mask(q.view(), q.view(), o); }, "threshold");
+  expect_error([&] { estimate_xattention_mask(ExecContext{}, q.view(), q.view(), o); }, "threshold");
 }
 
 }  // namespace

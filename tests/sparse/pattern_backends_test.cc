@@ -74,12 +74,12 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
     auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
     const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
-    auto metadata = backend->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, shape);
+    auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, shape);
     ASSERT_NE(metadata->mask, nullptr);
     const StaticPlan plan = plan_static_pattern(static_pattern_from_spec(spec), static_request_from_spec(spec));
     EXPECT_EQ(metadata->mask->indices(), plan.mask.indices()) << pattern;
     EXPECT_LT(metadata->mask->density(), 1.0) << pattern;
-    const ForwardStats stats = backend->make_impl()->forward(t.q.view(), t.k.view(), t.v.view(), *metadata, t.out.view(), TensorView{});
+    const ForwardStats stats = backend->make_impl()->forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), *metadata, StepInfo{}, t.out.view(), TensorView{});
     EXPECT_NEAR(stats.density, metadata->mask->density(), 1e-12);
     // The same computation by hand: permute, block-sparse attention, unpermute.
     if (plan.permuted()) {
@@ -88,10 +88,10 @@ TEST(PatternBackends, StaticBackendsRunTheirPlannedMask) {
       permute_tokens(t.q.view(), qp.view(), plan.permutation);
       permute_tokens(t.k.view(), kp.view(), plan.permutation);
       permute_tokens(t.v.view(), vp.view(), plan.permutation);
-      block_sparse_attention_forward(qp.view(), kp.view(), vp.view(), plan.mask.view(), op.view(), TensorView{});
+      block_sparse_attention_forward(ExecContext{}, qp.view(), kp.view(), vp.view(), plan.mask.view(), op.view(), TensorView{});
       unpermute_tokens(op.view(), t.expected.view(), plan.permutation);
     } else {
-      block_sparse_attention_forward(t.q.view(), t.k.view(), t.v.view(), plan.mask.view(), t.expected.view(), TensorView{});
+      block_sparse_attention_forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), plan.mask.view(), t.expected.view(), TensorView{});
     }
     EXPECT_LT(testing::relative_l2(t.out.view(), t.expected.view()), 1e-6) << pattern;
   }
@@ -103,11 +103,11 @@ TEST(PatternBackends, ArrowAndCompositeFromConfig) {
   c.pattern.i2i_pattern = PatternType::kRadial;
   auto backend = builtins().get("arrow");
   Inputs t = inputs(276);
-  auto metadata = backend->make_metadata_builder()->plan(spec_of(c), ModuleType::kDitJoint,
+  auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec_of(c), ModuleType::kDitJoint,
                                                          AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
   // Text rows (q block 0 holds the 20 text tokens) are full.
   EXPECT_EQ(metadata->mask->row(0, 0, 0).size(), static_cast<size_t>(metadata->mask->shape().kv_blocks()));
-  backend->make_impl()->forward(t.q.view(), t.k.view(), t.v.view(), *metadata, t.out.view(), TensorView{});
+  backend->make_impl()->forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), *metadata, StepInfo{}, t.out.view(), TensorView{});
   EXPECT_FALSE(std::isnan(t.out.data_as<float>()[0]));
 
   SparseAttnConfig comp = config_for("composite");
@@ -126,14 +126,14 @@ TEST(PatternBackends, DynamicBackendsEstimateInForward) {
     const PatternSpec spec = spec_of(c);
     auto backend = builtins().get(pattern);
     Inputs t = inputs(256);
-    auto metadata = backend->make_metadata_builder()->plan(spec, ModuleType::kDitSelf, AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
-    const ForwardStats stats = backend->make_impl()->forward(t.q.view(), t.k.view(), t.v.view(), *metadata, t.out.view(), TensorView{});
-    const BlockMask mask = pattern == "dynamic_topk" ? estimate_topk_mask(t.q.view(), t.k.view(), topk_options_from_spec(spec)).mask
-                                                     : estimate_xattention_mask(t.q.view(), t.k.view(), xattention_options_from_spec(spec)).mask;
+    auto metadata = backend->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, AttentionShape::of(t.q.view(), t.k.view(), t.v.view()));
+    const ForwardStats stats = backend->make_impl()->forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), *metadata, StepInfo{}, t.out.view(), TensorView{});
+    const BlockMask mask = pattern == "dynamic_topk" ? estimate_topk_mask(ExecContext{}, t.q.view(), t.k.view(), topk_options_from_spec(spec)).mask
+                                                     : estimate_xattention_mask(ExecContext{}, t.q.view(), t.k.view(), xattention_options_from_spec(spec)).mask;
     EXPECT_NEAR(stats.density, mask.density(), 1e-12) << pattern;
     EXPECT_LT(stats.density, 1.0) << pattern;
     EXPECT_GE(stats.estimate_ms, 0.0);
-    block_sparse_attention_forward(t.q.view(), t.k.view(), t.v.view(), mask.view(), t.expected.view(), TensorView{});
+    block_sparse_attention_forward(ExecContext{}, t.q.view(), t.k.view(), t.v.view(), mask.view(), t.expected.view(), TensorView{});
     EXPECT_LT(testing::relative_l2(t.out.view(), t.expected.view()), 1e-6) << pattern;
   }
 }
@@ -142,7 +142,7 @@ TEST(PatternBackends, BadSpecsAreErrors) {
   Inputs t = inputs(200);
   const AttentionShape shape = AttentionShape::of(t.q.view(), t.k.view(), t.v.view());
   auto radial = builtins().get("radial");
-  testing::expect_error([&] { radial->make_metadata_builder()->plan(spec_of(config_for("radial")), ModuleType::kDitSelf, shape); },
+  testing::expect_error([&] { radial->make_metadata_builder()->plan(ExecContext{}, spec_of(config_for("radial")), ModuleType::kDitSelf, shape); },
                         "seq_q = seq_kv = 256");
   SparseAttnConfig c = config_for("dynamic_topk");
   c.options["cdf"] = "abc";

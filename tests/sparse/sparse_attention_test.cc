@@ -1,4 +1,5 @@
-// DiTSparseAttentionAdapter lifecycle across steps and reset, the plan cache shared by layers,
+// DiTSparseAttentionAdapter across steps and layers (the step passed to every forward), the plan
+// cache shared by layers,
 // the SparseAttention module (resolution, dense bypass with an explicit mask, one warning), and
 // the masked dense fallback against the reference.
 #include <gtest/gtest.h>
@@ -16,8 +17,8 @@ using namespace tessel::testing;
 
 // Delegates to block_sparse and counts what the adapter calls.
 struct Counts {
-  int plans = 0, updates = 0, forwards = 0;
-  std::vector<std::pair<int64_t, double>> update_args;  // (step, topk_ratio seen)
+  int plans = 0, forwards = 0;
+  std::vector<StepInfo> steps;  // the StepInfo each forward received
 };
 
 class CountingBackend : public Backend {
@@ -32,14 +33,10 @@ class CountingBackend : public Backend {
     struct Builder : MetadataBuilder {
       std::unique_ptr<MetadataBuilder> inner;
       std::shared_ptr<Counts> counts;
-      std::shared_ptr<Metadata> plan(const PatternSpec& s, ModuleType m, const AttentionShape& a) override {
+      std::shared_ptr<Metadata> plan(const ExecContext& ctx, const PatternSpec& s, ModuleType m,
+                                     const AttentionShape& a) override {
         ++counts->plans;
-        return inner->plan(s, m, a);
-      }
-      void update_step(Metadata& metadata, int64_t step, int64_t total) override {
-        ++counts->updates;
-        counts->update_args.emplace_back(step, *metadata.spec.topk_ratio);
-        inner->update_step(metadata, step, total);
+        return inner->plan(ctx, s, m, a);
       }
     };
     auto builder = std::make_unique<Builder>();
@@ -51,10 +48,12 @@ class CountingBackend : public Backend {
     struct CountingImpl : Impl {
       std::unique_ptr<Impl> inner;
       std::shared_ptr<Counts> counts;
-      ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v, const Metadata& m,
-                           const TensorView& out, const TensorView& lse) override {
+      ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                           const Metadata& m, const StepInfo& step, const TensorView& out,
+                           const TensorView& lse) override {
         ++counts->forwards;
-        return inner->forward(q, k, v, m, out, lse);
+        counts->steps.push_back(step);
+        return inner->forward(ctx, q, k, v, m, step, out, lse);
       }
     };
     auto impl = std::make_unique<CountingImpl>();
@@ -84,7 +83,7 @@ void expect_dense(const Qkv& t, const TensorView& out, const TensorView& lse) {
   expect_close_to_reference(t, {}, [](int64_t, int64_t, int64_t, int64_t) { return true; }, out, lse, exact);
 }
 
-TEST(DiTSparseAttentionAdapter, LifecycleAcrossStepsLayersAndReset) {
+TEST(DiTSparseAttentionAdapter, StepsAndLayersReachTheBackend) {
   auto counts = std::make_shared<Counts>();
   const auto backend = std::make_shared<CountingBackend>(counts);
   SparseAttnConfig config = window_config();
@@ -97,84 +96,83 @@ TEST(DiTSparseAttentionAdapter, LifecycleAcrossStepsLayersAndReset) {
   for (int64_t layer = 0; layer < 3; ++layer)
     layers.emplace_back(backend, ModuleType::kDitSelf, 4, 2, 16, resolved, layer, cache);
   EXPECT_EQ(layers[2].layer_index(), 2);
-  EXPECT_FALSE(layers[0].current_step().has_value());
+  const ExecContext ctx;
 
   const Qkv t = random_qkv(1, 128, 128, 4, 2, 16, DType::kF32, 31);
   const BlockMask window_mask = sink_window_mask(128, 128, 32, 32, 16, 0);
   const int64_t total = 10;
-  int sparse_forwards = 0, sparse_steps = 0;
+  int sparse_forwards = 0;
   for (int64_t step = 0; step < total; ++step) {
-    bool any_sparse = false;
-    for (auto& layer : layers) {
-      layer.begin_step(step, total);
-      EXPECT_EQ(layer.current_step(), step);
-      EXPECT_EQ(layer.total_steps(), total);
+    for (const auto& layer : layers) {
+      const StepInfo info = StepInfo::at(step, total, /*layer=*/99, /*cfg_branch=*/1);
       Tensor out = poisoned(t.q.shape(), DType::kF32);
       Tensor lse = poisoned({1, 4, 128}, DType::kF32);
-      const AttentionStepReport report = layer.forward(t.q, t.k, t.v, out, lse);
+      const AttentionStepReport report = layer.forward(ctx, info, t.q, t.k, t.v, out, lse);
       const double density = step_density(config, step, total, layer.layer_index());
       const bool expect_dense_run = step < 2 || layer.layer_index() < 1 || density >= 1.0;
       SCOPED_TRACE("step " + std::to_string(step) + " layer " + std::to_string(layer.layer_index()));
       EXPECT_EQ(report.dense, expect_dense_run);
       EXPECT_EQ(report.backend, expect_dense_run ? "dense" : "counting");
-      EXPECT_DOUBLE_EQ(layer.current_density(), density);
+      EXPECT_DOUBLE_EQ(layer.density_at(info), density);
       if (expect_dense_run) {
         EXPECT_DOUBLE_EQ(report.density, 1.0);
         if (step == 0) expect_dense(t, out, lse);
       } else {
         ++sparse_forwards;
-        any_sparse = true;
         EXPECT_DOUBLE_EQ(report.density, window_mask.density());
         if (step == total - 1) expect_matches_masked_reference(t, window_mask, out, lse);
+        // The backend sees the step, the adapter's layer, the caller's branch and the density.
+        const StepInfo& seen = counts->steps.back();
+        EXPECT_EQ(seen.step, step);
+        EXPECT_EQ(seen.total_steps, total);
+        EXPECT_EQ(seen.layer, layer.layer_index());
+        EXPECT_EQ(seen.cfg_branch, 1);
+        ASSERT_TRUE(seen.density.has_value());
+        EXPECT_DOUBLE_EQ(*seen.density, density);
       }
-      EXPECT_EQ(layer.last_report().dense, report.dense);
     }
-    sparse_steps += any_sparse;
   }
   EXPECT_GT(sparse_forwards, 0);
   EXPECT_EQ(counts->forwards, sparse_forwards);
   EXPECT_EQ(counts->plans, 1);             // one plan for every layer and step
   EXPECT_EQ(cache->misses(), 1);
   EXPECT_EQ(cache->hits(), sparse_forwards - 1);
-  EXPECT_EQ(counts->updates, sparse_steps);  // once per step, not per layer
-  for (const auto& [step, topk] : counts->update_args) EXPECT_DOUBLE_EQ(topk, step_density(config, step, total, 1));
 
-  // reset: back to "no step", plans kept.
-  layers[1].reset();
-  EXPECT_FALSE(layers[1].current_step().has_value());
-  EXPECT_TRUE(layers[1].last_report().dense);
-  EXPECT_DOUBLE_EQ(layers[1].current_density(), config.selection.topk_ratio);
+  // Without a step: no step warm-up, the config's ratio; plans kept.
+  EXPECT_DOUBLE_EQ(layers[1].density_at(StepInfo{}), config.selection.topk_ratio);
   Tensor out = poisoned(t.q.shape(), DType::kF32);
-  const AttentionStepReport after = layers[1].forward(t.q, t.k, t.v, out, {});
-  EXPECT_FALSE(after.dense);  // no step warm-up without a step; layer 1 is past dense_layers
+  const AttentionStepReport after = layers[1].forward(ctx, StepInfo{}, t.q, t.k, t.v, out, {});
+  EXPECT_FALSE(after.dense);  // layer 1 is past dense_layers
+  EXPECT_FALSE(counts->steps.back().step.has_value());
   EXPECT_EQ(cache->misses(), 1);
   EXPECT_EQ(counts->plans, 1);
-  layers[0].reset();
-  EXPECT_TRUE(layers[0].forward(t.q, t.k, t.v, out, {}).dense);  // dense layer stays dense
+  EXPECT_TRUE(layers[0].forward(ctx, StepInfo{}, t.q, t.k, t.v, out, {}).dense);  // dense layer stays dense
 }
 
 TEST(DiTSparseAttentionAdapter, RejectsBadStepsAndShapes) {
   DiTSparseAttentionAdapter adapter(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16, resolved_window_config());
-  EXPECT_THROW(adapter.begin_step(5, 5), Error);
-  EXPECT_THROW(adapter.begin_step(-1, 5), Error);
-  EXPECT_THROW(adapter.begin_step(0, 0), Error);
+  const ExecContext ctx;
+  const Qkv ok = random_qkv(1, 64, 64, 4, 2, 16, DType::kF32, 3);
+  Tensor ok_out = poisoned(ok.q.shape(), DType::kF32);
+  EXPECT_THROW(adapter.forward(ctx, StepInfo::at(5, 5), ok.q, ok.k, ok.v, ok_out, {}), Error);
+  EXPECT_THROW(adapter.forward(ctx, StepInfo::at(-1, 5), ok.q, ok.k, ok.v, ok_out, {}), Error);
+  EXPECT_THROW(adapter.forward(ctx, StepInfo::at(0, 0), ok.q, ok.k, ok.v, ok_out, {}), Error);
   const Qkv wrong_heads = random_qkv(1, 64, 64, 8, 2, 16, DType::kF32, 1);
   Tensor out = poisoned(wrong_heads.q.shape(), DType::kF32);
-  EXPECT_THROW(adapter.forward(wrong_heads.q, wrong_heads.k, wrong_heads.v, out, {}), Error);
+  EXPECT_THROW(adapter.forward(ctx, StepInfo{}, wrong_heads.q, wrong_heads.k, wrong_heads.v, out, {}), Error);
   EXPECT_THROW(DiTSparseAttentionAdapter(nullptr, ModuleType::kDitSelf, 4, 3, 16, resolved_window_config()), Error);
   // block_sparse cannot run dynamic_topk (the default pattern): refused at the first plan
   DiTSparseAttentionAdapter cannot(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16, ResolvedSparseAttnConfig());
   const Qkv t = random_qkv(1, 64, 64, 4, 2, 16, DType::kF32, 2);
   Tensor out2 = poisoned(t.q.shape(), DType::kF32);
-  EXPECT_THROW(cannot.forward(t.q, t.k, t.v, out2, {}), Error);
+  EXPECT_THROW(cannot.forward(ctx, StepInfo{}, t.q, t.k, t.v, out2, {}), Error);
 }
 
 TEST(DiTSparseAttentionAdapter, NoBackendMeansDense) {
   DiTSparseAttentionAdapter adapter(nullptr, ModuleType::kDitSelf, 2, 2, 32, resolved_window_config());
   const Qkv t = random_qkv(2, 50, 90, 2, 2, 32, DType::kF32, 12);
   Tensor out = poisoned(t.q.shape(), DType::kF32), lse = poisoned({2, 2, 50}, DType::kF32);
-  adapter.begin_step(3, 4);
-  const AttentionStepReport report = adapter.forward(t.q, t.k, t.v, out, lse);
+  const AttentionStepReport report = adapter.forward(ExecContext{}, StepInfo::at(3, 4), t.q, t.k, t.v, out, lse);
   EXPECT_TRUE(report.dense);
   expect_dense(t, out, lse);
   EXPECT_EQ(adapter.plan_cache()->size(), 0u);
@@ -193,7 +191,7 @@ TEST(PlanCache, OnePlanPerShapeSharedByLayers) {
   for (auto& layer : layers) {
     for (const Qkv* t : {&a, &b, &a_bf16}) {
       Tensor out = Tensor::empty(t->q.shape(), t->q.dtype());
-      EXPECT_FALSE(layer.forward(t->q, t->k, t->v, out, {}).dense);
+      EXPECT_FALSE(layer.forward(ExecContext{}, StepInfo{}, t->q, t->k, t->v, out, {}).dense);
     }
   }
   EXPECT_EQ(counts->plans, 3);  // (96, fp32), (160, fp32), (96, bf16)
@@ -263,7 +261,7 @@ TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
   LogCapture log;
   for (int call = 0; call < 3; ++call) {
     Tensor out = poisoned(t.q.shape(), DType::kF32), lse = poisoned({2, 4, 128}, DType::kF32);
-    const AttentionStepReport report = attention.forward(t.q, t.k, t.v, out, lse, mask);
+    const AttentionStepReport report = attention.forward(ExecContext{}, StepInfo{}, t.q, t.k, t.v, out, lse, mask);
     EXPECT_TRUE(report.dense);
     expect_close_to_reference(t, {}, keep, out, lse, expected);
   }
@@ -275,14 +273,34 @@ TEST(SparseAttention, ExplicitMaskBypassesSparseWithOneWarning) {
 
   // Without a mask the module runs the backend.
   Tensor out = poisoned(t.q.shape(), DType::kF32);
-  const AttentionStepReport sparse = attention.forward(t.q, t.k, t.v, out, {});
+  const AttentionStepReport sparse = attention.forward(ExecContext{}, StepInfo{}, t.q, t.k, t.v, out, {});
   EXPECT_FALSE(sparse.dense);
   EXPECT_EQ(sparse.backend, "block_sparse");
   expect_matches_masked_reference(t, sink_window_mask(128, 128, 32, 32, 16, 0), out, {});
   // Wrong dtype for this module.
   const Qkv bf = random_qkv(2, 128, 128, 4, 2, 16, DType::kBF16, 1);
   Tensor bf_out = Tensor::empty(bf.q.shape(), DType::kBF16);
-  EXPECT_THROW(attention.forward(bf.q, bf.k, bf.v, bf_out, {}), Error);
+  EXPECT_THROW(attention.forward(ExecContext{}, StepInfo{}, bf.q, bf.k, bf.v, bf_out, {}), Error);
+}
+
+TEST(SparseAttention, WarningsGoToTheContextsSink) {
+  const auto owned = builtin_registry();
+  BackendRegistry& registry = *owned;
+  SparseAttnConfig config = window_config();
+  config.backend = "block_sparse";
+  SparseAttention attention(module_options(registry, config, nullptr));
+  const Qkv t = random_qkv(1, 64, 64, 4, 2, 16, DType::kF32, 8);
+  Tensor mask = Tensor::empty({1, 64}, DType::kU8);
+  std::fill_n(mask.data_as<uint8_t>(), 64, uint8_t{1});
+  std::vector<std::string> lines;
+  ExecContext ctx;
+  ctx.log_sink = [&](LogLevel, std::string_view message) { lines.emplace_back(message); };
+  LogCapture process_wide;
+  Tensor out = poisoned(t.q.shape(), DType::kF32);
+  attention.forward(ctx, StepInfo{}, t.q, t.k, t.v, out, {}, mask);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("explicit attention mask"), std::string::npos) << lines[0];
+  EXPECT_TRUE(process_wide.lines.empty());
 }
 
 TEST(SparseAttention, ResolvesThroughTheOverrideAndNone) {
@@ -296,10 +314,13 @@ TEST(SparseAttention, ResolvesThroughTheOverrideAndNone) {
     SparseAttention attention(options);
     EXPECT_EQ(attention.resolution().source, ResolutionSource::kEnv);
     EXPECT_EQ(attention.resolution().backend, nullptr);
-    EXPECT_EQ(attention.adapter().plan_cache(), PlanCache::shared());  // default: the shared cache
+    // Default: a cache of the module's own, not shared with other modules.
+    ASSERT_NE(attention.adapter().plan_cache(), nullptr);
+    SparseAttention other(module_options(registry, config, nullptr));
+    EXPECT_NE(attention.adapter().plan_cache(), other.adapter().plan_cache());
     const Qkv t = random_qkv(1, 64, 64, 4, 2, 16, DType::kF32, 6);
     Tensor out = poisoned(t.q.shape(), DType::kF32);
-    EXPECT_TRUE(attention.forward(t.q, t.k, t.v, out, {}).dense);
+    EXPECT_TRUE(attention.forward(ExecContext{}, StepInfo{}, t.q, t.k, t.v, out, {}).dense);
     expect_dense(t, out, {});
   }
   {
@@ -324,15 +345,15 @@ TEST(MaskedAttention, FourDimensionalMaskEqualsTheBlockReferenceAndEmptyRowsAreZ
       for (int64_t j = 0; j < 64; ++j)
         mask.data_as<uint8_t>()[(h * 64 + i) * 64 + j] = dense[static_cast<size_t>((h * 4 + i / 16) * 4 + j / 16)];
   Tensor out = poisoned(t.q.shape(), DType::kF32), lse = poisoned({1, 2, 64}, DType::kF32);
-  masked_attention_forward(t.q, t.k, t.v, mask, out, lse);
+  masked_attention_forward(ExecContext{}, t.q, t.k, t.v, mask, out, lse);
   expect_matches_masked_reference(t, blocks, out, lse);
   EXPECT_EQ(element_as_double(out, (0 * 2 + 1) * 16), 0.0);  // token 0, head 1
   EXPECT_TRUE(std::isinf(element_as_double(lse, 64)));
 
   Tensor bad = Tensor::empty({1, 3, 64, 64}, DType::kU8);
-  EXPECT_THROW(masked_attention_forward(t.q, t.k, t.v, bad, out, lse), Error);
+  EXPECT_THROW(masked_attention_forward(ExecContext{}, t.q, t.k, t.v, bad, out, lse), Error);
   Tensor wrong_dtype = Tensor::empty({1, 64}, DType::kF32);
-  EXPECT_THROW(masked_attention_forward(t.q, t.k, t.v, wrong_dtype, out, lse), Error);
+  EXPECT_THROW(masked_attention_forward(ExecContext{}, t.q, t.k, t.v, wrong_dtype, out, lse), Error);
 }
 
 }  // namespace

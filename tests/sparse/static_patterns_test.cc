@@ -234,7 +234,7 @@ TEST(StaticPatterns, PermuteAttendUnpermuteEqualsMaskMappedBack) {
   permute_tokens(k.view(), kp.view(), plan.permutation);
   permute_tokens(v.view(), vp.view(), plan.permutation);
   fill(op.view(), NAN);
-  block_sparse_attention_forward(qp.view(), kp.view(), vp.view(), plan.mask.view(), op.view(), TensorView{});
+  block_sparse_attention_forward(ExecContext{}, qp.view(), kp.view(), vp.view(), plan.mask.view(), op.view(), TensorView{});
   unpermute_tokens(op.view(), out.view(), plan.permutation);
   // fp64 attention in the original order, keeping (i, j) iff the mask keeps their permuted blocks.
   const float* qd = q.data_as<float>();

@@ -18,7 +18,6 @@
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "tessel/kernels/cuda/stream.h"
 #endif
 
 namespace tessel {
@@ -83,10 +82,10 @@ TEST(TopkEstimatorGpu, MatchesTheCpuEstimator) {
                                       << " cdf=" << c.options.cdf_threshold << " ratio=" << c.options.topk_ratio);
     const Tensor q = structured(c.batch, c.seq_q, c.heads, c.dim, 96, seed++);
     const Tensor k = structured(c.batch, c.seq_kv, c.kv_heads, c.dim, 80, seed++);
-    const BlockMask cpu = estimate_topk_mask(q, k, c.options).mask;
+    const BlockMask cpu = estimate_topk_mask(ExecContext{}, q, k, c.options).mask;
     const BlockMaskShape shape{c.batch, c.heads, c.seq_q, c.seq_kv, c.options.block_q, c.options.block_kv};
     DeviceEstimatedMask device_mask(shape, c.kv_heads, c.dim, Device::cuda());
-    estimate_topk_mask_device(q.to(Device::cuda()), k.to(Device::cuda()), c.options, device_mask);
+    estimate_topk_mask_device(ExecContext{}, q.to(Device::cuda()), k.to(Device::cuda()), c.options, device_mask);
     const BlockMask gpu = device_mask.to_host();  // from_csr validates: sorted, unique, in range
     EXPECT_GT(cpu.density(), 0.0);
     EXPECT_LT(cpu.density(), 1.0) << "inputs should make a nontrivial mask";
@@ -105,7 +104,7 @@ TEST(TopkEstimatorGpu, RejectsAMaskOfAnotherShape) {
   const Tensor q = Tensor::empty({1, 256, 2, 64}, DType::kBF16, Device::cuda());
   DeviceEstimatedMask wrong({1, 2, 512, 512, 128, 64}, 2, 64, Device::cuda());
   try {
-    estimate_topk_mask_device(q, q, {}, wrong);
+    estimate_topk_mask_device(ExecContext{}, q, q, {}, wrong);
     ADD_FAILURE() << "expected tessel::Error naming mask";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("mask"), std::string::npos) << e.what();
@@ -127,18 +126,20 @@ TEST(TopkEstimatorGpu, GraphCaptureOfEstimationAndAttentionReplays) {
   DeviceEstimatedMask eager_mask(shape, 2, dim, gpu), graph_mask(shape, 2, dim, gpu);
   Tensor eager = Tensor::empty({1, seq, heads, dim}, DType::kBF16, gpu);
   Tensor graphed = Tensor::empty({1, seq, heads, dim}, DType::kBF16, gpu);
-  estimate_topk_mask_device(q, k, options, eager_mask);
-  block_sparse_attention_forward(q, k, v, eager_mask.view(), eager, {});
+  estimate_topk_mask_device(ExecContext{}, q, k, options, eager_mask);
+  block_sparse_attention_forward(ExecContext{}, q, k, v, eager_mask.view(), eager, {});
 
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   {
-    cuda::StreamGuard guard(stream);
+    ExecContext on_stream;
+    on_stream.device = Device::cuda();
+    on_stream.stream = stream;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    estimate_topk_mask_device(q, k, options, graph_mask);
-    block_sparse_attention_forward(q, k, v, graph_mask.view(), graphed, {});
+    estimate_topk_mask_device(on_stream, q, k, options, graph_mask);
+    block_sparse_attention_forward(on_stream, q, k, v, graph_mask.view(), graphed, {});
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   }
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);

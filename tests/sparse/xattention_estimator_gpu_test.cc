@@ -18,7 +18,6 @@
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "tessel/kernels/cuda/stream.h"
 #endif
 
 namespace tessel {
@@ -95,10 +94,10 @@ TEST(XAttentionEstimatorGpu, MatchesTheCpuEstimator) {
                                       << c.options.block_kv);
     const Tensor q = drifting(c.seq_q, c.heads, c.dim, seed++);
     const Tensor k = drifting(c.seq_kv, c.kv_heads, c.dim, seed++);
-    const BlockMask cpu = estimate_xattention_mask(q, k, c.options).mask;
+    const BlockMask cpu = estimate_xattention_mask(ExecContext{}, q, k, c.options).mask;
     DeviceEstimatedMask device_mask({1, c.heads, c.seq_q, c.seq_kv, c.options.block_q, c.options.block_kv},
                                     c.kv_heads, c.dim, Device::cuda());
-    estimate_xattention_mask_device(q.to(Device::cuda()), k.to(Device::cuda()), c.options, device_mask);
+    estimate_xattention_mask_device(ExecContext{}, q.to(Device::cuda()), k.to(Device::cuda()), c.options, device_mask);
     const BlockMask gpu = device_mask.to_host();  // from_csr validates the CSR
     EXPECT_GT(cpu.density(), 0.0);
     EXPECT_LT(cpu.density(), 1.0) << "inputs should make a nontrivial mask";
@@ -119,7 +118,7 @@ TEST(XAttentionEstimatorGpu, RejectsWhatTheDeviceCannotRun) {
   for (const auto& [options, name] :
        {std::pair{voted, "vote"}, std::pair{stride32, "stride"}, std::pair{stride3, "stride"}}) {
     try {
-      estimate_xattention_mask_device(q, q, options, mask);
+      estimate_xattention_mask_device(ExecContext{}, q, q, options, mask);
       ADD_FAILURE() << "expected tessel::Error naming " << name;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
@@ -144,15 +143,17 @@ TEST(XAttentionEstimatorGpu, GraphCaptureReplaysTheSameMask) {
   const Tensor k = drifting(1200, 2, 128, 52).to(Device::cuda());
   const BlockMaskShape shape{1, 2, 1200, 1200, 128, 64};
   DeviceEstimatedMask eager(shape, 2, 128, Device::cuda()), graphed(shape, 2, 128, Device::cuda(), /*xattention_stride=*/8);
-  estimate_xattention_mask_device(q, k, {}, eager);
+  estimate_xattention_mask_device(ExecContext{}, q, k, {}, eager);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   {
-    cuda::StreamGuard guard(stream);
+    ExecContext on_stream;
+    on_stream.device = Device::cuda();
+    on_stream.stream = stream;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    estimate_xattention_mask_device(q, k, {}, graphed);
+    estimate_xattention_mask_device(on_stream, q, k, {}, graphed);
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   }
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -175,10 +176,12 @@ TEST(XAttentionEstimatorGpu, CaptureWithoutReservedWorkspaceIsAClearError) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   {
-    cuda::StreamGuard guard(stream);
+    ExecContext on_stream;
+    on_stream.device = Device::cuda();
+    on_stream.stream = stream;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
     try {
-      estimate_xattention_mask_device(q, q, {}, mask);
+      estimate_xattention_mask_device(on_stream, q, q, {}, mask);
       ADD_FAILURE() << "expected tessel::Error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("xattention_stride"), std::string::npos) << e.what();
@@ -189,7 +192,7 @@ TEST(XAttentionEstimatorGpu, CaptureWithoutReservedWorkspaceIsAClearError) {
   }
   cudaStreamDestroy(stream);
   // Outside a capture the same call allocates the workspace and runs.
-  estimate_xattention_mask_device(q, q, {}, mask);
+  estimate_xattention_mask_device(ExecContext{}, q, q, {}, mask);
   EXPECT_GT(mask.to_host().density(), 0.0);
 }
 
@@ -201,7 +204,7 @@ TEST(XAttentionEstimatorGpu, UnalignedRowsAreRejectedNamingTheArgument) {
                            {1, 512, 2, 64});
   DeviceEstimatedMask mask({1, 2, 512, 512, 128, 64}, 2, 64, Device::cuda(), 8);
   try {
-    estimate_xattention_mask_device(shifted, k, {}, mask);
+    estimate_xattention_mask_device(ExecContext{}, shifted, k, {}, mask);
     ADD_FAILURE() << "expected tessel::Error naming q";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("q"), std::string::npos) << e.what();

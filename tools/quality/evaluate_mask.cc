@@ -20,7 +20,7 @@ double median_ms(int repeats, const std::function<void()>& fn) {
   return times[times.size() / 2];
 }
 
-MaskEvaluation evaluate_mask(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dense_out,
+MaskEvaluation evaluate_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dense_out,
                              const BlockMask& mask, const TokenPermutation* permutation, int repeats) {
   check_shape(dense_out, q.shape(), "dense_out");
   MaskEvaluation e;
@@ -33,11 +33,11 @@ MaskEvaluation evaluate_mask(const TensorView& q, const TensorView& k, const Ten
       permute_tokens(q, qp.view(), *permutation);
       permute_tokens(k, kp.view(), *permutation);
       permute_tokens(v, vp.view(), *permutation);
-      block_sparse_attention_forward(qp.view(), kp.view(), vp.view(), mask.view(), op.view(), TensorView{});
+      block_sparse_attention_forward(ctx, qp.view(), kp.view(), vp.view(), mask.view(), op.view(), TensorView{});
       unpermute_tokens(op.view(), out.view(), *permutation);
     });
   } else {
-    e.attn_ms = median_ms(repeats, [&] { block_sparse_attention_forward(q, k, v, mask.view(), out.view(), TensorView{}); });
+    e.attn_ms = median_ms(repeats, [&] { block_sparse_attention_forward(ctx, q, k, v, mask.view(), out.view(), TensorView{}); });
   }
   e.error = compare_outputs(out.view(), dense_out);
   return e;

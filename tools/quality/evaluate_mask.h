@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/block_mask.h"
 #include "tessel/sparse/planners/ordering.h"
@@ -19,7 +20,7 @@ struct MaskEvaluation {
 
 // q, k, v: CPU BSHD of one dtype; dense_out the dense attention output of q, k, v. permutation
 // may be null (raster order). Throws Error on inconsistent shapes.
-MaskEvaluation evaluate_mask(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dense_out,
+MaskEvaluation evaluate_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dense_out,
                              const BlockMask& mask, const TokenPermutation* permutation, int repeats = 1);
 
 // Median wall time in milliseconds of `repeats` (>= 1) calls of fn.

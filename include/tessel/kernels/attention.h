@@ -1,6 +1,7 @@
-// Attention entry points. Each dispatches on the tensors' device (CPU kernels, or CUDA kernels
-// when built with CUDA) and validates every argument first: bad input throws tessel::Error and
-// writes nothing.
+// Attention entry points. Each takes the execution context first (exec_context.h), dispatches on
+// the tensors' device (CPU kernels, or CUDA kernels when built with CUDA) and validates every
+// argument first: bad input throws tessel::Error and writes nothing. CUDA work is enqueued on
+// ctx.stream without synchronizing with the host; CPU work runs on ctx.threads() threads.
 //
 // Layout: q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out (B, S_q, H_q, D), same dtype as q.
 // GQA: H_q % H_kv == 0, query head h reads kv head h / (H_q / H_kv).
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/kernels/block_mask_view.h"
 
@@ -29,18 +31,31 @@ struct AttentionOptions {
 // Effective scale: options.scale, or 1/sqrt(head_dim) when it is 0.
 float attention_scale(const AttentionOptions& options, int64_t head_dim);
 
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+// The sizes of an attention call, for sizing a workspace before the tensors exist.
+struct AttentionDims {
+  int64_t batch = 1, seq_q = 0, seq_kv = 0, heads = 1, kv_heads = 1, head_dim = 0;
+};
+
+// Bytes of ctx.workspace that attention_forward and block_sparse_attention_forward take for
+// `dims` on `device` with ctx.threads() threads: enough for dense attention and for block masks
+// whose kv blocks hold at least mask_block_kv tokens (0: dense only). 0 on CUDA, whose kernels
+// take no scratch. Reserve it at plan time; a call with a smaller workspace throws Error before
+// writing anything, a call without a workspace allocates its own (slower).
+size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
+                                 int64_t mask_block_kv = 0);
+
+void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options = {});
 
 // Visits only the kv blocks the mask keeps for each (batch, head, q block). Token-level causal /
 // window limits in `options` still apply inside kept blocks.
-void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options = {});
 
 // Combines two partial results over disjoint key sets (max-shifted form, docs/architecture.md).
 // out_* (B, S, H, D) any float dtype; lse_* fp32 (B, H, S). out/lse may alias a or b.
-void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse);
 
 }  // namespace tessel

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/kv/offload_engine.h"
 
@@ -29,7 +30,8 @@ inline constexpr int kFirstPolicyScratch = 8;
 //   record compute done, start the load of block i + slots into the freed slot, merge into (out, lse).
 // out (1, S_q, H_q, D) same dtype as q, lse fp32 (1, H_q, S_q), both on the engine's device.
 // Returns false (and leaves out/lse untouched) when `blocks` is empty.
-bool ring_buffer_attention(const TensorView& q, std::span<const BlockRef> blocks, int64_t layer, float scale,
+// Attention runs under ctx (on a CUDA engine ctx.stream must be the engine's compute stream).
+bool ring_buffer_attention(const ExecContext& ctx, const TensorView& q, std::span<const BlockRef> blocks, int64_t layer, float scale,
                            OffloadEngine& engine, const TensorView& out, const TensorView& lse);
 
 }  // namespace tessel::kv

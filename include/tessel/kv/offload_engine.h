@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 
 namespace tessel::kv {
@@ -119,10 +120,10 @@ class OffloadEngine {
   // Marks the compute issued so far as the last reader of load_keys' destination: the next
   // load_keys overwrites it only after that compute.
   void record_keys_consumed();
-  // The CUDA stream (a cudaStream_t as void*; nullptr is the legacy default stream) that the engine
-  // orders compute on, for callers that launch their own work there. nullptr for the CPU engine,
-  // whose compute is synchronous.
-  virtual void* compute_stream() const = 0;
+  // The CUDA stream (nullptr is the legacy default stream) that the engine orders compute on: the
+  // stream of the ExecContext it was made with. Attention over its buffers must run there.
+  // nullptr for the CPU engine, whose compute is synchronous.
+  virtual StreamHandle compute_stream() const = 0;
 
   // Scratch memory on the device, reused across calls (grows when a larger size is asked for).
   // Views of different ids never alias. Work is ordered on the compute stream, so reuse is safe.
@@ -202,15 +203,12 @@ class OffloadEngine {
 
 // A CPU engine: the "device" is a separate host arena; copies run on one copy thread.
 std::unique_ptr<OffloadEngine> make_cpu_offload_engine(const OffloadConfig& config, CpuCopyOptions options = {});
-// A CUDA engine (pinned host cache, cudaMemcpyAsync on per-slot streams). compute_stream is a
-// cudaStream_t passed as void*: the stream the attention kernels run on. nullptr takes the calling
-// thread's current tessel kernel stream (the legacy default stream unless a StreamGuard set one);
-// attention must then run on that same stream. Throws Error when CUDA is not compiled in or no GPU
-// is present.
-std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const OffloadConfig& config, int device_index = 0,
-                                                        void* compute_stream = nullptr);
-// Either, by device.
-std::unique_ptr<OffloadEngine> make_offload_engine(const OffloadConfig& config, Device device,
+// A CUDA engine (pinned host cache, cudaMemcpyAsync on per-slot streams) on ctx.device (cuda:0 for
+// a CPU context) that orders compute on ctx.stream: attention over its buffers must run under a
+// context with that stream. Throws Error when CUDA is not compiled in or no GPU is present.
+std::unique_ptr<OffloadEngine> make_cuda_offload_engine(const ExecContext& ctx, const OffloadConfig& config);
+// Either, by ctx.device (cpu_options apply to the CPU engine).
+std::unique_ptr<OffloadEngine> make_offload_engine(const ExecContext& ctx, const OffloadConfig& config,
                                                    CpuCopyOptions cpu_options = {});
 
 }  // namespace tessel::kv

@@ -28,8 +28,8 @@ class OffloadedAttention {
 
   void begin_chunk(int64_t num_tokens, int64_t chunk_idx, int64_t num_chunks);
   // q (1, n, H_q, D), k and v (1, n, H_kv, D) on the engine's device (k, v may be on the host);
-  // out (1, n, H_q, D) on the device.
-  void prefill_layer(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
+  // out (1, n, H_q, D) on the device. Attention runs under ctx (its stream must be the engine's).
+  void prefill_layer(const ExecContext& ctx, int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out);
   // Offloads a chunk's KV for one layer without computing attention (restoring a saved prompt
   // cache, or building a long history cheaply in tests). Hooks run as in prefill_layer.
@@ -37,8 +37,8 @@ class OffloadedAttention {
   void end_chunk();
 
   void begin_decode_step();
-  // q, out (1, 1, H_q, D); k, v (1, 1, H_kv, D).
-  void decode_layer(int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
+  // q, out (1, 1, H_q, D); k, v (1, 1, H_kv, D). Attention runs under ctx, as prefill_layer.
+  void decode_layer(const ExecContext& ctx, int64_t layer, const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& out);
   void end_decode_step();
 

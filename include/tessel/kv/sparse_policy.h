@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/kv/block_manager.h"
 #include "tessel/kv/offload_engine.h"
@@ -79,9 +80,13 @@ class SparsePolicy {
   virtual std::vector<int32_t> select_blocks(const std::vector<int32_t>& available, OffloadEngine& engine,
                                              const PolicyContext& ctx) = 0;
 
-  // Check the phase, validate, then run the policy's flow. Throw Error for an unsupported phase.
-  void compute_chunked_prefill(const ChunkedPrefillArgs& args, OffloadEngine& engine, KvBlockManager& manager);
-  void compute_chunked_decode(const ChunkedDecodeArgs& args, OffloadEngine& engine, KvBlockManager& manager);
+  // Check the phase, validate, then run the policy's flow under ctx. Throw Error for an unsupported
+  // phase, or when a CUDA engine's compute stream is not ctx.stream (attention must be ordered
+  // after the engine's loads).
+  void compute_chunked_prefill(const ExecContext& ctx, const ChunkedPrefillArgs& args, OffloadEngine& engine,
+                               KvBlockManager& manager);
+  void compute_chunked_decode(const ExecContext& ctx, const ChunkedDecodeArgs& args, OffloadEngine& engine,
+                              KvBlockManager& manager);
 
   // Hooks. initialize: after the KV cache exists. on_*_offload: before a block's device→host copy,
   // with k (1, num_valid_tokens, kv_heads, head_dim) still on the device. reset: new sequence.
@@ -99,8 +104,10 @@ class SparsePolicy {
 
  protected:
   // The standard flows described above; a policy may override them.
-  virtual void run_chunked_prefill(const ChunkedPrefillArgs& args, OffloadEngine& engine, KvBlockManager& manager);
-  virtual void run_chunked_decode(const ChunkedDecodeArgs& args, OffloadEngine& engine, KvBlockManager& manager);
+  virtual void run_chunked_prefill(const ExecContext& ctx, const ChunkedPrefillArgs& args, OffloadEngine& engine,
+                                   KvBlockManager& manager);
+  virtual void run_chunked_decode(const ExecContext& ctx, const ChunkedDecodeArgs& args, OffloadEngine& engine,
+                                  KvBlockManager& manager);
   // Calls select_blocks and checks the answer is an ordered subset of `available`.
   std::vector<int32_t> checked_select(const std::vector<int32_t>& available, OffloadEngine& engine,
                                       const PolicyContext& ctx);

@@ -17,7 +17,15 @@
  * struct_size; tables are append-only — a new ABI version only adds fields at the end. The host
  * accepts plugins with 1 <= abi_version <= its own version and treats fields past the plugin's
  * struct_size as absent. A plugin must check host->abi_version / host->struct_size before using a
- * host field newer than version 1 (TESSEL_HOST_HAS).
+ * host field newer than version 1 (TESSEL_HOST_HAS). A plugin built for a newer ABI than the host's
+ * is refused with an error naming both versions.
+ *
+ * Version 2 adds the caller's execution context: the plugin table's forward_with_context (used
+ * instead of forward when set) receives a tessel_exec_context (the CUDA stream to enqueue on, the
+ * caller's workspace, the CPU thread count and the denoising step), and the host table's
+ * attention_with_context / block_sparse_attention_with_context run the host kernels under such a
+ * context. A version-1 plugin keeps working: its forward runs on the legacy default stream and
+ * gets the step through update_step.
  *
  * Nothing else crosses: tensors are plain structs of pointers and sizes, errors are status codes
  * plus a NUL-terminated message, no C++ type and no exception (a plugin written in C++ must catch
@@ -34,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TESSEL_PLUGIN_ABI_VERSION 1u
+#define TESSEL_PLUGIN_ABI_VERSION 2u
 #define TESSEL_PLUGIN_ENTRY_SYMBOL "tessel_plugin_init"
 #define TESSEL_MAX_DIMS 8
 #define TESSEL_ERROR_MESSAGE_SIZE 1024
@@ -168,6 +176,23 @@ typedef struct tessel_step_info {
   double topk_ratio; /* density the schedule asks for at this step, (0, 1] */
 } tessel_step_info;
 
+/* Where one forward call runs (ABI version 2). Read fields only within struct_size. */
+typedef struct tessel_exec_context {
+  uint32_t struct_size;      /* sizeof(tessel_exec_context) in the host */
+  int32_t device_type;       /* tessel_device_type of the stream and the workspace */
+  int32_t device_index;
+  int32_t num_threads;       /* CPU threads for CPU work, 0 = the default */
+  void* stream;              /* cudaStream_t to enqueue CUDA work on; NULL = legacy default stream */
+  void* workspace;           /* scratch memory the caller owns for this call, or NULL */
+  uint64_t workspace_bytes;  /* its size; the host kernels called with this context use it too */
+  /* The denoising step of this call (the host calls no update_step for a version-2 plugin). */
+  int64_t step;              /* -1: no step */
+  int64_t total_steps;
+  int64_t layer;
+  int32_t cfg_branch;
+  double density;            /* the schedule's density for the step, NaN when unset */
+} tessel_exec_context;
+
 typedef struct tessel_forward_stats {
   double density;     /* blocks computed / all blocks */
   double estimate_ms; /* time spent choosing blocks */
@@ -191,6 +216,18 @@ typedef struct tessel_host_api {
                                           tessel_error* error);
   /* Checks a CPU BSR mask (sorted, unique, in range, indptr consistent). */
   tessel_status (*validate_block_mask)(const tessel_block_mask* mask, tessel_error* error);
+  /* ---- ABI version 2 (check TESSEL_HOST_HAS) ---- */
+  /* attention and block_sparse_attention under `ctx` (its stream, threads and workspace; NULL =
+   * the default context). */
+  tessel_status (*attention_with_context)(const tessel_exec_context* ctx, const tessel_tensor* q,
+                                          const tessel_tensor* k, const tessel_tensor* v, const tessel_tensor* out,
+                                          const tessel_tensor* lse, const tessel_attention_options* options,
+                                          tessel_error* error);
+  tessel_status (*block_sparse_attention_with_context)(const tessel_exec_context* ctx, const tessel_tensor* q,
+                                                       const tessel_tensor* k, const tessel_tensor* v,
+                                                       const tessel_block_mask* mask, const tessel_tensor* out,
+                                                       const tessel_tensor* lse,
+                                                       const tessel_attention_options* options, tessel_error* error);
 } tessel_host_api;
 
 /* ---- what the plugin provides (filled by the entry point) ---- */
@@ -210,7 +247,8 @@ typedef struct tessel_plugin_backend {
                         void** plan, tessel_error* error);
   /* Optional (NULL: nothing to do per step). */
   tessel_status (*update_step)(void* user_data, void* plan, const tessel_step_info* step, tessel_error* error);
-  /* Required. Writes out (and lse when not NULL); stats may be NULL. */
+  /* Required unless forward_with_context is set (ABI 2). Writes out (and lse when not NULL); stats
+   * may be NULL. */
   tessel_status (*forward)(void* user_data, void* plan, const tessel_tensor* q, const tessel_tensor* k,
                            const tessel_tensor* v, const tessel_tensor* out, const tessel_tensor* lse,
                            tessel_forward_stats* stats, tessel_error* error);
@@ -222,6 +260,15 @@ typedef struct tessel_plugin_backend {
   tessel_status (*validate_config)(void* user_data, const char* config_json, tessel_error* error);
   /* Optional: called once before the library is unloaded. */
   void (*shutdown)(void* user_data);
+  /* ---- ABI version 2 ---- */
+  /* Optional: forward under the caller's execution context. When set, the host calls it instead
+   * of forward (which may then be NULL) and never calls update_step: the step arrives in ctx. A
+   * plan may be used by several threads at once through this function, so it must not modify
+   * the plan. */
+  tessel_status (*forward_with_context)(void* user_data, void* plan, const tessel_exec_context* ctx,
+                                        const tessel_tensor* q, const tessel_tensor* k, const tessel_tensor* v,
+                                        const tessel_tensor* out, const tessel_tensor* lse,
+                                        tessel_forward_stats* stats, tessel_error* error);
 } tessel_plugin_backend;
 
 typedef tessel_status (*tessel_plugin_init_fn)(const tessel_host_api* host, tessel_plugin_backend* backend,

@@ -1,20 +1,27 @@
-// The sparse-attention protocol (docs/sparse_attention.md), in C++: a Backend is a factory that names what it
-// supports and makes a MetadataBuilder (plan: shapes + pattern -> Metadata, once per shape) and an
-// Impl (forward: q, k, v + Metadata -> out, every call). Built-in backends and plugins loaded
-// from shared libraries (plugin/tessel_plugin.h, wrapped by the registry) implement the same
-// interface.
+// The sparse-attention protocol (docs/sparse_attention.md) in C++: a Backend is a factory that names what it supports and
+// makes a MetadataBuilder (plan: shapes + pattern -> Metadata, once per shape) and an Impl
+// (forward: q, k, v + Metadata + StepInfo -> out, every call). Built-in backends and plugins
+// loaded from shared libraries (plugin/tessel_plugin.h, wrapped by the registry) implement the
+// same interface.
 //
-// Tensors are BSHD views (docs/architecture.md): q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out like q;
-// lse optional fp32 (B, H_q, S_q), or an empty TensorView{}.
+// Plans are immutable once built: forward() never changes a Metadata, so one plan may be shared
+// by every layer of a shape and used by several threads (each with its own ExecContext) at once.
+// What changes per call (denoising step, layer, CFG branch, the schedule's density) arrives as a
+// StepInfo argument.
+//
+// Tensors are BSHD views (docs/architecture.md): q (B, S_q, H_q, D); k, v (B, S_kv, H_kv, D); out like q; lse optional
+// fp32 (B, H_q, S_q), or an empty TensorView{}.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tessel/core/device.h"
+#include "tessel/core/exec_context.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/block_mask.h"
@@ -55,7 +62,7 @@ struct Metadata {
   virtual ~Metadata();
 
   std::string backend;        // name of the backend that planned it
-  PatternSpec spec;           // the pattern planned (current_step/total_steps/topk_ratio updated per step)
+  PatternSpec spec;           // the pattern planned
   ModuleType module = ModuleType::kDitSelf;
   AttentionShape shape;
 
@@ -70,6 +77,30 @@ struct Metadata {
   // Density the plan keeps (kept blocks / all blocks): mask->density(), 1 for dense, or the
   // target ratio for data-dependent patterns until a forward has run.
   double planned_density() const;
+  // Bytes of ctx.workspace one forward of this plan takes under ctx (CPU scratch; 0 on CUDA).
+  // The adapter reserves it before forwarding; callers driving an Impl directly may do the same
+  // (without a workspace, forward allocates its scratch per call).
+  virtual size_t workspace_bytes(const ExecContext& ctx) const;
+};
+
+// Where one forward call sits in the denoising loop. Passed to Impl::forward; plans never hold it.
+struct StepInfo {
+  std::optional<int64_t> step;  // denoising step in [0, total_steps); unset: no step schedule
+  int64_t total_steps = 0;
+  int64_t layer = 0;            // transformer layer index
+  int cfg_branch = 0;           // classifier-free guidance branch (0 conditional, 1 unconditional)
+  // The density (top-k ratio) the sparsity schedule gives this step and layer; unset: the plan's
+  // spec.topk_ratio. Data-dependent backends select this fraction of blocks.
+  std::optional<double> density;
+
+  static StepInfo at(int64_t step, int64_t total_steps, int64_t layer = 0, int cfg_branch = 0) {
+    StepInfo info;
+    info.step = step;
+    info.total_steps = total_steps;
+    info.layer = layer;
+    info.cfg_branch = cfg_branch;
+    return info;
+  }
 };
 
 // Measured by one forward call (data-dependent backends fill estimate_ms).
@@ -82,23 +113,26 @@ class MetadataBuilder {
  public:
   virtual ~MetadataBuilder();
   // Builds everything forward() needs for this pattern and shape. Validates the spec and shape
-  // and throws Error for what this backend cannot run.
-  virtual std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, const AttentionShape& shape) = 0;
-  // The positional form of the DiT plugin proposal.
-  std::shared_ptr<Metadata> plan(const PatternSpec& spec, ModuleType module, int64_t num_qo_heads,
-                                 int64_t num_kv_heads, int64_t head_dim, int64_t seq_q, int64_t seq_kv,
-                                 int64_t batch = 1, DType dtype = DType::kF16, Device device = Device::cpu());
-  // Called at each denoising step before forward, after metadata.spec.current_step/total_steps/
-  // topk_ratio were set to this step's values. Default: nothing to do.
-  virtual void update_step(Metadata& metadata, int64_t step, int64_t total_steps);
+  // and throws Error for what this backend cannot run. May allocate (device masks, plugin state);
+  // the plan it returns is immutable.
+  virtual std::shared_ptr<Metadata> plan(const ExecContext& ctx, const PatternSpec& spec, ModuleType module,
+                                         const AttentionShape& shape) = 0;
+  // The positional form (pattern, module type, then the shapes).
+  std::shared_ptr<Metadata> plan(const ExecContext& ctx, const PatternSpec& spec, ModuleType module,
+                                 int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim, int64_t seq_q,
+                                 int64_t seq_kv, int64_t batch = 1, DType dtype = DType::kF16,
+                                 Device device = Device::cpu());
 };
 
 class Impl {
  public:
   virtual ~Impl();
-  // Writes out (and lse when not empty). Throws Error for bad input and writes nothing then.
-  virtual ForwardStats forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const Metadata& metadata, const TensorView& out, const TensorView& lse) = 0;
+  // Writes out (and lse when not empty) for the step `step`, on ctx's stream / threads. Must not
+  // modify `metadata` (other threads may be using it). Throws Error for bad input and writes
+  // nothing then.
+  virtual ForwardStats forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                               const Metadata& metadata, const StepInfo& step, const TensorView& out,
+                               const TensorView& lse) = 0;
 };
 
 class Backend {

@@ -1,14 +1,14 @@
 // The extension point for pattern backends: write a function that chooses blocks, get a whole
-// Backend (plan, per-step update, forward on the block-sparse kernel, permutation handling,
-// always-keep options, statistics) for free.
+// Backend (plan, forward on the block-sparse kernel, permutation handling, always-keep options,
+// statistics) for free.
 //
 //   Static pattern (mask depends only on shapes and spec; planned once per shape, cached):
 //     PlannedMask plan_radial(const PatternSpec& spec, ModuleType module, const AttentionShape& shape);
 //     registry.register_backend(make_mask_planning_backend({"radial", {PatternType::kRadial}}, plan_radial));
 //
 //   Dynamic pattern (mask depends on q and k; estimated inside every forward):
-//     BlockMask estimate_topk(const TensorView& q, const TensorView& k, const PatternSpec& spec,
-//                             const AttentionShape& shape);
+//     BlockMask estimate_topk(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+//                             const PatternSpec& spec, const StepInfo& step, const AttentionShape& shape);
 //     registry.register_backend(make_mask_estimating_backend({"dynamic_topk", {PatternType::kDynamicTopk}},
 //                                                            estimate_topk));
 //
@@ -18,16 +18,18 @@
 // (Error naming the backend otherwise), and runs block_sparse_attention_forward on the tensors'
 // device. A planner may also return a token permutation (spatial_aware); forward then gathers
 // q/k/v into that order, attends with the mask (which is in permuted order), and scatters the
-// output and lse back, so callers never see the permutation. The estimator receives the schedule's
-// density for the step in spec.topk_ratio and the step in spec.current_step/total_steps.
+// output and lse back, so callers never see the permutation (the gathered copies live in the
+// context's workspace: permuted_attention_workspace_bytes). The estimator receives the step as a
+// StepInfo; step.density is the schedule's density for it (unset: spec.topk_ratio).
 // forward() reports ForwardStats{density of the executed mask, estimate_ms of the estimator}.
 //
 // CUDA tensors: a dynamic backend made with a DeviceMaskEstimator estimates on the device. Plan
 // allocates a DeviceEstimatedMask for (B, H_q, S_q, S_kv, block_q, block_kv) and runs the device
 // estimator's check (an unsupported option is an Error at plan time, never a silent host
-// fallback); forward refills the mask with kernels on tessel's current stream and runs the CUDA
+// fallback); forward refills the mask with kernels on ctx.stream and runs the CUDA
 // block-sparse kernel on it, without synchronizing with the host, so it can be captured in a
-// CUDA graph. Layers sharing a plan share its mask buffer: run them on one stream. The
+// CUDA graph. The device mask buffer belongs to the plan: callers that share a CUDA plan of a
+// dynamic backend must run it on one stream (CPU plans have no such state). The
 // ForwardStats of a CUDA forward are read lazily (CUDA events, no synchronization): those of the
 // latest earlier forward of the plan whose estimate has finished; before any has, density is the
 // plan's target and estimate_ms 0; forwards captured in a graph are not measured.
@@ -48,7 +50,8 @@ struct PlannedMask {
 };
 
 using MaskPlanner = std::function<PlannedMask(const PatternSpec& spec, ModuleType module, const AttentionShape& shape)>;
-using MaskEstimator = std::function<BlockMask(const TensorView& q, const TensorView& k, const PatternSpec& spec,
+using MaskEstimator = std::function<BlockMask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                              const PatternSpec& spec, const StepInfo& step,
                                               const AttentionShape& shape)>;
 
 class DeviceEstimatedMask;
@@ -60,7 +63,8 @@ struct DeviceMaskEstimator {
   std::function<void(const PatternSpec& spec, const AttentionShape& shape)> check;
   // Forward: refills `mask` from q and k (CUDA tensors), always-keep blocks included — the
   // host-side apply_always_keep does not run on this path. Must not synchronize with the host.
-  std::function<void(const TensorView& q, const TensorView& k, const PatternSpec& spec, DeviceEstimatedMask& mask)>
+  std::function<void(const ExecContext& ctx, const TensorView& q, const TensorView& k, const PatternSpec& spec,
+                     const StepInfo& step, DeviceEstimatedMask& mask)>
       estimate;
 };
 

@@ -48,6 +48,8 @@ StaticPattern static_pattern_from_spec(const PatternSpec& spec);
 // Layout and block sizes; always-keep options are left to the backend (apply_always_keep).
 StaticPlanRequest static_request_from_spec(const PatternSpec& spec);
 TopkEstimatorOptions topk_options_from_spec(const PatternSpec& spec);
+// The same with the step's scheduled density (when set) as the top-k ratio.
+TopkEstimatorOptions topk_options_for_step(const PatternSpec& spec, const StepInfo& step);
 XAttentionOptions xattention_options_from_spec(const PatternSpec& spec);
 
 // The process-wide plan cache the static backends use.

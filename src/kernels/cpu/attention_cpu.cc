@@ -9,6 +9,10 @@
 // block-sparse the kept kv blocks of its mask row (clipped to that band). Both share
 // process_item(); the token-level causal/window mask is applied only to chunks that straddle the
 // band's edge.
+//
+// All scratch (the packed K/V wave and each thread's tiles, chunk and range lists) is taken from
+// the context's workspace, sized by cpu_attention_workspace_bytes(); nothing is allocated per call
+// when the caller reserved it.
 #include "cpu/attention_cpu.h"
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 #include "cpu/convert.h"
 #include "cpu/tile_kernels.h"
 #include "tessel/core/dtype.h"
+#include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 
 namespace tessel::cpu {
@@ -80,14 +85,71 @@ struct Chunk {
   int64_t j0, n, first;
 };
 
-struct Workspace {
-  std::vector<float> q, s, o, alpha, row_max, row_sum;
-  std::vector<Chunk> chunks;
-};
-
 struct KeyRange {
   int64_t begin, end;  // [begin, end)
 };
+
+// A worker thread's scratch, carved from the workspace; capacities are the upper bounds below.
+struct ThreadScratch {
+  float *q, *o, *s, *alpha, *row_max, *row_sum;
+  float* key_rows;  // one panel's keys in fp32 (row stride dp), before the transpose
+  Chunk* chunks;
+  KeyRange* ranges;
+};
+
+// Upper bounds of one item, whatever the mask (per-query-head or not) and causal/window options.
+struct ScratchBounds {
+  int64_t item_rows;  // query rows of all heads of one item (m)
+  int64_t dp;         // head dim padded to 16
+  int64_t ranges;     // key ranges of one item
+  int64_t chunks;     // key chunks of one item
+};
+
+int64_t round_up_16(int64_t x) { return (x + 15) / 16 * 16; }
+
+ScratchBounds scratch_bounds(int64_t seq_kv, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t mask_block_kv) {
+  const int64_t group = heads / kv_heads;
+  // An item holds heads_per_item (1 or group) heads of at most rows_per_head rows (make_problem;
+  // the banded target is the smaller one).
+  const auto item_rows = [](int64_t heads_per_item) {
+    return heads_per_item * std::max<int64_t>(8, kTileRowsTarget / heads_per_item);
+  };
+  ScratchBounds b{};
+  b.item_rows = std::max(item_rows(1), item_rows(group));
+  b.dp = round_up_16(head_dim);
+  b.ranges = mask_block_kv > 0 ? std::max<int64_t>(1, (seq_kv + mask_block_kv - 1) / mask_block_kv) : 1;
+  // A range [begin, end) is cut into chunks from begin rounded down to a panel.
+  b.chunks = seq_kv / kChunkKeys + 2 * b.ranges + 1;
+  return b;
+}
+
+// The q, output and score tiles are large powers of two: laid out back to back they would start
+// in the same cache sets and evict each other. A gap of a few cache lines after each staggers them.
+constexpr size_t kTileStagger = 5 * kWorkspaceAlignment;
+
+size_t thread_scratch_bytes(const ScratchBounds& b) {
+  const auto floats = [](int64_t n) { return workspace_slice_bytes(static_cast<size_t>(n) * sizeof(float)); };
+  return 2 * floats(b.item_rows * b.dp) + floats(b.item_rows * kChunkKeys) + 3 * kTileStagger + 3 * floats(b.item_rows) +
+         floats(kPanelKeys * b.dp) + workspace_slice_bytes(static_cast<size_t>(b.chunks) * sizeof(Chunk)) +
+         workspace_slice_bytes(static_cast<size_t>(b.ranges) * sizeof(KeyRange));
+}
+
+ThreadScratch take_thread_scratch(WorkspaceSlicer& slicer, const ScratchBounds& b) {
+  ThreadScratch t{};
+  t.q = slicer.take<float>(static_cast<size_t>(b.item_rows * b.dp), "attention q tile");
+  slicer.take_bytes(kTileStagger, "attention tile stagger");
+  t.o = slicer.take<float>(static_cast<size_t>(b.item_rows * b.dp), "attention output tile");
+  slicer.take_bytes(kTileStagger, "attention tile stagger");
+  t.s = slicer.take<float>(static_cast<size_t>(b.item_rows * kChunkKeys), "attention score tile");
+  slicer.take_bytes(kTileStagger, "attention tile stagger");
+  t.alpha = slicer.take<float>(static_cast<size_t>(b.item_rows), "attention rescale factors");
+  t.row_max = slicer.take<float>(static_cast<size_t>(b.item_rows), "attention row maxima");
+  t.row_sum = slicer.take<float>(static_cast<size_t>(b.item_rows), "attention row sums");
+  t.key_rows = slicer.take<float>(static_cast<size_t>(kPanelKeys * b.dp), "attention key panel");
+  t.chunks = slicer.take<Chunk>(static_cast<size_t>(b.chunks), "attention key chunks");
+  t.ranges = slicer.take<KeyRange>(static_cast<size_t>(b.ranges), "attention key ranges");
+  return t;
+}
 
 // fp32 K panels and V rows of one (batch, kv head); see tile_kernels.h.
 struct PackedKv {
@@ -103,10 +165,8 @@ size_t packed_floats_per_head(const Problem& p) {
 
 // Converts keys [16 * panel, 16 * panel + 16) of (b, hk) to fp32: K transposed into its panel, V
 // row-major. Padding (keys past S_kv, dims past D) is zero.
-void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* kt, float* v) {
+void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* kt, float* v, float* key_rows) {
   const int64_t dp = head_dim_padded(p);
-  thread_local std::vector<float> key_rows;  // the panel's keys in fp32 (row stride dp), before the transpose
-  key_rows.resize(static_cast<size_t>(kPanelKeys * dp));
   // Rows of one head are H_kv * D elements apart in BSHD, too far for the hardware prefetcher:
   // request the next panel's rows while converting this one.
   const int64_t row_bytes = p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
@@ -117,7 +177,7 @@ void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* k
     }
   for (int64_t c = 0; c < kPanelKeys; ++c) {
     const int64_t j = panel * kPanelKeys + c;
-    float* kr = key_rows.data() + c * dp;
+    float* kr = key_rows + c * dp;
     float* vr = v + j * dp;
     if (j < p.seq_kv) {
       row_to_fp32(p.dtype, p.k.row(b, j, hk), p.head_dim, 1.0f, kr);
@@ -129,44 +189,42 @@ void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* k
       std::fill(vr, vr + dp, 0.0f);
     }
   }
-  pack_key_panel(key_rows.data(), dp, dp, kt + panel * kPanelKeys * dp);
+  pack_key_panel(key_rows, dp, dp, kt + panel * kPanelKeys * dp);
 }
 
 // Runs one item: query rows [i0, i1) of heads [h0, h0 + heads_per_item) over the key ranges.
 void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, int64_t i0, int64_t i1,
-                  const std::vector<KeyRange>& ranges, Workspace& ws) {
+                  const KeyRange* ranges, int64_t num_ranges, const ThreadScratch& ws) {
   const int64_t rows = i1 - i0, heads = p.heads_per_item, m = rows * heads;
   const int64_t dp = head_dim_padded(p), ld_s = kChunkKeys;
-  ws.q.resize(static_cast<size_t>(m * dp));
-  ws.o.resize(static_cast<size_t>(m * dp));
-  ws.s.resize(static_cast<size_t>(m * ld_s));
-  ws.alpha.resize(static_cast<size_t>(m));
-  ws.row_max.assign(static_cast<size_t>(m), kNegInf);
-  ws.row_sum.assign(static_cast<size_t>(m), 0.0f);
-  std::fill(ws.o.begin(), ws.o.end(), 0.0f);
+  std::fill(ws.row_max, ws.row_max + m, kNegInf);
+  std::fill(ws.row_sum, ws.row_sum + m, 0.0f);
+  std::fill(ws.o, ws.o + m * dp, 0.0f);
   const int64_t q_row_bytes = p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
   for (int64_t g = 0; g < heads; ++g)
     for (int64_t r = 0; r < rows; ++r) {
       if (r + 8 < rows)  // strided rows: prefetch a few ahead (see pack_panel)
         for (int64_t off = 0; off < q_row_bytes; off += 64) __builtin_prefetch(p.q.row(b, i0 + r + 8, h0 + g) + off);
-      float* qr = &ws.q[static_cast<size_t>((g * rows + r) * dp)];
+      float* qr = ws.q + (g * rows + r) * dp;
       row_to_fp32(p.dtype, p.q.row(b, i0 + r, h0 + g), p.head_dim, p.scale_log2, qr);
       std::fill(qr + p.head_dim, qr + dp, 0.0f);
     }
 
   // Chunks start on panel boundaries; columns before a range's first key are masked.
-  ws.chunks.clear();
-  for (const KeyRange& range : ranges)
+  int64_t num_chunks = 0;
+  for (int64_t r = 0; r < num_ranges; ++r) {
+    const KeyRange& range = ranges[r];
     for (int64_t j0 = range.begin / kPanelKeys * kPanelKeys; j0 < range.end; j0 += kChunkKeys)
-      ws.chunks.push_back({j0, std::min(range.end - j0, kChunkKeys), std::max<int64_t>(0, range.begin - j0)});
-  for (size_t ci = 0; ci < ws.chunks.size(); ++ci) {
+      ws.chunks[num_chunks++] = {j0, std::min(range.end - j0, kChunkKeys), std::max<int64_t>(0, range.begin - j0)};
+  }
+  for (int64_t ci = 0; ci < num_chunks; ++ci) {
     const auto [j0, n, first] = ws.chunks[ci];
     const int64_t cols = round_up(n, kPanelKeys);
-    tile_scores(ws.q.data(), m, dp, kv.kt + j0 * dp, cols, ws.s.data(), ld_s);
+    tile_scores(ws.q, m, dp, kv.kt + j0 * dp, cols, ws.s, ld_s);
     // Token-level mask only where the chunk crosses the band edge of some row.
     const bool whole = key_lo(p, i1 - 1) <= j0 + first && j0 + n - 1 <= key_hi(p, i0);
     for (int64_t row = 0; row < m; ++row) {
-      float* s = &ws.s[static_cast<size_t>(row * ld_s)];
+      float* s = ws.s + row * ld_s;
       if (!whole) {
         const int64_t i = i0 + row % rows;
         const int64_t lo = std::max(first, key_lo(p, i) - j0), hi = key_hi(p, i) - j0;
@@ -176,21 +234,21 @@ void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, i
         for (int64_t c = 0; c < first; ++c) s[c] = kNegInf;
       }
     }
-    tile_softmax(ws.s.data(), m, ld_s, n, cols, ws.row_max.data(), ws.row_sum.data(), ws.alpha.data());
-    tile_accumulate(ws.s.data(), m, ld_s, first, n, kv.v + j0 * dp, dp, ws.alpha.data(), ws.o.data());
+    tile_softmax(ws.s, m, ld_s, n, cols, ws.row_max, ws.row_sum, ws.alpha);
+    tile_accumulate(ws.s, m, ld_s, first, n, kv.v + j0 * dp, dp, ws.alpha, ws.o);
   }
 
   constexpr float kLn2 = 0.693147180559945309f;
   for (int64_t g = 0; g < heads; ++g)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = g * rows + r;
-      const float sum = ws.row_sum[static_cast<size_t>(row)];
+      const float sum = ws.row_sum[row];
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row with no key gets 0
-      row_from_fp32(p.dtype, &ws.o[static_cast<size_t>(row * dp)], p.head_dim, inv,
+      row_from_fp32(p.dtype, ws.o + row * dp, p.head_dim, inv,
                     const_cast<char*>(p.out.row(b, i0 + r, h0 + g)));
       if (p.lse)
         p.lse[((b * p.heads) + h0 + g) * p.seq_q + i0 + r] =
-            sum > 0.0f ? (ws.row_max[static_cast<size_t>(row)] + std::log2(sum)) * kLn2 : kNegInf;
+            sum > 0.0f ? (ws.row_max[row] + std::log2(sum)) * kLn2 : kNegInf;
     }
 }
 
@@ -220,13 +278,14 @@ Problem make_problem(const TensorView& q, const TensorView& k, const TensorView&
   return p;
 }
 
-// The key ranges one item visits: its rows' causal/window band, cut to the kept blocks of its mask row.
-std::vector<KeyRange> item_ranges(const Problem& p, int64_t b, int64_t h0, int64_t qb, int64_t i0, int64_t i1) {
+// The key ranges one item visits: its rows' causal/window band, cut to the kept blocks of its mask
+// row. Writes them to `ranges` (room for the kv blocks of a row) and returns how many.
+int64_t item_ranges(const Problem& p, int64_t b, int64_t h0, int64_t qb, int64_t i0, int64_t i1, KeyRange* ranges) {
   const int64_t band_lo = key_lo(p, i0), band_end = std::min(p.seq_kv, key_hi(p, i1 - 1) + 1);
-  std::vector<KeyRange> ranges;
+  int64_t count = 0;
   if (!p.mask) {
-    if (band_lo < band_end) ranges.push_back({band_lo, band_end});
-    return ranges;
+    if (band_lo < band_end) ranges[count++] = {band_lo, band_end};
+    return count;
   }
   const BlockMaskView& mk = *p.mask;
   const int64_t row = mk.row(b, mk.mask_head_for(h0, p.heads, p.kv_heads), qb);
@@ -234,33 +293,41 @@ std::vector<KeyRange> item_ranges(const Problem& p, int64_t b, int64_t h0, int64
     const int64_t begin = std::max(band_lo, mk.indices[n] * mk.block_kv);
     const int64_t end = std::min(band_end, (mk.indices[n] + 1) * mk.block_kv);
     if (begin >= end) continue;
-    if (!ranges.empty() && ranges.back().end == begin)
-      ranges.back().end = end;  // adjacent kept blocks form one range
+    if (count > 0 && ranges[count - 1].end == begin)
+      ranges[count - 1].end = end;  // adjacent kept blocks form one range
     else
-      ranges.push_back({begin, end});
+      ranges[count++] = {begin, end};
   }
-  return ranges;
+  return count;
 }
 
-void run(const Problem& p) {
+// (batch, kv head) pairs packed at once: as many as fit kPackBudgetBytes, at least one.
+int64_t pack_wave(const Problem& p) {
+  const size_t per_head = packed_floats_per_head(p);
+  return std::clamp<int64_t>(static_cast<int64_t>(kPackBudgetBytes / std::max<size_t>(1, per_head * 4)), 1,
+                             p.batch * p.kv_heads);
+}
+
+void run(const ExecContext& ctx, const Problem& p, const Workspace& workspace) {
+  const int threads = ctx.threads();
   // Query tiles never straddle a mask q block, so one item reads one mask row.
   const int64_t block = p.mask ? p.mask->block_q : std::max<int64_t>(p.seq_q, 1);
   const int64_t q_blocks = (p.seq_q + block - 1) / block;
   const int64_t groups = p.batch * p.heads / p.heads_per_item;
   int64_t tile = std::min(p.rows_per_head, block);
-  while (tile > kMinRowsPerHead && groups * q_blocks * ((block + tile - 1) / tile) < 4 * max_threads()) tile = (tile + 1) / 2;
+  while (tile > kMinRowsPerHead && groups * q_blocks * ((block + tile - 1) / tile) < 4 * threads) tile = (tile + 1) / 2;
   const int64_t tiles_per_block = (block + tile - 1) / tile;
   const int64_t groups_per_kv_head = p.group / p.heads_per_item;
   const int64_t items_per_kv_head = groups_per_kv_head * q_blocks * tiles_per_block;
   const int64_t kv_heads_total = p.batch * p.kv_heads, panels = key_panels(p);
   const size_t per_head = packed_floats_per_head(p);
-  const int64_t wave = std::clamp<int64_t>(static_cast<int64_t>(kPackBudgetBytes / std::max<size_t>(1, per_head * 4)), 1,
-                                           kv_heads_total);
-  // Reused across calls (per calling thread): a fresh buffer would page-fault on every call.
-  thread_local std::vector<float> pack;
-  pack.resize(std::max(pack.size(), per_head * static_cast<size_t>(wave)));
+  const int64_t wave = pack_wave(p);
   const int64_t dp = head_dim_padded(p);
-  float* const pack_data = pack.data();  // worker threads must not name `pack`: it is thread_local
+  WorkspaceSlicer slicer(workspace);
+  float* const pack_data = slicer.take<float>(per_head * static_cast<size_t>(wave), "attention packed K/V");
+  const ScratchBounds bounds = scratch_bounds(p.seq_kv, p.heads, p.kv_heads, p.head_dim, p.mask ? p.mask->block_kv : 0);
+  ThreadScratch* const scratch = slicer.take<ThreadScratch>(static_cast<size_t>(threads), "attention thread table");
+  for (int t = 0; t < threads; ++t) scratch[t] = take_thread_scratch(slicer, bounds);
   auto packed = [&](int64_t slot) {
     float* base = pack_data + static_cast<size_t>(slot) * per_head;
     return std::pair<float*, float*>{base, base + panels * kPanelKeys * dp};
@@ -270,15 +337,15 @@ void run(const Problem& p) {
     // A few consecutive panels per task keep each thread on one stream of keys.
     constexpr int64_t kPanelsPerTask = 8;
     const int64_t tasks_per_head = (panels + kPanelsPerTask - 1) / kPanelsPerTask;
-    parallel_for(count * tasks_per_head, [&](int64_t task) {
+    parallel_for(threads, count * tasks_per_head, [&](int64_t task, int thread) {
       const int64_t slot = task / tasks_per_head, bh = first + slot;
       const auto [kt, v] = packed(slot);
       const int64_t begin = task % tasks_per_head * kPanelsPerTask;
       for (int64_t panel = begin; panel < std::min(panels, begin + kPanelsPerTask); ++panel)
-        pack_panel(p, bh / p.kv_heads, bh % p.kv_heads, panel, kt, v);
+        pack_panel(p, bh / p.kv_heads, bh % p.kv_heads, panel, kt, v, scratch[thread].key_rows);
     });
-    parallel_for(count * items_per_kv_head, [&](int64_t item) {
-      thread_local Workspace ws;
+    parallel_for(threads, count * items_per_kv_head, [&](int64_t item, int thread) {
+      const ThreadScratch& ws = scratch[thread];
       const int64_t slot = item / items_per_kv_head, bh = first + slot, b = bh / p.kv_heads, hk = bh % p.kv_heads;
       const int64_t local = item % items_per_kv_head;
       const int64_t t = local % tiles_per_block, qb = (local / tiles_per_block) % q_blocks;
@@ -288,22 +355,50 @@ void run(const Problem& p) {
       if (i0 >= i1) return;
       const int64_t h0 = hk * p.group + gi * p.heads_per_item;
       const auto [kt, v] = packed(slot);
-      process_item(p, {kt, v}, b, h0, i0, i1, item_ranges(p, b, h0, qb, i0, i1), ws);
+      const int64_t num_ranges = item_ranges(p, b, h0, qb, i0, i1, ws.ranges);
+      process_item(p, {kt, v}, b, h0, i0, i1, ws.ranges, num_ranges, ws);
     });
   }
 }
 
-}  // namespace
-
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                       const TensorView& lse, const AttentionOptions& options) {
-  run(make_problem(q, k, v, out, lse, options, nullptr));
+// Runs with the context's workspace, or (without one) with a workspace of this call's own.
+void run_with_workspace(const ExecContext& ctx, const Problem& p) {
+  if (ctx.workspace != nullptr) {
+    if (!ctx.workspace->device().is_cpu())
+      fail_argument("ctx.workspace", "host memory for CPU attention", ctx.workspace->device().str());
+    return run(ctx, p, *ctx.workspace);
+  }
+  Workspace local;
+  local.reserve(workspace_bytes(ctx.threads(), p.batch, p.seq_kv, p.heads, p.kv_heads, p.head_dim,
+                                p.mask ? p.mask->block_kv : 0));
+  run(ctx, p, local);
 }
 
-void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
-                                    const AttentionOptions& options) {
-  run(make_problem(q, k, v, out, lse, options, &mask));
+}  // namespace
+
+size_t workspace_bytes(int threads, int64_t batch, int64_t seq_kv, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                       int64_t mask_block_kv) {
+  Problem p{};
+  p.batch = batch;
+  p.seq_kv = seq_kv;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  const ScratchBounds bounds = scratch_bounds(seq_kv, heads, kv_heads, head_dim, mask_block_kv);
+  const size_t per_thread = thread_scratch_bytes(bounds);
+  const size_t count = static_cast<size_t>(std::max(threads, 1));
+  return workspace_slice_bytes(packed_floats_per_head(p) * static_cast<size_t>(pack_wave(p)) * sizeof(float)) +
+         workspace_slice_bytes(count * sizeof(ThreadScratch)) + count * per_thread;
+}
+
+void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView& lse, const AttentionOptions& options) {
+  run_with_workspace(ctx, make_problem(q, k, v, out, lse, options, nullptr));
+}
+
+void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out,
+                                    const TensorView& lse, const AttentionOptions& options) {
+  run_with_workspace(ctx, make_problem(q, k, v, out, lse, options, &mask));
 }
 
 }  // namespace tessel::cpu

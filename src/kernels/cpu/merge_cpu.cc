@@ -29,13 +29,13 @@ void store(const TensorView& t, int64_t b, int64_t s, int64_t h, int64_t d, floa
 
 }  // namespace
 
-void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
   const int64_t batch = out_a.size(0), seq = out_a.size(1), heads = out_a.size(2), dim = out_a.size(3);
   const float* la = lse_a.data_as<const float>();
   const float* lb = lse_b.data_as<const float>();
   float* lo = lse.data_as<float>();
-  parallel_for(batch * seq, [&](int64_t bs) {
+  parallel_for(ctx.threads(), batch * seq, [&](int64_t bs, int) {
     const int64_t b = bs / seq, s = bs % seq;
     std::vector<float> row(static_cast<size_t>(dim));
     for (int64_t h = 0; h < heads; ++h) {

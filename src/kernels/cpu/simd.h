@@ -1,8 +1,16 @@
-// Internal: the vector type the CPU tile kernels are written against, chosen at compile time
-// (the build uses -march=native by default, option TESSEL_NATIVE): AVX-512, else AVX2+FMA, else
-// plain scalars the compiler may still vectorize. Each variant also fixes the register blocking
-// of the micro-kernels (rows x vectors of accumulators) to fit its register file.
+// Internal: the vector type the CPU tile kernels are written against, chosen at compile time from
+// the instruction set the translation unit is compiled for: AVX-512, else AVX2+FMA, else plain
+// scalars the compiler may still vectorize. Each variant also fixes the register blocking of the
+// micro-kernels (rows x vectors of accumulators) to fit its register file.
+//
+// Everything here lives in the namespace TESSEL_CPU_ISA names (one per compiled variant, see
+// tile_kernels.h): inline functions compiled for different instruction sets must never share a
+// mangled name, or the linker could keep the AVX-512 copy for a caller built for AVX2.
 #pragma once
+
+#ifndef TESSEL_CPU_ISA
+#error "simd.h is compiled once per instruction set: define TESSEL_CPU_ISA (the variant's namespace)"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +25,7 @@
 #pragma GCC diagnostic pop
 #endif
 
-namespace tessel::cpu {
+namespace tessel::cpu::TESSEL_CPU_ISA {
 
 // exp2 polynomial on [-0.5, 0.5]: Taylor coefficients of 2^f = e^(f ln 2) to degree 7
 // (truncation error < 1e-8 relative, below fp32 rounding).
@@ -125,4 +133,4 @@ struct Simd {
 
 #endif
 
-}  // namespace tessel::cpu
+}  // namespace tessel::cpu::TESSEL_CPU_ISA

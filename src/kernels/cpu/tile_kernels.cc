@@ -1,13 +1,17 @@
 // Register-blocked micro-kernels: each block keeps R rows x NV vectors of accumulators in
 // registers for a whole reduction (over head_dim for scores, over keys for the output), so every
 // loaded K/V vector is reused R times and every broadcast query/probability NV times.
+//
+// Compiled once per instruction set (src/kernels/CMakeLists.txt), each copy in the namespace
+// TESSEL_CPU_ISA names and published as that namespace's kTileKernels; tile_kernels_dispatch.cc
+// picks one at run time.
 #include "cpu/tile_kernels.h"
 
 #include <limits>
 
 #include "cpu/simd.h"
 
-namespace tessel::cpu {
+namespace tessel::cpu::TESSEL_CPU_ISA {
 namespace {
 
 using V = Simd::V;
@@ -145,10 +149,6 @@ void accumulate_row_tail(int64_t rest, const AccumulateArgs& a, int64_t vec_begi
   }
 }
 
-}  // namespace
-
-const char* tile_kernels_isa() { return Simd::kName; }
-
 void pack_key_panel(const float* keys, int64_t ld, int64_t dp, float* panel) {
 #if defined(__AVX512F__)
   // 16x16 blocks transposed in registers: unpack pairs, then 4-lane shuffles, then 128-bit lanes.
@@ -247,4 +247,8 @@ void tile_accumulate(const float* p, int64_t m, int64_t ld_p, int64_t c0, int64_
   accumulate_row_tail<R - 1>(m - r, {p + r * ld_p, ld_p, c0, n, v, dp, alpha + r, o + r * dp}, 0, vectors);
 }
 
-}  // namespace tessel::cpu
+}  // namespace
+
+extern const TileKernels kTileKernels{Simd::kName, pack_key_panel, tile_scores, tile_softmax, tile_accumulate};
+
+}  // namespace tessel::cpu::TESSEL_CPU_ISA

@@ -1,7 +1,7 @@
 // CUDA entry points behind include/tessel/kernels/attention.h. attention.cc has already checked
 // ranks, shapes, dtypes and devices; here come the checks that only the CUDA kernels need
 // (head dim, element type, unit stride on D, 16-byte alignment, 32-bit sizes), then the launch on
-// the current stream. Nothing here synchronizes with the host.
+// ctx.stream. Nothing here synchronizes with the host.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -10,7 +10,7 @@
 #include "cuda/flash_params.h"
 #include "cuda/hopper/flash_forward_hopper.h"
 #include "cuda/merge_states.h"
-#include "tessel/kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cuda {
@@ -96,21 +96,21 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
 
 }  // namespace
 
-void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   const detail::FlashParams p = make_params(q, k, v, out, lse, options);
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, false, 0))
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)),
-                                        current_stream());
+                                        ctx.stream);
   else
-    detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, current_stream());
+    detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, ctx.stream);
   check_launch("attention_forward");
 }
 
-void block_sparse_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
+void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options) {
   detail::FlashParams p = make_params(q, k, v, out, lse, options);
   if (!mask.device.is_cuda() || mask.device != q.device())
@@ -135,15 +135,15 @@ void block_sparse_attention_forward(const TensorView& q, const TensorView& k, co
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
-    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), current_stream());
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), ctx.stream);
   } else {
     const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
-    detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, current_stream());
+    detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, ctx.stream);
   }
   check_launch("block_sparse_attention_forward");
 }
 
-void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
+void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
   const struct {
     const TensorView* t;
@@ -177,7 +177,7 @@ void merge_attention_states(const TensorView& out_a, const TensorView& lse_a, co
   p.seq = out_a.size(1);
   p.heads = out_a.size(2);
   p.head_dim = out_a.size(3);
-  detail::launch_merge_attention_states(p, current_stream());
+  detail::launch_merge_attention_states(p, ctx.stream);
   check_launch("merge_attention_states");
 }
 

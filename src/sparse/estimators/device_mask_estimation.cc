@@ -9,7 +9,7 @@
 #include "tessel/core/error.h"
 
 #ifdef TESSEL_WITH_CUDA
-#include "tessel/kernels/cuda/stream.h"
+#include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/kernels/cuda/topk_estimation.h"
 #include "tessel/kernels/cuda/xattention_estimation.h"
 #endif
@@ -55,15 +55,15 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
   mass_ = Tensor::empty({rows * kvb}, DType::kF32, device);
   (void)qb;
   if (xattention_stride < 0) fail_argument("xattention_stride", ">= 0", xattention_stride);
-  if (xattention_stride > 0) reserve_xattention_workspace(xattention_stride);
+  if (xattention_stride > 0) reserve_xattention_workspace(nullptr, xattention_stride);
 }
 
 // block_lse2 (B, H_q, ceil(S_q / stride), kv blocks): one fp32 per group row and kv block.
-void DeviceEstimatedMask::reserve_xattention_workspace(int64_t stride) {
+void DeviceEstimatedMask::reserve_xattention_workspace(StreamHandle stream, int64_t stride) {
   const int64_t needed = shape_.mask_batch * shape_.mask_heads * ((shape_.seq_q + stride - 1) / stride) * shape_.kv_blocks();
   if (block_lse2_.defined() && block_lse2_.numel() >= needed) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(cuda::current_stream(), &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
     fail_argument("mask", detail::concat("a DeviceEstimatedMask constructed with xattention_stride ", stride,
                                          " (its workspace cannot be allocated inside a CUDA graph capture)"),
                   "a mask without a threshold workspace for this stride");
@@ -133,7 +133,7 @@ void set_qk_geometry(Params& p, const TensorView& q, const TensorView& k) {
 }
 }  // namespace
 
-void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
+void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask) {
   check_estimate_arguments(q, k, options.block_q, options.block_kv, mask.device_, mask.shape_, mask.kv_heads_,
                            mask.head_dim_);
@@ -166,11 +166,11 @@ void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const T
   p.row_blocks = mask.row_blocks_.data_as<int32_t>();
   p.indptr = mask.indptr_.data_as<int32_t>();
   p.indices = mask.indices_.data_as<int32_t>();
-  cuda::detail::launch_topk_estimation(p, q.dtype(), cuda::current_stream());
+  cuda::detail::launch_topk_estimation(p, q.dtype(), ctx.stream);
   cuda::check_launch("estimate_topk_mask_device");
 }
 
-void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, const XAttentionOptions& options,
+void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options,
                                      DeviceEstimatedMask& mask) {
   check_estimate_arguments(q, k, options.block_q, options.block_kv, mask.device_, mask.shape_, mask.kv_heads_,
                            mask.head_dim_);
@@ -199,7 +199,7 @@ void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, c
   p.threshold = static_cast<float>(options.threshold);
   p.keep_diagonal = options.keep_diagonal;
   p.keep_first = options.keep_first;
-  mask.reserve_xattention_workspace(s);
+  mask.reserve_xattention_workspace(ctx.stream, s);
   p.kv_valid_groups = nullptr;
   p.block_lse2 = mask.block_lse2_.data_as<float>();
   p.mass = mask.mass_.data_as<float>();
@@ -207,7 +207,7 @@ void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, c
   p.row_blocks = mask.row_blocks_.data_as<int32_t>();
   p.indptr = mask.indptr_.data_as<int32_t>();
   p.indices = mask.indices_.data_as<int32_t>();
-  cuda::detail::launch_xattention_estimation(p, q.dtype(), cuda::current_stream());
+  cuda::detail::launch_xattention_estimation(p, q.dtype(), ctx.stream);
   cuda::check_launch("estimate_xattention_mask_device");
 }
 
@@ -218,10 +218,10 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape&, int64_t, int64_t
 }
 BlockMaskView DeviceEstimatedMask::view() const { return {}; }
 BlockMask DeviceEstimatedMask::to_host() const { return {}; }
-void estimate_topk_mask_device(const TensorView&, const TensorView&, const TopkEstimatorOptions&, DeviceEstimatedMask&) {
+void estimate_topk_mask_device(const ExecContext&, const TensorView&, const TensorView&, const TopkEstimatorOptions&, DeviceEstimatedMask&) {
   throw Error("estimate_topk_mask_device: tessel was built without CUDA (configure with -DTESSEL_CUDA=ON)");
 }
-void estimate_xattention_mask_device(const TensorView&, const TensorView&, const XAttentionOptions&,
+void estimate_xattention_mask_device(const ExecContext&, const TensorView&, const TensorView&, const XAttentionOptions&,
                                      DeviceEstimatedMask&) {
   throw Error("estimate_xattention_mask_device: tessel was built without CUDA (configure with -DTESSEL_CUDA=ON)");
 }

@@ -55,7 +55,7 @@ void check_options(const TopkEstimatorOptions& o) {
 
 }  // namespace
 
-EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options) {
+EstimateResult estimate_topk_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options) {
   estimators::check_qk(q, k, "estimate_topk_mask");
   check_options(options);
   if (!options.per_head.empty() && static_cast<int64_t>(options.per_head.size()) != q.size(2))
@@ -68,13 +68,13 @@ EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, cons
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dim));
 
   std::vector<PooledBlocks> pooled_k(static_cast<size_t>(batch * hkv));
-  parallel_for(batch * hkv, [&](int64_t i) {
+  parallel_for(ctx.threads(), batch * hkv, [&](int64_t i, int) {
     pooled_k[i] = pool_blocks(estimators::head_rows(k, i / hkv, i % hkv, seq_kv), seq_kv, dim, options.block_kv,
                               options.similarity_threshold);
   });
 
   std::vector<uint8_t> dense(static_cast<size_t>(batch * hq * qbs * kvbs), 0);
-  parallel_for(batch * hq, [&](int64_t bh) {
+  parallel_for(ctx.threads(), batch * hq, [&](int64_t bh, int) {
     const int64_t b = bh / hq, h = bh % hq;
     const PooledBlocks pq = pool_blocks(estimators::head_rows(q, b, h, seq_q), seq_q, dim, options.block_q, options.similarity_threshold);
     const PooledBlocks& pk = pooled_k[b * hkv + h / group];

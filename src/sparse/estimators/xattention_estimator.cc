@@ -29,7 +29,7 @@ void check_options(const XAttentionOptions& o) {
 }
 
 // Steps 1–4 of the header for every (b, h_q): masses (B, H_q, Qb, KVb).
-std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XAttentionOptions& o) {
+std::vector<float> block_mass(int threads, const TensorView& q, const TensorView& k, const XAttentionOptions& o) {
   const int64_t batch = q.size(0), seq_q = q.size(1), hq = q.size(2), dim = q.size(3);
   const int64_t seq_kv = k.size(1), hkv = k.size(2), group = hq / hkv, s = o.stride;
   const int64_t gq = (seq_q + s - 1) / s, gk = (seq_kv + s - 1) / s;
@@ -40,9 +40,9 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
 
   // Key groups are contiguous rows: group g' is the (S·D) vector k[g'S .. g'S+S).
   std::vector<std::vector<float>> keys(static_cast<size_t>(batch * hkv));
-  parallel_for(batch * hkv, [&](int64_t i) { keys[i] = estimators::head_rows(k, i / hkv, i % hkv, gk * s); });
+  parallel_for(threads, batch * hkv, [&](int64_t i, int) { keys[i] = estimators::head_rows(k, i / hkv, i % hkv, gk * s); });
   std::vector<std::vector<float>> queries(static_cast<size_t>(batch * hq));
-  parallel_for(batch * hq, [&](int64_t i) {
+  parallel_for(threads, batch * hq, [&](int64_t i, int) {
     const std::vector<float> rows = estimators::head_rows(q, i / hq, i % hq, gq * s);
     queries[i].resize(rows.size());
     block_scoring::reverse_stride_groups(rows.data(), gq, s, dim, queries[i].data());
@@ -51,7 +51,7 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
   for (int64_t g = 0; g < gk; ++g) column_block[static_cast<size_t>(g)] = static_cast<int32_t>(g / groups_per_kvb);
 
   std::vector<float> mass(static_cast<size_t>(batch * hq * qbs * kvbs), 0.0f);
-  parallel_for(batch * hq * qbs, [&](int64_t task) {
+  parallel_for(threads, batch * hq * qbs, [&](int64_t task, int) {
     const int64_t bh = task / qbs, r = task % qbs, b = bh / hq, h = bh % hq;
     const int64_t width = s * dim;
     const int64_t g_begin = r * groups_per_qb, g_end = std::min(gq, (r + 1) * groups_per_qb);
@@ -65,13 +65,13 @@ std::vector<float> block_mass(const TensorView& q, const TensorView& k, const XA
 
 }  // namespace
 
-std::vector<float> xattention_block_mass(const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
+std::vector<float> xattention_block_mass(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
   estimators::check_qk(q, k, "xattention_block_mass");
   check_options(options);
-  return block_mass(q, k, options);
+  return block_mass(ctx.threads(), q, k, options);
 }
 
-EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
+EstimateResult estimate_xattention_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
   estimators::check_qk(q, k, "estimate_xattention_mask");
   check_options(options);
   if (!options.per_head_threshold.empty() && static_cast<int64_t>(options.per_head_threshold.size()) != q.size(2))
@@ -81,14 +81,14 @@ EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k
   const int64_t batch = q.size(0), hq = q.size(2), hkv = k.size(2), group = hq / hkv;
   const BlockMaskShape per_head{batch, hq, q.size(1), k.size(1), options.block_q, options.block_kv};
   const int64_t qbs = per_head.q_blocks(), kvbs = per_head.kv_blocks();
-  const std::vector<float> mass = block_mass(q, k, options);
+  const std::vector<float> mass = block_mass(ctx.threads(), q, k, options);
 
   AlwaysKeep forced;
   forced.diagonal = options.keep_diagonal;
   forced.sink_blocks = options.keep_first ? 1 : 0;
   std::vector<uint8_t> dense(mass.size(), 0);
   apply_always_keep(per_head, forced, nullptr, dense);
-  parallel_for(batch * hq * qbs, [&](int64_t row_index) {
+  parallel_for(ctx.threads(), batch * hq * qbs, [&](int64_t row_index, int) {
     const float* m = mass.data() + row_index * kvbs;
     const double total = std::accumulate(m, m + kvbs, 0.0);
     const int64_t head = (row_index / qbs) % hq;

@@ -5,12 +5,13 @@
 // DeviceEstimatedMask is allocated once per shape (at plan time): a fixed-capacity CSR
 // (indptr: rows + 1, indices: rows × kv_blocks, of which the first indptr[rows] are valid)
 // plus the estimator's workspace. Each estimate_*_device call refills it with kernels on
-// tessel's current CUDA stream; view() is valid for the attention kernels right after, in stream
-// order, without any copy to the host.
+// ctx.stream; view() is valid for the attention kernels right after, in stream order, without
+// any copy to the host.
 #pragma once
 
 #include <cstdint>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/kernels/block_mask_view.h"
 #include "tessel/sparse/block_mask.h"
@@ -36,24 +37,24 @@ class DeviceEstimatedMask {
   BlockMask to_host() const;
 
  private:
-  friend void estimate_topk_mask_device(const TensorView&, const TensorView&, const TopkEstimatorOptions&,
-                                        DeviceEstimatedMask&);
-  friend void estimate_xattention_mask_device(const TensorView&, const TensorView&, const XAttentionOptions&,
-                                              DeviceEstimatedMask&);
+  friend void estimate_topk_mask_device(const ExecContext&, const TensorView&, const TensorView&,
+                                        const TopkEstimatorOptions&, DeviceEstimatedMask&);
+  friend void estimate_xattention_mask_device(const ExecContext&, const TensorView&, const TensorView&,
+                                              const XAttentionOptions&, DeviceEstimatedMask&);
   BlockMaskShape shape_;
   int64_t kv_heads_ = 0, head_dim_ = 0;
   Device device_{};
   Tensor indptr_, indices_;
   Tensor pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
   Tensor block_lse2_, mass_;                                                        // threshold
-  void reserve_xattention_workspace(int64_t stride);
+  void reserve_xattention_workspace(StreamHandle stream, int64_t stride);
 };
 
 // dynamic_topk on the device: q (B, S_q, H_q, D), k (B, S_kv, H_kv, D) bf16/fp16 CUDA tensors with
 // unit stride along D, D a multiple of 32 up to 256, kv_blocks <= 4096; `mask` allocated for
 // (B, H_q, S_q, S_kv, options.block_q, options.block_kv). options.keep.text is ignored (as on the
 // CPU). No host synchronization.
-void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
+void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask);
 
 // threshold (XAttention) on the device: q, k as above with D 64 or 128, stride 2..64, block_q and
@@ -63,7 +64,7 @@ void estimate_topk_mask_device(const TensorView& q, const TensorView& k, const T
 // options.block_q, options.block_kv). No host synchronization. Cost: one pass over the strided
 // scores, 1/(2·stride) of dense attention's tensor-core work, plus a (B, H_q, S_q/stride, kv
 // blocks) fp32 workspace written once and read twice.
-void estimate_xattention_mask_device(const TensorView& q, const TensorView& k, const XAttentionOptions& options,
+void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options,
                                      DeviceEstimatedMask& mask);
 
 // nullptr when the device threshold estimator runs (head dim, stride, block sizes), else what it

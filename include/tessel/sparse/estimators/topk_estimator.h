@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/estimators/estimate_result.h"
 #include "tessel/sparse/planners/always_keep.h"
@@ -47,6 +48,7 @@ struct TopkEstimatorOptions {
   AlwaysKeep keep;                     // keep.text is ignored (no layout here)
 };
 
-EstimateResult estimate_topk_mask(const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options);
+// CPU work on ctx.threads() threads.
+EstimateResult estimate_topk_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options);
 
 }  // namespace tessel

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/estimators/estimate_result.h"
 
@@ -52,10 +53,11 @@ struct XAttentionOptions {
   double vote_threshold = 0.5;
 };
 
-EstimateResult estimate_xattention_mask(const TensorView& q, const TensorView& k, const XAttentionOptions& options);
+// CPU work on ctx.threads() threads.
+EstimateResult estimate_xattention_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options);
 
 // Step 4 alone, for tests and for the CUDA estimator's comparison: the (B, H_q, Qb, KVb) block
 // masses, row-major.
-std::vector<float> xattention_block_mass(const TensorView& q, const TensorView& k, const XAttentionOptions& options);
+std::vector<float> xattention_block_mass(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options);
 
 }  // namespace tessel
