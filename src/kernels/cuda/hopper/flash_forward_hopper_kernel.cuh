@@ -146,20 +146,26 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       }
       if (tid != 0) continue;
 
-      // Q once the consumers have issued their last product with the previous item's.
-      mbarrier_wait(bar_q_empty, (local & 1) ^ 1);
-      mbarrier_arrive_expect_tx(bar_q, kTileBytes);
-      for (int half = 0; half < kHalves; ++half)
-        for (int rows = 0; rows < 2; ++rows)
-          tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, w.m0 + rows * 64, w.head,
-                      w.batch);
-      // The next item's Q waits for this item's last QK^T: have it in L2 by then.
-      if (item + static_cast<int>(gridDim.x) < items) {
-        const Item next = item_at(item + gridDim.x);
+      // Q once the consumers have issued their last product with the previous item's. It is
+      // loaded after the item's first K/V stage is on its way (that stage's slot is usually free
+      // well before the consumers finish the previous item), so the switch waits for Q alone.
+      bool q_loaded = false;
+      auto load_q = [&] {
+        mbarrier_wait(bar_q_empty, (local & 1) ^ 1);
+        mbarrier_arrive_expect_tx(bar_q, kTileBytes);
         for (int half = 0; half < kHalves; ++half)
           for (int rows = 0; rows < 2; ++rows)
-            tma_prefetch_l2_4d(&q_map, half * 64, next.m0 + rows * 64, next.head, next.batch);
-      }
+            tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, w.m0 + rows * 64, w.head,
+                        w.batch);
+        // The next item's Q waits for this item's last QK^T: have it in L2 by then.
+        if (item + static_cast<int>(gridDim.x) < items) {
+          const Item next = item_at(item + gridDim.x);
+          for (int half = 0; half < kHalves; ++half)
+            for (int rows = 0; rows < 2; ++rows)
+              tma_prefetch_l2_4d(&q_map, half * 64, next.m0 + rows * 64, next.head, next.batch);
+        }
+        q_loaded = true;
+      };
 
       int tile = walk.next(0);
       const int end = walk.end();
@@ -192,7 +198,9 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
           tma_load_4d(v_stage + half * kHalfBytes, &v_map, bar, half * 64, n0, kv_head, w.batch);
           tma_load_4d(v_stage + half * kHalfBytes + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
         }
+        if (!q_loaded) load_q();
       }
+      if (!q_loaded) load_q();  // an item with no tiles: the consumers still wait for its Q
     }
     return;
   }
