@@ -13,6 +13,9 @@ runs it) and writes:
                        output_fp32          diffusers' forward in fp32
                        output_fp64          the same forward in float64 (rounded to fp32 at the end)
                        output_bf16_weights  float64 forward of the bf16-stored weights
+                       timestep_per_token   (2, 45): 0 on the first frame's tokens, as Wan 2.2
+                                            conditions a given first frame, the batch's timestep
+                                            elsewhere; output_per_token_fp64 is its float64 forward
 
 output_fp64 carries no rounding of its own, so a forward's difference against it is that
 forward's own error; the script prints diffusers' fp32 error against it, the yardstick for the
@@ -60,12 +63,12 @@ def randomize(model: torch.nn.Module, generator: torch.Generator) -> None:
                 parameter.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
 
 
-def forward(model: WanTransformer3DModel, inputs: dict, dtype: torch.dtype) -> torch.Tensor:
+def forward(model: WanTransformer3DModel, inputs: dict, dtype: torch.dtype, timestep: str = "timestep") -> torch.Tensor:
     model = model.to(dtype)
     with torch.no_grad():
         out = model(
             hidden_states=inputs["hidden_states"].to(dtype),
-            timestep=inputs["timestep"].to(dtype),
+            timestep=inputs[timestep].to(dtype),
             encoder_hidden_states=inputs["encoder_hidden_states"].to(dtype),
             return_dict=False,
         )[0]
@@ -91,17 +94,28 @@ def main() -> None:
         "encoder_hidden_states": torch.randn((LATENT[0], TEXT_TOKENS, CONFIG["text_dim"]), generator=generator),
     }
 
+    patches = LATENT[2] * (LATENT[3] // 2) * (LATENT[4] // 2)
+    first_frame = patches // LATENT[2]
+    inputs["timestep_per_token"] = inputs["timestep"][:, None].repeat(1, patches)
+    inputs["timestep_per_token"][:, :first_frame] = 0.0
+
     os.makedirs(args.out, exist_ok=True)
     for sub in ("checkpoint", "checkpoint_bf16"):
         shutil.rmtree(os.path.join(args.out, sub), ignore_errors=True)
     model.save_pretrained(os.path.join(args.out, "checkpoint"), max_shard_size="40KB", safe_serialization=True)
-    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
-    bf16_model.save_pretrained(os.path.join(args.out, "checkpoint_bf16"), safe_serialization=True)
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(os.path.join(args.out, "checkpoint_bf16"), safe_serialization=True)
+    # The reference for the bf16 file: its weights rounded to bf16, but the rotary tables (buffers
+    # that .to(bfloat16) would round too, and that no checkpoint holds) left exact.
+    bf16_weights = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in bf16_weights.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).to(parameter.dtype))
 
     outputs = {  # forward() casts its model in place, hence the copies
         "output_fp32": forward(copy.deepcopy(model), inputs, torch.float32),
         "output_fp64": forward(copy.deepcopy(model), inputs, torch.float64),
-        "output_bf16_weights": forward(bf16_model, inputs, torch.float64),
+        "output_bf16_weights": forward(bf16_weights, inputs, torch.float64),
+        "output_per_token_fp64": forward(copy.deepcopy(model), inputs, torch.float64, "timestep_per_token"),
     }
     save_file({**inputs, **outputs}, os.path.join(args.out, "io.safetensors"))
 

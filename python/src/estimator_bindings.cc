@@ -14,7 +14,6 @@
 #include "tensor_arg.h"
 #include "tessel/core/error.h"
 #include "tessel/core/exec_context.h"
-#include "tessel/core/exec_context.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
 

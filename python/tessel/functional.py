@@ -1,7 +1,7 @@
 """The functional API, BSHD like flash_attn_func: q (B, S_q, H_q, D), k and v (B, S_kv, H_kv, D).
 
-torch tensors go through the torch.library ops of tessel.torch_ops (so torch.compile traces them
-and CUDA work runs on torch's current stream); any other DLPack array (numpy on the CPU) is handed
+torch tensors go through the torch.library ops of tessel.torch_ops (so torch.compile traces them;
+eager calls on plain tensors skip the dispatcher; CUDA work runs on torch's current stream); any other DLPack array (numpy on the CPU) is handed
 to the extension directly. Outputs are new arrays of the inputs' framework, device and dtype;
 inputs are read in place (any strides with a dense head dimension).
 """
@@ -44,9 +44,10 @@ def attention(q, k, v, *, causal: bool = False, window=(-1, -1), softmax_scale=N
     scale = _scale_arg(softmax_scale)
     left, right = _window_args(window)
     if is_torch_tensor(q):
-        import torch
+        from . import torch_ops
 
-        out, lse = torch.ops.tessel.attention(q, k, v, scale, bool(causal), left, right, bool(return_lse))
+        op = torch_ops.run_attention if torch_ops.eager_call(q) else torch_ops.attention
+        out, lse = op(q, k, v, scale, bool(causal), left, right, bool(return_lse))
     else:
         _check_arrays(q=q, k=k, v=v)
         out = np.empty(q.shape, dtype=q.dtype)
@@ -65,11 +66,11 @@ def block_sparse_attention(q, k, v, mask: BlockMask, *, causal: bool = False, wi
     left, right = _window_args(window)
     geometry = (mask.mask_batch, mask.mask_heads, mask.block_q, mask.block_kv)
     if is_torch_tensor(q):
-        import torch
+        from . import torch_ops
 
         indptr, indices = mask.csr_on(q.device)
-        out, lse = torch.ops.tessel.block_sparse_attention(q, k, v, indptr, indices, list(geometry), scale,
-                                                           bool(causal), left, right, bool(return_lse))
+        op = torch_ops.run_block_sparse_attention if torch_ops.eager_call(q) else torch_ops.block_sparse_attention
+        out, lse = op(q, k, v, indptr, indices, list(geometry), scale, bool(causal), left, right, bool(return_lse))
     else:
         _check_arrays(q=q, k=k, v=v)
         out = np.empty(q.shape, dtype=q.dtype)
@@ -83,9 +84,10 @@ def merge_states(out_a, lse_a, out_b, lse_b):
     """Combines two partial attention results over disjoint key sets (max-shifted LSE merge).
     Returns (out, lse) with out in out_a's dtype."""
     if is_torch_tensor(out_a):
-        import torch
+        from . import torch_ops
 
-        return torch.ops.tessel.merge_states(out_a, lse_a, out_b, lse_b)
+        op = torch_ops.merge_states_impl if torch_ops.eager_call(out_a) else torch_ops.merge_states
+        return op(out_a, lse_a, out_b, lse_b)
     _check_arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     out = np.empty(out_a.shape, dtype=out_a.dtype)
     lse = np.empty(lse_a.shape, dtype=np.float32)

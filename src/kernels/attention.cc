@@ -3,6 +3,7 @@
 #include "tessel/kernels/attention.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include "cpu/attention_cpu.h"
@@ -33,20 +34,27 @@ void check_lse(const TensorView& lse, const Shape& shape, Device device, const s
   check_contiguous(lse, name);
 }
 
+// A view and the argument name its errors use.
+struct NamedView {
+  const TensorView& view;
+  const char* name;
+};
+
+// Checks each view as check_bshd does, then that all are on the first one's device; returns it.
+Device check_bshd_on_one_device(std::initializer_list<NamedView> views) {
+  for (const NamedView& t : views) check_bshd(t.view, t.name);
+  const Device device = views.begin()->view.device();
+  for (const NamedView& t : views) check_device(t.view, device, t.name);
+  return device;
+}
+
 struct Dims {
   int64_t batch, seq_q, seq_kv, heads, kv_heads, head_dim;
 };
 
 Dims check_attention_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                           const TensorView& lse, const AttentionOptions& options) {
-  check_bshd(q, "q");
-  check_bshd(k, "k");
-  check_bshd(v, "v");
-  check_bshd(out, "out");
-  const Device device = q.device();
-  check_device(k, device, "k");
-  check_device(v, device, "v");
-  check_device(out, device, "out");
+  const Device device = check_bshd_on_one_device({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}});
   check_dtype(k, q.dtype(), "k");
   check_dtype(v, q.dtype(), "v");
   check_dtype(out, q.dtype(), "out");
@@ -157,12 +165,7 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
 
 void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
                             const TensorView& lse_b, const TensorView& out, const TensorView& lse) {
-  check_bshd(out_a, "out_a");
-  check_bshd(out_b, "out_b");
-  check_bshd(out, "out");
-  const Device device = out_a.device();
-  check_device(out_b, device, "out_b");
-  check_device(out, device, "out");
+  const Device device = check_bshd_on_one_device({{out_a, "out_a"}, {out_b, "out_b"}, {out, "out"}});
   check_shape(out_b, out_a.shape(), "out_b");
   check_shape(out, out_a.shape(), "out");
   const Shape lse_shape{out_a.size(0), out_a.size(2), out_a.size(1)};

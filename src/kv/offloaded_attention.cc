@@ -61,15 +61,9 @@ void OffloadedAttention::prefill_layer(const ExecContext& ctx, int64_t layer, co
   if (k.dim() == 4 && k.size(1) != chunk_tokens_)
     fail_argument("k.shape[1]", chunk_tokens_, k.size(1));
   engine_.store_prefill_kv(layer, k, v);
-  ChunkedPrefillArgs args;
-  args.q = q;
-  args.out = out;
-  args.layer_id = layer;
-  args.softmax_scale = scale_;
-  args.current_chunk_idx = chunk_idx_;
-  args.num_chunks = num_chunks_;
-  args.seq = seq_;
-  args.num_tokens = chunk_tokens_;
+  const ChunkedPrefillArgs args{.q = q, .out = out, .layer_id = layer, .softmax_scale = scale_,
+                                .current_chunk_idx = chunk_idx_, .num_chunks = num_chunks_, .seq = seq_,
+                                .num_tokens = chunk_tokens_};
   prefill_policy_.compute_chunked_prefill(ctx, args, engine_, manager_);
   offload_chunk(layer);
 }
@@ -114,12 +108,7 @@ void OffloadedAttention::decode_layer(const ExecContext& ctx, int64_t layer, con
                                       const TensorView& out) {
   if (!in_decode_step_) fail_argument("decode_layer", "inside begin_decode_step/end_decode_step", "no open step");
   engine_.store_decode_kv(layer, decode_position_, k, v);
-  ChunkedDecodeArgs args;
-  args.q = q;
-  args.out = out;
-  args.layer_id = layer;
-  args.softmax_scale = scale_;
-  args.seq = seq_;
+  const ChunkedDecodeArgs args{.q = q, .out = out, .layer_id = layer, .softmax_scale = scale_, .seq = seq_};
   decode_policy_.compute_chunked_decode(ctx, args, engine_, manager_);
 }
 

@@ -46,6 +46,21 @@ void check_engine_stream(const ExecContext& ctx, const OffloadEngine& engine) {
                   "another stream");
 }
 
+// Attention of q over the current KV (the prefill chunk or the decode buffer) into out. When the
+// history blocks already wrote out and history_lse, the two partial results are merged in place.
+void attend_current_kv(const ExecContext& exec, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const AttentionOptions& options, bool has_history, OffloadEngine& engine, const TensorView& out,
+                       const TensorView& history_lse) {
+  if (!has_history) {
+    attention_forward(exec, q, k, v, out, TensorView{}, options);
+    return;
+  }
+  const TensorView current_out = engine.scratch(kScratchCurrentOut, q.shape(), q.dtype());
+  const TensorView current_lse = engine.scratch(kScratchCurrentLse, history_lse.shape(), DType::kF32);
+  attention_forward(exec, q, k, v, current_out, current_lse, options);
+  merge_attention_states(exec, out, history_lse, current_out, current_lse, out, history_lse);
+}
+
 }  // namespace
 
 void SparsePolicy::fail_phase(const char* phase) const {
@@ -119,14 +134,7 @@ void SparsePolicy::run_chunked_prefill(const ExecContext& exec, const ChunkedPre
   causal.scale = args.softmax_scale;
   causal.causal = true;
   const auto [k, v] = engine.get_prefill_buffer_slice(args.layer_id, args.num_tokens);
-  if (!has_history) {
-    attention_forward(exec, args.q, k, v, args.out, TensorView{}, causal);
-    return;
-  }
-  const TensorView current_out = engine.scratch(kScratchCurrentOut, args.q.shape(), args.q.dtype());
-  const TensorView current_lse = engine.scratch(kScratchCurrentLse, lse_shape, DType::kF32);
-  attention_forward(exec, args.q, k, v, current_out, current_lse, causal);
-  merge_attention_states(exec, args.out, history_lse, current_out, current_lse, args.out, history_lse);
+  attend_current_kv(exec, args.q, k, v, causal, has_history, engine, args.out, history_lse);
 }
 
 void SparsePolicy::run_chunked_decode(const ExecContext& exec, const ChunkedDecodeArgs& args, OffloadEngine& engine,
@@ -151,14 +159,7 @@ void SparsePolicy::run_chunked_decode(const ExecContext& exec, const ChunkedDeco
   AttentionOptions options;
   options.scale = args.softmax_scale;
   const auto [k, v] = engine.decode_buffer_slice(args.layer_id, 0, buffered);
-  if (!has_history) {
-    attention_forward(exec, args.q, k, v, args.out, TensorView{}, options);
-    return;
-  }
-  const TensorView current_out = engine.scratch(kScratchCurrentOut, args.q.shape(), args.q.dtype());
-  const TensorView current_lse = engine.scratch(kScratchCurrentLse, lse_shape, DType::kF32);
-  attention_forward(exec, args.q, k, v, current_out, current_lse, options);
-  merge_attention_states(exec, args.out, history_lse, current_out, current_lse, args.out, history_lse);
+  attend_current_kv(exec, args.q, k, v, options, has_history, engine, args.out, history_lse);
 }
 
 }  // namespace tessel::kv

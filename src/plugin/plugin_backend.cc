@@ -78,10 +78,7 @@ class PluginBuilder : public MetadataBuilder {
     const tessel_plan_request request = to_c(shape, module);
     auto metadata = std::make_shared<PluginMetadata>();
     metadata->library = library_;
-    metadata->backend = backend_->name();
-    metadata->spec = spec;
-    metadata->module = module;
-    metadata->shape = shape;
+    metadata->set_request(backend_->name(), spec, module, shape);
     tessel_error error{};
     const tessel_plugin_backend& table = library_->table;
     const tessel_status status = table.plan(table.user_data, c_spec.get(), &request, &metadata->plan, &error);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 
 #include "enum_names.h"
 #include "tessel/core/error.h"
@@ -54,15 +55,9 @@ AttentionShape AttentionShape::of(const TensorView& q, const TensorView& k, cons
   check_shape(v, k.shape(), "v");
   if (k.size(0) != q.size(0)) fail_argument("k batch", q.size(0), k.size(0));
   if (k.size(3) != q.size(3)) fail_argument("k head_dim", q.size(3), k.size(3));
-  AttentionShape shape;
-  shape.batch = q.size(0);
-  shape.seq_q = q.size(1);
-  shape.num_qo_heads = q.size(2);
-  shape.head_dim = q.size(3);
-  shape.seq_kv = k.size(1);
-  shape.num_kv_heads = k.size(2);
-  shape.dtype = q.dtype();
-  shape.device = q.device();
+  const AttentionShape shape{.batch = q.size(0), .num_qo_heads = q.size(2), .num_kv_heads = k.size(2),
+                             .head_dim = q.size(3), .seq_q = q.size(1), .seq_kv = k.size(1), .dtype = q.dtype(),
+                             .device = q.device()};
   shape.validate();
   return shape;
 }
@@ -73,6 +68,14 @@ std::string AttentionShape::str() const {
 }
 
 Metadata::~Metadata() = default;
+
+void Metadata::set_request(std::string backend_name, const PatternSpec& planned_spec, ModuleType planned_module,
+                           const AttentionShape& planned_shape) {
+  backend = std::move(backend_name);
+  spec = planned_spec;
+  module = planned_module;
+  shape = planned_shape;
+}
 
 double Metadata::planned_density() const {
   if (mask) return mask->density();
@@ -92,15 +95,8 @@ std::shared_ptr<Metadata> MetadataBuilder::plan(const ExecContext& ctx, const Pa
                                                 int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim,
                                                 int64_t seq_q, int64_t seq_kv, int64_t batch, DType dtype,
                                                 Device device) {
-  AttentionShape shape;
-  shape.batch = batch;
-  shape.num_qo_heads = num_qo_heads;
-  shape.num_kv_heads = num_kv_heads;
-  shape.head_dim = head_dim;
-  shape.seq_q = seq_q;
-  shape.seq_kv = seq_kv;
-  shape.dtype = dtype;
-  shape.device = device;
+  const AttentionShape shape{.batch = batch, .num_qo_heads = num_qo_heads, .num_kv_heads = num_kv_heads,
+                             .head_dim = head_dim, .seq_q = seq_q, .seq_kv = seq_kv, .dtype = dtype, .device = device};
   return plan(ctx, spec, module, shape);
 }
 

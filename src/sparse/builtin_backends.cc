@@ -18,10 +18,7 @@ class DenseBuilder : public MetadataBuilder {
                                  const AttentionShape& shape) override {
     shape.validate();
     auto metadata = std::make_shared<Metadata>();
-    metadata->backend = "dense";
-    metadata->spec = spec;
-    metadata->module = module;
-    metadata->shape = shape;
+    metadata->set_request("dense", spec, module, shape);
     return metadata;
   }
 };

@@ -73,10 +73,7 @@ class PlanningBuilder : public MetadataBuilder {
       metadata->permutation = std::move(planned.permutation);
     }
     if (shape.device.is_cuda()) metadata->device_mask = mask.to_device(shape.device);
-    metadata->backend = backend_->name();
-    metadata->spec = spec;
-    metadata->module = module;
-    metadata->shape = shape;
+    metadata->set_request(backend_->name(), spec, module, shape);
     metadata->mask = std::make_shared<const BlockMask>(std::move(mask));
     return metadata;
   }
@@ -143,10 +140,7 @@ class EstimatingBuilder : public MetadataBuilder {
 #endif
       metadata = std::move(device);
     }
-    metadata->backend = backend_->name();
-    metadata->spec = spec;
-    metadata->module = module;
-    metadata->shape = shape;
+    metadata->set_request(backend_->name(), spec, module, shape);
     return metadata;
   }
 

@@ -182,23 +182,23 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
                          param_name);
 
-// Head dim 128 runs the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere): odd
-// lengths around its 128-row and 128-key tiles, rows longer than its stage ring, GQA up to 8:1.
-class LongAndOddGpu : public ::testing::TestWithParam<DType> {};
+// Head dims 64 and 128 run the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere):
+// odd lengths around its 128-row and 128-key tiles, rows longer than its stage ring, GQA up to 4:1.
+class LongAndOddGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(LongAndOddGpu, DenseMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const DType dtype = GetParam();
+  const auto [dtype, dim] = GetParam();
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
   window.window_left = 300;
   window.window_right = 0;
   const std::vector<Case> cases = {
-      {1, 63, 65, 2, 2, 128, dtype, {}},     {1, 127, 129, 2, 1, 128, dtype, {}},
-      {1, 129, 127, 2, 1, 128, dtype, {}},   {3, 255, 257, 2, 2, 128, dtype, {}},
-      {1, 1000, 1000, 4, 1, 128, dtype, {}}, {1, 2049, 1531, 1, 1, 128, dtype, {}},
-      {1, 777, 777, 4, 2, 128, dtype, causal}, {2, 1100, 1100, 2, 1, 128, dtype, window},
+      {1, 63, 65, 2, 2, dim, dtype, {}},     {1, 127, 129, 2, 1, dim, dtype, {}},
+      {1, 129, 127, 2, 1, dim, dtype, {}},   {3, 255, 257, 2, 2, dim, dtype, {}},
+      {1, 1000, 1000, 4, 1, dim, dtype, {}}, {1, 2049, 1531, 1, 1, dim, dtype, {}},
+      {1, 777, 777, 4, 2, dim, dtype, causal}, {2, 1100, 1100, 2, 1, dim, dtype, window},
   };
   uint64_t seed = 501;
   for (const Case& c : cases) check_case(c, seed++);
@@ -206,7 +206,7 @@ TEST_P(LongAndOddGpu, DenseMatchesReference) {
 
 TEST_P(LongAndOddGpu, SparseMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const DType dtype = GetParam();
+  const auto [dtype, dim] = GetParam();
   const int64_t batch = 2, heads = 4, kv_heads = 1;
   uint64_t seed = 601;
   for (const int64_t block_kv : {64, 256})
@@ -221,7 +221,7 @@ TEST_P(LongAndOddGpu, SparseMatchesReference) {
         shape.block_q = seed % 2 == 0 ? 128 : 256;
         shape.block_kv = block_kv;
         const BlockMask mask = BlockMask::random(shape, density, seed);
-        Case c{batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}};
+        Case c{batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}};
         c.options.causal = causal;
         SCOPED_TRACE(detail::concat("block ", shape.block_q, "x", block_kv, " density ", density));
         check_case(c, seed++, &mask);
@@ -232,7 +232,7 @@ TEST_P(LongAndOddGpu, SparseMatchesReference) {
 // kept blocks past the end of a causal row, and rows that keep nothing.
 TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
   SKIP_WITHOUT_GPU();
-  const DType dtype = GetParam();
+  const auto [dtype, dim] = GetParam();
   BlockMaskShape shape;
   shape.mask_heads = 2;
   shape.seq_q = 1240;  // 10 q blocks of 128, the last partial
@@ -248,10 +248,10 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
       rows.push_back(row);
     }
   const BlockMask mask = BlockMask::from_rows(shape, rows);
-  check_case({1, 1240, 1240, 2, 1, 128, dtype, {}}, 701, &mask);
+  check_case({1, 1240, 1240, 2, 1, dim, dtype, {}}, 701, &mask);
   AttentionOptions causal;
   causal.causal = true;
-  check_case({1, 1240, 1240, 2, 1, 128, dtype, causal}, 702, &mask);
+  check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, 702, &mask);
 }
 
 // More (batch, head, query block) items than an H100 has multiprocessors, so each CTA of the
@@ -259,9 +259,9 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
 // item to item, through rows of every length including empty ones.
 TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
   SKIP_WITHOUT_GPU();
-  const DType dtype = GetParam();
+  const auto [dtype, dim] = GetParam();
   const int64_t batch = 2, heads = 16, kv_heads = 4, seq_q = 1100, seq_kv = 300;
-  check_case({batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}}, 801);
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 801);
   BlockMaskShape shape;
   shape.mask_batch = batch;
   shape.mask_heads = heads;
@@ -278,11 +278,13 @@ TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
         rows.push_back(row);
       }
   const BlockMask mask = BlockMask::from_rows(shape, rows);
-  check_case({batch, seq_q, seq_kv, heads, kv_heads, 128, dtype, {}}, 802, &mask);
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 802, &mask);
 }
 
-INSTANTIATE_TEST_SUITE_P(Hd128, LongAndOddGpu, ::testing::Values(DType::kBF16, DType::kF16),
-                         [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
+                         ::testing::Values(std::make_tuple(DType::kBF16, int64_t{128}), std::make_tuple(DType::kF16, int64_t{128}),
+                                           std::make_tuple(DType::kBF16, int64_t{64})),
+                         param_name);
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
   SKIP_WITHOUT_GPU();

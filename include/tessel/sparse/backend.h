@@ -74,6 +74,9 @@ struct Metadata {
   // seq_q == seq_kv (self attention).
   std::vector<int64_t> permutation;
 
+  // Fills the four common fields above with what a backend's builder was asked to plan.
+  void set_request(std::string backend_name, const PatternSpec& planned_spec, ModuleType planned_module,
+                   const AttentionShape& planned_shape);
   // Density the plan keeps (kept blocks / all blocks): mask->density(), 1 for dense, or the
   // target ratio for data-dependent patterns until a forward has run.
   double planned_density() const;

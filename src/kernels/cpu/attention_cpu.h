@@ -14,12 +14,6 @@ namespace tessel::cpu {
 size_t workspace_bytes(int threads, int64_t batch, int64_t seq_kv, int64_t heads, int64_t kv_heads, int64_t head_dim,
                        int64_t mask_block_kv);
 
-void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                       const TensorView& lse, const AttentionOptions& options);
-void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
-                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
-                                    const AttentionOptions& options);
-void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
-                            const TensorView& lse_b, const TensorView& out, const TensorView& lse);
+#include "attention_entry_points.inc"
 
 }  // namespace tessel::cpu

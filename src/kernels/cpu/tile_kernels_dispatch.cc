@@ -6,20 +6,13 @@
 
 namespace tessel::cpu {
 
-// The variants src/kernels/CMakeLists.txt compiled (TESSEL_TILE_KERNELS_<ISA>), each a
-// tile_kernels.cc translation unit in its own namespace.
-#ifdef TESSEL_TILE_KERNELS_NATIVE
+// The tables of the variants src/kernels/CMakeLists.txt can compile, each a tile_kernels.cc
+// translation unit in its own namespace. Only those this build has (TESSEL_TILE_KERNELS_<ISA>)
+// are referred to below; declaring the others is harmless.
 namespace native { extern const TileKernels kTileKernels; }
-#endif
-#ifdef TESSEL_TILE_KERNELS_AVX512
 namespace avx512 { extern const TileKernels kTileKernels; }
-#endif
-#ifdef TESSEL_TILE_KERNELS_AVX2
 namespace avx2 { extern const TileKernels kTileKernels; }
-#endif
-#ifdef TESSEL_TILE_KERNELS_SCALAR
 namespace scalar { extern const TileKernels kTileKernels; }
-#endif
 
 namespace {
 

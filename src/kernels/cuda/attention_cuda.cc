@@ -102,7 +102,8 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, false, 0))
-    detail::launch_flash_forward_hopper(p, q.dtype(), false, batch, static_cast<int>(k.size(2)), ctx.stream);
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)),
+                                        ctx.stream);
   else
     detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, ctx.stream);
   check_launch("attention_forward");
@@ -134,7 +135,7 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
-    detail::launch_flash_forward_hopper(p, q.dtype(), true, batch, static_cast<int>(heads_kv), ctx.stream);
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), ctx.stream);
   } else {
     const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
     detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, ctx.stream);

@@ -10,12 +10,6 @@
 
 namespace tessel::cuda {
 
-void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                       const TensorView& lse, const AttentionOptions& options);
-void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
-                                    const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
-                                    const AttentionOptions& options);
-void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, const TensorView& lse_a, const TensorView& out_b,
-                            const TensorView& lse_b, const TensorView& out, const TensorView& lse);
+#include "attention_entry_points.inc"
 
 }  // namespace tessel::cuda

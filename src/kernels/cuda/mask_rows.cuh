@@ -65,6 +65,18 @@ __device__ __forceinline__ void write_kept_row(const uint8_t* keep, int kv_block
   if (tid == 0) *row_count = row_total;
 }
 
+// Sets keep[c] for the kv blocks holding the diagonal of q block r, aligned bottom-right (query i
+// faces key i + seq_kv - seq_q, as causal attention with a longer kv aligns them). The CTA's
+// threads share the blocks; the caller synchronizes before reading keep.
+__device__ __forceinline__ void keep_diagonal_blocks(uint8_t* keep, int r, int seq_q, int seq_kv, int block_q,
+                                                     int block_kv) {
+  const int shift = seq_kv - seq_q;
+  const int q_lo = r * block_q, q_hi = min(seq_q, q_lo + block_q) - 1;
+  if (q_hi + shift < 0 || q_lo + shift >= seq_kv) return;
+  const int lo = min(max(q_lo + shift, 0), seq_kv - 1), hi = min(max(q_hi + shift, 0), seq_kv - 1);
+  for (int c = lo / block_kv + static_cast<int>(threadIdx.x); c <= hi / block_kv; c += blockDim.x) keep[c] = 1;
+}
+
 // Sorts n (a power of two) 64-bit keys in shared memory, descending; all threads of the CTA call it.
 __device__ __forceinline__ void bitonic_sort_descending(unsigned long long* keys, int n) {
   for (int size = 2; size <= n; size <<= 1) {

@@ -210,14 +210,7 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
   }
 
   // Always-keep blocks: the diagonal (bottom-right aligned) and the first sink blocks.
-  if (p.keep_diagonal) {
-    const int shift = p.seq_kv - p.seq_q;
-    const int q_lo = r * p.block_q, q_hi = min(p.seq_q, q_lo + p.block_q) - 1;
-    if (q_hi + shift >= 0 && q_lo + shift < p.seq_kv) {
-      const int lo = min(max(q_lo + shift, 0), p.seq_kv - 1), hi = min(max(q_hi + shift, 0), p.seq_kv - 1);
-      for (int c = lo / p.block_kv + tid; c <= hi / p.block_kv; c += blockDim.x) keep[c] = 1;
-    }
-  }
+  if (p.keep_diagonal) keep_diagonal_blocks(keep, r, p.seq_q, p.seq_kv, p.block_q, p.block_kv);
   for (int c = tid; c < min(p.sink_blocks, kvb); c += blockDim.x) keep[c] = 1;
   __syncthreads();
 

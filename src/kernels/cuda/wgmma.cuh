@@ -131,7 +131,25 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 
 // D += A x B for one k16 slice with A (64 x 16) in registers, in the m16n8k16 A-fragment layout
-// per warp (a[0..3]), and B (16 x 128) an MN-major shared tile (transposed read, imm-trans-b = 1).
+// per warp (a[0..3]), and B (16 x N) an MN-major shared tile (transposed read, imm-trans-b = 1).
+// The same with N = 64 (float d[32]).
+#define TESSEL_WGMMA_M64N64K16_RS_TRANS_B(TYPE, d, a, desc_b) \
+  asm volatile( \
+      "{\n" \
+      ".reg .pred accumulate;\n" \
+      "setp.ne.b32 accumulate, %37, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
+      "{" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, {%32, %33, %34, %35}, %36, accumulate, 1, 1, 1;\n" \
+      "}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1))
+
 #define TESSEL_WGMMA_M64N128K16_RS_TRANS_B(TYPE, d, a, desc_b) \
   asm volatile( \
       "{\n" \
@@ -145,11 +163,18 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
       : TESSEL_WGMMA_D64_OUTPUTS(d) \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1))
 
-__device__ __forceinline__ void wgmma_m64n128k16_rs_trans_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, Bf16Operands) {
+// wgmma_rs_trans_b: the N = 128 or N = 64 instruction, picked by the accumulator's size.
+__device__ __forceinline__ void wgmma_rs_trans_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, Bf16Operands) {
   TESSEL_WGMMA_M64N128K16_RS_TRANS_B("bf16", d, a, desc_b);
 }
-__device__ __forceinline__ void wgmma_m64n128k16_rs_trans_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, F16Operands) {
+__device__ __forceinline__ void wgmma_rs_trans_b(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, F16Operands) {
   TESSEL_WGMMA_M64N128K16_RS_TRANS_B("f16", d, a, desc_b);
+}
+__device__ __forceinline__ void wgmma_rs_trans_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, Bf16Operands) {
+  TESSEL_WGMMA_M64N64K16_RS_TRANS_B("bf16", d, a, desc_b);
+}
+__device__ __forceinline__ void wgmma_rs_trans_b(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, F16Operands) {
+  TESSEL_WGMMA_M64N64K16_RS_TRANS_B("f16", d, a, desc_b);
 }
 
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate, Bf16Operands) {
@@ -168,6 +193,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 #undef TESSEL_WGMMA_M64N128K16
 #undef TESSEL_WGMMA_M64N256K16
 #undef TESSEL_WGMMA_M64N128K16_RS_TRANS_B
+#undef TESSEL_WGMMA_M64N64K16_RS_TRANS_B
 #undef TESSEL_WGMMA_D64_TEXT
 #undef TESSEL_WGMMA_D64_OUTPUTS
 

@@ -57,6 +57,17 @@ struct TileShape {
 constexpr int kMassThreads = 256;
 constexpr int kSelectThreads = 256;
 
+// The warp's MMA accumulators (WM m16 tiles x 8 n8 tiles x 4 floats per lane) to 0.
+template <int WM>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[WM][8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < WM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
 // One 64-wide inner slice for a warp's M m16 tiles x 64 columns: A fragments by ldmatrix, B
 // fragments two n8 tiles per ldmatrix.x4, M x 8 MMAs per k16. a_off / b_off: the lane's swizzled
 // byte offsets for each k16 (the m16 / n16 steps add constants), computed once per kernel: address
@@ -141,12 +152,7 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
   for (int step = 0; step < kStages - 1; ++step) issue();
 
   float acc[WM][8][4];
-#pragma unroll
-  for (int mt = 0; mt < WM; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+  zero_accumulators(acc);
 
   float* out = p.block_lse2 + (static_cast<int64_t>(b) * p.heads_q + h) * p.groups_q * p.kv_blocks;
   const int block_shift = __ffs(group_kv_block) - 1;
@@ -211,12 +217,7 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
             row_units[(warp_col + nt * 8 + quad * 2) / kUnit] = sum > 0.f ? base + __log2f(sum) : -INFINITY;
         }
       }
-#pragma unroll
-    for (int mt = 0; mt < WM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+    zero_accumulators(acc);
     __syncthreads();
     store_tile_block_lse<kRows, kUnitsPerTile, kUnit, kThreads>(s_unit, p, out, g0, c0, group_kv_block, tid);
     // The next write to s_unit comes after at least one more step, whose __syncthreads orders it.
@@ -299,14 +300,7 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
                                 : static_cast<float>(c == kvb - 1 ? p.zero_groups_last_pad : groups_per_block) * zero_group;
   }
   __syncthreads();
-  if (p.keep_diagonal) {
-    const int shift = p.seq_kv - p.seq_q;
-    const int q_lo = r * p.block_q, q_hi = min(p.seq_q, q_lo + p.block_q) - 1;
-    if (q_hi + shift >= 0 && q_lo + shift < p.seq_kv) {
-      const int lo = min(max(q_lo + shift, 0), p.seq_kv - 1), hi = min(max(q_hi + shift, 0), p.seq_kv - 1);
-      for (int c = lo / p.block_kv + tid; c <= hi / p.block_kv; c += blockDim.x) keep[c] = 1;
-    }
-  }
+  if (p.keep_diagonal) keep_diagonal_blocks(keep, r, p.seq_q, p.seq_kv, p.block_q, p.block_kv);
   __syncthreads();
   for (int i = tid; i < sort_size; i += blockDim.x) {
     unsigned long long key = 0ull;

@@ -133,6 +133,21 @@ void set_qk_geometry(Params& p, const TensorView& q, const TensorView& k) {
   p.heads_q = static_cast<int>(q.size(2));
   p.heads_kv = static_cast<int>(k.size(2));
 }
+
+// The block grid of the mask and its fixed-capacity rows and CSR arrays, which both estimator
+// launches write (their params share these names).
+template <typename Params>
+void set_mask_outputs(Params& p, const BlockMaskShape& shape, const Tensor& row_counts, const Tensor& row_blocks,
+                      const Tensor& indptr, const Tensor& indices) {
+  p.block_q = static_cast<int>(shape.block_q);
+  p.block_kv = static_cast<int>(shape.block_kv);
+  p.q_blocks = static_cast<int>(shape.q_blocks());
+  p.kv_blocks = static_cast<int>(shape.kv_blocks());
+  p.row_counts = row_counts.data_as<int32_t>();
+  p.row_blocks = row_blocks.data_as<int32_t>();
+  p.indptr = indptr.data_as<int32_t>();
+  p.indices = indices.data_as<int32_t>();
+}
 }  // namespace
 
 void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
@@ -149,11 +164,8 @@ void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, cons
   const int64_t kvb = want.kv_blocks();
   cuda::detail::TopkParams p{};
   set_qk_geometry(p, q, k);
+  set_mask_outputs(p, mask.shape_, mask.row_counts_, mask.row_blocks_, mask.indptr_, mask.indices_);
   p.dim = static_cast<int>(q.size(3));
-  p.block_q = static_cast<int>(options.block_q);
-  p.block_kv = static_cast<int>(options.block_kv);
-  p.q_blocks = static_cast<int>(want.q_blocks());
-  p.kv_blocks = static_cast<int>(kvb);
   p.scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(q.size(3)));
   p.similarity_threshold = static_cast<float>(options.similarity_threshold);
   p.n_topk = static_cast<int>(topk_count(options.rule, options.topk_ratio, kvb));
@@ -167,10 +179,6 @@ void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, cons
   p.similar_q = mask.similar_q_.data_as<uint8_t>();
   p.pooled_k = mask.pooled_k_.data_as<float>();
   p.similar_k = mask.similar_k_.data_as<uint8_t>();
-  p.row_counts = mask.row_counts_.data_as<int32_t>();
-  p.row_blocks = mask.row_blocks_.data_as<int32_t>();
-  p.indptr = mask.indptr_.data_as<int32_t>();
-  p.indices = mask.indices_.data_as<int32_t>();
   cuda::detail::launch_topk_estimation(p, q.dtype(), ctx.stream);
   cuda::check_launch("estimate_topk_mask_device");
 }
@@ -188,17 +196,13 @@ void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q
   if (options.vote != XAttentionVote::kNone || options.gqa_any)
     fail_argument("xattention.vote / gqa_any", "none / false on CUDA (the aggregated masks are CPU-only)",
                   options.gqa_any ? "gqa_any" : "a vote");
-  const BlockMaskShape& shape = mask.shape_;
   cuda::detail::XAttentionParams p{};
   set_qk_geometry(p, q, k);
+  set_mask_outputs(p, mask.shape_, mask.row_counts_, mask.row_blocks_, mask.indptr_, mask.indices_);
   p.dim = static_cast<int>(dim);
   p.stride = static_cast<int>(s);
   p.groups_q = static_cast<int>((q.size(1) + s - 1) / s);
   p.groups_kv = static_cast<int>((k.size(1) + s - 1) / s);
-  p.block_q = static_cast<int>(options.block_q);
-  p.block_kv = static_cast<int>(options.block_kv);
-  p.q_blocks = static_cast<int>(shape.q_blocks());
-  p.kv_blocks = static_cast<int>(shape.kv_blocks());
   const float scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(dim));
   p.logit_scale_log2 = scale / static_cast<float>(s) * 1.4426950408889634f;
   p.threshold = static_cast<float>(options.threshold);
@@ -224,10 +228,6 @@ void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q
   p.kv_valid_groups = nullptr;
   p.block_lse2 = mask.block_lse2_.data_as<float>();
   p.mass = mask.mass_.data_as<float>();
-  p.row_counts = mask.row_counts_.data_as<int32_t>();
-  p.row_blocks = mask.row_blocks_.data_as<int32_t>();
-  p.indptr = mask.indptr_.data_as<int32_t>();
-  p.indices = mask.indices_.data_as<int32_t>();
   cuda::detail::launch_xattention_estimation(p, q.dtype(), ctx.stream);
   cuda::check_launch("estimate_xattention_mask_device");
 }

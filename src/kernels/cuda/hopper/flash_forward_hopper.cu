@@ -37,10 +37,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // A (D, S, H, B) view with 64 x 64 boxes (64 head-dim columns of 64 tokens) and the 128-byte
 // swizzle; tokens past S read as zero. Strides of axes of size 1 are never stepped: any legal
 // value stands in for them.
-CUtensorMap make_bshd_map(const void* data, DType dtype, int seq, int heads, int batch, int64_t stride_s,
+CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, int heads, int batch, int64_t stride_s,
                           int64_t stride_h, int64_t stride_b) {
   auto bytes = [](int64_t stride, int size) { return static_cast<cuuint64_t>(size > 1 ? stride * 2 : 16); };
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(hopper::kHeadDim), static_cast<cuuint64_t>(seq),
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seq),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides[3] = {bytes(stride_s, seq), bytes(stride_h, heads), bytes(stride_b, batch)};
   const cuuint32_t box[4] = {64, 64, 1, 1};
@@ -56,17 +56,17 @@ CUtensorMap make_bshd_map(const void* data, DType dtype, int seq, int heads, int
   return map;
 }
 
-template <typename T, bool kSparse>
+template <typename T, int D, bool kSparse>
 void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
-  constexpr int kSmem = static_cast<int>(hopper::SharedLayout::bytes(kSparse)) + 1024;  // + alignment slack
-  auto kernel = flash_forward_hopper_kernel<T, kSparse>;
+  constexpr int kSmem = static_cast<int>(hopper::SharedLayout<D>::bytes(kSparse)) + 1024;  // + alignment slack
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   (void)attribute_status;
-  const CUtensorMap q_map = make_bshd_map(p.q, dtype, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
-  const CUtensorMap k_map = make_bshd_map(p.k, dtype, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
-  const CUtensorMap v_map = make_bshd_map(p.v, dtype, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
+  const CUtensorMap q_map = make_bshd_map(p.q, dtype, D, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
+  const CUtensorMap k_map = make_bshd_map(p.k, dtype, D, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
+  const CUtensorMap v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
   // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
   // items until all are done.
   const int64_t items = static_cast<int64_t>((p.seq_q + hopper::kBlockM - 1) / hopper::kBlockM) * p.heads_q * batch;
@@ -77,21 +77,33 @@ void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cu
   kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch);
 }
 
+
+template <typename T, int D>
+void launch_shaped(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
+  sparse ? launch_typed<T, D, true>(params, batch, heads_kv, dtype, stream)
+         : launch_typed<T, D, false>(params, batch, heads_kv, dtype, stream);
+}
+
+template <typename T>
+void launch_for_head_dim(const FlashParams& params, int head_dim, bool sparse, int batch, int heads_kv, DType dtype,
+                         cudaStream_t stream) {
+  head_dim == 128 ? launch_shaped<T, 128>(params, sparse, batch, heads_kv, dtype, stream)
+                  : launch_shaped<T, 64>(params, sparse, batch, heads_kv, dtype, stream);
+}
+
 }  // namespace
 
 bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q) {
-  return head_dim == hopper::kHeadDim && (!sparse || block_q % hopper::kBlockM == 0) && current_hopper_device().supported;
+  return (head_dim == 64 || head_dim == 128) && (!sparse || block_q % hopper::kBlockM == 0) &&
+         current_hopper_device().supported;
 }
 
-void launch_flash_forward_hopper(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
-                                 cudaStream_t stream) {
-  if (dtype == DType::kBF16) {
-    sparse ? launch_typed<__nv_bfloat16, true>(params, batch, heads_kv, dtype, stream)
-           : launch_typed<__nv_bfloat16, false>(params, batch, heads_kv, dtype, stream);
-  } else {
-    sparse ? launch_typed<__half, true>(params, batch, heads_kv, dtype, stream)
-           : launch_typed<__half, false>(params, batch, heads_kv, dtype, stream);
-  }
+void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
+                                 int heads_kv, cudaStream_t stream) {
+  if (dtype == DType::kBF16)
+    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, stream);
+  else
+    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, stream);
 }
 
 }  // namespace tessel::cuda::detail

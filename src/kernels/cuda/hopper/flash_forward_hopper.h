@@ -10,13 +10,13 @@
 
 namespace tessel::cuda::detail {
 
-// True on a compute capability 9.0 device of a build with sm_90a code, for head dim 128 and, for
-// a block mask, query blocks that are a multiple of the kernel's 128 rows.
+// True on a compute capability 9.0 device of a build with sm_90a code, for head dim 64 or 128 and,
+// for a block mask, query blocks that are a multiple of the kernel's 128 rows.
 bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q);
 
 // Launches on `stream`; params as for launch_flash_forward_dense/_sparse (flash_params.h), dtype
 // kBF16 or kF16. batch and heads_kv complete the shapes the tensor maps describe.
-void launch_flash_forward_hopper(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
-                                 cudaStream_t stream);
+void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
+                                 int heads_kv, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

@@ -1,4 +1,4 @@
-// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 128.
+// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64 or 128.
 //
 // A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head); each
 // CTA has three warpgroups:
@@ -35,7 +35,6 @@ namespace tessel::cuda::detail {
 
 namespace hopper {
 
-inline constexpr int kHeadDim = 128;
 inline constexpr int kBlockM = 128;    // query rows per CTA (64 per consumer warpgroup)
 inline constexpr int kBlockN = 128;    // keys per stage (two sub-tiles of 64)
 inline constexpr int kSubTile = 64;
@@ -49,14 +48,15 @@ inline constexpr int kConsumerRegisters = 232;
 // what fits beside three stages.
 inline constexpr int kIndexCacheEntries = 256;
 
-// A column half of a 128-row operand (128 rows x 128 bytes); a box is 64 rows of it.
+// A 64-column half of a 128-row operand (128 rows x 128 bytes); a box is 64 rows of it.
 inline constexpr uint32_t kHalfBytes = 128 * 128;
 inline constexpr uint32_t kBoxBytes = 64 * 128;
-inline constexpr uint32_t kTileBytes = 2 * kHalfBytes;  // 128 rows x 128 columns of 16-bit values
 
-// Shared memory, from a 1024-byte aligned base: Q, the K stages, the V stages, then the barriers,
-// the stages' key offsets and the cache of a mask row's kept block ids.
+// Shared memory for head dim D, from a 1024-byte aligned base: Q, the K stages, the V stages, then
+// the barriers, the stages' key offsets and the cache of a mask row's kept block ids.
+template <int D>
 struct SharedLayout {
+  static constexpr uint32_t kTileBytes = D / 64 * kHalfBytes;  // 128 rows x D columns of 16-bit values
   static constexpr uint32_t q = 0;
   static constexpr uint32_t k = q + kTileBytes;
   static constexpr uint32_t v = k + kStages * kTileBytes;
@@ -71,13 +71,17 @@ struct SharedLayout {
 
 }  // namespace hopper
 
-template <typename T, bool kSparse>
+template <typename T, int D, bool kSparse>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count) {
 #if TESSEL_WGMMA_AVAILABLE
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
+  using SharedLayout = hopper::SharedLayout<D>;
+  constexpr uint32_t kTileBytes = SharedLayout::kTileBytes;
+  constexpr int kHalves = D / 64;
+  constexpr int kOutTiles = D / 8;  // n8 tiles of an O row slab
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The swizzled boxes need a 1024-byte aligned base; the launch adds that much slack.
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -142,13 +146,26 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       }
       if (tid != 0) continue;
 
-      // Q once the consumers have issued their last product with the previous item's.
-      mbarrier_wait(bar_q_empty, (local & 1) ^ 1);
-      mbarrier_arrive_expect_tx(bar_q, kTileBytes);
-      for (int half = 0; half < 2; ++half)
-        for (int rows = 0; rows < 2; ++rows)
-          tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, w.m0 + rows * 64, w.head,
-                      w.batch);
+      // Q once the consumers have issued their last product with the previous item's. It is
+      // loaded after the item's first K/V stage is on its way (that stage's slot is usually free
+      // well before the consumers finish the previous item), so the switch waits for Q alone.
+      bool q_loaded = false;
+      auto load_q = [&] {
+        mbarrier_wait(bar_q_empty, (local & 1) ^ 1);
+        mbarrier_arrive_expect_tx(bar_q, kTileBytes);
+        for (int half = 0; half < kHalves; ++half)
+          for (int rows = 0; rows < 2; ++rows)
+            tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, w.m0 + rows * 64, w.head,
+                        w.batch);
+        // The next item's Q waits for this item's last QK^T: have it in L2 by then.
+        if (item + static_cast<int>(gridDim.x) < items) {
+          const Item next = item_at(item + gridDim.x);
+          for (int half = 0; half < kHalves; ++half)
+            for (int rows = 0; rows < 2; ++rows)
+              tma_prefetch_l2_4d(&q_map, half * 64, next.m0 + rows * 64, next.head, next.batch);
+        }
+        q_loaded = true;
+      };
 
       int tile = walk.next(0);
       const int end = walk.end();
@@ -175,13 +192,15 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
         // A missing second sub-tile reloads the first: finite values under masked columns.
         const int keys1 = n1 >= 0 ? n1 : n0;
-        for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < kHalves; ++half) {
           tma_load_4d(k_stage + half * kHalfBytes, &k_map, bar, half * 64, n0, kv_head, w.batch);
           tma_load_4d(k_stage + half * kHalfBytes + kBoxBytes, &k_map, bar, half * 64, keys1, kv_head, w.batch);
           tma_load_4d(v_stage + half * kHalfBytes, &v_map, bar, half * 64, n0, kv_head, w.batch);
           tma_load_4d(v_stage + half * kHalfBytes + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
         }
+        if (!q_loaded) load_q();
       }
+      if (!q_loaded) load_q();  // an item with no tiles: the consumers still wait for its Q
     }
     return;
   }
@@ -196,7 +215,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
   int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
 
-  float o_acc[64];
+  float o_acc[D / 2];
   float s_acc[64];
   uint32_t p_frag[8][4];
   float row_max[2];
@@ -209,7 +228,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     wgmma_fence_operands(s_acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    for (int kk = 0; kk < D / 16; ++kk) {
       const uint64_t step = (kk >> 2) * (kHalfBytes >> 4) + (kk & 3) * 2;
       wgmma_m64n128k16(s_acc, q_desc + step, k_desc + step, kk > 0, Operands{});
     }
@@ -222,7 +241,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_m64n128k16_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+      wgmma_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
     wgmma_commit();
   };
   // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
@@ -298,7 +317,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
     all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
@@ -328,7 +347,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         for (int kk = 0; kk < 8; ++kk) wgmma_fence_operands(p_frag[kk]);
         mbarrier_arrive(bar_empty + 8 * held);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < kOutTiles; ++j) {
           o_acc[4 * j] *= alpha[0];
           o_acc[4 * j + 1] *= alpha[0];
           o_acc[4 * j + 2] *= alpha[1];
@@ -366,7 +385,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       }
       T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kOutTiles; ++j) {
         const uint32_t packed = MmaType<T>::pack(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
         *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
       }

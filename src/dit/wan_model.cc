@@ -1,0 +1,448 @@
+// The Wan transformer forward over the dit ops (see wan_model.h for the data flow).
+#include "tessel/dit/wan_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "ops.h"
+#include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/dit/checkpoint.h"
+#include "tessel/dit/wan_weights.h"
+#include "tessel/kernels/attention.h"
+#include "wan_rope.h"
+
+namespace tessel {
+namespace {
+
+// A Linear layer converted for dit::linear: the weight transposed to (in, out), fp32.
+struct Linear {
+  Tensor weight_t;
+  Tensor bias;
+  int64_t in = 0, out = 0;
+  void operator()(const ExecContext& ctx, const float* x, int64_t rows, float* y) const {
+    dit::linear(ctx, x, rows, in, weight_t.data_as<float>(), bias.data_as<float>(), out, y);
+  }
+};
+
+Tensor to_f32(const Tensor& t) { return t.dtype() == DType::kF32 ? t.clone() : t.to(DType::kF32); }
+
+// A (out, in...) weight as (in, out) fp32, whatever its trailing dimensions (the Conv3d kernel
+// (dim, C, pt, ph, pw) becomes (C * pt * ph * pw, dim): its patch vector order is (c, t, h, w)).
+Linear make_linear(const std::map<std::string, Tensor>& weights, const std::string& name) {
+  const Tensor weight = to_f32(weights.at(name + ".weight"));
+  Linear linear;
+  linear.out = weight.size(0);
+  linear.in = weight.numel() / linear.out;
+  linear.weight_t = Tensor::empty({linear.in, linear.out}, DType::kF32);
+  const float* src = weight.data_as<float>();
+  float* dst = linear.weight_t.data_as<float>();
+  for (int64_t o = 0; o < linear.out; ++o)
+    for (int64_t i = 0; i < linear.in; ++i) dst[i * linear.out + o] = src[o * linear.in + i];
+  linear.bias = to_f32(weights.at(name + ".bias"));
+  return linear;
+}
+
+// Adds the seconds since `start` to `slot` and restarts the clock.
+class Stopwatch {
+ public:
+  explicit Stopwatch(WanForwardProfile* profile) : profile_(profile), start_(Clock::now()) {}
+  void charge(double WanForwardProfile::*slot) {
+    if (!profile_) return;
+    const auto now = Clock::now();
+    profile_->*slot += std::chrono::duration<double>(now - start_).count();
+    start_ = now;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  WanForwardProfile* profile_;
+  Clock::time_point start_;
+};
+
+struct AttentionWeights {
+  Linear q, k, v, out;
+  Tensor norm_q, norm_k;
+
+  // q = RMSNorm(to_q(x)) over `rows`; k = RMSNorm(to_k(kv_source)), v = to_v(kv_source) over
+  // `kv_rows` (kv_source is x itself for self-attention, the text for cross-attention).
+  void project(const ExecContext& ctx, double eps, const float* x, int64_t rows, const float* kv_source, int64_t kv_rows,
+               float* q_out, float* k_out, float* v_out, Stopwatch& clock) const {
+    q(ctx, x, rows, q_out);
+    k(ctx, kv_source, kv_rows, k_out);
+    v(ctx, kv_source, kv_rows, v_out);
+    clock.charge(&WanForwardProfile::gemm_s);
+    dit::rms_norm(ctx, q_out, rows, q.out, eps, norm_q.data_as<float>());
+    dit::rms_norm(ctx, k_out, kv_rows, k.out, eps, norm_k.data_as<float>());
+  }
+};
+
+struct BlockWeights {
+  AttentionWeights self_attention, cross_attention;
+  Tensor norm2_weight, norm2_bias;  // undefined without cross_attn_norm
+  Linear ffn_in, ffn_out;
+  Tensor modulation;  // (6, dim): shift, scale, gate of the self-attention, then of the FFN
+};
+
+AttentionWeights make_attention(const std::map<std::string, Tensor>& weights, int64_t layer, const std::string& which) {
+  const auto name = [&](const std::string& part) { return wan_block_tensor(layer, which + "." + part); };
+  return {make_linear(weights, name("to_q")), make_linear(weights, name("to_k")),   make_linear(weights, name("to_v")),
+          make_linear(weights, name("to_out.0")), to_f32(weights.at(name("norm_q.weight"))),
+          to_f32(weights.at(name("norm_k.weight")))};
+}
+
+// Checks `weights` against the specs of `config`: every tensor present with its shape, nothing else.
+void check_weights(const WanConfig& config, const std::map<std::string, Tensor>& weights) {
+  std::set<std::string> expected;
+  for (const WeightSpec& spec : wan_weight_specs(config)) {
+    expected.insert(spec.name);
+    const auto it = weights.find(spec.name);
+    if (it == weights.end()) throw Error("Wan weights: missing tensor " + quoted_excerpt(spec.name, 120));
+    if (it->second.shape() != spec.shape)
+      throw Error(detail::concat("Wan weights: tensor ", quoted_excerpt(spec.name, 120), " has shape ",
+                                 shape_str(it->second.shape()), ", the model expects ", shape_str(spec.shape)));
+    if (!is_floating(it->second.dtype()) || it->second.device() != Device::cpu())
+      throw Error(detail::concat("Wan weights: tensor ", quoted_excerpt(spec.name, 120), " is ", it->second.view().describe(),
+                                 ", expected a floating CPU tensor"));
+  }
+  for (const auto& [name, tensor] : weights)
+    if (!expected.count(name)) throw Error("Wan weights: unexpected tensor " + quoted_excerpt(name, 120));
+}
+
+
+}  // namespace
+
+struct WanTransformer::Impl {
+  WanConfig config;
+  Linear patch_embedding, time_linear_1, time_linear_2, time_projection, text_linear_1, text_linear_2, proj_out;
+  Tensor out_modulation;  // (2, dim): shift, scale
+  std::vector<BlockWeights> blocks;
+  std::vector<std::unique_ptr<SparseAttention>> self_attention;  // empty: dense attention
+
+  void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
+               const TensorView& text, const TensorView& out, WanForwardProfile* profile) const;
+};
+
+WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights,
+                               const WanAttentionOptions& attention)
+    : impl_(std::make_unique<Impl>()) {
+  check_weights(config, weights);
+  Impl& m = *impl_;
+  m.config = config;
+  m.patch_embedding = make_linear(weights, "patch_embedding");
+  m.time_linear_1 = make_linear(weights, "condition_embedder.time_embedder.linear_1");
+  m.time_linear_2 = make_linear(weights, "condition_embedder.time_embedder.linear_2");
+  m.time_projection = make_linear(weights, "condition_embedder.time_proj");
+  m.text_linear_1 = make_linear(weights, "condition_embedder.text_embedder.linear_1");
+  m.text_linear_2 = make_linear(weights, "condition_embedder.text_embedder.linear_2");
+  m.proj_out = make_linear(weights, "proj_out");
+  m.out_modulation = to_f32(weights.at("scale_shift_table"));
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    BlockWeights block;
+    block.self_attention = make_attention(weights, layer, "attn1");
+    block.cross_attention = make_attention(weights, layer, "attn2");
+    if (config.cross_attn_norm) {
+      block.norm2_weight = to_f32(weights.at(wan_block_tensor(layer, "norm2.weight")));
+      block.norm2_bias = to_f32(weights.at(wan_block_tensor(layer, "norm2.bias")));
+    }
+    block.ffn_in = make_linear(weights, wan_block_tensor(layer, "ffn.net.0.proj"));
+    block.ffn_out = make_linear(weights, wan_block_tensor(layer, "ffn.net.2"));
+    block.modulation = to_f32(weights.at(wan_block_tensor(layer, "scale_shift_table")));
+    m.blocks.push_back(std::move(block));
+  }
+  for (const auto& [layer, layer_config] : attention.layer_configs)
+    if (layer < 0 || layer >= config.num_layers)
+      fail_argument("WanAttentionOptions::layer_configs key", detail::concat("a block index in [0, ", config.num_layers, ")"), layer);
+  if (!attention.layer_configs.empty() && attention.registry == nullptr)
+    fail_argument("WanAttentionOptions::registry", "a registry to resolve the per-block configs with", "null");
+  if (attention.registry != nullptr) {
+    const auto plan_cache = attention.plan_cache ? attention.plan_cache : std::make_shared<PlanCache>();
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      SparseAttentionOptions options;
+      options.num_heads = config.num_attention_heads;
+      options.head_dim = config.attention_head_dim;
+      options.module = ModuleType::kDitSelf;
+      const auto own = attention.layer_configs.find(layer);
+      options.config = own == attention.layer_configs.end() ? attention.config : own->second;
+      options.backend_override = attention.backend_override;
+      options.dtype = DType::kF32;
+      options.device = Device::cpu();
+      options.layer_index = layer;
+      options.plan_cache = plan_cache;
+      options.registry = attention.registry;
+      m.self_attention.push_back(std::make_unique<SparseAttention>(std::move(options)));
+    }
+  }
+}
+
+WanTransformer::~WanTransformer() = default;
+WanTransformer::WanTransformer(WanTransformer&&) noexcept = default;
+WanTransformer& WanTransformer::operator=(WanTransformer&&) noexcept = default;
+
+WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention) {
+  const WanConfig config = load_wan_config(checkpoint_dir);
+  const Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
+  return WanTransformer(config, load_weights(checkpoint, wan_weight_specs(config), DType::kF32), attention);
+}
+
+WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention) {
+  std::map<std::string, Tensor> weights;
+  uint64_t stream = seed;
+  for (const WeightSpec& spec : wan_weight_specs(config)) {
+    Tensor tensor = Tensor::empty(spec.shape, DType::kF32);
+    const bool matrix = spec.shape.size() >= 2 && spec.name.find("scale_shift_table") == std::string::npos;
+    const bool norm_weight = spec.name.find("norm") != std::string::npos && spec.name.ends_with(".weight");
+    if (matrix) {  // nn.Linear's and nn.Conv3d's default: uniform in +-1/sqrt(fan_in)
+      const double bound = 1.0 / std::sqrt(static_cast<double>(tensor.numel() / spec.shape[0]));
+      fill_uniform(tensor.view(), ++stream, -bound, bound);
+    } else if (norm_weight) {
+      fill(tensor.view(), 1.0);
+    } else if (spec.name.find("scale_shift_table") != std::string::npos) {
+      fill_normal(tensor.view(), ++stream, 0.0, 1.0 / std::sqrt(static_cast<double>(config.inner_dim())));
+    } else {
+      fill_uniform(tensor.view(), ++stream, -0.01, 0.01);
+    }
+    weights.emplace(spec.name, std::move(tensor));
+  }
+  return WanTransformer(config, weights, attention);
+}
+
+SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames, int64_t latent_height, int64_t latent_width) {
+  if (config.patch_size[1] != config.patch_size[2])
+    fail_argument("Wan patch_size height and width", "equal (sparse layouts use square patches)",
+                  detail::concat(config.patch_size[1], " x ", config.patch_size[2]));
+  if (latent_frames % config.patch_size[0] != 0)
+    fail_argument("latent frames", detail::concat("a multiple of the patch's ", config.patch_size[0]), latent_frames);
+  SpatialLayout layout;
+  layout.frames = latent_frames / config.patch_size[0];
+  layout.height = latent_height;
+  layout.width = latent_width;
+  layout.patch_size = config.patch_size[1];
+  layout.validate("Wan latent");
+  return layout;
+}
+
+const WanConfig& WanTransformer::config() const { return impl_->config; }
+
+const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
+  if (layer < 0 || layer >= impl_->config.num_layers)
+    fail_argument("layer", detail::concat("in [0, ", impl_->config.num_layers, ")"), layer);
+  return impl_->self_attention.empty() ? nullptr : impl_->self_attention[static_cast<size_t>(layer)].get();
+}
+
+void WanTransformer::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
+                             const TensorView& timestep, const TensorView& text, const TensorView& out,
+                             WanForwardProfile* profile) const {
+  impl_->forward(ctx, step, latents, timestep, text, out, profile);
+}
+
+void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
+                                   const TensorView& timestep, const TensorView& text, const TensorView& out,
+                                   WanForwardProfile* profile) const {
+  const WanConfig& c = config;
+  for (const auto& [view, name] : {std::pair{&latents, "latents"}, {&timestep, "timestep"}, {&text, "text"}, {&out, "out"}}) {
+    check_device(*view, Device::cpu(), name);
+    check_dtype(*view, DType::kF32, name);
+    check_contiguous(*view, name);
+  }
+  check_rank(latents, 5, "latents");
+  const int64_t batch = latents.size(0), frames = latents.size(2), height = latents.size(3), width = latents.size(4);
+  check_shape(latents, {batch, c.in_channels, frames, height, width}, "latents");
+  const auto [pt, ph, pw] = c.patch_size;
+  const int64_t grid[3] = {frames / pt, height / ph, width / pw};
+  const int64_t sizes[3] = {frames, height, width};
+  const char* const axes[3] = {"frames", "height", "width"};
+  for (int axis = 0; axis < 3; ++axis) {
+    if (sizes[axis] % c.patch_size[axis] != 0 || sizes[axis] == 0)
+      fail_argument(detail::concat("latents ", axes[axis]), detail::concat("a positive multiple of the patch size ", c.patch_size[axis]),
+                    sizes[axis]);
+    if (grid[axis] > c.rope_max_seq_len)
+      fail_argument(detail::concat("latents ", axes[axis], " in patches"),
+                    detail::concat("at most rope_max_seq_len = ", c.rope_max_seq_len), grid[axis]);
+  }
+  if (!self_attention.empty()) {
+    const auto& layout = self_attention.front()->adapter().config().config().geometry.spatial_layout;
+    if (layout && !(layout->frames == grid[0] && layout->grid_height() == grid[1] && layout->grid_width() == grid[2]))
+      fail_argument("sparse attention geometry.spatial_layout",
+                    detail::concat("this latent's patch grid ", grid[0], " x ", grid[1], " x ", grid[2]),
+                    detail::concat(layout->frames, " x ", layout->grid_height(), " x ", layout->grid_width()));
+  }
+  const int64_t seq = grid[0] * grid[1] * grid[2];
+  if (timestep.dim() == 2)
+    check_shape(timestep, {batch, seq}, "timestep (one per token)");
+  else
+    check_shape(timestep, {batch}, "timestep");
+  check_rank(text, 3, "text");
+  const int64_t text_len = text.size(1);
+  if (text_len < 1) fail_argument("text tokens", "at least 1", text_len);
+  check_shape(text, {batch, text_len, c.text_dim}, "text");
+  check_shape(out, {batch, c.out_channels, frames, height, width}, "out");
+
+  const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
+  const int64_t rows = batch * seq, text_rows = batch * text_len;
+  // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
+  // per-token timesteps); the rows of a group share its modulation vectors.
+  const int64_t groups = timestep.dim() == 2 ? rows : batch, group_rows = rows / groups;
+  const int64_t patch_len = c.in_channels * c.patch_volume();
+  const auto buffer = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
+  Stopwatch clock(profile);
+  // The attention kernels' scratch: the caller's workspace, else one for this call sized once for
+  // both attentions (instead of one allocation per attention call).
+  Workspace call_workspace;
+  ExecContext run_ctx = ctx;
+  if (ctx.workspace == nullptr) {
+    const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim};
+    const AttentionDims cross_dims{batch, seq, text_len, heads, heads, head_dim};
+    call_workspace.reserve(std::max(attention_workspace_bytes(ctx, Device::cpu(), self_dims),
+                                    attention_workspace_bytes(ctx, Device::cpu(), cross_dims)));
+    run_ctx = ctx.with_workspace(&call_workspace);
+  }
+
+  // Patchify: one row per token (frame-major), (c, t, h, w) within a row as the Conv3d kernel.
+  std::vector<float> patches = buffer(rows * patch_len);
+  const float* src = latents.data_as<float>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t f = 0; f < grid[0]; ++f)
+      for (int64_t y = 0; y < grid[1]; ++y)
+        for (int64_t x = 0; x < grid[2]; ++x) {
+          float* row = patches.data() + ((b * grid[0] + f) * grid[1] * grid[2] + y * grid[2] + x) * patch_len;
+          for (int64_t ch = 0; ch < c.in_channels; ++ch)
+            for (int64_t i = 0; i < pt; ++i)
+              for (int64_t j = 0; j < ph; ++j)
+                for (int64_t k = 0; k < pw; ++k)
+                  *row++ = src[(((b * c.in_channels + ch) * frames + f * pt + i) * height + y * ph + j) * width + x * pw + k];
+        }
+  // Conditioning: temb = MLP(sinusoid(t)); the per-block modulation input = linear(SiLU(temb)).
+  std::vector<float> sinusoid = buffer(groups * c.freq_dim), time_hidden = buffer(groups * dim), temb = buffer(groups * dim);
+  dit::sinusoidal_embedding(timestep.data_as<float>(), groups, c.freq_dim, sinusoid.data());
+  const WanRope rope(c, grid[0], grid[1], grid[2]);
+  clock.charge(&WanForwardProfile::other_s);
+
+  std::vector<float> hidden_states = buffer(rows * dim);
+  patch_embedding(ctx, patches.data(), rows, hidden_states.data());
+  time_linear_1(ctx, sinusoid.data(), groups, time_hidden.data());
+  clock.charge(&WanForwardProfile::gemm_s);
+  dit::silu(ctx, time_hidden.data(), groups * dim);
+  clock.charge(&WanForwardProfile::other_s);
+  time_linear_2(ctx, time_hidden.data(), groups, temb.data());
+  std::vector<float> temb_act = temb, modulation_input = buffer(groups * 6 * dim);
+  dit::silu(ctx, temb_act.data(), groups * dim);
+  time_projection(ctx, temb_act.data(), groups, modulation_input.data());
+  // Text: linear -> GELU-tanh -> linear.
+  std::vector<float> text_hidden = buffer(text_rows * dim), context = buffer(text_rows * dim);
+  text_linear_1(ctx, text.data_as<float>(), text_rows, text_hidden.data());
+  clock.charge(&WanForwardProfile::gemm_s);
+  dit::gelu_tanh(ctx, text_hidden.data(), text_rows * dim);
+  clock.charge(&WanForwardProfile::other_s);
+  text_linear_2(ctx, text_hidden.data(), text_rows, context.data());
+  clock.charge(&WanForwardProfile::gemm_s);
+
+  std::vector<float> normed = buffer(rows * dim), q = buffer(rows * dim), k = buffer(rows * dim), v = buffer(rows * dim);
+  std::vector<float> attended = buffer(rows * dim), projected = buffer(rows * dim), ffn_hidden = buffer(rows * c.ffn_dim);
+  std::vector<float> text_k = buffer(text_rows * dim), text_v = buffer(text_rows * dim), modulation = buffer(groups * 6 * dim);
+  const auto bshd = [&](std::vector<float>& data, int64_t tokens) {
+    return TensorView(data.data(), DType::kF32, Device::cpu(), {batch, tokens, heads, head_dim});
+  };
+
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const BlockWeights& block = blocks[static_cast<size_t>(layer)];
+    // modulation[b] = table + time projection[b]: (shift, scale, gate) of attention, then of the FFN.
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t i = 0; i < 6 * dim; ++i)
+        modulation[g * 6 * dim + i] = block.modulation.data_as<float>()[i] + modulation_input[g * 6 * dim + i];
+    const float* mod = modulation.data();
+    const int64_t mod_stride = 6 * dim;
+    clock.charge(&WanForwardProfile::other_s);
+
+    // Self-attention.
+    dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod, mod + dim, mod_stride, normed.data());
+    clock.charge(&WanForwardProfile::norm_rope_s);
+    const AttentionWeights& sa = block.self_attention;
+    sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
+    dit::rotate_pairs(ctx, q.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
+    dit::rotate_pairs(ctx, k.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
+    clock.charge(&WanForwardProfile::norm_rope_s);
+    AttentionStepReport report;
+    if (self_attention.empty()) {
+      attention_forward(run_ctx, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq), TensorView{});
+    } else {
+      StepInfo layer_step = step;
+      layer_step.layer = layer;
+      report = self_attention[static_cast<size_t>(layer)]->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq),
+                                                                   bshd(attended, seq));
+    }
+    if (profile) {
+      ++profile->self_attention_calls;
+      profile->dense_self_attention_calls += report.dense ? 1 : 0;
+      profile->self_attention_density_sum += report.density;
+    }
+    clock.charge(&WanForwardProfile::attention_s);
+    sa.out(ctx, attended.data(), rows, projected.data());
+    clock.charge(&WanForwardProfile::gemm_s);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 2 * dim, mod_stride);
+    clock.charge(&WanForwardProfile::other_s);
+
+    // Cross-attention to the text (no modulation, plain residual).
+    if (config.cross_attn_norm) {
+      dit::layer_norm(ctx, hidden_states.data(), rows, dim, c.eps, block.norm2_weight.data_as<float>(), block.norm2_bias.data_as<float>(),
+                      normed.data());
+    } else {
+      normed = hidden_states;
+    }
+    clock.charge(&WanForwardProfile::norm_rope_s);
+    const AttentionWeights& ca = block.cross_attention;
+    ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock);
+    clock.charge(&WanForwardProfile::norm_rope_s);
+    attention_forward(run_ctx, bshd(q, seq), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, seq), TensorView{});
+    clock.charge(&WanForwardProfile::attention_s);
+    ca.out(ctx, attended.data(), rows, projected.data());
+    clock.charge(&WanForwardProfile::gemm_s);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, seq, dim, nullptr, 0);
+    clock.charge(&WanForwardProfile::other_s);
+
+    // Feed-forward.
+    dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod + 3 * dim, mod + 4 * dim, mod_stride,
+                             normed.data());
+    clock.charge(&WanForwardProfile::norm_rope_s);
+    block.ffn_in(ctx, normed.data(), rows, ffn_hidden.data());
+    clock.charge(&WanForwardProfile::gemm_s);
+    dit::gelu_tanh(ctx, ffn_hidden.data(), rows * c.ffn_dim);
+    clock.charge(&WanForwardProfile::other_s);
+    block.ffn_out(ctx, ffn_hidden.data(), rows, projected.data());
+    clock.charge(&WanForwardProfile::gemm_s);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 5 * dim, mod_stride);
+    clock.charge(&WanForwardProfile::other_s);
+  }
+
+  // Output: AdaLN from temb itself (not its SiLU), projection to patches, unpatchify.
+  std::vector<float> out_modulation_g = buffer(groups * 2 * dim);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < 2 * dim; ++i)
+      out_modulation_g[g * 2 * dim + i] = out_modulation.data_as<float>()[i] + temb[g * dim + i % dim];
+  dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, out_modulation_g.data(),
+                           out_modulation_g.data() + dim, 2 * dim, normed.data());
+  clock.charge(&WanForwardProfile::norm_rope_s);
+  const int64_t out_patch = c.out_channels * c.patch_volume();
+  std::vector<float> patches_out = buffer(rows * out_patch);
+  proj_out(ctx, normed.data(), rows, patches_out.data());
+  clock.charge(&WanForwardProfile::gemm_s);
+  // A projected row is (t, h, w, channel) within the patch.
+  float* dst = out.data_as<float>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t f = 0; f < grid[0]; ++f)
+      for (int64_t y = 0; y < grid[1]; ++y)
+        for (int64_t x = 0; x < grid[2]; ++x) {
+          const float* row = patches_out.data() + ((b * grid[0] + f) * grid[1] * grid[2] + y * grid[2] + x) * out_patch;
+          for (int64_t i = 0; i < pt; ++i)
+            for (int64_t j = 0; j < ph; ++j)
+              for (int64_t k = 0; k < pw; ++k)
+                for (int64_t ch = 0; ch < c.out_channels; ++ch)
+                  dst[(((b * c.out_channels + ch) * frames + f * pt + i) * height + y * ph + j) * width + x * pw + k] = *row++;
+        }
+  clock.charge(&WanForwardProfile::other_s);
+  if (profile) ++profile->forwards;
+}
+
+}  // namespace tessel

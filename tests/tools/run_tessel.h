@@ -1,0 +1,32 @@
+// Runs the built `tessel` binary for CLI tests: arguments as shell text, the sparse-attention
+// environment variables cleared (a developer's environment must not change a test), stdout and
+// stderr captured together.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace tessel {
+
+struct TesselRun {
+  int status = -1;  // the exit status, -1 when the process did not exit normally
+  std::string out;
+};
+
+inline TesselRun run_tessel_binary(const std::string& args, const std::filesystem::path& log) {
+  const std::string command = "env -u TESSEL_SPARSE_ATTN_BACKEND -u DIFFUSION_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG '" +
+                              std::string(TESSEL_BINARY_DIR) + "/bin/tessel' " + args + " > '" + log.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return TesselRun{WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
+}
+
+}  // namespace tessel

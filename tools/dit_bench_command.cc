@@ -1,0 +1,266 @@
+// `tessel dit-bench`: times denoising steps of the Wan transformer (random weights of a named size,
+// or a diffusers checkpoint directory) with dense or sparse self-attention, and reports where the
+// time goes.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "option_checks.h"
+#include "sparse_attn_flags.h"
+#include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/limited_json.h"
+#include "tessel/core/exec_context.h"
+#include "tessel/core/random.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/dit/wan_weights.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel::cli {
+namespace {
+
+// Wan's VAE: 4x in time (the first frame alone), 8x in height and width.
+constexpr int64_t kVaeTimeStride = 4;
+constexpr int64_t kVaeSpaceStride = 8;
+
+struct DitBenchOptions {
+  std::string model = "wan-1.3b";
+  std::string from_dir;
+  int64_t frames = 81, height = 480, width = 832;
+  int64_t batch = 2;  // classifier-free guidance: conditional and unconditional in one call
+  int64_t text_tokens = 512;
+  int64_t layers = 0;  // 0: the model's
+  int64_t steps = 1, warmup = 0;
+  int64_t threads = 0;
+  int64_t seed = 0;
+  bool json = false;
+  bool compare_dense = false;
+  std::string layer_configs;  // '<json>' or '@file.json': {"<block>": {config fields}, ...}
+};
+
+constexpr uint64_t kMaxLayerConfigBytes = 1 << 20;
+
+// --sparse-attn-layers: each block's fields on top of the command's whole config (`base`).
+std::map<int64_t, SparseAttnConfig> parse_layer_configs(const std::string& arg, const SparseAttnConfig& base, int64_t num_layers) {
+  const std::string flag = "--sparse-attn-layers";
+  const std::string text = arg.rfind('@', 0) == 0 ? read_file_bounded(arg.substr(1), kMaxLayerConfigBytes, flag + " file after '@'") : arg;
+  const nlohmann::json json = parse_json_limited(text, JsonLimits{}, flag);
+  if (!json.is_object()) fail_argument(flag, "a JSON object of block index -> config fields", json_excerpt(json));
+  std::map<int64_t, SparseAttnConfig> configs;
+  for (const auto& [key, value] : json.items()) {
+    int64_t layer = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), layer);
+    if (error != std::errc{} || end != key.data() + key.size() || layer < 0 || layer >= num_layers)
+      fail_argument(flag + " key", detail::concat("a block index in [0, ", num_layers, ")"), quoted_excerpt(key));
+    if (!value.is_object()) fail_argument(flag + "[" + key + "]", "an object of config fields", json_excerpt(value));
+    try {
+      configs[layer] = parse_sparse_attn_json(value.dump(), base);
+    } catch (const Error& e) {
+      throw Error(flag + "[" + key + "]: " + e.what());
+    }
+  }
+  return configs;
+}
+
+struct LatentShape {
+  int64_t frames, height, width;
+};
+
+LatentShape latent_shape(const DitBenchOptions& o, const WanConfig& config) {
+  if ((o.frames - 1) % kVaeTimeStride != 0)
+    fail_argument("--frames", detail::concat("4k + 1 video frames (Wan's VAE keeps the first frame and every ", kVaeTimeStride, "th after)"),
+                  o.frames);
+  const int64_t pixels_per_patch_h = kVaeSpaceStride * config.patch_size[1], pixels_per_patch_w = kVaeSpaceStride * config.patch_size[2];
+  if (o.height % pixels_per_patch_h != 0) fail_argument("--height", detail::concat("a multiple of ", pixels_per_patch_h, " pixels"), o.height);
+  if (o.width % pixels_per_patch_w != 0) fail_argument("--width", detail::concat("a multiple of ", pixels_per_patch_w, " pixels"), o.width);
+  const LatentShape latent{(o.frames - 1) / kVaeTimeStride + 1, o.height / kVaeSpaceStride, o.width / kVaeSpaceStride};
+  if (latent.frames % config.patch_size[0] != 0)
+    fail_argument("--frames", detail::concat("a latent frame count that is a multiple of the patch's ", config.patch_size[0]), latent.frames);
+  return latent;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
+  const SparseAttnEnv& env = process_sparse_attn_env();
+  const bool sparse = sparse_attn_requested(flags, env);
+  if (!o.layer_configs.empty() && !sparse)
+    fail_argument("--sparse-attn-layers", "given with a sparse configuration for the other blocks (a --sparse-attn-* flag)",
+                  "no sparse configuration");
+  if (o.compare_dense && !sparse)
+    fail_argument("--compare-dense", "a sparse configuration to compare (a --sparse-attn-* flag or its environment variable)",
+                  "dense attention already");
+  if (o.layers > 0 && !o.from_dir.empty())
+    fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
+  WanConfig config = o.from_dir.empty() ? wan_preset(o.model) : load_wan_config(o.from_dir);
+  if (o.layers > 0) config.num_layers = o.layers;
+  const LatentShape latent = latent_shape(o, config);
+  const int64_t tokens = latent.frames / config.patch_size[0] * (latent.height / config.patch_size[1]) *
+                         (latent.width / config.patch_size[2]);
+  // fp32 weights (the transposed copies are made one tensor at a time) and the activations of one
+  // forward: about ten (tokens x dim) buffers and the FFN's (tokens x ffn_dim).
+  double parameters = 0.0;
+  for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
+  const double rows = static_cast<double>(o.batch) * static_cast<double>(tokens);
+  const double bytes = 4.0 * (2.0 * parameters + rows * (10.0 * static_cast<double>(config.inner_dim()) + config.ffn_dim)) *
+                       (o.compare_dense ? 2.0 : 1.0);
+  check_memory_budget("--model", o.from_dir.empty() ? o.model : o.from_dir, bytes,
+                      detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", o.batch, ", ", config.num_layers, " layers)"));
+
+  WanAttentionOptions attention;
+  std::unique_ptr<BackendRegistry> registry;
+  if (sparse) {
+    registry = make_cli_registry();
+    attention.registry = registry.get();
+    attention.config = sparse_attn_config_from(flags, env);
+    attention.backend_override = backend_override(env);
+    // Patterns with a geometry see the latent's patch grid unless the config names one.
+    if (!attention.config.geometry.spatial_layout && config.patch_size[1] == config.patch_size[2])
+      attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
+    if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
+  }
+  const auto load_start = std::chrono::steady_clock::now();
+  const auto make_model = [&](const WanAttentionOptions& options) {
+    return o.from_dir.empty() ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), options)
+                              : WanTransformer::load(o.from_dir, options);
+  };
+  const WanTransformer model = make_model(attention);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+  Tensor latents = Tensor::empty({o.batch, config.in_channels, latent.frames, latent.height, latent.width}, DType::kF32);
+  Tensor timestep = Tensor::empty({o.batch}, DType::kF32);
+  Tensor text = Tensor::empty({o.batch, o.text_tokens, config.text_dim}, DType::kF32);
+  Tensor out = Tensor::empty(latents.shape(), DType::kF32);
+  fill_normal(latents.view(), static_cast<uint64_t>(o.seed) + 1);
+  fill_normal(text.view(), static_cast<uint64_t>(o.seed) + 2);
+
+  ExecContext ctx;
+  ctx.num_threads = static_cast<int>(o.threads);
+  const int64_t total_steps = o.warmup + o.steps;
+  WanForwardProfile profile;
+  std::vector<double> step_s;
+  for (int64_t step = 0; step < total_steps; ++step) {
+    // A flow-matching schedule's timesteps fall from 1000 towards 0.
+    fill(timestep.view(), 1000.0 * (1.0 - static_cast<double>(step) / static_cast<double>(total_steps)));
+    const bool timed = step >= o.warmup;
+    const auto start = std::chrono::steady_clock::now();
+    model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
+    if (timed) step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  // The same weights and inputs with dense attention, at the last step's timestep.
+  double rel_l2_vs_dense = -1.0;
+  if (o.compare_dense) {
+    Tensor dense_out = Tensor::empty(out.shape(), DType::kF32);
+    make_model(WanAttentionOptions{}).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
+    double diff = 0.0, norm = 0.0;
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const double d = static_cast<double>(out.data_as<float>()[i]) - dense_out.data_as<float>()[i];
+      diff += d * d;
+      norm += static_cast<double>(dense_out.data_as<float>()[i]) * dense_out.data_as<float>()[i];
+    }
+    rel_l2_vs_dense = std::sqrt(diff / norm);
+  }
+
+  const SparseAttention* first = model.block_attention(0);
+  const std::string backend = first && first->resolution().backend ? first->resolution().backend->name() : "dense";
+  const double n = static_cast<double>(profile.forwards);
+  nlohmann::json report = {
+      {"model", o.from_dir.empty() ? o.model : o.from_dir},
+      {"layers", config.num_layers},
+      {"dim", config.inner_dim()},
+      {"heads", config.num_attention_heads},
+      {"batch", o.batch},
+      {"latent", {latent.frames, latent.height, latent.width}},
+      {"tokens", tokens},
+      {"text_tokens", o.text_tokens},
+      {"device", "cpu"},
+      {"dtype", "fp32"},
+      {"threads", ctx.threads()},
+      {"attention_backend", backend},
+      {"load_s", load_s},
+      {"steps_timed", o.steps},
+      {"step_s_median", median(step_s)},
+      {"step_s_mean", profile.total_s() / n},
+      {"self_attention_density", profile.mean_self_attention_density()},
+      {"dense_self_attention_calls", profile.dense_self_attention_calls},
+      {"self_attention_calls", profile.self_attention_calls},
+      {"breakdown_s_per_step",
+       {{"attention", profile.attention_s / n}, {"gemm", profile.gemm_s / n}, {"norm_rope", profile.norm_rope_s / n},
+        {"other", profile.other_s / n}}},
+  };
+  if (o.compare_dense) report["rel_l2_vs_dense"] = rel_l2_vs_dense;
+  if (o.json) {
+    std::cout << report.dump() << "\n";
+    return 0;
+  }
+  std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; cpu fp32, %d threads; attention: %s\n",
+              report["model"].get<std::string>().c_str(), static_cast<long long>(config.num_layers),
+              static_cast<long long>(config.inner_dim()), static_cast<long long>(config.num_attention_heads), ctx.threads(),
+              backend.c_str());
+  std::printf("batch %lld, latent %lld x %lld x %lld -> %lld tokens, %lld text tokens; weights ready in %.2f s\n",
+              static_cast<long long>(o.batch), static_cast<long long>(latent.frames), static_cast<long long>(latent.height),
+              static_cast<long long>(latent.width), static_cast<long long>(tokens), static_cast<long long>(o.text_tokens), load_s);
+  std::printf("step: median %.4f s, mean %.4f s over %lld; mean per kind of work:\n", median(step_s), profile.total_s() / n,
+              static_cast<long long>(o.steps));
+  const double total = profile.total_s();
+  for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"gemm", profile.gemm_s},
+                                      {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
+    std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
+  std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
+              static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
+  if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
+  return 0;
+}
+
+CommandRegistration registration{
+    "dit-bench", "Time denoising steps of the Wan video transformer (random weights or a checkpoint), dense or sparse",
+    [](CLI::App& app) {
+      auto options = std::make_shared<DitBenchOptions>();
+      auto flags = std::make_shared<SparseAttnFlags>();
+      std::vector<std::string> presets = wan_preset_names();
+      auto* model = app.add_option("--model", options->model, "named size with random weights")->capture_default_str()->check(one_of(presets));
+      app.add_option("--from-dir", options->from_dir, "a diffusers WanTransformer3DModel checkpoint directory instead of --model")
+          ->excludes(model);
+      app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")
+          ->capture_default_str()
+          ->check(integer_in(1, 1 << 16));
+      app.add_option("--height", options->height, "video height in pixels (latent: / 8)")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--width", options->width, "video width in pixels (latent: / 8)")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--batch", options->batch, "latents per call (2: classifier-free guidance's two branches)")
+          ->capture_default_str()
+          ->check(integer_in(1, 64));
+      app.add_option("--text-tokens", options->text_tokens, "text encoder tokens")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--layers", options->layers, "transformer blocks to run (default: the model's)")->check(integer_in(1, 1024));
+      app.add_option("--steps", options->steps, "timed denoising steps (the median is reported)")
+          ->capture_default_str()
+          ->check(integer_in(1, kMaxRepeats));
+      app.add_option("--warmup", options->warmup, "untimed steps first (they count in the schedule's step index)")
+          ->capture_default_str()
+          ->check(integer_in(0, kMaxRepeats));
+      app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_option("--seed", options->seed, "seed of the random weights and inputs")->capture_default_str()->check(integer_in(0, INT64_MAX));
+      app.add_flag("--json", options->json, "print one JSON object instead of a table");
+      app.add_option("--sparse-attn-layers", options->layer_configs,
+                     "per-block configs, '<json>' or @file.json: {\"<block>\": {fields over the whole config}, ...}");
+      app.add_flag("--compare-dense", options->compare_dense,
+                   "also run the last step with dense attention and report the output's relative L2 difference");
+      add_sparse_attn_flags(app, *flags);
+      return CommandRunner([options, flags] { return run_dit_bench(*options, *flags); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli
