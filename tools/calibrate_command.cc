@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "command.h"
 #include "option_checks.h"
@@ -27,6 +28,7 @@ struct CalibrateArgs {
   CalibrationOptions options;
   int threads = 0;
   bool json = false;
+  bool compare_global = false;
 };
 
 std::vector<std::string> split_files(const std::string& text) {
@@ -67,9 +69,11 @@ int run_calibrate(CalibrateArgs a) {
   if (!a.heldout.empty() && a.heldout.size() != a.layers.size())
     fail_argument("--heldout", detail::concat(a.layers.size(), " values (one per --layer)"), a.heldout.size());
   const ExecContext ctx;
+  std::vector<std::vector<CalibrationSample>> all_samples;
+  for (const std::string& files : a.layers) all_samples.push_back(load_samples(files, "--layer"));
   std::vector<LayerReport> reports;
   for (size_t layer = 0; layer < a.layers.size(); ++layer) {
-    std::vector<CalibrationSample> samples = load_samples(a.layers[layer], "--layer");
+    std::vector<CalibrationSample>& samples = all_samples[layer];
     LayerReport report{calibrate_layer(ctx, samples, a.options)};
     if (!a.heldout.empty()) {
       std::vector<CalibrationSample> held = load_samples(a.heldout[layer], "--heldout");
@@ -106,6 +110,12 @@ int run_calibrate(CalibrateArgs a) {
     out["layers"].push_back(entry);
   }
   out["mean_density"] = mean_density;
+  std::optional<GlobalCalibration> global;
+  if (a.compare_global) {
+    global = calibrate_global(ctx, all_samples, a.options);
+    out["global"] = {{"value", global->value}, {"mean_density", global->density},
+                     {"density_reduction", 1.0 - mean_density / global->density}};
+  }
   // Block-sparse attention time follows the kept blocks: the ideal speedup over dense is 1/density.
   out["predicted_speedup"] = 1.0 / mean_density;
   if (!a.out.empty()) {
@@ -131,6 +141,10 @@ int run_calibrate(CalibrateArgs a) {
   }
   std::cout << "mean density " << std::setprecision(3) << mean_density << ", predicted attention speedup "
             << std::setprecision(2) << 1.0 / mean_density << "x\n";
+  if (global)
+    std::cout << "one global value " << std::setprecision(4) << global->value << ": mean density " << std::setprecision(3)
+              << global->density << " (per-head calibration keeps " << std::setprecision(1)
+              << 100.0 * (1.0 - mean_density / global->density) << "% fewer blocks)\n";
   return 0;
 }
 
@@ -155,6 +169,8 @@ CommandRegistration registration{
           ->check(number_in(-1.0, 1.0));
       app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file");
       app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_flag("--compare-global", a->compare_global,
+                   "Also find the one value that meets the target on every head of every layer, and its density");
       app.add_flag("--json", a->json, "Print the JSON instead of the table");
       return CommandRunner([a] { return run_calibrate(*a); });
     }};

@@ -64,6 +64,22 @@ TEST(Calibration, TheDiffuseHeadNeedsMoreBlocksThanTheSpatialHead) {
   EXPECT_GT(c.per_head[3], c.per_head[0]);
 }
 
+TEST(Calibration, OneGlobalValueMeetsTheTargetOnEveryHeadOfEveryLayer) {
+  std::vector<std::vector<CalibrationSample>> layers{video_steps(), video_steps()};
+  const CalibrationOptions o = small_blocks(CalibrationMethod::kThreshold);
+  const GlobalCalibration g = calibrate_global(ExecContext{}, layers, o);
+  EXPECT_GT(g.value, 0.0);
+  EXPECT_LE(g.value, 1.0);
+  double density = 0.0;
+  for (std::vector<CalibrationSample>& samples : layers)
+    for (CalibrationSample& s : samples) {
+      const SampleError e = evaluate_setting(ExecContext{}, s, std::vector<double>(4, g.value), o);
+      density += e.density / 4.0;
+      for (double error : e.head_error) EXPECT_LE(error, o.target);
+    }
+  EXPECT_NEAR(g.density, density, 1e-12);
+}
+
 TEST(Calibration, WritesAConfigThatParsesAndValidates) {
   LayerCalibration layer;
   layer.per_head = {0.25, 0.5};

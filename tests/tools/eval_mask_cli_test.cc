@@ -108,7 +108,7 @@ TEST(CalibrateCli, WritesPerLayerConfigsAndChecksHeldOutSteps) {
   const fs::path config = test_dir() / "calibrated.json";
   const std::string layer = "--layer '" + files[0] + "," + files[1] + "' --heldout '" + files[2] + "'";
   const CommandOutput r = run_tessel("calibrate " + layer + " " + layer + " --method threshold --target 0.1 --block-q 32 " +
-                                     "--block-kv 16 --out '" + config.string() + "' --json");
+                                     "--block-kv 16 --compare-global --out '" + config.string() + "' --json");
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["layers"].size(), 2u);
@@ -118,6 +118,8 @@ TEST(CalibrateCli, WritesPerLayerConfigsAndChecksHeldOutSteps) {
     EXPECT_TRUE(entry["heldout_error"].is_number());
     EXPECT_EQ(entry["sparse_attn"]["pattern"]["type"], "threshold");
   }
+  EXPECT_GE(j["global"]["mean_density"].get<double>(), 0.0);
+  EXPECT_TRUE(j["global"]["density_reduction"].is_number());
   std::ifstream written(config);
   EXPECT_EQ(nlohmann::json::parse(written), j);
   const CommandOutput bad = run_tessel("calibrate --layer '" + files[0] + "' --heldout a --heldout b");

@@ -134,6 +134,36 @@ LayerCalibration calibrate_layer(const ExecContext& ctx, std::span<CalibrationSa
   return result;
 }
 
+GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector<CalibrationSample>> layers,
+                                   const CalibrationOptions& options) {
+  check_options(options);
+  if (layers.empty()) fail_argument("calibration layers", "at least one layer", 0);
+  // Mean density over the layers at `value`, and whether every head of every sample meets the target.
+  auto measure = [&](double value, bool& meets) {
+    meets = true;
+    double density = 0.0;
+    for (std::vector<CalibrationSample>& samples : layers) {
+      if (samples.empty()) fail_argument("calibration samples", "at least one captured step per layer", 0);
+      for (CalibrationSample& s : samples) {
+        const SampleError e = evaluate_setting(ctx, s, std::vector<double>(static_cast<size_t>(s.q.size(2)), value), options);
+        density += e.density / static_cast<double>(samples.size() * layers.size());
+        for (double error : e.head_error) meets = meets && error <= options.target;
+      }
+    }
+    return density;
+  };
+  double low = 0.0, high = 1.0;
+  for (int it = 0; it < options.iterations; ++it) {
+    const double mid = 0.5 * (low + high);
+    bool meets = false;
+    measure(mid, meets);
+    (meets ? high : low) = mid;
+  }
+  bool meets = false;
+  const double density = measure(high, meets);
+  return GlobalCalibration{high, density};
+}
+
 SparseAttnConfig calibrated_config(const LayerCalibration& layer, const CalibrationOptions& options) {
   SparseAttnConfig c;
   c.geometry.block_q = options.block_q;

@@ -53,6 +53,16 @@ struct LayerCalibration {
 // Throws Error when the samples are empty or of different shapes, or options are out of range.
 LayerCalibration calibrate_layer(const ExecContext& ctx, std::span<CalibrationSample> samples, const CalibrationOptions& options);
 
+// The one value for every head of every layer (the baseline per-head calibration is measured
+// against): the smallest value, by the same bisection, that meets the target on every head of
+// every sample of every layer; `density` is the mean over the layers of their mean density.
+struct GlobalCalibration {
+  double value = 1.0;
+  double density = 1.0;
+};
+GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector<CalibrationSample>> layers,
+                                   const CalibrationOptions& options);
+
 // Error of the whole output and of each head, by the metric, for one mask parameter per head.
 struct SampleError {
   double density = 1.0, error = 0.0;
