@@ -9,5 +9,6 @@ void bind_attention(nanobind::module_& m);
 void bind_block_mask(nanobind::module_& m);
 void bind_estimators(nanobind::module_& m);
 void bind_planners(nanobind::module_& m);
+void bind_sparse_module(nanobind::module_& m);
 
 }  // namespace tessel::python

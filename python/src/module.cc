@@ -17,4 +17,5 @@ NB_MODULE(_tessel, m) {
   tessel::python::bind_block_mask(m);
   tessel::python::bind_estimators(m);
   tessel::python::bind_planners(m);
+  tessel::python::bind_sparse_module(m);
 }

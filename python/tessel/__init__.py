@@ -16,6 +16,7 @@ except ImportError:
     _torch = None
 if _torch is not None:
     from . import torch_ops  # noqa: F401  (registers torch.ops.tessel.*)
+    from .sparse_module import PlanCache, SparseAttention, denoising_step  # noqa: F401
 
 __all__ = [
     "BlockMask",

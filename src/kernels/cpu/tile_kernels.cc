@@ -18,6 +18,27 @@ using V = Simd::V;
 constexpr int64_t kLanes = Simd::kLanes;
 constexpr int64_t kScoreDimSlice = 64;
 
+// acc[r][w] += a[r * lda] * b[w] for the whole R x NV block: one step of a micro-kernel's
+// reduction. Always inlined, so the block stays in registers as if written in the loop.
+template <int R, int NV>
+[[gnu::always_inline]] inline void rank1_update(V (&acc)[R][NV], const float* a, int64_t lda, const V (&b)[NV]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const V ar = Simd::set1(a[r * lda]);
+#pragma GCC unroll 16
+    for (int w = 0; w < NV; ++w) acc[r][w] = Simd::fma(ar, b[w], acc[r][w]);
+  }
+}
+
+// Writes the block to rows c + r * ldc, vectors vec0 to vec0 + NV - 1 of each.
+template <int R, int NV>
+[[gnu::always_inline]] inline void store_block(const V (&acc)[R][NV], float* c, int64_t ldc, int64_t vec0) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int w = 0; w < NV; ++w) Simd::store(c + r * ldc + (vec0 + w) * kLanes, acc[r][w]);
+}
+
 // ---- scores: S = Q · K^T --------------------------------------------------------------------
 
 // Accumulates over head dims [d0, d1); starts from zero when d0 == 0, else from the stored S.
@@ -38,17 +59,9 @@ void scores_block(const float* q, int64_t dp, const float* kt, int64_t vec0, flo
     V kv[NV];
 #pragma GCC unroll 16
     for (int w = 0; w < NV; ++w) kv[w] = Simd::load(col[w] + d * kPanelKeys);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const V qb = Simd::set1(q[r * dp + d]);
-#pragma GCC unroll 16
-      for (int w = 0; w < NV; ++w) acc[r][w] = Simd::fma(qb, kv[w], acc[r][w]);
-    }
+    rank1_update(acc, q + d, dp, kv);
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int w = 0; w < NV; ++w) Simd::store(s + r * ld_s + (vec0 + w) * kLanes, acc[r][w]);
+  store_block(acc, s, ld_s, vec0);
 }
 
 template <int R, int NV>
@@ -98,17 +111,9 @@ void accumulate_block(const float* p, int64_t ld_p, int64_t c0, int64_t n, const
     V vv[NV];
 #pragma GCC unroll 16
     for (int w = 0; w < NV; ++w) vv[w] = Simd::load(v + c * dp + (vec0 + w) * kLanes);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const V pb = Simd::set1(p[r * ld_p + c]);
-#pragma GCC unroll 16
-      for (int w = 0; w < NV; ++w) acc[r][w] = Simd::fma(pb, vv[w], acc[r][w]);
-    }
+    rank1_update(acc, p + c, ld_p, vv);
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int w = 0; w < NV; ++w) Simd::store(o + r * dp + (vec0 + w) * kLanes, acc[r][w]);
+  store_block(acc, o, dp, vec0);
 }
 
 struct AccumulateArgs {

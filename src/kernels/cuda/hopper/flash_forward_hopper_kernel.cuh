@@ -3,9 +3,10 @@
 // A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head); each
 // CTA has three warpgroups:
 //  - warpgroup 0, the producer, gives up registers (setmaxnreg) and one of its threads issues
-//    bulk tensor copies (TMA): per item Q, then K and V tiles of 128 keys into a ring of kStages
-//    shared-memory stages, each guarded by a "full" and an "empty" mbarrier. The ring runs on
-//    across items, so the next item's loads overlap the current item's last GEMM and epilogue;
+//    bulk tensor copies (TMA): K and V tiles of 128 keys into a ring of kStages shared-memory
+//    stages, each guarded by a "full" and an "empty" mbarrier, and per item Q (after the item's
+//    first stage, once the consumers hand Q's buffer back). The ring runs on across items, so
+//    the next item's first stage loads while the current item finishes;
 //  - warpgroups 1 and 2, the consumers, take the registers and own 64 query rows each: per stage
 //    S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, then
 //    O += P V (wgmma with P from registers and V read transposed from shared memory).
@@ -17,7 +18,7 @@
 //
 // Shared tiles are what the copy engine writes with the 128-byte swizzle: boxes of 64 rows x 64
 // columns (128 bytes a row), 8-row groups 1024 bytes apart, which wgmma reads K-major (Q, K) or
-// MN-major (V). A 128-column operand is two such column halves, kHalfBytes apart.
+// MN-major (V). A D-column operand is D / 64 such column halves, kHalfBytes apart.
 #pragma once
 
 #include <cuda.h>
