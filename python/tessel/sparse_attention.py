@@ -1,9 +1,12 @@
 """One sparse-attention call per (step, layer) under a SparseAttentionConfig: dense, a static
-pattern planned once per grid (cached), or a dynamic mask estimated from q and k every call."""
+pattern planned once per grid (cached), or a dynamic mask estimated from q and k every call by the
+library's dynamic_topk / threshold backend (through tessel.SparseAttention: host estimation for CPU
+tensors, device estimation on torch's stream for CUDA tensors)."""
 from __future__ import annotations
 
+import json
+
 from . import planners
-from .estimators import estimate_threshold, estimate_topk
 from .functional import attention, block_sparse_attention
 from .sparse_config import SparseAttentionConfig
 
@@ -15,7 +18,10 @@ class SparseAttentionRunner:
         self.config = config
         self.grid = None  # (frames, height, width) of latent patches, set by the integration
         self.step = 0
+        self.last_report = None  # the library module's report of the latest dynamic call
         self._static_masks = {}
+        self._library_modules = {}
+        self._plan_cache = None
 
     def _static_mask(self, seq: int):
         c = self.config
@@ -36,21 +42,35 @@ class SparseAttentionRunner:
                                                     block_kv=c.block_size_kv, keep_diagonal=c.keep_diagonal)
         return self._static_masks[key]
 
-    def _dynamic_mask(self, q, k):
+    def _library_config(self) -> str:
         c = self.config
-        if c.pattern == "dynamic_topk":
-            return estimate_topk(q, k, topk_ratio=c.topk_ratio, cdf_threshold=c.cdf_threshold,
-                                 similarity_threshold=c.similarity_threshold, block_q=c.block_size_q,
-                                 block_kv=c.block_size_kv, keep_diagonal=c.keep_diagonal)
-        return estimate_threshold(q, k, threshold=c.threshold, stride=c.stride, block_q=c.block_size_q,
-                                  block_kv=c.block_size_kv, keep_diagonal=c.keep_diagonal)
+        return json.dumps({"backend": c.pattern, "pattern_type": c.pattern, "block_size_q": c.block_size_q,
+                           "block_size_kv": c.block_size_kv, "topk_ratio": c.topk_ratio, "threshold": c.threshold,
+                           "stride": c.stride, "keep_diagonal": c.keep_diagonal,
+                           "options": {"cdf": str(c.cdf_threshold),
+                                       "similarity_threshold": str(c.similarity_threshold)}})
+
+    def _dynamic(self, q, k, v):
+        # One library module per (shape, dtype, device), sharing one plan cache; warm-up is decided
+        # here, so the module runs without a step (the config's topk_ratio / threshold every call).
+        from .sparse_module import PlanCache, SparseAttention
+
+        key = (q.shape[2], k.shape[2], q.shape[3], q.dtype, q.device)
+        if key not in self._library_modules:
+            if self._plan_cache is None:
+                self._plan_cache = PlanCache()
+            self._library_modules[key] = SparseAttention(q.shape[2], q.shape[3], k.shape[2],
+                                                         config=self._library_config(), dtype=q.dtype,
+                                                         device=q.device, plan_cache=self._plan_cache)
+        module = self._library_modules[key]
+        out = module(q, k, v)
+        self.last_report = module.last_report
+        return out
 
     def __call__(self, q, k, v, layer: int):
         """q, k, v (B, S, H, D) self-attention of layer `layer` at the current step."""
         if self.config.is_dense_at(self.step, layer):
             return attention(q, k, v)
         if self.config.pattern in ("dynamic_topk", "threshold"):
-            mask = self._dynamic_mask(q, k)
-        else:
-            mask = self._static_mask(q.shape[1])
-        return block_sparse_attention(q, k, v, mask)
+            return self._dynamic(q, k, v)
+        return block_sparse_attention(q, k, v, self._static_mask(q.shape[1]))
