@@ -116,6 +116,10 @@ ParallelAttention::ParallelAttention(const ParallelGroups& groups, const Paralle
   if (ring > 1) {
     for (Tensor& buffer : kv_ring_) buffer = Tensor::empty({2, B, chunk_, kv_heads, D}, shape.dtype, shape.device);
     partial_out_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
+    if (shape.dtype != DType::kF32) {
+      first_out_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
+      running_out_ = Tensor::empty({B, chunk_, heads, D}, DType::kF32, shape.device);
+    }
     partial_lse_ = Tensor::empty({B * heads * chunk_}, DType::kF32, shape.device);
     lse_ = Tensor::empty({B * heads * chunk_}, DType::kF32, shape.device);
   }
@@ -215,38 +219,57 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
   const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
   const TensorView q_real = narrow(q, 1, 0, queries), out_real = narrow(out, 1, 0, queries);
   zero_rows(ctx, narrow(out, 1, queries, chunk_ - queries));
+  // Which steps attend is known before any of them runs: the empty ones (no query, no key, or a
+  // mask slice without blocks) are skipped, and the last one that attends writes `out`.
+  std::vector<bool> attends(static_cast<size_t>(ring));
+  int attending = 0;
+  for (int step = 0; step < ring; ++step) {
+    const int64_t keys = chunk_valid(shape_.seq, chunk_, (ring_rank_ - step + ring) % ring);
+    const bool has_blocks = mask == nullptr || mask->steps()[static_cast<size_t>(step)].mask.nnz() > 0;
+    attends[static_cast<size_t>(step)] = queries > 0 && keys > 0 && has_blocks;
+    attending += attends[static_cast<size_t>(step)];
+  }
+  if (attending == 0) zero_rows(ctx, out_real);  // no key anywhere: rows with no key are 0
   if (ring > 1) {
     copy_rows(ctx, k, select_first(kv_ring_[0], 0));
     copy_rows(ctx, v, select_first(kv_ring_[0], 1));
   }
+  // The running result between merges: `out` itself in fp32; an fp32 buffer otherwise, so that
+  // fp16/bf16 round once at the end rather than once per ring step. The first step writes
+  // first_out (in the attention's dtype), merged into the running result by the second.
+  const bool exact = shape_.dtype == DType::kF32 || attending == 1;
+  const TensorView running = ring > 1 && !exact ? narrow(running_out_, 1, 0, queries) : out_real;
+  const TensorView first_out = ring > 1 && !exact ? narrow(first_out_, 1, 0, queries) : out_real;
   const TensorView lse = ring > 1 ? contiguous_prefix(lse_, {B, H, queries}) : TensorView{};
   const TensorView partial_lse = ring > 1 ? contiguous_prefix(partial_lse_, {B, H, queries}) : TensorView{};
   const TensorView partial_out = ring > 1 ? narrow(partial_out_, 1, 0, queries) : TensorView{};
-  bool attended = false;
+  int attended = 0;
   for (int step = 0; step < ring; ++step) {
     const int source = (ring_rank_ - step + ring) % ring;
     const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
     // Start passing the K/V shard on before attending to it: the transfer overlaps the attention.
     std::unique_ptr<PendingExchange> pending;
     if (step + 1 < ring) pending = ring_.ring_exchange_async(ctx, kv_ring_[step % 2], kv_ring_[(step + 1) % 2]);
-    const TensorView k_step = ring > 1 ? select_first(kv_ring_[step % 2], 0) : k;
-    const TensorView v_step = ring > 1 ? select_first(kv_ring_[step % 2], 1) : v;
-    const ParallelMaskPlan::Step* sub_mask = mask != nullptr ? &mask->steps()[static_cast<size_t>(step)] : nullptr;
-    if (queries > 0 && keys > 0 && (sub_mask == nullptr || sub_mask->mask.nnz() > 0)) {
-      // The first step that attends writes the running result; later ones merge into it.
-      const TensorView target_out = attended ? partial_out : out_real;
-      const TensorView target_lse = attended ? partial_lse : lse;
+    if (attends[static_cast<size_t>(step)]) {
+      const TensorView k_step = ring > 1 ? select_first(kv_ring_[step % 2], 0) : k;
+      const TensorView v_step = ring > 1 ? select_first(kv_ring_[step % 2], 1) : v;
       const TensorView k_real = narrow(k_step, 1, 0, keys), v_real = narrow(v_step, 1, 0, keys);
-      if (sub_mask != nullptr)
-        block_sparse_attention_forward(ctx, q_real, k_real, v_real, sub_mask->view, target_out, target_lse, options_);
+      const TensorView target_out = attended == 0 ? first_out : partial_out;
+      const TensorView target_lse = attended == 0 ? lse : partial_lse;
+      if (mask != nullptr)
+        block_sparse_attention_forward(ctx, q_real, k_real, v_real, mask->steps()[static_cast<size_t>(step)].view,
+                                       target_out, target_lse, options_);
       else
         attention_forward(ctx, q_real, k_real, v_real, target_out, target_lse, options_);
-      if (attended) merge_attention_states(ctx, out_real, lse, partial_out, partial_lse, out_real, lse);
-      attended = true;
+      if (attended > 0) {
+        const TensorView merged_so_far = attended == 1 ? first_out : running;
+        const TensorView merged = attended + 1 == attending ? out_real : running;
+        merge_attention_states(ctx, merged_so_far, lse, partial_out, partial_lse, merged, lse);
+      }
+      ++attended;
     }
     if (pending) pending->wait(ctx);
   }
-  if (!attended) zero_rows(ctx, out_real);  // no key anywhere: rows with no key are 0
 }
 
 }  // namespace tessel

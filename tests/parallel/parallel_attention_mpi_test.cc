@@ -71,11 +71,15 @@ struct Case {
   int64_t batch = 2, seq = 37, heads = 8, kv_heads = 4, head_dim = 16;
   int64_t block_q = 0, block_kv = 0;  // 0: dense
   int64_t mask_batch = 1, mask_heads = 1;
+  DType dtype = DType::kF32;
+  // Largest difference allowed from the single-process result: fp32 rounding; for fp16/bf16 the
+  // ring's partial outputs are rounded to the dtype before they are merged (in fp32).
+  double tolerance() const { return dtype == DType::kF32 ? 2e-6 : 2e-2; }
 };
 
 std::string describe(const Case& c) {
   return detail::concat("ulysses ", c.config.sp_ulysses_degree, " ring ", c.config.sp_ring_degree, " cfg ",
-                        c.config.cfg_parallel_size, " S=", c.seq, c.block_q ? " sparse" : " dense", " mask heads ",
+                        c.config.cfg_parallel_size, " ", dtype_name(c.dtype), " S=", c.seq, c.block_q ? " sparse" : " dense", " mask heads ",
                         c.mask_heads, " mask batch ", c.mask_batch);
 }
 
@@ -101,11 +105,16 @@ Inputs make_inputs(const Case& c, int branch) {
     std::fill(dense.begin() + kv_blocks, dense.begin() + 2 * kv_blocks, 0);
     in.mask = BlockMask::from_dense(shape, dense);
   }
+  if (c.dtype != DType::kF32) {
+    in.q = in.q.to(c.dtype);
+    in.k = in.k.to(c.dtype);
+    in.v = in.v.to(c.dtype);
+  }
   return in;
 }
 
 Tensor single_process_attention(const Case& c, const Inputs& in) {
-  Tensor out = Tensor::empty(in.q.shape(), DType::kF32);
+  Tensor out = Tensor::empty(in.q.shape(), c.dtype);
   if (c.block_q > 0)
     block_sparse_attention_forward(ExecContext{}, in.q, in.k, in.v, in.mask.view(), out, TensorView{});
   else
@@ -128,14 +137,14 @@ void expect_matches_single_process(const Case& c) {
   const Inputs in = make_inputs(c, branch);
   const Tensor expected = single_process_attention(c, in);
 
-  ParallelAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, DType::kF32, Device::cpu(), c.block_q, c.block_kv};
+  ParallelAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.dtype, Device::cpu(), c.block_q, c.block_kv};
   ParallelAttention attention(groups, shape);
   const SequenceSharding& sharding = attention.sharding();
   const int64_t part = groups.coordinates.sequence, L = sharding.shard_length;
-  Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, DType::kF32);
-  Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, DType::kF32);
-  Tensor v = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, DType::kF32);
-  Tensor out = Tensor::empty({c.batch, L, c.heads, c.head_dim}, DType::kF32);
+  Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype);
+  Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype);
+  Tensor v = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype);
+  Tensor out = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype);
   fill(out, std::nan(""));
   take_shard(ctx, sharding, part, in.q, q);
   take_shard(ctx, sharding, part, in.k, k);
@@ -145,22 +154,22 @@ void expect_matches_single_process(const Case& c) {
   attention.forward(ctx, q, k, v, out, plan.get());
 
   // This rank's shard, padding included (zeros), then the whole output gathered over the group.
-  Tensor expected_shard = Tensor::empty(out.shape(), DType::kF32);
+  Tensor expected_shard = Tensor::empty(out.shape(), c.dtype);
   take_shard(ctx, sharding, part, expected, expected_shard);
-  EXPECT_LE(max_abs_difference(out, expected_shard), 2e-6) << "shard " << part;
-  Tensor gathered = Tensor::empty(expected.shape(), DType::kF32);
+  EXPECT_LE(max_abs_difference(out, expected_shard), c.tolerance()) << "shard " << part;
+  Tensor gathered = Tensor::empty(expected.shape(), c.dtype);
   Tensor staging = Tensor::empty({static_cast<int64_t>(gather_staging_bytes(sharding, out))}, DType::kU8);
   gather_shards(ctx, *groups.sequence, sharding, out, staging, gathered);
-  EXPECT_LE(max_abs_difference(gathered, expected), 2e-6);
+  EXPECT_LE(max_abs_difference(gathered, expected), c.tolerance());
 
   if (c.config.cfg_parallel_size == 2) {  // both branches' outputs reach every rank, in branch order
-    Tensor branches = Tensor::empty({2, c.batch, c.seq, c.heads, c.head_dim}, DType::kF32);
+    Tensor branches = Tensor::empty({2, c.batch, c.seq, c.heads, c.head_dim}, c.dtype);
     gather_cfg_branches(ctx, *groups.cfg, gathered, branches);
     for (int other = 0; other < 2; ++other) {
       const Tensor reference = single_process_attention(c, make_inputs(c, other));
-      const TensorView slot(static_cast<float*>(branches.data()) + other * reference.numel(), DType::kF32, Device::cpu(),
-                            reference.shape());
-      EXPECT_LE(max_abs_difference(slot, reference), 2e-6) << "cfg branch " << other;
+      char* slot_data = static_cast<char*>(branches.data()) + other * static_cast<int64_t>(reference.nbytes());
+      const TensorView slot(slot_data, c.dtype, Device::cpu(), reference.shape());
+      EXPECT_LE(max_abs_difference(slot, reference), c.tolerance()) << "cfg branch " << other;
     }
   }
 }
@@ -200,6 +209,20 @@ TEST(ParallelAttention, BlockSparseEqualsSingleProcessOnEveryLayout) {
       c.block_kv = 4;
       c.mask_batch = mask_batch;
       c.mask_heads = mask_heads;
+      expect_matches_single_process(c);
+    }
+  }
+}
+
+TEST(ParallelAttention, Bf16DenseAndBlockSparseMatchSingleProcess) {
+  for (const ParallelConfig& config : layouts()) {
+    for (const int64_t block : {0, 8}) {
+      Case c;
+      c.config = config;
+      c.dtype = DType::kBF16;
+      c.seq = 45;
+      c.block_q = block;
+      c.block_kv = block / 2;
       expect_matches_single_process(c);
     }
   }

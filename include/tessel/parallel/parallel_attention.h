@@ -100,6 +100,7 @@ class ParallelAttention {
   Tensor send_, recv_;                              // all-to-all staging
   Tensor kv_ring_[2];                               // (2, B, chunk, H_kv/U, D): K and V travelling together
   Tensor partial_out_, partial_lse_, lse_;          // one ring step's result, and the running LSE
+  Tensor first_out_, running_out_;                  // fp16/bf16 only: the first step's result, the fp32 running one
 };
 
 }  // namespace tessel
