@@ -10,6 +10,8 @@ packages=(
   libpng-dev        # libpng: `tessel mask` pictures
   libomp-dev        # OpenMP runtime headers (g++ uses libgomp; kept for clang builds)
   libopenblas-dev   # BLAS: reference comparisons in CPU benchmarks
+  libopenmpi-dev    # MPI: the parallel layer's CPU communicator
+  openmpi-bin       # mpirun: launches the multi-process parallel tests
   clang-14          # libFuzzer targets (scripts/fuzz.sh)
   libclang-rt-14-dev # libFuzzer, AddressSanitizer and UBSan runtimes for clang-14
 )

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -73,6 +74,25 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
   }
   if (out.empty()) fail_argument(where + ": weight_map", "at least one tensor", "an empty map");
   return out;
+}
+
+// A stored (contiguous, mapped) tensor converted to fp32 in one pass; the common case of loading,
+// without copy_convert's general strided indexing.
+void convert_to_f32(const TensorView& stored, float* out) {
+  const int64_t count = stored.numel();
+  switch (stored.dtype()) {
+    case DType::kF32:
+      std::memcpy(out, stored.data(), static_cast<size_t>(count) * sizeof(float));
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(stored.data_as<const uint16_t>()[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < count; ++i) out[i] = half_to_float(stored.data_as<const uint16_t>()[i]);
+      return;
+    default:
+      throw Error(detail::concat("convert_to_f32: stored dtype ", dtype_name(stored.dtype()), ", expected fp32, fp16 or bf16"));
+  }
 }
 
 std::string list_names(const std::vector<std::string>& names, size_t max_listed = 8) {
@@ -168,7 +188,11 @@ std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const s
   std::map<std::string, Tensor> weights;
   for (const WeightSpec& spec : expected) {
     Tensor converted = Tensor::empty(spec.shape, dtype);
-    copy_convert(checkpoint.view(spec.name), converted.view());
+    const TensorView stored = checkpoint.view(spec.name);
+    if (dtype == DType::kF32)
+      convert_to_f32(stored, converted.data_as<float>());
+    else
+      copy_convert(stored, converted.view());
     weights.emplace(spec.name, std::move(converted));
   }
   return weights;

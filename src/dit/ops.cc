@@ -19,36 +19,57 @@ constexpr int64_t kDepth = 256;
 // than the work, and far more when the cores are shared with other processes.
 constexpr int64_t kParallelMinWork = 1 << 16;
 
-// Eight floats in one vector (AVX when the target has it; pairs of SSE registers otherwise).
+// Eight floats in one vector: one AVX register where the function's target has AVX.
 using Vec8 = float __attribute__((vector_size(32)));
-inline Vec8 load8(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
 
-// y[r0 : r0 + 4, c0 : c0 + 16] += x[r0 : r0 + 4, k0 : k1] · w_t[k0 : k1, c0 : c0 + 16].
-void accumulate_tile(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0, int64_t c0, int64_t k0,
-                     int64_t k1) {
+// y[r0 : r0 + 4, c0 : c0 + 16] += x[r0 : r0 + 4, k0 : k1] · w_t[k0 : k1, c0 : c0 + 16]. Inlined
+// into one function per instruction set below; vectors move through memcpy (unaligned rows).
+[[gnu::always_inline]] inline void tile_body(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0,
+                                             int64_t c0, int64_t k0, int64_t k1) {
   Vec8 acc[kTileRows][2];
-  for (int64_t r = 0; r < kTileRows; ++r) {
-    acc[r][0] = load8(y + (r0 + r) * n + c0);
-    acc[r][1] = load8(y + (r0 + r) * n + c0 + 8);
-  }
+  for (int64_t r = 0; r < kTileRows; ++r) std::memcpy(acc[r], y + (r0 + r) * n + c0, sizeof acc[r]);
   for (int64_t kk = k0; kk < k1; ++kk) {
-    const Vec8 w0 = load8(w_t + kk * n + c0), w1 = load8(w_t + kk * n + c0 + 8);
+    Vec8 w[2];
+    std::memcpy(w, w_t + kk * n + c0, sizeof w);
     for (int64_t r = 0; r < kTileRows; ++r) {
       const float a = x[(r0 + r) * k + kk];
-      acc[r][0] += a * w0;
-      acc[r][1] += a * w1;
+      acc[r][0] += a * w[0];
+      acc[r][1] += a * w[1];
     }
   }
-  for (int64_t r = 0; r < kTileRows; ++r) {
-    store8(y + (r0 + r) * n + c0, acc[r][0]);
-    store8(y + (r0 + r) * n + c0 + 8, acc[r][1]);
-  }
+  for (int64_t r = 0; r < kTileRows; ++r) std::memcpy(y + (r0 + r) * n + c0, acc[r], sizeof acc[r]);
 }
+
+using TileFunction = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t);
+
+void tile_baseline(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0, int64_t c0, int64_t k0,
+                   int64_t k1) {
+  tile_body(x, k, w_t, n, y, r0, c0, k0, k1);
+}
+
+// The tile is also built for AVX-512 and for AVX2 + FMA, and the widest the CPU has is chosen once
+// by feature (not by CPU model, which virtual machines often hide), so a portable build keeps the
+// wide vectors.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) void tile_avx512(const float* x, int64_t k, const float* w_t, int64_t n,
+                                                                        float* y, int64_t r0, int64_t c0, int64_t k0, int64_t k1) {
+  tile_body(x, k, w_t, n, y, r0, c0, k0, k1);
+}
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0,
+                                                   int64_t c0, int64_t k0, int64_t k1) {
+  tile_body(x, k, w_t, n, y, r0, c0, k0, k1);
+}
+TileFunction widest_tile() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return tile_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_avx2;
+  return tile_baseline;
+}
+#else
+TileFunction widest_tile() { return tile_baseline; }
+#endif
+
+const TileFunction accumulate_tile = widest_tile();
 
 // The same for a partial tile at the bottom or right edge.
 void accumulate_edge(const float* x, int64_t k, const float* w_t, int64_t n, float* y, int64_t r0, int64_t r1, int64_t c0,

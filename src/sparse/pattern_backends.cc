@@ -254,6 +254,11 @@ TopkEstimatorOptions topk_options_from_spec(const PatternSpec& spec) {
   o.per_head = option_list(spec, "per_head");
   o.block_q = spec.block_q;
   o.block_kv = spec.block_kv;
+  o.smooth_k = option_bool(spec, "smooth_k", o.smooth_k);
+  const std::string rule = spec.option("rule", "spargeattn");
+  if (rule == "spargeattn") o.rule = TopkRule::kSpargeAttn;
+  else if (rule == "reach_target") o.rule = TopkRule::kReachTarget;
+  else fail_argument("pattern.options.rule", "spargeattn or reach_target", rule);
   return o;
 }
 
@@ -278,6 +283,10 @@ XAttentionOptions xattention_options_from_spec(const PatternSpec& spec) {
   else if (vote == "heads") o.vote = XAttentionVote::kHeads;
   else if (vote == "columns") o.vote = XAttentionVote::kColumns;
   else fail_argument("pattern.options.vote", "none, heads or columns", vote);
+  const std::string padding = spec.option("padding", "chunk");
+  if (padding == "chunk") o.padding = XAttentionPadding::kChunk;
+  else if (padding == "none") o.padding = XAttentionPadding::kNone;
+  else fail_argument("pattern.options.padding", "chunk or none", padding);
   return o;
 }
 

@@ -3,6 +3,7 @@
 // image-conditioned config) fails with a message that names the problem.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -116,6 +117,24 @@ TEST(WanCheckpoint, ShardedAndSingleFileCheckpointsLoadEveryTensor) {
       ASSERT_NEAR(b.data_as<float>()[i], x, std::abs(x) * (1.0f / 256) + 1e-30f) << spec.name << "[" << i << "]";
     }
   }
+}
+
+TEST(WanCheckpoint, Fp16StoredTensorsConvertLikeTheirBf16Source) {
+  ScratchDir scratch;
+  const fs::path dir = edited_single_file(scratch, [](auto& tensors) {
+    for (auto& [name, tensor] : tensors) tensor = tensor.to(DType::kF32).to(DType::kF16);
+  });
+  const std::vector<WeightSpec> specs = wan_weight_specs(load_wan_config(dir));
+  const auto from_fp16 = load_weights(Checkpoint::open(dir), specs, DType::kF32);
+  const auto from_bf16 = load_weights(Checkpoint::open(wan_fixture_dir() / "checkpoint_bf16"), specs, DType::kF32);
+  // fp16 keeps bf16's mantissa; only values below fp16's normal range (6.1e-5) lose bits, down to
+  // its subnormal spacing 6e-8.
+  for (const WeightSpec& spec : specs)
+    for (int64_t i = 0; i < from_bf16.at(spec.name).numel(); ++i) {
+      const float expected = from_bf16.at(spec.name).data_as<float>()[i];
+      const float tolerance = std::abs(expected) >= 6.2e-5f ? 0.0f : 6e-8f;
+      ASSERT_NEAR(from_fp16.at(spec.name).data_as<float>()[i], expected, tolerance) << spec.name << "[" << i << "]";
+    }
 }
 
 TEST(WanCheckpoint, MissingTensorIsNamed) {

@@ -51,7 +51,8 @@ bool keeps(const BlockMask& m, int64_t head, int64_t row, int32_t kb) {
 }
 
 // Random q (B, S, Hq, D) and k (B, S, Hkv, D), and top-k options with blocks 32 x 16 and the
-// self-similarity rule off, so rows keep exactly the top-k count.
+// self-similarity rule off (every block, partial ones too, is self-similar under the rounded
+// rule), so rows keep exactly the top-k count.
 struct RankingCase {
   Tensor q, k;
   TopkEstimatorOptions options;
@@ -64,6 +65,7 @@ RankingCase ranking_case(int64_t batch, int64_t seq, int64_t hq, int64_t hkv, in
   c.options.block_q = 32;
   c.options.block_kv = 16;
   c.options.similarity_threshold = -2.0;
+  c.options.rule = TopkRule::kReachTarget;
   return c;
 }
 
@@ -155,6 +157,7 @@ TEST(TopkEstimator, NonSelfSimilarBlocksAreKeptWhole) {
   o.block_q = 32;
   o.block_kv = 16;
   o.topk_ratio = 0.125;
+  o.smooth_k = false;  // the keys share one direction on purpose: smoothing would remove it
   const EstimateResult r = estimate_topk_mask(ExecContext{}, q.view(), k.view(), o);
   for (int64_t row = 0; row < 4; ++row) EXPECT_TRUE(keeps(r.mask, 0, row, 2)) << "column of the non-similar k block, row " << row;
   EXPECT_EQ(r.mask.row(0, 0, 1).size(), 8u) << "row of the non-similar q block";
@@ -199,18 +202,47 @@ std::vector<double> mass_by_definition(const Tensor& q, const Tensor& k, int64_t
   return mass;
 }
 
-TEST(XAttentionEstimator, BlockMassMatchesTheDefinition) {
+// Random q (1, 100, 4, 8) and k (1, 90, 2, 8), and options for stride 8 and 32 x 16 blocks (the
+// last kv block partial).
+struct MassCase {
   Tensor q = Tensor::empty({1, 100, 4, 8}, DType::kF32), k = Tensor::empty({1, 90, 2, 8}, DType::kF32);
-  fill_normal(q.view(), 3);
-  fill_normal(k.view(), 4);
-  XAttentionOptions o;
-  o.stride = 8;
-  o.block_q = 32;
-  o.block_kv = 16;
-  const std::vector<float> got = xattention_block_mass(ExecContext{}, q.view(), k.view(), o);
+  XAttentionOptions options;
+  explicit MassCase(XAttentionPadding padding) {
+    fill_normal(q.view(), 3);
+    fill_normal(k.view(), 4);
+    options.stride = 8;
+    options.block_q = 32;
+    options.block_kv = 16;
+    options.padding = padding;
+  }
+};
+
+TEST(XAttentionEstimator, BlockMassMatchesTheDefinition) {
+  const MassCase c(XAttentionPadding::kNone);
+  const Tensor& q = c.q;
+  const Tensor& k = c.k;
+  const std::vector<float> got = xattention_block_mass(ExecContext{}, q.view(), k.view(), c.options);
   const std::vector<double> want = mass_by_definition(q, k, 8, 32, 16);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
+}
+
+TEST(XAttentionEstimator, ChunkPaddingIsZeroKeysInTheSoftmax) {
+  // 90 keys are padded to the official chunk (2048): the mass of the real blocks equals the
+  // definition's over explicitly zero-padded keys, cut back to the real blocks.
+  ASSERT_EQ(xattention_padded_length(90), 2048);
+  ASSERT_EQ(xattention_padded_length(4680), 8192);
+  ASSERT_EQ(xattention_padded_length(32760), 32768);
+  const MassCase c(XAttentionPadding::kChunk);
+  Tensor padded = Tensor::empty({1, 2048, 2, 8}, DType::kF32);
+  std::fill_n(padded.data_as<float>(), padded.numel(), 0.0f);
+  std::copy_n(c.k.data_as<float>(), c.k.numel(), padded.data_as<float>());
+  const std::vector<float> got = xattention_block_mass(ExecContext{}, c.q.view(), c.k.view(), c.options);
+  const std::vector<double> want = mass_by_definition(c.q, padded, 8, 32, 16);
+  const int64_t kvbs = 6, padded_kvbs = 128;
+  ASSERT_EQ(got.size(), want.size() / padded_kvbs * kvbs);
+  for (size_t row = 0; row < got.size() / kvbs; ++row)
+    for (int64_t c = 0; c < kvbs; ++c) EXPECT_NEAR(got[row * kvbs + c], want[row * padded_kvbs + c], 1e-4) << row;
 }
 
 TEST(XAttentionEstimator, FindsPlantedBlocksAndKeepsDiagonalAndFirst) {

@@ -91,8 +91,8 @@ TEST(TopkEstimatorGpu, MatchesTheCpuEstimator) {
     EXPECT_LT(cpu.density(), 1.0) << "inputs should make a nontrivial mask";
     EXPECT_LE(disagreement(cpu, gpu), 0.01) << "cpu density " << cpu.density() << ", gpu " << gpu.density();
     if (c.options.similarity_threshold <= -1.0 && !c.options.keep.any()) {
-      // Every row keeps exactly round(ratio * KVb) blocks.
-      const int64_t n = static_cast<int64_t>(std::llround(c.options.topk_ratio * shape.kv_blocks()));
+      // Every row keeps exactly the rule's count (all blocks whole and self-similar here).
+      const int64_t n = topk_count(c.options.rule, c.options.topk_ratio, shape.kv_blocks());
       for (int64_t r = 0; r < shape.num_rows(); ++r)
         EXPECT_EQ(gpu.indptr()[r + 1] - gpu.indptr()[r], n) << "row " << r;
     }

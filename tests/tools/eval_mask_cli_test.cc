@@ -93,6 +93,40 @@ TEST(EvalCli, LoadedQkv) {
   EXPECT_NE(bad.out.find("--grid"), std::string::npos) << bad.out;
 }
 
+TEST(CalibrateCli, WritesPerLayerConfigsAndChecksHeldOutSteps) {
+  std::vector<std::string> files;
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SyntheticVideoOptions o;
+    o.grid = {2, 8, 8};
+    o.heads = 2;
+    o.head_dim = 32;
+    o.seed = seed;
+    const SyntheticQkv d = make_synthetic_video_qkv(o);
+    files.push_back((test_dir() / ("step" + std::to_string(seed) + ".safetensors")).string());
+    write_safetensors(files.back(), {{"q", d.q.view()}, {"k", d.k.view()}, {"v", d.v.view()}});
+  }
+  const fs::path config = test_dir() / "calibrated.json";
+  const std::string layer = "--layer '" + files[0] + "," + files[1] + "' --heldout '" + files[2] + "'";
+  const CommandOutput r = run_tessel("calibrate " + layer + " " + layer + " --method threshold --target 0.1 --block-q 32 " +
+                                     "--block-kv 16 --compare-global --out '" + config.string() + "' --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["layers"].size(), 2u);
+  for (const auto& entry : j["layers"]) {
+    EXPECT_LE(entry["error"].get<double>(), 0.1);
+    EXPECT_GT(entry["density"].get<double>(), 0.0);
+    EXPECT_TRUE(entry["heldout_error"].is_number());
+    EXPECT_EQ(entry["sparse_attn"]["pattern"]["type"], "threshold");
+  }
+  EXPECT_GE(j["global"]["mean_density"].get<double>(), 0.0);
+  EXPECT_TRUE(j["global"]["density_reduction"].is_number());
+  std::ifstream written(config);
+  EXPECT_EQ(nlohmann::json::parse(written), j);
+  const CommandOutput bad = run_tessel("calibrate --layer '" + files[0] + "' --heldout a --heldout b");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--heldout"), std::string::npos) << bad.out;
+}
+
 TEST(MaskCli, WritesPngsForStaticAndDynamicPatterns) {
   const fs::path dir = test_dir();
   for (const std::string args : {"--pattern radial --grid 6x8x12", "--pattern spatial_aware --radius 1 --grid 2x16x16 --ordering z_curve",

@@ -20,20 +20,48 @@ constexpr int kRowThreads = 256;
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 
+constexpr int kMeanThreads = 256;
+
+// One CTA per (head h, batch b): mean[d] = (1/seq) Σ_t x_t[d]. Thread i sums dim i % dim over the
+// tokens t ≡ i / dim (mod kMeanThreads / dim), then the partial sums are added in a fixed order.
+template <typename T>
+__global__ void sequence_mean_kernel(const T* x, int64_t stride_b, int64_t stride_s, int64_t stride_h, int seq,
+                                     int heads, int dim, float* mean) {
+  __shared__ float s_sum[kMeanThreads];
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int lanes = kMeanThreads / dim * dim, token_step = kMeanThreads / dim;
+  const T* base = x + b * stride_b + h * stride_h;
+  float sum = 0.f;
+  if (tid < lanes)
+    for (int t = tid / dim; t < seq; t += token_step) sum += to_f32(base[static_cast<int64_t>(t) * stride_s + tid % dim]);
+  s_sum[tid] = sum;
+  __syncthreads();
+  for (int d = tid; d < dim; d += kMeanThreads) {
+    float total = 0.f;
+    for (int i = d; i < lanes; i += dim) total += s_sum[i];
+    mean[(static_cast<int64_t>(b) * heads + h) * dim + d] = total / static_cast<float>(seq);
+  }
+}
+
 // One CTA per (block c, head h, batch b): the block's mean vector and its self-similarity
-// (1/n²)‖Σ_t x_t/‖x_t‖‖², compared with the threshold. Each warp takes every 4th token; lane l
-// holds dims l, l + 32, ...
+// (1/n²)‖Σ_t x_t/‖x_t‖‖², compared with the threshold, x_t smoothed by `mean` when given. Each
+// warp takes every 4th token; lane l holds dims l, l + 32, ...
 template <typename T>
 __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_s, int64_t stride_h, int seq, int block,
-                                   int blocks, int heads, int dim, float threshold, float* pooled, uint8_t* similar) {
+                                   int blocks, int heads, int dim, float threshold, bool whole_blocks_only,
+                                   const float* mean_of_head, float* pooled, uint8_t* similar) {
   __shared__ float s_mean[kPoolWarps][kMaxDimPerLane * 32];
   __shared__ float s_unit[kPoolWarps][kMaxDimPerLane * 32];
   __shared__ float s_partial[kPoolWarps];
+  __shared__ int s_zero_token;
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int lo = c * block, hi = min(seq, lo + block), n = hi - lo;
   const int per_lane = dim >> 5;
   const T* base = x + b * stride_b + h * stride_h;
+  const float* shift = mean_of_head ? mean_of_head + (static_cast<int64_t>(b) * heads + h) * dim : nullptr;
+  if (threadIdx.x == 0) s_zero_token = 0;
+  __syncthreads();
   float mean[kMaxDimPerLane], unit[kMaxDimPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxDimPerLane; ++j) mean[j] = unit[j] = 0.f;
@@ -42,10 +70,12 @@ __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_
     float sq = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxDimPerLane; ++j) {
-      v[j] = j < per_lane ? to_f32(base[static_cast<int64_t>(t) * stride_s + lane + 32 * j]) : 0.f;
+      v[j] = j < per_lane ? to_f32(base[static_cast<int64_t>(t) * stride_s + lane + 32 * j]) - (shift ? shift[lane + 32 * j] : 0.f)
+                          : 0.f;
       sq += v[j] * v[j];
     }
     const float norm = sqrtf(warp_sum(sq));
+    if (norm == 0.f && lane == 0) s_zero_token = 1;
     const float inv = norm > 0.f ? 1.f / norm : 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxDimPerLane; ++j) {
@@ -78,7 +108,8 @@ __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_
     float sim = 0.f;
     for (int w = 0; w < kPoolWarps; ++w) sim += s_partial[w];
     sim /= static_cast<float>(n) * static_cast<float>(n);
-    similar[out_row] = sim > threshold ? 1 : 0;
+    const bool judged = !whole_blocks_only || (n == block && s_zero_token == 0);
+    similar[out_row] = judged && sim > threshold ? 1 : 0;
   }
 }
 
@@ -166,8 +197,9 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
         while (n < all_candidates) {
           const int c = static_cast<int>(0xffffffffu - static_cast<unsigned>(keys[n] & 0xffffffffull));
           cumulative += prob[c];
+          if (p.cdf_at_most && n > 0 && cumulative > p.cdf_threshold) break;
           ++n;
-          if (cumulative >= p.cdf_threshold) break;
+          if (!p.cdf_at_most && cumulative >= p.cdf_threshold) break;
         }
       }
       s_n = min(n, all_candidates);
@@ -190,10 +222,13 @@ template <typename T>
 void launch_pooling(const TopkParams& p, cudaStream_t stream) {
   pool_blocks_kernel<T><<<dim3(p.q_blocks, p.heads_q, p.batch), kPoolWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.q), p.q_stride_b, p.q_stride_s, p.q_stride_h, p.seq_q, p.block_q, p.q_blocks, p.heads_q,
-      p.dim, p.similarity_threshold, p.pooled_q, p.similar_q);
+      p.dim, p.similarity_threshold, p.whole_blocks_only, nullptr, p.pooled_q, p.similar_q);
+  if (p.k_mean)
+    sequence_mean_kernel<T><<<dim3(p.heads_kv, p.batch), kMeanThreads, 0, stream>>>(
+        static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.heads_kv, p.dim, p.k_mean);
   pool_blocks_kernel<T><<<dim3(p.kv_blocks, p.heads_kv, p.batch), kPoolWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.block_kv, p.kv_blocks,
-      p.heads_kv, p.dim, p.similarity_threshold, p.pooled_k, p.similar_k);
+      p.heads_kv, p.dim, p.similarity_threshold, p.whole_blocks_only, p.k_mean, p.pooled_k, p.similar_k);
 }
 
 }  // namespace

@@ -245,23 +245,39 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
     if (mx != -INFINITY)
       for (int c = lane; c < p.kv_blocks; c += 32) sum += fast_exp2(row[c] - mx);
     sum = warp_sum(sum);
-    if (lane == 0) s_row_lse[g - g_begin] = lse2_of(mx, sum);
+    if (lane == 0) {
+      float row_lse = lse2_of(mx, sum);
+      if (p.zero_groups_total > 0) {
+        // The zero groups' logit is 0: log2 of their summed exponentials is log2(count).
+        const float zeros = log2f(static_cast<float>(p.zero_groups_total));
+        const float top = fmaxf(row_lse, zeros);
+        row_lse = top + log2f(exp2f(row_lse - top) + exp2f(zeros - top));
+      }
+      s_row_lse[g - g_begin] = row_lse;
+    }
   }
   __syncthreads();
-  float* mass = p.mass + ((static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r) * p.kv_blocks;
+  const int64_t mass_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r;
+  float zero_group = 0.f;
+  if (p.zero_groups_total > 0) {
+    for (int g = g_begin; g < g_end; ++g) zero_group += exp2f(-s_row_lse[g - g_begin]);
+    if (tid == 0) p.zero_group_mass[mass_row] = zero_group;
+  }
+  float* mass = p.mass + mass_row * p.kv_blocks;
   for (int c = tid; c < p.kv_blocks; c += blockDim.x) {
     float m = 0.f;
     for (int g = g_begin; g < g_end; ++g) {
       const float row_lse = s_row_lse[g - g_begin];
       if (row_lse != -INFINITY) m += fast_exp2(lse[static_cast<int64_t>(g) * p.kv_blocks + c] - row_lse);
     }
+    if (c == p.kv_blocks - 1) m += static_cast<float>(p.zero_groups_last_block) * zero_group;
     mass[c] = m;
   }
 }
 
-// One CTA per (q block r, head h, batch b): forced blocks (diagonal, first), then the others by
-// (mass desc, c asc) while the kept mass is below threshold x the row's total, then the row's ids
-// ascending. The greedy rule runs in parallel: sorted entry i is kept iff forced + (sum of the
+// One CTA per (q block r, head h, batch b), over the real and the padding blocks: forced blocks
+// (diagonal), then the others by (mass desc, c asc) while the kept mass is below threshold x the
+// row's total, then block 0 (keep_first) and the row's real ids ascending. The greedy rule runs in parallel: sorted entry i is kept iff forced + (sum of the
 // sorted masses before i) < target, a prefix sum (double, fixed order, so replays select the same
 // blocks). A single-thread loop over the row was a large share of the whole estimate at S = 29700
 // (docs/perf-log.md).
@@ -271,17 +287,20 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
   float* s_mass = reinterpret_cast<float*>(keys + sort_size);
   uint8_t* keep = reinterpret_cast<uint8_t*>(s_mass + p.kv_blocks);
   const int r = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
-  const int kvb = p.kv_blocks;
+  const int real_blocks = p.kv_blocks, kvb = p.kv_blocks + p.pad_blocks;
   const int64_t row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r;
-  const float* m = p.mass + row * kvb;
+  const float* m = p.mass + row * real_blocks;
+  const float zero_group = p.pad_blocks > 0 ? p.zero_group_mass[row] : 0.f;
+  const int groups_per_block = p.block_kv / p.stride;
 
+  // The real blocks, then the padding blocks (zero groups only).
   for (int c = tid; c < kvb; c += blockDim.x) {
     keep[c] = 0;
-    s_mass[c] = m[c];
+    s_mass[c] = c < real_blocks ? m[c]
+                                : static_cast<float>(c == kvb - 1 ? p.zero_groups_last_pad : groups_per_block) * zero_group;
   }
   __syncthreads();
   if (p.keep_diagonal) keep_diagonal_blocks(keep, r, p.seq_q, p.seq_kv, p.block_q, p.block_kv);
-  if (p.keep_first && tid == 0) keep[0] = 1;
   __syncthreads();
   for (int i = tid; i < sort_size; i += blockDim.x) {
     unsigned long long key = 0ull;
@@ -320,7 +339,10 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
     kept += __uint_as_float(static_cast<unsigned>(key >> 32));
   }
   __syncthreads();
-  write_kept_row(keep, kvb, p.row_blocks + row * kvb, p.row_counts + row);
+  // Block 0 after the selection, without counting toward it (as the official selection keeps it).
+  if (p.keep_first && tid == 0) keep[0] = 1;
+  __syncthreads();
+  write_kept_row(keep, real_blocks, p.row_blocks + row * real_blocks, p.row_counts + row);
 }
 
 template <typename T, int kUnit, int WM>
@@ -367,9 +389,10 @@ void launch_xattention_block_mass(const XAttentionParams& p, DType dtype, cudaSt
 
 void launch_xattention_estimation(const XAttentionParams& p, DType dtype, cudaStream_t stream) {
   launch_xattention_block_mass(p, dtype, stream);
+  const int selected_blocks = p.kv_blocks + p.pad_blocks;
   int sort_size = 1;
-  while (sort_size < p.kv_blocks) sort_size <<= 1;
-  const size_t smem = sort_size * sizeof(unsigned long long) + p.kv_blocks * (sizeof(float) + 1);
+  while (sort_size < selected_blocks) sort_size <<= 1;
+  const size_t smem = sort_size * sizeof(unsigned long long) + selected_blocks * (sizeof(float) + 1);
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(select_threshold_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            4096 * (sizeof(unsigned long long) + sizeof(float) + 1));

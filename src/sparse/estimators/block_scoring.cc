@@ -63,9 +63,15 @@ void reverse_stride_groups(const float* rows, int64_t groups, int64_t stride, in
 }
 
 void add_antidiagonal_mass(const float* rows, int64_t num_rows, const float* columns, int64_t num_columns,
-                           int64_t width, float scale, std::span<const int32_t> column_block, std::span<double> mass) {
+                           int64_t width, float scale, std::span<const int32_t> column_block, std::span<double> mass,
+                           std::span<const int32_t> zero_columns_per_block) {
   TESSEL_CHECK(static_cast<int64_t>(column_block.size()) == num_columns, "add_antidiagonal_mass: column_block has ",
                column_block.size(), " entries for ", num_columns, " columns");
+  TESSEL_CHECK(zero_columns_per_block.empty() || zero_columns_per_block.size() == mass.size(),
+               "add_antidiagonal_mass: zero_columns_per_block has ", zero_columns_per_block.size(), " entries for ",
+               mass.size(), " blocks");
+  int64_t zero_columns = 0;
+  for (int32_t n : zero_columns_per_block) zero_columns += n;
   if (num_columns == 0) return;
   std::vector<float> logits(static_cast<size_t>(4 * num_columns));
   for (int64_t r0 = 0; r0 < num_rows; r0 += 4) {
@@ -73,10 +79,15 @@ void add_antidiagonal_mass(const float* rows, int64_t num_rows, const float* col
     antidiagonal_logits(rows + r0 * width, n, columns, num_columns, width, scale, logits.data());
     for (int64_t j = 0; j < n; ++j) {
       float* row = logits.data() + j * num_columns;
-      const float peak = *std::max_element(row, row + num_columns);
+      float peak = *std::max_element(row, row + num_columns);
+      if (zero_columns > 0) peak = std::max(peak, 0.0f);
       double total = 0.0;
       for (int64_t c = 0; c < num_columns; ++c) total += (row[c] = std::exp(row[c] - peak));
+      const float zero_weight = std::exp(-peak);
+      total += static_cast<double>(zero_columns) * zero_weight;
       for (int64_t c = 0; c < num_columns; ++c) mass[static_cast<size_t>(column_block[static_cast<size_t>(c)])] += row[c] / total;
+      for (size_t b = 0; b < zero_columns_per_block.size(); ++b)
+        mass[b] += static_cast<double>(zero_columns_per_block[b]) * zero_weight / total;
     }
   }
 }
@@ -111,6 +122,17 @@ void keep_until_cdf(const float* score, int64_t n, double p, uint8_t* keep) {
     keep[c] = 1;
     cumulative += score[c];
     if (static_cast<double>(cumulative) >= p) break;
+  }
+}
+
+void keep_while_cdf_at_most(const float* score, int64_t n, double p, uint8_t* keep) {
+  const std::vector<int32_t> order = ranked_others(score, n, keep);
+  const float limit = static_cast<float>(p);
+  float cumulative = 0.0f;
+  for (size_t i = 0; i < order.size(); ++i) {
+    cumulative += score[order[i]];
+    if (i > 0 && cumulative > limit) break;
+    keep[order[i]] = 1;
   }
 }
 

@@ -46,6 +46,7 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
   const int64_t rows = shape.num_rows(), kvb = shape.kv_blocks(), qb = shape.q_blocks();
   indptr_ = Tensor::empty({rows + 1}, DType::kI32, device);
   indices_ = Tensor::empty({rows * kvb}, DType::kI32, device);
+  k_mean_ = Tensor::empty({shape.mask_batch * kv_heads, head_dim}, DType::kF32, device);
   pooled_q_ = Tensor::empty({rows, head_dim}, DType::kF32, device);
   similar_q_ = Tensor::empty({rows}, DType::kU8, device);
   pooled_k_ = Tensor::empty({shape.mask_batch * kv_heads * kvb, head_dim}, DType::kF32, device);
@@ -53,6 +54,7 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
   row_counts_ = Tensor::empty({rows}, DType::kI32, device);
   row_blocks_ = Tensor::empty({rows * kvb}, DType::kI32, device);
   mass_ = Tensor::empty({rows * kvb}, DType::kF32, device);
+  zero_group_mass_ = Tensor::empty({rows}, DType::kF32, device);
   (void)qb;
   if (xattention_stride < 0) fail_argument("xattention_stride", ">= 0", xattention_stride);
   if (xattention_stride > 0) reserve_xattention_workspace(nullptr, xattention_stride);
@@ -166,8 +168,11 @@ void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, cons
   p.dim = static_cast<int>(q.size(3));
   p.scale = options.scale != 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(q.size(3)));
   p.similarity_threshold = static_cast<float>(options.similarity_threshold);
-  p.n_topk = static_cast<int>(std::clamp<int64_t>(std::llround(options.topk_ratio * static_cast<double>(kvb)), 1, kvb));
+  p.n_topk = static_cast<int>(topk_count(options.rule, options.topk_ratio, kvb));
   p.cdf_threshold = static_cast<float>(options.cdf_threshold);
+  p.cdf_at_most = options.rule == TopkRule::kSpargeAttn;
+  p.whole_blocks_only = options.rule == TopkRule::kSpargeAttn;
+  p.k_mean = options.smooth_k ? mask.k_mean_.data_as<float>() : nullptr;
   p.keep_diagonal = options.keep.diagonal;
   p.sink_blocks = static_cast<int>(std::min<int64_t>(options.keep.sink_blocks, kvb));
   p.pooled_q = mask.pooled_q_.data_as<float>();
@@ -203,6 +208,22 @@ void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q
   p.threshold = static_cast<float>(options.threshold);
   p.keep_diagonal = options.keep_diagonal;
   p.keep_first = options.keep_first;
+  if (options.padding == XAttentionPadding::kChunk) {
+    // Zero key groups up to the padded length (a multiple of the chunk, a power of two >= 2048).
+    if ((s & (s - 1)) != 0) fail_argument("xattention.stride", "a power of two with padding kChunk on CUDA", s);
+    const int64_t groups_per_block = options.block_kv / s, groups = p.groups_kv;
+    const int64_t padded_groups = xattention_padded_length(k.size(1)) / s;
+    const int64_t real_end = std::min<int64_t>(padded_groups, int64_t{p.kv_blocks} * groups_per_block);
+    const int64_t past = padded_groups - real_end;
+    p.zero_groups_total = static_cast<int>(padded_groups - groups);
+    p.zero_groups_last_block = static_cast<int>(real_end - groups);
+    p.pad_blocks = static_cast<int>((past + groups_per_block - 1) / groups_per_block);
+    p.zero_groups_last_pad = static_cast<int>(past - (int64_t{p.pad_blocks} - 1) * groups_per_block);
+    if (p.kv_blocks + p.pad_blocks > cuda::detail::kTopkMaxKvBlocks)
+      fail_argument("shape", detail::concat("at most ", cuda::detail::kTopkMaxKvBlocks, " kv blocks with the padding blocks"),
+                    p.kv_blocks + p.pad_blocks);
+    p.zero_group_mass = mask.zero_group_mass_.data_as<float>();
+  }
   mask.reserve_xattention_workspace(ctx.stream, s);
   p.kv_valid_groups = nullptr;
   p.block_lse2 = mask.block_lse2_.data_as<float>();

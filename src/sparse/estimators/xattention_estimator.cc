@@ -28,14 +28,29 @@ void check_options(const XAttentionOptions& o) {
     fail_argument("xattention.vote_threshold", "in [0, 1)", o.vote_threshold);
 }
 
-// Steps 1–4 of the header for every (b, h_q): masses (B, H_q, Qb, KVb).
-std::vector<float> block_mass(int threads, const TensorView& q, const TensorView& k, const XAttentionOptions& o) {
+// Masses (B, H_q, Qb, columns) row-major: the real kv blocks first, then (padding kChunk) the
+// padding blocks past the end.
+struct BlockMass {
+  std::vector<float> mass;
+  int64_t columns = 0;
+};
+
+// Steps 1–4 of the header for every (b, h_q).
+BlockMass block_mass(int threads, const TensorView& q, const TensorView& k, const XAttentionOptions& o) {
   const int64_t batch = q.size(0), seq_q = q.size(1), hq = q.size(2), dim = q.size(3);
   const int64_t seq_kv = k.size(1), hkv = k.size(2), group = hq / hkv, s = o.stride;
   const int64_t gq = (seq_q + s - 1) / s, gk = (seq_kv + s - 1) / s;
   const BlockMaskShape shape{batch, hq, seq_q, seq_kv, o.block_q, o.block_kv};
-  const int64_t qbs = shape.q_blocks(), kvbs = shape.kv_blocks();
+  const int64_t qbs = shape.q_blocks();
   const int64_t groups_per_qb = o.block_q / s, groups_per_kvb = o.block_kv / s;
+  // Zero key groups [gk, padded_groups) and the blocks that hold them.
+  const int64_t padded_groups = o.padding == XAttentionPadding::kChunk ? xattention_padded_length(seq_kv) / s : gk;
+  const int64_t mass_columns = (padded_groups + groups_per_kvb - 1) / groups_per_kvb;
+  std::vector<int32_t> zero_groups;
+  if (padded_groups > gk) {
+    zero_groups.assign(static_cast<size_t>(mass_columns), 0);
+    for (int64_t g = gk; g < padded_groups; ++g) ++zero_groups[static_cast<size_t>(g / groups_per_kvb)];
+  }
   const float scale = (o.scale != 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(dim))) / static_cast<float>(s);
 
   // Key groups are contiguous rows: group g' is the (S·D) vector k[g'S .. g'S+S).
@@ -50,25 +65,39 @@ std::vector<float> block_mass(int threads, const TensorView& q, const TensorView
   std::vector<int32_t> column_block(static_cast<size_t>(gk));
   for (int64_t g = 0; g < gk; ++g) column_block[static_cast<size_t>(g)] = static_cast<int32_t>(g / groups_per_kvb);
 
-  std::vector<float> mass(static_cast<size_t>(batch * hq * qbs * kvbs), 0.0f);
+  std::vector<float> mass(static_cast<size_t>(batch * hq * qbs * mass_columns), 0.0f);
   parallel_for(threads, batch * hq * qbs, [&](int64_t task, int) {
     const int64_t bh = task / qbs, r = task % qbs, b = bh / hq, h = bh % hq;
     const int64_t width = s * dim;
     const int64_t g_begin = r * groups_per_qb, g_end = std::min(gq, (r + 1) * groups_per_qb);
-    std::vector<double> row_mass(static_cast<size_t>(kvbs), 0.0);
+    std::vector<double> row_mass(static_cast<size_t>(mass_columns), 0.0);
     block_scoring::add_antidiagonal_mass(queries[bh].data() + g_begin * width, g_end - g_begin,
-                                         keys[b * hkv + h / group].data(), gk, width, scale, column_block, row_mass);
-    std::copy(row_mass.begin(), row_mass.end(), mass.begin() + task * kvbs);
+                                         keys[b * hkv + h / group].data(), gk, width, scale, column_block, row_mass,
+                                         zero_groups);
+    std::copy(row_mass.begin(), row_mass.end(), mass.begin() + task * mass_columns);
   });
-  return mass;
+  return BlockMass{std::move(mass), mass_columns};
 }
 
 }  // namespace
 
+int64_t xattention_padded_length(int64_t seq_kv) {
+  int64_t power = 1;
+  while (power < seq_kv) power *= 2;
+  const int64_t chunk = std::max<int64_t>(std::min(std::max<int64_t>(2048, power), (int64_t{1} << 28) / power), 2048);
+  return (seq_kv + chunk - 1) / chunk * chunk;
+}
+
 std::vector<float> xattention_block_mass(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
   estimators::check_qk(q, k, "xattention_block_mass");
   check_options(options);
-  return block_mass(ctx.threads(), q, k, options);
+  const BlockMass all = block_mass(ctx.threads(), q, k, options);
+  const int64_t kvbs = (k.size(1) + options.block_kv - 1) / options.block_kv;
+  const int64_t rows = static_cast<int64_t>(all.mass.size()) / all.columns;
+  std::vector<float> mass(static_cast<size_t>(rows * kvbs));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(all.mass.begin() + r * all.columns, kvbs, mass.begin() + r * kvbs);
+  return mass;
 }
 
 EstimateResult estimate_xattention_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options) {
@@ -81,19 +110,27 @@ EstimateResult estimate_xattention_mask(const ExecContext& ctx, const TensorView
   const int64_t batch = q.size(0), hq = q.size(2), hkv = k.size(2), group = hq / hkv;
   const BlockMaskShape per_head{batch, hq, q.size(1), k.size(1), options.block_q, options.block_kv};
   const int64_t qbs = per_head.q_blocks(), kvbs = per_head.kv_blocks();
-  const std::vector<float> mass = block_mass(ctx.threads(), q, k, options);
+  const BlockMass all = block_mass(ctx.threads(), q, k, options);
+  const int64_t mass_columns = all.columns;
 
-  AlwaysKeep forced;
-  forced.diagonal = options.keep_diagonal;
+  // The diagonal counts toward the threshold; block 0 is added after the selection.
+  AlwaysKeep counted;
+  counted.diagonal = options.keep_diagonal;
+  AlwaysKeep forced = counted;
   forced.sink_blocks = options.keep_first ? 1 : 0;
-  std::vector<uint8_t> dense(mass.size(), 0);
-  apply_always_keep(per_head, forced, nullptr, dense);
+  std::vector<uint8_t> dense(static_cast<size_t>(batch * hq * qbs * kvbs), 0);
+  apply_always_keep(per_head, counted, nullptr, dense);
   parallel_for(ctx.threads(), batch * hq * qbs, [&](int64_t row_index, int) {
-    const float* m = mass.data() + row_index * kvbs;
-    const double total = std::accumulate(m, m + kvbs, 0.0);
+    const float* m = all.mass.data() + row_index * mass_columns;
+    const double total = std::accumulate(m, m + mass_columns, 0.0);
     const int64_t head = (row_index / qbs) % hq;
     const double tau = options.per_head_threshold.empty() ? options.threshold : options.per_head_threshold[head];
-    block_scoring::keep_until_mass(m, kvbs, tau * total, dense.data() + row_index * kvbs);
+    uint8_t* row = dense.data() + row_index * kvbs;
+    std::vector<uint8_t> keep(row, row + kvbs);
+    keep.resize(static_cast<size_t>(mass_columns), 0);
+    block_scoring::keep_until_mass(m, mass_columns, tau * total, keep.data());
+    std::copy_n(keep.begin(), kvbs, row);
+    if (options.keep_first) row[0] = 1;
   });
 
   BlockMaskShape shape = per_head;

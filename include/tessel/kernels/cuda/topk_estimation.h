@@ -1,6 +1,6 @@
 // CUDA builds only: device kernels of the dynamic_topk mask estimator (definition in
-// include/tessel/sparse/estimators/topk_estimator.h). Four launches on one stream, no host
-// synchronization: pool q and k blocks; select each row's blocks into a fixed-capacity buffer;
+// include/tessel/sparse/estimators/topk_estimator.h). Four or five launches on one stream, no host
+// synchronization: K's mean over the sequence (when smoothing); pool q and k blocks; select each row's blocks into a fixed-capacity buffer;
 // scan the row counts into indptr; compact the rows into indices.
 #pragma once
 
@@ -23,9 +23,15 @@ struct TopkParams {
   float similarity_threshold;
   int n_topk;           // top-k mode
   float cdf_threshold;  // > 0: cdf mode
+  // cdf cut: true keeps the longest prefix whose sum stays <= cdf_threshold (at least one block),
+  // false the shortest that reaches it.
+  bool cdf_at_most;
+  // A partial block or one with a zero-norm token is not self-similar.
+  bool whole_blocks_only;
   bool keep_diagonal;
   int sink_blocks;
   // Workspace (device).
+  float* k_mean;         // (B, Hkv, D): K's mean over the sequence, subtracted first; nullptr: no smoothing
   float* pooled_q;       // (B, Hq, Qb, D)
   uint8_t* similar_q;    // (B, Hq, Qb)
   float* pooled_k;       // (B, Hkv, KVb, D)

@@ -40,6 +40,14 @@ struct XAttentionParams {
   // softmax (a partially filled block of an offloaded KV cache).
   const int32_t* kv_valid_groups;
   XAttentionGemm gemm = XAttentionGemm::kAuto;
+  // Zero key groups of the official padding (XAttentionPadding::kChunk; all 0 without it): they
+  // join every row's softmax with logit 0. zero_groups_last_block of them lie in the last kv block,
+  // the others fill pad_blocks padding blocks past it (block_kv / stride each, the last holding
+  // zero_groups_last_pad), which take part in the selection only.
+  int zero_groups_total, zero_groups_last_block, pad_blocks, zero_groups_last_pad;
+  // Workspace (device, with zero groups): per (b, h, q block), the summed probability of one zero
+  // group over the block's group rows.
+  float* zero_group_mass;
   // Selection (launch_xattention_estimation only).
   float threshold;
   bool keep_diagonal, keep_first;
@@ -66,8 +74,9 @@ inline int64_t xattention_block_lse_floats(const XAttentionParams& p) {
 // Scores and per-query-block masses (p.mass); no selection. dtype kBF16 or kF16.
 void launch_xattention_block_mass(const XAttentionParams& params, DType dtype, cudaStream_t stream);
 
-// Masses, then per (b, h, q block) threshold selection (forced diagonal / first block, then by
-// mass descending until threshold × total), then the CSR indptr and indices.
+// Masses, then per (b, h, q block) threshold selection (forced diagonal, then by mass descending
+// until threshold × total, padding blocks included; then block 0 if keep_first), then the CSR
+// indptr and indices.
 void launch_xattention_estimation(const XAttentionParams& params, DType dtype, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

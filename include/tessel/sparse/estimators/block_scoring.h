@@ -9,9 +9,11 @@
 //   reversed order and key group g' tokens [g's, g's + s) in order, so the dot product of the two
 //   flattened (s·D) groups is the antidiagonal Σ_i q[gs + s-1-i] · k[g's + i]. Each query group's
 //   logits (dot · scale) are softmaxed over all key groups, and the probabilities are summed per
-//   kv block: a block's mass.
+//   kv block: a block's mass. Zero key groups (padding) may join each softmax with logit 0; their
+//   probabilities land in the blocks that hold them.
 // Selection of one row (ties: lower block index first):
-//   top-k: the n highest;  cdf: the fewest highest whose probabilities sum to >= p;
+//   top-k: the n highest;  cdf: the fewest highest whose probabilities sum to >= p, or (SpargeAttn's
+//   cut) the most highest whose probabilities sum to <= p;
 //   τ (threshold): the blocks already kept count, then the highest until the kept mass >= target.
 // Aggregation: GQA "any" (a kv head keeps a block when any of its query heads does) and the column
 // vote (a kv block is kept in every row when more than a fraction of the rows keep it).
@@ -40,9 +42,12 @@ void reverse_stride_groups(const float* rows, int64_t groups, int64_t stride, in
 // Antidiagonal block mass of `num_rows` query groups (rows, num_rows × width, already reversed)
 // against `num_columns` key groups (columns, num_columns × width): for each row, softmax over all
 // columns of dot · scale, and mass[column_block[j]] += probability of column j (accumulated in
-// double). column_block has num_columns entries, each in [0, mass.size()).
+// double). column_block has num_columns entries, each in [0, mass.size()). When
+// zero_columns_per_block is given (mass.size() entries), block c also holds that many zero key
+// groups: they join every softmax with logit 0 and their probabilities are added to mass[c].
 void add_antidiagonal_mass(const float* rows, int64_t num_rows, const float* columns, int64_t num_columns,
-                           int64_t width, float scale, std::span<const int32_t> column_block, std::span<double> mass);
+                           int64_t width, float scale, std::span<const int32_t> column_block, std::span<double> mass,
+                           std::span<const int32_t> zero_columns_per_block = {});
 
 // Pooled scores of one query block: prob[c] = softmax over c in candidates of
 // scale · pooled_q[0..dim) · pooled_k[c·dim ..) (fp32); entries of other blocks are left as they are.
@@ -54,10 +59,13 @@ void pooled_softmax_scores(const float* pooled_q, const float* pooled_k, std::sp
 // chooses among the others, ranked by score descending, index ascending on ties.
 //   top-k: the k highest of the others (all of them when fewer);
 //   cdf:   the fewest highest of the others whose scores sum (in fp32) to >= p, at least one;
+//   cdf at most (SpargeAttn's searchsorted cut): the most highest of the others whose scores sum
+//          (in fp32) to <= p, at least one;
 //   τ:     the always-kept scores count first, then the highest others while the kept sum < target.
 void keep_top_k(const float* score, int64_t n, int64_t k, uint8_t* keep);
 void keep_top_k(const double* score, int64_t n, int64_t k, uint8_t* keep);
 void keep_until_cdf(const float* score, int64_t n, double p, uint8_t* keep);
+void keep_while_cdf_at_most(const float* score, int64_t n, double p, uint8_t* keep);
 void keep_until_mass(const float* score, int64_t n, double target, uint8_t* keep);
 
 // The always-keep rule for a row of n blocks that has no query position (a KV cache's history):

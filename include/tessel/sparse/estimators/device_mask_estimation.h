@@ -45,22 +45,23 @@ class DeviceEstimatedMask {
   int64_t kv_heads_ = 0, head_dim_ = 0;
   Device device_{};
   Tensor indptr_, indices_;
-  Tensor pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
-  Tensor block_lse2_, mass_;                                                        // threshold
+  Tensor k_mean_, pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
+  Tensor block_lse2_, mass_, zero_group_mass_;                                      // threshold
   void reserve_xattention_workspace(StreamHandle stream, int64_t stride);
 };
 
 // dynamic_topk on the device: q (B, S_q, H_q, D), k (B, S_kv, H_kv, D) bf16/fp16 CUDA tensors with
 // unit stride along D, D a multiple of 32 up to 256, kv_blocks <= 4096; `mask` allocated for
-// (B, H_q, S_q, S_kv, options.block_q, options.block_kv). options.keep.text is ignored (as on the
-// CPU). No host synchronization.
+// (B, H_q, S_q, S_kv, options.block_q, options.block_kv). options.keep.text and options.per_head
+// are ignored. No host synchronization.
 void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask);
 
 // threshold (XAttention) on the device: q, k as above with D 64 or 128, stride 2..64, block_q and
 // block_kv multiples of the stride with block_kv / stride a power of two from 4 to 128 (e.g.
 // 128×128 blocks at stride 8 or 16, 128×64 at stride 8 or 16), vote = kNone and gqa_any = false
-// (the aggregated forms are CPU-only for now). `mask` allocated for (B, H_q, S_q, S_kv,
+// (the aggregated forms are CPU-only for now), a power-of-two stride with padding kChunk and at
+// most 4096 kv blocks with the padding blocks. `mask` allocated for (B, H_q, S_q, S_kv,
 // options.block_q, options.block_kv). No host synchronization. Cost: one pass over the strided
 // scores, 1/(2·stride) of dense attention's tensor-core work, plus a (B, H_q, S_q/stride, kv
 // blocks) fp32 workspace written once and read twice.

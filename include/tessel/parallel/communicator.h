@@ -1,0 +1,96 @@
+// Communicator: the collective and point-to-point operations the parallel attention strategies
+// need, over one group of processes (ranks 0 .. size()-1). Two engines implement it:
+//   MPI   for CPU tensors (make_mpi_world_communicator), launched with mpirun;
+//   NCCL  for CUDA tensors (make_nccl_communicator), bootstrapped over another communicator.
+// Every operation that moves data takes the execution context first: on CUDA it is enqueued on
+// ctx.stream (no host synchronization), on the CPU it has completed when the call returns.
+//
+// Tensors are moved as bytes: they must be contiguous and on the communicator's device. Every rank
+// of the group must call the same operations in the same order with the same sizes (a rank that
+// throws before a collective leaves the others waiting: check arguments on every rank alike).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+
+namespace tessel {
+
+// A ring exchange in flight (ring_exchange_async). wait() makes the received data visible to work
+// run under ctx: on the CPU it blocks until the transfer is done, on CUDA it makes ctx.stream wait
+// for it. Destroying a pending exchange without wait() waits.
+class PendingExchange {
+ public:
+  virtual ~PendingExchange() = default;
+  virtual void wait(const ExecContext& ctx) = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The device whose tensors this communicator moves (cpu for MPI, cuda:N for NCCL).
+  virtual Device device() const = 0;
+  // "mpi" or "nccl".
+  virtual std::string engine() const = 0;
+
+  // send holds size() equal chunks (bytes); chunk i goes to rank i, and recv's chunk i comes from
+  // rank i. recv has send's byte size.
+  virtual void all_to_all(const ExecContext& ctx, const TensorView& send, const TensorView& recv) = 0;
+  // recv = the send tensors of ranks 0 .. size()-1, concatenated (size() times send's bytes).
+  virtual void all_gather(const ExecContext& ctx, const TensorView& send, const TensorView& recv) = 0;
+  // Elementwise sum over the ranks, in place (fp32 or fp64; NCCL also fp16 and bf16).
+  virtual void all_reduce_sum(const ExecContext& ctx, const TensorView& tensor) = 0;
+  // Sends `send` to rank (rank()+1) % size() and receives into `recv` (same byte size) from rank
+  // (rank()-1+size()) % size(): one step of a ring. The async form returns at once so that work can
+  // overlap the transfer; send must stay untouched and recv unread until wait().
+  virtual std::unique_ptr<PendingExchange> ring_exchange_async(const ExecContext& ctx, const TensorView& send,
+                                                               const TensorView& recv) = 0;
+  void ring_exchange(const ExecContext& ctx, const TensorView& send, const TensorView& recv);
+  // Returns when every rank has called it (on CUDA: after ctx.stream's work before it is done).
+  virtual void barrier(const ExecContext& ctx) = 0;
+
+  // A communicator over the ranks that pass the same `color`, ordered by `key` (then by rank).
+  // Collective over this communicator: every rank calls it.
+  virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+};
+
+// ---- MPI -------------------------------------------------------------------------------------
+
+// True when tessel was built with MPI.
+bool mpi_compiled();
+
+// Initializes MPI (thread level "funneled") unless the application already did, and finalizes it
+// on destruction if it initialized it. Create one in main() before any MPI communicator and let
+// every communicator die before it. Throws Error when tessel was built without MPI.
+class MpiSession {
+ public:
+  MpiSession();
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+ private:
+  bool finalize_ = false;
+};
+
+// A communicator over every process of the MPI job (a duplicate of MPI_COMM_WORLD), for CPU
+// tensors. Needs an MpiSession (or MPI initialized by the application). Throws Error when tessel
+// was built without MPI or MPI is not initialized.
+std::unique_ptr<Communicator> make_mpi_world_communicator();
+
+// ---- NCCL ------------------------------------------------------------------------------------
+
+// True when tessel was built with NCCL (a CUDA build whose toolkit has libnccl).
+bool nccl_compiled();
+
+// A NCCL communicator over the same ranks as `bootstrap` (any engine; typically the MPI world),
+// for CUDA tensors on `device`: rank 0 creates the NCCL id and `bootstrap` hands it to the others.
+// Collective over `bootstrap`. Throws Error when tessel was built without NCCL.
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext& ctx, Communicator& bootstrap, Device device);
+
+}  // namespace tessel

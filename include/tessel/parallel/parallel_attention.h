@@ -1,0 +1,106 @@
+// Sequence-parallel attention: every rank of a sequence-parallel group holds one shard of the
+// tokens (SequenceSharding, shard index = the rank's sequence coordinate) and gets its shard of
+// the output of attention over the whole sequence.
+//
+//   Ulysses (U ranks)  all-to-all: (B, S/U, H, D) -> (B, S, H/U, D), attention over the whole
+//                      sequence for H/U heads, all-to-all back. Needs U | H and U | H_kv.
+//   Ring    (R ranks)  each rank keeps its query shard; the K/V shards travel around the ring (the
+//                      next one in flight while the current one is attended to) and the partial
+//                      outputs are merged by their LSE (merge_attention_states).
+//   USP     (U x R)    Ulysses inside each ring position, Ring across them.
+//   local   (1 rank)   plain attention.
+// Block-sparse attention composes with all of them: the mask is planned for the global sequence
+// (plan_mask) and every rank attends with the slice of it that matches its heads, its query shard
+// and the key shard of each ring step; steps whose slice keeps no block are skipped. Padding tokens
+// (when the sequence does not divide) are never attended to and come out as zeros.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tessel/kernels/attention.h"
+#include "tessel/parallel/parallel_config.h"
+#include "tessel/parallel/sequence_sharding.h"
+#include "tessel/sparse/block_mask.h"
+
+namespace tessel {
+
+enum class ParallelStrategy { kLocal, kUlysses, kRing, kUsp };
+std::string_view parallel_strategy_name(ParallelStrategy strategy);  // "local", "ulysses", "ring", "usp"
+
+struct ParallelAttentionShape {
+  int64_t batch = 1;
+  int64_t seq = 0;  // global tokens (queries and keys: self-attention)
+  int64_t heads = 1, kv_heads = 1, head_dim = 0;
+  DType dtype = DType::kF32;
+  Device device{};
+  // Block sizes of the masks forward() will be given; 0 = dense only. Under Ring the shards are
+  // aligned to both.
+  int64_t mask_block_q = 0, mask_block_kv = 0;
+};
+
+// One rank's slices of a global block mask (one per ring step), on the attention's device.
+// Immutable: plan once per mask, share across calls and threads.
+class ParallelMaskPlan {
+ public:
+  struct Step {
+    BlockMask mask;              // empty when the step attends to nothing
+    BlockMask::DeviceCopy copy;  // CUDA attention only
+    BlockMaskView view;
+  };
+  const std::vector<Step>& steps() const { return steps_; }
+
+ private:
+  friend class ParallelAttention;
+  std::vector<Step> steps_;
+};
+
+class ParallelAttention {
+ public:
+  // Plans the strategy for `groups` (its Ulysses and Ring communicators, which must outlive this
+  // object and move tensors of shape.device) and allocates its buffers. Throws Error naming the
+  // argument when the Ulysses degree does not divide the heads or the kv heads, when the device is
+  // not the communicators', or when options ask for causal or windowed attention under Ring.
+  ParallelAttention(const ParallelGroups& groups, const ParallelAttentionShape& shape, const AttentionOptions& options = {});
+
+  ParallelStrategy strategy() const { return strategy_; }
+  // How the caller cuts the token sequence: this rank holds shard groups.coordinates.sequence.
+  const SequenceSharding& sharding() const { return sharding_; }
+
+  // This rank's slices of `global_mask`, planned for (shape.seq, shape.seq) tokens with the block
+  // sizes given at construction and mask heads 1, heads or kv_heads.
+  std::shared_ptr<const ParallelMaskPlan> plan_mask(const BlockMask& global_mask) const;
+
+  // q (B, shard_length, H, D), k and v (B, shard_length, H_kv, D), out like q: this rank's shard
+  // (head dim contiguous). mask: null for dense attention. Collective over the Ulysses and Ring
+  // groups. Allocates nothing; on CUDA it does not synchronize with the host.
+  void forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& out, const ParallelMaskPlan* mask = nullptr);
+
+ private:
+  std::pair<TensorView, TensorView> ulysses_staging(const TensorView& shard, const TensorView& gathered) const;
+  void ulysses_to_heads(const ExecContext& ctx, const TensorView& shard, const TensorView& gathered);
+  void ulysses_to_sequence(const ExecContext& ctx, const TensorView& gathered, const TensorView& shard);
+  void ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const ParallelMaskPlan* mask);
+
+  Communicator& ulysses_;
+  Communicator& ring_;
+  ParallelAttentionShape shape_;
+  AttentionOptions options_;
+  ParallelStrategy strategy_;
+  SequenceSharding sharding_;
+  int64_t chunk_ = 0;  // tokens of one ring position: U shards
+  int ulysses_rank_ = 0, ring_rank_ = 0;
+  // Buffers (planned at construction).
+  Tensor q_heads_, k_heads_, v_heads_, out_heads_;  // (B, chunk, H/U, D) after the Ulysses all-to-all
+  Tensor send_, recv_;                              // all-to-all staging
+  Tensor kv_ring_[2];                               // (2, B, chunk, H_kv/U, D): K and V travelling together
+  Tensor partial_out_, partial_lse_, lse_;          // one ring step's result, and the running LSE
+  Tensor first_out_, running_out_;                  // fp16/bf16 only: the first step's result, the fp32 running one
+};
+
+}  // namespace tessel

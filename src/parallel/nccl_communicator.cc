@@ -1,0 +1,180 @@
+// The NCCL communicator for CUDA tensors. Collectives run on ctx.stream; a ring exchange runs on the
+// communicator's own stream so that attention on ctx.stream overlaps it. Compiled to a clear
+// run-time error when tessel is built without NCCL.
+#include "communicator_checks.h"
+#include "tessel/core/error.h"
+
+#ifdef TESSEL_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "tessel/kernels/cuda/device_guard.h"
+#endif
+
+namespace tessel {
+
+#ifndef TESSEL_WITH_NCCL
+
+bool nccl_compiled() { return false; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext&, Communicator&, Device) {
+  throw Error("make_nccl_communicator: tessel was built without NCCL (a CUDA build whose toolkit has libnccl)");
+}
+
+#else
+
+namespace {
+
+using parallel_detail::checked_count;
+
+void check_nccl(ncclResult_t status, const char* call) {
+  if (status != ncclSuccess) throw Error(detail::concat(call, " failed: ", ncclGetErrorString(status)));
+}
+
+void check_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) throw Error(detail::concat(call, " failed: ", cudaGetErrorString(status)));
+}
+
+cudaStream_t stream_of(const ExecContext& ctx) { return reinterpret_cast<cudaStream_t>(ctx.stream); }
+
+class NcclPendingExchange final : public PendingExchange {
+ public:
+  explicit NcclPendingExchange(cudaEvent_t done) : done_(done) {}
+  void wait(const ExecContext& ctx) override {
+    check_cuda(cudaStreamWaitEvent(stream_of(ctx), done_, 0), "cudaStreamWaitEvent (ring exchange)");
+  }
+
+ private:
+  cudaEvent_t done_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm`, whose ranks live on `device`.
+  NcclCommunicator(ncclComm_t comm, Device device) : comm_(comm), device_(device) {
+    cuda::DeviceGuard guard(device_.index);
+    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
+    check_cuda(cudaStreamCreateWithFlags(&exchange_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&exchange_ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&exchange_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check_cuda(cudaMalloc(&barrier_word_, sizeof(int)), "cudaMalloc (barrier word)");
+  }
+  ~NcclCommunicator() override {
+    cuda::DeviceGuard guard(device_.index);
+    cudaStreamSynchronize(exchange_stream_);
+    cudaFree(barrier_word_);
+    cudaEventDestroy(exchange_done_);
+    cudaEventDestroy(exchange_ready_);
+    cudaStreamDestroy(exchange_stream_);
+    ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return device_; }
+  std::string engine() const override { return "nccl"; }
+
+  void all_to_all(const ExecContext& ctx, const TensorView& send, const TensorView& recv) override {
+    const size_t chunk = parallel_detail::check_all_to_all(*this, send, recv);
+    cuda::DeviceGuard guard(device_.index);
+    const auto* source = static_cast<const char*>(send.data());
+    auto* target = static_cast<char*>(recv.data());
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (int peer = 0; peer < size_; ++peer) {
+      const size_t offset = chunk * static_cast<size_t>(peer);
+      ncclSend(source + offset, chunk, ncclUint8, peer, comm_, stream_of(ctx));
+      ncclRecv(target + offset, chunk, ncclUint8, peer, comm_, stream_of(ctx));
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd (all_to_all)");
+  }
+
+  void all_gather(const ExecContext& ctx, const TensorView& send, const TensorView& recv) override {
+    parallel_detail::check_all_gather(*this, send, recv);
+    cuda::DeviceGuard guard(device_.index);
+    check_nccl(ncclAllGather(send.data(), recv.data(), send.nbytes(), ncclUint8, comm_, stream_of(ctx)), "ncclAllGather");
+  }
+
+  void all_reduce_sum(const ExecContext& ctx, const TensorView& tensor) override {
+    parallel_detail::check_comm_tensor(*this, tensor, "tensor");
+    ncclDataType_t type;
+    switch (tensor.dtype()) {
+      case DType::kF32: type = ncclFloat32; break;
+      case DType::kF64: type = ncclFloat64; break;
+      case DType::kF16: type = ncclFloat16; break;
+      case DType::kBF16: type = ncclBfloat16; break;
+      default: fail_argument("tensor", "dtype fp32, fp64, fp16 or bf16 (NCCL sum)", dtype_name(tensor.dtype()));
+    }
+    cuda::DeviceGuard guard(device_.index);
+    check_nccl(ncclAllReduce(tensor.data(), tensor.data(), static_cast<size_t>(tensor.numel()), type, ncclSum, comm_,
+                             stream_of(ctx)),
+               "ncclAllReduce");
+  }
+
+  // One exchange in flight per communicator: the next one reuses the events.
+  std::unique_ptr<PendingExchange> ring_exchange_async(const ExecContext& ctx, const TensorView& send,
+                                                       const TensorView& recv) override {
+    parallel_detail::check_ring_exchange(*this, send, recv);
+    cuda::DeviceGuard guard(device_.index);
+    // The exchange starts after the work already on ctx.stream (which produced `send`).
+    check_cuda(cudaEventRecord(exchange_ready_, stream_of(ctx)), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(exchange_stream_, exchange_ready_, 0), "cudaStreamWaitEvent");
+    const int next = (rank_ + 1) % size_, previous = (rank_ + size_ - 1) % size_;
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    ncclSend(send.data(), send.nbytes(), ncclUint8, next, comm_, exchange_stream_);
+    ncclRecv(recv.data(), recv.nbytes(), ncclUint8, previous, comm_, exchange_stream_);
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd (ring exchange)");
+    check_cuda(cudaEventRecord(exchange_done_, exchange_stream_), "cudaEventRecord");
+    return std::make_unique<NcclPendingExchange>(exchange_done_);
+  }
+
+  void barrier(const ExecContext& ctx) override {
+    cuda::DeviceGuard guard(device_.index);
+    check_nccl(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_of(ctx)), "ncclAllReduce (barrier)");
+    check_cuda(cudaStreamSynchronize(stream_of(ctx)), "cudaStreamSynchronize (barrier)");
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) const override {
+    if (color < 0) fail_argument("color", ">= 0", color);
+    cuda::DeviceGuard guard(device_.index);
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    return std::make_unique<NcclCommunicator>(sub, device_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  Device device_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t exchange_stream_ = nullptr;
+  cudaEvent_t exchange_ready_ = nullptr, exchange_done_ = nullptr;
+  int* barrier_word_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_compiled() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext& ctx, Communicator& bootstrap, Device device) {
+  if (!device.is_cuda()) fail_argument("device", "a CUDA device", device.str());
+  if (!bootstrap.device().is_cpu())
+    fail_argument("bootstrap", "a communicator of CPU tensors (e.g. MPI)", bootstrap.device().str());
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  // Every rank sends its (rank 0: the real) id; all take rank 0's.
+  Tensor mine = Tensor::empty({static_cast<int64_t>(sizeof(id))}, DType::kU8);
+  Tensor all = Tensor::empty({static_cast<int64_t>(sizeof(id)) * bootstrap.size()}, DType::kU8);
+  std::memcpy(mine.data(), &id, sizeof(id));
+  bootstrap.all_gather(ExecContext{}, mine, all);
+  std::memcpy(&id, all.data(), sizeof(id));
+  cuda::DeviceGuard guard(device.index);
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), "ncclCommInitRank");
+  return std::make_unique<NcclCommunicator>(comm, device);
+}
+
+#endif
+
+}  // namespace tessel

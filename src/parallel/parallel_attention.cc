@@ -1,0 +1,275 @@
+// Sequence-parallel attention: Ulysses all-to-all around a ring of K/V shards (USP); Ulysses alone,
+// Ring alone and local attention are the cases with a group of one.
+#include "tessel/parallel/parallel_attention.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "block_mask_slicing.h"
+#include "row_copy.h"
+#include "tessel/core/error.h"
+
+namespace tessel {
+
+using parallel_detail::contiguous_prefix;
+using parallel_detail::copy_rows;
+using parallel_detail::narrow;
+using parallel_detail::select_first;
+using parallel_detail::slice_block_mask;
+using parallel_detail::TokenRange;
+using parallel_detail::zero_rows;
+
+std::string_view parallel_strategy_name(ParallelStrategy strategy) {
+  switch (strategy) {
+    case ParallelStrategy::kLocal: return "local";
+    case ParallelStrategy::kUlysses: return "ulysses";
+    case ParallelStrategy::kRing: return "ring";
+    case ParallelStrategy::kUsp: return "usp";
+  }
+  return "unknown";
+}
+
+namespace {
+
+void check_shape_args(const ParallelAttentionShape& s, int ulysses) {
+  if (s.batch < 1) fail_argument("shape.batch", ">= 1", s.batch);
+  if (s.seq < 1) fail_argument("shape.seq", ">= 1", s.seq);
+  if (s.head_dim < 1) fail_argument("shape.head_dim", ">= 1", s.head_dim);
+  if (s.kv_heads < 1 || s.heads % s.kv_heads != 0)
+    fail_argument("shape.kv_heads", detail::concat("a divisor of the ", s.heads, " query heads"), s.kv_heads);
+  if (s.heads % ulysses != 0)
+    fail_argument("shape.heads", detail::concat("a multiple of the Ulysses degree ", ulysses), s.heads);
+  if (s.kv_heads % ulysses != 0)
+    fail_argument("shape.kv_heads", detail::concat("a multiple of the Ulysses degree ", ulysses), s.kv_heads);
+  if (s.mask_block_q < 0 || s.mask_block_kv < 0 || (s.mask_block_q == 0) != (s.mask_block_kv == 0))
+    fail_argument("shape.mask_block_q/mask_block_kv", "both 0 (dense only) or both >= 1",
+                  detail::concat(s.mask_block_q, "/", s.mask_block_kv));
+}
+
+void check_group(const Communicator* comm, int degree, const Device& device, const std::string& name) {
+  if (comm == nullptr) fail_argument("groups." + name, "a communicator", "null");
+  if (comm->size() != degree)
+    fail_argument("groups." + name, detail::concat(degree, " ranks (the configured degree)"), comm->size());
+  if (!(comm->device() == device))
+    fail_argument("groups." + name, detail::concat("a communicator of ", device.str(), " tensors (shape.device)"),
+                  comm->device().str());
+}
+
+ParallelStrategy strategy_for(int ulysses, int ring) {
+  if (ulysses > 1 && ring > 1) return ParallelStrategy::kUsp;
+  if (ulysses > 1) return ParallelStrategy::kUlysses;
+  if (ring > 1) return ParallelStrategy::kRing;
+  return ParallelStrategy::kLocal;
+}
+
+// Real tokens of ring position `position` (chunks of `chunk` tokens over `length`).
+int64_t chunk_valid(int64_t length, int64_t chunk, int64_t position) {
+  return std::clamp<int64_t>(length - position * chunk, 0, chunk);
+}
+
+void check_bshd_arg(const TensorView& t, const Shape& shape, DType dtype, Device device, const std::string& name) {
+  check_shape(t, shape, name);
+  check_dtype(t, dtype, name);
+  check_device(t, device, name);
+  if (t.data() == nullptr && t.numel() > 0) fail_argument(name, "a tensor with data", "a null data pointer");
+}
+
+// One all-to-all over `comm`: piece u of the source (source(u)) goes to rank u, and what rank u
+// sent lands in target(u). send and recv are (U, ...) staging buffers of one piece per rank.
+template <typename Source, typename Target>
+void exchange_pieces(const ExecContext& ctx, Communicator& comm, const TensorView& send, const TensorView& recv,
+                     Source&& source, Target&& target) {
+  for (int64_t u = 0; u < send.size(0); ++u) copy_rows(ctx, source(u), select_first(send, u));
+  comm.all_to_all(ctx, send, recv);
+  for (int64_t u = 0; u < recv.size(0); ++u) copy_rows(ctx, select_first(recv, u), target(u));
+}
+
+}  // namespace
+
+ParallelAttention::ParallelAttention(const ParallelGroups& groups, const ParallelAttentionShape& shape,
+                                     const AttentionOptions& options)
+    : ulysses_(*groups.ulysses), ring_(*groups.ring), shape_(shape), options_(options) {
+  const int ulysses = groups.config.sp_ulysses_degree, ring = groups.config.sp_ring_degree;
+  check_group(groups.ulysses.get(), ulysses, shape.device, "ulysses");
+  check_group(groups.ring.get(), ring, shape.device, "ring");
+  check_shape_args(shape, ulysses);
+  if (ring > 1 && (options.causal || options.window_left >= 0 || options.window_right >= 0))
+    fail_argument("options", "no causal mask or window under Ring attention (sp_ring_degree > 1)",
+                  detail::concat("causal=", options.causal, " window=(", options.window_left, ", ", options.window_right, ")"));
+  strategy_ = strategy_for(ulysses, ring);
+  // Under Ring a shard boundary must be a block boundary of both block sizes.
+  const int64_t alignment = ring > 1 && shape.mask_block_q > 0 ? std::lcm(shape.mask_block_q, shape.mask_block_kv) : 1;
+  sharding_ = SequenceSharding::make(shape.seq, static_cast<int64_t>(ulysses) * ring, alignment);
+  chunk_ = sharding_.shard_length * ulysses;
+  ulysses_rank_ = ulysses_.rank();
+  ring_rank_ = ring_.rank();
+
+  const int64_t B = shape.batch, D = shape.head_dim, heads = shape.heads / ulysses, kv_heads = shape.kv_heads / ulysses;
+  if (ulysses > 1) {
+    q_heads_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
+    out_heads_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
+    k_heads_ = Tensor::empty({B, chunk_, kv_heads, D}, shape.dtype, shape.device);
+    v_heads_ = Tensor::empty({B, chunk_, kv_heads, D}, shape.dtype, shape.device);
+    send_ = Tensor::empty({B * sharding_.shard_length * shape.heads * D}, shape.dtype, shape.device);
+    recv_ = Tensor::empty({B * sharding_.shard_length * shape.heads * D}, shape.dtype, shape.device);
+  }
+  if (ring > 1) {
+    for (Tensor& buffer : kv_ring_) buffer = Tensor::empty({2, B, chunk_, kv_heads, D}, shape.dtype, shape.device);
+    partial_out_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
+    if (shape.dtype != DType::kF32) {
+      first_out_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
+      running_out_ = Tensor::empty({B, chunk_, heads, D}, DType::kF32, shape.device);
+    }
+    partial_lse_ = Tensor::empty({B * heads * chunk_}, DType::kF32, shape.device);
+    lse_ = Tensor::empty({B * heads * chunk_}, DType::kF32, shape.device);
+  }
+}
+
+std::shared_ptr<const ParallelMaskPlan> ParallelAttention::plan_mask(const BlockMask& global_mask) const {
+  const BlockMaskShape& m = global_mask.shape();
+  if (shape_.mask_block_q == 0)
+    fail_argument("global_mask", "none (this attention was planned with mask_block_q = 0: dense only)", "a mask");
+  if (m.block_q != shape_.mask_block_q || m.block_kv != shape_.mask_block_kv)
+    fail_argument("global_mask blocks", detail::concat(shape_.mask_block_q, "x", shape_.mask_block_kv, " (as planned)"),
+                  detail::concat(m.block_q, "x", m.block_kv));
+  if (m.seq_q != shape_.seq || m.seq_kv != shape_.seq)
+    fail_argument("global_mask sequences", detail::concat(shape_.seq, " queries and keys (the global sequence)"),
+                  detail::concat(m.seq_q, " queries, ", m.seq_kv, " keys"));
+  if (m.mask_batch != 1 && m.mask_batch != shape_.batch)
+    fail_argument("global_mask.mask_batch", detail::concat("1 or ", shape_.batch), m.mask_batch);
+  const int64_t ulysses = ulysses_.size();
+  TokenRange heads{0, 1};
+  if (m.mask_heads == shape_.heads) {
+    heads = {ulysses_rank_ * (shape_.heads / ulysses), shape_.heads / ulysses};
+  } else if (m.mask_heads == shape_.kv_heads) {
+    heads = {ulysses_rank_ * (shape_.kv_heads / ulysses), shape_.kv_heads / ulysses};
+  } else if (m.mask_heads != 1) {
+    fail_argument("global_mask.mask_heads", detail::concat("1, ", shape_.kv_heads, " (kv heads) or ", shape_.heads, " (heads)"),
+                  m.mask_heads);
+  }
+  auto plan = std::make_shared<ParallelMaskPlan>();
+  const int ring = ring_.size();
+  const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
+  plan->steps_.resize(static_cast<size_t>(ring));
+  for (int step = 0; step < ring; ++step) {
+    const int source = (ring_rank_ - step + ring) % ring;  // the K/V shard held at this step
+    const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
+    if (queries == 0 || keys == 0) continue;
+    ParallelMaskPlan::Step& slot = plan->steps_[static_cast<size_t>(step)];
+    slot.mask = slice_block_mask(global_mask, heads, {ring_rank_ * chunk_, queries}, {source * chunk_, keys});
+    if (shape_.device.is_cuda()) {
+      slot.copy = slot.mask.to_device(shape_.device);
+      slot.view = slot.copy.view();
+    } else {
+      slot.view = slot.mask.view();
+    }
+  }
+  return plan;
+}
+
+void ParallelAttention::forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const ParallelMaskPlan* mask) {
+  const int64_t B = shape_.batch, L = sharding_.shard_length, D = shape_.head_dim;
+  check_bshd_arg(q, {B, L, shape_.heads, D}, shape_.dtype, shape_.device, "q");
+  check_bshd_arg(k, {B, L, shape_.kv_heads, D}, shape_.dtype, shape_.device, "k");
+  check_bshd_arg(v, {B, L, shape_.kv_heads, D}, shape_.dtype, shape_.device, "v");
+  check_bshd_arg(out, {B, L, shape_.heads, D}, shape_.dtype, shape_.device, "out");
+  if (mask != nullptr && mask->steps().size() != static_cast<size_t>(ring_.size()))
+    fail_argument("mask", detail::concat("a plan of ", ring_.size(), " ring steps (from this attention's plan_mask)"),
+                  mask->steps().size());
+  if (ulysses_.size() == 1) return ring_attention(ctx, q, k, v, out, mask);
+  ulysses_to_heads(ctx, q, q_heads_);
+  ulysses_to_heads(ctx, k, k_heads_);
+  ulysses_to_heads(ctx, v, v_heads_);
+  ring_attention(ctx, q_heads_, k_heads_, v_heads_, out_heads_, mask);
+  ulysses_to_sequence(ctx, out_heads_, out);
+}
+
+// The all-to-all send and receive buffers as (U, B, L, H/U, D) for a shard (B, L, H, D) and its
+// gathered form (B, U*L, H/U, D).
+std::pair<TensorView, TensorView> ParallelAttention::ulysses_staging(const TensorView& shard,
+                                                                     const TensorView& gathered) const {
+  const Shape staged{ulysses_.size(), shard.size(0), shard.size(1), gathered.size(2), shard.size(3)};
+  return {contiguous_prefix(send_, staged), contiguous_prefix(recv_, staged)};
+}
+
+// (B, L, H, D) shard -> (B, U*L, H/U, D): chunk u of the send buffer is head group u, chunk u of the
+// receive buffer is the sequence shard of Ulysses rank u.
+void ParallelAttention::ulysses_to_heads(const ExecContext& ctx, const TensorView& shard, const TensorView& gathered) {
+  const auto [send, recv] = ulysses_staging(shard, gathered);
+  const int64_t L = send.size(2), H = send.size(3);
+  exchange_pieces(ctx, ulysses_, send, recv, [&](int64_t u) { return narrow(shard, 2, u * H, H); },
+                  [&](int64_t u) { return narrow(gathered, 1, u * L, L); });
+}
+
+// The inverse: (B, U*L, H/U, D) -> (B, L, H, D).
+void ParallelAttention::ulysses_to_sequence(const ExecContext& ctx, const TensorView& gathered, const TensorView& shard) {
+  const auto [send, recv] = ulysses_staging(shard, gathered);
+  const int64_t L = send.size(2), H = send.size(3);
+  exchange_pieces(ctx, ulysses_, send, recv, [&](int64_t u) { return narrow(gathered, 1, u * L, L); },
+                  [&](int64_t u) { return narrow(shard, 2, u * H, H); });
+}
+
+// q, out (B, chunk, H, D) of this ring position; k, v (B, chunk, H_kv, D). With one ring rank this
+// is plain attention over the real tokens.
+void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const TensorView& out, const ParallelMaskPlan* mask) {
+  const int ring = ring_.size();
+  const int64_t B = q.size(0), H = q.size(2);
+  const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
+  const TensorView q_real = narrow(q, 1, 0, queries), out_real = narrow(out, 1, 0, queries);
+  zero_rows(ctx, narrow(out, 1, queries, chunk_ - queries));
+  // Which steps attend is known before any of them runs: the empty ones (no query, no key, or a
+  // mask slice without blocks) are skipped, and the last one that attends writes `out`.
+  std::vector<bool> attends(static_cast<size_t>(ring));
+  int attending = 0;
+  for (int step = 0; step < ring; ++step) {
+    const int64_t keys = chunk_valid(shape_.seq, chunk_, (ring_rank_ - step + ring) % ring);
+    const bool has_blocks = mask == nullptr || mask->steps()[static_cast<size_t>(step)].mask.nnz() > 0;
+    attends[static_cast<size_t>(step)] = queries > 0 && keys > 0 && has_blocks;
+    attending += attends[static_cast<size_t>(step)];
+  }
+  if (attending == 0) zero_rows(ctx, out_real);  // no key anywhere: rows with no key are 0
+  if (ring > 1) {
+    copy_rows(ctx, k, select_first(kv_ring_[0], 0));
+    copy_rows(ctx, v, select_first(kv_ring_[0], 1));
+  }
+  // The running result between merges: `out` itself in fp32; an fp32 buffer otherwise, so that
+  // fp16/bf16 round once at the end rather than once per ring step. The first step writes
+  // first_out (in the attention's dtype), merged into the running result by the second.
+  const bool exact = shape_.dtype == DType::kF32 || attending == 1;
+  const TensorView running = ring > 1 && !exact ? narrow(running_out_, 1, 0, queries) : out_real;
+  const TensorView first_out = ring > 1 && !exact ? narrow(first_out_, 1, 0, queries) : out_real;
+  const TensorView lse = ring > 1 ? contiguous_prefix(lse_, {B, H, queries}) : TensorView{};
+  const TensorView partial_lse = ring > 1 ? contiguous_prefix(partial_lse_, {B, H, queries}) : TensorView{};
+  const TensorView partial_out = ring > 1 ? narrow(partial_out_, 1, 0, queries) : TensorView{};
+  int attended = 0;
+  for (int step = 0; step < ring; ++step) {
+    const int source = (ring_rank_ - step + ring) % ring;
+    const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
+    // Start passing the K/V shard on before attending to it: the transfer overlaps the attention.
+    std::unique_ptr<PendingExchange> pending;
+    if (step + 1 < ring) pending = ring_.ring_exchange_async(ctx, kv_ring_[step % 2], kv_ring_[(step + 1) % 2]);
+    if (attends[static_cast<size_t>(step)]) {
+      const TensorView k_step = ring > 1 ? select_first(kv_ring_[step % 2], 0) : k;
+      const TensorView v_step = ring > 1 ? select_first(kv_ring_[step % 2], 1) : v;
+      const TensorView k_real = narrow(k_step, 1, 0, keys), v_real = narrow(v_step, 1, 0, keys);
+      const TensorView target_out = attended == 0 ? first_out : partial_out;
+      const TensorView target_lse = attended == 0 ? lse : partial_lse;
+      if (mask != nullptr)
+        block_sparse_attention_forward(ctx, q_real, k_real, v_real, mask->steps()[static_cast<size_t>(step)].view,
+                                       target_out, target_lse, options_);
+      else
+        attention_forward(ctx, q_real, k_real, v_real, target_out, target_lse, options_);
+      if (attended > 0) {
+        const TensorView merged_so_far = attended == 1 ? first_out : running;
+        const TensorView merged = attended + 1 == attending ? out_real : running;
+        merge_attention_states(ctx, merged_so_far, lse, partial_out, partial_lse, merged, lse);
+      }
+      ++attended;
+    }
+    if (pending) pending->wait(ctx);
+  }
+}
+
+}  // namespace tessel

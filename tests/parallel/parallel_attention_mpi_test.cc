@@ -1,0 +1,264 @@
+// Multi-process tests, launched by ctest through mpirun with 2 and 4 ranks: the MPI communicator's
+// operations, and every sequence-parallel strategy the world size allows (Ulysses, Ring, USP, each
+// also under CFG-parallel), dense and block-sparse, on an odd sequence length with GQA, against
+// single-process attention on the same inputs. Every rank computes the single-process result
+// itself, so nothing but the parallel path crosses ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "parallel_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/parallel/cfg_parallel.h"
+#include "tessel/parallel/communicator.h"
+#include "tessel/parallel/parallel_attention.h"
+#include "tessel/parallel/parallel_config.h"
+#include "tessel/parallel/sequence_sharding.h"
+
+namespace tessel {
+namespace {
+
+std::unique_ptr<Communicator> g_world;
+Communicator& world() { return *g_world; }
+
+using testing::error_of;
+
+Tensor floats(std::initializer_list<int64_t> shape, float value = 0.0f) {
+  Tensor t = Tensor::empty(Shape(shape), DType::kF32);
+  fill(t, value);
+  return t;
+}
+
+TEST(MpiCommunicator, AllToAllAllGatherAllReduceRingAndSplit) {
+  const ExecContext ctx;
+  const int n = world().size(), me = world().rank();
+  EXPECT_EQ(world().engine(), "mpi");
+  Tensor send = floats({n, 2}), recv = floats({n, 2});
+  for (int i = 0; i < n * 2; ++i) send.data_as<float>()[i] = static_cast<float>(me * 100 + i);
+  world().all_to_all(ctx, send, recv);
+  for (int peer = 0; peer < n; ++peer)  // chunk `peer` of recv is chunk `me` of the peer's send
+    for (int j = 0; j < 2; ++j) EXPECT_EQ(recv.data_as<float>()[peer * 2 + j], peer * 100 + me * 2 + j);
+
+  Tensor mine = floats({3}, static_cast<float>(me)), all = floats({n, 3});
+  world().all_gather(ctx, mine, all);
+  for (int peer = 0; peer < n; ++peer) EXPECT_EQ(all.data_as<float>()[peer * 3 + 2], peer);
+
+  Tensor sum = floats({4}, static_cast<float>(me + 1));
+  world().all_reduce_sum(ctx, sum);
+  EXPECT_EQ(sum.data_as<float>()[3], n * (n + 1) / 2);
+
+  Tensor token = floats({5}, static_cast<float>(me)), received = floats({5}, -1.0f);
+  world().ring_exchange(ctx, token, received);
+  EXPECT_EQ(received.data_as<float>()[4], (me + n - 1) % n);
+  world().barrier(ctx);
+
+  const auto parity = world().split(me % 2, me);
+  EXPECT_EQ(parity->size(), (n - me % 2 + 1) / 2);
+  EXPECT_EQ(parity->rank(), me / 2);
+
+  Tensor odd = Tensor::empty({3}, DType::kU8);  // 3 bytes: no equal chunks for 2 or 4 ranks
+  EXPECT_NE(error_of([&] { world().all_to_all(ctx, odd, odd); }).find("divisible by the group size"), std::string::npos);
+}
+
+struct Case {
+  ParallelConfig config;
+  int64_t batch = 2, seq = 37, heads = 8, kv_heads = 4, head_dim = 16;
+  int64_t block_q = 0, block_kv = 0;  // 0: dense
+  int64_t mask_batch = 1, mask_heads = 1;
+  DType dtype = DType::kF32;
+  // Largest difference allowed from the single-process result: fp32 rounding; for fp16/bf16 the
+  // ring's partial outputs are rounded to the dtype before they are merged (in fp32).
+  double tolerance() const { return dtype == DType::kF32 ? 2e-6 : 2e-2; }
+};
+
+std::string describe(const Case& c) {
+  return detail::concat("ulysses ", c.config.sp_ulysses_degree, " ring ", c.config.sp_ring_degree, " cfg ",
+                        c.config.cfg_parallel_size, " ", dtype_name(c.dtype), " S=", c.seq, c.block_q ? " sparse" : " dense", " mask heads ",
+                        c.mask_heads, " mask batch ", c.mask_batch);
+}
+
+struct Inputs {
+  Tensor q, k, v;
+  BlockMask mask;
+};
+
+// The same tensors on every rank (seeded); `branch` selects the CFG branch's inputs.
+Inputs make_inputs(const Case& c, int branch) {
+  Inputs in{Tensor::empty({c.batch, c.seq, c.heads, c.head_dim}, DType::kF32),
+            Tensor::empty({c.batch, c.seq, c.kv_heads, c.head_dim}, DType::kF32),
+            Tensor::empty({c.batch, c.seq, c.kv_heads, c.head_dim}, DType::kF32), {}};
+  const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(branch);
+  fill_normal(in.q, seed + 1);
+  fill_normal(in.k, seed + 2);
+  fill_uniform(in.v, seed + 3);
+  if (c.block_q > 0) {
+    const BlockMaskShape shape{c.mask_batch, c.mask_heads, c.seq, c.seq, c.block_q, c.block_kv};
+    std::vector<uint8_t> dense = BlockMask::random(shape, 0.25, seed + 4).to_dense();
+    // One query block of mask head 0 sees nothing: its rows must come out 0 on every strategy.
+    const int64_t kv_blocks = shape.kv_blocks();
+    std::fill(dense.begin() + kv_blocks, dense.begin() + 2 * kv_blocks, 0);
+    in.mask = BlockMask::from_dense(shape, dense);
+  }
+  if (c.dtype != DType::kF32) {
+    in.q = in.q.to(c.dtype);
+    in.k = in.k.to(c.dtype);
+    in.v = in.v.to(c.dtype);
+  }
+  return in;
+}
+
+Tensor single_process_attention(const Case& c, const Inputs& in) {
+  Tensor out = Tensor::empty(in.q.shape(), c.dtype);
+  if (c.block_q > 0)
+    block_sparse_attention_forward(ExecContext{}, in.q, in.k, in.v, in.mask.view(), out, TensorView{});
+  else
+    attention_forward(ExecContext{}, in.q, in.k, in.v, out, TensorView{});
+  return out;
+}
+
+double max_abs_difference(const TensorView& a, const TensorView& b) {
+  double worst = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    worst = std::max(worst, std::abs(element_as_double(a, i) - element_as_double(b, i)));
+  return worst;
+}
+
+void expect_matches_single_process(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  const ExecContext ctx;
+  const ParallelGroups groups = initialize_parallel_groups(world(), c.config);
+  const int branch = cfg_branch(*groups.cfg);
+  const Inputs in = make_inputs(c, branch);
+  const Tensor expected = single_process_attention(c, in);
+
+  ParallelAttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.dtype, Device::cpu(), c.block_q, c.block_kv};
+  ParallelAttention attention(groups, shape);
+  const SequenceSharding& sharding = attention.sharding();
+  const int64_t part = groups.coordinates.sequence, L = sharding.shard_length;
+  Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype);
+  Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype);
+  Tensor v = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype);
+  Tensor out = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype);
+  fill(out, std::nan(""));
+  take_shard(ctx, sharding, part, in.q, q);
+  take_shard(ctx, sharding, part, in.k, k);
+  take_shard(ctx, sharding, part, in.v, v);
+  std::shared_ptr<const ParallelMaskPlan> plan;
+  if (c.block_q > 0) plan = attention.plan_mask(in.mask);
+  attention.forward(ctx, q, k, v, out, plan.get());
+
+  // This rank's shard, padding included (zeros), then the whole output gathered over the group.
+  Tensor expected_shard = Tensor::empty(out.shape(), c.dtype);
+  take_shard(ctx, sharding, part, expected, expected_shard);
+  EXPECT_LE(max_abs_difference(out, expected_shard), c.tolerance()) << "shard " << part;
+  Tensor gathered = Tensor::empty(expected.shape(), c.dtype);
+  Tensor staging = Tensor::empty({static_cast<int64_t>(gather_staging_bytes(sharding, out))}, DType::kU8);
+  gather_shards(ctx, *groups.sequence, sharding, out, staging, gathered);
+  EXPECT_LE(max_abs_difference(gathered, expected), c.tolerance());
+
+  if (c.config.cfg_parallel_size == 2) {  // both branches' outputs reach every rank, in branch order
+    Tensor branches = Tensor::empty({2, c.batch, c.seq, c.heads, c.head_dim}, c.dtype);
+    gather_cfg_branches(ctx, *groups.cfg, gathered, branches);
+    for (int other = 0; other < 2; ++other) {
+      const Tensor reference = single_process_attention(c, make_inputs(c, other));
+      char* slot_data = static_cast<char*>(branches.data()) + other * static_cast<int64_t>(reference.nbytes());
+      const TensorView slot(slot_data, c.dtype, Device::cpu(), reference.shape());
+      EXPECT_LE(max_abs_difference(slot, reference), c.tolerance()) << "cfg branch " << other;
+    }
+  }
+}
+
+// The (ulysses, ring, cfg) layouts that fill the world.
+std::vector<ParallelConfig> layouts() {
+  std::vector<ParallelConfig> all;
+  const int n = world().size();
+  for (int cfg : {1, 2})
+    for (int ulysses = 1; ulysses <= n; ++ulysses)
+      for (int ring = 1; ring <= n; ++ring)
+        if (ulysses * ring * cfg == n) {
+          ParallelConfig c;
+          c.sp_ulysses_degree = ulysses;
+          c.sp_ring_degree = ring;
+          c.cfg_parallel_size = cfg;
+          all.push_back(c);
+        }
+  return all;
+}
+
+TEST(ParallelAttention, DenseEqualsSingleProcessOnEveryLayout) {
+  for (const ParallelConfig& config : layouts()) {
+    Case c;
+    c.config = config;
+    expect_matches_single_process(c);
+  }
+}
+
+TEST(ParallelAttention, BlockSparseEqualsSingleProcessOnEveryLayout) {
+  for (const ParallelConfig& config : layouts()) {
+    for (const auto& [mask_batch, mask_heads] : {std::pair<int64_t, int64_t>{2, 8}, {1, 4}, {1, 1}}) {
+      Case c;
+      c.config = config;
+      c.seq = 45;
+      c.block_q = 8;
+      c.block_kv = 4;
+      c.mask_batch = mask_batch;
+      c.mask_heads = mask_heads;
+      expect_matches_single_process(c);
+    }
+  }
+}
+
+TEST(ParallelAttention, Bf16DenseAndBlockSparseMatchSingleProcess) {
+  for (const ParallelConfig& config : layouts()) {
+    for (const int64_t block : {0, 8}) {
+      Case c;
+      c.config = config;
+      c.dtype = DType::kBF16;
+      c.seq = 45;
+      c.block_q = block;
+      c.block_kv = block / 2;
+      expect_matches_single_process(c);
+    }
+  }
+}
+
+TEST(ParallelAttention, SequenceShorterThanTheGroupLeavesEmptyShards) {
+  for (const ParallelConfig& config : layouts()) {
+    Case c;
+    c.config = config;
+    c.seq = 3;
+    expect_matches_single_process(c);
+  }
+}
+
+TEST(ParallelAttention, BadDegreesAndHeadsGiveClearErrors) {
+  ParallelConfig too_many;
+  too_many.sp_ulysses_degree = world().size() + 1;
+  EXPECT_NE(error_of([&] { initialize_parallel_groups(world(), too_many); }).find("sp_ulysses_degree"), std::string::npos);
+
+  ParallelConfig ulysses;
+  ulysses.sp_ulysses_degree = world().size();
+  const ParallelGroups groups = initialize_parallel_groups(world(), ulysses);
+  ParallelAttentionShape odd_heads{1, 16, world().size() + 1, 1, 8};
+  EXPECT_NE(error_of([&] { ParallelAttention(groups, odd_heads); })
+                .find(detail::concat("shape.heads: expected a multiple of the Ulysses degree ", world().size())),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessel
+
+int main(int argc, char** argv) {
+  tessel::MpiSession mpi;
+  ::testing::InitGoogleTest(&argc, argv);
+  tessel::g_world = tessel::make_mpi_world_communicator();
+  const int status = RUN_ALL_TESTS();
+  tessel::g_world.reset();
+  return status;
+}

@@ -1,0 +1,179 @@
+// `tessel calibrate`: from captured q/k/v of each layer (one safetensors file per chosen step),
+// the sparsest per-head setting of a dynamic method whose attention-output error stays under a
+// target on every captured step; writes one sparse-attention config per layer (JSON) and reports
+// the density, the error and the predicted attention speedup per layer, and the error on
+// held-out steps when given.
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "command.h"
+#include "option_checks.h"
+#include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
+#include "quality/calibration.h"
+#include "quality/qkv_file.h"
+
+namespace tessel::cli {
+namespace {
+
+struct CalibrateArgs {
+  std::vector<std::string> layers;   // per layer: comma-separated capture files (its steps)
+  std::vector<std::string> heldout;  // per layer, optional: comma-separated held-out capture files
+  std::string method = "topk";
+  std::string metric = "rel_l2";
+  std::string out;
+  CalibrationOptions options;
+  int threads = 0;
+  bool json = false;
+  bool compare_global = false;
+};
+
+std::vector<std::string> split_files(const std::string& text) {
+  std::vector<std::string> files;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) files.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return files;
+}
+
+std::vector<CalibrationSample> load_samples(const std::string& files, const std::string& option) {
+  std::vector<CalibrationSample> samples;
+  for (const std::string& path : split_files(files)) {
+    QkvTensors t = load_qkv_safetensors(path);
+    samples.push_back({t.q.to(DType::kF32), t.k.to(DType::kF32), t.v.to(DType::kF32), Tensor{}});
+  }
+  if (samples.empty()) fail_argument(option, "one or more capture files, comma-separated", files);
+  return samples;
+}
+
+struct LayerReport {
+  LayerCalibration calibration;
+  double heldout_error = -1.0;  // worst held-out error, -1 when none
+  double heldout_density = -1.0;
+};
+
+int run_calibrate(CalibrateArgs a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  a.options.method = parse_calibration_method(a.method);
+  a.options.metric = parse_calibration_metric(a.metric);
+  if (a.options.method == CalibrationMethod::kThreshold) {
+    require_multiple("--block-q", a.options.block_q, "--stride", a.options.stride);
+    require_multiple("--block-kv", a.options.block_kv, "--stride", a.options.stride);
+  }
+  if (!a.heldout.empty() && a.heldout.size() != a.layers.size())
+    fail_argument("--heldout", detail::concat(a.layers.size(), " values (one per --layer)"), a.heldout.size());
+  const ExecContext ctx;
+  std::vector<std::vector<CalibrationSample>> all_samples;
+  for (const std::string& files : a.layers) all_samples.push_back(load_samples(files, "--layer"));
+  std::vector<LayerReport> reports;
+  for (size_t layer = 0; layer < a.layers.size(); ++layer) {
+    std::vector<CalibrationSample>& samples = all_samples[layer];
+    LayerReport report{calibrate_layer(ctx, samples, a.options)};
+    if (!a.heldout.empty()) {
+      std::vector<CalibrationSample> held = load_samples(a.heldout[layer], "--heldout");
+      report.heldout_error = report.heldout_density = 0.0;
+      for (CalibrationSample& s : held) {
+        const SampleError e = evaluate_setting(ctx, s, report.calibration.per_head, a.options);
+        report.heldout_error = std::max(report.heldout_error, e.error);
+        report.heldout_density += e.density / static_cast<double>(held.size());
+      }
+    }
+    reports.push_back(std::move(report));
+  }
+
+  nlohmann::json out;
+  out["method"] = a.method;
+  out["metric"] = a.metric;
+  out["target"] = a.options.target;
+  out["layers"] = nlohmann::json::array();
+  double mean_density = 0.0;
+  for (size_t layer = 0; layer < reports.size(); ++layer) {
+    const LayerReport& r = reports[layer];
+    mean_density += r.calibration.density / static_cast<double>(reports.size());
+    nlohmann::json entry{{"layer", layer},
+                         {"sparse_attn", nlohmann::json::parse(calibrated_config(r.calibration, a.options).to_json())},
+                         {"per_head", r.calibration.per_head},
+                         {"head_error", r.calibration.head_error},
+                         {"density", r.calibration.density},
+                         {"error", r.calibration.error},
+                         {"predicted_speedup", 1.0 / r.calibration.density}};
+    if (r.heldout_error >= 0.0) {
+      entry["heldout_error"] = r.heldout_error;
+      entry["heldout_density"] = r.heldout_density;
+    }
+    out["layers"].push_back(entry);
+  }
+  out["mean_density"] = mean_density;
+  std::optional<GlobalCalibration> global;
+  if (a.compare_global) {
+    global = calibrate_global(ctx, all_samples, a.options);
+    out["global"] = {{"value", global->value}, {"mean_density", global->density},
+                     {"density_reduction", 1.0 - mean_density / global->density}};
+  }
+  // Block-sparse attention time follows the kept blocks: the ideal speedup over dense is 1/density.
+  out["predicted_speedup"] = 1.0 / mean_density;
+  if (!a.out.empty()) {
+    std::ofstream file(a.out);
+    file << out.dump(2) << "\n";
+    if (!file) throw Error("--out " + a.out + ": cannot write the calibrated config");
+  }
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << a.method << " calibrated for " << a.metric << " <= " << a.options.target << "\n";
+  std::cout << std::left << std::setw(7) << "layer" << std::right << std::setw(10) << "density" << std::setw(10) << "error"
+            << std::setw(10) << "speedup" << std::setw(14) << "heldout_err" << "\n";
+  for (size_t layer = 0; layer < reports.size(); ++layer) {
+    const LayerReport& r = reports[layer];
+    std::cout << std::left << std::setw(7) << layer << std::right << std::fixed << std::setprecision(3) << std::setw(10)
+              << r.calibration.density << std::setprecision(4) << std::setw(10) << r.calibration.error << std::setprecision(2)
+              << std::setw(10) << 1.0 / r.calibration.density << std::setprecision(4) << std::setw(14);
+    if (r.heldout_error >= 0.0) std::cout << r.heldout_error;
+    else std::cout << "-";
+    std::cout << "\n";
+  }
+  std::cout << "mean density " << std::setprecision(3) << mean_density << ", predicted attention speedup "
+            << std::setprecision(2) << 1.0 / mean_density << "x\n";
+  if (global)
+    std::cout << "one global value " << std::setprecision(4) << global->value << ": mean density " << std::setprecision(3)
+              << global->density << " (per-head calibration keeps " << std::setprecision(1)
+              << 100.0 * (1.0 - mean_density / global->density) << "% fewer blocks)\n";
+  return 0;
+}
+
+CommandRegistration registration{
+    "calibrate", "Pick per-layer, per-head sparse settings for an output-error target from captured q/k/v",
+    [](CLI::App& app) {
+      auto a = std::make_shared<CalibrateArgs>();
+      app.add_option("--layer", a->layers, "One layer's capture files (safetensors q, k, v), comma-separated; repeat per layer")
+          ->required();
+      app.add_option("--heldout", a->heldout, "Held-out capture files per layer (comma-separated; one --heldout per --layer)");
+      app.add_option("--method", a->method, "topk (SpargeAttn ratio), cdf (SpargeAttn cdf) or threshold (XAttention tau)")
+          ->check(one_of({"topk", "cdf", "threshold"}));
+      app.add_option("--metric", a->metric, "rel_l2 or cosine (error = 1 - cosine)")->check(one_of({"rel_l2", "cosine"}));
+      app.add_option("--target", a->options.target, "Largest allowed error of every head on every captured step")
+          ->capture_default_str()
+          ->check(number_in(0.0, 10.0, Bounds::kOpenLow));
+      app.add_option("--iterations", a->options.iterations, "Bisection halvings per head")->capture_default_str()->check(integer_in(1, 30));
+      app.add_option("--block-q", a->options.block_q, "Query block size")->check(integer_in(1, kMaxBlockTokens));
+      app.add_option("--block-kv", a->options.block_kv, "Key block size")->check(integer_in(1, kMaxBlockTokens));
+      app.add_option("--stride", a->options.stride, "threshold: antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}));
+      app.add_option("--similarity-threshold", a->options.similarity_threshold, "topk / cdf: self-similarity threshold in [-1, 1]")
+          ->check(number_in(-1.0, 1.0));
+      app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file");
+      app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_flag("--compare-global", a->compare_global,
+                   "Also find the one value that meets the target on every head of every layer, and its density");
+      app.add_flag("--json", a->json, "Print the JSON instead of the table");
+      return CommandRunner([a] { return run_calibrate(*a); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli

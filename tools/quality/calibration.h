@@ -1,0 +1,78 @@
+// Calibration of a dynamic sparse method for an output-quality target: for one layer, from its
+// captured q/k/v (one sample per chosen denoising step), the sparsest setting per head whose
+// attention-output error stays under the target on every sample.
+//
+// Each head's output depends only on that head's mask, and each method's mask grows with its
+// parameter (top-k ratio, cdf, τ), so all heads are bisected at once: an iteration estimates one
+// mask with per-head values, runs block-sparse attention, and moves each head's interval by its
+// own error (the worst over the samples). After `iterations` halvings the upper ends, which always
+// meet the target (the interval starts at 1, where the method keeps every block with any score),
+// are the result.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+#include "tessel/sparse/config.h"
+
+namespace tessel {
+
+enum class CalibrationMethod : uint8_t { kTopk, kCdf, kThreshold };
+enum class CalibrationMetric : uint8_t { kRelL2, kCosine };  // cosine: error = 1 - cosine
+
+CalibrationMethod parse_calibration_method(const std::string& name);  // topk, cdf, threshold
+CalibrationMetric parse_calibration_metric(const std::string& name);  // rel_l2, cosine
+
+struct CalibrationOptions {
+  CalibrationMethod method = CalibrationMethod::kTopk;
+  CalibrationMetric metric = CalibrationMetric::kRelL2;
+  double target = 0.05;  // > 0
+  int iterations = 7;    // halvings of each head's interval, >= 1
+  int64_t block_q = 128, block_kv = 64;
+  int64_t stride = 8;                  // threshold
+  double similarity_threshold = 0.1;   // topk, cdf
+};
+
+// One captured step of a layer: q (B, S, H_q, D), k and v (B, S_kv, H_kv, D), CPU fp32.
+struct CalibrationSample {
+  Tensor q, k, v;
+  Tensor dense_out;  // dense attention output of q, k, v (calibrate_layer computes it when undefined)
+};
+
+struct LayerCalibration {
+  std::vector<double> per_head;    // the parameter of each query head
+  std::vector<double> head_error;  // worst error over the samples with that parameter
+  double density = 1.0;            // mean density over the samples
+  double error = 0.0;              // worst error of the whole output over the samples
+};
+
+// Throws Error when the samples are empty or of different shapes, or options are out of range.
+LayerCalibration calibrate_layer(const ExecContext& ctx, std::span<CalibrationSample> samples, const CalibrationOptions& options);
+
+// The one value for every head of every layer (the baseline per-head calibration is measured
+// against): the smallest value, by the same bisection, that meets the target on every head of
+// every sample of every layer; `density` is the mean over the layers of their mean density.
+struct GlobalCalibration {
+  double value = 1.0;
+  double density = 1.0;
+};
+GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector<CalibrationSample>> layers,
+                                   const CalibrationOptions& options);
+
+// Error of the whole output and of each head, by the metric, for one mask parameter per head.
+struct SampleError {
+  double density = 1.0, error = 0.0;
+  std::vector<double> head_error;
+};
+SampleError evaluate_setting(const ExecContext& ctx, CalibrationSample& sample, const std::vector<double>& per_head,
+                             const CalibrationOptions& options);
+
+// The sparse-attention config that runs the calibrated setting of a layer (dynamic_topk or threshold,
+// per-head values in the options).
+SparseAttnConfig calibrated_config(const LayerCalibration& layer, const CalibrationOptions& options);
+
+}  // namespace tessel
