@@ -33,7 +33,7 @@ struct Matrix {
   int64_t rows, row_stride;
 };
 Matrix matrix_of(const TensorView& t) {
-  if (t.dim() < 2) return {1, 0};
+  if (t.dim() < 2) return {1, t.size(-1)};  // one row; its pitch is its own length
   return {t.size(-2), t.stride(-2)};
 }
 

@@ -11,7 +11,10 @@
 #include "block_mask_slicing.h"
 #include "parallel_test_util.h"
 #include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/kernels/attention.h"
 #include "tessel/parallel/communicator.h"
+#include "tessel/parallel/parallel_attention.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/parallel/sequence_sharding.h"
 
@@ -121,6 +124,25 @@ TEST(BlockMaskSlicing, KeepsTheRowsAndShiftsTheKvBlocks) {
   EXPECT_NE(error_of([&] { parallel_detail::slice_block_mask(mask, {0, 1}, {6, 4}, {0, 20}); })
                 .find("queries: expected a range on block boundaries"),
             std::string::npos);
+}
+
+TEST(SingleRankCommunicator, OneRankGroupsRunTheLocalPathOfParallelAttention) {
+  const ExecContext ctx;
+  const auto world = make_single_rank_communicator(Device::cpu());
+  const ParallelGroups groups = initialize_parallel_groups(*world, ParallelConfig{});
+  const int64_t seq = 21, heads = 4, kv_heads = 2, dim = 8;
+  Tensor q = Tensor::empty({1, seq, heads, dim}, DType::kF32), k = Tensor::empty({1, seq, kv_heads, dim}, DType::kF32),
+         v = Tensor::empty({1, seq, kv_heads, dim}, DType::kF32);
+  fill_normal(q, 1);
+  fill_normal(k, 2);
+  fill_uniform(v, 3);
+  const BlockMask mask = BlockMask::random({1, heads, seq, seq, 8, 4}, 0.3, 4);
+  Tensor expected = Tensor::empty(q.shape(), DType::kF32), out = Tensor::empty(q.shape(), DType::kF32);
+  block_sparse_attention_forward(ctx, q, k, v, mask.view(), expected, TensorView{});
+  ParallelAttention attention(groups, {1, seq, heads, kv_heads, dim, DType::kF32, Device::cpu(), 8, 4});
+  EXPECT_EQ(attention.strategy(), ParallelStrategy::kLocal);
+  attention.forward(ctx, q, k, v, out, attention.plan_mask(mask).get());
+  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data_as<float>()[i], expected.data_as<float>()[i]) << i;
 }
 
 TEST(MpiCommunicator, SaysWhenTesselWasBuiltWithoutMpi) {

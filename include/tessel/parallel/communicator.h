@@ -59,6 +59,11 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
 };
 
+// A group of one process on `device` (cpu or cuda:N): every operation is a local copy (on CUDA,
+// enqueued on ctx.stream). For single-process runs through the parallel code, and to bootstrap a
+// one-rank NCCL communicator without MPI.
+std::unique_ptr<Communicator> make_single_rank_communicator(Device device);
+
 // ---- MPI -------------------------------------------------------------------------------------
 
 // True when tessel was built with MPI.
