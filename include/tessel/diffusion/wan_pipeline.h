@@ -1,0 +1,82 @@
+// The Wan text-to-video denoising loop, as diffusers' WanPipeline runs it after the text encoder
+// and before the VAE: from seeded noise, every scheduler step calls the transformer once on
+// the conditional and unconditional branches together (batch 2) and combines them with the
+// guidance scale, then the scheduler steps the latents.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/dit/wan_model.h"
+
+namespace tessel {
+
+// Wan's VAE maps 4k + 1 frames to k + 1 latent frames and 8 x 8 pixels to one latent pixel; the
+// transformer's 2 x 2 patches make 16 pixels the unit of height and width.
+struct WanVideoSize {
+  int64_t frames = 81;
+  int64_t height = 480;
+  int64_t width = 832;
+  // Throws Error naming the field: frames not 4k + 1, height or width not a positive multiple of 16.
+  void validate() const;
+  // (1, channels, latent frames, latent height, latent width).
+  Shape latent_shape(int64_t channels) const;
+};
+
+struct WanStepProgress {
+  int64_t step = 0;         // steps finished, 1..total_steps
+  int64_t total_steps = 0;
+  double timestep = 0.0;    // the timestep of the step just finished
+  double step_seconds = 0.0;
+  double elapsed_seconds = 0.0;
+  double eta_seconds = 0.0;  // the mean step time so far times the steps left
+  TensorView latents;        // the latents after this step; valid during the callback only
+};
+
+struct WanGenerationOptions {
+  int64_t num_inference_steps = 50;
+  // Above 1: classifier-free guidance, noise = uncond + scale * (cond - uncond); otherwise only
+  // the conditional branch runs (batch 1) and the negative embeddings are not used.
+  double guidance_scale = 5.0;
+  uint64_t seed = 0;  // the starting noise when no initial latents are given
+  WanVideoSize size;
+  std::function<void(const WanStepProgress&)> on_step;  // after every step, when set
+  // Checked before every step; when it reads true the loop stops and returns what it has.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct WanGenerationResult {
+  Tensor latents;  // (1, channels, latent frames, latent height, latent width), fp32 CPU
+  int64_t steps_done = 0;
+  bool cancelled = false;
+};
+
+// The standard-normal starting latents for `seed`: the same seed gives the same numbers on every
+// platform (not torch's generator: the same seed does not give diffusers' noise).
+Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed);
+
+class WanPipeline {
+ public:
+  // Both are borrowed for the pipeline's lifetime; the scheduler is restarted by each generate.
+  // Throws Error when the transformer's in_channels and out_channels differ (no text-to-video model).
+  WanPipeline(const WanTransformer& transformer, Scheduler& scheduler);
+
+  // prompt_embeds and negative_prompt_embeds: (1, L, text_dim) fp32 CPU contiguous, the same L
+  // (they run as one batch); the negative may be empty without guidance. initial_latents: the
+  // starting noise of the latent shape (fp32 CPU contiguous), or empty for wan_initial_noise(seed).
+  // Each transformer call gets StepInfo::at(step, steps), so sparse schedules and dense warm-up
+  // steps apply. Throws Error naming a bad argument before the first step.
+  WanGenerationResult generate(const ExecContext& ctx, const TensorView& prompt_embeds,
+                               const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,
+                               const TensorView& initial_latents = {}) const;
+
+ private:
+  const WanTransformer& transformer_;
+  Scheduler& scheduler_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,154 @@
+#include "tessel/diffusion/wan_pipeline.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/sparse/backend.h"
+
+namespace tessel {
+namespace {
+
+constexpr int64_t kVaeTimeStride = 4;
+constexpr int64_t kVaeSpaceStride = 8;
+constexpr int64_t kPixelUnit = 16;
+constexpr int64_t kMaxPixels = 1 << 14;
+constexpr int64_t kMaxFrames = 4 * 1024 + 1;
+
+void require_cpu_f32(const TensorView& view, const char* name) {
+  if (view.dtype() != DType::kF32 || !view.device().is_cpu() || !view.is_contiguous())
+    fail_argument(name, "a contiguous fp32 CPU tensor", view.describe());
+}
+
+// Stacks the rows of `parts` (each (1, ...), the same shape) along the batch axis.
+Tensor stack_batch(const std::vector<const TensorView*>& parts) {
+  Shape shape = parts.front()->shape();
+  shape[0] = static_cast<int64_t>(parts.size());
+  Tensor out = Tensor::empty(shape, DType::kF32);
+  char* destination = static_cast<char*>(out.data());
+  for (const TensorView* part : parts) {
+    std::memcpy(destination, part->data(), part->nbytes());
+    destination += part->nbytes();
+  }
+  return out;
+}
+
+}  // namespace
+
+void WanVideoSize::validate() const {
+  if (frames < 1 || frames > kMaxFrames || (frames - 1) % kVaeTimeStride != 0)
+    fail_argument("frames", detail::concat("4k + 1 frames, at most ", kMaxFrames), frames);
+  const std::pair<const char*, int64_t> sides[] = {{"height", height}, {"width", width}};
+  for (const auto& [name, pixels] : sides)
+    if (pixels < kPixelUnit || pixels > kMaxPixels || pixels % kPixelUnit != 0)
+      fail_argument(name, detail::concat("a multiple of ", kPixelUnit, " in [", kPixelUnit, ", ", kMaxPixels, "]"),
+                    pixels);
+}
+
+Shape WanVideoSize::latent_shape(int64_t channels) const {
+  validate();
+  return {1, channels, (frames - 1) / kVaeTimeStride + 1, height / kVaeSpaceStride, width / kVaeSpaceStride};
+}
+
+Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed) {
+  Tensor noise = Tensor::empty(latent_shape, DType::kF32);
+  fill_normal(noise, seed);
+  return noise;
+}
+
+WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler)
+    : transformer_(transformer), scheduler_(scheduler) {
+  const WanConfig& config = transformer.config();
+  if (config.in_channels != config.out_channels)
+    fail_argument("transformer out_channels", detail::concat("in_channels (", config.in_channels,
+                                                             ") for text-to-video denoising"),
+                  config.out_channels);
+}
+
+WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorView& prompt_embeds,
+                                          const TensorView& negative_prompt_embeds,
+                                          const WanGenerationOptions& options,
+                                          const TensorView& initial_latents) const {
+  const WanConfig& config = transformer_.config();
+  const Shape latent_shape = options.size.latent_shape(config.in_channels);
+  const bool guided = options.guidance_scale > 1.0;
+  if (!std::isfinite(options.guidance_scale)) fail_argument("guidance_scale", "a finite number", options.guidance_scale);
+
+  require_cpu_f32(prompt_embeds, "prompt_embeds");
+  if (prompt_embeds.dim() != 3 || prompt_embeds.size(0) != 1 || prompt_embeds.size(2) != config.text_dim)
+    fail_argument("prompt_embeds", detail::concat("(1, L, ", config.text_dim, ")"), prompt_embeds.describe());
+  if (guided) {
+    require_cpu_f32(negative_prompt_embeds, "negative_prompt_embeds");
+    if (negative_prompt_embeds.shape() != prompt_embeds.shape())
+      fail_argument("negative_prompt_embeds", "the shape of prompt_embeds " + shape_str(prompt_embeds.shape()),
+                    negative_prompt_embeds.describe());
+  }
+  Tensor latents;
+  if (initial_latents.empty()) {
+    latents = wan_initial_noise(latent_shape, options.seed);
+  } else {
+    require_cpu_f32(initial_latents, "initial_latents");
+    if (initial_latents.shape() != latent_shape)
+      fail_argument("initial_latents", "the latent shape " + shape_str(latent_shape), initial_latents.describe());
+    latents = Tensor::empty(latent_shape, DType::kF32);
+    std::memcpy(latents.data(), initial_latents.data(), initial_latents.nbytes());
+  }
+
+  scheduler_.set_timesteps(options.num_inference_steps);
+  const int64_t steps = scheduler_.num_inference_steps();
+  const int64_t batch = guided ? 2 : 1;
+  const Tensor text = guided ? stack_batch({&prompt_embeds, &negative_prompt_embeds}) : stack_batch({&prompt_embeds});
+  Shape batch_shape = latent_shape;
+  batch_shape[0] = batch;
+  Tensor model_input = Tensor::empty(batch_shape, DType::kF32);
+  Tensor prediction = Tensor::empty(batch_shape, DType::kF32);
+  Tensor timestep = Tensor::empty({batch}, DType::kF32);
+  Tensor guided_prediction = Tensor::empty(latent_shape, DType::kF32);
+  const int64_t count = latents.numel();
+  const float scale = static_cast<float>(options.guidance_scale);
+
+  WanGenerationResult result;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t step = 0; step < steps; ++step) {
+    if (options.cancel && options.cancel->load()) {
+      result.cancelled = true;
+      break;
+    }
+    const auto step_start = std::chrono::steady_clock::now();
+    const double t = scheduler_.timesteps()[static_cast<size_t>(step)];
+    for (int64_t b = 0; b < batch; ++b) {
+      std::memcpy(model_input.data_as<float>() + b * count, latents.data(), latents.nbytes());
+      timestep.data_as<float>()[b] = static_cast<float>(t);
+    }
+    transformer_.forward(ctx, StepInfo::at(step, steps), model_input, timestep, text, prediction);
+    // Without guidance the prediction is the conditional branch's alone, of the latent shape.
+    TensorView flow(prediction.data(), DType::kF32, Device::cpu(), latent_shape);
+    if (guided) {
+      const float* cond = prediction.data_as<const float>();
+      const float* uncond = cond + count;
+      float* out = guided_prediction.data_as<float>();
+      for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);
+      flow = guided_prediction.view();
+    }
+    scheduler_.step(flow, latents, latents);
+    result.steps_done = step + 1;
+    if (options.on_step) {
+      const auto now = std::chrono::steady_clock::now();
+      WanStepProgress progress;
+      progress.step = step + 1;
+      progress.total_steps = steps;
+      progress.timestep = t;
+      progress.step_seconds = std::chrono::duration<double>(now - step_start).count();
+      progress.elapsed_seconds = std::chrono::duration<double>(now - start).count();
+      progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(step + 1) * static_cast<double>(steps - step - 1);
+      progress.latents = latents.view();
+      options.on_step(progress);
+    }
+  }
+  result.latents = std::move(latents);
+  return result;
+}
+
+}  // namespace tessel

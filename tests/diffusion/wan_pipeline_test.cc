@@ -1,0 +1,170 @@
+// WanPipeline's denoising loop against diffusers' WanPipeline (tests/fixtures/diffusion/
+// wan_pipeline.safetensors, written by scripts/make_pipeline_fixture.py on the tiny transformer of
+// tests/fixtures/wan/checkpoint): the latents after every step, from the same noise and text
+// embeddings, with guidance (one batch-2 call here, two calls in diffusers) and without.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/wan_pipeline.h"
+
+namespace tessel {
+namespace {
+
+const std::string kFixtureDir = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures";
+
+double rel_l2(const float* actual, const float* expected, int64_t count) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    diff += (static_cast<double>(actual[i]) - expected[i]) * (static_cast<double>(actual[i]) - expected[i]);
+    norm += static_cast<double>(expected[i]) * expected[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+SchedulerConfig wan_unipc() {
+  SchedulerConfig config;
+  config.shift = 3.0;
+  return config;
+}
+
+SchedulerConfig euler_shift3() {
+  SchedulerConfig config;
+  config.kind = SchedulerKind::flow_match_euler;
+  config.shift = 3.0;
+  return config;
+}
+
+// The fixture's 9 frames of 80 x 48 pixels: latent (1, 16, 3, 10, 6).
+WanVideoSize fixture_size() { return WanVideoSize{9, 80, 48}; }
+
+class WanPipelineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    transformer_ = new WanTransformer(WanTransformer::load(kFixtureDir + "/wan/checkpoint"));
+    fixture_ = new SafetensorsFile(SafetensorsFile::open(kFixtureDir + "/diffusion/wan_pipeline.safetensors"));
+  }
+  static void TearDownTestSuite() {
+    delete transformer_;
+    delete fixture_;
+  }
+  static WanTransformer* transformer_;
+  static SafetensorsFile* fixture_;
+
+  // Runs the case and checks the latents after each step; returns the worst rel-L2.
+  double run_case(const std::string& name, const SchedulerConfig& scheduler_config, int64_t steps, double guidance) {
+    auto scheduler = make_scheduler(scheduler_config);
+    WanPipeline pipeline(*transformer_, *scheduler);
+    const Tensor prompt = fixture_->load("prompt_embeds");
+    const Tensor negative = fixture_->load("negative_prompt_embeds");
+    const Tensor noise = fixture_->load("noise");
+    const Tensor expected = fixture_->load(name + ".latents");
+    const Tensor timesteps = fixture_->load(name + ".timesteps");
+    EXPECT_EQ(expected.size(0), steps);
+    WanGenerationOptions options;
+    options.num_inference_steps = steps;
+    options.guidance_scale = guidance;
+    options.size = fixture_size();
+    double worst = 0.0;
+    int64_t calls = 0;
+    options.on_step = [&](const WanStepProgress& progress) {
+      EXPECT_EQ(progress.step, calls + 1);
+      EXPECT_EQ(progress.total_steps, steps);
+      EXPECT_EQ(progress.timestep, static_cast<double>(timesteps.data_as<float>()[calls]));
+      EXPECT_GE(progress.eta_seconds, 0.0);
+      const int64_t count = progress.latents.numel();
+      const double error = rel_l2(progress.latents.data_as<const float>(),
+                                  expected.data_as<const float>() + calls * count, count);
+      EXPECT_LE(error, 1e-5) << name << " step " << calls;
+      worst = std::max(worst, error);
+      ++calls;
+    };
+    const WanGenerationResult result = pipeline.generate(ExecContext{}, prompt, negative, options, noise);
+    EXPECT_EQ(calls, steps);
+    EXPECT_EQ(result.steps_done, steps);
+    EXPECT_FALSE(result.cancelled);
+    std::printf("%s: worst rel-L2 %.3g over %lld steps\n", name.c_str(), worst, static_cast<long long>(steps));
+    return worst;
+  }
+};
+
+WanTransformer* WanPipelineTest::transformer_ = nullptr;
+SafetensorsFile* WanPipelineTest::fixture_ = nullptr;
+
+TEST_F(WanPipelineTest, UniPCWithGuidanceMatchesDiffusers) { run_case("unipc_cfg", wan_unipc(), 4, 5.0); }
+TEST_F(WanPipelineTest, EulerWithGuidanceMatchesDiffusers) { run_case("euler_cfg", euler_shift3(), 3, 3.5); }
+TEST_F(WanPipelineTest, UniPCWithoutGuidanceMatchesDiffusers) { run_case("unipc_nocfg", wan_unipc(), 3, 1.0); }
+
+TEST_F(WanPipelineTest, SameSeedSameLatentsAndCancellationBetweenSteps) {
+  auto scheduler = make_scheduler(wan_unipc());
+  WanPipeline pipeline(*transformer_, *scheduler);
+  const Tensor prompt = fixture_->load("prompt_embeds");
+  const Tensor negative = fixture_->load("negative_prompt_embeds");
+  WanGenerationOptions options;
+  options.num_inference_steps = 2;
+  options.size = fixture_size();
+  options.seed = 42;
+  const Tensor first = pipeline.generate(ExecContext{}, prompt, negative, options).latents;
+  const Tensor again = pipeline.generate(ExecContext{}, prompt, negative, options).latents;
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.nbytes()), 0);
+  options.seed = 43;
+  const Tensor other = pipeline.generate(ExecContext{}, prompt, negative, options).latents;
+  EXPECT_NE(std::memcmp(first.data(), other.data(), first.nbytes()), 0);
+
+  std::atomic<bool> cancel{false};
+  options.num_inference_steps = 5;
+  options.cancel = &cancel;
+  options.on_step = [&](const WanStepProgress& progress) {
+    if (progress.step == 2) cancel = true;
+  };
+  const WanGenerationResult result = pipeline.generate(ExecContext{}, prompt, negative, options);
+  EXPECT_TRUE(result.cancelled);
+  EXPECT_EQ(result.steps_done, 2);
+  EXPECT_EQ(result.latents.shape(), (Shape{1, 16, 3, 10, 6}));
+}
+
+TEST_F(WanPipelineTest, BadInputsAreErrorsNamingTheArgument) {
+  auto scheduler = make_scheduler(wan_unipc());
+  WanPipeline pipeline(*transformer_, *scheduler);
+  const Tensor prompt = fixture_->load("prompt_embeds");
+  const Tensor negative = fixture_->load("negative_prompt_embeds");
+  auto expect_error = [&](const WanGenerationOptions& options, const TensorView& positive, const TensorView& negative_view,
+                          const TensorView& noise, const std::string& fragment) {
+    try {
+      pipeline.generate(ExecContext{}, positive, negative_view, options, noise);
+      ADD_FAILURE() << "accepted, expected an error about " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  WanGenerationOptions options;
+  options.num_inference_steps = 1;
+  options.size = fixture_size();
+  WanGenerationOptions bad = options;
+  bad.size.frames = 10;
+  expect_error(bad, prompt, negative, {}, "frames");
+  bad = options;
+  bad.size.height = 72;
+  expect_error(bad, prompt, negative, {}, "height");
+  bad = options;
+  bad.num_inference_steps = 0;
+  expect_error(bad, prompt, negative, {}, "num_inference_steps");
+  const Tensor short_negative = Tensor::zeros({1, 5, 24}, DType::kF32);
+  expect_error(options, prompt, short_negative, {}, "negative_prompt_embeds");
+  expect_error(options, prompt, TensorView{}, {}, "negative_prompt_embeds");
+  const Tensor wide_prompt = Tensor::zeros({1, 7, 25}, DType::kF32);
+  expect_error(options, wide_prompt, negative, {}, "prompt_embeds");
+  const Tensor wrong_noise = Tensor::zeros({1, 16, 3, 10, 8}, DType::kF32);
+  expect_error(options, prompt, negative, wrong_noise, "initial_latents");
+  // Without guidance the negative embeddings are not needed.
+  WanGenerationOptions unguided = options;
+  unguided.guidance_scale = 1.0;
+  EXPECT_EQ(pipeline.generate(ExecContext{}, prompt, TensorView{}, unguided).steps_done, 1);
+}
+
+}  // namespace
+}  // namespace tessel
