@@ -1,4 +1,5 @@
-// `tessel calibrate`: from captured q/k/v of each layer (one safetensors file per chosen step),
+// `tessel calibrate`: from captured q/k/v of each layer (one safetensors file per chosen step, or
+// synthetic video captures with --grid),
 // the sparsest per-head setting of a dynamic method whose attention-output error stays under a
 // target on every captured step; writes one sparse-attention config per layer (JSON) and reports
 // the density, the error and the predicted attention speedup per layer, and the error on
@@ -15,12 +16,17 @@
 #include "tessel/core/parallel.h"
 #include "quality/calibration.h"
 #include "quality/qkv_file.h"
+#include "quality/synthetic_video.h"
 
 namespace tessel::cli {
 namespace {
 
 struct CalibrateArgs {
   std::vector<std::string> layers;   // per layer: comma-separated capture files (its steps)
+  // Synthetic captures instead of files: --grid with --synthetic-layers layers of --synthetic-steps
+  // calibration steps and --synthetic-heldout held-out steps each.
+  std::string grid;
+  int64_t synthetic_layers = 0, synthetic_steps = 2, synthetic_heldout = 1, heads = 12, head_dim = 64;
   std::vector<std::string> heldout;  // per layer, optional: comma-separated held-out capture files
   std::string method = "topk";
   std::string metric = "rel_l2";
@@ -52,6 +58,24 @@ std::vector<CalibrationSample> load_samples(const std::string& files, const std:
   return samples;
 }
 
+// Synthetic video captures of one layer: steps with seeds [first_seed, first_seed + steps). The
+// layers differ in sharpness (0.6 for the first to 1.4 for the last) as a model's do with depth;
+// the steps of a layer differ in content noise.
+std::vector<CalibrationSample> synthetic_samples(const CalibrateArgs& a, int64_t layer, uint64_t first_seed, int64_t steps) {
+  std::vector<CalibrationSample> samples;
+  for (int64_t step = 0; step < steps; ++step) {
+    SyntheticVideoOptions o;
+    o.grid = parse_token_grid(a.grid, "--grid");
+    o.heads = a.heads;
+    o.head_dim = a.head_dim;
+    o.sharpness = a.synthetic_layers > 1 ? 0.6 + 0.8 * static_cast<double>(layer) / static_cast<double>(a.synthetic_layers - 1) : 1.0;
+    o.seed = first_seed + static_cast<uint64_t>(step);
+    SyntheticQkv d = make_synthetic_video_qkv(o);
+    samples.push_back({std::move(d.q), std::move(d.k), std::move(d.v), Tensor{}});
+  }
+  return samples;
+}
+
 struct LayerReport {
   LayerCalibration calibration;
   double heldout_error = -1.0;  // worst held-out error, -1 when none
@@ -68,15 +92,24 @@ int run_calibrate(CalibrateArgs a) {
   }
   if (!a.heldout.empty() && a.heldout.size() != a.layers.size())
     fail_argument("--heldout", detail::concat(a.layers.size(), " values (one per --layer)"), a.heldout.size());
+  const bool synthetic = !a.grid.empty();
+  if (synthetic == !a.layers.empty()) fail_argument("--layer / --grid", "exactly one of them", synthetic ? "both" : "neither");
+  if (synthetic && a.synthetic_layers < 1) fail_argument("--synthetic-layers", ">= 1 with --grid", a.synthetic_layers);
   const ExecContext ctx;
+  const size_t layer_count = synthetic ? static_cast<size_t>(a.synthetic_layers) : a.layers.size();
   std::vector<std::vector<CalibrationSample>> all_samples;
-  for (const std::string& files : a.layers) all_samples.push_back(load_samples(files, "--layer"));
+  for (size_t layer = 0; layer < layer_count; ++layer)
+    all_samples.push_back(synthetic ? synthetic_samples(a, static_cast<int64_t>(layer), 1000 * layer, a.synthetic_steps)
+                                    : load_samples(a.layers[layer], "--layer"));
   std::vector<LayerReport> reports;
-  for (size_t layer = 0; layer < a.layers.size(); ++layer) {
+  for (size_t layer = 0; layer < layer_count; ++layer) {
     std::vector<CalibrationSample>& samples = all_samples[layer];
     LayerReport report{calibrate_layer(ctx, samples, a.options)};
-    if (!a.heldout.empty()) {
-      std::vector<CalibrationSample> held = load_samples(a.heldout[layer], "--heldout");
+    const bool has_heldout = synthetic ? a.synthetic_heldout > 0 : !a.heldout.empty();
+    if (has_heldout) {
+      std::vector<CalibrationSample> held =
+          synthetic ? synthetic_samples(a, static_cast<int64_t>(layer), 1000 * layer + 500, a.synthetic_heldout)
+                    : load_samples(a.heldout[layer], "--heldout");
       report.heldout_error = report.heldout_density = 0.0;
       for (CalibrationSample& s : held) {
         const SampleError e = evaluate_setting(ctx, s, report.calibration.per_head, a.options);
@@ -152,8 +185,15 @@ CommandRegistration registration{
     "calibrate", "Pick per-layer, per-head sparse settings for an output-error target from captured q/k/v",
     [](CLI::App& app) {
       auto a = std::make_shared<CalibrateArgs>();
-      app.add_option("--layer", a->layers, "One layer's capture files (safetensors q, k, v), comma-separated; repeat per layer")
-          ->required();
+      app.add_option("--layer", a->layers, "One layer's capture files (safetensors q, k, v), comma-separated; repeat per layer");
+      app.add_option("--grid", a->grid, "Synthetic video captures on this FxHxW token grid instead of --layer files")
+          ->check(parsed_by("FxHxW or HxW with positive integers", [](const std::string& text) { parse_token_grid(text, "--grid"); }));
+      app.add_option("--synthetic-layers", a->synthetic_layers, "Synthetic: layers (sharpness 0.6 to 1.4 from first to last)")
+          ->check(integer_in(1, 1000));
+      app.add_option("--synthetic-steps", a->synthetic_steps, "Synthetic: calibration steps per layer")->capture_default_str()->check(integer_in(1, 1000));
+      app.add_option("--synthetic-heldout", a->synthetic_heldout, "Synthetic: held-out steps per layer")->capture_default_str()->check(integer_in(0, 1000));
+      app.add_option("--heads", a->heads, "Synthetic: heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
+      app.add_option("--head-dim", a->head_dim, "Synthetic: head dimension (even, >= 6)")->capture_default_str()->check(integer_in(6, kMaxHeadDim));
       app.add_option("--heldout", a->heldout, "Held-out capture files per layer (comma-separated; one --heldout per --layer)");
       app.add_option("--method", a->method, "topk (SpargeAttn ratio), cdf (SpargeAttn cdf) or threshold (XAttention tau)")
           ->check(one_of({"topk", "cdf", "threshold"}));

@@ -1,6 +1,7 @@
 // Multi-process tests, launched by ctest through mpirun with 2 and 4 ranks: the MPI communicator's
 // operations, and every sequence-parallel strategy the world size allows (Ulysses, Ring, USP, each
-// also under CFG-parallel), dense and block-sparse, on an odd sequence length with GQA, against
+// also under CFG-parallel), dense, block-sparse (random and radial masks) and bf16, on an odd
+// sequence length with GQA, against
 // single-process attention on the same inputs. Every rank computes the single-process result
 // itself, so nothing but the parallel path crosses ranks.
 #include <gtest/gtest.h>
@@ -20,6 +21,7 @@
 #include "tessel/parallel/parallel_attention.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/parallel/sequence_sharding.h"
+#include "tessel/sparse/planners/static_patterns.h"
 
 namespace tessel {
 namespace {
@@ -72,14 +74,16 @@ struct Case {
   int64_t block_q = 0, block_kv = 0;  // 0: dense
   int64_t mask_batch = 1, mask_heads = 1;
   DType dtype = DType::kF32;
+  bool radial = false;  // the mask is Radial Attention's plan for a 5x3x3 latent grid (seq 45)
   // Largest difference allowed from the single-process result: fp32 rounding; for fp16/bf16 the
   // ring's partial outputs are rounded to the dtype before they are merged (in fp32).
   double tolerance() const { return dtype == DType::kF32 ? 2e-6 : 2e-2; }
 };
 
 std::string describe(const Case& c) {
+  const char* mask = c.block_q == 0 ? "dense" : c.radial ? "radial" : "random mask";
   return detail::concat("ulysses ", c.config.sp_ulysses_degree, " ring ", c.config.sp_ring_degree, " cfg ",
-                        c.config.cfg_parallel_size, " ", dtype_name(c.dtype), " S=", c.seq, c.block_q ? " sparse" : " dense", " mask heads ",
+                        c.config.cfg_parallel_size, " ", dtype_name(c.dtype), " S=", c.seq, " ", mask, " mask heads ",
                         c.mask_heads, " mask batch ", c.mask_batch);
 }
 
@@ -97,7 +101,13 @@ Inputs make_inputs(const Case& c, int branch) {
   fill_normal(in.q, seed + 1);
   fill_normal(in.k, seed + 2);
   fill_uniform(in.v, seed + 3);
-  if (c.block_q > 0) {
+  if (c.radial) {
+    StaticPlanRequest request;
+    request.layout.grid = {5, 3, 3};
+    request.block_q = c.block_q;
+    request.block_kv = c.block_kv;
+    in.mask = plan_static_pattern(StaticPattern{RadialPattern{}}, request).mask;
+  } else if (c.block_q > 0) {
     const BlockMaskShape shape{c.mask_batch, c.mask_heads, c.seq, c.seq, c.block_q, c.block_kv};
     std::vector<uint8_t> dense = BlockMask::random(shape, 0.25, seed + 4).to_dense();
     // One query block of mask head 0 sees nothing: its rows must come out 0 on every strategy.
@@ -191,6 +201,17 @@ std::vector<ParallelConfig> layouts() {
   return all;
 }
 
+// A case on `config` over 45 tokens (5 frames of 3x3 for the radial mask), with 8x4 blocks when
+// `sparse`.
+Case case_of_45_tokens(const ParallelConfig& config, bool sparse) {
+  Case c;
+  c.config = config;
+  c.seq = 45;
+  c.block_q = sparse ? 8 : 0;
+  c.block_kv = sparse ? 4 : 0;
+  return c;
+}
+
 TEST(ParallelAttention, DenseEqualsSingleProcessOnEveryLayout) {
   for (const ParallelConfig& config : layouts()) {
     Case c;
@@ -202,11 +223,7 @@ TEST(ParallelAttention, DenseEqualsSingleProcessOnEveryLayout) {
 TEST(ParallelAttention, BlockSparseEqualsSingleProcessOnEveryLayout) {
   for (const ParallelConfig& config : layouts()) {
     for (const auto& [mask_batch, mask_heads] : {std::pair<int64_t, int64_t>{2, 8}, {1, 4}, {1, 1}}) {
-      Case c;
-      c.config = config;
-      c.seq = 45;
-      c.block_q = 8;
-      c.block_kv = 4;
+      Case c = case_of_45_tokens(config, /*sparse=*/true);
       c.mask_batch = mask_batch;
       c.mask_heads = mask_heads;
       expect_matches_single_process(c);
@@ -214,15 +231,19 @@ TEST(ParallelAttention, BlockSparseEqualsSingleProcessOnEveryLayout) {
   }
 }
 
+TEST(ParallelAttention, RadialPatternEqualsSingleProcessOnEveryLayout) {
+  for (const ParallelConfig& config : layouts()) {
+    Case c = case_of_45_tokens(config, /*sparse=*/true);
+    c.radial = true;
+    expect_matches_single_process(c);
+  }
+}
+
 TEST(ParallelAttention, Bf16DenseAndBlockSparseMatchSingleProcess) {
   for (const ParallelConfig& config : layouts()) {
-    for (const int64_t block : {0, 8}) {
-      Case c;
-      c.config = config;
+    for (const bool sparse : {false, true}) {
+      Case c = case_of_45_tokens(config, sparse);
       c.dtype = DType::kBF16;
-      c.seq = 45;
-      c.block_q = block;
-      c.block_kv = block / 2;
       expect_matches_single_process(c);
     }
   }

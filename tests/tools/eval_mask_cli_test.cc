@@ -127,6 +127,23 @@ TEST(CalibrateCli, WritesPerLayerConfigsAndChecksHeldOutSteps) {
   EXPECT_NE(bad.out.find("--heldout"), std::string::npos) << bad.out;
 }
 
+TEST(CalibrateCli, SyntheticCapturesPerLayer) {
+  const CommandOutput r = run_tessel(
+      "calibrate --grid 2x8x8 --synthetic-layers 2 --synthetic-steps 1 --heads 2 --head-dim 32 --block-q 32 --block-kv 16 "
+      "--similarity-threshold -1 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["layers"].size(), 2u);
+  for (const auto& entry : j["layers"]) {
+    EXPECT_LE(entry["error"].get<double>(), 0.05);
+    EXPECT_TRUE(entry["heldout_error"].is_number());
+    EXPECT_EQ(entry["per_head"].size(), 2u);
+  }
+  const CommandOutput neither = run_tessel("calibrate --method topk");
+  EXPECT_NE(neither.status, 0);
+  EXPECT_NE(neither.out.find("--layer / --grid"), std::string::npos) << neither.out;
+}
+
 TEST(MaskCli, WritesPngsForStaticAndDynamicPatterns) {
   const fs::path dir = test_dir();
   for (const std::string args : {"--pattern radial --grid 6x8x12", "--pattern spatial_aware --radius 1 --grid 2x16x16 --ordering z_curve",
