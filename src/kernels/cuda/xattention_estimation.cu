@@ -285,7 +285,8 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
   float* s_mass = reinterpret_cast<float*>(keys + sort_size);
-  uint8_t* keep = reinterpret_cast<uint8_t*>(s_mass + p.kv_blocks);
+  // keep follows all kv_blocks + pad_blocks masses (it overlapped the padding masses before).
+  uint8_t* keep = reinterpret_cast<uint8_t*>(s_mass + p.kv_blocks + p.pad_blocks);
   const int r = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int real_blocks = p.kv_blocks, kvb = p.kv_blocks + p.pad_blocks;
   const int64_t row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r;
