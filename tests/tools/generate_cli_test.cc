@@ -1,0 +1,91 @@
+// `tessel generate` end to end on a diffusers-layout model directory around the Wan fixture
+// transformer: from the pipeline fixture's noise and embeddings it writes the latents diffusers'
+// WanPipeline reached, and a bad directory, size or frame count is an error before any weight loads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "run_tessel.h"
+#include "tessel/core/io/safetensors.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures";
+const std::string kPipelineFixture = kFixtures + "/diffusion/wan_pipeline.safetensors";
+
+// model_index.json, scheduler/ (Wan 2.1's UniPC config) and transformer/ (a link to the fixture).
+fs::path make_model_dir(const std::string& name, const std::string& class_name = "WanPipeline") {
+  const fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "scheduler");
+  std::ofstream(dir / "model_index.json")
+      << R"({"_class_name": ")" << class_name << R"(", "_diffusers_version": "0.42.1",
+        "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": ["transformers", "UMT5EncoderModel"],
+        "tokenizer": ["transformers", "T5TokenizerFast"], "transformer": ["diffusers", "WanTransformer3DModel"],
+        "transformer_2": [null, null], "vae": ["diffusers", "AutoencoderKLWan"]})";
+  std::ofstream(dir / "scheduler" / "scheduler_config.json")
+      << R"({"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0, "num_train_timesteps": 1000,
+        "prediction_type": "flow_prediction", "solver_order": 2, "solver_type": "bh2", "use_flow_sigmas": true,
+        "predict_x0": true, "lower_order_final": true, "final_sigmas_type": "zero", "disable_corrector": []})";
+  fs::create_directory_symlink(kFixtures + "/wan/checkpoint", dir / "transformer");
+  return dir;
+}
+
+TesselRun generate(const std::string& args) {
+  const fs::path log = fs::path(::testing::TempDir()) / ("tessel_generate_" + std::to_string(::getpid()) + ".txt");
+  return run_tessel_binary("generate " + args, log);
+}
+
+TEST(GenerateCli, WritesTheLatentsDiffusersReaches) {
+  const fs::path dir = make_model_dir("wan_model");
+  const fs::path out = dir / "latents.safetensors";
+  const TesselRun run = generate("--model '" + dir.string() + "' --embeddings '" + kPipelineFixture + "' --noise '" +
+                                 kPipelineFixture + "' --size 48x80 --frames 9 --steps 4 --guidance 5 --threads 1 --out '" +
+                                 out.string() + "'");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("step 4/4"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("eta"), std::string::npos) << run.out;
+  const Tensor latents = SafetensorsFile::open(out.string()).load("latents");
+  const Tensor expected = SafetensorsFile::open(kPipelineFixture).load("unipc_cfg.latents");  // (4, 1, 16, 3, 10, 6)
+  const int64_t count = latents.numel();
+  ASSERT_EQ(count * 4, expected.numel());
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double want = expected.data_as<float>()[3 * count + i];
+    diff += (latents.data_as<float>()[i] - want) * (latents.data_as<float>()[i] - want);
+    norm += want * want;
+  }
+  EXPECT_LE(std::sqrt(diff / norm), 1e-5);
+}
+
+TEST(GenerateCli, BadModelDirectoriesAndSizesAreErrors) {
+  const fs::path dir = make_model_dir("wan_model_errors");
+  const std::string common = " --embeddings '" + kPipelineFixture + "' --out '" + (dir / "x.safetensors").string() + "'";
+  const std::string model = "--model '" + dir.string() + "'";
+  const std::pair<std::string, std::string> cases[] = {
+      {model + " --size 50x80 --frames 9", "width"},
+      {model + " --size 48x80 --frames 10", "frames"},
+      {model + " --size 48by80 --frames 9", "--size"},
+      {"--model '" + (dir / "missing").string() + "' --size 48x80 --frames 9", "model_index.json"},
+      {"--model '" + make_model_dir("i2v_model", "WanImageToVideoPipeline").string() + "' --size 48x80 --frames 9",
+       "WanPipeline"},
+  };
+  for (const auto& [args, fragment] : cases) {
+    const TesselRun run = generate(args + common);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_NE(run.out.find(fragment), std::string::npos) << args << "\n" << run.out;
+  }
+  fs::remove_all(dir / "scheduler");
+  const TesselRun run = generate(model + " --size 48x80 --frames 9" + common);
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.out.find("scheduler/"), std::string::npos) << run.out;
+}
+
+}  // namespace
+}  // namespace tessel

@@ -1,0 +1,183 @@
+// `tessel generate`: runs the Wan denoising loop of a diffusers model directory (model_index.json,
+// transformer/, scheduler/) on given text embeddings and writes the final latents. The text
+// encoder and the VAE decoder are not in tessel yet, so the prompt comes as embeddings and the
+// video stays latent.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "option_checks.h"
+#include "sparse_attn_flags.h"
+#include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/limited_json.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMaxModelIndexBytes = 1 << 20;
+
+struct GenerateOptions {
+  std::string model_dir;
+  std::string embeddings;  // safetensors with prompt_embeds (and negative_prompt_embeds)
+  std::string noise;       // safetensors with the starting latents as "noise"; empty: --seed
+  std::string size = "832x480";
+  int64_t frames = 81;
+  int64_t steps = 50;
+  double guidance = 5.0;
+  int64_t seed = 42;
+  std::string scheduler;  // empty: the model's scheduler/
+  double flow_shift = 0.0;  // 0: the scheduler config's
+  int64_t threads = 0;
+  std::string out;
+};
+
+WanVideoSize parse_size(const std::string& text, int64_t frames) {
+  const size_t x = text.find('x');
+  WanVideoSize size;
+  size.frames = frames;
+  try {
+    if (x == std::string::npos) throw std::invalid_argument("no x");
+    size_t width_end = 0, height_end = 0;
+    size.width = std::stoll(text.substr(0, x), &width_end);
+    size.height = std::stoll(text.substr(x + 1), &height_end);
+    if (width_end != x || height_end != text.size() - x - 1) throw std::invalid_argument("trailing text");
+  } catch (const std::logic_error&) {
+    fail_argument("--size", "WIDTHxHEIGHT in pixels, e.g. 832x480", quoted_excerpt(text));
+  }
+  try {
+    size.validate();
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + (std::string(e.what()).rfind("frames", 0) == 0 ? " (--frames)" : " (--size)"));
+  }
+  return size;
+}
+
+// The parts of a diffusers WanPipeline directory the denoising loop needs, checked before any
+// weight is read.
+void check_model_dir(const std::string& dir) {
+  const fs::path root(dir);
+  const std::string index_path = (root / "model_index.json").string();
+  if (!fs::is_regular_file(index_path))
+    fail_argument("--model", "a diffusers model directory with model_index.json", quoted_excerpt(dir));
+  const nlohmann::json index =
+      parse_json_limited(read_file_bounded(index_path, kMaxModelIndexBytes, "model_index.json"), JsonLimits{}, index_path);
+  if (!index.is_object()) fail_argument(index_path, "a JSON object", json_excerpt(index));
+  const auto class_name = index.find("_class_name");
+  if (class_name == index.end() || *class_name != "WanPipeline")
+    fail_argument(index_path + ": _class_name", "\"WanPipeline\" (text-to-video)",
+                  class_name == index.end() ? std::string("none") : json_excerpt(*class_name));
+  const auto second = index.find("transformer_2");
+  if (second != index.end() && !second->is_null() && !(second->is_array() && !second->empty() && (*second)[0].is_null()))
+    throw Error(index_path + ": transformer_2 is set: the two-expert Wan 2.2 layout is not supported yet");
+  for (const char* component : {"transformer", "scheduler"})
+    if (!fs::is_directory(root / component))
+      fail_argument("--model", detail::concat("a directory with ", component, "/"), quoted_excerpt(dir));
+}
+
+Tensor load_named(const SafetensorsFile& file, const std::string& name, const std::string& flag) {
+  if (!file.find(name)) fail_argument(flag, "a safetensors file with a tensor \"" + name + "\"", quoted_excerpt(file.path()));
+  Tensor tensor = file.load(name);
+  return tensor.dtype() == DType::kF32 ? tensor : tensor.to(DType::kF32);
+}
+
+int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags) {
+  const WanVideoSize size = parse_size(o.size, o.frames);
+  check_model_dir(o.model_dir);
+  SchedulerConfig scheduler_config = load_scheduler_config((fs::path(o.model_dir) / "scheduler").string());
+  if (!o.scheduler.empty()) {
+    const SchedulerConfig model_config = scheduler_config;
+    scheduler_config = SchedulerConfig{};
+    scheduler_config.kind = scheduler_kind_from_name(o.scheduler);
+    scheduler_config.num_train_timesteps = model_config.num_train_timesteps;
+    scheduler_config.shift = model_config.shift;
+  }
+  if (o.flow_shift > 0.0) scheduler_config.shift = o.flow_shift;
+  const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
+  const Tensor prompt = load_named(embeddings, "prompt_embeds", "--embeddings");
+  const bool guided = o.guidance > 1.0;
+  const Tensor negative = guided ? load_named(embeddings, "negative_prompt_embeds", "--embeddings") : Tensor{};
+  Tensor noise;
+  if (!o.noise.empty()) noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
+
+  const SparseAttnEnv& env = process_sparse_attn_env();
+  WanAttentionOptions attention;
+  std::unique_ptr<BackendRegistry> registry;
+  const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
+  if (sparse_attn_requested(flags, env)) {
+    registry = make_cli_registry();
+    attention.registry = registry.get();
+    attention.config = sparse_attn_config_from(flags, env);
+    attention.backend_override = backend_override(env);
+    const WanConfig config = load_wan_config(transformer_dir);
+    const Shape latent = size.latent_shape(config.in_channels);
+    if (!attention.config.geometry.spatial_layout && config.patch_size[1] == config.patch_size[2])
+      attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent[2], latent[3], latent[4]);
+  }
+  const WanTransformer transformer = WanTransformer::load(transformer_dir, attention);
+  auto scheduler = make_scheduler(scheduler_config);
+  const WanPipeline pipeline(transformer, *scheduler);
+
+  WanGenerationOptions options;
+  options.num_inference_steps = o.steps;
+  options.guidance_scale = o.guidance;
+  options.seed = static_cast<uint64_t>(o.seed);
+  options.size = size;
+  options.on_step = [](const WanStepProgress& p) {
+    std::fprintf(stderr, "step %lld/%lld  t=%g  %.2f s/step  elapsed %.1f s  eta %.1f s\n",
+                 static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
+                 p.elapsed_seconds, p.eta_seconds);
+  };
+  ExecContext ctx;
+  ctx.num_threads = static_cast<int>(o.threads);
+  const WanGenerationResult result = pipeline.generate(ctx, prompt, negative, options, noise);
+  write_safetensors(o.out, {{"latents", result.latents.view()}},
+                    {{"scheduler", std::string(scheduler_class_name(scheduler_config.kind))},
+                     {"steps", std::to_string(result.steps_done)}});
+  std::printf("wrote %s: latents %s after %lld steps (%s)\n", o.out.c_str(), shape_str(result.latents.shape()).c_str(),
+              static_cast<long long>(result.steps_done), std::string(scheduler_class_name(scheduler_config.kind)).c_str());
+  return 0;
+}
+
+CommandRegistration registration{
+    "generate",
+    "Run the Wan denoising loop of a diffusers model directory on text embeddings and write the latents",
+    [](CLI::App& app) {
+      auto options = std::make_shared<GenerateOptions>();
+      auto flags = std::make_shared<SparseAttnFlags>();
+      app.add_option("--model", options->model_dir, "diffusers WanPipeline directory (model_index.json, transformer/, scheduler/)")
+          ->required();
+      app.add_option("--embeddings", options->embeddings,
+                     "safetensors with prompt_embeds (1, L, text_dim) and negative_prompt_embeds (1, L, text_dim)")
+          ->required();
+      app.add_option("--noise", options->noise, "safetensors whose \"noise\" tensor is the starting latent (default: from --seed)");
+      app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16")->capture_default_str();
+      app.add_option("--frames", options->frames, "video frames, 4k + 1")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--steps", options->steps, "denoising steps")->capture_default_str()->check(integer_in(1, 100000));
+      app.add_option("--guidance", options->guidance, "classifier-free guidance scale (1: none)")
+          ->capture_default_str()
+          ->check(number_in(0.0, 1000.0));
+      app.add_option("--seed", options->seed, "seed of the starting noise")->capture_default_str()->check(integer_in(0, INT64_MAX));
+      app.add_option("--scheduler", options->scheduler, "unipc or euler (default: the model's scheduler/)")
+          ->check(one_of({"unipc", "euler"}));
+      app.add_option("--flow-shift", options->flow_shift, "the schedule's shift (default: the scheduler config's)")
+          ->check(number_in(0.0, 1000.0, Bounds::kOpenLow));
+      app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, 4096));
+      app.add_option("--out", options->out, "output safetensors file (tensor \"latents\")")->required();
+      add_sparse_attn_flags(app, *flags);
+      return CommandRunner([options, flags] { return run_generate(*options, *flags); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli
