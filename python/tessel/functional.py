@@ -46,6 +46,7 @@ def attention(q, k, v, *, causal: bool = False, window=(-1, -1), softmax_scale=N
     if is_torch_tensor(q):
         from . import torch_ops
 
+        torch_ops.check_forward_only("attention", q, k, v)
         op = torch_ops.run_attention if torch_ops.eager_call(q) else torch_ops.attention
         out, lse = op(q, k, v, scale, bool(causal), left, right, bool(return_lse))
     else:
@@ -68,6 +69,7 @@ def block_sparse_attention(q, k, v, mask: BlockMask, *, causal: bool = False, wi
     if is_torch_tensor(q):
         from . import torch_ops
 
+        torch_ops.check_forward_only("block_sparse_attention", q, k, v)
         indptr, indices = mask.csr_on(q.device)
         op = torch_ops.run_block_sparse_attention if torch_ops.eager_call(q) else torch_ops.block_sparse_attention
         out, lse = op(q, k, v, indptr, indices, list(geometry), scale, bool(causal), left, right, bool(return_lse))
@@ -86,6 +88,7 @@ def merge_states(out_a, lse_a, out_b, lse_b):
     if is_torch_tensor(out_a):
         from . import torch_ops
 
+        torch_ops.check_forward_only("merge_states", out_a, lse_a, out_b, lse_b)
         op = torch_ops.merge_states_impl if torch_ops.eager_call(out_a) else torch_ops.merge_states
         return op(out_a, lse_a, out_b, lse_b)
     _check_arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)

@@ -26,6 +26,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from . import _tessel
+from .torch_ops import check_forward_only
 
 _step_info = contextvars.ContextVar("tessel_step_info", default=None)
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -98,6 +99,7 @@ class SparseAttention(torch.nn.Module):
         return self._module.resolution_source
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        check_forward_only("SparseAttention", q, k, v)
         step, total_steps, cfg_branch = _step_info.get() or (None, 0, 0)
         out = q.new_empty(q.shape)
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0

@@ -27,6 +27,14 @@ def _stream_of(x: torch.Tensor) -> int:
     return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
 
 
+def check_forward_only(name: str, *tensors) -> None:
+    """tessel registers no autograd formula: refuse inputs that would need one, rather than return
+    outputs that silently carry no gradient."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError(f"tessel.{name} is forward only (no autograd formula): call it under torch.no_grad() or "
+                           "torch.inference_mode(), or pass detached tensors")
+
+
 def eager_call(q) -> bool:
     return type(q) is torch.Tensor and q.device.type != "meta" and not torch.compiler.is_compiling()
 

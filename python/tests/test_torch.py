@@ -138,6 +138,12 @@ def test_torch_errors_are_exceptions():
         tessel.attention(q[..., ::2], k[..., ::2], v[..., ::2])
     with pytest.raises(tessel.TesselError, match="rank"):
         tessel.attention(q[0], k[0], v[0])
+    with pytest.raises(RuntimeError, match="forward only"):
+        tessel.attention(q.requires_grad_(), k, v)
+    q = q.detach()
+    with torch.no_grad():
+        assert not tessel.attention(q.requires_grad_(), k, v).requires_grad
+    q = q.detach()
     # Meta tensors take the fake implementation: shapes only, no kernel.
     assert tessel.attention(q.to("meta"), k.to("meta"), v.to("meta")).device.type == "meta"
     mask = tessel.BlockMask.full(seq_q=16, seq_kv=16, block_q=8, block_kv=8)
