@@ -2,16 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
+#include "tessel/core/io/safetensors.h"
 #include "tessel/core/parallel.h"
 
 namespace tessel {
 namespace {
 
 constexpr int64_t kMaxSize = int64_t{1} << 20;
+constexpr uint64_t kMaxJsonBytes = 16 << 20;
 
 std::string block_prefix(int64_t layer) { return "encoder.block." + std::to_string(layer) + ".layer."; }
 
@@ -137,6 +141,45 @@ UMT5Encoder::UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>&
   if (weights.size() != specs.size())
     for (const auto& [name, tensor] : weights)
       if (!weights_.count(name)) fail_argument("UMT5 weights", "only the encoder's tensors", "an extra tensor " + quoted_excerpt(name));
+}
+
+UMT5Encoder UMT5Encoder::load(const std::string& directory) {
+  const std::string config_path = directory + "/config.json";
+  const UMT5Config config =
+      parse_umt5_config(read_file_bounded(config_path, kMaxJsonBytes, "text encoder config"), config_path);
+  // The files holding the weights: one, or the shards of the index.
+  std::vector<std::string> files;
+  const std::string index_path = directory + "/model.safetensors.index.json";
+  if (std::ifstream(index_path).good()) {
+    const nlohmann::json index =
+        parse_json_limited(read_file_bounded(index_path, kMaxJsonBytes, "text encoder index"), JsonLimits{}, index_path);
+    const auto map = index.find("weight_map");
+    if (!index.is_object() || map == index.end() || !map->is_object())
+      fail_argument(index_path, "a JSON object with a weight_map object", json_excerpt(index));
+    for (const auto& [name, file] : map->items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        fail_argument(index_path + ": weight_map[" + name + "]", "a file name in the directory", json_excerpt(file));
+      if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) files.push_back(file.get<std::string>());
+    }
+  } else {
+    files.push_back("model.safetensors");
+  }
+  std::map<std::string, Tensor> weights;
+  std::map<std::string, Shape> expected;
+  for (const WeightSpec& spec : umt5_weight_specs(config)) expected[spec.name] = spec.shape;
+  for (const std::string& file : files) {
+    const SafetensorsFile shard = SafetensorsFile::open(directory + "/" + file);
+    for (const SafetensorsEntry& entry : shard.entries()) {
+      std::string name = entry.name;
+      if (name == "encoder.embed_tokens.weight") {
+        if (weights.count("shared.weight")) continue;
+        name = "shared.weight";
+      }
+      if (!expected.count(name)) continue;  // decoder or lm_head tensors of a full T5 checkpoint
+      weights[name] = shard.load(entry.name);
+    }
+  }
+  return UMT5Encoder(config, weights);
 }
 
 const float* UMT5Encoder::weight(const std::string& name) const { return weights_.at(name).data_as<const float>(); }

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 
@@ -49,6 +53,41 @@ TEST(UMT5Encoder, MatchesTransformers) {
   const double error = std::sqrt(diff / norm);
   std::printf("UMT5 rel-L2 vs transformers float64: %.3g\n", error);
   EXPECT_LE(error, 1e-5);
+}
+
+TEST(UMT5Encoder, LoadsATransformersDirectory) {
+  const UMT5Encoder loaded = UMT5Encoder::load(kDir);
+  const UMT5Encoder built = load_fixture_encoder();
+  const SafetensorsFile io = SafetensorsFile::open(kDir + "/io.safetensors");
+  const Tensor ids = io.load("input_ids"), mask = io.load("attention_mask");
+  Tensor a = Tensor::empty({2, 9, 32}, DType::kF32), b = Tensor::empty({2, 9, 32}, DType::kF32);
+  loaded.forward(ExecContext{}, ids, mask, a);
+  built.forward(ExecContext{}, ids, mask, b);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
+  EXPECT_EQ(loaded.config().relative_attention_num_buckets, 8);
+  EXPECT_THROW(UMT5Encoder::load(kDir + "/missing"), Error);
+
+  // The same weights in two shards named by an index, the embedding under its encoder name.
+  const std::filesystem::path sharded = std::filesystem::path(::testing::TempDir()) / ("umt5_sharded_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(sharded);
+  std::filesystem::copy_file(kDir + "/config.json", sharded / "config.json", std::filesystem::copy_options::overwrite_existing);
+  const SafetensorsFile file = SafetensorsFile::open(kDir + "/model.safetensors");
+  std::vector<Tensor> tensors;
+  std::vector<std::pair<std::string, TensorView>> first, second;
+  nlohmann::json index;
+  for (const SafetensorsEntry& entry : file.entries()) {
+    tensors.push_back(file.load(entry.name));
+    const std::string name = entry.name == "shared.weight" ? "encoder.embed_tokens.weight" : entry.name;
+    const bool in_first = entry.name.find("block.1.") == std::string::npos;
+    (in_first ? first : second).push_back({name, tensors.back().view()});
+    index["weight_map"][name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  write_safetensors((sharded / "model-00001-of-00002.safetensors").string(), first);
+  write_safetensors((sharded / "model-00002-of-00002.safetensors").string(), second);
+  std::ofstream(sharded / "model.safetensors.index.json") << index.dump();
+  Tensor c = Tensor::empty({2, 9, 32}, DType::kF32);
+  UMT5Encoder::load(sharded.string()).forward(ExecContext{}, ids, mask, c);
+  EXPECT_EQ(std::memcmp(c.data(), b.data(), c.nbytes()), 0);
 }
 
 TEST(UMT5Encoder, BadInputsAreErrors) {

@@ -46,6 +46,12 @@ class UMT5Encoder {
   // `weights` holds exactly the tensors of umt5_weight_specs(config), any float dtype.
   UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>& weights);
 
+  // Reads a transformers model directory (a diffusers pipeline's text_encoder/): config.json and
+  // model.safetensors, or the shards model.safetensors.index.json names. The token embedding may
+  // be stored as shared.weight, encoder.embed_tokens.weight or both (tied: shared wins); decoder
+  // tensors, when present, are skipped. Throws Error naming a missing file or tensor.
+  static UMT5Encoder load(const std::string& directory);
+
   // input_ids and attention_mask (B, L) int32 CPU contiguous (mask 1: a token, 0: padding; ids in
   // [0, vocab_size)); out (B, L, d_model) fp32 CPU contiguous. Throws Error naming a bad argument.
   void forward(const ExecContext& ctx, const TensorView& input_ids, const TensorView& attention_mask,
