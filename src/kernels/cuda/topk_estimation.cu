@@ -22,24 +22,40 @@ __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 
 constexpr int kMeanThreads = 256;
 
-// One CTA per (head h, batch b): mean[d] = (1/seq) Σ_t x_t[d]. Thread i sums dim i % dim over the
-// tokens t ≡ i / dim (mod kMeanThreads / dim), then the partial sums are added in a fixed order.
+// Two passes so the sum over a long sequence runs on many CTAs yet in a fixed order (the same
+// mean on every replay). Pass 1, one CTA per (chunk, head h, batch b): partial[chunk][d] =
+// Σ over the chunk's tokens of x_t[d]; thread i sums dim i % dim over tokens t ≡ i / dim
+// (mod kMeanThreads / dim), then the threads' sums are added in a fixed order.
 template <typename T>
-__global__ void sequence_mean_kernel(const T* x, int64_t stride_b, int64_t stride_s, int64_t stride_h, int seq,
-                                     int heads, int dim, float* mean) {
+__global__ void sequence_partial_sum_kernel(const T* x, int64_t stride_b, int64_t stride_s, int64_t stride_h, int seq,
+                                            int heads, int dim, float* partial) {
   __shared__ float s_sum[kMeanThreads];
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int chunk_len = (seq + kTopkMeanChunks - 1) / kTopkMeanChunks;
+  const int begin = chunk * chunk_len, end = min(seq, begin + chunk_len);
   const int lanes = kMeanThreads / dim * dim, token_step = kMeanThreads / dim;
   const T* base = x + b * stride_b + h * stride_h;
   float sum = 0.f;
   if (tid < lanes)
-    for (int t = tid / dim; t < seq; t += token_step) sum += to_f32(base[static_cast<int64_t>(t) * stride_s + tid % dim]);
+    for (int t = begin + tid / dim; t < end; t += token_step) sum += to_f32(base[static_cast<int64_t>(t) * stride_s + tid % dim]);
   s_sum[tid] = sum;
   __syncthreads();
+  const int64_t heads_total = static_cast<int64_t>(gridDim.z) * heads;
   for (int d = tid; d < dim; d += kMeanThreads) {
     float total = 0.f;
     for (int i = d; i < lanes; i += dim) total += s_sum[i];
-    mean[(static_cast<int64_t>(b) * heads + h) * dim + d] = total / static_cast<float>(seq);
+    partial[((static_cast<int64_t>(chunk) * heads_total) + static_cast<int64_t>(b) * heads + h) * dim + d] = total;
+  }
+}
+
+// Pass 2, one CTA per (head h, batch b): mean[d] = (Σ_chunk partial[chunk][d]) / seq, chunks in order.
+__global__ void sequence_mean_kernel(const float* partial, int seq, int heads, int dim, float* mean) {
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int64_t heads_total = static_cast<int64_t>(gridDim.y) * heads, row = static_cast<int64_t>(b) * heads + h;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float total = 0.f;
+    for (int chunk = 0; chunk < kTopkMeanChunks; ++chunk) total += partial[(chunk * heads_total + row) * dim + d];
+    mean[row * dim + d] = total / static_cast<float>(seq);
   }
 }
 
@@ -223,9 +239,12 @@ void launch_pooling(const TopkParams& p, cudaStream_t stream) {
   pool_blocks_kernel<T><<<dim3(p.q_blocks, p.heads_q, p.batch), kPoolWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.q), p.q_stride_b, p.q_stride_s, p.q_stride_h, p.seq_q, p.block_q, p.q_blocks, p.heads_q,
       p.dim, p.similarity_threshold, p.whole_blocks_only, nullptr, p.pooled_q, p.similar_q);
-  if (p.k_mean)
-    sequence_mean_kernel<T><<<dim3(p.heads_kv, p.batch), kMeanThreads, 0, stream>>>(
-        static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.heads_kv, p.dim, p.k_mean);
+  if (p.k_mean) {
+    float* partial = p.k_mean + static_cast<int64_t>(p.batch) * p.heads_kv * p.dim;
+    sequence_partial_sum_kernel<T><<<dim3(kTopkMeanChunks, p.heads_kv, p.batch), kMeanThreads, 0, stream>>>(
+        static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.heads_kv, p.dim, partial);
+    sequence_mean_kernel<<<dim3(p.heads_kv, p.batch), 128, 0, stream>>>(partial, p.seq_kv, p.heads_kv, p.dim, p.k_mean);
+  }
   pool_blocks_kernel<T><<<dim3(p.kv_blocks, p.heads_kv, p.batch), kPoolWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.block_kv, p.kv_blocks,
       p.heads_kv, p.dim, p.similarity_threshold, p.whole_blocks_only, p.k_mean, p.pooled_k, p.similar_k);

@@ -46,7 +46,8 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
   const int64_t rows = shape.num_rows(), kvb = shape.kv_blocks(), qb = shape.q_blocks();
   indptr_ = Tensor::empty({rows + 1}, DType::kI32, device);
   indices_ = Tensor::empty({rows * kvb}, DType::kI32, device);
-  k_mean_ = Tensor::empty({shape.mask_batch * kv_heads, head_dim}, DType::kF32, device);
+  k_mean_ = Tensor::empty({(1 + cuda::detail::kTopkMeanChunks) * shape.mask_batch * kv_heads, head_dim}, DType::kF32,
+                          device);
   pooled_q_ = Tensor::empty({rows, head_dim}, DType::kF32, device);
   similar_q_ = Tensor::empty({rows}, DType::kU8, device);
   pooled_k_ = Tensor::empty({shape.mask_batch * kv_heads * kvb, head_dim}, DType::kF32, device);

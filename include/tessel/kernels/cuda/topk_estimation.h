@@ -12,6 +12,9 @@
 
 namespace tessel::cuda::detail {
 
+// The sequence mean is summed in this many token chunks in parallel, then the chunks in order.
+inline constexpr int kTopkMeanChunks = 32;
+
 struct TopkParams {
   const void* q;
   const void* k;
@@ -31,7 +34,9 @@ struct TopkParams {
   bool keep_diagonal;
   int sink_blocks;
   // Workspace (device).
-  float* k_mean;         // (B, Hkv, D): K's mean over the sequence, subtracted first; nullptr: no smoothing
+  // (B, Hkv, D): K's mean over the sequence, subtracted first; nullptr: no smoothing. The buffer
+  // holds (1 + kTopkMeanChunks) x B x Hkv x D floats: the mean, then per-chunk partial sums.
+  float* k_mean;
   float* pooled_q;       // (B, Hq, Qb, D)
   uint8_t* similar_q;    // (B, Hq, Qb)
   float* pooled_k;       // (B, Hkv, KVb, D)
