@@ -1,0 +1,62 @@
+// The UMT5 text encoder Wan conditions on, as transformers' UMT5EncoderModel computes it:
+//   token embedding (no scaling) -> per block: RMSNorm (T5's: no mean, no bias, fp32 statistics)
+//   -> self-attention with no 1/sqrt(d) scaling, a relative position bias of the block's own
+//   (bidirectional buckets: half per direction, exact below half the buckets, logarithmic up to
+//   max_distance) and the padding mask -> residual; RMSNorm -> gated-GELU FFN
+//   (gelu_tanh(x W0) * (x W1)) W_o -> residual; then the final RMSNorm.
+// fp32 on the CPU, straightforward loops: meant for correctness first.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+#include "tessel/dit/checkpoint.h"
+
+namespace tessel {
+
+struct UMT5Config {
+  int64_t vocab_size = 256384;
+  int64_t d_model = 4096;
+  int64_t d_kv = 64;
+  int64_t d_ff = 10240;
+  int64_t num_layers = 24;
+  int64_t num_heads = 64;
+  int64_t relative_attention_num_buckets = 32;
+  int64_t relative_attention_max_distance = 128;
+  double layer_norm_epsilon = 1e-6;
+  // Throws Error naming the field when a value is out of range.
+  void validate() const;
+};
+
+// Parses transformers' config.json of a UMT5EncoderModel (feed_forward_proj must be
+// "gated-gelu"); fields that only concern the decoder or training are ignored.
+UMT5Config parse_umt5_config(std::string_view json_text, const std::string& source = "config.json");
+
+// The tensor names and shapes of the encoder (transformers' names: shared.weight,
+// encoder.block.<i>.layer.<0|1>..., encoder.final_layer_norm.weight).
+std::vector<WeightSpec> umt5_weight_specs(const UMT5Config& config);
+
+class UMT5Encoder {
+ public:
+  // `weights` holds exactly the tensors of umt5_weight_specs(config), any float dtype.
+  UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>& weights);
+
+  // input_ids and attention_mask (B, L) int32 CPU contiguous (mask 1: a token, 0: padding; ids in
+  // [0, vocab_size)); out (B, L, d_model) fp32 CPU contiguous. Throws Error naming a bad argument.
+  void forward(const ExecContext& ctx, const TensorView& input_ids, const TensorView& attention_mask,
+               const TensorView& out) const;
+
+  const UMT5Config& config() const { return config_; }
+
+ private:
+  UMT5Config config_;
+  std::map<std::string, Tensor> weights_;  // fp32
+  const float* weight(const std::string& name) const;
+};
+
+}  // namespace tessel
