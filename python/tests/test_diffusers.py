@@ -54,7 +54,9 @@ def test_dense_processor_matches_sdpa_and_disable_restores(model, inputs):
     {"pattern": "radial", "block_size_q": 16, "block_size_kv": 16},
     {"pattern": "local", "local_window_size": 2, "block_size_q": 24, "block_size_kv": 24},
     {"pattern": "sliding_window_3d", "window_3d": (1, 1, 1), "block_size_q": 8, "block_size_kv": 8},
-    {"pattern": "dynamic_topk", "topk_ratio": 0.5, "block_size_q": 16, "block_size_kv": 16},
+    # similarity_threshold -1: every block counts as self-similar, so each row keeps its top half.
+    {"pattern": "dynamic_topk", "topk_ratio": 0.5, "similarity_threshold": -1.0, "block_size_q": 16,
+     "block_size_kv": 16},
     {"pattern": "threshold", "threshold": 0.8, "block_size_q": 16, "block_size_kv": 16},
 ])
 def test_sparse_patterns_stay_close_to_dense(model, inputs, config):
