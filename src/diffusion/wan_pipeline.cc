@@ -1,5 +1,6 @@
 #include "tessel/diffusion/wan_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -56,6 +57,20 @@ Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed) {
   Tensor noise = Tensor::empty(latent_shape, DType::kF32);
   fill_normal(noise, seed);
   return noise;
+}
+
+Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder, const TensorView& input_ids,
+                             const TensorView& attention_mask) {
+  Tensor embeddings = Tensor::empty({input_ids.size(0), input_ids.size(1), encoder.config().d_model}, DType::kF32);
+  encoder.forward(ctx, input_ids, attention_mask, embeddings);  // checks both token tensors first
+  const int64_t rows = input_ids.size(0), length = input_ids.size(1), width = encoder.config().d_model;
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < length; ++i) tokens += attention_mask.data_as<const int32_t>()[row * length + i] != 0;
+    float* padding = embeddings.data_as<float>() + (row * length + tokens) * width;
+    std::fill(padding, padding + (length - tokens) * width, 0.0f);
+  }
+  return embeddings;
 }
 
 WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler)

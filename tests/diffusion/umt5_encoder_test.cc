@@ -15,6 +15,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/umt5_encoder.h"
+#include "tessel/diffusion/wan_pipeline.h"
 
 namespace tessel {
 namespace {
@@ -88,6 +89,22 @@ TEST(UMT5Encoder, LoadsATransformersDirectory) {
   Tensor c = Tensor::empty({2, 9, 32}, DType::kF32);
   UMT5Encoder::load(sharded.string()).forward(ExecContext{}, ids, mask, c);
   EXPECT_EQ(std::memcmp(c.data(), b.data(), c.nbytes()), 0);
+}
+
+TEST(UMT5Encoder, WanPromptEmbeddingsZeroThePadding) {
+  const UMT5Encoder encoder = load_fixture_encoder();
+  const SafetensorsFile io = SafetensorsFile::open(kDir + "/io.safetensors");
+  const Tensor ids = io.load("input_ids"), mask = io.load("attention_mask");
+  Tensor raw = Tensor::empty({2, 9, 32}, DType::kF32);
+  encoder.forward(ExecContext{}, ids, mask, raw);
+  const Tensor embeddings = wan_prompt_embeddings(ExecContext{}, encoder, ids, mask);
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t token = 0; token < 9; ++token)
+      for (int64_t i = 0; i < 32; ++i) {
+        const int64_t at = (row * 9 + token) * 32 + i;
+        const bool padding = row == 1 && token >= 5;  // the fixture's second row has 5 tokens
+        EXPECT_EQ(embeddings.data_as<float>()[at], padding ? 0.0f : raw.data_as<float>()[at]) << row << " " << token;
+      }
 }
 
 TEST(UMT5Encoder, BadInputsAreErrors) {

@@ -11,6 +11,7 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/dit/wan_model.h"
 
 namespace tessel {
@@ -58,6 +59,12 @@ struct WanGenerationResult {
 // The standard-normal starting latents for `seed`: the same seed gives the same numbers on every
 // platform (not torch's generator: the same seed does not give diffusers' noise).
 Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed);
+
+// The text embeddings WanPipeline hands the transformer: the encoder's output (B, L, d_model) with
+// every position from a row's token count on (the count of non-zero mask entries; the tokenizer
+// pads on the right) set to zero, as diffusers' _get_t5_prompt_embeds cuts and zero-pads them.
+Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder, const TensorView& input_ids,
+                             const TensorView& attention_mask);
 
 class WanPipeline {
  public:
