@@ -20,7 +20,7 @@
 //      for query head h when given): the smallest set that contains the forced blocks and reaches
 //      the threshold. The padding blocks are then dropped, and block 0 is added if keep_first
 //      (after the selection, without counting toward it, as the official selection keeps it).
-//   6. Aggregation (optional, as xattention-bsa-policy.md):
+//   6. Aggregation (optional, as the XAttention-BSA policy of the KV layer does):
 //        gqa_any: a kv head keeps a block iff any of its query heads does (mask_heads = H_kv);
 //        vote = kHeads: block (r, c) is kept iff more than half of the heads keep it
 //                       (mask_heads = 1), then the forced blocks are added again;
