@@ -11,6 +11,16 @@ rm -rf "$STAGE" && mkdir -p "$STAGE/bin" "$STAGE/lib"
 if [[ $# -gt 0 ]]; then names=("$@"); else
   names=(tessel backend_conformance_test); for f in "$BUILD"/bin/*_gpu_test; do names+=("$(basename "$f")"); done
 fi
+# A binary older than the library was linked against an earlier build of it (its target was not
+# rebuilt since): running it against this library can crash for reasons that are not bugs. Refuse.
+stale=()
+for n in "${names[@]}"; do
+  [[ "$BUILD/bin/$n" -ot "$BUILD/lib/libtessel.so" ]] && stale+=("$n")
+done
+if [[ ${#stale[@]} -gt 0 ]]; then
+  echo "stage-gpu-binaries: older than $BUILD/lib/libtessel.so (rebuild them first): ${stale[*]}" >&2
+  exit 1
+fi
 for n in "${names[@]}"; do cp "$BUILD/bin/$n" "$STAGE/bin/"; done
 cp "$BUILD/lib/libtessel.so" "$STAGE/lib/"
 [[ -d "$BUILD/lib/plugins" ]] && cp -r "$BUILD/lib/plugins" "$STAGE/lib/" || true
