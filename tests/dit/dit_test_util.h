@@ -12,9 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_source_dir.h"
+
 namespace tessel {
 
-inline std::filesystem::path wan_fixture_dir() { return std::filesystem::path(TESSEL_SOURCE_DIR) / "tests/fixtures/wan"; }
+inline std::filesystem::path wan_fixture_dir() { return test_support::source_dir() / "tests/fixtures/wan"; }
 
 // A fresh directory under the test temp dir, unique per test and process, removed at the end.
 class ScratchDir {
