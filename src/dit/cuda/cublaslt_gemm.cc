@@ -1,0 +1,111 @@
+// cuBLASLt linear layers (see cublaslt_gemm.h). cuBLASLt is column-major: the row-major product
+// y (m, n) = x (m, k) · w (n, k)^T is, read column-major, y^T (n, m) = w^T · x^T, where the
+// row-major w (n, k) is a column-major (k, n) matrix used transposed and the row-major x (m, k) a
+// column-major (k, m) one used as is. The bias then runs along y^T's rows: one value per output
+// feature, as the epilogue adds it.
+#include "cuda/cublaslt_gemm.h"
+
+#include <cublasLt.h>
+
+#include "tessel/core/error.h"
+
+namespace tessel::dit::cuda {
+namespace {
+
+void check(cublasStatus_t status, const char* what, const GemmShape& shape) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(detail::concat("cuBLASLt ", what, " failed for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
+                               dtype_name(shape.input), " -> ", dtype_name(shape.output), "): ", cublasLtGetStatusString(status)));
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF32: return CUDA_R_32F;
+    default: throw Error(detail::concat("cuBLASLt linear: element type ", dtype_name(dtype), ", expected bf16 or fp32"));
+  }
+}
+
+}  // namespace
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t weight = nullptr, input = nullptr, output = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (output) cublasLtMatrixLayoutDestroy(output);
+    if (input) cublasLtMatrixLayoutDestroy(input);
+    if (weight) cublasLtMatrixLayoutDestroy(weight);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+CublasLtGemm::CublasLtGemm() {
+  cublasLtHandle_t handle = nullptr;
+  const cublasStatus_t status = cublasLtCreate(&handle);
+  if (status != CUBLAS_STATUS_SUCCESS) throw Error(detail::concat("cublasLtCreate failed: ", cublasLtGetStatusString(status)));
+  handle_ = handle;
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
+  const auto found = plans_.find(shape);
+  if (found != plans_.end()) return *found->second;
+  auto plan = std::make_unique<Plan>();
+  const cudaDataType_t input_type = cuda_type(shape.input), output_type = cuda_type(shape.output);
+  check(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA",
+        shape);
+  check(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)), "TRANSB", shape);
+  const cublasLtEpilogue_t epilogue =
+      shape.epilogue == GemmEpilogue::kBiasGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  check(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue",
+        shape);
+  const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
+  check(cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
+  check(cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
+  check(cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&preference), "preference", shape);
+  const uint64_t workspace_bytes = kWorkspaceBytes;
+  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                               &workspace_bytes, sizeof(workspace_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_algorithms = 0;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->operation, plan->weight, plan->input,
+                                            plan->output, plan->output, preference, 1, &result, &found_algorithms);
+  cublasLtMatmulPreferenceDestroy(preference);
+  check(status, "algorithm heuristic", shape);
+  if (found_algorithms == 0)
+    throw Error(detail::concat("cuBLASLt has no algorithm for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
+                               dtype_name(shape.input), " -> ", dtype_name(shape.output), ")"));
+  plan->algo = result.algo;
+  return *plans_.emplace(shape, std::move(plan)).first->second;
+}
+
+void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
+                          cudaStream_t stream) const {
+  if (shape.m == 0) return;
+  const std::lock_guard lock(mutex_);
+  const Plan& plan = plan_for(shape);
+  // The bias pointer lives in the cached descriptor; cuBLASLt reads it when the matmul is enqueued.
+  check(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer",
+        shape);
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
+                       plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
+        "matmul", shape);
+}
+
+}  // namespace tessel::dit::cuda
