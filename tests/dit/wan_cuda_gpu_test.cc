@@ -130,11 +130,12 @@ Tensor cpu_forward(const WanTransformer& model, const Tensor& latents, const Ten
 }
 
 // The CUDA forward under `ctx` (its workspace), copied back to the host.
-Tensor cuda_forward(const ExecContext& ctx, const WanTransformer& model, const Inputs& in, const StepInfo& step = {}) {
+Tensor cuda_forward(const ExecContext& ctx, const WanTransformer& model, const Inputs& in, const StepInfo& step = {},
+                    WanForwardProfile* profile = nullptr) {
   const Device gpu = Device::cuda();
   const Tensor latents = in.latents.to(gpu), timestep = in.timestep.to(gpu), text = in.text.to(gpu);
   Tensor out = Tensor::zeros(in.latents.shape(), DType::kF32, gpu);
-  model.forward(ctx, step, latents, timestep, text, out);
+  model.forward(ctx, step, latents, timestep, text, out, profile);
   return out.to(Device::cpu());
 }
 
@@ -217,21 +218,34 @@ TEST(WanCuda, SelfAttentionThroughSparseModulesWithWarmupAndPerBlockConfigs) {
   ctx.device = Device::cuda();
   const Tensor dense = cuda_forward(ctx, WanTransformer(c.config, weights, {}, Device::cuda()), in);
 
-  WanAttentionOptions radial;
-  radial.registry = &registry;
-  radial.config = parse_sparse_attn_json(R"({"backend": "radial", "pattern": {"type": "radial"}, "warmup": {"dense_steps": 1}})");
-  radial.config.geometry.spatial_layout = wan_spatial_layout(c.config, c.frames, c.height, c.width);
-  const WanTransformer sparse(c.config, weights, radial, Device::cuda());
+  // dynamic_topk ranking every block (random tokens are not self-similar), estimated on the device,
+  // sparse from step 1 on.
+  WanAttentionOptions topk;
+  topk.registry = &registry;
+  topk.config = parse_sparse_attn_json(R"({"backend": "dynamic_topk", "pattern": {"type": "dynamic_topk"},
+      "selection": {"topk_ratio": 0.3}, "options": {"similarity_threshold": "-2"}, "warmup": {"dense_steps": 1}})");
+  const WanTransformer sparse(c.config, weights, topk, Device::cuda());
   // Step 0 is the dense warm-up: the same kernel on the same operands as the direct path.
   const Tensor warmup = cuda_forward(ctx, sparse, in, StepInfo::at(0, 4));
   EXPECT_EQ(std::memcmp(dense.data(), warmup.data(), dense.nbytes()), 0);
-  const double sparse_error = rel_l2(cuda_forward(ctx, sparse, in, StepInfo::at(1, 4)), dense);
-  std::printf("radial on 768 tokens at step 1: rel-L2 vs dense %.3e\n", sparse_error);
+  WanForwardProfile profile;
+  const double sparse_error = rel_l2(cuda_forward(ctx, sparse, in, StepInfo::at(1, 4), &profile), dense);
+  std::printf("dynamic_topk 0.3 on 768 tokens at step 1: rel-L2 vs dense %.3e, density %.3f\n", sparse_error,
+              profile.mean_self_attention_density());
   EXPECT_TRUE(std::isfinite(sparse_error));
   EXPECT_GT(sparse_error, 1e-4);
+  EXPECT_EQ(profile.dense_self_attention_calls, 0);
+  EXPECT_LT(profile.mean_self_attention_density(), 1.0);
+
+  // radial (a static mask over the latent's patch grid) runs and stays finite.
+  WanAttentionOptions radial;
+  radial.registry = &registry;
+  radial.config = parse_sparse_attn_json(R"({"backend": "radial", "pattern": {"type": "radial"}})");
+  radial.config.geometry.spatial_layout = wan_spatial_layout(c.config, c.frames, c.height, c.width);
+  EXPECT_TRUE(std::isfinite(rel_l2(cuda_forward(ctx, WanTransformer(c.config, weights, radial, Device::cuda()), in), dense)));
 
   // Both blocks configured back to dense give the dense output at a sparse step.
-  WanAttentionOptions per_block = radial;
+  WanAttentionOptions per_block = topk;
   per_block.layer_configs[0] = parse_sparse_attn_json(R"({"backend": "none"})");
   per_block.layer_configs[1] = parse_sparse_attn_json(R"({"backend": "none"})");
   const Tensor all_dense = cuda_forward(ctx, WanTransformer(c.config, weights, per_block, Device::cuda()), in, StepInfo::at(1, 4));

@@ -3,19 +3,70 @@
 // row-major w (n, k) is a column-major (k, n) matrix used transposed and the row-major x (m, k) a
 // column-major (k, m) one used as is. The bias then runs along y^T's rows: one value per output
 // feature, as the epilogue adds it.
+//
+// libcublasLt is opened at run time, the first time a model needs it, rather than linked: it is
+// half a gigabyte that not every machine running tessel's other CUDA code has on its library
+// path, and a missing one should fail the Wan CUDA model with a message, not every program that
+// loads libtessel.
 #include "cuda/cublaslt_gemm.h"
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include "tessel/core/error.h"
 
 namespace tessel::dit::cuda {
 namespace {
 
+// The cuBLASLt functions this file calls, resolved from the shared library once.
+struct CublasLtApi {
+#define TESSEL_CUBLASLT_FUNCTIONS(X)                                                                                   \
+  X(cublasLtCreate)                                                                                                    \
+  X(cublasLtDestroy)                                                                                                   \
+  X(cublasLtGetStatusString)                                                                                           \
+  X(cublasLtMatmulDescCreate)                                                                                          \
+  X(cublasLtMatmulDescDestroy)                                                                                         \
+  X(cublasLtMatmulDescSetAttribute)                                                                                    \
+  X(cublasLtMatrixLayoutCreate)                                                                                        \
+  X(cublasLtMatrixLayoutDestroy)                                                                                       \
+  X(cublasLtMatmulPreferenceCreate)                                                                                    \
+  X(cublasLtMatmulPreferenceDestroy)                                                                                   \
+  X(cublasLtMatmulPreferenceSetAttribute)                                                                              \
+  X(cublasLtMatmulAlgoGetHeuristic)                                                                                    \
+  X(cublasLtMatmul)
+#define TESSEL_CUBLASLT_MEMBER(name) decltype(&::name) name = nullptr;
+  TESSEL_CUBLASLT_FUNCTIONS(TESSEL_CUBLASLT_MEMBER)
+#undef TESSEL_CUBLASLT_MEMBER
+};
+
+// The library of the cuBLAS major version tessel was compiled against (sonames carry it).
+#define TESSEL_CUBLASLT_QUOTE(x) #x
+#define TESSEL_CUBLASLT_VERSION(x) TESSEL_CUBLASLT_QUOTE(x)
+constexpr const char* kCublasLtLibrary = "libcublasLt.so." TESSEL_CUBLASLT_VERSION(CUBLAS_VER_MAJOR);
+
+const CublasLtApi& cublaslt() {
+  static const CublasLtApi api = [] {
+    void* library = dlopen(kCublasLtLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr)
+      throw Error(detail::concat("the Wan CUDA model needs cuBLASLt: ", kCublasLtLibrary, " could not be opened (", dlerror(),
+                                 "); put the folder that holds it (the CUDA toolkit's lib64, or the nvidia-cublas Python "
+                                 "package's nvidia/cublas/lib) on LD_LIBRARY_PATH"));
+    CublasLtApi loaded;
+#define TESSEL_CUBLASLT_RESOLVE(name)                                                                                   \
+  loaded.name = reinterpret_cast<decltype(&::name)>(dlsym(library, #name));                                            \
+  if (loaded.name == nullptr) throw Error(detail::concat(kCublasLtLibrary, " has no symbol ", #name));
+    TESSEL_CUBLASLT_FUNCTIONS(TESSEL_CUBLASLT_RESOLVE)
+#undef TESSEL_CUBLASLT_RESOLVE
+    return loaded;  // the library stays open for the process's lifetime
+  }();
+  return api;
+}
+
 void check(cublasStatus_t status, const char* what, const GemmShape& shape) {
   if (status != CUBLAS_STATUS_SUCCESS)
     throw Error(detail::concat("cuBLASLt ", what, " failed for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
-                               dtype_name(shape.input), " -> ", dtype_name(shape.output), "): ", cublasLtGetStatusString(status)));
+                               dtype_name(shape.input), " -> ", dtype_name(shape.output),
+                               "): ", cublaslt().cublasLtGetStatusString(status)));
 }
 
 cudaDataType_t cuda_type(DType dtype) {
@@ -37,23 +88,23 @@ struct CublasLtGemm::Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (output) cublasLtMatrixLayoutDestroy(output);
-    if (input) cublasLtMatrixLayoutDestroy(input);
-    if (weight) cublasLtMatrixLayoutDestroy(weight);
-    if (operation) cublasLtMatmulDescDestroy(operation);
+    if (output) cublaslt().cublasLtMatrixLayoutDestroy(output);
+    if (input) cublaslt().cublasLtMatrixLayoutDestroy(input);
+    if (weight) cublaslt().cublasLtMatrixLayoutDestroy(weight);
+    if (operation) cublaslt().cublasLtMatmulDescDestroy(operation);
   }
 };
 
 CublasLtGemm::CublasLtGemm() {
   cublasLtHandle_t handle = nullptr;
-  const cublasStatus_t status = cublasLtCreate(&handle);
-  if (status != CUBLAS_STATUS_SUCCESS) throw Error(detail::concat("cublasLtCreate failed: ", cublasLtGetStatusString(status)));
+  const cublasStatus_t status = cublaslt().cublasLtCreate(&handle);
+  if (status != CUBLAS_STATUS_SUCCESS) throw Error(detail::concat("cublasLtCreate failed: ", cublaslt().cublasLtGetStatusString(status)));
   handle_ = handle;
 }
 
 CublasLtGemm::~CublasLtGemm() {
   plans_.clear();
-  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+  if (handle_) cublaslt().cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
 const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
@@ -61,31 +112,36 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   if (found != plans_.end()) return *found->second;
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t input_type = cuda_type(shape.input), output_type = cuda_type(shape.output);
-  check(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
+  check(cublaslt().cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
   const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  check(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA",
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA",
         shape);
-  check(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)), "TRANSB", shape);
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)), "TRANSB", shape);
   const cublasLtEpilogue_t epilogue =
       shape.epilogue == GemmEpilogue::kBiasGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  check(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue",
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue",
         shape);
   const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
-  check(cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
-  check(cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
-  check(cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
 
   cublasLtMatmulPreference_t preference = nullptr;
-  check(cublasLtMatmulPreferenceCreate(&preference), "preference", shape);
+  check(cublaslt().cublasLtMatmulPreferenceCreate(&preference), "preference", shape);
   const uint64_t workspace_bytes = kWorkspaceBytes;
-  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  cublasStatus_t status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &workspace_bytes, sizeof(workspace_bytes));
+  // Split-k partial sums only in fp32 (the in-place and output-type schemes would add them in bf16).
+  const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_schemes,
+                                                  sizeof(reduction_schemes));
   cublasLtMatmulHeuristicResult_t result{};
   int found_algorithms = 0;
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->operation, plan->weight, plan->input,
+    status = cublaslt().cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->operation, plan->weight, plan->input,
                                             plan->output, plan->output, preference, 1, &result, &found_algorithms);
-  cublasLtMatmulPreferenceDestroy(preference);
+  cublaslt().cublasLtMatmulPreferenceDestroy(preference);
   check(status, "algorithm heuristic", shape);
   if (found_algorithms == 0)
     throw Error(detail::concat("cuBLASLt has no algorithm for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
@@ -100,10 +156,10 @@ void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, 
   const std::lock_guard lock(mutex_);
   const Plan& plan = plan_for(shape);
   // The bias pointer lives in the cached descriptor; cuBLASLt reads it when the matmul is enqueued.
-  check(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer",
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer",
         shape);
   const float alpha = 1.0f, beta = 0.0f;
-  check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
+  check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
                        plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
         "matmul", shape);
 }
