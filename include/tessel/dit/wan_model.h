@@ -137,7 +137,7 @@ class WanTransformer {
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
   // `block_cache`, when given, is asked before the blocks whether to run them (it needs one timestep
-  // per batch entry: a (B, S) timestep is an Error).
+  // per batch entry: a (B, S) timestep is an Error; a CUDA model takes none yet).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
                WanBlockCache* block_cache = nullptr) const;
