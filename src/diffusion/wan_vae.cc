@@ -84,9 +84,11 @@ WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights
     fp32[spec.name] = found->second.dtype() == DType::kF32 ? found->second.clone() : found->second.to(DType::kF32);
   }
   if (weights.size() != specs.size())
-    for (const auto& [name, tensor] : weights)
+    for (const auto& entry : weights) {  // not a structured binding: clang 14 cannot capture one in a lambda
+      const std::string& name = entry.first;
       if (std::none_of(specs.begin(), specs.end(), [&](const WeightSpec& s) { return s.name == name; }))
         fail_argument("Wan VAE weights", "only AutoencoderKLWan's tensors", "an extra tensor " + quoted_excerpt(name));
+    }
   decoder_ = std::make_unique<Decoder>(config_, fp32);
 }
 
