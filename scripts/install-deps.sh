@@ -8,6 +8,8 @@ packages=(
   nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI
   libpng-dev        # libpng: `tessel mask` pictures
+  libcpp-httplib-dev # cpp-httplib: the HTTP server of `tessel serve` and its tests' client (thread pool)
+  pkg-config        # finds cpp-httplib's library and the defines it was built with
   libomp-dev        # OpenMP runtime headers (g++ uses libgomp; kept for clang builds)
   libopenblas-dev   # BLAS: reference comparisons in CPU benchmarks
   libopenmpi-dev    # MPI: the parallel layer's CPU communicator

@@ -1,0 +1,199 @@
+// The Wan model type of wan_serving.h.
+#include "tessel/engine/wan_serving.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/plugin/plugin_loader.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+Tensor load_embedding(const SafetensorsFile& file, const std::string& name) {
+  if (!file.find(name)) fail_argument("embeddings file", "a safetensors file with a tensor \"" + name + "\"", quoted_excerpt(file.path()));
+  Tensor tensor = file.load(name);
+  return tensor.dtype() == DType::kF32 ? tensor : tensor.to(DType::kF32);
+}
+
+class WanRunner final : public PipelineRunner {
+ public:
+  explicit WanRunner(const RunnerSetup& setup) : config_(wan_runner_config_from_json(setup.config_json)) {
+    if (setup.world_size != 1)
+      fail_argument("number of workers for WanPipeline", "1 (the pipeline runs on one rank)", setup.world_size);
+    if (config_.embeddings_file.empty())
+      throw Error("WanPipeline: no text conditioning: give an embeddings file (prompt_embeds, negative_prompt_embeds); "
+                  "prompts are not encoded from text by the engine yet");
+    const SafetensorsFile embeddings = SafetensorsFile::open(config_.embeddings_file);
+    prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
+    if (embeddings.find("negative_prompt_embeds")) negative_embeds_ = load_embedding(embeddings, "negative_prompt_embeds");
+
+    scheduler_config_ = load_scheduler_config((fs::path(setup.model_dir) / "scheduler").string());
+    if (!config_.scheduler.empty()) {
+      SchedulerConfig replacement;
+      replacement.kind = scheduler_kind_from_name(config_.scheduler);
+      replacement.num_train_timesteps = scheduler_config_.num_train_timesteps;
+      replacement.shift = scheduler_config_.shift;
+      scheduler_config_ = replacement;
+    }
+    if (config_.flow_shift > 0.0) scheduler_config_.shift = config_.flow_shift;
+
+    WanAttentionOptions attention;
+    if (!config_.sparse_attn_config_json.empty()) {
+      registry_ = make_default_registry();
+      registry_->set_plugin_dirs(config_.plugin_dirs);
+      attention.registry = registry_.get();
+      attention.config = parse_sparse_attn_json(config_.sparse_attn_config_json);
+      attention.backend_override = config_.backend_override;
+    }
+    transformer_.emplace(WanTransformer::load((fs::path(setup.model_dir) / "transformer").string(), attention));
+  }
+
+  RunnerOutput run(const GenerationRequest& request, const RunControl& control) override {
+    const bool guided = request.guidance_scale > 1.0;
+    if (guided && !negative_embeds_.defined())
+      fail_argument("guidance_scale", "<= 1 (the embeddings file has no negative_prompt_embeds)", request.guidance_scale);
+    const WanTransformer& transformer = transformer_for(request);
+    auto scheduler = make_scheduler(scheduler_config_);
+    const WanPipeline pipeline(transformer, *scheduler);
+    ExecContext ctx;
+    ctx.num_threads = config_.num_threads;
+    RunnerOutput output;
+    const auto started = std::chrono::steady_clock::now();
+    const int64_t steps = request.num_inference_steps;
+    const int64_t total = steps * request.num_outputs;
+    for (int64_t i = 0; i < request.num_outputs; ++i) {
+      WanGenerationOptions options;
+      options.num_inference_steps = steps;
+      options.guidance_scale = request.guidance_scale;
+      options.seed = request.seed + static_cast<uint64_t>(i);
+      options.size = WanVideoSize{request.frames, request.height, request.width};
+      options.cancel = control.cancel;
+      options.on_step = [&](const WanStepProgress& p) {
+        if (!control.on_progress) return;
+        RequestProgress progress;
+        progress.step = i * steps + p.step;
+        progress.total_steps = total;
+        progress.step_seconds = p.step_seconds;
+        progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(progress.step) *
+                               static_cast<double>(total - progress.step);
+        progress.attention_density = scheduled_density(transformer, p.step - 1, steps);
+        control.on_progress(progress);
+      };
+      WanGenerationResult result = pipeline.generate(ctx, prompt_embeds_, guided ? negative_embeds_.view() : TensorView{}, options);
+      output.steps_done += result.steps_done;
+      if (result.cancelled) {
+        output.cancelled = true;
+        return output;
+      }
+      output.outputs.push_back(std::move(result.latents));
+    }
+    return output;
+  }
+
+ private:
+  const WanTransformer& transformer_for(const GenerationRequest& request) const {
+    if (!request.sparse_attention.empty() && request.sparse_attention != "default")
+      fail_argument("sparse_attention", "\"default\" (the server's setting)", quoted_excerpt(request.sparse_attention));
+    return *transformer_;
+  }
+
+  // The mean over layers of the self-attention density the sparse schedule gives `step` (1 when
+  // dense or no backend resolved).
+  static double scheduled_density(const WanTransformer& transformer, int64_t step, int64_t steps) {
+    const int64_t layers = transformer.config().num_layers;
+    double sum = 0.0;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const SparseAttention* attention = transformer.block_attention(layer);
+      sum += attention != nullptr && attention->adapter().backend() ? attention->adapter().density_at(StepInfo::at(step, steps, layer))
+                                                                     : 1.0;
+    }
+    return layers > 0 ? sum / static_cast<double>(layers) : 1.0;
+  }
+
+  WanRunnerConfig config_;
+  Tensor prompt_embeds_;
+  Tensor negative_embeds_;
+  SchedulerConfig scheduler_config_;
+  std::unique_ptr<BackendRegistry> registry_;
+  std::optional<WanTransformer> transformer_;
+};
+
+void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) {
+  if (value < low || value > high) fail_argument(field, detail::concat(low, "..", high), value);
+}
+
+}  // namespace
+
+std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
+  return nlohmann::json{{"embeddings_file", c.embeddings_file},
+                        {"num_threads", c.num_threads},
+                        {"sparse_attn_config_json", c.sparse_attn_config_json},
+                        {"backend_override", c.backend_override},
+                        {"plugin_dirs", c.plugin_dirs},
+                        {"scheduler", c.scheduler},
+                        {"flow_shift", c.flow_shift}}
+      .dump();
+}
+
+WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
+  const nlohmann::json j = nlohmann::json::parse(json_text);
+  WanRunnerConfig c;
+  c.embeddings_file = j.value("embeddings_file", "");
+  c.num_threads = j.value("num_threads", 0);
+  c.sparse_attn_config_json = j.value("sparse_attn_config_json", "");
+  c.backend_override = j.value("backend_override", "");
+  c.plugin_dirs = j.value("plugin_dirs", std::vector<std::string>{});
+  c.scheduler = j.value("scheduler", "");
+  c.flow_shift = j.value("flow_shift", 0.0);
+  return c;
+}
+
+void register_wan_runner(RunnerRegistry& runners) {
+  runners.add(kWanModelType, [](const RunnerSetup& setup) { return std::make_unique<WanRunner>(setup); });
+}
+
+void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits) {
+  PreProcessor pre = [limits](GenerationRequest& r) {
+    if (r.prompt.empty()) fail_argument("prompt", "a non-empty string", "an empty one");
+    if (r.prompt.size() > limits.max_prompt_bytes)
+      fail_argument("prompt", detail::concat("at most ", limits.max_prompt_bytes, " bytes"), r.prompt.size());
+    if (r.negative_prompt.size() > limits.max_prompt_bytes)
+      fail_argument("negative_prompt", detail::concat("at most ", limits.max_prompt_bytes, " bytes"), r.negative_prompt.size());
+    check_at_most("width", r.width, 16, limits.max_width);
+    check_at_most("height", r.height, 16, limits.max_height);
+    if (r.width % 16 != 0) fail_argument("width", "a multiple of 16", r.width);
+    if (r.height % 16 != 0) fail_argument("height", "a multiple of 16", r.height);
+    if (r.kind == OutputKind::kImage && r.frames != 1) fail_argument("frames", "1 for an image", r.frames);
+    check_at_most("frames", r.frames, 1, limits.max_frames);
+    if ((r.frames - 1) % 4 != 0) fail_argument("frames", "4k + 1 (1, 5, 9, ..., 81, ...)", r.frames);
+    check_at_most("num_inference_steps", r.num_inference_steps, 1, limits.max_steps);
+    check_at_most("n", r.num_outputs, 1, limits.max_outputs);
+    if (!(r.guidance_scale >= 0.0 && r.guidance_scale <= limits.max_guidance))
+      fail_argument("guidance_scale", detail::concat("0..", limits.max_guidance), r.guidance_scale);
+    if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
+  };
+  // One safetensors file per image; a video's one output as one file.
+  PostProcessor post = [](const GenerationRequest& r, const std::vector<Tensor>& outputs) {
+    std::vector<EncodedMedia> media;
+    for (size_t i = 0; i < outputs.size(); ++i)
+      media.push_back(encode_safetensors({outputs[i]}, {{"content", "latents"},
+                                                        {"request", r.id},
+                                                        {"seed", std::to_string(r.seed + i)},
+                                                        {"steps", std::to_string(r.num_inference_steps)}}));
+    return media;
+  };
+  processors.add(kWanModelType, std::move(pre), std::move(post));
+}
+
+}  // namespace tessel::engine
