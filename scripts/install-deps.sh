@@ -9,7 +9,11 @@ packages=(
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI
   libpng-dev        # libpng: `tessel mask` pictures
   libcpp-httplib-dev # cpp-httplib: the HTTP server of `tessel serve` and its tests' client (thread pool)
-  pkg-config        # finds cpp-httplib's library and the defines it was built with
+  libsentencepiece-dev # sentencepiece: the UMT5 tokenizer of Wan's text encoder
+  pkg-config        # finds sentencepiece, libav and cpp-httplib (with the defines it was built with) for CMake
+  libavformat-dev   # libav: MP4 output (optional at build time; H.264 through Debian's libx264)
+  libavcodec-dev
+  libswscale-dev
   libomp-dev        # OpenMP runtime headers (g++ uses libgomp; kept for clang builds)
   libopenblas-dev   # BLAS: reference comparisons in CPU benchmarks
   libopenmpi-dev    # MPI: the parallel layer's CPU communicator
