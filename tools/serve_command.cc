@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -45,6 +46,7 @@ struct ServeOptions {
   double fps = 16.0;
   std::string scheduler;
   double flow_shift = 0.0;
+  std::vector<std::string> sparse_attention_allowed;  // NAME=dense|'<json>'|@file.json
   int64_t request_timeout_s = 0;
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
@@ -68,18 +70,38 @@ std::pair<int64_t, int64_t> parse_default_size(const std::string& text) {
   }
 }
 
-// The sparse-attention config the workers apply ("" for dense); spatial patterns get the latent
-// layout of the default size, as `tessel generate` does for its one size.
-std::string sparse_config_json(const ServeOptions& o, const SparseAttnFlags& flags, int64_t width, int64_t height) {
-  const SparseAttnEnv& env = process_sparse_attn_env();
-  if (!sparse_attn_requested(flags, env)) return "";
-  SparseAttnConfig config = sparse_attn_config_from(flags, env);
+// A config as the workers take it: spatial patterns get the latent layout of the default size, as
+// `tessel generate` does for its one size.
+std::string worker_config_json(SparseAttnConfig config, const ServeOptions& o, int64_t width, int64_t height) {
   const WanConfig model = load_wan_config((fs::path(o.model_dir) / "transformer").string());
   WanVideoSize size{o.frames, height, width};
   const Shape latent = size.latent_shape(model.in_channels);
   if (!config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
     config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
   return config.to_json();
+}
+
+// The default sparse-attention config ("" for dense).
+std::string sparse_config_json(const ServeOptions& o, const SparseAttnFlags& flags, int64_t width, int64_t height) {
+  const SparseAttnEnv& env = process_sparse_attn_env();
+  if (!sparse_attn_requested(flags, env)) return "";
+  return worker_config_json(sparse_attn_config_from(flags, env), o, width, height);
+}
+
+// --sparse-attn-allow NAME=dense|'<json>'|@file.json, each a setting a request may name.
+std::map<std::string, std::string> allowed_settings(const ServeOptions& o, int64_t width, int64_t height) {
+  std::map<std::string, std::string> settings;
+  for (const std::string& entry : o.sparse_attention_allowed) {
+    const size_t equals = entry.find('=');
+    const std::string name = entry.substr(0, equals);
+    if (equals == std::string::npos || name.empty() || name == "default" ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+      fail_argument("--sparse-attn-allow", "NAME=dense|'<json>'|@file.json with NAME of letters, digits, _ and - (not default)",
+                    quoted_excerpt(entry));
+    const std::string value = entry.substr(equals + 1);
+    settings[name] = value == "dense" ? "" : worker_config_json(parse_sparse_attn_config_arg(value, "--sparse-attn-allow"), o, width, height);
+  }
+  return settings;
 }
 
 // SIGTERM and SIGINT are blocked in every thread (the engine's and the HTTP pool's inherit the mask)
@@ -98,6 +120,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
   runner.num_threads = static_cast<int>(o.threads);
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
+  runner.sparse_attention_settings = allowed_settings(o, width, height);
   runner.backend_override = backend_override(process_sparse_attn_env());
   runner.plugin_dirs = process_sparse_attn_env().plugin_dirs;
   runner.scheduler = o.scheduler;
@@ -112,6 +135,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   config.request_timeout = seconds(o.request_timeout_s);
 
   engine::WanRequestLimits limits;
+  for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   engine::ProcessorRegistry processors;
   engine::register_wan_processors(processors, limits);
 
@@ -202,6 +226,8 @@ CommandRegistration registration{
           ->check(integer_in(1024, 1 << 30));
       app.add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str()->check(integer_in(1, 1024));
       add_sparse_attn_flags(app, *flags);
+      app.add_option("--sparse-attn-allow", o->sparse_attention_allowed,
+                     "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
       return CommandRunner([o, flags] { return run_serve(*o, *flags); });
     }};
 

@@ -1,15 +1,24 @@
 // The Wan model type of wan_serving.h.
 #include "tessel/engine/wan_serving.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/video_frames.h"
+#include "tessel/diffusion/video_io.h"
 #include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
@@ -30,12 +39,14 @@ class WanRunner final : public PipelineRunner {
   explicit WanRunner(const RunnerSetup& setup) : config_(wan_runner_config_from_json(setup.config_json)) {
     if (setup.world_size != 1)
       fail_argument("number of workers for WanPipeline", "1 (the pipeline runs on one rank)", setup.world_size);
-    if (config_.embeddings_file.empty())
-      throw Error("WanPipeline: no text conditioning: give an embeddings file (prompt_embeds, negative_prompt_embeds); "
-                  "prompts are not encoded from text by the engine yet");
-    const SafetensorsFile embeddings = SafetensorsFile::open(config_.embeddings_file);
-    prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
-    if (embeddings.find("negative_prompt_embeds")) negative_embeds_ = load_embedding(embeddings, "negative_prompt_embeds");
+    if (!config_.embeddings_file.empty()) {
+      const SafetensorsFile embeddings = SafetensorsFile::open(config_.embeddings_file);
+      prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
+      if (embeddings.find("negative_prompt_embeds")) negative_embeds_ = load_embedding(embeddings, "negative_prompt_embeds");
+    } else {
+      text_encoder_.emplace(WanTextEncoder::load(setup.model_dir));
+    }
+    if (fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
 
     scheduler_config_ = load_scheduler_config((fs::path(setup.model_dir) / "scheduler").string());
     if (!config_.scheduler.empty()) {
@@ -47,26 +58,18 @@ class WanRunner final : public PipelineRunner {
     }
     if (config_.flow_shift > 0.0) scheduler_config_.shift = config_.flow_shift;
 
-    WanAttentionOptions attention;
-    if (!config_.sparse_attn_config_json.empty()) {
-      registry_ = make_default_registry();
-      registry_->set_plugin_dirs(config_.plugin_dirs);
-      attention.registry = registry_.get();
-      attention.config = parse_sparse_attn_json(config_.sparse_attn_config_json);
-      attention.backend_override = config_.backend_override;
-    }
-    transformer_.emplace(WanTransformer::load((fs::path(setup.model_dir) / "transformer").string(), attention));
+    transformer_dir_ = (fs::path(setup.model_dir) / "transformer").string();
+    transformers_.emplace("default", load_transformer(config_.sparse_attn_config_json));
   }
 
   RunnerOutput run(const GenerationRequest& request, const RunControl& control) override {
     const bool guided = request.guidance_scale > 1.0;
-    if (guided && !negative_embeds_.defined())
-      fail_argument("guidance_scale", "<= 1 (the embeddings file has no negative_prompt_embeds)", request.guidance_scale);
     const WanTransformer& transformer = transformer_for(request);
     auto scheduler = make_scheduler(scheduler_config_);
     const WanPipeline pipeline(transformer, *scheduler);
     ExecContext ctx;
     ctx.num_threads = config_.num_threads;
+    const auto [prompt_embeds, negative_embeds] = text_embeddings(ctx, request, guided);
     RunnerOutput output;
     const auto started = std::chrono::steady_clock::now();
     const int64_t steps = request.num_inference_steps;
@@ -90,22 +93,69 @@ class WanRunner final : public PipelineRunner {
         progress.attention_density = scheduled_density(transformer, p.step - 1, steps);
         control.on_progress(progress);
       };
-      WanGenerationResult result = pipeline.generate(ctx, prompt_embeds_, guided ? negative_embeds_.view() : TensorView{}, options);
+      WanGenerationResult result = pipeline.generate(ctx, prompt_embeds, negative_embeds, options);
       output.steps_done += result.steps_done;
       if (result.cancelled) {
         output.cancelled = true;
         return output;
       }
-      output.outputs.push_back(std::move(result.latents));
+      output.outputs.push_back(vae_ ? decoded_frames(ctx, result.latents, request.fps) : std::move(result.latents));
     }
     return output;
   }
 
  private:
-  const WanTransformer& transformer_for(const GenerationRequest& request) const {
-    if (!request.sparse_attention.empty() && request.sparse_attention != "default")
-      fail_argument("sparse_attention", "\"default\" (the server's setting)", quoted_excerpt(request.sparse_attention));
-    return *transformer_;
+  // The transformer with the sparse-attention setting `config_json` (empty: dense attention).
+  WanTransformer load_transformer(const std::string& config_json) {
+    WanAttentionOptions attention;
+    if (!config_json.empty()) {
+      if (!registry_) {
+        registry_ = make_default_registry();
+        registry_->set_plugin_dirs(config_.plugin_dirs);
+      }
+      attention.registry = registry_.get();
+      attention.config = parse_sparse_attn_json(config_json);
+      attention.backend_override = config_.backend_override;
+    }
+    return WanTransformer::load(transformer_dir_, attention);
+  }
+
+  // The request's sparse-attention setting: the server's default, or one the server allows, loaded
+  // the first time a request names it (another copy of the weights).
+  const WanTransformer& transformer_for(const GenerationRequest& request) {
+    const std::string name = request.sparse_attention.empty() ? "default" : request.sparse_attention;
+    if (const auto it = transformers_.find(name); it != transformers_.end()) return it->second;
+    const auto allowed = config_.sparse_attention_settings.find(name);
+    if (allowed == config_.sparse_attention_settings.end())
+      fail_argument("sparse_attention", "\"default\" or a setting the server allows", quoted_excerpt(name));
+    return transformers_.emplace(name, load_transformer(allowed->second)).first->second;
+  }
+
+  // The conditional and (with guidance) unconditional embeddings: the fixed ones of the embeddings
+  // file, or the prompt and negative prompt through the model's tokenizer and text encoder.
+  std::pair<Tensor, Tensor> text_embeddings(const ExecContext& ctx, const GenerationRequest& request, bool guided) const {
+    if (!text_encoder_) {
+      if (guided && !negative_embeds_.defined())
+        fail_argument("guidance_scale", "<= 1 (the embeddings file has no negative_prompt_embeds)", request.guidance_scale);
+      return {prompt_embeds_, guided ? negative_embeds_ : Tensor{}};
+    }
+    if (!guided) return {text_encoder_->encode(ctx, {request.prompt}), Tensor{}};
+    const Tensor both = text_encoder_->encode(ctx, {request.prompt, request.negative_prompt});
+    const int64_t row = both.size(1) * both.size(2);
+    Tensor prompt = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+    Tensor negative = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+    std::copy_n(both.data_as<float>(), row, prompt.data_as<float>());
+    std::copy_n(both.data_as<float>() + row, row, negative.data_as<float>());
+    return {std::move(prompt), std::move(negative)};
+  }
+
+  // The VAE's video as 8-bit RGB frames (frames, height, width, 3): a quarter of the fp32 bytes
+  // to send to the engine.
+  Tensor decoded_frames(const ExecContext& ctx, const Tensor& latents, double fps) const {
+    const VideoFrames frames = video_frames_from_tensor(vae_->decode(ctx, latents), fps);
+    Tensor rgb = Tensor::empty({frames.count, frames.height, frames.width, 3}, DType::kU8);
+    std::copy(frames.rgb.begin(), frames.rgb.end(), rgb.data_as<uint8_t>());
+    return rgb;
   }
 
   // The mean over layers of the self-attention density the sparse schedule gives `step` (1 when
@@ -125,9 +175,33 @@ class WanRunner final : public PipelineRunner {
   Tensor prompt_embeds_;
   Tensor negative_embeds_;
   SchedulerConfig scheduler_config_;
+  std::optional<WanTextEncoder> text_encoder_;
+  std::optional<WanVae> vae_;
   std::unique_ptr<BackendRegistry> registry_;
-  std::optional<WanTransformer> transformer_;
+  std::string transformer_dir_;
+  std::map<std::string, WanTransformer> transformers_;  // by sparse-attention setting
 };
+
+VideoFrames frames_of(const Tensor& rgb, double fps) {
+  VideoFrames frames;
+  frames.count = rgb.size(0);
+  frames.height = rgb.size(1);
+  frames.width = rgb.size(2);
+  frames.fps = fps;
+  frames.rgb.assign(rgb.data_as<uint8_t>(), rgb.data_as<uint8_t>() + rgb.numel());
+  frames.validate();
+  return frames;
+}
+
+// write_mp4 writes files: through a private temporary one.
+std::string encode_mp4(const VideoFrames& frames) {
+  static std::atomic<uint64_t> counter{0};
+  const fs::path path = fs::temp_directory_path() / detail::concat("tessel-", getpid(), "-", counter++, ".mp4");
+  write_mp4(path.string(), frames);
+  std::string bytes = read_file_bounded(path.string(), uint64_t{1} << 34, "MP4 output");
+  fs::remove(path);
+  return bytes;
+}
 
 void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) {
   if (value < low || value > high) fail_argument(field, detail::concat(low, "..", high), value);
@@ -139,6 +213,7 @@ std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
   return nlohmann::json{{"embeddings_file", c.embeddings_file},
                         {"num_threads", c.num_threads},
                         {"sparse_attn_config_json", c.sparse_attn_config_json},
+                        {"sparse_attention_settings", c.sparse_attention_settings},
                         {"backend_override", c.backend_override},
                         {"plugin_dirs", c.plugin_dirs},
                         {"scheduler", c.scheduler},
@@ -152,6 +227,7 @@ WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
   c.embeddings_file = j.value("embeddings_file", "");
   c.num_threads = j.value("num_threads", 0);
   c.sparse_attn_config_json = j.value("sparse_attn_config_json", "");
+  c.sparse_attention_settings = j.value("sparse_attention_settings", std::map<std::string, std::string>{});
   c.backend_override = j.value("backend_override", "");
   c.plugin_dirs = j.value("plugin_dirs", std::vector<std::string>{});
   c.scheduler = j.value("scheduler", "");
@@ -182,15 +258,29 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
     if (!(r.guidance_scale >= 0.0 && r.guidance_scale <= limits.max_guidance))
       fail_argument("guidance_scale", detail::concat("0..", limits.max_guidance), r.guidance_scale);
     if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
+    if (!r.sparse_attention.empty() && r.sparse_attention != "default" &&
+        std::find(limits.sparse_attention_settings.begin(), limits.sparse_attention_settings.end(), r.sparse_attention) ==
+            limits.sparse_attention_settings.end()) {
+      std::string names = "\"default\"";
+      for (const std::string& name : limits.sparse_attention_settings) names += ", \"" + name + "\"";
+      fail_argument("sparse_attention", "one of " + names, quoted_excerpt(r.sparse_attention));
+    }
   };
-  // One safetensors file per image; a video's one output as one file.
   PostProcessor post = [](const GenerationRequest& r, const std::vector<Tensor>& outputs) {
     std::vector<EncodedMedia> media;
-    for (size_t i = 0; i < outputs.size(); ++i)
-      media.push_back(encode_safetensors({outputs[i]}, {{"content", "latents"},
-                                                        {"request", r.id},
-                                                        {"seed", std::to_string(r.seed + i)},
-                                                        {"steps", std::to_string(r.num_inference_steps)}}));
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].dtype() != DType::kU8) {  // latents: the model has no vae/
+        media.push_back(encode_safetensors({outputs[i]}, {{"content", "latents"},
+                                                          {"request", r.id},
+                                                          {"seed", std::to_string(r.seed + i)},
+                                                          {"steps", std::to_string(r.num_inference_steps)}}));
+        continue;
+      }
+      const VideoFrames frames = frames_of(outputs[i], r.fps);
+      if (r.kind == OutputKind::kImage) media.push_back({"image/png", encode_png(frames, 0)});
+      else if (mp4_available()) media.push_back({"video/mp4", encode_mp4(frames)});
+      else media.push_back(encode_safetensors({outputs[i]}, {{"content", "rgb frames (this build writes no MP4)"}}));
+    }
     return media;
   };
   processors.add(kWanModelType, std::move(pre), std::move(post));

@@ -1,9 +1,11 @@
 // The Wan text-to-video model type ("WanPipeline") for the engine: the worker-side runner (a
-// WanPipeline over the model directory's transformer/ and scheduler/), the engine-side request
-// checks, and the encoding of its outputs.
+// WanPipeline over the model directory's transformer/ and scheduler/, its tokenizer/ and
+// text_encoder/ for prompts, its vae/ when present), the engine-side request checks, and the
+// encoding of its outputs.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,10 +19,14 @@ inline constexpr const char* kWanModelType = "WanPipeline";
 // What the app configures once for every worker (sent to them as JSON).
 struct WanRunnerConfig {
   // safetensors with prompt_embeds (and negative_prompt_embeds for guidance > 1): the text
-  // conditioning of every request, as `tessel generate --embeddings` takes it.
+  // conditioning of every request, as `tessel generate --embeddings` takes it. Empty: each
+  // request's prompt through the model's tokenizer/ and text_encoder/.
   std::string embeddings_file;
   int num_threads = 0;                 // CPU threads (0: the OpenMP default)
-  std::string sparse_attn_config_json;  // a SparseAttnConfig's JSON; empty: dense attention
+  std::string sparse_attn_config_json;  // the default setting: a SparseAttnConfig's JSON; empty: dense
+  // Other settings a request may name in `sparse_attention` (name -> config JSON, empty: dense);
+  // each is loaded the first time a request names it (another copy of the transformer's weights).
+  std::map<std::string, std::string> sparse_attention_settings;
   std::string backend_override;        // the app's backend override (environment), empty: none
   std::vector<std::string> plugin_dirs;
   std::string scheduler;               // "unipc" or "euler" replaces the model's scheduler; empty: keep
@@ -38,13 +44,15 @@ struct WanRequestLimits {
   int64_t max_outputs = 4;
   size_t max_prompt_bytes = 4096;
   double max_guidance = 50.0;
+  std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
 };
 
 void register_wan_runner(RunnerRegistry& runners);
 // Pre-processing: size (multiples of 16 within the limits), frames (4k + 1; 1 for an image),
 // steps, n, guidance, prompt length; each refusal an Error starting with the request field's name.
-// Post-processing: the latents of each output (each image, or the video) as one safetensors file
-// whose tensor is "output_0" (the model directory's VAE decoder is not run by the engine yet).
+// Post-processing: with a vae/ the worker decodes each output to 8-bit frames and they become a PNG
+// per image or one MP4 per video (a safetensors of the frames when the build has no libav);
+// without one, each output's latents become a safetensors file whose tensor is "output_0".
 void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits);
 
 }  // namespace tessel::engine
