@@ -66,7 +66,7 @@ class WanRunner final : public PipelineRunner {
     const bool guided = request.guidance_scale > 1.0;
     const WanTransformer& transformer = transformer_for(request);
     auto scheduler = make_scheduler(scheduler_config_);
-    const WanPipeline pipeline(transformer, *scheduler);
+    const WanPipeline pipeline(transformer, *scheduler, vae_ ? &*vae_ : nullptr);
     ExecContext ctx;
     ctx.num_threads = config_.num_threads;
     const auto [prompt_embeds, negative_embeds] = text_embeddings(ctx, request, guided);
@@ -99,7 +99,7 @@ class WanRunner final : public PipelineRunner {
         output.cancelled = true;
         return output;
       }
-      output.outputs.push_back(vae_ ? decoded_frames(ctx, result.latents, request.fps) : std::move(result.latents));
+      output.outputs.push_back(vae_ ? frames_tensor(result.frames) : std::move(result.latents));
     }
     return output;
   }
@@ -149,10 +149,9 @@ class WanRunner final : public PipelineRunner {
     return {std::move(prompt), std::move(negative)};
   }
 
-  // The VAE's video as 8-bit RGB frames (frames, height, width, 3): a quarter of the fp32 bytes
-  // to send to the engine.
-  Tensor decoded_frames(const ExecContext& ctx, const Tensor& latents, double fps) const {
-    const VideoFrames frames = video_frames_from_tensor(vae_->decode(ctx, latents), fps);
+  // The decoded video as a tensor of 8-bit RGB frames (frames, height, width, 3): a quarter of
+  // the fp32 bytes to send to the engine.
+  static Tensor frames_tensor(const VideoFrames& frames) {
     Tensor rgb = Tensor::empty({frames.count, frames.height, frames.width, 3}, DType::kU8);
     std::copy(frames.rgb.begin(), frames.rgb.end(), rgb.data_as<uint8_t>());
     return rgb;

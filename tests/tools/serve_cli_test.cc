@@ -1,5 +1,4 @@
-// `tessel serve` end to end on a tiny random Wan model (tokenizer, text encoder, transformer and the
-// VAE fixture): every endpoint, the refusals (400 naming the field, 401, 404, 409, 413, 429), video
+// `tessel serve` end to end on the tiny random Wan model (tokenizer, text encoder, transformer, VAE): every endpoint, the refusals (400 naming the field, 401, 404, 409, 413, 429), video
 // cancellation, a worker killed mid-request, the SIGTERM drain, and a bounded load test in which
 // every request gets exactly one answer and the server's memory stays flat.
 #include <gtest/gtest.h>
@@ -22,13 +21,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-// The tiny random model with the VAE fixture as vae/, written once per test program.
+// The tiny random model (tokenizer, text encoder, transformer, VAE), written once per test program.
 const std::string& model_dir() {
   static const std::string dir = [] {
     const fs::path path = fs::path(::testing::TempDir()) / ("serve_model_" + std::to_string(getpid()));
     fs::remove_all(path);
     write_tiny_wan_model(path.string(), 7);
-    fs::create_directory_symlink(std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/vae", path / "vae");
     return path.string();
   }();
   return dir;
