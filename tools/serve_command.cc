@@ -20,6 +20,7 @@
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
+#include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/engine/engine.h"
@@ -47,6 +48,8 @@ struct ServeOptions {
   std::string scheduler;
   double flow_shift = 0.0;
   std::vector<std::string> sparse_attention_allowed;  // NAME=dense|'<json>'|@file.json
+  std::string cache = "none";
+  double teacache_thresh = CacheConfig{}.teacache_thresh;
   int64_t request_timeout_s = 0;
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
@@ -125,6 +128,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   runner.plugin_dirs = process_sparse_attn_env().plugin_dirs;
   runner.scheduler = o.scheduler;
   runner.flow_shift = o.flow_shift;
+  runner.cache = o.cache;
+  runner.teacache_thresh = o.teacache_thresh;
 
   engine::EngineConfig config;
   config.model_dir = fs::absolute(o.model_dir).string();
@@ -135,6 +140,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   config.request_timeout = seconds(o.request_timeout_s);
 
   engine::WanRequestLimits limits;
+  limits.cache = o.cache;
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   engine::ProcessorRegistry processors;
   engine::register_wan_processors(processors, limits);
@@ -226,6 +232,12 @@ CommandRegistration registration{
           ->check(integer_in(1024, 1 << 30));
       app.add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str()->check(integer_in(1, 1024));
       add_sparse_attn_flags(app, *flags);
+      app.add_option("--cache", o->cache, "step cache of every request: none or teacache (a request may ask for none)")
+          ->capture_default_str()
+          ->check(one_of({"none", "teacache"}));
+      app.add_option("--teacache-thresh", o->teacache_thresh, "TeaCache's threshold (0: never skip; higher skips more)")
+          ->capture_default_str()
+          ->check(number_in(0.0, 10.0));
       app.add_option("--sparse-attn-allow", o->sparse_attention_allowed,
                      "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
       return CommandRunner([o, flags] { return run_serve(*o, *flags); });

@@ -13,6 +13,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/video_frames.h"
 #include "tessel/diffusion/video_io.h"
@@ -58,7 +59,9 @@ class WanRunner final : public PipelineRunner {
     }
     if (config_.flow_shift > 0.0) scheduler_config_.shift = config_.flow_shift;
 
+    cache_config_.teacache_thresh = config_.teacache_thresh;
     transformer_dir_ = (fs::path(setup.model_dir) / "transformer").string();
+    make_cache_backend(config_.cache, cache_config_, load_wan_config(transformer_dir_));  // a bad name fails at start
     transformers_.emplace("default", load_transformer(config_.sparse_attn_config_json));
   }
 
@@ -81,6 +84,8 @@ class WanRunner final : public PipelineRunner {
       options.seed = request.seed + static_cast<uint64_t>(i);
       options.size = WanVideoSize{request.frames, request.height, request.width};
       options.cancel = control.cancel;
+      const std::unique_ptr<CacheBackend> cache = make_cache_backend(cache_name(request), cache_config_, transformer.config());
+      options.cache = cache.get();
       options.on_step = [&](const WanStepProgress& p) {
         if (!control.on_progress) return;
         RequestProgress progress;
@@ -131,6 +136,13 @@ class WanRunner final : public PipelineRunner {
     return transformers_.emplace(name, load_transformer(allowed->second)).first->second;
   }
 
+  std::string cache_name(const GenerationRequest& request) const {
+    if (request.cache.empty()) return config_.cache;
+    if (request.cache != "none" && request.cache != config_.cache)
+      fail_argument("cache", "\"none\" or the server's \"" + config_.cache + "\"", quoted_excerpt(request.cache));
+    return request.cache;
+  }
+
   // The conditional and (with guidance) unconditional embeddings: the fixed ones of the embeddings
   // file, or the prompt and negative prompt through the model's tokenizer and text encoder.
   std::pair<Tensor, Tensor> text_embeddings(const ExecContext& ctx, const GenerationRequest& request, bool guided) const {
@@ -174,6 +186,7 @@ class WanRunner final : public PipelineRunner {
   Tensor prompt_embeds_;
   Tensor negative_embeds_;
   SchedulerConfig scheduler_config_;
+  CacheConfig cache_config_;
   std::optional<WanTextEncoder> text_encoder_;
   std::optional<WanVae> vae_;
   std::unique_ptr<BackendRegistry> registry_;
@@ -216,6 +229,8 @@ std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
                         {"backend_override", c.backend_override},
                         {"plugin_dirs", c.plugin_dirs},
                         {"scheduler", c.scheduler},
+                        {"cache", c.cache},
+                        {"teacache_thresh", c.teacache_thresh},
                         {"flow_shift", c.flow_shift}}
       .dump();
 }
@@ -230,6 +245,8 @@ WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
   c.backend_override = j.value("backend_override", "");
   c.plugin_dirs = j.value("plugin_dirs", std::vector<std::string>{});
   c.scheduler = j.value("scheduler", "");
+  c.cache = j.value("cache", "none");
+  c.teacache_thresh = j.value("teacache_thresh", 0.08);
   c.flow_shift = j.value("flow_shift", 0.0);
   return c;
 }
@@ -257,6 +274,8 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
     if (!(r.guidance_scale >= 0.0 && r.guidance_scale <= limits.max_guidance))
       fail_argument("guidance_scale", detail::concat("0..", limits.max_guidance), r.guidance_scale);
     if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
+    if (!r.cache.empty() && r.cache != "none" && r.cache != limits.cache)
+      fail_argument("cache", "\"none\" or the server's \"" + limits.cache + "\"", quoted_excerpt(r.cache));
     if (!r.sparse_attention.empty() && r.sparse_attention != "default" &&
         std::find(limits.sparse_attention_settings.begin(), limits.sparse_attention_settings.end(), r.sparse_attention) ==
             limits.sparse_attention_settings.end()) {

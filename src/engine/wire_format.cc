@@ -44,7 +44,8 @@ nlohmann::json request_to_json(const GenerationRequest& r) {
           {"guidance_scale", r.guidance_scale},
           {"seed", r.seed},
           {"fps", r.fps},
-          {"sparse_attention", r.sparse_attention}};
+          {"sparse_attention", r.sparse_attention},
+          {"cache", r.cache}};
 }
 
 GenerationRequest request_from_json(const nlohmann::json& j) {
@@ -62,6 +63,7 @@ GenerationRequest request_from_json(const nlohmann::json& j) {
   r.seed = j.at("seed").get<uint64_t>();
   r.fps = j.at("fps").get<double>();
   r.sparse_attention = j.at("sparse_attention").get<std::string>();
+  r.cache = j.at("cache").get<std::string>();
   return r;
 }
 

@@ -145,7 +145,7 @@ TEST(ServeCli, EveryEndpointAnswers) {
 }
 
 TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
-  ServeProcess server(server_args({"--max-body-bytes", "2048", "--sparse-attn-allow", "plain=dense"}));
+  ServeProcess server(server_args({"--max-body-bytes", "2048", "--sparse-attn-allow", "plain=dense", "--cache", "teacache"}));
   ASSERT_NE(server.port(), 0) << server.log();
   httplib::Client client("127.0.0.1", server.port());
   const std::pair<std::string, std::string> bad_images[] = {
@@ -163,6 +163,7 @@ TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
       {R"({"prompt": "x", "response_format": "url"})", "response_format"},
       {R"({"prompt": "x", "sparse_attention": "fast"})", "sparse_attention"},
       {R"({"prompt": "x", "promt": "typo"})", "promt"},
+      {R"({"prompt": "x", "cache": "deepcache"})", "cache"},
   };
   for (const auto& [body, field] : bad_images) {
     const auto result = client.Post("/v1/images/generations", body, "application/json");
@@ -186,6 +187,7 @@ TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
   EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine"})", "application/json")->status, 200);
   EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine", "sparse_attention": "plain"})", "application/json")->status,
             200);
+  EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine", "cache": "none"})", "application/json")->status, 200);
 }
 
 TEST(ServeCli, TheApiKeyIsRequiredWhenSet) {
@@ -255,7 +257,7 @@ TEST(ServeCli, SigtermDrainsRunningWorkAndExitsZero) {
   std::thread client([&] {
     httplib::Client images("127.0.0.1", server.port());
     images.set_read_timeout(60, 0);
-    const auto answer = images.Post("/v1/images/generations", R"({"prompt": "drain me", "size": "256x256", "num_inference_steps": 30})",
+    const auto answer = images.Post("/v1/images/generations", R"({"prompt": "drain me", "size": "512x512", "num_inference_steps": 50})",
                                     "application/json");
     if (answer) {
       answer_status = answer->status;

@@ -101,6 +101,7 @@ void parse_common(const nlohmann::json& body, GenerationRequest& request, const 
     request.seed = static_cast<uint64_t>(integer_field(body, "seed", 0, 0, INT64_MAX));
   }
   request.sparse_attention = string_field(body, "sparse_attention", "");
+  request.cache = string_field(body, "cache", "");
   parse_size(body, request, defaults);
 }
 
@@ -113,7 +114,7 @@ int64_t unix_seconds(std::chrono::system_clock::time_point at) {
 GenerationRequest parse_image_request(const std::string& body_text, const ApiDefaults& defaults) {
   const nlohmann::json body = parse_body(body_text);
   check_fields(body, {"prompt", "model", "n", "size", "response_format", "quality", "style", "user", "negative_prompt",
-                      "num_inference_steps", "guidance_scale", "seed", "sparse_attention"});
+                      "num_inference_steps", "guidance_scale", "seed", "sparse_attention", "cache"});
   GenerationRequest request;
   request.kind = OutputKind::kImage;
   request.frames = 1;
@@ -127,7 +128,7 @@ GenerationRequest parse_image_request(const std::string& body_text, const ApiDef
 GenerationRequest parse_video_request(const std::string& body_text, const ApiDefaults& defaults) {
   const nlohmann::json body = parse_body(body_text);
   check_fields(body, {"prompt", "model", "size", "seconds", "num_frames", "fps", "negative_prompt", "num_inference_steps",
-                      "guidance_scale", "seed", "sparse_attention", "user"});
+                      "guidance_scale", "seed", "sparse_attention", "cache", "user"});
   GenerationRequest request;
   request.kind = OutputKind::kVideo;
   parse_common(body, request, defaults);

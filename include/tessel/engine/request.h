@@ -30,6 +30,8 @@ struct GenerationRequest {
   double fps = 16.0;         // video frame rate of the encoded output
   // The name of a sparse-attention setting the server offers (empty: the server's default).
   std::string sparse_attention;
+  // The step cache: empty for the server's, or "none", or the server's own name.
+  std::string cache;
 };
 
 enum class RequestStatus : uint8_t { kQueued, kRunning, kSucceeded, kFailed, kCancelled };

@@ -30,6 +30,10 @@ struct WanRunnerConfig {
   std::string backend_override;        // the app's backend override (environment), empty: none
   std::vector<std::string> plugin_dirs;
   std::string scheduler;               // "unipc" or "euler" replaces the model's scheduler; empty: keep
+  // The server's step cache ("none" or "teacache", make_cache_backend) and its threshold; a request
+  // may ask for "none" instead.
+  std::string cache = "none";
+  double teacache_thresh = 0.08;
   double flow_shift = 0.0;             // > 0 replaces the scheduler's shift
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
@@ -45,6 +49,7 @@ struct WanRequestLimits {
   size_t max_prompt_bytes = 4096;
   double max_guidance = 50.0;
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
+  std::string cache = "none";  // the server's step cache: a request may name it or "none"
 };
 
 void register_wan_runner(RunnerRegistry& runners);
