@@ -128,6 +128,7 @@ TEST(ServeCli, EveryEndpointAnswers) {
   ASSERT_EQ(video["status"], "completed") << video.dump();
   EXPECT_EQ(video["progress"], 100);
   EXPECT_EQ(video["step"], 2);
+  EXPECT_GT(video["run_seconds"].get<double>(), 0.0);
   const auto content = client.Get("/v1/videos/" + id + "/content");
   ASSERT_EQ(content->status, 200);
   EXPECT_EQ(content->get_header_value("Content-Type"), "video/mp4");

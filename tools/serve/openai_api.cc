@@ -193,6 +193,7 @@ nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::
   if (snapshot.status == RequestStatus::kQueued) object["queue_position"] = snapshot.queue_position;
   if (snapshot.output) {
     object["completed_at"] = unix_seconds(snapshot.created_at) + static_cast<int64_t>(snapshot.output->seconds);
+    object["run_seconds"] = snapshot.output->seconds;  // from the start of its run to its encoded output
     if (!snapshot.output->error.empty())
       object["error"] = {{"code", status}, {"message", snapshot.output->error}};
   }

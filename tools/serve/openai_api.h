@@ -51,8 +51,8 @@ engine::GenerationRequest parse_video_request(const std::string& body, const Api
 // {"created": unix time, "data": [{"b64_json": ...}, ...]}
 nlohmann::json image_response(const engine::GenerationOutput& output);
 // The video job object: id, object "video", model, status (queued, in_progress, completed,
-// failed, cancelled), progress (0..100), created_at, completed_at, size, seconds, num_frames,
-// the step counts and ETA, and error when failed.
+// failed, cancelled), progress (0..100), created_at, completed_at, run_seconds (once final: the
+// run and the encoding), size, seconds, num_frames, the step counts and ETA, and error when failed.
 nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::string& model_name);
 // {"error": {"message", "type", "param", "code"}}, OpenAI's error shape.
 nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param = "");
