@@ -288,6 +288,8 @@ TEST(ServeLoad, EveryRequestGetsExactlyOneAnswerAndMemoryStaysFlat) {
   const long rss_before = server.rss_kb();
   constexpr int kClients = 16, kRequests = 200;
   std::atomic<int> next{0}, ok{0}, busy{0}, other{0}, lost{0};
+  std::mutex errors_mutex;
+  std::string errors;
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c) {
@@ -296,7 +298,11 @@ TEST(ServeLoad, EveryRequestGetsExactlyOneAnswerAndMemoryStaysFlat) {
       client.set_read_timeout(30, 0);
       while (next.fetch_add(1) < kRequests) {
         const auto result = client.Post("/v1/images/generations", body, "application/json");
-        if (!result) ++lost;
+        if (!result) {
+          ++lost;
+          std::lock_guard lock(errors_mutex);
+          errors += httplib::to_string(result.error()) + "; ";
+        }
         else if (result->status == 200) ++ok;
         else if (result->status == 429 && result->has_header("Retry-After")) ++busy;
         else ++other;
@@ -309,7 +315,7 @@ TEST(ServeLoad, EveryRequestGetsExactlyOneAnswerAndMemoryStaysFlat) {
   std::printf("load: %d requests, %d clients, queue 8: %d x 200, %d x 429, %d other, %d lost in %.2f s (%.0f req/s); "
               "server RSS %ld kB before, %ld kB after\n",
               kRequests, kClients, ok.load(), busy.load(), other.load(), lost.load(), seconds, kRequests / seconds, rss_before, rss_after);
-  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(lost.load(), 0) << errors;
   EXPECT_EQ(other.load(), 0);
   EXPECT_EQ(ok.load() + busy.load(), kRequests);
   EXPECT_GT(ok.load(), 0);

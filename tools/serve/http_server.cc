@@ -2,6 +2,10 @@
 #include "http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <map>
 #include <mutex>
@@ -15,6 +19,8 @@ namespace {
 
 using engine::CancelOutcome;
 using engine::RequestStatus;
+
+constexpr int kListenBacklog = 1024;
 
 void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
   res.status = status;
@@ -36,6 +42,7 @@ struct HttpServer::Impl {
   engine::Engine& engine;
   ServerOptions options;
   httplib::Server http;
+  socket_t listening_socket = -1;  // httplib's socket type
   std::mutex counts_mutex;
   std::map<int, int64_t> responses_by_code;
 
@@ -197,6 +204,14 @@ struct HttpServer::Impl {
   }
 
   void install_routes() {
+    // The listening socket: SO_REUSEADDR (a restart can bind while old connections linger; unlike
+    // httplib's default SO_REUSEPORT, a second server on the same port is an error), and its
+    // descriptor kept so bind() can widen httplib's backlog of 5 pending connections.
+    http.set_socket_options([this](socket_t socket) {
+      int yes = 1;
+      setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listening_socket = socket;
+    });
     http.set_payload_max_length(options.max_body_bytes);
     http.set_read_timeout(options.io_timeout);
     http.set_write_timeout(options.io_timeout);
@@ -254,6 +269,10 @@ int HttpServer::bind() {
   const ServerOptions& o = impl_->options;
   const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port < 0) throw Error(detail::concat("cannot listen on ", o.host, ":", o.port, " (address in use or not available)"));
+  // httplib listens with a backlog of 5: a burst of clients connecting at once would see SYNs
+  // dropped (a second's delay, or a failed connect). listen() again on the socket widens it.
+  if (impl_->listening_socket >= 0 && ::listen(impl_->listening_socket, kListenBacklog) != 0)
+    throw Error(detail::concat("cannot widen the listen backlog on ", o.host, ":", port, ": ", std::strerror(errno)));
   return port;
 }
 
