@@ -9,8 +9,9 @@ packages=(
   nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI
   libpng-dev        # libpng: `tessel mask` pictures
+  libcpp-httplib-dev # cpp-httplib: the HTTP server of `tessel serve` and its tests' client (thread pool)
   libsentencepiece-dev # sentencepiece: the UMT5 tokenizer of Wan's text encoder
-  pkg-config        # finds sentencepiece (and libav) for CMake
+  pkg-config        # finds sentencepiece, libav and cpp-httplib (with the defines it was built with) for CMake
   libavformat-dev   # libav: MP4 output (optional at build time; H.264 through Debian's libx264)
   libavcodec-dev
   libswscale-dev

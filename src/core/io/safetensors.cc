@@ -155,8 +155,8 @@ Tensor SafetensorsFile::load(const std::string& name) const {
   return t;
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string safetensors_bytes(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
   std::vector<Tensor> contiguous;
@@ -174,13 +174,20 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // the format pads the header with spaces
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
+  bytes.reserve(8 + text.size() + offset);
+  bytes += text;
+  for (const Tensor& t : contiguous) bytes.append(static_cast<const char*>(t.data()), t.nbytes());
+  return bytes;
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string bytes = safetensors_bytes(tensors, metadata);
   std::ofstream out(path, std::ios::binary);
   if (!out) fail_argument("write_safetensors path", "a writable file", path);
-  unsigned char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
-  out.write(reinterpret_cast<const char*>(len_bytes), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const Tensor& t : contiguous) out.write(static_cast<const char*>(t.data()), static_cast<std::streamsize>(t.nbytes()));
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!out) throw Error("write_safetensors: I/O error writing " + path);
 }
 

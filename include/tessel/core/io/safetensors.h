@@ -52,5 +52,8 @@ class SafetensorsFile {
 // start with "__", non-CPU views, or I/O failure.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The bytes write_safetensors writes, in memory (same checks).
+std::string safetensors_bytes(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tessel

@@ -1,0 +1,88 @@
+// The diffusion engine: loads a model directory once per worker process (one per GPU of the
+// parallel group), queues requests in a bounded FIFO, runs them one at a time on the group, and
+// gives every request exactly one final answer. In the caller's process it pre-processes a
+// request before queueing (bad fields are refused at once) and post-processes rank 0's raw output
+// (encoding) by model type.
+//
+//   submit -> pre-process -> RequestScheduler (FIFO, max depth) -> dispatch thread
+//          -> WorkerGroup (shared-memory broadcast to every rank; rank 0 returns progress and
+//             the raw output) -> post-process -> the request's final state
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessel/engine/processing.h"
+#include "tessel/engine/request.h"
+#include "tessel/engine/request_scheduler.h"
+
+namespace tessel::engine {
+
+struct EngineConfig {
+  std::string model_dir;
+  std::string model_type;  // empty: the `_class_name` of model_dir/model_index.json
+  // The worker program and its arguments; the engine appends "--channel NAME --rank R".
+  std::vector<std::string> worker_command;
+  int num_workers = 1;
+  size_t max_queue = 8;
+  size_t keep_finished = 256;  // final requests kept for status queries
+  std::string runner_config_json = "{}";  // handed unchanged to every worker's runner factory
+  std::chrono::milliseconds worker_start_timeout{120000};
+  std::chrono::milliseconds request_timeout{0};  // a running request past it is stopped and fails; 0: none
+  std::string channel_prefix;  // shared-memory names; "/tessel-<pid>" when empty
+};
+
+enum class ShutdownMode : uint8_t {
+  kDrain,   // run what is queued and running to the end
+  kCancel,  // cancel what is queued, stop the running request between steps
+};
+
+struct EngineStats {
+  SchedulerCounts counts;
+  bool healthy = false;
+  std::string last_worker_error;
+  int64_t worker_restarts = 0;
+  std::vector<int> worker_pids;
+  int64_t steps_total = 0;           // denoising steps reported over all requests
+  double step_seconds_total = 0.0;   // their summed time
+  double last_attention_density = 1.0;
+  int64_t device_memory_used_bytes = -1;  // the last step's report; -1: no GPU
+};
+
+class Engine {
+ public:
+  // Starts the workers and waits for their handshake. Throws Error when the model type has no
+  // processors or a worker cannot start (with the worker's own message).
+  Engine(EngineConfig config, ProcessorRegistry processors);
+  ~Engine();  // shutdown(kCancel)
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Pre-processes and queues a request; returns its id ("<id_prefix>-<n>"). Throws Error naming a
+  // refused field, QueueFullError when max_queue requests wait, NotAcceptingError once shut down.
+  std::string submit(GenerationRequest request, const std::string& id_prefix = "req");
+  RequestScheduler& scheduler() { return scheduler_; }
+  const std::string& model_type() const { return config_.model_type; }
+  const EngineConfig& config() const { return config_; }
+  EngineStats stats() const;
+
+  // Stops accepting, then drains or cancels (see ShutdownMode), stops the workers and returns
+  // once the dispatch thread ended. Idempotent.
+  void shutdown(ShutdownMode mode);
+
+ private:
+  void dispatch_loop();
+  GenerationOutput run_one(RunningRequest& running);
+
+  EngineConfig config_;
+  ProcessorRegistry processors_;
+  RequestScheduler scheduler_;
+  struct State;
+  std::unique_ptr<State> state_;
+  std::thread dispatcher_;
+};
+
+}  // namespace tessel::engine

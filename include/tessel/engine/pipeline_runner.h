@@ -1,0 +1,67 @@
+// What a worker process runs: a PipelineRunner turns one GenerationRequest into a raw output
+// tensor (latents or frames) for its model type, reporting progress after every denoising step
+// and stopping between steps when cancelled. Runners are made by a RunnerRegistry keyed by the
+// model type (the `_class_name` of a diffusers model_index.json), so the engine and its workers
+// never name a model.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/core/tensor.h"
+#include "tessel/engine/request.h"
+
+namespace tessel::engine {
+
+struct RunnerOutput {
+  // The outputs of the request in order (num_outputs of them), each as the model type's
+  // post-processor expects it; the latents (1, C, F, H, W) fp32 for a model without a VAE.
+  std::vector<Tensor> outputs;
+  int64_t steps_done = 0;
+  bool cancelled = false;
+};
+
+struct RunControl {
+  const std::atomic<bool>* cancel = nullptr;  // read between steps
+  std::function<void(const RequestProgress&)> on_progress;  // after every step (rank 0 forwards it)
+};
+
+class PipelineRunner {
+ public:
+  virtual ~PipelineRunner() = default;
+  // Runs the request (already pre-processed by the engine). Throws Error when it cannot.
+  virtual RunnerOutput run(const GenerationRequest& request, const RunControl& control) = 0;
+};
+
+// Where and how a worker runs: its rank in the parallel group and the app's configuration of the
+// runner (JSON text the engine hands every worker unchanged, e.g. sparse-attention settings).
+struct RunnerSetup {
+  std::string model_dir;
+  int rank = 0;
+  int world_size = 1;
+  std::string config_json = "{}";
+};
+
+using RunnerFactory = std::function<std::unique_ptr<PipelineRunner>(const RunnerSetup& setup)>;
+
+class RunnerRegistry {
+ public:
+  // Replaces an earlier factory of the same model type.
+  void add(const std::string& model_type, RunnerFactory factory);
+  // Throws Error naming the model type and the registered ones when none is registered.
+  std::unique_ptr<PipelineRunner> make(const std::string& model_type, const RunnerSetup& setup) const;
+  std::vector<std::string> model_types() const;
+
+ private:
+  std::map<std::string, RunnerFactory> factories_;
+};
+
+// The `_class_name` of DIR/model_index.json. Throws Error naming the file when it is missing or
+// not a JSON object with a string `_class_name`.
+std::string read_model_type(const std::string& model_dir);
+
+}  // namespace tessel::engine

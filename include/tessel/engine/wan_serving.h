@@ -1,0 +1,63 @@
+// The Wan text-to-video model type ("WanPipeline") for the engine: the worker-side runner (a
+// WanPipeline over the model directory's transformer/ and scheduler/, its tokenizer/ and
+// text_encoder/ for prompts, its vae/ when present), the engine-side request checks, and the
+// encoding of its outputs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessel/engine/pipeline_runner.h"
+#include "tessel/engine/processing.h"
+
+namespace tessel::engine {
+
+inline constexpr const char* kWanModelType = "WanPipeline";
+
+// What the app configures once for every worker (sent to them as JSON).
+struct WanRunnerConfig {
+  // safetensors with prompt_embeds (and negative_prompt_embeds for guidance > 1): the text
+  // conditioning of every request, as `tessel generate --embeddings` takes it. Empty: each
+  // request's prompt through the model's tokenizer/ and text_encoder/.
+  std::string embeddings_file;
+  int num_threads = 0;                 // CPU threads (0: the OpenMP default)
+  std::string sparse_attn_config_json;  // the default setting: a SparseAttnConfig's JSON; empty: dense
+  // Other settings a request may name in `sparse_attention` (name -> config JSON, empty: dense);
+  // each is loaded the first time a request names it (another copy of the transformer's weights).
+  std::map<std::string, std::string> sparse_attention_settings;
+  std::string backend_override;        // the app's backend override (environment), empty: none
+  std::vector<std::string> plugin_dirs;
+  std::string scheduler;               // "unipc" or "euler" replaces the model's scheduler; empty: keep
+  // The server's step cache ("none" or "teacache", make_cache_backend) and its threshold; a request
+  // may ask for "none" instead.
+  std::string cache = "none";
+  double teacache_thresh = 0.08;
+  double flow_shift = 0.0;             // > 0 replaces the scheduler's shift
+};
+std::string wan_runner_config_to_json(const WanRunnerConfig& config);
+WanRunnerConfig wan_runner_config_from_json(const std::string& json_text);
+
+// The bounds the server accepts per request.
+struct WanRequestLimits {
+  int64_t max_width = 1280;
+  int64_t max_height = 1280;
+  int64_t max_frames = 129;
+  int64_t max_steps = 100;
+  int64_t max_outputs = 4;
+  size_t max_prompt_bytes = 4096;
+  double max_guidance = 50.0;
+  std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
+  std::string cache = "none";  // the server's step cache: a request may name it or "none"
+};
+
+void register_wan_runner(RunnerRegistry& runners);
+// Pre-processing: size (multiples of 16 within the limits), frames (4k + 1; 1 for an image),
+// steps, n, guidance, prompt length; each refusal an Error starting with the request field's name.
+// Post-processing: with a vae/ the worker decodes each output to 8-bit frames and they become a PNG
+// per image or one MP4 per video (a safetensors of the frames when the build has no libav);
+// without one, each output's latents become a safetensors file whose tensor is "output_0".
+void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits);
+
+}  // namespace tessel::engine

@@ -1,0 +1,307 @@
+// The Wan model type of wan_serving.h.
+#include "tessel/engine/wan_serving.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/cache_backend.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/video_frames.h"
+#include "tessel/diffusion/video_io.h"
+#include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/diffusion/wan_vae.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/plugin/plugin_loader.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+Tensor load_embedding(const SafetensorsFile& file, const std::string& name) {
+  if (!file.find(name)) fail_argument("embeddings file", "a safetensors file with a tensor \"" + name + "\"", quoted_excerpt(file.path()));
+  Tensor tensor = file.load(name);
+  return tensor.dtype() == DType::kF32 ? tensor : tensor.to(DType::kF32);
+}
+
+class WanRunner final : public PipelineRunner {
+ public:
+  explicit WanRunner(const RunnerSetup& setup) : config_(wan_runner_config_from_json(setup.config_json)) {
+    if (setup.world_size != 1)
+      fail_argument("number of workers for WanPipeline", "1 (the pipeline runs on one rank)", setup.world_size);
+    if (!config_.embeddings_file.empty()) {
+      const SafetensorsFile embeddings = SafetensorsFile::open(config_.embeddings_file);
+      prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
+      if (embeddings.find("negative_prompt_embeds")) negative_embeds_ = load_embedding(embeddings, "negative_prompt_embeds");
+    } else {
+      text_encoder_.emplace(WanTextEncoder::load(setup.model_dir));
+    }
+    if (fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
+
+    scheduler_config_ = load_scheduler_config((fs::path(setup.model_dir) / "scheduler").string());
+    if (!config_.scheduler.empty()) {
+      SchedulerConfig replacement;
+      replacement.kind = scheduler_kind_from_name(config_.scheduler);
+      replacement.num_train_timesteps = scheduler_config_.num_train_timesteps;
+      replacement.shift = scheduler_config_.shift;
+      scheduler_config_ = replacement;
+    }
+    if (config_.flow_shift > 0.0) scheduler_config_.shift = config_.flow_shift;
+
+    cache_config_.teacache_thresh = config_.teacache_thresh;
+    transformer_dir_ = (fs::path(setup.model_dir) / "transformer").string();
+    make_cache_backend(config_.cache, cache_config_, load_wan_config(transformer_dir_));  // a bad name fails at start
+    transformers_.emplace("default", load_transformer(config_.sparse_attn_config_json));
+  }
+
+  RunnerOutput run(const GenerationRequest& request, const RunControl& control) override {
+    const bool guided = request.guidance_scale > 1.0;
+    const WanTransformer& transformer = transformer_for(request);
+    auto scheduler = make_scheduler(scheduler_config_);
+    const WanPipeline pipeline(transformer, *scheduler, vae_ ? &*vae_ : nullptr);
+    ExecContext ctx;
+    ctx.num_threads = config_.num_threads;
+    const auto [prompt_embeds, negative_embeds] = text_embeddings(ctx, request, guided);
+    RunnerOutput output;
+    const auto started = std::chrono::steady_clock::now();
+    const int64_t steps = request.num_inference_steps;
+    const int64_t total = steps * request.num_outputs;
+    for (int64_t i = 0; i < request.num_outputs; ++i) {
+      WanGenerationOptions options;
+      options.num_inference_steps = steps;
+      options.guidance_scale = request.guidance_scale;
+      options.seed = request.seed + static_cast<uint64_t>(i);
+      options.size = WanVideoSize{request.frames, request.height, request.width};
+      options.cancel = control.cancel;
+      const std::unique_ptr<CacheBackend> cache = make_cache_backend(cache_name(request), cache_config_, transformer.config());
+      options.cache = cache.get();
+      options.on_step = [&](const WanStepProgress& p) {
+        if (!control.on_progress) return;
+        RequestProgress progress;
+        progress.step = i * steps + p.step;
+        progress.total_steps = total;
+        progress.step_seconds = p.step_seconds;
+        progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(progress.step) *
+                               static_cast<double>(total - progress.step);
+        progress.attention_density = scheduled_density(transformer, p.step - 1, steps);
+        control.on_progress(progress);
+      };
+      WanGenerationResult result = pipeline.generate(ctx, prompt_embeds, negative_embeds, options);
+      output.steps_done += result.steps_done;
+      if (result.cancelled) {
+        output.cancelled = true;
+        return output;
+      }
+      output.outputs.push_back(vae_ ? frames_tensor(result.frames) : std::move(result.latents));
+    }
+    return output;
+  }
+
+ private:
+  // The transformer with the sparse-attention setting `config_json` (empty: dense attention).
+  WanTransformer load_transformer(const std::string& config_json) {
+    WanAttentionOptions attention;
+    if (!config_json.empty()) {
+      if (!registry_) {
+        registry_ = make_default_registry();
+        registry_->set_plugin_dirs(config_.plugin_dirs);
+      }
+      attention.registry = registry_.get();
+      attention.config = parse_sparse_attn_json(config_json);
+      attention.backend_override = config_.backend_override;
+    }
+    return WanTransformer::load(transformer_dir_, attention);
+  }
+
+  // The request's sparse-attention setting: the server's default, or one the server allows, loaded
+  // the first time a request names it (another copy of the weights).
+  const WanTransformer& transformer_for(const GenerationRequest& request) {
+    const std::string name = request.sparse_attention.empty() ? "default" : request.sparse_attention;
+    if (const auto it = transformers_.find(name); it != transformers_.end()) return it->second;
+    const auto allowed = config_.sparse_attention_settings.find(name);
+    if (allowed == config_.sparse_attention_settings.end())
+      fail_argument("sparse_attention", "\"default\" or a setting the server allows", quoted_excerpt(name));
+    return transformers_.emplace(name, load_transformer(allowed->second)).first->second;
+  }
+
+  std::string cache_name(const GenerationRequest& request) const {
+    if (request.cache.empty()) return config_.cache;
+    if (request.cache != "none" && request.cache != config_.cache)
+      fail_argument("cache", "\"none\" or the server's \"" + config_.cache + "\"", quoted_excerpt(request.cache));
+    return request.cache;
+  }
+
+  // The conditional and (with guidance) unconditional embeddings: the fixed ones of the embeddings
+  // file, or the prompt and negative prompt through the model's tokenizer and text encoder.
+  std::pair<Tensor, Tensor> text_embeddings(const ExecContext& ctx, const GenerationRequest& request, bool guided) const {
+    if (!text_encoder_) {
+      if (guided && !negative_embeds_.defined())
+        fail_argument("guidance_scale", "<= 1 (the embeddings file has no negative_prompt_embeds)", request.guidance_scale);
+      return {prompt_embeds_, guided ? negative_embeds_ : Tensor{}};
+    }
+    if (!guided) return {text_encoder_->encode(ctx, {request.prompt}), Tensor{}};
+    const Tensor both = text_encoder_->encode(ctx, {request.prompt, request.negative_prompt});
+    const int64_t row = both.size(1) * both.size(2);
+    Tensor prompt = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+    Tensor negative = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+    std::copy_n(both.data_as<float>(), row, prompt.data_as<float>());
+    std::copy_n(both.data_as<float>() + row, row, negative.data_as<float>());
+    return {std::move(prompt), std::move(negative)};
+  }
+
+  // The decoded video as a tensor of 8-bit RGB frames (frames, height, width, 3): a quarter of
+  // the fp32 bytes to send to the engine.
+  static Tensor frames_tensor(const VideoFrames& frames) {
+    Tensor rgb = Tensor::empty({frames.count, frames.height, frames.width, 3}, DType::kU8);
+    std::copy(frames.rgb.begin(), frames.rgb.end(), rgb.data_as<uint8_t>());
+    return rgb;
+  }
+
+  // The mean over layers of the self-attention density the sparse schedule gives `step` (1 when
+  // dense or no backend resolved).
+  static double scheduled_density(const WanTransformer& transformer, int64_t step, int64_t steps) {
+    const int64_t layers = transformer.config().num_layers;
+    double sum = 0.0;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const SparseAttention* attention = transformer.block_attention(layer);
+      sum += attention != nullptr && attention->adapter().backend() ? attention->adapter().density_at(StepInfo::at(step, steps, layer))
+                                                                     : 1.0;
+    }
+    return layers > 0 ? sum / static_cast<double>(layers) : 1.0;
+  }
+
+  WanRunnerConfig config_;
+  Tensor prompt_embeds_;
+  Tensor negative_embeds_;
+  SchedulerConfig scheduler_config_;
+  CacheConfig cache_config_;
+  std::optional<WanTextEncoder> text_encoder_;
+  std::optional<WanVae> vae_;
+  std::unique_ptr<BackendRegistry> registry_;
+  std::string transformer_dir_;
+  std::map<std::string, WanTransformer> transformers_;  // by sparse-attention setting
+};
+
+VideoFrames frames_of(const Tensor& rgb, double fps) {
+  VideoFrames frames;
+  frames.count = rgb.size(0);
+  frames.height = rgb.size(1);
+  frames.width = rgb.size(2);
+  frames.fps = fps;
+  frames.rgb.assign(rgb.data_as<uint8_t>(), rgb.data_as<uint8_t>() + rgb.numel());
+  frames.validate();
+  return frames;
+}
+
+// write_mp4 writes files: through a private temporary one.
+std::string encode_mp4(const VideoFrames& frames) {
+  static std::atomic<uint64_t> counter{0};
+  const fs::path path = fs::temp_directory_path() / detail::concat("tessel-", getpid(), "-", counter++, ".mp4");
+  write_mp4(path.string(), frames);
+  std::string bytes = read_file_bounded(path.string(), uint64_t{1} << 34, "MP4 output");
+  fs::remove(path);
+  return bytes;
+}
+
+void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) {
+  if (value < low || value > high) fail_argument(field, detail::concat(low, "..", high), value);
+}
+
+}  // namespace
+
+std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
+  return nlohmann::json{{"embeddings_file", c.embeddings_file},
+                        {"num_threads", c.num_threads},
+                        {"sparse_attn_config_json", c.sparse_attn_config_json},
+                        {"sparse_attention_settings", c.sparse_attention_settings},
+                        {"backend_override", c.backend_override},
+                        {"plugin_dirs", c.plugin_dirs},
+                        {"scheduler", c.scheduler},
+                        {"cache", c.cache},
+                        {"teacache_thresh", c.teacache_thresh},
+                        {"flow_shift", c.flow_shift}}
+      .dump();
+}
+
+WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
+  const nlohmann::json j = nlohmann::json::parse(json_text);
+  WanRunnerConfig c;
+  c.embeddings_file = j.value("embeddings_file", "");
+  c.num_threads = j.value("num_threads", 0);
+  c.sparse_attn_config_json = j.value("sparse_attn_config_json", "");
+  c.sparse_attention_settings = j.value("sparse_attention_settings", std::map<std::string, std::string>{});
+  c.backend_override = j.value("backend_override", "");
+  c.plugin_dirs = j.value("plugin_dirs", std::vector<std::string>{});
+  c.scheduler = j.value("scheduler", "");
+  c.cache = j.value("cache", "none");
+  c.teacache_thresh = j.value("teacache_thresh", 0.08);
+  c.flow_shift = j.value("flow_shift", 0.0);
+  return c;
+}
+
+void register_wan_runner(RunnerRegistry& runners) {
+  runners.add(kWanModelType, [](const RunnerSetup& setup) { return std::make_unique<WanRunner>(setup); });
+}
+
+void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits) {
+  PreProcessor pre = [limits](GenerationRequest& r) {
+    if (r.prompt.empty()) fail_argument("prompt", "a non-empty string", "an empty one");
+    if (r.prompt.size() > limits.max_prompt_bytes)
+      fail_argument("prompt", detail::concat("at most ", limits.max_prompt_bytes, " bytes"), r.prompt.size());
+    if (r.negative_prompt.size() > limits.max_prompt_bytes)
+      fail_argument("negative_prompt", detail::concat("at most ", limits.max_prompt_bytes, " bytes"), r.negative_prompt.size());
+    check_at_most("width", r.width, 16, limits.max_width);
+    check_at_most("height", r.height, 16, limits.max_height);
+    if (r.width % 16 != 0) fail_argument("width", "a multiple of 16", r.width);
+    if (r.height % 16 != 0) fail_argument("height", "a multiple of 16", r.height);
+    if (r.kind == OutputKind::kImage && r.frames != 1) fail_argument("frames", "1 for an image", r.frames);
+    check_at_most("frames", r.frames, 1, limits.max_frames);
+    if ((r.frames - 1) % 4 != 0) fail_argument("frames", "4k + 1 (1, 5, 9, ..., 81, ...)", r.frames);
+    check_at_most("num_inference_steps", r.num_inference_steps, 1, limits.max_steps);
+    check_at_most("n", r.num_outputs, 1, limits.max_outputs);
+    if (!(r.guidance_scale >= 0.0 && r.guidance_scale <= limits.max_guidance))
+      fail_argument("guidance_scale", detail::concat("0..", limits.max_guidance), r.guidance_scale);
+    if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
+    if (!r.cache.empty() && r.cache != "none" && r.cache != limits.cache)
+      fail_argument("cache", "\"none\" or the server's \"" + limits.cache + "\"", quoted_excerpt(r.cache));
+    if (!r.sparse_attention.empty() && r.sparse_attention != "default" &&
+        std::find(limits.sparse_attention_settings.begin(), limits.sparse_attention_settings.end(), r.sparse_attention) ==
+            limits.sparse_attention_settings.end()) {
+      std::string names = "\"default\"";
+      for (const std::string& name : limits.sparse_attention_settings) names += ", \"" + name + "\"";
+      fail_argument("sparse_attention", "one of " + names, quoted_excerpt(r.sparse_attention));
+    }
+  };
+  PostProcessor post = [](const GenerationRequest& r, const std::vector<Tensor>& outputs) {
+    std::vector<EncodedMedia> media;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].dtype() != DType::kU8) {  // latents: the model has no vae/
+        media.push_back(encode_safetensors({outputs[i]}, {{"content", "latents"},
+                                                          {"request", r.id},
+                                                          {"seed", std::to_string(r.seed + i)},
+                                                          {"steps", std::to_string(r.num_inference_steps)}}));
+        continue;
+      }
+      const VideoFrames frames = frames_of(outputs[i], r.fps);
+      if (r.kind == OutputKind::kImage) media.push_back({"image/png", encode_png(frames, 0)});
+      else if (mp4_available()) media.push_back({"video/mp4", encode_mp4(frames)});
+      else media.push_back(encode_safetensors({outputs[i]}, {{"content", "rgb frames (this build writes no MP4)"}}));
+    }
+    return media;
+  };
+  processors.add(kWanModelType, std::move(pre), std::move(post));
+}
+
+}  // namespace tessel::engine

@@ -1,0 +1,31 @@
+// The shared-memory objects between the engine and one generation of its worker group, named
+// from one prefix: the request queue (engine -> every rank), the result queue (rank 0 -> engine)
+// and a control block (handshake flags, the cancel signal, a worker's start-up error).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "shm_region.h"
+#include "tessel/engine/message_queue.h"
+
+namespace tessel::engine {
+
+struct WorkerControlBlock {
+  static constexpr uint64_t kMagic = 0x74657373656c4357ULL;  // "tesselCW"
+  uint64_t magic;
+  // The sequence number of the request to stop between steps (0: none). Workers read it after
+  // every step; the engine writes it. Sequence numbers start at 1.
+  std::atomic<uint64_t> cancel_seq;
+  std::atomic<uint32_t> ready[MessageQueue::kMaxReaders];  // 1 once rank r loaded its model
+  std::atomic<uint32_t> startup_failed;                     // 1 once a rank failed to start
+  char startup_error[2048];                                 // that rank's error, NUL-terminated
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the control block needs lock-free atomics across processes");
+
+inline std::string request_queue_name(const std::string& prefix) { return prefix + "-requests"; }
+inline std::string result_queue_name(const std::string& prefix) { return prefix + "-results"; }
+inline std::string control_block_name(const std::string& prefix) { return prefix + "-control"; }
+
+}  // namespace tessel::engine

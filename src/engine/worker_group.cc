@@ -1,0 +1,245 @@
+// The worker processes of worker_group.h.
+#include "worker_group.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "tessel/core/error.h"
+#include "tessel/core/log.h"
+#include "wire_format.h"
+#include "worker_channel.h"
+
+extern char** environ;
+
+namespace tessel::engine {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr milliseconds kResultPoll{20};
+constexpr milliseconds kSendTimeout{5000};
+// The request ring holds small JSON messages; the result ring carries output tensors in slices.
+constexpr MessageQueueShape kRequestRing{1, 8, 64 * 1024};
+constexpr MessageQueueShape kResultRing{1, 16, 1024 * 1024};
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return detail::concat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return detail::concat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  return "stopped";
+}
+
+}  // namespace
+
+struct WorkerGroup::Channel {
+  ShmRegion control_region;
+  MessageQueue requests;
+  MessageQueue results;
+  WorkerControlBlock& control() const { return *static_cast<WorkerControlBlock*>(control_region.data()); }
+};
+
+WorkerGroup::WorkerGroup(WorkerGroupConfig config) : config_(std::move(config)) {
+  if (config_.worker_command.empty()) fail_argument("WorkerGroupConfig.worker_command", "a program and its arguments", "nothing");
+  if (config_.num_workers < 1 || config_.num_workers > static_cast<int>(MessageQueue::kMaxReaders))
+    fail_argument("WorkerGroupConfig.num_workers", detail::concat("1..", MessageQueue::kMaxReaders), config_.num_workers);
+  if (config_.channel_prefix.empty()) config_.channel_prefix = detail::concat("/tessel-", getpid());
+  config_.setup.world_size = config_.num_workers;
+}
+
+WorkerGroup::~WorkerGroup() { stop(); }
+
+std::vector<pid_t> WorkerGroup::pids() const { return pids_; }
+
+void WorkerGroup::start() {
+  ++generation_;
+  const std::string prefix = detail::concat(config_.channel_prefix, "-g", generation_);
+  auto channel = std::make_unique<Channel>();
+  channel->control_region = ShmRegion::create(control_block_name(prefix), sizeof(WorkerControlBlock));
+  channel->control().magic = WorkerControlBlock::kMagic;
+  MessageQueueShape request_ring = kRequestRing;
+  request_ring.num_readers = static_cast<uint32_t>(config_.num_workers);
+  channel->requests = MessageQueue::create(request_queue_name(prefix), request_ring);
+  channel->results = MessageQueue::create(result_queue_name(prefix), kResultRing, 0);
+  const nlohmann::json init = {{"type", "init"}, {"model_type", config_.model_type}, {"setup", wire::setup_to_json(config_.setup)}};
+  TESSEL_CHECK(channel->requests.send(wire::encode(init), kSendTimeout), "worker group: cannot queue the init message");
+  channel_ = std::move(channel);
+
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t no_signals, default_signals;
+  sigemptyset(&no_signals);
+  sigemptyset(&default_signals);
+  for (int signal_number : {SIGTERM, SIGINT, SIGPIPE, SIGHUP}) sigaddset(&default_signals, signal_number);
+  posix_spawnattr_setsigmask(&attributes, &no_signals);
+  posix_spawnattr_setsigdefault(&attributes, &default_signals);
+  // Own process group: a terminal's Ctrl-C reaches the engine, which then stops its workers in order.
+  posix_spawnattr_setpgroup(&attributes, 0);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);  // no listening socket leaks into a worker
+  pids_.assign(config_.num_workers, -1);
+  std::string spawn_error;
+  for (int rank = 0; rank < config_.num_workers && spawn_error.empty(); ++rank) {
+    std::vector<std::string> args = config_.worker_command;
+    for (const std::string& extra : {std::string("--channel"), prefix, std::string("--rank"), std::to_string(rank)})
+      args.push_back(extra);
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = posix_spawnp(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+    if (rc != 0) spawn_error = detail::concat("cannot start worker ", quoted_excerpt(args[0]), ": ", std::strerror(rc));
+    else pids_[rank] = pid;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (!spawn_error.empty()) {
+    kill_all();
+    throw Error(spawn_error);
+  }
+
+  const auto deadline = Clock::now() + config_.start_timeout;
+  for (;;) {
+    WorkerControlBlock& control = channel_->control();
+    if (control.startup_failed.load()) {
+      const std::string message(control.startup_error);
+      kill_all();
+      throw Error("a worker could not start: " + message);
+    }
+    if (const std::string dead = reap_dead_worker(); !dead.empty()) {
+      kill_all();
+      throw Error("a worker could not start: " + dead);
+    }
+    int ready = 0;
+    for (int rank = 0; rank < config_.num_workers; ++rank) ready += control.ready[rank].load() != 0;
+    if (ready == config_.num_workers) break;
+    if (Clock::now() > deadline) {
+      kill_all();
+      throw Error(detail::concat("workers not ready after ", config_.start_timeout.count(), " ms (", ready, " of ",
+                                 config_.num_workers, " reported)"));
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  healthy_ = true;
+  last_error_.clear();
+}
+
+std::string WorkerGroup::reap_dead_worker() {
+  for (size_t rank = 0; rank < pids_.size(); ++rank) {
+    if (pids_[rank] <= 0) continue;
+    int status = 0;
+    if (waitpid(pids_[rank], &status, WNOHANG) == pids_[rank]) {
+      const std::string what = detail::concat("worker rank ", rank, " (pid ", pids_[rank], ") ", describe_exit(status));
+      pids_[rank] = -1;
+      return what;
+    }
+  }
+  return "";
+}
+
+void WorkerGroup::kill_all() {
+  for (pid_t& pid : pids_) {
+    if (pid <= 0) continue;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  if (channel_) {
+    channel_->requests.close();
+    channel_->results.close();
+  }
+  channel_.reset();
+  healthy_ = false;
+}
+
+void WorkerGroup::restart(const std::string& reason) {
+  ++restarts_;
+  log_message(LogLevel::kWarning, "restarting the workers: " + reason);
+  kill_all();
+  last_error_ = reason;
+  try {
+    start();
+  } catch (const Error& e) {
+    healthy_ = false;
+    last_error_ = reason + "; the restart failed: " + e.what();
+    log_message(LogLevel::kError, last_error_);
+  }
+}
+
+bool WorkerGroup::check_health() {
+  if (healthy_) {
+    const std::string dead = reap_dead_worker();
+    if (dead.empty()) return true;
+    restart(dead + " while idle");
+  } else if (!config_.worker_command.empty()) {
+    restart(last_error_);
+  }
+  return healthy_;
+}
+
+WorkerOutcome WorkerGroup::execute(RunningRequest& request, const std::function<void(const RequestProgress&)>& on_progress,
+                                   Clock::time_point deadline) {
+  WorkerOutcome outcome;
+  if (!healthy_ && !check_health()) {
+    outcome.error = "no workers are running: " + last_error_;
+    return outcome;
+  }
+  const uint64_t seq = next_seq_++;
+  const nlohmann::json message = {{"type", "generate"}, {"seq", seq}, {"request", wire::request_to_json(request.request)}};
+  if (!channel_->requests.send(wire::encode(message), kSendTimeout)) {
+    outcome.error = "the workers took no request within 5 s";
+    restart(outcome.error);
+    return outcome;
+  }
+  bool timed_out = false;
+  for (;;) {
+    if (std::optional<std::string> bytes = channel_->results.receive(kResultPoll)) {
+      const wire::Message reply = wire::decode(*bytes);
+      if (reply.header.value("seq", uint64_t{0}) != seq) continue;  // a cancelled run's late message
+      if (reply.type() == "progress") {
+        on_progress(wire::progress_from_json(reply.header.at("progress")));
+        continue;
+      }
+      const std::string status = reply.header.at("status").get<std::string>();
+      outcome.error = reply.header.at("error").get<std::string>();
+      outcome.steps_done = reply.header.at("steps_done").get<int64_t>();
+      if (status == "succeeded") {
+        outcome.status = RequestStatus::kSucceeded;
+        outcome.outputs = wire::tensors_from_payload(reply.header, reply.payload);
+      } else if (status == "cancelled" && !timed_out) {
+        outcome.status = RequestStatus::kCancelled;
+      } else if (status == "cancelled") {
+        outcome.error = detail::concat("timed out: stopped after ", outcome.steps_done, " steps");
+      }
+      return outcome;
+    }
+    if (!timed_out && Clock::now() > deadline) timed_out = true;
+    if (request.cancel_requested.load() || timed_out) channel_->control().cancel_seq = seq;
+    if (const std::string dead = reap_dead_worker(); !dead.empty()) {
+      outcome.error = dead + " while running request " + request.request.id;
+      restart(dead);
+      return outcome;
+    }
+  }
+}
+
+void WorkerGroup::stop(milliseconds grace) {
+  if (channel_) channel_->requests.send(wire::encode({{"type", "shutdown"}}), milliseconds(1000));
+  const auto deadline = Clock::now() + grace;
+  for (pid_t& pid : pids_) {
+    while (pid > 0) {
+      if (waitpid(pid, nullptr, WNOHANG) == pid) pid = -1;
+      else if (Clock::now() > deadline) break;
+      else std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+  kill_all();
+}
+
+}  // namespace tessel::engine

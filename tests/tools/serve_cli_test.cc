@@ -1,0 +1,330 @@
+// `tessel serve` end to end on the tiny random Wan model (tokenizer, text encoder, transformer, VAE): every endpoint, the refusals (400 naming the field, 401, 404, 409, 413, 429), video
+// cancellation, a worker killed mid-request, the SIGTERM drain, and a bounded load test in which
+// every request gets exactly one answer and the server's memory stays flat.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "serve_process.h"
+#include "tessel/diffusion/tiny_model.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+// The tiny random model (tokenizer, text encoder, transformer, VAE), written once per test program.
+const std::string& model_dir() {
+  static const std::string dir = [] {
+    const fs::path path = fs::path(::testing::TempDir()) / ("serve_model_" + std::to_string(getpid()));
+    fs::remove_all(path);
+    write_tiny_wan_model(path.string(), 7);
+    return path.string();
+  }();
+  return dir;
+}
+
+// The fixture transformer alone (no text encoder, no VAE), served with the pipeline fixture's fixed
+// text embeddings: a request is a few milliseconds, for the load test.
+std::vector<std::string> embeddings_server_args(std::vector<std::string> extra) {
+  static const std::string dir = [] {
+    const fs::path path = fs::path(::testing::TempDir()) / ("serve_embeddings_model_" + std::to_string(getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path / "scheduler");
+    std::ofstream(path / "model_index.json") << R"({"_class_name": "WanPipeline", "_diffusers_version": "0.42.1"})";
+    std::ofstream(path / "scheduler" / "scheduler_config.json")
+        << R"({"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0})";
+    fs::create_directory_symlink(std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/wan/checkpoint", path / "transformer");
+    return path.string();
+  }();
+  std::vector<std::string> args = {"--model", dir, "--embeddings", std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/wan_pipeline.safetensors",
+                                   "--threads", "1", "--size", "16x16", "--frames", "1", "--steps", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<std::string> server_args(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--model", model_dir(), "--threads", "1", "--size", "32x32", "--frames", "5", "--steps", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// A video request whose steps are slow enough to act on while it runs.
+const std::string kSlowVideo = R"({"prompt": "slow", "size": "256x256", "num_frames": 33, "num_inference_steps": 100})";
+
+std::string base64_decode(const std::string& text) {
+  std::string out;
+  uint32_t buffer = 0;
+  int bits = 0;
+  for (char c : text) {
+    int value = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+                : c == '+' ? 62 : c == '/' ? 63 : -1;
+    if (value < 0) continue;
+    buffer = buffer << 6 | static_cast<uint32_t>(value);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((buffer >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+json body_of(const httplib::Result& result) { return json::parse(result->body, nullptr, false); }
+
+// Polls GET /v1/videos/ID until `done` accepts the object (or 20 s passed); returns the last object.
+json poll_video(httplib::Client& client, const std::string& id, const std::function<bool(const json&)>& done) {
+  json object;
+  for (int i = 0; i < 2000; ++i) {
+    const auto result = client.Get("/v1/videos/" + id);
+    if (!result) break;
+    object = body_of(result);
+    if (done(object)) return object;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return object;
+}
+
+bool is_final(const json& video) {
+  const std::string status = video.value("status", "");
+  return status == "completed" || status == "failed" || status == "cancelled";
+}
+
+TEST(ServeCli, EveryEndpointAnswers) {
+  ServeProcess server(server_args());
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+
+  const auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(body_of(health)["status"], "ok");
+  const auto models = client.Get("/v1/models");
+  EXPECT_EQ(body_of(models)["data"][0]["id"], fs::path(model_dir()).filename().string());
+
+  const auto images = client.Post("/v1/images/generations", R"({"prompt": "a red cube", "n": 2, "size": "32x48", "seed": 5})",
+                                   "application/json");
+  ASSERT_TRUE(images);
+  ASSERT_EQ(images->status, 200) << images->body;
+  const json data = body_of(images)["data"];
+  ASSERT_EQ(data.size(), 2u);
+  for (const json& image : data) EXPECT_EQ(base64_decode(image["b64_json"]).substr(1, 3), "PNG");
+  EXPECT_NE(data[0]["b64_json"], data[1]["b64_json"]);  // seeds 5 and 6
+
+  const auto created = client.Post("/v1/videos", R"({"prompt": "a rolling ball", "size": "32x32", "num_frames": 5, "seed": 1})",
+                                   "application/json");
+  ASSERT_EQ(created->status, 200) << created->body;
+  const std::string id = body_of(created)["id"];
+  EXPECT_EQ(body_of(created)["object"], "video");
+  const json video = poll_video(client, id, is_final);
+  ASSERT_EQ(video["status"], "completed") << video.dump();
+  EXPECT_EQ(video["progress"], 100);
+  EXPECT_EQ(video["step"], 2);
+  EXPECT_GT(video["run_seconds"].get<double>(), 0.0);
+  const auto content = client.Get("/v1/videos/" + id + "/content");
+  ASSERT_EQ(content->status, 200);
+  EXPECT_EQ(content->get_header_value("Content-Type"), "video/mp4");
+  EXPECT_EQ(content->body.substr(4, 4), "ftyp");
+
+  const auto metrics = client.Get("/metrics");
+  ASSERT_EQ(metrics->status, 200);
+  for (const char* line : {"tessel_queue_depth 0", "tessel_requests_total{status=\"succeeded\"} 2", "tessel_step_seconds_count 6",
+                           "tessel_attention_density 1", "tessel_workers_healthy 1", "tessel_http_responses_total{code=\"200\"}"})
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << line << "\n" << metrics->body;
+
+  const auto deleted = client.Delete("/v1/videos/" + id);
+  EXPECT_EQ(body_of(deleted)["deleted"], true);
+  EXPECT_EQ(client.Get("/v1/videos/" + id)->status, 404);
+}
+
+TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
+  ServeProcess server(server_args({"--max-body-bytes", "2048", "--sparse-attn-allow", "plain=dense", "--cache", "teacache"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const std::pair<std::string, std::string> bad_images[] = {
+      {"{not json", ""},
+      {"[1, 2]", "body"},
+      {R"({"n": 1})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": "x", "size": "big"})", "size"},
+      {R"({"prompt": "x", "size": "33x32"})", "width"},
+      {R"({"prompt": "x", "n": 0})", "n"},
+      {R"({"prompt": "x", "n": 99})", "n"},
+      {R"({"prompt": "x", "num_inference_steps": 1000})", "num_inference_steps"},
+      {R"({"prompt": "x", "guidance_scale": "high"})", "guidance_scale"},
+      {R"({"prompt": "x", "seed": -1})", "seed"},
+      {R"({"prompt": "x", "response_format": "url"})", "response_format"},
+      {R"({"prompt": "x", "sparse_attention": "fast"})", "sparse_attention"},
+      {R"({"prompt": "x", "promt": "typo"})", "promt"},
+      {R"({"prompt": "x", "cache": "deepcache"})", "cache"},
+  };
+  for (const auto& [body, field] : bad_images) {
+    const auto result = client.Post("/v1/images/generations", body, "application/json");
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 400) << body << " -> " << result->body;
+    const json error = body_of(result)["error"];
+    if (!field.empty()) EXPECT_EQ(error["param"], field) << body << " -> " << result->body;
+    EXPECT_EQ(error["type"], "invalid_request_error");
+  }
+  EXPECT_EQ(client.Post("/v1/videos", R"({"prompt": "x", "num_frames": 6})", "application/json")->status, 400);
+  EXPECT_EQ(client.Post("/v1/videos", R"({"prompt": "x", "seconds": "forever"})", "application/json")->status, 400);
+  EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "x", "model": "other"})", "application/json")->status, 404);
+  EXPECT_EQ(client.Get("/v1/nothing")->status, 404);
+  EXPECT_EQ(client.Get("/v1/videos/video-404")->status, 404);
+  EXPECT_EQ(client.Get("/v1/videos/video-404/content")->status, 404);
+  EXPECT_EQ(client.Delete("/v1/videos/video-404")->status, 404);
+  const auto oversize = client.Post("/v1/images/generations", R"({"prompt": ")" + std::string(4096, 'a') + "\"}", "application/json");
+  ASSERT_TRUE(oversize);
+  EXPECT_EQ(oversize->status, 413);
+  // Refused requests never reached the queue; the server still works, with a setting it allows too.
+  EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine"})", "application/json")->status, 200);
+  EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine", "sparse_attention": "plain"})", "application/json")->status,
+            200);
+  EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine", "cache": "none"})", "application/json")->status, 200);
+}
+
+TEST(ServeCli, TheApiKeyIsRequiredWhenSet) {
+  ServeProcess server(server_args({"--api-key", "s3cret"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  EXPECT_EQ(client.Get("/health")->status, 200);  // probes need no key
+  const auto missing = client.Get("/v1/models");
+  EXPECT_EQ(missing->status, 401);
+  EXPECT_EQ(missing->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(client.Post("/v1/images/generations", {{"Authorization", "Bearer wrong"}}, R"({"prompt": "x"})", "application/json")->status, 401);
+  EXPECT_EQ(client.Post("/v1/images/generations", {{"Authorization", "Bearer s3cret"}}, R"({"prompt": "x"})", "application/json")->status, 200);
+  EXPECT_EQ(client.Get("/metrics", {{"Authorization", "Bearer s3cret"}})->status, 200);
+}
+
+TEST(ServeCli, AFullQueueAnswers429AndVideosCancel) {
+  ServeProcess server(server_args({"--max-queue", "1"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const std::string running = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  poll_video(client, running, [](const json& v) { return v["status"] == "in_progress" && v["step"] >= 1; });
+  const std::string queued = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  EXPECT_EQ(body_of(client.Get("/v1/videos/" + queued))["status"], "queued");
+  const auto refused = client.Post("/v1/videos", kSlowVideo, "application/json");
+  EXPECT_EQ(refused->status, 429);
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(client.Get("/v1/videos/" + queued + "/content")->status, 409);  // not completed
+
+  const json cancelled_queued = body_of(client.Delete("/v1/videos/" + queued));
+  EXPECT_EQ(cancelled_queued["status"], "cancelled");
+  const json cancelling = body_of(client.Delete("/v1/videos/" + running));
+  EXPECT_EQ(cancelling["cancel_requested"], true);
+  const json stopped = poll_video(client, running, is_final);
+  EXPECT_EQ(stopped["status"], "cancelled") << stopped.dump();
+  EXPECT_LT(stopped["step"].get<int>(), 100);
+  const std::string metrics = client.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("tessel_requests_total{status=\"cancelled\"} 2"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_requests_total{status=\"rejected\"} 1"), std::string::npos) << metrics;
+}
+
+TEST(ServeCli, AKilledWorkerFailsItsRequestAndTheNextSucceeds) {
+  ServeProcess server(server_args());
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const int worker = body_of(client.Get("/health"))["workers"][0];
+  const std::string id = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  poll_video(client, id, [](const json& v) { return v["step"] >= 1; });
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  const json failed = poll_video(client, id, is_final);
+  EXPECT_EQ(failed["status"], "failed");
+  EXPECT_NE(failed["error"]["message"].get<std::string>().find("killed by signal 9"), std::string::npos) << failed.dump();
+  const auto next = client.Post("/v1/images/generations", R"({"prompt": "after the crash"})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
+  const json health = body_of(client.Get("/health"));
+  EXPECT_EQ(health["status"], "ok");
+  EXPECT_EQ(health["worker_restarts"], 1);
+  EXPECT_NE(health["workers"][0], worker);
+}
+
+TEST(ServeCli, SigtermDrainsRunningWorkAndExitsZero) {
+  ServeProcess server(server_args());
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client watcher("127.0.0.1", server.port());
+  int answer_status = -1;  // -1: no answer
+  std::string answer_body;
+  std::thread client([&] {
+    httplib::Client images("127.0.0.1", server.port());
+    images.set_read_timeout(60, 0);
+    const auto answer = images.Post("/v1/images/generations", R"({"prompt": "drain me", "size": "512x512", "num_inference_steps": 50})",
+                                    "application/json");
+    if (answer) {
+      answer_status = answer->status;
+      answer_body = answer->body;
+    }
+  });
+  for (int i = 0; i < 2000 && body_of(watcher.Get("/health"))["running"] != 1; ++i) std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  client.join();
+  EXPECT_EQ(answer_status, 200) << answer_body << server.log();  // the running request finished and was answered
+  EXPECT_EQ(server.wait_exit(milliseconds(15000)), 0) << server.log();
+  EXPECT_NE(server.log().find("drained; succeeded 1"), std::string::npos) << server.log();
+  EXPECT_FALSE(watcher.Get("/health"));  // nobody listens any more
+}
+
+// 200 image requests (latents out) from 16 concurrent clients against a queue of 8: each gets
+// exactly one answer, 200 or 429, and the server's resident memory after the run stays within a
+// few MB of a warmed-up server's.
+TEST(ServeLoad, EveryRequestGetsExactlyOneAnswerAndMemoryStaysFlat) {
+  ServeProcess server(embeddings_server_args({"--max-queue", "8"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  const std::string body = R"({"prompt": "load"})";
+  {
+    httplib::Client warm("127.0.0.1", server.port());
+    for (int i = 0; i < 20; ++i) ASSERT_EQ(warm.Post("/v1/images/generations", body, "application/json")->status, 200);
+  }
+  const long rss_before = server.rss_kb();
+  constexpr int kClients = 16, kRequests = 200;
+  std::atomic<int> next{0}, ok{0}, busy{0}, other{0}, lost{0};
+  std::mutex errors_mutex;
+  std::string errors;
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      httplib::Client client("127.0.0.1", server.port());
+      client.set_read_timeout(30, 0);
+      while (next.fetch_add(1) < kRequests) {
+        const auto result = client.Post("/v1/images/generations", body, "application/json");
+        if (!result) {
+          ++lost;
+          std::lock_guard lock(errors_mutex);
+          errors += httplib::to_string(result.error()) + "; ";
+        }
+        else if (result->status == 200) ++ok;
+        else if (result->status == 429 && result->has_header("Retry-After")) ++busy;
+        else ++other;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const long rss_after = server.rss_kb();
+  std::printf("load: %d requests, %d clients, queue 8: %d x 200, %d x 429, %d other, %d lost in %.2f s (%.0f req/s); "
+              "server RSS %ld kB before, %ld kB after\n",
+              kRequests, kClients, ok.load(), busy.load(), other.load(), lost.load(), seconds, kRequests / seconds, rss_before, rss_after);
+  EXPECT_EQ(lost.load(), 0) << errors;
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(ok.load() + busy.load(), kRequests);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_LT(rss_after - rss_before, 8 * 1024) << "server memory grew";
+  const std::string metrics = httplib::Client("127.0.0.1", server.port()).Get("/metrics")->body;
+  EXPECT_NE(metrics.find("tessel_requests_total{status=\"succeeded\"} " + std::to_string(20 + ok.load())), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_requests_total{status=\"rejected\"} " + std::to_string(busy.load())), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_queue_depth 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessel

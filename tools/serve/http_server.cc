@@ -1,0 +1,283 @@
+// The routes of http_server.h.
+#include "http_server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+#include "tessel/core/log.h"
+
+namespace tessel::serve {
+namespace {
+
+using engine::CancelOutcome;
+using engine::RequestStatus;
+
+constexpr int kListenBacklog = 1024;
+
+void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
+  const char* type = status == 401 ? "authentication_error"
+                     : status == 404 ? "not_found_error"
+                     : status == 429 ? "rate_limit_error"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  send_json(res, status, error_body(message, type, param));
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  engine::Engine& engine;
+  ServerOptions options;
+  httplib::Server http;
+  socket_t listening_socket = -1;  // httplib's socket type
+  std::mutex counts_mutex;
+  std::map<int, int64_t> responses_by_code;
+
+  Impl(engine::Engine& e, ServerOptions o) : engine(e), options(std::move(o)) {}
+
+  // Queues a request; on refusal fills `res` and returns "".
+  std::string submit(engine::GenerationRequest request, const std::string& prefix, httplib::Response& res) {
+    try {
+      return engine.submit(std::move(request), prefix);
+    } catch (const engine::QueueFullError& e) {
+      res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+      send_error(res, 429, e.what());
+    } catch (const engine::NotAcceptingError& e) {
+      send_error(res, 503, e.what());
+    } catch (const Error& e) {
+      // The model type's pre-processing names the field first ("width: expected ...").
+      const std::string message = e.what();
+      send_error(res, 400, message, message.substr(0, message.find(':')));
+    }
+    return "";
+  }
+
+  void images(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = submit(parse_image_request(req.body, options.api), "img", res);
+    if (id.empty()) return;
+    const auto deadline = std::chrono::steady_clock::now() + options.image_timeout;
+    std::optional<engine::RequestSnapshot> snapshot;
+    for (;;) {
+      snapshot = engine.scheduler().wait(id, std::chrono::milliseconds(500));
+      if (!snapshot || engine::is_final(snapshot->status)) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        engine.scheduler().cancel(id);
+        snapshot = engine.scheduler().wait(id, std::chrono::milliseconds(60000));
+        engine.scheduler().forget(id);
+        send_error(res, 504, detail::concat("no images within ", options.image_timeout.count(), " s; the request was cancelled"));
+        return;
+      }
+    }
+    engine.scheduler().forget(id);
+    if (!snapshot) return send_error(res, 500, "the request's state was lost");
+    if (snapshot->status == RequestStatus::kSucceeded) return send_json(res, 200, image_response(*snapshot->output));
+    if (snapshot->status == RequestStatus::kCancelled) return send_error(res, 503, snapshot->output->error);
+    send_error(res, 500, "generation failed: " + snapshot->output->error);
+  }
+
+  void create_video(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = submit(parse_video_request(req.body, options.api), "video", res);
+    if (id.empty()) return;
+    send_json(res, 200, video_object(*engine.scheduler().snapshot(id), options.api.model_name));
+  }
+
+  std::optional<engine::RequestSnapshot> find_video(const std::string& id, httplib::Response& res) {
+    auto snapshot = engine.scheduler().snapshot(id);
+    if (!snapshot || snapshot->request.kind != engine::OutputKind::kVideo) {
+      send_error(res, 404, "no video " + quoted_excerpt(id), "video_id");
+      return std::nullopt;
+    }
+    return snapshot;
+  }
+
+  void video_status(const httplib::Request& req, httplib::Response& res) {
+    if (const auto snapshot = find_video(req.matches[1], res)) send_json(res, 200, video_object(*snapshot, options.api.model_name));
+  }
+
+  void video_content(const httplib::Request& req, httplib::Response& res) {
+    const auto snapshot = find_video(req.matches[1], res);
+    if (!snapshot) return;
+    if (snapshot->status != RequestStatus::kSucceeded) {
+      const std::string status = video_object(*snapshot, options.api.model_name)["status"];
+      return send_error(res, 409, "video " + snapshot->request.id + " is " + status + ", not completed");
+    }
+    const engine::EncodedMedia& media = snapshot->output->media.at(0);
+    res.status = 200;
+    res.set_content(media.bytes, media.mime_type.c_str());
+  }
+
+  void delete_video(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (!find_video(id, res)) return;
+    const CancelOutcome outcome = engine.scheduler().cancel(id);
+    auto snapshot = engine.scheduler().snapshot(id);
+    nlohmann::json body = snapshot ? video_object(*snapshot, options.api.model_name) : nlohmann::json{{"id", id}, {"object", "video"}};
+    if (outcome == CancelOutcome::kAlreadyFinished || outcome == CancelOutcome::kCancelledWhileQueued) {
+      engine.scheduler().forget(id);  // its output is not kept any longer
+      body["deleted"] = true;
+    } else {
+      body["cancel_requested"] = true;  // running: it stops after the current step
+    }
+    send_json(res, 200, body);
+  }
+
+  void health(httplib::Response& res) {
+    const engine::EngineStats stats = engine.stats();
+    const bool accepting = engine.scheduler().accepting();
+    const char* status = !accepting ? "shutting_down" : stats.healthy ? "ok" : "unhealthy";
+    send_json(res, accepting && stats.healthy ? 200 : 503,
+              {{"status", status},
+               {"model", options.api.model_name},
+               {"workers", stats.worker_pids},
+               {"worker_restarts", stats.worker_restarts},
+               {"last_worker_error", stats.last_worker_error},
+               {"queue_depth", stats.counts.queued},
+               {"running", stats.counts.running}});
+  }
+
+  void models(httplib::Response& res) {
+    send_json(res, 200,
+              {{"object", "list"},
+               {"data", {{{"id", options.api.model_name}, {"object", "model"}, {"owned_by", "tessel"},
+                          {"model_type", engine.model_type()}}}}});
+  }
+
+  void metrics(httplib::Response& res) {
+    const engine::EngineStats stats = engine.stats();
+    std::ostringstream out;
+    const auto metric = [&](const char* name, const char* type, const char* help) {
+      out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+    };
+    metric("tessel_queue_depth", "gauge", "Requests waiting in the queue.");
+    out << "tessel_queue_depth " << stats.counts.queued << '\n';
+    metric("tessel_queue_max_depth", "gauge", "The queue's bound (--max-queue).");
+    out << "tessel_queue_max_depth " << engine.scheduler().max_queue() << '\n';
+    metric("tessel_requests_running", "gauge", "Requests running on the workers.");
+    out << "tessel_requests_running " << stats.counts.running << '\n';
+    metric("tessel_requests_total", "counter", "Generation requests by final status (rejected: refused with 429).");
+    out << "tessel_requests_total{status=\"succeeded\"} " << stats.counts.succeeded << '\n'
+        << "tessel_requests_total{status=\"failed\"} " << stats.counts.failed << '\n'
+        << "tessel_requests_total{status=\"cancelled\"} " << stats.counts.cancelled << '\n'
+        << "tessel_requests_total{status=\"rejected\"} " << stats.counts.rejected_queue_full << '\n';
+    metric("tessel_step_seconds", "summary", "Time of one denoising step.");
+    out << "tessel_step_seconds_sum " << stats.step_seconds_total << "\ntessel_step_seconds_count " << stats.steps_total << '\n';
+    metric("tessel_attention_density", "gauge", "Mean self-attention density the sparse schedule gave the last step (1: dense).");
+    out << "tessel_attention_density " << stats.last_attention_density << '\n';
+    metric("tessel_workers_healthy", "gauge", "1 when every worker runs.");
+    out << "tessel_workers_healthy " << (stats.healthy ? 1 : 0) << '\n';
+    metric("tessel_worker_restarts_total", "counter", "Worker group restarts after a worker died.");
+    out << "tessel_worker_restarts_total " << stats.worker_restarts << '\n';
+    if (stats.device_memory_used_bytes >= 0) {
+      metric("tessel_gpu_memory_used_bytes", "gauge", "Device memory in use on rank 0's GPU at its last step.");
+      out << "tessel_gpu_memory_used_bytes " << stats.device_memory_used_bytes << '\n';
+    }
+    metric("tessel_http_responses_total", "counter", "HTTP responses by status code.");
+    {
+      std::lock_guard lock(counts_mutex);
+      for (const auto& [code, count] : responses_by_code) out << "tessel_http_responses_total{code=\"" << code << "\"} " << count << '\n';
+    }
+    res.set_content(out.str(), "text/plain; version=0.0.4");
+  }
+
+  // Wraps a handler: API errors become their JSON answers.
+  httplib::Server::Handler guarded(std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+    return [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handler(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e.status(), e.what(), e.field());
+      }
+    };
+  }
+
+  void install_routes() {
+    // The listening socket: SO_REUSEADDR (a restart can bind while old connections linger; unlike
+    // httplib's default SO_REUSEPORT, a second server on the same port is an error), and its
+    // descriptor kept so bind() can widen httplib's backlog of 5 pending connections.
+    http.set_socket_options([this](socket_t socket) {
+      int yes = 1;
+      setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listening_socket = socket;
+    });
+    http.set_payload_max_length(options.max_body_bytes);
+    http.set_read_timeout(options.io_timeout);
+    http.set_write_timeout(options.io_timeout);
+    http.set_keep_alive_max_count(100);
+    const int threads = options.http_threads;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + options.api_key) return httplib::Server::HandlerResponse::Unhandled;
+      res.set_header("WWW-Authenticate", "Bearer");
+      send_error(res, 401, "a valid API key is required: Authorization: Bearer <key>");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http.Post("/v1/images/generations", guarded([this](const auto& req, auto& res) { images(req, res); }));
+    http.Post("/v1/videos", guarded([this](const auto& req, auto& res) { create_video(req, res); }));
+    http.Get(R"(/v1/videos/([A-Za-z0-9_-]+))", guarded([this](const auto& req, auto& res) { video_status(req, res); }));
+    http.Get(R"(/v1/videos/([A-Za-z0-9_-]+)/content)", guarded([this](const auto& req, auto& res) { video_content(req, res); }));
+    http.Delete(R"(/v1/videos/([A-Za-z0-9_-]+))", guarded([this](const auto& req, auto& res) { delete_video(req, res); }));
+    http.Get("/health", [this](const auto&, auto& res) { health(res); });
+    http.Get("/v1/models", [this](const auto&, auto& res) { models(res); });
+    http.Get("/metrics", [this](const auto&, auto& res) { metrics(res); });
+    // Errors httplib answers itself (404 for an unknown path, 413 for an oversize body, 400 for a
+    // malformed request) get a JSON body too.
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const std::string message = res.status == 404   ? "no route " + req.method + " " + quoted_excerpt(req.path)
+                                  : res.status == 413 ? "the request body is too large"
+                                                      : detail::concat("HTTP status ", res.status);
+      send_error(res, res.status, message);
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+      std::string message = "internal error";
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        message += std::string(": ") + e.what();
+      } catch (...) {
+      }
+      send_error(res, 500, message);
+    });
+    http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+      std::lock_guard lock(counts_mutex);
+      ++responses_by_code[res.status];
+    });
+  }
+};
+
+HttpServer::HttpServer(engine::Engine& engine, ServerOptions options) : impl_(std::make_unique<Impl>(engine, std::move(options))) {
+  impl_->install_routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const ServerOptions& o = impl_->options;
+  const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+  if (port < 0) throw Error(detail::concat("cannot listen on ", o.host, ":", o.port, " (address in use or not available)"));
+  // httplib listens with a backlog of 5: a burst of clients connecting at once would see SYNs
+  // dropped (a second's delay, or a failed connect). listen() again on the socket widens it.
+  if (impl_->listening_socket >= 0 && ::listen(impl_->listening_socket, kListenBacklog) != 0)
+    throw Error(detail::concat("cannot widen the listen backlog on ", o.host, ":", port, ": ", std::strerror(errno)));
+  return port;
+}
+
+void HttpServer::run() { impl_->http.listen_after_bind(); }
+
+void HttpServer::stop() { impl_->http.stop(); }
+
+}  // namespace tessel::serve

@@ -1,0 +1,226 @@
+#include "openai_api.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "tessel/core/io/limited_json.h"
+
+namespace tessel::serve {
+namespace {
+
+using engine::GenerationRequest;
+using engine::OutputKind;
+using engine::RequestStatus;
+
+[[noreturn]] void bad_field(const std::string& field, const std::string& expected, const std::string& actual) {
+  throw ApiError(400, field, detail::concat(field, ": expected ", expected, ", got ", actual));
+}
+
+nlohmann::json parse_body(const std::string& body) {
+  nlohmann::json json;
+  try {
+    json = parse_json_limited(body, JsonLimits{1 << 20, 8}, "request body");
+  } catch (const Error& e) {
+    throw ApiError(400, "", e.what());
+  }
+  if (!json.is_object()) bad_field("body", "a JSON object", json_excerpt(json));
+  return json;
+}
+
+std::string string_field(const nlohmann::json& body, const std::string& field, const std::string& fallback, bool required = false) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) {
+    if (required) throw ApiError(400, field, field + ": required");
+    return fallback;
+  }
+  if (!it->is_string()) bad_field(field, "a string", json_excerpt(*it));
+  return it->get<std::string>();
+}
+
+int64_t integer_field(const nlohmann::json& body, const std::string& field, int64_t fallback, int64_t low, int64_t high) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer() && !it->is_number_unsigned()) bad_field(field, "an integer", json_excerpt(*it));
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(high))
+    bad_field(field, detail::concat("an integer in ", low, "..", high), json_excerpt(*it));
+  const int64_t value = it->get<int64_t>();
+  if (value < low || value > high) bad_field(field, detail::concat("an integer in ", low, "..", high), json_excerpt(*it));
+  return value;
+}
+
+double number_field(const nlohmann::json& body, const std::string& field, double fallback, double low, double high) {
+  const auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_number()) bad_field(field, "a number", json_excerpt(*it));
+  const double value = it->get<double>();
+  if (!(value >= low && value <= high)) bad_field(field, detail::concat("a number in ", low, "..", high), json_excerpt(*it));
+  return value;
+}
+
+// "WIDTHxHEIGHT", both positive integers.
+void parse_size(const nlohmann::json& body, GenerationRequest& request, const ApiDefaults& defaults) {
+  request.width = defaults.default_width;
+  request.height = defaults.default_height;
+  const std::string text = string_field(body, "size", "");
+  if (text.empty()) return;
+  const size_t x = text.find('x');
+  const auto digits = [](const std::string& part) {
+    return !part.empty() && part.size() <= 6 && part.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (x == std::string::npos || !digits(text.substr(0, x)) || !digits(text.substr(x + 1)))
+    bad_field("size", "\"WIDTHxHEIGHT\" in pixels, e.g. \"832x480\"", quoted_excerpt(text));
+  request.width = std::stoll(text.substr(0, x));
+  request.height = std::stoll(text.substr(x + 1));
+}
+
+void check_fields(const nlohmann::json& body, const std::set<std::string>& allowed) {
+  for (const auto& [key, value] : body.items())
+    if (!allowed.count(key)) throw ApiError(400, key, key + ": unknown field");
+}
+
+void check_model(const nlohmann::json& body, const ApiDefaults& defaults) {
+  const std::string model = string_field(body, "model", "");
+  if (!model.empty() && model != defaults.model_name)
+    throw ApiError(404, "model", detail::concat("model: expected ", quoted_excerpt(defaults.model_name), " (the model this server runs), got ",
+                                               quoted_excerpt(model)));
+}
+
+// The fields both endpoints share.
+void parse_common(const nlohmann::json& body, GenerationRequest& request, const ApiDefaults& defaults) {
+  check_model(body, defaults);
+  request.prompt = string_field(body, "prompt", "", true);
+  request.negative_prompt = string_field(body, "negative_prompt", "");
+  request.num_inference_steps = integer_field(body, "num_inference_steps", defaults.default_steps, 1, 1000000);
+  request.guidance_scale = number_field(body, "guidance_scale", defaults.default_guidance, 0.0, 1e6);
+  const auto seed = body.find("seed");
+  if (seed == body.end() || seed->is_null()) {
+    request.seed = std::random_device{}() & 0x7fffffff;
+  } else {
+    request.seed = static_cast<uint64_t>(integer_field(body, "seed", 0, 0, INT64_MAX));
+  }
+  request.sparse_attention = string_field(body, "sparse_attention", "");
+  request.cache = string_field(body, "cache", "");
+  parse_size(body, request, defaults);
+}
+
+int64_t unix_seconds(std::chrono::system_clock::time_point at) {
+  return std::chrono::duration_cast<std::chrono::seconds>(at.time_since_epoch()).count();
+}
+
+}  // namespace
+
+GenerationRequest parse_image_request(const std::string& body_text, const ApiDefaults& defaults) {
+  const nlohmann::json body = parse_body(body_text);
+  check_fields(body, {"prompt", "model", "n", "size", "response_format", "quality", "style", "user", "negative_prompt",
+                      "num_inference_steps", "guidance_scale", "seed", "sparse_attention", "cache"});
+  GenerationRequest request;
+  request.kind = OutputKind::kImage;
+  request.frames = 1;
+  parse_common(body, request, defaults);
+  request.num_outputs = integer_field(body, "n", 1, 1, 1000);
+  const std::string format = string_field(body, "response_format", "b64_json");
+  if (format != "b64_json") bad_field("response_format", "\"b64_json\" (this server returns no URLs)", quoted_excerpt(format));
+  return request;
+}
+
+GenerationRequest parse_video_request(const std::string& body_text, const ApiDefaults& defaults) {
+  const nlohmann::json body = parse_body(body_text);
+  check_fields(body, {"prompt", "model", "size", "seconds", "num_frames", "fps", "negative_prompt", "num_inference_steps",
+                      "guidance_scale", "seed", "sparse_attention", "cache", "user"});
+  GenerationRequest request;
+  request.kind = OutputKind::kVideo;
+  parse_common(body, request, defaults);
+  request.fps = number_field(body, "fps", defaults.default_fps, 1.0, 120.0);
+  request.frames = integer_field(body, "num_frames", defaults.default_frames, 1, 100000);
+  if (body.contains("seconds") && !body.contains("num_frames")) {
+    // OpenAI sends seconds as a string ("4"); a number is accepted too. Wan needs 4k + 1 frames.
+    const nlohmann::json& value = body["seconds"];
+    double seconds = 0.0;
+    if (value.is_string()) {
+      try {
+        size_t end = 0;
+        seconds = std::stod(value.get<std::string>(), &end);
+        if (end != value.get<std::string>().size()) throw std::invalid_argument("trailing text");
+      } catch (const std::logic_error&) {
+        bad_field("seconds", "a number of seconds, e.g. \"4\"", json_excerpt(value));
+      }
+    } else if (value.is_number()) {
+      seconds = value.get<double>();
+    } else {
+      bad_field("seconds", "a number of seconds, e.g. \"4\"", json_excerpt(value));
+    }
+    if (!(seconds > 0.0 && seconds <= 60.0)) bad_field("seconds", "0 < seconds <= 60", json_excerpt(value));
+    request.frames = std::llround(seconds * request.fps / 4.0) * 4 + 1;
+  }
+  return request;
+}
+
+nlohmann::json image_response(const engine::GenerationOutput& output) {
+  nlohmann::json data = nlohmann::json::array();
+  for (const engine::EncodedMedia& media : output.media) data.push_back({{"b64_json", base64_encode(media.bytes)}, {"mime_type", media.mime_type}});
+  return {{"created", unix_seconds(std::chrono::system_clock::now())}, {"data", std::move(data)}};
+}
+
+nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::string& model_name) {
+  const GenerationRequest& r = snapshot.request;
+  std::string status;
+  switch (snapshot.status) {
+    case RequestStatus::kQueued: status = "queued"; break;
+    case RequestStatus::kRunning: status = "in_progress"; break;
+    case RequestStatus::kSucceeded: status = "completed"; break;
+    case RequestStatus::kFailed: status = "failed"; break;
+    case RequestStatus::kCancelled: status = "cancelled"; break;
+  }
+  const engine::RequestProgress& p = snapshot.progress;
+  int64_t percent = p.total_steps > 0 ? p.step * 100 / p.total_steps : 0;
+  if (snapshot.status == RequestStatus::kSucceeded) percent = 100;
+  nlohmann::json object = {{"id", r.id},
+                           {"object", "video"},
+                           {"model", model_name},
+                           {"status", status},
+                           {"progress", percent},
+                           {"created_at", unix_seconds(snapshot.created_at)},
+                           {"size", detail::concat(r.width, "x", r.height)},
+                           {"seconds", detail::concat(static_cast<double>(r.frames) / r.fps)},
+                           {"num_frames", r.frames},
+                           {"fps", r.fps},
+                           {"seed", r.seed},
+                           {"step", p.step},
+                           {"total_steps", p.total_steps != 0 ? p.total_steps : r.num_inference_steps},
+                           {"eta_seconds", p.eta_seconds}};
+  if (snapshot.status == RequestStatus::kQueued) object["queue_position"] = snapshot.queue_position;
+  if (snapshot.output) {
+    object["completed_at"] = unix_seconds(snapshot.created_at) + static_cast<int64_t>(snapshot.output->seconds);
+    object["run_seconds"] = snapshot.output->seconds;  // from the start of its run to its encoded output
+    if (!snapshot.output->error.empty())
+      object["error"] = {{"code", status}, {"message", snapshot.output->error}};
+  }
+  return object;
+}
+
+nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param) {
+  return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? nlohmann::json() : nlohmann::json(param)}, {"code", nullptr}}}};
+}
+
+std::string base64_encode(const std::string& bytes) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = static_cast<uint8_t>(bytes[i]) << 16 | static_cast<uint8_t>(bytes[i + 1]) << 8 | static_cast<uint8_t>(bytes[i + 2]);
+    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], kAlphabet[v & 63]};
+  }
+  if (i + 1 == bytes.size()) {
+    const uint32_t v = static_cast<uint8_t>(bytes[i]) << 16;
+    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], '=', '='};
+  } else if (i + 2 == bytes.size()) {
+    const uint32_t v = static_cast<uint8_t>(bytes[i]) << 16 | static_cast<uint8_t>(bytes[i + 1]) << 8;
+    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
+}  // namespace tessel::serve

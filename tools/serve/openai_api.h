@@ -1,0 +1,62 @@
+// The JSON of the server's API, apart from the HTTP plumbing so tests can call it: request bodies
+// of the OpenAI images API and of the video API (as vLLM-Omni serves it) mapped onto
+// GenerationRequest, and the response objects. A body that does not fit is an ApiError naming the
+// field (HTTP 400).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/core/error.h"
+#include "tessel/engine/request.h"
+#include "tessel/engine/request_scheduler.h"
+
+namespace tessel::serve {
+
+// A client error: `status` is the HTTP status, `field` the request field at fault (may be empty).
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string field, const std::string& message)
+      : Error(message), status_(status), field_(std::move(field)) {}
+  int status() const { return status_; }
+  const std::string& field() const { return field_; }
+
+ private:
+  int status_;
+  std::string field_;
+};
+
+// What a request may ask for beyond the model type's own checks (the engine's pre-processing).
+struct ApiDefaults {
+  std::string model_name;            // the id /v1/models lists; a request's "model" must match it
+  int64_t default_steps = 50;
+  double default_guidance = 5.0;
+  int64_t default_width = 832;
+  int64_t default_height = 480;
+  int64_t default_frames = 81;
+  double default_fps = 16.0;
+};
+
+// POST /v1/images/generations: prompt (required), n, size "WxH", response_format ("b64_json"),
+// model, and the extras negative_prompt, num_inference_steps, guidance_scale, seed,
+// sparse_attention. Unknown fields are refused (a typo must not pass silently), except OpenAI's
+// quality, style and user, which change nothing here.
+engine::GenerationRequest parse_image_request(const std::string& body, const ApiDefaults& defaults);
+// POST /v1/videos: prompt (required), model, size "WxH", seconds or num_frames, fps, and the
+// same extras.
+engine::GenerationRequest parse_video_request(const std::string& body, const ApiDefaults& defaults);
+
+// {"created": unix time, "data": [{"b64_json": ...}, ...]}
+nlohmann::json image_response(const engine::GenerationOutput& output);
+// The video job object: id, object "video", model, status (queued, in_progress, completed,
+// failed, cancelled), progress (0..100), created_at, completed_at, run_seconds (once final: the
+// run and the encoding), size, seconds, num_frames, the step counts and ETA, and error when failed.
+nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::string& model_name);
+// {"error": {"message", "type", "param", "code"}}, OpenAI's error shape.
+nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param = "");
+
+std::string base64_encode(const std::string& bytes);
+
+}  // namespace tessel::serve

@@ -1,0 +1,247 @@
+// `tessel serve`: the HTTP server over the diffusion engine. Starts the engine's worker processes
+// (`tessel engine-worker`, one per GPU), binds the port, serves until SIGTERM or SIGINT, then
+// drains: it stops accepting, lets running and queued work finish (cancelling what is left after
+// --drain-timeout), stops the workers and exits 0.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "command.h"
+#include "option_checks.h"
+#include "serve/http_server.h"
+#include "sparse_attn_flags.h"
+#include "tessel/core/error.h"
+#include "tessel/core/log.h"
+#include "tessel/diffusion/cache_backend.h"
+#include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/engine/engine.h"
+#include "tessel/engine/wan_serving.h"
+
+namespace tessel::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+struct ServeOptions {
+  std::string model_dir;
+  std::string served_model_name;
+  std::string embeddings;
+  int64_t num_gpus = 1;
+  int64_t max_queue = 8;
+  int64_t threads = 0;
+  std::string size = "832x480";
+  int64_t frames = 81;
+  int64_t steps = 50;
+  double guidance = 5.0;
+  double fps = 16.0;
+  std::string scheduler;
+  double flow_shift = 0.0;
+  std::vector<std::string> sparse_attention_allowed;  // NAME=dense|'<json>'|@file.json
+  std::string cache = "none";
+  double teacache_thresh = CacheConfig{}.teacache_thresh;
+  int64_t request_timeout_s = 0;
+  int64_t drain_timeout_s = 60;
+  serve::ServerOptions server;
+  int64_t image_timeout_s = 3600;
+};
+
+std::string this_executable() {
+  std::error_code error;
+  const fs::path path = fs::read_symlink("/proc/self/exe", error);
+  if (error) throw Error("cannot find the tessel executable (/proc/self/exe) to start the workers: " + error.message());
+  return path.string();
+}
+
+std::pair<int64_t, int64_t> parse_default_size(const std::string& text) {
+  const size_t x = text.find('x');
+  try {
+    if (x == std::string::npos) throw std::invalid_argument("no x");
+    return {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
+  } catch (const std::logic_error&) {
+    fail_argument("--size", "WIDTHxHEIGHT in pixels, e.g. 832x480", quoted_excerpt(text));
+  }
+}
+
+// A config as the workers take it: spatial patterns get the latent layout of the default size, as
+// `tessel generate` does for its one size.
+std::string worker_config_json(SparseAttnConfig config, const ServeOptions& o, int64_t width, int64_t height) {
+  const WanConfig model = load_wan_config((fs::path(o.model_dir) / "transformer").string());
+  WanVideoSize size{o.frames, height, width};
+  const Shape latent = size.latent_shape(model.in_channels);
+  if (!config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
+    config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
+  return config.to_json();
+}
+
+// The default sparse-attention config ("" for dense).
+std::string sparse_config_json(const ServeOptions& o, const SparseAttnFlags& flags, int64_t width, int64_t height) {
+  const SparseAttnEnv& env = process_sparse_attn_env();
+  if (!sparse_attn_requested(flags, env)) return "";
+  return worker_config_json(sparse_attn_config_from(flags, env), o, width, height);
+}
+
+// --sparse-attn-allow NAME=dense|'<json>'|@file.json, each a setting a request may name.
+std::map<std::string, std::string> allowed_settings(const ServeOptions& o, int64_t width, int64_t height) {
+  std::map<std::string, std::string> settings;
+  for (const std::string& entry : o.sparse_attention_allowed) {
+    const size_t equals = entry.find('=');
+    const std::string name = entry.substr(0, equals);
+    if (equals == std::string::npos || name.empty() || name == "default" ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+      fail_argument("--sparse-attn-allow", "NAME=dense|'<json>'|@file.json with NAME of letters, digits, _ and - (not default)",
+                    quoted_excerpt(entry));
+    const std::string value = entry.substr(equals + 1);
+    settings[name] = value == "dense" ? "" : worker_config_json(parse_sparse_attn_config_arg(value, "--sparse-attn-allow"), o, width, height);
+  }
+  return settings;
+}
+
+// SIGTERM and SIGINT are blocked in every thread (the engine's and the HTTP pool's inherit the mask)
+// and taken by one watcher thread, which starts the drain.
+sigset_t shutdown_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
+  const auto [width, height] = parse_default_size(o.size);
+  engine::WanRunnerConfig runner;
+  runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
+  runner.num_threads = static_cast<int>(o.threads);
+  runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
+  runner.sparse_attention_settings = allowed_settings(o, width, height);
+  runner.backend_override = backend_override(process_sparse_attn_env());
+  runner.plugin_dirs = process_sparse_attn_env().plugin_dirs;
+  runner.scheduler = o.scheduler;
+  runner.flow_shift = o.flow_shift;
+  runner.cache = o.cache;
+  runner.teacache_thresh = o.teacache_thresh;
+
+  engine::EngineConfig config;
+  config.model_dir = fs::absolute(o.model_dir).string();
+  config.worker_command = {this_executable(), "engine-worker"};
+  config.num_workers = static_cast<int>(o.num_gpus);
+  config.max_queue = static_cast<size_t>(o.max_queue);
+  config.runner_config_json = engine::wan_runner_config_to_json(runner);
+  config.request_timeout = seconds(o.request_timeout_s);
+
+  engine::WanRequestLimits limits;
+  limits.cache = o.cache;
+  for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
+  engine::ProcessorRegistry processors;
+  engine::register_wan_processors(processors, limits);
+
+  o.server.api.model_name = o.served_model_name.empty() ? fs::absolute(o.model_dir).filename().string() : o.served_model_name;
+  if (o.server.api.model_name.empty()) o.server.api.model_name = fs::absolute(o.model_dir).parent_path().filename().string();
+  o.server.api.default_steps = o.steps;
+  o.server.api.default_guidance = o.guidance;
+  o.server.api.default_width = width;
+  o.server.api.default_height = height;
+  o.server.api.default_frames = o.frames;
+  o.server.api.default_fps = o.fps;
+  o.server.image_timeout = seconds(o.image_timeout_s);
+
+  const sigset_t signals = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  engine::Engine engine(config, std::move(processors));
+  serve::HttpServer server(engine, o.server);
+  const int port = server.bind();
+  std::thread watcher([&] {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    std::fprintf(stderr, "tessel serve: %s: draining (no new requests; running and queued work finishes)\n",
+                 strsignal(signal_number));
+    engine.scheduler().stop_accepting();
+    server.stop();
+  });
+  watcher.detach();
+  std::printf("tessel serve: listening on http://%s:%d (model %s, %lld worker(s), queue depth %lld)\n", o.server.host.c_str(),
+              port, o.server.api.model_name.c_str(), static_cast<long long>(o.num_gpus), static_cast<long long>(o.max_queue));
+  std::fflush(stdout);
+  server.run();
+
+  // The listener is closed and every HTTP handler returned; queued video jobs may remain.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(o.drain_timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const engine::SchedulerCounts counts = engine.scheduler().counts();
+    if (counts.queued == 0 && counts.running == 0) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  const engine::SchedulerCounts left = engine.scheduler().counts();
+  const bool drained = left.queued == 0 && left.running == 0;
+  engine.shutdown(drained ? engine::ShutdownMode::kDrain : engine::ShutdownMode::kCancel);
+  const engine::SchedulerCounts final_counts = engine.scheduler().counts();
+  std::fprintf(stderr, "tessel serve: stopped (%s; succeeded %lld, failed %lld, cancelled %lld, rejected %lld)\n",
+               drained ? "drained" : "drain timeout: the rest was cancelled", static_cast<long long>(final_counts.succeeded),
+               static_cast<long long>(final_counts.failed), static_cast<long long>(final_counts.cancelled),
+               static_cast<long long>(final_counts.rejected_queue_full));
+  return 0;
+}
+
+CommandRegistration registration{
+    "serve", "HTTP server (OpenAI-style image and video API) over the diffusion engine and its worker processes",
+    [](CLI::App& app) {
+      auto o = std::make_shared<ServeOptions>();
+      auto flags = std::make_shared<SparseAttnFlags>();
+      app.add_option("--model", o->model_dir, "diffusers WanPipeline directory (model_index.json, transformer/, scheduler/)")
+          ->required();
+      app.add_option("--embeddings", o->embeddings,
+                     "safetensors with prompt_embeds (and negative_prompt_embeds): the text conditioning of every request");
+      app.add_option("--host", o->server.host, "address to listen on")->capture_default_str();
+      app.add_option("--port", o->server.port, "port (0: any free one, printed)")->capture_default_str()->check(integer_in(0, 65535));
+      app.add_option("--max-queue", o->max_queue, "requests that may wait; beyond: 429")->capture_default_str()->check(integer_in(1, 100000));
+      app.add_option("--api-key", o->server.api_key, "require Authorization: Bearer KEY (all but /health)");
+      app.add_option("--num-gpus", o->num_gpus, "worker processes, one per GPU of the parallel group")
+          ->capture_default_str()
+          ->check(integer_in(1, 64));
+      app.add_option("--threads", o->threads, "CPU threads per worker (default: all)")->check(integer_in(1, 4096));
+      app.add_option("--served-model-name", o->served_model_name, "the model id of /v1/models (default: the directory's name)");
+      app.add_option("--size", o->size, "default WIDTHxHEIGHT of a request")->capture_default_str();
+      app.add_option("--frames", o->frames, "default video frames (4k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--steps", o->steps, "default denoising steps")->capture_default_str()->check(integer_in(1, 100000));
+      app.add_option("--guidance", o->guidance, "default guidance scale")->capture_default_str()->check(number_in(0.0, 1000.0));
+      app.add_option("--fps", o->fps, "default video frame rate")->capture_default_str()->check(number_in(1.0, 120.0));
+      app.add_option("--scheduler", o->scheduler, "unipc or euler (default: the model's scheduler/)")->check(one_of({"unipc", "euler"}));
+      app.add_option("--flow-shift", o->flow_shift, "the schedule's shift (default: the scheduler config's)")
+          ->check(number_in(0.0, 1000.0, Bounds::kOpenLow));
+      app.add_option("--request-timeout", o->request_timeout_s, "seconds a request may run before it is stopped (0: no limit)")
+          ->capture_default_str()
+          ->check(integer_in(0, 1 << 24));
+      app.add_option("--image-timeout", o->image_timeout_s, "seconds an images request waits for its images (then 504)")
+          ->capture_default_str()
+          ->check(integer_in(1, 1 << 24));
+      app.add_option("--drain-timeout", o->drain_timeout_s, "seconds queued work may take after SIGTERM before it is cancelled")
+          ->capture_default_str()
+          ->check(integer_in(0, 1 << 24));
+      app.add_option("--max-body-bytes", o->server.max_body_bytes, "largest request body (beyond: 413)")
+          ->capture_default_str()
+          ->check(integer_in(1024, 1 << 30));
+      app.add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str()->check(integer_in(1, 1024));
+      add_sparse_attn_flags(app, *flags);
+      app.add_option("--cache", o->cache, "step cache of every request: none or teacache (a request may ask for none)")
+          ->capture_default_str()
+          ->check(one_of({"none", "teacache"}));
+      app.add_option("--teacache-thresh", o->teacache_thresh, "TeaCache's threshold (0: never skip; higher skips more)")
+          ->capture_default_str()
+          ->check(number_in(0.0, 10.0));
+      app.add_option("--sparse-attn-allow", o->sparse_attention_allowed,
+                     "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
+      return CommandRunner([o, flags] { return run_serve(*o, *flags); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli
