@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "ops.h"
@@ -13,6 +14,7 @@
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
 #include "wan_rope.h"
+#include "wan_sequence_parallel.h"
 
 namespace tessel {
 namespace {
@@ -120,6 +122,7 @@ struct WanTransformer::Impl {
   Tensor out_modulation;  // (2, dim): shift, scale
   std::vector<BlockWeights> blocks;
   std::vector<std::unique_ptr<SparseAttention>> self_attention;  // empty: dense attention
+  const ParallelGroups* parallel = nullptr;
 
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile) const;
@@ -139,6 +142,11 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
   m.text_linear_2 = make_linear(weights, "condition_embedder.text_embedder.linear_2");
   m.proj_out = make_linear(weights, "proj_out");
   m.out_modulation = to_f32(weights.at("scale_shift_table"));
+  m.parallel = attention.parallel;
+  if (m.parallel != nullptr && config.num_attention_heads % m.parallel->config.sp_ulysses_degree != 0)
+    fail_argument("WanAttentionOptions::parallel sp_ulysses_degree",
+                  detail::concat("a divisor of the model's ", config.num_attention_heads, " attention heads"),
+                  m.parallel->config.sp_ulysses_degree);
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     BlockWeights block;
     block.self_attention = make_attention(weights, layer, "attn1");
@@ -281,7 +289,12 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   check_shape(out, {batch, c.out_channels, frames, height, width}, "out");
 
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
-  const int64_t rows = batch * seq, text_rows = batch * text_len;
+  // Under sequence parallelism the blocks run on this rank's `tokens` rows per batch entry.
+  std::optional<WanSequenceParallel> sp;
+  if (parallel != nullptr && parallel->config.sequence_parallel_size() > 1)
+    sp.emplace(*parallel, batch, seq, heads, head_dim, self_attention);
+  const int64_t tokens = sp ? sp->shard_length() : seq;
+  const int64_t rows = batch * tokens, text_rows = batch * text_len;
   // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
   // per-token timesteps); the rows of a group share its modulation vectors.
   const int64_t groups = timestep.dim() == 2 ? rows : batch, group_rows = rows / groups;
@@ -292,16 +305,18 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   // both attentions (instead of one allocation per attention call).
   Workspace call_workspace;
   ExecContext run_ctx = ctx;
+  const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim};
   if (ctx.workspace == nullptr) {
-    const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim};
     const AttentionDims cross_dims{batch, seq, text_len, heads, heads, head_dim};
     call_workspace.reserve(std::max(attention_workspace_bytes(ctx, Device::cpu(), self_dims),
                                     attention_workspace_bytes(ctx, Device::cpu(), cross_dims)));
     run_ctx = ctx.with_workspace(&call_workspace);
   }
+  // The shard attention reserves nothing itself; the whole sequence's needs bound its calls'.
+  if (sp) run_ctx.workspace->reserve(attention_workspace_bytes(ctx, Device::cpu(), self_dims));
 
   // Patchify: one row per token (frame-major), (c, t, h, w) within a row as the Conv3d kernel.
-  std::vector<float> patches = buffer(rows * patch_len);
+  std::vector<float> patches = buffer(batch * seq * patch_len);
   const float* src = latents.data_as<float>();
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t f = 0; f < grid[0]; ++f)
@@ -314,9 +329,19 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                 for (int64_t k = 0; k < pw; ++k)
                   *row++ = src[(((b * c.in_channels + ch) * frames + f * pt + i) * height + y * ph + j) * width + x * pw + k];
         }
+  const float* group_timesteps = timestep.data_as<float>();
+  std::vector<float> shard_patches, shard_timesteps;
+  if (sp) {
+    sp->take_rows(ctx, patches.data(), patch_len, (shard_patches = buffer(rows * patch_len)).data());
+    patches.swap(shard_patches);
+    if (timestep.dim() == 2) {
+      sp->take_rows(ctx, group_timesteps, 1, (shard_timesteps = buffer(rows)).data());
+      group_timesteps = shard_timesteps.data();
+    }
+  }
   // Conditioning: temb = MLP(sinusoid(t)); the per-block modulation input = linear(SiLU(temb)).
   std::vector<float> sinusoid = buffer(groups * c.freq_dim), time_hidden = buffer(groups * dim), temb = buffer(groups * dim);
-  dit::sinusoidal_embedding(timestep.data_as<float>(), groups, c.freq_dim, sinusoid.data());
+  dit::sinusoidal_embedding(group_timesteps, groups, c.freq_dim, sinusoid.data());
   const WanRope rope(c, grid[0], grid[1], grid[2]);
   clock.charge(&WanForwardProfile::other_s);
 
@@ -361,17 +386,23 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     clock.charge(&WanForwardProfile::norm_rope_s);
     const AttentionWeights& sa = block.self_attention;
     sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
-    dit::rotate_pairs(ctx, q.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
-    dit::rotate_pairs(ctx, k.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
+    for (float* x : {q.data(), k.data()}) {
+      if (sp)
+        sp->rotate(ctx, x, rope.cos(), rope.sin());
+      else
+        dit::rotate_pairs(ctx, x, batch, seq, heads, head_dim, rope.cos(), rope.sin());
+    }
     clock.charge(&WanForwardProfile::norm_rope_s);
     AttentionStepReport report;
-    if (self_attention.empty()) {
+    StepInfo layer_step = step;
+    layer_step.layer = layer;
+    const SparseAttention* module = self_attention.empty() ? nullptr : self_attention[static_cast<size_t>(layer)].get();
+    if (sp) {
+      report = sp->attend(run_ctx, module, layer_step, q.data(), k.data(), v.data(), attended.data());
+    } else if (module == nullptr) {
       attention_forward(run_ctx, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq), TensorView{});
     } else {
-      StepInfo layer_step = step;
-      layer_step.layer = layer;
-      report = self_attention[static_cast<size_t>(layer)]->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq),
-                                                                   bshd(attended, seq));
+      report = module->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq));
     }
     if (profile) {
       ++profile->self_attention_calls;
@@ -395,11 +426,12 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     const AttentionWeights& ca = block.cross_attention;
     ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock);
     clock.charge(&WanForwardProfile::norm_rope_s);
-    attention_forward(run_ctx, bshd(q, seq), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, seq), TensorView{});
+    attention_forward(run_ctx, bshd(q, tokens), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, tokens),
+                      TensorView{});
     clock.charge(&WanForwardProfile::attention_s);
     ca.out(ctx, attended.data(), rows, projected.data());
     clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, seq, dim, nullptr, 0);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, tokens, dim, nullptr, 0);
     clock.charge(&WanForwardProfile::other_s);
 
     // Feed-forward.
@@ -428,6 +460,11 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   std::vector<float> patches_out = buffer(rows * out_patch);
   proj_out(ctx, normed.data(), rows, patches_out.data());
   clock.charge(&WanForwardProfile::gemm_s);
+  if (sp) {  // every rank unpatchifies the whole output
+    std::vector<float> all_patches = buffer(batch * seq * out_patch);
+    sp->gather_rows(ctx, patches_out.data(), out_patch, all_patches.data());
+    patches_out.swap(all_patches);
+  }
   // A projected row is (t, h, w, channel) within the patch.
   float* dst = out.data_as<float>();
   for (int64_t b = 0; b < batch; ++b)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "mpi_test_main.h"
 #include "parallel_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
@@ -26,8 +27,7 @@
 namespace tessel {
 namespace {
 
-std::unique_ptr<Communicator> g_world;
-Communicator& world() { return *g_world; }
+Communicator& world() { return testing::mpi_world(); }
 
 using testing::error_of;
 
@@ -274,12 +274,3 @@ TEST(ParallelAttention, BadDegreesAndHeadsGiveClearErrors) {
 
 }  // namespace
 }  // namespace tessel
-
-int main(int argc, char** argv) {
-  tessel::MpiSession mpi;
-  ::testing::InitGoogleTest(&argc, argv);
-  tessel::g_world = tessel::make_mpi_world_communicator();
-  const int status = RUN_ALL_TESTS();
-  tessel::g_world.reset();
-  return status;
-}

@@ -13,6 +13,7 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/parallel/communicator.h"
 
 namespace tessel {
 
@@ -48,6 +49,11 @@ struct WanGenerationOptions {
   std::function<void(const WanStepProgress&)> on_step;  // after every step, when set
   // Checked before every step; when it reads true the loop stops and returns what it has.
   const std::atomic<bool>* cancel = nullptr;
+  // CFG-parallel (not owned): with guidance and a group of two ranks, CFG rank 0 runs the
+  // conditional branch and rank 1 the unconditional one (the transformer at batch 1, StepInfo's
+  // cfg_branch set), and the two noise predictions are gathered on both; every rank passes the same
+  // arguments and gets the same latents. Null or a group of one: both branches here, as batch 2.
+  Communicator* cfg_group = nullptr;
 };
 
 struct WanGenerationResult {

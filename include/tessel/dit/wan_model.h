@@ -29,6 +29,7 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/dit/wan_config.h"
+#include "tessel/parallel/parallel_config.h"
 #include "tessel/sparse/backend.h"
 #include "tessel/sparse/config.h"
 #include "tessel/sparse/sparse_attention.h"
@@ -48,6 +49,12 @@ struct WanAttentionOptions {
   std::map<int64_t, SparseAttnConfig> layer_configs;
   std::string backend_override;  // the app passes its environment's backend override here
   std::shared_ptr<PlanCache> plan_cache;  // null: one cache shared by this model's blocks
+  // Sequence parallelism (not owned; outlives the model). Null, or a sequence-parallel degree of 1:
+  // this process runs every token. Otherwise each forward is collective over parallel->sequence:
+  // every rank passes the same whole inputs, runs the blocks on its shard of the tokens (the
+  // self-attention through ParallelAttention: Ulysses, Ring or USP by the degrees) and gets the
+  // whole output. CFG-parallel is the pipeline's (WanPipeline).
+  const ParallelGroups* parallel = nullptr;
 };
 
 // Seconds spent per kind of work, summed over forwards (for benchmarks).
