@@ -16,6 +16,7 @@
 
 #include "command.h"
 #include "option_checks.h"
+#include "parallel_flags.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
@@ -24,6 +25,7 @@
 #include "tessel/core/random.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_weights.h"
+#include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -94,7 +96,7 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
+int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel) {
   const SparseAttnEnv& env = process_sparse_attn_env();
   const bool sparse = sparse_attn_requested(flags, env);
   if (!o.layer_configs.empty() && !sparse)
@@ -105,6 +107,12 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
                   "dense attention already");
   if (o.layers > 0 && !o.from_dir.empty())
     fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
+  if (parallel.cfg_parallel && o.batch != 2)
+    fail_argument("--batch", "2 with --cfg-parallel (one guidance branch per rank)", o.batch);
+  ParallelRun run(parallel);
+  // Under CFG-parallel each rank runs its branch at batch 1 and the predictions are gathered.
+  const int64_t rank_batch = parallel.cfg_parallel ? 1 : o.batch;
+  const int branch = run.cfg_group() ? cfg_branch(*run.cfg_group()) : 0;
   WanConfig config = o.from_dir.empty() ? wan_preset(o.model) : load_wan_config(o.from_dir);
   if (o.layers > 0) config.num_layers = o.layers;
   const LatentShape latent = latent_shape(o, config);
@@ -121,6 +129,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
                       detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", o.batch, ", ", config.num_layers, " layers)"));
 
   WanAttentionOptions attention;
+  attention.parallel = run.groups();
   std::unique_ptr<BackendRegistry> registry;
   if (sparse) {
     registry = make_cli_registry();
@@ -140,12 +149,15 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   const WanTransformer model = make_model(attention);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-  Tensor latents = Tensor::empty({o.batch, config.in_channels, latent.frames, latent.height, latent.width}, DType::kF32);
-  Tensor timestep = Tensor::empty({o.batch}, DType::kF32);
-  Tensor text = Tensor::empty({o.batch, o.text_tokens, config.text_dim}, DType::kF32);
+  Tensor latents = Tensor::empty({rank_batch, config.in_channels, latent.frames, latent.height, latent.width}, DType::kF32);
+  Tensor timestep = Tensor::empty({rank_batch}, DType::kF32);
+  Tensor text = Tensor::empty({rank_batch, o.text_tokens, config.text_dim}, DType::kF32);
   Tensor out = Tensor::empty(latents.shape(), DType::kF32);
-  fill_normal(latents.view(), static_cast<uint64_t>(o.seed) + 1);
-  fill_normal(text.view(), static_cast<uint64_t>(o.seed) + 2);
+  Shape branches_shape = out.shape();
+  branches_shape.insert(branches_shape.begin(), 2);
+  const Tensor branches = parallel.cfg_parallel ? Tensor::empty(branches_shape, DType::kF32) : Tensor{};
+  fill_normal(latents.view(), static_cast<uint64_t>(o.seed) + 1 + 2 * static_cast<uint64_t>(branch));
+  fill_normal(text.view(), static_cast<uint64_t>(o.seed) + 2 + 2 * static_cast<uint64_t>(branch));
 
   ExecContext ctx;
   ctx.num_threads = static_cast<int>(o.threads);
@@ -156,8 +168,11 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
     // A flow-matching schedule's timesteps fall from 1000 towards 0.
     fill(timestep.view(), 1000.0 * (1.0 - static_cast<double>(step) / static_cast<double>(total_steps)));
     const bool timed = step >= o.warmup;
+    run.barrier();
+    if (step == o.warmup) run.meter().reset();
     const auto start = std::chrono::steady_clock::now();
-    model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
+    model.forward(ctx, StepInfo::at(step, total_steps, 0, branch), latents, timestep, text, out, timed ? &profile : nullptr);
+    if (parallel.cfg_parallel) gather_cfg_branches(ctx, *run.cfg_group(), out, branches);
     if (timed) step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 
@@ -165,7 +180,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   double rel_l2_vs_dense = -1.0;
   if (o.compare_dense) {
     Tensor dense_out = Tensor::empty(out.shape(), DType::kF32);
-    make_model(WanAttentionOptions{}).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
+    WanAttentionOptions dense;
+    dense.parallel = run.groups();
+    make_model(dense).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
     double diff = 0.0, norm = 0.0;
     for (int64_t i = 0; i < out.numel(); ++i) {
       const double d = static_cast<double>(out.data_as<float>()[i]) - dense_out.data_as<float>()[i];
@@ -178,6 +195,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   const SparseAttention* first = model.block_attention(0);
   const std::string backend = first && first->resolution().backend ? first->resolution().backend->name() : "dense";
   const double n = static_cast<double>(profile.forwards);
+  if (!run.is_root()) return 0;
   nlohmann::json report = {
       {"model", o.from_dir.empty() ? o.model : o.from_dir},
       {"layers", config.num_layers},
@@ -198,6 +216,12 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
       {"self_attention_density", profile.mean_self_attention_density()},
       {"dense_self_attention_calls", profile.dense_self_attention_calls},
       {"self_attention_calls", profile.self_attention_calls},
+      {"ranks", run.world_size()},
+      {"parallel", parallel.describe()},
+      // What rank 0 sent and the seconds it was blocked in communication (inside the attention and
+      // the CFG gather), per step.
+      {"communication_s_per_step", run.meter().seconds / n},
+      {"communication_mb_per_step", run.meter().bytes / n / 1e6},
       {"breakdown_s_per_step",
        {{"attention", profile.attention_s / n}, {"gemm", profile.gemm_s / n}, {"norm_rope", profile.norm_rope_s / n},
         {"other", profile.other_s / n}}},
@@ -222,6 +246,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
     std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
   std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
               static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
+  if (run.world_size() > 1)
+    std::printf("parallel: %d ranks (%s); rank 0 blocked in communication %.4f s per step, sent %.1f MB per step\n", run.world_size(),
+                parallel.describe().c_str(), run.meter().seconds / n, run.meter().bytes / n / 1e6);
   if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
   return 0;
 }
@@ -230,6 +257,7 @@ CommandRegistration registration{
     "dit-bench", "Time denoising steps of the Wan video transformer (random weights or a checkpoint), dense or sparse",
     [](CLI::App& app) {
       auto options = std::make_shared<DitBenchOptions>();
+      auto parallel = std::make_shared<ParallelFlags>();
       auto flags = std::make_shared<SparseAttnFlags>();
       std::vector<std::string> presets = wan_preset_names();
       auto* model = app.add_option("--model", options->model, "named size with random weights")->capture_default_str()->check(one_of(presets));
@@ -259,7 +287,8 @@ CommandRegistration registration{
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       add_sparse_attn_flags(app, *flags);
-      return CommandRunner([options, flags] { return run_dit_bench(*options, *flags); });
+      add_parallel_flags(app, *parallel);
+      return CommandRunner([options, flags, parallel] { return run_dit_bench(*options, *flags, *parallel); });
     }};
 
 }  // namespace

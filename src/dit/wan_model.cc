@@ -313,7 +313,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     run_ctx = ctx.with_workspace(&call_workspace);
   }
   // The shard attention reserves nothing itself; the whole sequence's needs bound its calls'.
-  if (sp) run_ctx.workspace->reserve(attention_workspace_bytes(ctx, Device::cpu(), self_dims));
+  if (sp) run_ctx.workspace->reserve(attention_workspace_bytes(ctx, Device::cpu(), self_dims, sp->mask_block_kv()));
 
   // Patchify: one row per token (frame-major), (c, t, h, w) within a row as the Conv3d kernel.
   std::vector<float> patches = buffer(batch * seq * patch_len);

@@ -35,6 +35,7 @@ WanSequenceParallel::WanSequenceParallel(const ParallelGroups& groups, int64_t b
       head_dim_(head_dim),
       part_(groups.coordinates.sequence) {
   const auto [block_q, block_kv] = shared_mask_blocks(modules);
+  mask_block_kv_ = block_kv;
   ParallelAttentionShape shape;
   shape.batch = batch;
   shape.seq = seq;

@@ -31,6 +31,8 @@ class WanSequenceParallel {
   int64_t shard_length() const { return sharding().shard_length; }
   int64_t first_token() const { return sharding().begin(part_); }
   int64_t valid_tokens() const { return sharding().valid(part_); }
+  // The kv block size of the blocks' masks (0: every block dense), for sizing the workspace.
+  int64_t mask_block_kv() const { return mask_block_kv_; }
 
   // full (B, seq, width) -> this rank's rows (B, shard_length, width), padding rows zero.
   void take_rows(const ExecContext& ctx, const float* full, int64_t width, float* shard) const;
@@ -54,6 +56,7 @@ class WanSequenceParallel {
   Communicator& sequence_group_;
   int64_t batch_, seq_, heads_, head_dim_;
   int64_t part_;
+  int64_t mask_block_kv_ = 0;
   std::unique_ptr<ParallelAttention> attention_;
   mutable std::vector<float> staging_;   // gather_shards' scratch
   std::vector<float> global_q_, global_k_;  // data-dependent masks only
