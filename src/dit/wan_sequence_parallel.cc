@@ -9,7 +9,7 @@ namespace {
 
 // The block sizes every block that may run sparse shares (0 x 0 when all are dense): ParallelAttention
 // aligns the shards to them under Ring, once for the whole block stack.
-std::pair<int64_t, int64_t> shared_mask_blocks(const std::vector<std::unique_ptr<SparseAttention>>& modules) {
+std::pair<int64_t, int64_t> shared_mask_blocks(const std::vector<std::shared_ptr<SparseAttention>>& modules) {
   std::pair<int64_t, int64_t> blocks{0, 0};
   for (const auto& module : modules) {
     if (!module->adapter().backend()) continue;
@@ -27,7 +27,7 @@ std::pair<int64_t, int64_t> shared_mask_blocks(const std::vector<std::unique_ptr
 }  // namespace
 
 WanSequenceParallel::WanSequenceParallel(const ParallelGroups& groups, int64_t batch, int64_t seq, int64_t heads,
-                                         int64_t head_dim, const std::vector<std::unique_ptr<SparseAttention>>& modules)
+                                         int64_t head_dim, const std::vector<std::shared_ptr<SparseAttention>>& modules)
     : sequence_group_(*groups.sequence),
       batch_(batch),
       seq_(seq),

@@ -26,7 +26,7 @@ class WanSequenceParallel {
   // `batch` and `heads` x `head_dim` self-attention. `modules` are the blocks' sparse modules
   // (empty: dense); under Ring every block that may run sparse must use the same block sizes.
   WanSequenceParallel(const ParallelGroups& groups, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                      const std::vector<std::unique_ptr<SparseAttention>>& modules);
+                      const std::vector<std::shared_ptr<SparseAttention>>& modules);
 
   int64_t shard_length() const { return sharding().shard_length; }
   int64_t first_token() const { return sharding().begin(part_); }

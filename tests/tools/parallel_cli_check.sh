@@ -2,7 +2,7 @@
 # The CLI's parallel flags under mpirun (ctest parallel_cli_np2 / _np4, label mpi):
 #   sp-bench --check over every layout of the ranks, dense, block-sparse, radial and dynamic top-k,
 #   with and without --cfg-parallel (exit 1 when a layout's output differs from one rank's);
-#   dit-bench and generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, and a
+#   generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, and a
 #   degree product that is not the process count is an error naming both.
 # Usage: parallel_cli_check.sh MPIEXEC RANKS TESSEL WORK_DIR
 set -euo pipefail
@@ -23,10 +23,6 @@ done
 
 half=$((RANKS / 2))
 "$TESSEL" init-model --preset tiny --out "$WORK/tiny" >/dev/null
-echo "== dit-bench --ulysses 2 --ring $half"
-run "$TESSEL" dit-bench --from-dir "$WORK/tiny/transformer" --frames 5 --height 48 --width 32 --text-tokens 8 --threads 1 \
-  --ulysses 2 --ring "$half" --sparse-attn-backend radial --sparse-attn-pattern radial --compare-dense | tee "$WORK/dit.log"
-grep -q "parallel: $RANKS ranks" "$WORK/dit.log"
 common=(generate --model "$WORK/tiny" --prompt "a cat" --size 32x32 --frames 5 --steps 2 --guidance 4 --threads 1)
 echo "== generate --cfg-parallel --ulysses $half"
 run "$TESSEL" "${common[@]}" --cfg-parallel --ulysses "$half" --out "$WORK/parallel.safetensors"
