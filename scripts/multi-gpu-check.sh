@@ -167,6 +167,10 @@ if [[ $RUN_DIT -eq 1 ]]; then
         base_s=""
         for n in 1 $GPUS; do
           [[ "$n" -le "$VISIBLE" ]] || continue
+          if [[ "$n" -gt 1 ]] && ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--ulysses"; then
+            DIT_ROWS+=("| $name_model | $attn | $n | this tessel's dit-bench has no --ulysses: not run | | | |")
+            continue
+          fi
           parallel_flags=()
           [[ "$n" -gt 1 ]] && parallel_flags=(--ulysses "$n")
           name="dit-$name_model-$attn-n$n"

@@ -1,7 +1,10 @@
 // The TCP rendezvous of ranks launched without mpirun: four ranks (threads here) get rank 0's
 // payload whichever arrives first, a missing rank 0 ends in an Error after the timeout, and bad
 // fields are named.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "parallel_test_util.h"
+#include "tessel/core/error.h"
 #include "tessel/parallel/communicator.h"
 
 namespace tessel {
@@ -17,8 +21,20 @@ namespace {
 
 using testing::error_of;
 
-// A port of this process's own, so that concurrent test runs on one machine do not meet.
-int test_port(int offset) { return 20000 + static_cast<int>(getpid() % 20000) + offset; }
+// A port nobody listens on now: the kernel's choice for a socket bound to port 0 (concurrent test
+// processes on one machine must not meet at a port derived from something they share).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0)
+    throw Error("free_port: no socket");
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
 
 TcpRendezvous rendezvous(int rank, int size, int port) {
   TcpRendezvous r;
@@ -30,7 +46,7 @@ TcpRendezvous rendezvous(int rank, int size, int port) {
 }
 
 TEST(TcpRendezvous, EveryRankGetsRankZerosPayloadWhoeverArrivesFirst) {
-  const int size = 4, port = test_port(0);
+  const int size = 4, port = free_port();
   const std::vector<uint8_t> payload = {7, 0, 255, 42, 1};
   std::vector<std::vector<uint8_t>> received(size);
   std::vector<std::string> errors(size);
@@ -51,10 +67,10 @@ TEST(TcpRendezvous, EveryRankGetsRankZerosPayloadWhoeverArrivesFirst) {
 }
 
 TEST(TcpRendezvous, MissingRankZeroAndBadFieldsAreErrors) {
-  TcpRendezvous lonely = rendezvous(1, 2, test_port(1));
+  TcpRendezvous lonely = rendezvous(1, 2, free_port());
   lonely.timeout_s = 0.3;
   EXPECT_NE(error_of([&] { tcp_broadcast(lonely, {}); }).find("connect to rank 0"), std::string::npos);
-  EXPECT_NE(error_of([&] { tcp_broadcast(rendezvous(2, 2, test_port(1)), {}); }).find("TcpRendezvous.rank"), std::string::npos);
+  EXPECT_NE(error_of([&] { tcp_broadcast(rendezvous(2, 2, 29511), {}); }).find("TcpRendezvous.rank"), std::string::npos);
   EXPECT_NE(error_of([&] { tcp_broadcast(rendezvous(0, 2, 70000), {}); }).find("TcpRendezvous.port"), std::string::npos);
 }
 
