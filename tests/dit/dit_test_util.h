@@ -14,19 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/tensor.h"
+#include "test_source_dir.h"
 
 namespace tessel {
 
-// A folder of the source tree: under the tree the test was built from, or, when that is not on this
-// machine (binaries carried to a GPU machine that has a copy of the tree), under the working directory.
-inline std::filesystem::path source_tree_path(const std::string& relative) {
-  const std::filesystem::path built_from = std::filesystem::path(TESSEL_SOURCE_DIR) / relative;
-  return std::filesystem::exists(built_from) ? built_from : std::filesystem::current_path() / relative;
-}
-
-inline std::filesystem::path wan_fixture_dir() { return source_tree_path("tests/fixtures/wan"); }
+inline std::filesystem::path wan_fixture_dir() { return test_support::source_dir() / "tests/fixtures/wan"; }
 // The CUDA forward's fixture (scripts/make_wan_fixture.py --gpu: head dim 64, bf16-stored weights).
-inline std::filesystem::path wan_gpu_fixture_dir() { return source_tree_path("tests/fixtures/wan_gpu"); }
+inline std::filesystem::path wan_gpu_fixture_dir() { return test_support::source_dir() / "tests/fixtures/wan_gpu"; }
 
 // A fresh directory under the test temp dir, unique per test and process, removed at the end.
 class ScratchDir {
