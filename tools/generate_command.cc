@@ -15,6 +15,7 @@
 #include "command.h"
 #include "generate_output.h"
 #include "option_checks.h"
+#include "parallel_flags.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
@@ -130,7 +131,8 @@ void check_text_source(const GenerateOptions& o, bool prompt_set, bool negative_
     fail_argument("--negative-prompt", "--prompt too (with --embeddings the negative comes from the file)", "no --prompt");
 }
 
-int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool prompt_set, bool negative_prompt_set) {
+int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
+                 bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
   const WanVideoSize size = parse_size(o.size, o.frames);
   check_model_dir(o.model_dir, prompt_set);
@@ -145,6 +147,8 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
   }
   if (o.flow_shift > 0.0) scheduler_config.shift = o.flow_shift;
   const bool guided = o.guidance > 1.0;
+  if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
+  ParallelRun run(parallel);
   ExecContext ctx;
   ctx.num_threads = static_cast<int>(o.threads);
   const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx);
@@ -153,6 +157,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
 
   const SparseAttnEnv& env = process_sparse_attn_env();
   WanAttentionOptions attention;
+  attention.parallel = run.groups();
   std::unique_ptr<BackendRegistry> registry;
   const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
   if (sparse_attn_requested(flags, env)) {
@@ -180,12 +185,16 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
   options.seed = static_cast<uint64_t>(o.seed);
   options.size = size;
   options.cache = cache.get();
-  options.on_step = [](const WanStepProgress& p) {
-    std::fprintf(stderr, "step %lld/%lld  t=%g  %.2f s/step  elapsed %.1f s  eta %.1f s\n",
-                 static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
-                 p.elapsed_seconds, p.eta_seconds);
-  };
+  options.cfg_group = run.cfg_group();
+  if (run.is_root()) {  // every rank steps the same latents; one reports
+    options.on_step = [](const WanStepProgress& p) {
+      std::fprintf(stderr, "step %lld/%lld  t=%g  %.2f s/step  elapsed %.1f s  eta %.1f s\n",
+                   static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
+                   p.elapsed_seconds, p.eta_seconds);
+    };
+  }
   const WanGenerationResult result = pipeline.generate(ctx, prompt, negative, options, noise);
+  if (!run.is_root()) return 0;
   if (cache) {
     const CacheStats& stats = result.cache_stats;
     std::printf("%s: blocks skipped in %lld of %lld steps (conditional branch)",
@@ -238,8 +247,10 @@ CommandRegistration registration{
                      "output: video.mp4, frames.png (one file per frame: frames_00000.png, ...) or latents.safetensors")
           ->required();
       add_sparse_attn_flags(app, *flags);
-      return CommandRunner([options, flags, prompt, negative_prompt] {
-        return run_generate(*options, *flags, prompt->count() > 0, negative_prompt->count() > 0);
+      auto parallel = std::make_shared<ParallelFlags>();
+      add_parallel_flags(app, *parallel);
+      return CommandRunner([options, flags, parallel, prompt, negative_prompt] {
+        return run_generate(*options, *flags, *parallel, prompt->count() > 0, negative_prompt->count() > 0);
       });
     }};
 

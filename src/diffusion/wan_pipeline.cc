@@ -7,6 +7,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
+#include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/backend.h"
 
 namespace tessel {
@@ -128,12 +129,21 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
 
   scheduler_.set_timesteps(options.num_inference_steps);
   const int64_t steps = scheduler_.num_inference_steps();
-  const int64_t batch = guided ? 2 : 1;
-  const Tensor text = guided ? stack_batch({&prompt_embeds, &negative_prompt_embeds}) : stack_batch({&prompt_embeds});
+  if (options.cfg_group != nullptr && options.cfg_group->size() > 2)
+    fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
+  const bool cfg_parallel = guided && options.cfg_group != nullptr && options.cfg_group->size() == 2;
+  const int branch = cfg_parallel ? cfg_branch(*options.cfg_group) : 0;
+  const int64_t batch = guided && !cfg_parallel ? 2 : 1;  // this process's branches
+  const Tensor text = !guided           ? stack_batch({&prompt_embeds})
+                      : cfg_parallel    ? stack_batch({branch == 0 ? &prompt_embeds : &negative_prompt_embeds})
+                                        : stack_batch({&prompt_embeds, &negative_prompt_embeds});
   Shape batch_shape = latent_shape;
   batch_shape[0] = batch;
   Tensor model_input = Tensor::empty(batch_shape, DType::kF32);
   Tensor prediction = Tensor::empty(batch_shape, DType::kF32);
+  Shape branches_shape = batch_shape;  // (2, 1, ...): the gathered branches, in branch order
+  branches_shape.insert(branches_shape.begin(), 2);
+  const Tensor branches = cfg_parallel ? Tensor::empty(branches_shape, DType::kF32) : Tensor{};
   Tensor timestep = Tensor::empty({batch}, DType::kF32);
   Tensor guided_prediction = Tensor::empty(latent_shape, DType::kF32);
   const int64_t count = latents.numel();
@@ -153,12 +163,13 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       std::memcpy(model_input.data_as<float>() + b * count, latents.data(), latents.nbytes());
       timestep.data_as<float>()[b] = static_cast<float>(t);
     }
-    transformer_.forward(ctx, StepInfo::at(step, steps), model_input, timestep, text, prediction, nullptr,
+    transformer_.forward(ctx, StepInfo::at(step, steps, 0, branch), model_input, timestep, text, prediction, nullptr,
                          options.cache ? options.cache->block_cache() : nullptr);
+    if (cfg_parallel) gather_cfg_branches(ctx, *options.cfg_group, prediction.view(), branches.view());
     // Without guidance the prediction is the conditional branch's alone, of the latent shape.
     TensorView flow(prediction.data(), DType::kF32, Device::cpu(), latent_shape);
     if (guided) {
-      const float* cond = prediction.data_as<const float>();
+      const float* cond = (cfg_parallel ? branches : prediction).data_as<const float>();
       const float* uncond = cond + count;
       float* out = guided_prediction.data_as<float>();
       for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "ops.h"
@@ -16,6 +17,7 @@
 #ifdef TESSEL_WITH_CUDA
 #include "cuda/wan_cuda_model.h"
 #endif
+#include "wan_sequence_parallel.h"
 
 namespace tessel {
 namespace {
@@ -145,6 +147,7 @@ struct WanTransformer::Impl {
   // Empty: dense attention. Shared pointers keep Impl copyable: with_attention() copies the
   // weights' handles (never their data) and makes modules of its own.
   std::vector<std::shared_ptr<SparseAttention>> self_attention;
+  const ParallelGroups* parallel = nullptr;
 
   void load_cpu_weights(const std::map<std::string, Tensor>& weights);
   void make_self_attention(const WanAttentionOptions& attention);
@@ -201,6 +204,14 @@ void WanTransformer::Impl::load_cpu_weights(const std::map<std::string, Tensor>&
 }
 
 void WanTransformer::Impl::make_self_attention(const WanAttentionOptions& attention) {
+  parallel = attention.parallel;
+  if (parallel != nullptr && config.num_attention_heads % parallel->config.sp_ulysses_degree != 0)
+    fail_argument("WanAttentionOptions::parallel sp_ulysses_degree",
+                  detail::concat("a divisor of the model's ", config.num_attention_heads, " attention heads"),
+                  parallel->config.sp_ulysses_degree);
+  if (parallel != nullptr && parallel->config.sequence_parallel_size() > 1 && device.is_cuda())
+    fail_argument("WanAttentionOptions::parallel on " + device.str(), "a CPU model (sequence parallelism runs the CPU forward)",
+                  parallel->config.sequence_parallel_size());
   for (const auto& [layer, layer_config] : attention.layer_configs)
     if (layer < 0 || layer >= config.num_layers)
       fail_argument("WanAttentionOptions::layer_configs key", detail::concat("a block index in [0, ", config.num_layers, ")"), layer);
@@ -389,7 +400,12 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   }
 #endif
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
-  const int64_t rows = batch * seq, text_rows = batch * text_len;
+  // Under sequence parallelism the blocks run on this rank's `tokens` rows per batch entry.
+  std::optional<WanSequenceParallel> sp;
+  if (parallel != nullptr && parallel->config.sequence_parallel_size() > 1)
+    sp.emplace(*parallel, batch, seq, heads, head_dim, self_attention);
+  const int64_t tokens = sp ? sp->shard_length() : seq;
+  const int64_t rows = batch * tokens, text_rows = batch * text_len;
   // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
   // per-token timesteps); the rows of a group share its modulation vectors.
   const int64_t groups = timestep.dim() == 2 ? rows : batch, group_rows = rows / groups;
@@ -400,16 +416,18 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   // both attentions (instead of one allocation per attention call).
   Workspace call_workspace;
   ExecContext run_ctx = ctx;
+  const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim};
   if (ctx.workspace == nullptr) {
-    const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim};
     const AttentionDims cross_dims{batch, seq, text_len, heads, heads, head_dim};
     call_workspace.reserve(std::max(attention_workspace_bytes(ctx, Device::cpu(), self_dims),
                                     attention_workspace_bytes(ctx, Device::cpu(), cross_dims)));
     run_ctx = ctx.with_workspace(&call_workspace);
   }
+  // The shard attention reserves nothing itself; the whole sequence's needs bound its calls'.
+  if (sp) run_ctx.workspace->reserve(attention_workspace_bytes(ctx, Device::cpu(), self_dims, sp->mask_block_kv()));
 
   // Patchify: one row per token (frame-major), (c, t, h, w) within a row as the Conv3d kernel.
-  std::vector<float> patches = buffer(rows * patch_len);
+  std::vector<float> patches = buffer(batch * seq * patch_len);
   const float* src = latents.data_as<float>();
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t f = 0; f < grid[0]; ++f)
@@ -422,9 +440,19 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                 for (int64_t k = 0; k < pw; ++k)
                   *row++ = src[(((b * c.in_channels + ch) * frames + f * pt + i) * height + y * ph + j) * width + x * pw + k];
         }
+  const float* group_timesteps = timestep.data_as<float>();
+  std::vector<float> shard_patches, shard_timesteps;
+  if (sp) {
+    sp->take_rows(ctx, patches.data(), patch_len, (shard_patches = buffer(rows * patch_len)).data());
+    patches.swap(shard_patches);
+    if (timestep.dim() == 2) {
+      sp->take_rows(ctx, group_timesteps, 1, (shard_timesteps = buffer(rows)).data());
+      group_timesteps = shard_timesteps.data();
+    }
+  }
   // Conditioning: temb = MLP(sinusoid(t)); the per-block modulation input = linear(SiLU(temb)).
   std::vector<float> sinusoid = buffer(groups * c.freq_dim), time_hidden = buffer(groups * dim), temb = buffer(groups * dim);
-  dit::sinusoidal_embedding(timestep.data_as<float>(), groups, c.freq_dim, sinusoid.data());
+  dit::sinusoidal_embedding(group_timesteps, groups, c.freq_dim, sinusoid.data());
   const WanRope rope(c, grid[0], grid[1], grid[2]);
   clock.charge(&WanForwardProfile::other_s);
 
@@ -455,7 +483,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   };
 
   // A step cache may stand in for the blocks (WanBlockCache); it gets what entered them when they run.
-  const WanBlockCacheInput cache_input{&step, batch, seq, dim, temb.data(), modulation_input.data()};
+  const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data()};
   const bool run_blocks = !block_cache || block_cache->before_blocks(cache_input, hidden_states.data());
   const std::vector<float> blocks_input = block_cache && run_blocks ? hidden_states : std::vector<float>{};
   for (int64_t layer = 0; layer < (run_blocks ? c.num_layers : 0); ++layer) {
@@ -473,17 +501,23 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     clock.charge(&WanForwardProfile::norm_rope_s);
     const AttentionWeights& sa = block.self_attention;
     sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
-    dit::rotate_pairs(ctx, q.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
-    dit::rotate_pairs(ctx, k.data(), batch, seq, heads, head_dim, rope.cos(), rope.sin());
+    for (float* x : {q.data(), k.data()}) {
+      if (sp)
+        sp->rotate(ctx, x, rope.cos(), rope.sin());
+      else
+        dit::rotate_pairs(ctx, x, batch, seq, heads, head_dim, rope.cos(), rope.sin());
+    }
     clock.charge(&WanForwardProfile::norm_rope_s);
     AttentionStepReport report;
-    if (self_attention.empty()) {
+    StepInfo layer_step = step;
+    layer_step.layer = layer;
+    const SparseAttention* module = self_attention.empty() ? nullptr : self_attention[static_cast<size_t>(layer)].get();
+    if (sp) {
+      report = sp->attend(run_ctx, module, layer_step, q.data(), k.data(), v.data(), attended.data());
+    } else if (module == nullptr) {
       attention_forward(run_ctx, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq), TensorView{});
     } else {
-      StepInfo layer_step = step;
-      layer_step.layer = layer;
-      report = self_attention[static_cast<size_t>(layer)]->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq),
-                                                                   bshd(attended, seq));
+      report = module->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq));
     }
     clock.charge(&WanForwardProfile::attention_s);
     if (profile) profile->add_self_attention(report);
@@ -503,11 +537,12 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     const AttentionWeights& ca = block.cross_attention;
     ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock);
     clock.charge(&WanForwardProfile::norm_rope_s);
-    attention_forward(run_ctx, bshd(q, seq), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, seq), TensorView{});
+    attention_forward(run_ctx, bshd(q, tokens), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, tokens),
+                      TensorView{});
     clock.charge(&WanForwardProfile::attention_s);
     ca.out(ctx, attended.data(), rows, projected.data());
     clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, seq, dim, nullptr, 0);
+    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, tokens, dim, nullptr, 0);
     clock.charge(&WanForwardProfile::other_s);
 
     // Feed-forward.
@@ -538,6 +573,11 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   std::vector<float> patches_out = buffer(rows * out_patch);
   proj_out(ctx, normed.data(), rows, patches_out.data());
   clock.charge(&WanForwardProfile::gemm_s);
+  if (sp) {  // every rank unpatchifies the whole output
+    std::vector<float> all_patches = buffer(batch * seq * out_patch);
+    sp->gather_rows(ctx, patches_out.data(), out_patch, all_patches.data());
+    patches_out.swap(all_patches);
+  }
   // A projected row is (t, h, w, channel) within the patch.
   float* dst = out.data_as<float>();
   for (int64_t b = 0; b < batch; ++b)

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <vector>
 
 #include "tessel/kernels/cuda/device_guard.h"
 #endif
@@ -19,9 +20,14 @@ namespace tessel {
 
 bool nccl_compiled() { return false; }
 
-std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext&, Communicator&, Device) {
+namespace {
+[[noreturn]] void fail_without_nccl() {
   throw Error("make_nccl_communicator: tessel was built without NCCL (a CUDA build whose toolkit has libnccl)");
 }
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext&, Communicator&, Device) { fail_without_nccl(); }
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext&, const TcpRendezvous&, Device) { fail_without_nccl(); }
 
 #else
 
@@ -157,6 +163,17 @@ class NcclCommunicator final : public Communicator {
 
 bool nccl_compiled() { return true; }
 
+namespace {
+
+std::unique_ptr<Communicator> init_nccl(const ncclUniqueId& id, int size, int rank, Device device) {
+  cuda::DeviceGuard guard(device.index);
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+  return std::make_unique<NcclCommunicator>(comm, device);
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext& ctx, Communicator& bootstrap, Device device) {
   if (!device.is_cuda()) fail_argument("device", "a CUDA device", device.str());
   if (!bootstrap.device().is_cpu())
@@ -169,10 +186,22 @@ std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext& ctx, Com
   std::memcpy(mine.data(), &id, sizeof(id));
   bootstrap.all_gather(ExecContext{}, mine, all);
   std::memcpy(&id, all.data(), sizeof(id));
-  cuda::DeviceGuard guard(device.index);
-  ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank()), "ncclCommInitRank");
-  return std::make_unique<NcclCommunicator>(comm, device);
+  return init_nccl(id, bootstrap.size(), bootstrap.rank(), device);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext&, const TcpRendezvous& rendezvous, Device device) {
+  if (!device.is_cuda()) fail_argument("device", "a CUDA device", device.str());
+  rendezvous.validate();
+  ncclUniqueId id{};
+  std::vector<uint8_t> bytes;
+  if (rendezvous.rank == 0) {
+    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    bytes.assign(reinterpret_cast<const uint8_t*>(&id), reinterpret_cast<const uint8_t*>(&id) + sizeof(id));
+  }
+  bytes = tcp_broadcast(rendezvous, bytes);
+  if (bytes.size() != sizeof(id)) fail_argument("NCCL id from rank 0", detail::concat(sizeof(id), " bytes"), bytes.size());
+  std::memcpy(&id, bytes.data(), sizeof(id));
+  return init_nccl(id, rendezvous.size, rendezvous.rank, device);
 }
 
 #endif

@@ -101,6 +101,11 @@ std::shared_ptr<Metadata> MetadataBuilder::plan(const ExecContext& ctx, const Pa
 }
 
 Impl::~Impl() = default;
+
+std::optional<BlockMask> Impl::executed_mask(const ExecContext&, const TensorView&, const TensorView&, const Metadata&,
+                                             const StepInfo&) {
+  return std::nullopt;
+}
 Backend::~Backend() = default;
 
 void Backend::validate_config(const ResolvedSparseAttnConfig&) const {}

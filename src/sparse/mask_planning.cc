@@ -205,6 +205,15 @@ class EstimatingImpl : public Impl {
     return ForwardStats{mask.density(), estimate_ms};
   }
 
+  // The host estimator's mask (the same one forward() estimates for CPU tensors).
+  std::optional<BlockMask> executed_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                         const Metadata& metadata, const StepInfo& step) override {
+    if (!q.device().is_cpu()) return std::nullopt;
+    BlockMask mask = apply_always_keep(metadata.spec, estimator_(ctx, q, k, metadata.spec, step, metadata.shape));
+    check_mask_geometry(mask, metadata.spec, metadata.shape, "estimator of backend '" + name_ + "'");
+    return mask;
+  }
+
  private:
   // Estimate into the plan's device mask and attend with it, all in stream order (no host sync).
   ForwardStats forward_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,

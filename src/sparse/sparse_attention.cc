@@ -119,6 +119,32 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, c
   return report;
 }
 
+std::optional<BlockMask> DiTSparseAttentionAdapter::executed_mask(
+    const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape,
+    const std::function<std::pair<TensorView, TensorView>()>& global_qk) const {
+  if (shape.num_qo_heads != num_heads_) fail_argument("shape.num_qo_heads", num_heads_, shape.num_qo_heads);
+  if (shape.num_kv_heads != num_kv_heads_) fail_argument("shape.num_kv_heads", num_kv_heads_, shape.num_kv_heads);
+  if (shape.head_dim != head_dim_) fail_argument("shape.head_dim", head_dim_, shape.head_dim);
+  const double density = density_at(step);  // validates the step
+  if (!backend_ || density >= 1.0) return std::nullopt;
+  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
+  const std::shared_ptr<const Metadata> metadata =
+      plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, config_.pattern(), module_, shape); });
+  const auto unexposed = [&](const char* why) {
+    fail_argument("sparse attention backend '" + backend_->name() + "' under sequence parallelism",
+                  "a backend whose block mask can be cut per rank", why);
+  };
+  if (!metadata->permutation.empty()) unexposed("a token-permuted pattern");
+  if (metadata->mask) return *metadata->mask;
+  StepInfo this_layer = step;
+  this_layer.layer = layer_index_;
+  this_layer.density = density;
+  const auto [q, k] = global_qk();
+  std::optional<BlockMask> mask = impl_->executed_mask(ctx, q, k, *metadata, this_layer);
+  if (!mask) unexposed("a mask it does not expose (plugin, or estimated on the device)");
+  return mask;
+}
+
 // ---- SparseAttention -------------------------------------------------------------------------
 
 namespace {

@@ -6,13 +6,17 @@
 
 #include <cmath>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/parallel/communicator.h"
+#include "tessel/parallel/metered_communicator.h"
 #include "tessel/parallel/parallel_attention.h"
 #include "tessel/parallel/parallel_config.h"
+#include "tessel/sparse/estimators/topk_estimator.h"
+#include "tessel/sparse/planners/static_patterns.h"
 
 namespace tessel {
 namespace {
@@ -78,6 +82,46 @@ TEST(ParallelAttentionGpu, OneRankGroupsEqualTheKernels) {
     world->barrier(ctx);
     EXPECT_EQ(world->split(0, 0)->size(), 1);
   }
+}
+
+// Radial and dynamic top-k masks (planned on the host for the global sequence, as the DiT does)
+// through a metered one-rank NCCL group, on an odd sequence with GQA: the parallel path equals the
+// kernel called with the same mask, and a group of one sends nothing.
+TEST(ParallelAttentionGpu, OneRankNcclGroupRunsRadialAndTopkMasks) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped";
+  if (!nccl_compiled()) GTEST_SKIP() << "tessel built without NCCL: one-rank NCCL test skipped";
+  const Device gpu = Device::cuda(0);
+  const ExecContext ctx{gpu};
+  std::unique_ptr<Communicator> bootstrap = make_single_rank_communicator(Device::cpu());
+  const auto meter = std::make_shared<CommunicationMeter>();
+  const std::unique_ptr<Communicator> world = make_metered_communicator(make_nccl_communicator(ctx, *bootstrap, gpu), meter);
+  const ParallelGroups groups = initialize_parallel_groups(*world, ParallelConfig{});
+
+  const int64_t batch = 2, heads = 8, kv_heads = 2, dim = 128;
+  StaticPlanRequest radial_request;
+  radial_request.layout.grid = {7, 9, 11};  // 693 tokens
+  const int64_t seq = radial_request.layout.grid.numel();
+  const Tensor q = random_on(gpu, {batch, seq, heads, dim}, 11);
+  const Tensor k = random_on(gpu, {batch, seq, kv_heads, dim}, 12);
+  const Tensor v = random_on(gpu, {batch, seq, kv_heads, dim}, 13);
+  TopkEstimatorOptions topk;
+  topk.topk_ratio = 0.3;
+  topk.similarity_threshold = -2.0;
+  topk.rule = TopkRule::kReachTarget;
+  const std::vector<std::pair<const char*, BlockMask>> masks = {
+      {"radial", plan_static_pattern(StaticPattern{RadialPattern{}}, radial_request).mask},
+      {"dynamic_topk", estimate_topk_mask(ExecContext{}, q.to(Device::cpu()), k.to(Device::cpu()), topk).mask}};
+  ParallelAttention attention(groups, {batch, seq, heads, kv_heads, dim, DType::kBF16, gpu, 128, 64});
+  for (const auto& [name, mask] : masks) {
+    SCOPED_TRACE(name);
+    EXPECT_LT(mask.density(), 0.9);
+    const BlockMask::DeviceCopy device_mask = mask.to_device(gpu);
+    Tensor expected = Tensor::empty(q.shape(), DType::kBF16, gpu), out = Tensor::empty(q.shape(), DType::kBF16, gpu);
+    block_sparse_attention_forward(ctx, q, k, v, device_mask.view(), expected, TensorView{});
+    attention.forward(ctx, q, k, v, out, attention.plan_mask(mask).get());
+    EXPECT_EQ(max_abs_difference(out, expected), 0.0);
+  }
+  EXPECT_EQ(meter->bytes, 0.0);
 }
 
 }  // namespace

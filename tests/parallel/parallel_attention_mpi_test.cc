@@ -12,12 +12,14 @@
 #include <memory>
 #include <string>
 
+#include "mpi_test_main.h"
 #include "parallel_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/parallel/cfg_parallel.h"
 #include "tessel/parallel/communicator.h"
+#include "tessel/parallel/metered_communicator.h"
 #include "tessel/parallel/parallel_attention.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/parallel/sequence_sharding.h"
@@ -26,8 +28,7 @@
 namespace tessel {
 namespace {
 
-std::unique_ptr<Communicator> g_world;
-Communicator& world() { return *g_world; }
+Communicator& world() { return testing::mpi_world(); }
 
 using testing::error_of;
 
@@ -239,6 +240,26 @@ TEST(ParallelAttention, RadialPatternEqualsSingleProcessOnEveryLayout) {
   }
 }
 
+TEST(MeteredCommunicator, CountsWhatThisRankSendsInEveryGroupSplitFromIt) {
+  const ExecContext ctx;
+  const int n = world().size();
+  const auto meter = std::make_shared<CommunicationMeter>();
+  const std::unique_ptr<Communicator> metered = make_metered_communicator(world().split(0, world().rank()), meter);
+  Tensor send = floats({n, 4}), recv = floats({n, 4});  // 16 n bytes
+  metered->all_to_all(ctx, send, recv);
+  EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * (n - 1));
+  metered->all_gather(ctx, floats({4}), recv);
+  EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * (n - 1) * 2);
+  // A group split from it (pairs of ranks, or the rank alone) reports into the same meter.
+  const std::unique_ptr<Communicator> pair = metered->split(world().rank() / 2, 0);
+  pair->ring_exchange(ctx, floats({4}), floats({4}));
+  EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * (n - 1) * 2 + (pair->size() > 1 ? 16.0 : 0.0));
+  EXPECT_EQ(meter->calls, 3);
+  EXPECT_GE(meter->seconds, 0.0);
+  meter->reset();
+  EXPECT_EQ(meter->bytes, 0.0);
+}
+
 TEST(ParallelAttention, Bf16DenseAndBlockSparseMatchSingleProcess) {
   for (const ParallelConfig& config : layouts()) {
     for (const bool sparse : {false, true}) {
@@ -274,12 +295,3 @@ TEST(ParallelAttention, BadDegreesAndHeadsGiveClearErrors) {
 
 }  // namespace
 }  // namespace tessel
-
-int main(int argc, char** argv) {
-  tessel::MpiSession mpi;
-  ::testing::InitGoogleTest(&argc, argv);
-  tessel::g_world = tessel::make_mpi_world_communicator();
-  const int status = RUN_ALL_TESTS();
-  tessel::g_world.reset();
-  return status;
-}

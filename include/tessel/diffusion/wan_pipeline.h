@@ -16,6 +16,7 @@
 #include "tessel/diffusion/video_frames.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/parallel/communicator.h"
 
 namespace tessel {
 
@@ -54,6 +55,11 @@ struct WanGenerationOptions {
   // A cache backend (make_cache_backend) to skip work between steps: refreshed at the start, its
   // hook handed to every transformer call, its statistics returned. Null: every step computes.
   CacheBackend* cache = nullptr;
+  // CFG-parallel (not owned): with guidance and a group of two ranks, CFG rank 0 runs the
+  // conditional branch and rank 1 the unconditional one (the transformer at batch 1, StepInfo's
+  // cfg_branch set), and the two noise predictions are gathered on both; every rank passes the same
+  // arguments and gets the same latents. Null or a group of one: both branches here, as batch 2.
+  Communicator* cfg_group = nullptr;
 };
 
 struct WanGenerationResult {

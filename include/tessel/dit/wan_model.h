@@ -35,6 +35,7 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/dit/wan_config.h"
+#include "tessel/parallel/parallel_config.h"
 #include "tessel/sparse/backend.h"
 #include "tessel/sparse/config.h"
 #include "tessel/sparse/sparse_attention.h"
@@ -54,6 +55,12 @@ struct WanAttentionOptions {
   std::map<int64_t, SparseAttnConfig> layer_configs;
   std::string backend_override;  // the app passes its environment's backend override here
   std::shared_ptr<PlanCache> plan_cache;  // null: one cache shared by this model's blocks
+  // Sequence parallelism (not owned; outlives the model). Null, or a sequence-parallel degree of 1:
+  // this process runs every token. Otherwise each forward is collective over parallel->sequence:
+  // every rank passes the same whole inputs, runs the blocks on its shard of the tokens (the
+  // self-attention through ParallelAttention: Ulysses, Ring or USP by the degrees) and gets the
+  // whole output. CFG-parallel is the pipeline's (WanPipeline).
+  const ParallelGroups* parallel = nullptr;
 };
 
 // Seconds spent per kind of work, summed over forwards (for benchmarks).
@@ -85,7 +92,7 @@ struct WanForwardProfile {
 struct WanBlockCacheInput {
   const StepInfo* step = nullptr;  // the forward's step
   int64_t batch = 0;
-  int64_t tokens = 0;  // sequence length in patches
+  int64_t tokens = 0;  // rows per batch entry in `hidden`: the patches (this rank's shard under sequence parallelism)
   int64_t dim = 0;     // the transformer's inner width
   const float* time_embedding = nullptr;    // (batch, dim): temb, before the SiLU
   const float* time_projection = nullptr;   // (batch, 6 * dim): what every block adds to its modulation table

@@ -10,8 +10,10 @@
 // throws before a collective leaves the others waiting: check arguments on every rank alike).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
@@ -88,6 +90,27 @@ class MpiSession {
 // was built without MPI or MPI is not initialized.
 std::unique_ptr<Communicator> make_mpi_world_communicator();
 
+// ---- ranks launched without mpirun ---------------------------------------------------------------
+
+// Where the processes of a job started by another launcher (a shell loop, a cluster scheduler)
+// meet: rank 0 listens on `port` (all interfaces), the others connect to address:port. The app
+// reads these from its environment (the `tessel` CLI: TESSEL_RANK, TESSEL_WORLD_SIZE,
+// TESSEL_MASTER_ADDR, TESSEL_MASTER_PORT); the library does not.
+struct TcpRendezvous {
+  int rank = 0;
+  int size = 1;
+  std::string address = "127.0.0.1";  // rank 0's host
+  int port = 29511;
+  double timeout_s = 120.0;  // how long to wait for the other ranks
+  // Throws Error naming the field when a value is out of range.
+  void validate() const;
+};
+
+// Rank 0's `payload`, delivered to every rank (the others' argument is ignored); returns once
+// every rank has received it. Throws Error naming the address when a rank does not arrive within
+// the timeout or a connection fails.
+std::vector<uint8_t> tcp_broadcast(const TcpRendezvous& rendezvous, const std::vector<uint8_t>& payload);
+
 // ---- NCCL ------------------------------------------------------------------------------------
 
 // True when tessel was built with NCCL (a CUDA build whose toolkit has libnccl).
@@ -97,5 +120,7 @@ bool nccl_compiled();
 // for CUDA tensors on `device`: rank 0 creates the NCCL id and `bootstrap` hands it to the others.
 // Collective over `bootstrap`. Throws Error when tessel was built without NCCL.
 std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext& ctx, Communicator& bootstrap, Device device);
+// The same without MPI: rank 0's NCCL id travels over the TCP rendezvous.
+std::unique_ptr<Communicator> make_nccl_communicator(const ExecContext& ctx, const TcpRendezvous& rendezvous, Device device);
 
 }  // namespace tessel

@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/backend.h"
@@ -90,6 +91,15 @@ class DiTSparseAttentionAdapter {
   // needs: the first call of a shape may allocate, later calls do not.
   AttentionStepReport forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse = {}) const;
+
+  // For callers that run this layer's attention themselves on their share of the tokens
+  // (sequence parallelism): the block mask forward() would execute at `step` for the global
+  // tensors of `shape`, or nullopt when the layer runs dense at this step. A static pattern's mask
+  // comes from the (cached) plan; a data-dependent one is estimated on the global q and k that
+  // `global_qk` returns (called only then). Throws Error when the backend cannot expose its mask
+  // (plugins, token-permuted patterns, masks estimated on the device).
+  std::optional<BlockMask> executed_mask(const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape,
+                                         const std::function<std::pair<TensorView, TensorView>()>& global_qk) const;
 
   int64_t layer_index() const { return layer_index_; }
   // The density the schedule gives this layer at `step` (1 = dense).

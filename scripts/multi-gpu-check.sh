@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Multi-GPU check of the sequence- and CFG-parallel paths, on one node with 2 or more NVIDIA GPUs:
+#   1. correctness on 2 and 4 GPUs: `tessel sp-bench --check` runs every layout of the ranks
+#      (Ulysses N, Ring N, USP 2x2; and with --cfg-parallel the two CFG groups of N/2 ranks) in bf16,
+#      dense and sparse (random block-sparse, radial, dynamic top-k masks), on an odd sequence with
+#      GQA, and compares the gathered output with one GPU's and with fp32 attention on the CPU: a
+#      layout passes when its error against fp32 is at most 2x one GPU's (bf16 rounding);
+#   2. attention scaling: sp-bench at a Wan 14B 720p shape (75,600 tokens, 40 heads of 128) and a
+#      1.3B 480p shape (32,760 tokens, 12 heads), dense and block-sparse at density 0.2;
+#   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs (Ulysses N), 14B 720p
+#      81 frames and 1.3B 480p, dense and sparse (radial), and the memory per GPU (nvidia-smi's peak
+#      during the run). This needs dit-bench's CUDA path, and for N > 1 that path under sequence
+#      parallelism; a build without them gets rows that say so (the run fails, the log tells why);
+#   4. prints the table last (also written to OUT/table.md).
+# Options: --bin DIR (holding `tessel`; default build-cuda/bin), --out DIR (default ./multi-gpu-out),
+#          --gpus "2 4" (world sizes to run; those above the visible GPU count are skipped),
+#          --launcher mpirun|env (default: mpirun when on PATH, else one process per GPU started
+#          here with TESSEL_RANK / TESSEL_WORLD_SIZE and a TCP rendezvous),
+#          --skip-correctness, --skip-attention, --skip-dit, --steps N (timed steps, default 3).
+# Exit status: 1 when any correctness case fails (a mismatch, or a run that did not finish).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="$ROOT/build-cuda/bin" OUTDIR="$PWD/multi-gpu-out" GPUS="2 4" LAUNCHER="" STEPS=3
+RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --bin) BIN="$2"; shift 2 ;;
+    --out) OUTDIR="$2"; shift 2 ;;
+    --gpus) GPUS="$2"; shift 2 ;;
+    --launcher) LAUNCHER="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    --skip-correctness) RUN_CORRECTNESS=0; shift ;;
+    --skip-attention) RUN_ATTENTION=0; shift ;;
+    --skip-dit) RUN_DIT=0; shift ;;
+    *) echo "multi-gpu-check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+TESSEL="$BIN/tessel"
+[[ -x "$TESSEL" ]] || { echo "multi-gpu-check: no tessel binary at $TESSEL (--bin DIR)" >&2; exit 2; }
+command -v nvidia-smi >/dev/null || { echo "multi-gpu-check: no nvidia-smi: this needs NVIDIA GPUs" >&2; exit 2; }
+VISIBLE="$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)"
+GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+if [[ -z "$LAUNCHER" ]]; then
+  if command -v mpirun >/dev/null; then LAUNCHER="mpirun"; else LAUNCHER="env"; fi
+fi
+mkdir -p "$OUTDIR"
+# NVLink multicast (NVLS) stays off: the lent machines do not support it reliably.
+export NCCL_NVLS_ENABLE=0
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
+echo "multi-gpu-check: $VISIBLE x $GPU_NAME, launcher $LAUNCHER, tessel $TESSEL, logs in $OUTDIR"
+
+PORT=29511
+# launch N LOG cmd...: runs cmd on N ranks (one GPU each); rank 0's output goes to LOG, every rank's
+# to LOG.rankR. Returns non-zero when any rank failed.
+launch() {
+  local n="$1" log="$2"; shift 2
+  if [[ "$n" -eq 1 ]]; then "$@" >"$log" 2>&1; return $?; fi
+  if [[ "$LAUNCHER" == mpirun ]]; then
+    mpirun -n "$n" --oversubscribe --allow-run-as-root --output-filename "$log.ranks" -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS \
+      "$@" >"$log" 2>&1
+    return $?
+  fi
+  PORT=$((PORT + 1))
+  local pids=() status=0 r
+  for ((r = 0; r < n; r++)); do
+    TESSEL_RANK=$r TESSEL_WORLD_SIZE=$n TESSEL_LOCAL_RANK=$r TESSEL_MASTER_ADDR=127.0.0.1 TESSEL_MASTER_PORT=$PORT \
+      "$@" >"$log.rank$r" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do wait "${pids[$r]}" || status=1; done
+  cp "$log.rank0" "$log"
+  return $status
+}
+
+# json_rows LOG sp|dit: '|'-separated fields from the JSON line a command printed (python3 reads it).
+json_rows() { python3 - "$@" <<'EOF'
+import json, sys
+path, kind = sys.argv[1], sys.argv[2]
+try:
+    report = json.loads([line for line in open(path) if line.startswith("{")][-1])
+except Exception:
+    sys.exit(0)
+if kind == "sp":
+    for row in report["layouts"]:
+        layout = f"U{row['ulysses']} x R{row['ring']} x C{row['cfg']}"
+        extra = ""
+        if "pass" in row:
+            extra = f"{row['rel_l2_vs_fp32']:.2e} (1 GPU {row['one_rank_rel_l2_vs_fp32']:.2e}) {'ok' if row['pass'] else 'FAIL'}"
+        print(f"{layout}|{row['step_ms']:.3f}|{row['one_rank_ms']:.3f}|{row['speedup']:.2f}|{row['sent_mb']:.1f}|{extra}")
+else:
+    print(f"{report['step_s_median']:.3f}|{report['self_attention_density']:.3f}|{report.get('communication_mb_per_step', 0):.0f}")
+EOF
+}
+
+TABLE="$OUTDIR/table.md"
+CORRECTNESS_ROWS=() ATTENTION_ROWS=() DIT_ROWS=()
+FAILED=0
+MASKS=("dense" "block_sparse" "radial" "dynamic_topk")
+mask_flags() {  # the sp-bench flags of a mask kind at the correctness shape (odd length, GQA)
+  case "$1" in
+    radial) echo "--mask radial --grid 7x17x33" ;;            # 3927 tokens
+    dense) echo "--mask dense --seq 4093" ;;
+    *) echo "--mask $1 --density 0.2 --seq 4093" ;;
+  esac
+}
+
+# ---- 1. correctness -----------------------------------------------------------------------------
+if [[ $RUN_CORRECTNESS -eq 1 ]]; then
+  for n in $GPUS; do
+    [[ "$n" -le "$VISIBLE" ]] || { echo "skipping $n GPUs: $VISIBLE visible"; continue; }
+    for mask in "${MASKS[@]}"; do
+      for cfg in "" "--cfg-parallel"; do
+        name="check-n$n-$mask${cfg:+-cfg}"
+        echo "== $name"
+        # shellcheck disable=SC2046
+        if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 --heads 8 --kv-heads 4 --head-dim 128 \
+             $(mask_flags "$mask") --steps 1 --warmup 0 --check --json $cfg; then
+          FAILED=1
+          CORRECTNESS_ROWS+=("| $n | $mask | ${cfg:+cfg-parallel} | run failed (see $name.log) | | | | | |")
+          continue
+        fi
+        while IFS='|' read -r layout step one speedup sent check; do
+          [[ "$check" == *FAIL* ]] && FAILED=1
+          CORRECTNESS_ROWS+=("| $n | $mask | $layout | $check |")
+        done < <(json_rows "$OUTDIR/$name.log" sp)
+      done
+    done
+  done
+fi
+
+# ---- 2. attention scaling -------------------------------------------------------------------------
+if [[ $RUN_ATTENTION -eq 1 ]]; then
+  for shape in "14b-720p|--seq 75600 --heads 40 --head-dim 128" "1.3b-480p|--seq 32760 --heads 12 --head-dim 128"; do
+    label="${shape%%|*}" flags="${shape#*|}"
+    for mask in dense block_sparse; do
+      for n in $GPUS; do
+        [[ "$n" -le "$VISIBLE" ]] || continue
+        name="attention-$label-$mask-n$n"
+        echo "== $name"
+        # shellcheck disable=SC2086
+        if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 $flags --mask "$mask" --density 0.2 \
+             --steps "$STEPS" --warmup 1 --json; then
+          ATTENTION_ROWS+=("| $label | $mask | $n | run failed (see $name.log) | | | | |")
+          continue
+        fi
+        while IFS='|' read -r layout step one speedup sent check; do
+          ATTENTION_ROWS+=("| $label | $mask | $n | $layout | $one | $step | $speedup | $(python3 -c "print(f'{$speedup / $n:.2f}')") | $sent |")
+        done < <(json_rows "$OUTDIR/$name.log" sp)
+      done
+    done
+  done
+fi
+
+# ---- 3. Wan step times ------------------------------------------------------------------------------
+# Peak memory per GPU: nvidia-smi sampled every second during each run (MiB, the largest GPU).
+peak_memory_file="$OUTDIR/memory.samples"
+if [[ $RUN_DIT -eq 1 ]]; then
+  if ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--device"; then
+    DIT_ROWS+=("| all | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | |")
+  else
+    for model in "wan-14b|--frames 81 --height 720 --width 1280" "wan-1.3b|--frames 81 --height 480 --width 832"; do
+      name_model="${model%%|*}" size="${model#*|}"
+      for attn in dense "radial"; do
+        sparse_flags=()
+        [[ "$attn" == radial ]] && sparse_flags=(--sparse-attn-backend radial --sparse-attn-pattern radial)
+        base_s=""
+        for n in 1 $GPUS; do
+          [[ "$n" -le "$VISIBLE" ]] || continue
+          if [[ "$n" -gt 1 ]] && ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--ulysses"; then
+            DIT_ROWS+=("| $name_model | $attn | $n | this tessel's dit-bench has no --ulysses: not run | | | |")
+            continue
+          fi
+          parallel_flags=()
+          [[ "$n" -gt 1 ]] && parallel_flags=(--ulysses "$n")
+          name="dit-$name_model-$attn-n$n"
+          echo "== $name"
+          (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >>"$peak_memory_file"; sleep 1; done) &
+          sampler=$!
+          : >"$peak_memory_file"
+          # shellcheck disable=SC2086
+          launch "$n" "$OUTDIR/$name.log" "$TESSEL" dit-bench --device cuda --model "$name_model" $size --batch 2 \
+            --steps "$STEPS" --warmup 1 --json "${sparse_flags[@]}" "${parallel_flags[@]}"
+          status=$?
+          kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+          peak="$(sort -n "$peak_memory_file" | tail -1)"
+          if [[ $status -ne 0 ]]; then
+            DIT_ROWS+=("| $name_model | $attn | $n | run failed (see $name.log) | | | |")
+            continue
+          fi
+          IFS='|' read -r step density sent < <(json_rows "$OUTDIR/$name.log" dit)
+          [[ "$n" -eq 1 ]] && base_s="$step"
+          efficiency=""
+          [[ -n "$base_s" && -n "$step" ]] && efficiency="$(python3 -c "print(f'{$base_s / $step:.2f}x, {$base_s / $step / $n:.2f}')")"
+          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | $step | $efficiency | ${peak:-?} MiB | $sent |")
+        done
+      done
+    done
+  fi
+fi
+
+# ---- 4. the table --------------------------------------------------------------------------------
+{
+  echo "## Multi-GPU check: $VISIBLE x $GPU_NAME ($(date -u +%Y-%m-%d), launcher $LAUNCHER)"
+  echo
+  echo "Correctness (bf16, B=1, 8 heads / 4 kv heads of 128, odd sequence; pass: error vs fp32 <= 2x one GPU's)"
+  echo
+  echo "| GPUs | mask | layout | rel-L2 vs fp32 (one GPU) |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${CORRECTNESS_ROWS[@]}"
+  echo
+  echo "Attention (bf16; block_sparse at density 0.2): median step over $STEPS"
+  echo
+  echo "| shape | mask | GPUs | layout | 1 GPU ms | N GPUs ms | speedup | efficiency | MB sent per rank |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${ATTENTION_ROWS[@]}"
+  echo
+  echo "Wan denoising step (dit-bench, batch 2, random weights; Ulysses N)"
+  echo
+  echo "| model | attention | GPUs | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) |"
+  echo "|---|---|---|---|---|---|---|"
+  printf '%s\n' "${DIT_ROWS[@]}"
+} | tee "$TABLE"
+[[ $FAILED -eq 0 ]] || echo "multi-gpu-check: correctness FAILED (see the table and the logs)"
+exit $FAILED

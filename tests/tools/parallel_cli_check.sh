@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The CLI's parallel flags under mpirun (ctest parallel_cli_np2 / _np4, label mpi):
+#   sp-bench --check over every layout of the ranks, dense, block-sparse, radial and dynamic top-k,
+#   with and without --cfg-parallel (exit 1 when a layout's output differs from one rank's);
+#   generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, and a
+#   degree product that is not the process count is an error naming both.
+# Usage: parallel_cli_check.sh MPIEXEC RANKS TESSEL WORK_DIR
+set -euo pipefail
+MPIEXEC="$1" RANKS="$2" TESSEL="$3" WORK="$4"
+rm -rf "$WORK" && mkdir -p "$WORK"
+run() { "$MPIEXEC" -n "$RANKS" --oversubscribe --allow-run-as-root "$@"; }
+
+for mask in "dense" "block_sparse --density 0.3" "radial --grid 5x7x9" "dynamic_topk --density 0.4"; do
+  for cfg in "" "--cfg-parallel"; do
+    echo "== sp-bench --mask $mask $cfg"
+    # shellcheck disable=SC2086
+    run "$TESSEL" sp-bench --seq 203 --heads 4 --kv-heads 2 --head-dim 32 --block-q 16 --block-kv 8 --mask $mask \
+      --steps 1 --warmup 0 --threads 1 --check $cfg | tee "$WORK/sp.log"
+    grep -q " ok" "$WORK/sp.log"
+    if grep -q "FAIL" "$WORK/sp.log"; then exit 1; fi
+  done
+done
+
+half=$((RANKS / 2))
+"$TESSEL" init-model --preset tiny --out "$WORK/tiny" >/dev/null
+common=(generate --model "$WORK/tiny" --prompt "a cat" --size 32x32 --frames 5 --steps 2 --guidance 4 --threads 1)
+echo "== generate --cfg-parallel --ulysses $half"
+run "$TESSEL" "${common[@]}" --cfg-parallel --ulysses "$half" --out "$WORK/parallel.safetensors"
+test -s "$WORK/parallel.safetensors"
+
+echo "== a degree product that is not the process count"
+if run "$TESSEL" "${common[@]}" --ring $((RANKS + 1)) --out "$WORK/bad.safetensors" >"$WORK/bad.log" 2>&1; then
+  echo "expected an error for --ring $((RANKS + 1)) on $RANKS processes" >&2
+  exit 1
+fi
+grep -q "processes mpirun started" "$WORK/bad.log"
+echo "parallel CLI check: ok"

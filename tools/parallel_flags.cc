@@ -1,0 +1,122 @@
+// The CLI's parallel flags and the process group they start (see parallel_flags.h).
+#include "parallel_flags.h"
+
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "option_checks.h"
+#include "tessel/core/error.h"
+
+namespace tessel::cli {
+
+ParallelConfig ParallelFlags::config() const {
+  ParallelConfig config;
+  config.sp_ulysses_degree = ulysses;
+  config.sp_ring_degree = ring;
+  config.cfg_parallel_size = cfg_parallel ? 2 : 1;
+  return config;
+}
+
+std::string ParallelFlags::describe() const {
+  return detail::concat("ulysses ", ulysses, " x ring ", ring, " x cfg ", cfg_parallel ? 2 : 1);
+}
+
+void add_parallel_flags(CLI::App& app, ParallelFlags& flags) {
+  app.add_option("--ulysses", flags.ulysses, "Ulysses sequence-parallel degree (divides the heads; launch with mpirun)")
+      ->capture_default_str()
+      ->check(integer_in(1, 4096));
+  app.add_option("--ring", flags.ring, "Ring sequence-parallel degree (launch with mpirun)")->capture_default_str()->check(integer_in(1, 4096));
+  app.add_flag("--cfg-parallel", flags.cfg_parallel, "the two guidance branches on two ranks (launch with mpirun)");
+}
+
+namespace {
+
+std::optional<int> env_int(const char* name, int low, int high) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < low || value > high)
+    fail_argument(std::string("environment variable ") + name, detail::concat("an integer in [", low, ", ", high, "]"),
+                  quoted_excerpt(text));
+  return static_cast<int>(value);
+}
+
+// The rendezvous of a job launched without mpirun, when TESSEL_WORLD_SIZE says there is one.
+std::optional<TcpRendezvous> rendezvous_from_env() {
+  const std::optional<int> size = env_int("TESSEL_WORLD_SIZE", 1, 1 << 20);
+  if (!size) return std::nullopt;
+  TcpRendezvous r;
+  r.size = *size;
+  const std::optional<int> rank = env_int("TESSEL_RANK", 0, *size - 1);
+  if (!rank) fail_argument("environment variable TESSEL_RANK", "set with TESSEL_WORLD_SIZE", "unset");
+  r.rank = *rank;
+  if (const char* address = std::getenv("TESSEL_MASTER_ADDR"); address != nullptr && *address != '\0') r.address = address;
+  r.port = env_int("TESSEL_MASTER_PORT", 1, 65535).value_or(r.port);
+  return r;
+}
+
+}  // namespace
+
+ParallelRun::ParallelRun(const ParallelFlags& flags) {
+  const ParallelConfig config = flags.config();
+  if (config.world_size() == 1) return;
+  if (rendezvous_from_env())
+    fail_argument("TESSEL_WORLD_SIZE", "unset: the model's CPU tensors move over MPI (launch with mpirun)", "set");
+  if (!mpi_compiled())
+    fail_argument("--ulysses / --ring / --cfg-parallel", "1 rank (tessel was built without MPI)", flags.describe());
+  mpi_ = std::make_unique<MpiSession>();
+  world_ = make_metered_communicator(make_mpi_world_communicator(), meter_);
+  if (world_->size() != config.world_size())
+    fail_argument("--ulysses x --ring (x 2 with --cfg-parallel)",
+                  detail::concat("the ", world_->size(), " processes mpirun started"),
+                  detail::concat(config.world_size(), " (", flags.describe(), ")"));
+  groups_ = initialize_parallel_groups(*world_, config);
+  meter_->reset();  // the group set-up is not part of what a command measures
+}
+
+ParallelRun::ParallelRun(WholeWorld) {
+  rendezvous_ = rendezvous_from_env();
+  if (rendezvous_) return;
+  if (!mpi_compiled()) {
+    world_ = make_metered_communicator(make_single_rank_communicator(Device::cpu()), meter_);
+    return;
+  }
+  mpi_ = std::make_unique<MpiSession>();
+  world_ = make_metered_communicator(make_mpi_world_communicator(), meter_);
+}
+
+ParallelRun::~ParallelRun() {
+  // Leaving by an error while other ranks may wait in a collective: MPI_Finalize (the session's
+  // destructor) would wait for them forever. Leave MPI unfinalized instead; the error reaches the
+  // user, the process exits, and mpirun ends the job's other processes.
+  if (std::uncaught_exceptions() > 0 && mpi_ && world_size() > 1) {
+    new std::optional<ParallelGroups>(std::move(groups_));  // never freed: no collective on the way out
+    static_cast<void>(world_.release());
+    static_cast<void>(mpi_.release());
+  }
+}
+
+int ParallelRun::local_rank() const {
+  if (const std::optional<int> local = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, 1 << 20)) return *local;
+  if (const std::optional<int> local = env_int("TESSEL_LOCAL_RANK", 0, 1 << 20)) return *local;
+  return world_rank();
+}
+
+std::unique_ptr<Communicator> ParallelRun::device_world(const ExecContext& ctx, Device device) const {
+  if (rendezvous_) {
+    if (!device.is_cuda())
+      fail_argument("--device", "cuda when launched without mpirun (CPU tensors move over MPI)", device.str());
+    return make_metered_communicator(make_nccl_communicator(ctx, *rendezvous_, device), meter_);
+  }
+  if (!world_) fail_argument("parallel run", "a world of processes (sp-bench's)", "one process without a world");
+  if (device.is_cpu()) return world_->split(0, world_->rank());
+  return make_metered_communicator(make_nccl_communicator(ctx, *world_, device), meter_);
+}
+
+void ParallelRun::barrier() const {
+  if (world_) world_->barrier(ExecContext{});
+}
+
+}  // namespace tessel::cli

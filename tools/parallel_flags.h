@@ -1,0 +1,74 @@
+// The CLI's parallel flags, shared by `tessel generate`, `tessel dit-bench` and `tessel sp-bench`:
+//   --ulysses N      Ulysses degree of the sequence parallelism (divides the attention heads)
+//   --ring M         Ring degree
+//   --cfg-parallel   the two classifier-free guidance branches on two ranks
+// and the process group they start. More than one rank needs the job launched by mpirun with
+// exactly N x M (x 2 with --cfg-parallel) processes: `mpirun -n 4 tessel dit-bench --ulysses 2 --ring 2`.
+//
+// Without mpirun (GPUs only: `tessel sp-bench --device cuda`), every process is started with
+//   TESSEL_RANK=r TESSEL_WORLD_SIZE=n [TESSEL_MASTER_ADDR=host of rank 0 (127.0.0.1)]
+//   [TESSEL_MASTER_PORT=29511] [TESSEL_LOCAL_RANK=its GPU on the node (default: r)]
+// and the NCCL communicator is bootstrapped over TCP.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "tessel/parallel/communicator.h"
+#include "tessel/parallel/metered_communicator.h"
+#include "tessel/parallel/parallel_config.h"
+
+namespace tessel::cli {
+
+struct ParallelFlags {
+  int ulysses = 1;
+  int ring = 1;
+  bool cfg_parallel = false;
+
+  ParallelConfig config() const;
+  std::string describe() const;  // "ulysses 2 x ring 2 x cfg 2"
+};
+
+void add_parallel_flags(CLI::App& app, ParallelFlags& flags);
+
+// The ranks of a run. One rank (every degree 1): no MPI at all, groups() is null. Otherwise an MPI
+// session, the world communicator (metered: meter() counts every group's traffic) and the groups.
+class ParallelRun {
+ public:
+  // Throws Error naming the flag when the degrees' product is not the number of processes mpirun
+  // started, and when tessel was built without MPI.
+  explicit ParallelRun(const ParallelFlags& flags);
+  // Every process mpirun started, in one world and no groups (`tessel sp-bench` builds its own per
+  // layout); one process of its own without MPI.
+  struct WholeWorld {};
+  static constexpr WholeWorld kWholeWorld{};
+  explicit ParallelRun(WholeWorld);
+  ~ParallelRun();
+
+  // A metered communicator over the world's ranks for tensors on `device`: for cpu a split of the
+  // world, for cuda a NCCL communicator bootstrapped over it. Collective over the world.
+  std::unique_ptr<Communicator> device_world(const ExecContext& ctx, Device device) const;
+
+  const ParallelGroups* groups() const { return groups_ ? &*groups_ : nullptr; }
+  Communicator* cfg_group() const { return groups_ ? groups_->cfg.get() : nullptr; }
+  int world_rank() const { return world_ ? world_->rank() : rendezvous_ ? rendezvous_->rank : 0; }
+  int world_size() const { return world_ ? world_->size() : rendezvous_ ? rendezvous_->size : 1; }
+  // This process's GPU on its node: mpirun's local rank, TESSEL_LOCAL_RANK, else the world rank.
+  int local_rank() const;
+  bool is_root() const { return world_rank() == 0; }
+  CommunicationMeter& meter() { return *meter_; }
+  // Returns when every rank got here (nothing for one rank).
+  void barrier() const;
+
+ private:
+  std::unique_ptr<MpiSession> mpi_;
+  std::shared_ptr<CommunicationMeter> meter_ = std::make_shared<CommunicationMeter>();
+  std::unique_ptr<Communicator> world_;
+  std::optional<ParallelGroups> groups_;
+  std::optional<TcpRendezvous> rendezvous_;  // launched without mpirun
+};
+
+}  // namespace tessel::cli
