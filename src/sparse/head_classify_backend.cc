@@ -142,7 +142,7 @@ HeadClassifierOptions head_classifier_options_from_spec(const PatternSpec& spec)
   HeadClassifierOptions o;
   o.probe_rows = option_int(spec, "probe_rows", o.probe_rows);
   o.min_frame_mass = option_double(spec, "min_frame_mass", o.min_frame_mass);
-  o.min_temporal_recall = option_double(spec, "min_temporal_recall", o.min_temporal_recall);
+  o.min_temporal_lift = option_double(spec, "min_temporal_lift", o.min_temporal_lift);
   o.spatial_frame_radius = option_int(spec, "spatial_frame_radius", o.spatial_frame_radius);
   o.spatial_radius = spec.spatial_radius.value_or(o.spatial_radius);
   o.temporal_radius = option_int(spec, "temporal_radius", o.temporal_radius);

@@ -27,7 +27,7 @@
 //                 (comma-separated ratio or cdf value per query head)
 //   threshold: gqa_any (true/false), vote (none | heads | columns), keep_diagonal, keep_first,
 //              per_head_threshold (comma-separated tau per query head)
-//   head_classify: probe_rows (64), min_frame_mass (0.7), min_temporal_recall (0.2),
+//   head_classify: probe_rows (64), min_frame_mass (0.7), min_temporal_lift (9),
 //                  spatial_frame_radius (0), temporal_radius (1), temporal_frame_radius (2),
 //                  ordering (hilbert), probe_interval (steps between probes, 5); spatial_radius
 //                  is the spec's field

@@ -42,8 +42,8 @@ void HeadClassifierOptions::validate() const {
   if (probe_rows < 1) fail_argument("head_classify.probe_rows", ">= 1", probe_rows);
   if (!(min_frame_mass > 0.0 && min_frame_mass <= 1.0))
     fail_argument("head_classify.min_frame_mass", "a value in (0, 1]", min_frame_mass);
-  if (!(min_temporal_recall > 0.0 && min_temporal_recall <= 1.0))
-    fail_argument("head_classify.min_temporal_recall", "a value in (0, 1]", min_temporal_recall);
+  if (!(min_temporal_lift >= 1.0 && std::isfinite(min_temporal_lift)))
+    fail_argument("head_classify.min_temporal_lift", "a finite value >= 1", min_temporal_lift);
   if (spatial_frame_radius < 0) fail_argument("head_classify.spatial_frame_radius", ">= 0", spatial_frame_radius);
   if (spatial_radius < 0) fail_argument("head_classify.spatial_radius", ">= 0", spatial_radius);
   if (temporal_radius < 0) fail_argument("head_classify.temporal_radius", ">= 0", temporal_radius);
@@ -89,8 +89,10 @@ HeadProbe probe_head_classes(const ExecContext& ctx, const TensorView& q, const 
   const std::vector<int64_t> rows = probe_positions(g.numel(), options.probe_rows);
   const int64_t n = static_cast<int64_t>(rows.size());
 
-  // role[r][j] for sampled row r and key j (sequence positions).
+  // role[r][j] for sampled row r and key j (sequence positions); rule_keys: the keys the
+  // temporal rule keeps, summed over the sampled rows (its share of keys under uniform attention).
   std::vector<uint8_t> role(static_cast<size_t>(n * seq), kText);
+  double rule_keys = 0.0;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t i = rows[static_cast<size_t>(r)];
     const int64_t fi = i / g.tokens_per_frame(), yi = (i / g.width) % g.height, xi = i % g.width;
@@ -103,6 +105,7 @@ HeadProbe probe_head_classes(const ExecContext& ctx, const TensorView& q, const 
         out = near ? kOwnFramesNear : kOwnFramesFar;
       else
         out = near ? kStripe : kOtherFrame;
+      rule_keys += out == kOwnFramesNear || out == kStripe;
     }
   }
 
@@ -142,11 +145,12 @@ HeadProbe probe_head_classes(const ExecContext& ctx, const TensorView& q, const 
     const double rows_probed = static_cast<double>(batch * n);
     const double frame_mass = (by_role[kOwnFramesNear] + by_role[kOwnFramesFar]) / rows_probed;
     const double temporal_recall = (by_role[kOwnFramesNear] + by_role[kStripe]) / rows_probed;
+    const double temporal_lift = temporal_recall / (rule_keys / (static_cast<double>(n) * static_cast<double>(g.numel())));
     probe.frame_mass.push_back(frame_mass);
-    probe.temporal_recall.push_back(temporal_recall);
-    probe.classes.push_back(frame_mass >= options.min_frame_mass             ? HeadClass::kSpatial
-                            : temporal_recall >= options.min_temporal_recall ? HeadClass::kTemporal
-                                                                             : HeadClass::kTextural);
+    probe.temporal_lift.push_back(temporal_lift);
+    probe.classes.push_back(frame_mass >= options.min_frame_mass         ? HeadClass::kSpatial
+                            : temporal_lift >= options.min_temporal_lift ? HeadClass::kTemporal
+                                                                         : HeadClass::kTextural);
   }
   return probe;
 }

@@ -46,7 +46,7 @@ double accuracy(const TokenGrid& grid, int64_t heads, int64_t head_dim, const He
           misses += detail::concat("seed ", seed, " sharpness ", sharpness, " head ", h, " (",
                                    synthetic_head_type_name(data.head_types[static_cast<size_t>(h)]), "): ",
                                    head_class_name(got), ", frame mass ", probe.frame_mass[static_cast<size_t>(h)],
-                                   " temporal recall ", probe.temporal_recall[static_cast<size_t>(h)], "\n");
+                                   " temporal lift ", probe.temporal_lift[static_cast<size_t>(h)], "\n");
       }
     }
   return static_cast<double>(right) / static_cast<double>(total);
@@ -60,6 +60,8 @@ TEST(HeadClassifier, ClassifiesTheSyntheticHeadsByRole) {
   EXPECT_GE(accuracy({9, 16, 16}, 12, 64, options, misses), 0.95) << misses;
   misses.clear();
   EXPECT_GE(accuracy({5, 12, 20}, 6, 64, options, misses), 0.95) << misses;  // odd frame count, wide frames
+  misses.clear();
+  EXPECT_GE(accuracy({9, 32, 32}, 12, 64, options, misses), 0.95) << misses;
 }
 
 }  // namespace

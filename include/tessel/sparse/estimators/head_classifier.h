@@ -5,11 +5,13 @@
 // sampled rows and the batch, classify the head:
 //   frame_mass      — the probability mass on keys of the query's own frames (|Δf| <=
 //                     spatial_frame_radius);
-//   temporal_recall — the probability mass on keys at the query's position (|Δy|, |Δx| <=
-//                     temporal_radius) in nearby frames (|Δf| <= temporal_frame_radius): what
-//                     the temporal pattern keeps, per token.
-// spatial if frame_mass >= min_frame_mass; else temporal if temporal_recall >=
-// min_temporal_recall; else textural. The statistics are token-level, so the classes do not depend on the block size.
+//   temporal_lift   — the probability mass on keys at the query's position (|Δy|, |Δx| <=
+//                     temporal_radius) in nearby frames (|Δf| <= temporal_frame_radius), i.e.
+//                     what the temporal pattern keeps per token, divided by the share of keys
+//                     it keeps (what uniform attention would put there): scale-free, so larger
+//                     frames, which spread the mass thinner, need no other threshold.
+// spatial if frame_mass >= min_frame_mass; else temporal if temporal_lift >= min_temporal_lift;
+// else textural. The statistics are token-level, so the classes do not depend on the block size.
 //
 // Each class executes its static pattern, planned once per layout in one token order
 // (`ordering`, Hilbert by default, which packs both windows into few blocks: docs/patterns.md):
@@ -39,7 +41,7 @@ std::string_view head_class_name(HeadClass head_class);  // "spatial", "temporal
 struct HeadClassifierOptions {
   int64_t probe_rows = 64;
   double min_frame_mass = 0.7;
-  double min_temporal_recall = 0.2;
+  double min_temporal_lift = 9.0;
   int64_t spatial_frame_radius = 0;
   int64_t spatial_radius = 4;
   int64_t temporal_radius = 1;
@@ -63,7 +65,7 @@ HeadClassPlans plan_head_classes(const TokenLayout& layout, const HeadClassifier
 struct HeadProbe {
   std::vector<HeadClass> classes;    // per query head
   std::vector<double> frame_mass;    // per query head (see above)
-  std::vector<double> temporal_recall;  // per query head
+  std::vector<double> temporal_lift;  // per query head
 };
 
 // Probes q (B, S, H_q, D) and k (B, S, H_kv, D) (CPU, fp32/fp16/bf16, S = the layout's tokens,
