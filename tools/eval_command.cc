@@ -15,6 +15,7 @@
 #include "tessel/core/finite_check.h"
 #include "tessel/core/parallel.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/sparse/estimators/head_classifier.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
 #include "tessel/sparse/planners/static_patterns.h"
@@ -55,7 +56,8 @@ struct EvalArgs {
   bool json = false;
 };
 
-constexpr const char* kMethods[] = {"random", "dynamic_topk", "threshold", "radial", "local", "sliding_window", "spatial_aware"};
+constexpr const char* kMethods[] = {"random", "dynamic_topk", "threshold", "radial", "local", "sliding_window", "spatial_aware",
+                                    "head_classify"};
 
 bool uses(const EvalArgs& a, const std::string& method) {
   return std::find(a.methods.begin(), a.methods.end(), method) != a.methods.end();
@@ -200,6 +202,19 @@ int run_eval(const EvalArgs& a) {
       for (int64_t r : a.radii) add_static("sliding_window", static_cast<double>(r), StaticPattern{SlidingWindow3dPattern{1, r, r}});
     } else if (method == "spatial_aware") {
       for (int64_t r : a.radii) add_static("spatial_aware", static_cast<double>(r), StaticPattern{SpatialAwarePattern{r, 3, ordering}});
+    } else if (method == "head_classify" && grid) {
+      for (int64_t r : a.radii) {  // the spatial heads' window radius; the classes' token order is Hilbert
+        HeadClassifierOptions o;
+        o.spatial_radius = r;
+        o.block_q = a.block_q;
+        o.block_kv = a.block_kv;
+        std::optional<HeadClassPlans> plans;
+        const double plan_ms = median_ms(1, [&] { plans = plan_head_classes(TokenLayout{*grid, 0, true}, o); });
+        HeadProbe probe;
+        const double probe_ms = median_ms(1, [&] { probe = probe_head_classes(ExecContext{}, q.view(), k.view(), *plans, o); });
+        add("head_classify", static_cast<double>(r), head_class_mask(*plans, probe.classes),
+            plans->plan.permuted() ? &plans->plan.permutation : nullptr, probe_ms, plan_ms);
+      }
     }
   }
 
@@ -258,7 +273,7 @@ CommandRegistration registration{
           ->delimiter(',')
           ->check(one_of({"spatial", "temporal", "sink", "diffuse"}));
       app.add_option("--seed", a->seed, "Synthetic and random-mask seed")->check(integer_in(0, INT64_MAX));
-      app.add_option("--methods", a->methods, "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware")
+      app.add_option("--methods", a->methods, "random, dynamic_topk, threshold, radial, local, sliding_window, spatial_aware, head_classify")
           ->delimiter(',')
           ->check(one_of({std::begin(kMethods), std::end(kMethods)}));
       app.add_option("--topk", a->topk, "dynamic_topk ratios (or cdf thresholds with --cdf), in (0, 1]")->delimiter(',')->check(ratio);
@@ -271,7 +286,7 @@ CommandRegistration registration{
           ->delimiter(',')
           ->check(ratio);
       app.add_option("--decay", a->decays, "radial decay factors in (0, 16]")->delimiter(',')->check(number_in(0.0, 16.0, Bounds::kOpenLow));
-      app.add_option("--radius", a->radii, "sliding_window / spatial_aware radii in patches")->delimiter(',')->check(integer_in(0, 1 << 20));
+      app.add_option("--radius", a->radii, "sliding_window / spatial_aware radii in patches (head_classify: its spatial heads' radius)")->delimiter(',')->check(integer_in(0, 1 << 20));
       app.add_option("--local-window", a->local_windows, "local window sizes in frames")->delimiter(',')->check(integer_in(1, 1 << 20));
       app.add_option("--block-q", a->block_q, "Query block size")->check(integer_in(1, kMaxBlockTokens));
       app.add_option("--block-kv", a->block_kv, "Key block size")->check(integer_in(1, kMaxBlockTokens));

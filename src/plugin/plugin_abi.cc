@@ -27,7 +27,8 @@ static_assert(TESSEL_PATTERN_DENSE == static_cast<int>(PatternType::kDense) &&
               TESSEL_PATTERN_RADIAL == static_cast<int>(PatternType::kRadial) &&
               TESSEL_PATTERN_LOCAL == static_cast<int>(PatternType::kLocal) &&
               TESSEL_PATTERN_ARROW == static_cast<int>(PatternType::kArrow) &&
-              TESSEL_PATTERN_COMPOSITE == static_cast<int>(PatternType::kComposite) && kNumPatternTypes == 10);
+              TESSEL_PATTERN_COMPOSITE == static_cast<int>(PatternType::kComposite) &&
+              TESSEL_PATTERN_HEAD_CLASSIFY == static_cast<int>(PatternType::kHeadClassify) && kNumPatternTypes == 11);
 static_assert(TESSEL_MODULE_DIT_SELF == static_cast<int>(ModuleType::kDitSelf) &&
               TESSEL_MODULE_DIT_CROSS == static_cast<int>(ModuleType::kDitCross) &&
               TESSEL_MODULE_DIT_JOINT == static_cast<int>(ModuleType::kDitJoint) &&

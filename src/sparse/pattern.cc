@@ -16,7 +16,7 @@ using detail::parse_name;
 
 constexpr std::array<std::string_view, kNumPatternTypes> kPatternNames = {
     "dense", "block_sparse", "sliding_window", "spatial_aware", "dynamic_topk",
-    "threshold", "radial", "local", "arrow", "composite"};
+    "threshold", "radial", "local", "arrow", "composite", "head_classify"};
 constexpr std::array<std::string_view, 3> kOrderingNames = {"raster", "hilbert", "z_curve"};
 constexpr std::array<std::string_view, 2> kCompositeOpNames = {"union", "intersection"};
 
@@ -137,6 +137,7 @@ void PatternSpec::validate() const {
       require(i2i_pattern != nullptr, "pattern.i2i_pattern", type);
       break;
     case PatternType::kComposite: require(!children.empty(), "pattern.children", type); break;
+    case PatternType::kHeadClassify: require(spatial_layout.has_value(), "pattern.spatial_layout", type); break;
   }
   if (i2i_pattern) {
     if (i2i_pattern->type == PatternType::kArrow)

@@ -8,10 +8,9 @@
 #include "tessel/sparse/mask_planning.h"
 #include "tessel/sparse/planners/plan_cache.h"
 #include "tessel/sparse/registry.h"
+#include "spec_options.h"
 
 namespace tessel {
-namespace {
-
 double option_double(const PatternSpec& spec, const std::string& key, double fallback) {
   const std::string text = spec.option(key);
   if (text.empty()) return fallback;
@@ -62,6 +61,8 @@ bool option_bool(const PatternSpec& spec, const std::string& key, bool fallback)
   if (text == "false" || text == "0") return false;
   fail_argument("pattern.options." + key, "true or false", text);
 }
+
+namespace {
 
 // Static backends attend within one sequence laid out as the spec says.
 void check_self_attention(const PatternSpec& spec, const AttentionShape& shape, const std::string& backend) {
@@ -182,6 +183,7 @@ void register_pattern_backends(BackendRegistry& registry) {
   registry.register_backend(static_backend("composite", PatternType::kComposite));
   registry.register_backend(dynamic_backend("dynamic_topk", PatternType::kDynamicTopk));
   registry.register_backend(dynamic_backend("threshold", PatternType::kThreshold));
+  registry.register_backend(make_head_classify_backend());
 }
 
 StaticPlanCache& static_plan_cache() {

@@ -160,6 +160,9 @@ PatternCase pattern_case(PatternType type, const Geometry& g) {
       return {spec_from_json(g, R"("pattern_type": "composite", "children": ["radial", "local"], "local_window_size": 1, )" +
                              layout),
               g.layout_shapes(g.image_tokens)};
+    case PatternType::kHeadClassify:
+      return {spec_from_json(g, R"("pattern_type": "head_classify", "spatial_radius": 1, )" + layout),
+              g.layout_shapes(g.image_tokens)};
   }
   throw Error("unknown pattern type");
 }
@@ -180,24 +183,13 @@ Tensor poisoned(const Shape& shape, DType dtype, Device device) {
   return testing::poisoned(shape, dtype).to(device);
 }
 
-// x'[b, t] = x[b, order[t]] along the sequence axis of a (B, S, H, D) CPU tensor.
-Tensor gather_tokens(const Tensor& x, const std::vector<int64_t>& order) {
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  const int64_t batch = x.size(0), seq = x.size(1), row = x.size(2) * x.size(3) * static_cast<int64_t>(dtype_size(x.dtype()));
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t < seq; ++t)
-      std::memcpy(static_cast<char*>(out.data()) + (b * seq + t) * row,
-                  static_cast<const char*>(x.data()) + (b * seq + order[static_cast<size_t>(t)]) * row,
-                  static_cast<size_t>(row));
-  return out;
-}
-
 // The fp64 reference for `mask` (over the token order `permutation`, identity when empty),
 // reported in the caller's token order.
 reference::AttentionResult masked_reference(const Qkv& t, const BlockMask& mask, const std::vector<int64_t>& permutation) {
   if (permutation.empty()) return reference::block_sparse_attention(t.q, t.k, t.v, mask.view());
   const reference::AttentionResult permuted = reference::block_sparse_attention(
-      gather_tokens(t.q, permutation), gather_tokens(t.k, permutation), gather_tokens(t.v, permutation), mask.view());
+      testing::gather_tokens(t.q, permutation), testing::gather_tokens(t.k, permutation),
+      testing::gather_tokens(t.v, permutation), mask.view());
   reference::AttentionResult out = permuted;
   const int64_t rows = permuted.rows(), heads = permuted.heads, dim = permuted.head_dim;
   for (int64_t b = 0; b < permuted.batch; ++b)
@@ -261,6 +253,12 @@ ExecutedMask executed_mask(const Backend& backend, Impl& impl, const Metadata& m
       backend.origin() == "built-in" && (type == PatternType::kDynamicTopk || type == PatternType::kThreshold) &&
       (backend.name() == "dynamic_topk" || backend.name() == "threshold");
   if (estimating_builtin && device.is_cuda()) return {device_estimated_mask(metadata), {}};
+  if (backend.origin() == "built-in" && backend.name() == "head_classify") {  // its probe, redone
+    const HeadClassifierOptions o = head_classifier_options_from_spec(metadata.spec);
+    const HeadClassPlans plans = plan_head_classes(token_layout_from_spec(metadata.spec), o);
+    const HeadProbe probe = probe_head_classes(ExecContext{}, t.q, t.k, plans, o);
+    return {apply_always_keep(metadata.spec, head_class_mask(plans, probe.classes)), metadata.permutation};
+  }
   if (estimating_builtin) {
     const BlockMask chosen = type == PatternType::kDynamicTopk
                                  ? estimate_topk_mask(ExecContext{}, t.q, t.k, topk_options_from_spec(metadata.spec)).mask

@@ -2,6 +2,8 @@
 // lines, the paths of the plugins the build produces, and small test backends.
 #pragma once
 
+#include <cstring>
+
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -142,6 +144,18 @@ inline void expect_outputs_near(const TensorView& out, const TensorView& want_ou
       ASSERT_NEAR(got, expected, lse_tolerance) << "lse " << i;
     }
   }
+}
+
+// x'[b, t] = x[b, order[t]] along the sequence axis of a (B, S, H, D) CPU tensor.
+inline Tensor gather_tokens(const Tensor& x, const std::vector<int64_t>& order) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  const int64_t batch = x.size(0), seq = x.size(1), row = x.size(2) * x.size(3) * static_cast<int64_t>(dtype_size(x.dtype()));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < seq; ++t)
+      std::memcpy(static_cast<char*>(out.data()) + (b * seq + t) * row,
+                  static_cast<const char*>(x.data()) + (b * seq + order[static_cast<size_t>(t)]) * row,
+                  static_cast<size_t>(row));
+  return out;
 }
 
 }  // namespace tessel::testing

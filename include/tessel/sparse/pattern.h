@@ -28,8 +28,9 @@ enum class PatternType : uint8_t {
   kLocal,          // TeleFuser local attention: a window of local_window_frames frames
   kArrow,          // MMDiT joint attention: text rows/columns dense, image-to-image by i2i_pattern
   kComposite,      // union / intersection of `children`
+  kHeadClassify,   // RainFusion: each head classified spatial / temporal / textural by a probe
 };
-inline constexpr int kNumPatternTypes = 10;
+inline constexpr int kNumPatternTypes = 11;
 
 std::string_view pattern_type_name(PatternType type);  // "dense", "block_sparse", "sliding_window", ...
 PatternType parse_pattern_type(std::string_view name);  // throws Error listing the allowed names

@@ -11,6 +11,8 @@
 //   composite        composite                    union / intersection of children
 //   dynamic_topk     dynamic_topk                 SpargeAttn-style estimator in every forward
 //   threshold        threshold                    XAttention estimator in every forward
+//   head_classify    head_classify                per-head class masks from a probe (RainFusion;
+//                                                 CPU; estimators/head_classifier.h)
 //
 // Each is chosen by "auto" for its pattern (score 10), except sliding_window (score 0): auto keeps
 // the block_sparse backend's 1-D window; name the backend to get the 3-D window.
@@ -25,9 +27,14 @@
 //                 (comma-separated ratio or cdf value per query head)
 //   threshold: gqa_any (true/false), vote (none | heads | columns), keep_diagonal, keep_first,
 //              per_head_threshold (comma-separated tau per query head)
+//   head_classify: probe_rows (64), min_frame_mass (0.7), min_temporal_lift (9),
+//                  spatial_frame_radius (0), temporal_radius (1), temporal_frame_radius (2),
+//                  ordering (hilbert), probe_interval (steps between probes, 5); spatial_radius
+//                  is the spec's field
 #pragma once
 
 #include "tessel/sparse/backend.h"
+#include "tessel/sparse/estimators/head_classifier.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
 #include "tessel/sparse/planners/plan_cache.h"
@@ -51,6 +58,10 @@ TopkEstimatorOptions topk_options_from_spec(const PatternSpec& spec);
 // The same with the step's scheduled density (when set) as the top-k ratio.
 TopkEstimatorOptions topk_options_for_step(const PatternSpec& spec, const StepInfo& step);
 XAttentionOptions xattention_options_from_spec(const PatternSpec& spec);
+HeadClassifierOptions head_classifier_options_from_spec(const PatternSpec& spec);
+
+// The head_classify backend (RainFusion head classification; CPU tensors).
+std::shared_ptr<Backend> make_head_classify_backend();
 
 // The process-wide plan cache the static backends use.
 StaticPlanCache& static_plan_cache();

@@ -110,6 +110,7 @@ StaticPlan plan_static_pattern(const std::vector<StaticPattern>& per_head, const
   if (request.block_kv < 1) fail_argument("request.block_kv", ">= 1", request.block_kv);
   if (per_head.empty()) fail_argument("per_head", "at least one pattern", 0);
   std::vector<SpatialOrdering> orderings;
+  if (request.ordering) orderings.push_back(*request.ordering);
   for (const StaticPattern& p : per_head) collect_orderings(p, orderings);
   SpatialOrdering ordering = SpatialOrdering::kRaster;
   if (!orderings.empty()) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -94,6 +95,10 @@ struct StaticPlanRequest {
   int64_t block_q = 128;
   int64_t block_kv = 64;
   AlwaysKeep keep;
+  // The token order of the plan when set (the rules of every pattern are evaluated on the
+  // original positions, so any pattern can be planned in any order); unset: the ordering of the
+  // spatial_aware parts, raster when none. A spatial_aware part with another ordering is an error.
+  std::optional<SpatialOrdering> ordering;
 };
 
 struct StaticPlan {
