@@ -46,10 +46,15 @@ std::string describe(const Case& c) {
                         c.options.window_right, ") scale=", c.options.scale);
 }
 
+// How a block-sparse call finds its work order on Hopper: with the workspace a plan reserves
+// (attention_workspace_bytes: rows sorted on the device, longest first, handed out through a
+// counter) or without one (a static order).
+enum class Schedule { kPlanned, kStatic };
+
 // Runs the CUDA kernel (dense when mask is null) and checks out/lse against the fp64 oracle with
 // a tolerance of twice the error of plain same-dtype attention plus a small floor.
-void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
-  SCOPED_TRACE(describe(c));
+void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr, Schedule schedule = Schedule::kPlanned) {
+  SCOPED_TRACE(describe(c) + (schedule == Schedule::kPlanned ? " planned workspace" : " no workspace"));
   const Qkv host = testing::random_qkv(c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.dim, c.dtype, seed);
   const Device gpu = Device::cuda();
   const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
@@ -62,7 +67,15 @@ void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
     ref = reference::attention(host.q, host.k, host.v, c.options);
   } else {
     const BlockMask::DeviceCopy device_mask = mask->to_device(gpu);
-    block_sparse_attention_forward(ExecContext{}, q, k, v, device_mask.view(), out, lse, c.options);
+    Workspace workspace(gpu);
+    ExecContext ctx;
+    ctx.device = gpu;
+    if (schedule == Schedule::kPlanned) {
+      workspace.reserve(attention_workspace_bytes(
+          ctx, gpu, {c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.dim}, mask->shape().block_kv));
+      ctx.workspace = &workspace;
+    }
+    block_sparse_attention_forward(ctx, q, k, v, device_mask.view(), out, lse, c.options);
     ref = reference::block_sparse_attention(host.q, host.k, host.v, mask->view(), c.options);
   }
   const Tensor out_host = out.to(Device::cpu());
@@ -164,6 +177,7 @@ TEST_P(SparseGpu, EmptyRowsGiveZeroAndMinusInfinity) {
   std::vector<std::vector<int32_t>> rows = {{0, 3}, {}, {1}, {}, {2, 3}, {0, 1, 2, 3}};
   const BlockMask mask = BlockMask::from_rows(shape, rows);
   check_case({1, 300, 200, 2, 2, dim, dtype, {}}, 7, &mask);
+  check_case({1, 300, 200, 2, 2, dim, dtype, {}}, 7, &mask, Schedule::kStatic);
 }
 
 TEST_P(SparseGpu, FullMaskEqualsDense) {
@@ -252,6 +266,7 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
   AttentionOptions causal;
   causal.causal = true;
   check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, 702, &mask);
+  check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, 702, &mask, Schedule::kStatic);
 }
 
 // More (batch, head, query block) items than an H100 has multiprocessors, so each CTA of the
@@ -279,6 +294,52 @@ TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
       }
   const BlockMask mask = BlockMask::from_rows(shape, rows);
   check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 802, &mask);
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 802, &mask, Schedule::kStatic);
+}
+
+// Rows from empty to full in one mask, many more of them than multiprocessors, so the
+// longest-first order differs from the static one; both must give the same bits (each item is
+// computed by one CTA whatever its rank).
+TEST_P(LongAndOddGpu, LongestFirstOrderGivesTheStaticOrdersBits) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  const int64_t batch = 1, heads = 24, kv_heads = 8, seq = 2000;
+  const Qkv host = testing::random_qkv(batch, seq, seq, heads, kv_heads, dim, dtype, 901);
+  const Device gpu = Device::cuda();
+  const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
+  BlockMaskShape shape;
+  shape.mask_heads = heads;
+  shape.seq_q = seq;
+  shape.seq_kv = seq;  // 32 kv blocks of 64, the last partial
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t qb = 0; qb < shape.q_blocks(); ++qb) {
+      std::vector<int32_t> row;
+      const int64_t kept = (qb * 7 + h * 5) % 33;  // 0 ... 32 blocks
+      for (int64_t kb = 0; kb < kept; ++kb) row.push_back(static_cast<int32_t>((kb * 3 + h) % 32));
+      std::sort(row.begin(), row.end());
+      row.erase(std::unique(row.begin(), row.end()), row.end());
+      rows.push_back(row);
+    }
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  const BlockMask::DeviceCopy device_mask = mask.to_device(gpu);
+  Workspace workspace(gpu);
+  ExecContext planned;
+  planned.device = gpu;
+  workspace.reserve(attention_workspace_bytes(planned, gpu, {batch, seq, seq, heads, kv_heads, dim}, shape.block_kv));
+  planned.workspace = &workspace;
+  Tensor out_planned = testing::poisoned({batch, seq, heads, dim}, dtype).to(gpu);
+  Tensor out_static = testing::poisoned({batch, seq, heads, dim}, dtype).to(gpu);
+  Tensor lse_planned = testing::poisoned({batch, heads, seq}, DType::kF32).to(gpu);
+  Tensor lse_static = testing::poisoned({batch, heads, seq}, DType::kF32).to(gpu);
+  for (int repeat = 0; repeat < 2; ++repeat)  // the second run reuses the workspace's counter
+    block_sparse_attention_forward(planned, q, k, v, device_mask.view(), out_planned, lse_planned);
+  block_sparse_attention_forward(ExecContext{}, q, k, v, device_mask.view(), out_static, lse_static);
+  const Tensor a = out_planned.to(Device::cpu()), b = out_static.to(Device::cpu());
+  const Tensor la = lse_planned.to(Device::cpu()), lb = lse_static.to(Device::cpu());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << "outputs differ between the two orders";
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.nbytes()), 0) << "LSE differs between the two orders";
+  check_case({batch, seq, seq, heads, kv_heads, dim, dtype, {}}, 901, &mask);
 }
 
 INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
@@ -428,10 +489,21 @@ TEST(AttentionGpu, GraphCaptureReplaysTheSameOutput) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  // The plan's workspace (reserved before the capture): the captured sparse calls sort their rows
+  // longest first, the eager one above ran in the static order; both give the same bits.
+  Workspace workspace(gpu);
   {
     ExecContext on_stream;
     on_stream.device = Device::cuda();
     on_stream.stream = stream;
+    workspace.reserve(attention_workspace_bytes(on_stream, gpu, {1, seq, seq, heads, 2, dim}, shape.block_kv));
+    on_stream.workspace = &workspace;
+    // One eager planned call first (after the default stream's call, which writes lse too): the
+    // capture then finds the ordering kernel loaded.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor warm_up = Tensor::empty({1, seq, heads, dim}, DType::kBF16, gpu);
+    block_sparse_attention_forward(on_stream, q, k, v, mask.view(), warm_up, lse);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
     block_sparse_attention_forward(on_stream, q, k, v, mask.view(), graphed, lse);
     attention_forward(on_stream, q, k, v, graphed, lse);  // dense into the same buffer, then sparse again

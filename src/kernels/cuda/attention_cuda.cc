@@ -9,6 +9,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_params.h"
 #include "cuda/hopper/flash_forward_hopper.h"
+#include "cuda/hopper/work_order.h"
 #include "cuda/merge_states.h"
 #include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/core/error.h"
@@ -96,13 +97,17 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
 
 }  // namespace
 
+size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims) {
+  return detail::work_order_bytes(dims.batch, dims.seq_q, dims.heads);
+}
+
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   const detail::FlashParams p = make_params(q, k, v, out, lse, options);
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, false, 0))
-    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)),
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)), {},
                                         ctx.stream);
   else
     detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, ctx.stream);
@@ -135,7 +140,9 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
-    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), ctx.stream);
+    const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,
+                                        ctx.stream);
   } else {
     const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
     detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, ctx.stream);

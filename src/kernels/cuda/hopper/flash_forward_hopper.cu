@@ -12,6 +12,7 @@
 
 #include "cuda/hopper/device_support.h"
 #include "cuda/hopper/flash_forward_hopper_kernel.cuh"
+#include "cuda/hopper/work_order.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cuda::detail {
@@ -57,8 +58,10 @@ CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, 
 }
 
 template <typename T, int D, bool kSparse>
-void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
-  constexpr int kSmem = static_cast<int>(hopper::SharedLayout<D>::bytes(kSparse)) + 1024;  // + alignment slack
+void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
+                  cudaStream_t stream) {
+  constexpr int kSmem = static_cast<int>(hopper::SharedLayout<D>::bytes(kSparse) + hopper::kAlignmentSlack);
+  static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
   auto kernel = flash_forward_hopper_kernel<T, D, kSparse>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
@@ -69,26 +72,30 @@ void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cu
   const CUtensorMap v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
   // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
   // items until all are done.
-  const int64_t items = static_cast<int64_t>((p.seq_q + hopper::kBlockM - 1) / hopper::kBlockM) * p.heads_q * batch;
+  const int64_t items = work_item_count(p.seq_q, p.heads_q, batch);
   if (items > std::numeric_limits<int>::max())
     throw Error(tessel::detail::concat("Hopper attention kernel: ", items,
                                        " work items (query blocks x heads x batch), more than 2^31 - 1"));
   const int grid = static_cast<int>(std::min<int64_t>(items, std::max(1, current_hopper_device().multiprocessors)));
-  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch);
+  // Block masks keep different numbers of blocks per row: hand the rows out longest first.
+  const WorkOrder used = kSparse ? order : WorkOrder{};
+  if (used.enabled()) launch_longest_first_order(p, batch, used, stream);
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch, used);
 }
 
 
 template <typename T, int D>
-void launch_shaped(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
-  sparse ? launch_typed<T, D, true>(params, batch, heads_kv, dtype, stream)
-         : launch_typed<T, D, false>(params, batch, heads_kv, dtype, stream);
+void launch_shaped(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, const WorkOrder& order,
+                   cudaStream_t stream) {
+  sparse ? launch_typed<T, D, true>(params, batch, heads_kv, dtype, order, stream)
+         : launch_typed<T, D, false>(params, batch, heads_kv, dtype, order, stream);
 }
 
 template <typename T>
 void launch_for_head_dim(const FlashParams& params, int head_dim, bool sparse, int batch, int heads_kv, DType dtype,
-                         cudaStream_t stream) {
-  head_dim == 128 ? launch_shaped<T, 128>(params, sparse, batch, heads_kv, dtype, stream)
-                  : launch_shaped<T, 64>(params, sparse, batch, heads_kv, dtype, stream);
+                         const WorkOrder& order, cudaStream_t stream) {
+  head_dim == 128 ? launch_shaped<T, 128>(params, sparse, batch, heads_kv, dtype, order, stream)
+                  : launch_shaped<T, 64>(params, sparse, batch, heads_kv, dtype, order, stream);
 }
 
 }  // namespace
@@ -99,11 +106,11 @@ bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q) {
 }
 
 void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
-                                 int heads_kv, cudaStream_t stream) {
+                                 int heads_kv, const WorkOrder& order, cudaStream_t stream) {
   if (dtype == DType::kBF16)
-    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, stream);
+    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
   else
-    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, stream);
+    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
 }
 
 }  // namespace tessel::cuda::detail
