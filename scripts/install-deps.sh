@@ -8,6 +8,11 @@ packages=(
   nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI
   libpng-dev        # libpng: `tessel mask` pictures
+  libsentencepiece-dev # sentencepiece: the UMT5 tokenizer of Wan's text encoder
+  pkg-config        # finds sentencepiece (and libav) for CMake
+  libavformat-dev   # libav: MP4 output (optional at build time; H.264 through Debian's libx264)
+  libavcodec-dev
+  libswscale-dev
   libomp-dev        # OpenMP runtime headers (g++ uses libgomp; kept for clang builds)
   libopenblas-dev   # BLAS: reference comparisons in CPU benchmarks
   libopenmpi-dev    # MPI: the parallel layer's CPU communicator

@@ -1,12 +1,14 @@
 // `tessel generate`: runs the Wan denoising loop of a diffusers model directory (model_index.json,
-// transformer/, scheduler/) on given text embeddings and writes the final latents. The text
-// encoder and the VAE decoder are not in tessel yet, so the prompt comes as embeddings and the
-// video stays latent.
+// transformer/, scheduler/, and tokenizer/ with text_encoder/ for a prompt) on a prompt or on given
+// text embeddings and writes the final latents.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +21,7 @@
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/diffusion/wan_text_encoder.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -30,6 +33,8 @@ constexpr uint64_t kMaxModelIndexBytes = 1 << 20;
 
 struct GenerateOptions {
   std::string model_dir;
+  std::string prompt;
+  std::string negative_prompt;  // WanPipeline's default: the empty prompt
   std::string embeddings;  // safetensors with prompt_embeds (and negative_prompt_embeds)
   std::string noise;       // safetensors with the starting latents as "noise"; empty: --seed
   std::string size = "832x480";
@@ -66,7 +71,7 @@ WanVideoSize parse_size(const std::string& text, int64_t frames) {
 
 // The parts of a diffusers WanPipeline directory the denoising loop needs, checked before any
 // weight is read.
-void check_model_dir(const std::string& dir) {
+void check_model_dir(const std::string& dir, bool needs_text_encoder) {
   const fs::path root(dir);
   const std::string index_path = (root / "model_index.json").string();
   if (!fs::is_regular_file(index_path))
@@ -81,9 +86,12 @@ void check_model_dir(const std::string& dir) {
   const auto second = index.find("transformer_2");
   if (second != index.end() && !second->is_null() && !(second->is_array() && !second->empty() && (*second)[0].is_null()))
     throw Error(index_path + ": transformer_2 is set: the two-expert Wan 2.2 layout is not supported yet");
-  for (const char* component : {"transformer", "scheduler"})
+  std::vector<const char*> components = {"transformer", "scheduler"};
+  if (needs_text_encoder) components.insert(components.end(), {"tokenizer", "text_encoder"});
+  for (const char* component : components)
     if (!fs::is_directory(root / component))
-      fail_argument("--model", detail::concat("a directory with ", component, "/"), quoted_excerpt(dir));
+      fail_argument("--model", detail::concat("a directory with ", component, "/", needs_text_encoder ? " (for --prompt)" : ""),
+                    quoted_excerpt(dir));
 }
 
 Tensor load_named(const SafetensorsFile& file, const std::string& name, const std::string& flag) {
@@ -92,9 +100,37 @@ Tensor load_named(const SafetensorsFile& file, const std::string& name, const st
   return tensor.dtype() == DType::kF32 ? tensor : tensor.to(DType::kF32);
 }
 
-int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags) {
+// The conditional and (with guidance) unconditional text embeddings, from --prompt through the
+// model's tokenizer and text encoder, or read from --embeddings.
+std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx) {
+  if (prompt_set) {
+    const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir);
+    if (!guided) return {encoder.encode(ctx, {o.prompt}), Tensor{}};
+    const Tensor both = encoder.encode(ctx, {o.prompt, o.negative_prompt});
+    const int64_t length = both.size(1), width = both.size(2);
+    Tensor prompt = Tensor::empty({1, length, width}, DType::kF32), negative = Tensor::empty({1, length, width}, DType::kF32);
+    std::copy_n(both.data_as<float>(), length * width, prompt.data_as<float>());
+    std::copy_n(both.data_as<float>() + length * width, length * width, negative.data_as<float>());
+    return {std::move(prompt), std::move(negative)};
+  }
+  const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
+  Tensor prompt = load_named(embeddings, "prompt_embeds", "--embeddings");
+  Tensor negative = guided ? load_named(embeddings, "negative_prompt_embeds", "--embeddings") : Tensor{};
+  return {std::move(prompt), std::move(negative)};
+}
+
+// Exactly one of --prompt and --embeddings; --negative-prompt only with --prompt.
+void check_text_source(const GenerateOptions& o, bool prompt_set, bool negative_prompt_set) {
+  if (prompt_set == !o.embeddings.empty())
+    fail_argument("--prompt / --embeddings", "exactly one of them", prompt_set ? "both" : "neither");
+  if (negative_prompt_set && !prompt_set)
+    fail_argument("--negative-prompt", "--prompt too (with --embeddings the negative comes from the file)", "no --prompt");
+}
+
+int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool prompt_set, bool negative_prompt_set) {
+  check_text_source(o, prompt_set, negative_prompt_set);
   const WanVideoSize size = parse_size(o.size, o.frames);
-  check_model_dir(o.model_dir);
+  check_model_dir(o.model_dir, prompt_set);
   SchedulerConfig scheduler_config = load_scheduler_config((fs::path(o.model_dir) / "scheduler").string());
   if (!o.scheduler.empty()) {
     const SchedulerConfig model_config = scheduler_config;
@@ -104,10 +140,10 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags) {
     scheduler_config.shift = model_config.shift;
   }
   if (o.flow_shift > 0.0) scheduler_config.shift = o.flow_shift;
-  const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
-  const Tensor prompt = load_named(embeddings, "prompt_embeds", "--embeddings");
   const bool guided = o.guidance > 1.0;
-  const Tensor negative = guided ? load_named(embeddings, "negative_prompt_embeds", "--embeddings") : Tensor{};
+  ExecContext ctx;
+  ctx.num_threads = static_cast<int>(o.threads);
+  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx);
   Tensor noise;
   if (!o.noise.empty()) noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
 
@@ -139,8 +175,6 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags) {
                  static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
                  p.elapsed_seconds, p.eta_seconds);
   };
-  ExecContext ctx;
-  ctx.num_threads = static_cast<int>(o.threads);
   const WanGenerationResult result = pipeline.generate(ctx, prompt, negative, options, noise);
   write_safetensors(o.out, {{"latents", result.latents.view()}},
                     {{"scheduler", std::string(scheduler_class_name(scheduler_config.kind))},
@@ -152,15 +186,18 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags) {
 
 CommandRegistration registration{
     "generate",
-    "Run the Wan denoising loop of a diffusers model directory on text embeddings and write the latents",
+    "Run the Wan denoising loop of a diffusers model directory on a prompt (or text embeddings) and write the latents",
     [](CLI::App& app) {
       auto options = std::make_shared<GenerateOptions>();
       auto flags = std::make_shared<SparseAttnFlags>();
-      app.add_option("--model", options->model_dir, "diffusers WanPipeline directory (model_index.json, transformer/, scheduler/)")
+      app.add_option("--model", options->model_dir,
+                     "diffusers WanPipeline directory (model_index.json, transformer/, scheduler/, tokenizer/, text_encoder/)")
           ->required();
+      CLI::Option* prompt = app.add_option("--prompt", options->prompt, "the text to generate from (UTF-8)");
+      CLI::Option* negative_prompt = app.add_option("--negative-prompt", options->negative_prompt,
+                                                    "the text to steer away from with --guidance > 1 (default: empty, as WanPipeline)");
       app.add_option("--embeddings", options->embeddings,
-                     "safetensors with prompt_embeds (1, L, text_dim) and negative_prompt_embeds (1, L, text_dim)")
-          ->required();
+                     "instead of --prompt: safetensors with prompt_embeds (1, L, text_dim) and negative_prompt_embeds (1, L, text_dim)");
       app.add_option("--noise", options->noise, "safetensors whose \"noise\" tensor is the starting latent (default: from --seed)");
       app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16")->capture_default_str();
       app.add_option("--frames", options->frames, "video frames, 4k + 1")->capture_default_str()->check(integer_in(1, 1 << 16));
@@ -176,7 +213,9 @@ CommandRegistration registration{
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, 4096));
       app.add_option("--out", options->out, "output safetensors file (tensor \"latents\")")->required();
       add_sparse_attn_flags(app, *flags);
-      return CommandRunner([options, flags] { return run_generate(*options, *flags); });
+      return CommandRunner([options, flags, prompt, negative_prompt] {
+        return run_generate(*options, *flags, prompt->count() > 0, negative_prompt->count() > 0);
+      });
     }};
 
 }  // namespace

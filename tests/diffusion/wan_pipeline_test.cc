@@ -11,20 +11,12 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/wan_pipeline.h"
+#include "diffusion/diffusion_test_util.h"
 
 namespace tessel {
 namespace {
 
 const std::string kFixtureDir = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures";
-
-double rel_l2(const float* actual, const float* expected, int64_t count) {
-  double diff = 0.0, norm = 0.0;
-  for (int64_t i = 0; i < count; ++i) {
-    diff += (static_cast<double>(actual[i]) - expected[i]) * (static_cast<double>(actual[i]) - expected[i]);
-    norm += static_cast<double>(expected[i]) * expected[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 SchedulerConfig wan_unipc() {
   SchedulerConfig config;

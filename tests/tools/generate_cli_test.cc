@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "run_tessel.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/wan_text_encoder.h"
 
 namespace tessel {
 namespace {
@@ -85,6 +87,60 @@ TEST(GenerateCli, BadModelDirectoriesAndSizesAreErrors) {
   const TesselRun run = generate(model + " --size 48x80 --frames 9" + common);
   EXPECT_NE(run.status, 0);
   EXPECT_NE(run.out.find("scheduler/"), std::string::npos) << run.out;
+}
+
+// A tiny random model from `tessel init-model`: --prompt runs tokenizer and text encoder and gives
+// the same latents as --embeddings holding what the library's text encoder makes of the prompts.
+TEST(GenerateCli, PromptGivesTheLatentsOfItsEmbeddings) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tiny_wan_prompt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const TesselRun init = run_tessel_binary("init-model --preset tiny --out '" + dir.string() + "'", dir.string() + ".log");
+  ASSERT_EQ(init.status, 0) << init.out;
+  EXPECT_NE(init.out.find("RANDOM"), std::string::npos) << init.out;
+  const std::string common = " --size 32x32 --frames 5 --steps 2 --guidance 4 --threads 1 --seed 3";
+  const fs::path from_prompt = dir / "prompt.safetensors", from_embeddings = dir / "embeddings.safetensors";
+  const TesselRun run = generate("--model '" + dir.string() + "' --prompt 'a cat  in the “neon” city' --negative-prompt 'blurry'" +
+                                 common + " --out '" + from_prompt.string() + "'");
+  ASSERT_EQ(run.status, 0) << run.out;
+
+  const WanTextEncoder encoder = WanTextEncoder::load(dir.string());
+  const Tensor both = encoder.encode(ExecContext{}, {"a cat  in the “neon” city", "blurry"});
+  const int64_t length = both.size(1), width = both.size(2);
+  const TensorView prompt(both.data_as<float>(), DType::kF32, Device::cpu(), {1, length, width});
+  const TensorView negative(both.data_as<float>() + length * width, DType::kF32, Device::cpu(), {1, length, width});
+  const fs::path embeddings = dir / "text.safetensors";
+  write_safetensors(embeddings.string(), {{"prompt_embeds", prompt}, {"negative_prompt_embeds", negative}});
+  const TesselRun reference = generate("--model '" + dir.string() + "' --embeddings '" + embeddings.string() + "'" + common +
+                                       " --out '" + from_embeddings.string() + "'");
+  ASSERT_EQ(reference.status, 0) << reference.out;
+
+  const Tensor a = SafetensorsFile::open(from_prompt.string()).load("latents");
+  const Tensor b = SafetensorsFile::open(from_embeddings.string()).load("latents");
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(std::memcmp(a.data_as<float>(), b.data_as<float>(), a.numel() * sizeof(float)), 0);
+}
+
+TEST(GenerateCli, BadTextArgumentsAreErrors) {
+  const fs::path dir = make_model_dir("wan_model_text_errors");  // no tokenizer/ or text_encoder/
+  const std::string common = " --size 48x80 --frames 9 --out '" + (dir / "x.safetensors").string() + "'";
+  const std::string model = "--model '" + dir.string() + "'";
+  const std::string embeddings = " --embeddings '" + kPipelineFixture + "'";
+  const std::pair<std::string, std::string> cases[] = {
+      {model + " --prompt 'a cat'" + embeddings, "exactly one of them, got both"},
+      {model, "exactly one of them, got neither"},
+      {model + embeddings + " --negative-prompt 'dark'", "--negative-prompt"},
+      {model + " --prompt 'a cat'", "tokenizer/ (for --prompt)"},
+  };
+  for (const auto& [args, fragment] : cases) {
+    const TesselRun run = generate(args + common);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_NE(run.out.find(fragment), std::string::npos) << args << "\n" << run.out;
+  }
+  const fs::path tiny = dir / "tiny";
+  ASSERT_EQ(run_tessel_binary("init-model --out '" + tiny.string() + "'", dir / "init.log").status, 0);
+  const TesselRun run = generate("--model '" + tiny.string() + "' --prompt \"$(printf 'bad \\377 byte')\"" + common);
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.out.find("prompts[0]: expected UTF-8 text"), std::string::npos) << run.out;
 }
 
 }  // namespace

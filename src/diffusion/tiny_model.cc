@@ -1,0 +1,182 @@
+#include "tessel/diffusion/tiny_model.h"
+
+#include <sentencepiece_trainer.h>
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/core/random.h"
+#include "tessel/diffusion/umt5_tokenizer.h"
+#include "tessel/dit/wan_weights.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) fail_argument("directory", "a writable directory", detail::concat("an error writing ", path.string()));
+}
+
+void write_json(const fs::path& path, const nlohmann::json& json) { write_text(path, json.dump(2) + "\n"); }
+
+// Deterministic prompt-like sentences for training the tokenizer.
+class SyntheticCorpus : public sentencepiece::SentenceIterator {
+ public:
+  explicit SyntheticCorpus(uint64_t seed) : rng_{seed} { advance(); }
+  bool done() const override { return produced_ > kSentences; }
+  void Next() override { advance(); }
+  const std::string& value() const override { return sentence_; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  static constexpr int kSentences = 400;
+  static constexpr std::array<const char*, 48> kWords = {
+      "a",      "the",   "cat",       "dog",    "walks",  "runs",   "on",      "in",     "grass",     "street",
+      "city",   "night", "neon",      "lights", "rain",   "camera", "slowly",  "pans",   "close",     "up",
+      "of",     "woman", "man",       "river",  "ocean",  "waves",  "sunset",  "golden", "hour",      "forest",
+      "snow",   "mountain", "realistic", "style", "cinematic", "shot", "bright", "dark", "colors", "moving",
+      "Café",   "naïve", "東京",      "夜",     "猫",     "4k",     "detailed", "video"};
+  void advance() {
+    sentence_.clear();
+    const uint64_t words = 3 + rng_.below(10);
+    for (uint64_t i = 0; i < words; ++i) {
+      if (i > 0) sentence_ += ' ';
+      sentence_ += kWords[rng_.below(kWords.size())];
+    }
+    ++produced_;
+  }
+  SplitMix64 rng_;
+  std::string sentence_;
+  int produced_ = 0;
+};
+
+std::string train_tokenizer(uint64_t seed) {
+  const std::unordered_map<std::string, std::string> options = {
+      {"model_type", "unigram"}, {"vocab_size", "160"}, {"hard_vocab_limit", "false"},
+      {"character_coverage", "1.0"}, {"pad_id", "0"}, {"eos_id", "1"}, {"unk_id", "2"}, {"bos_id", "-1"},
+      {"num_threads", "1"}, {"minloglevel", "2"}};
+  SyntheticCorpus corpus(seed);
+  std::string model;
+  const sentencepiece::util::Status status = sentencepiece::SentencePieceTrainer::Train(options, &corpus, &model);
+  if (!status.ok()) throw Error("tiny model tokenizer: sentencepiece training failed: " + status.ToString());
+  return model;
+}
+
+// Random weights at sensible scales: norm weights near 1, matrices with unit-variance rows over
+// their fan-in, biases and the rest small.
+void write_random_weights(const fs::path& path, const std::vector<WeightSpec>& specs, uint64_t seed) {
+  std::vector<Tensor> tensors;
+  std::vector<std::pair<std::string, TensorView>> named;
+  tensors.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WeightSpec& spec = specs[i];
+    Tensor& t = tensors.emplace_back(Tensor::empty(spec.shape, DType::kF32));
+    const uint64_t tensor_seed = seed * 0x100000001b3ull + i;
+    const bool is_norm = spec.name.find("norm") != std::string::npos;
+    if (spec.shape.size() == 1) {
+      fill_normal(t.view(), tensor_seed, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02);
+    } else {
+      int64_t fan_in = 1;
+      for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
+      fill_normal(t.view(), tensor_seed, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in)));
+    }
+    named.emplace_back(spec.name, t.view());
+  }
+  write_safetensors(path.string(), named, {{"format", "pt"}});
+}
+
+nlohmann::json transformer_config_json(const WanConfig& c) {
+  return {{"_class_name", "WanTransformer3DModel"}, {"_diffusers_version", "0.42.1"},
+          {"patch_size", c.patch_size}, {"num_attention_heads", c.num_attention_heads},
+          {"attention_head_dim", c.attention_head_dim}, {"in_channels", c.in_channels},
+          {"out_channels", c.out_channels}, {"text_dim", c.text_dim}, {"freq_dim", c.freq_dim},
+          {"ffn_dim", c.ffn_dim}, {"num_layers", c.num_layers}, {"cross_attn_norm", c.cross_attn_norm},
+          {"qk_norm", "rms_norm_across_heads"}, {"eps", c.eps}, {"rope_max_seq_len", c.rope_max_seq_len},
+          {"image_dim", nullptr}, {"added_kv_proj_dim", nullptr}, {"pos_embed_seq_len", nullptr}};
+}
+
+nlohmann::json text_encoder_config_json(const UMT5Config& c) {
+  return {{"architectures", {"UMT5EncoderModel"}}, {"model_type", "umt5"}, {"vocab_size", c.vocab_size},
+          {"d_model", c.d_model}, {"d_kv", c.d_kv}, {"d_ff", c.d_ff}, {"num_layers", c.num_layers},
+          {"num_decoder_layers", c.num_layers}, {"num_heads", c.num_heads},
+          {"relative_attention_num_buckets", c.relative_attention_num_buckets},
+          {"relative_attention_max_distance", c.relative_attention_max_distance},
+          {"layer_norm_epsilon", c.layer_norm_epsilon}, {"feed_forward_proj", "gated-gelu"},
+          {"dense_act_fn", "gelu_new"}, {"is_gated_act", true}, {"dropout_rate", 0.0}, {"pad_token_id", 0},
+          {"eos_token_id", 1}, {"decoder_start_token_id", 0}, {"tie_word_embeddings", false},
+          {"is_encoder_decoder", true}, {"dtype", "float32"}};
+}
+
+}  // namespace
+
+WanConfig tiny_wan_transformer_config() {
+  WanConfig c;
+  c.num_attention_heads = 2;
+  c.attention_head_dim = 16;
+  c.text_dim = 32;
+  c.freq_dim = 16;
+  c.ffn_dim = 64;
+  c.num_layers = 2;
+  return c;
+}
+
+UMT5Config tiny_umt5_config(int64_t vocab_size) {
+  UMT5Config c;
+  c.vocab_size = vocab_size;
+  c.d_model = tiny_wan_transformer_config().text_dim;
+  c.d_kv = 8;
+  c.d_ff = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  return c;
+}
+
+void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
+  const fs::path root(directory);
+  std::error_code error;
+  for (const char* component : {"scheduler", "transformer", "text_encoder", "tokenizer"}) {
+    fs::create_directories(root / component, error);
+    if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(directory) + ": " + error.message());
+  }
+  write_json(root / "model_index.json",
+             {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
+              {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
+              {"text_encoder", {"transformers", "UMT5EncoderModel"}},
+              {"tokenizer", {"transformers", "T5TokenizerFast"}},
+              {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}}});
+  write_json(root / "scheduler" / "scheduler_config.json",
+             {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", 3.0},
+              {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
+              {"solver_type", "bh2"}, {"use_flow_sigmas", true}, {"predict_x0", true}, {"lower_order_final", true},
+              {"final_sigmas_type", "zero"}, {"disable_corrector", nlohmann::json::array()}});
+
+  const WanConfig transformer = tiny_wan_transformer_config();
+  write_json(root / "transformer" / "config.json", transformer_config_json(transformer));
+  write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
+
+  const std::string spiece = train_tokenizer(seed);
+  write_text(root / "tokenizer" / "spiece.model", spiece);
+  const nlohmann::json special = {{"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}};
+  nlohmann::json tokenizer_config = special;
+  tokenizer_config["tokenizer_class"] = "T5Tokenizer";
+  tokenizer_config["extra_ids"] = 0;
+  tokenizer_config["model_max_length"] = kWanMaxSequenceLength;
+  write_json(root / "tokenizer" / "tokenizer_config.json", tokenizer_config);
+  write_json(root / "tokenizer" / "special_tokens_map.json", special);
+
+  const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
+  write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder));
+  write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
+}
+
+}  // namespace tessel

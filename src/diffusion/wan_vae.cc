@@ -1,0 +1,155 @@
+#include "tessel/diffusion/wan_vae.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "wan_vae_blocks.h"
+#include "wan_vae_layout.h"
+
+namespace tessel {
+namespace {
+
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+constexpr int64_t kMaxLatentExtent = 1 << 16;
+
+void check_latents(const TensorView& latents, const WanVaeConfig& config) {
+  if (latents.dtype() != DType::kF32 || !latents.device().is_cpu() || !latents.is_contiguous() || latents.dim() != 5)
+    fail_argument("latents", "a contiguous fp32 CPU tensor (1, z_dim, frames, height, width)", latents.describe());
+  if (latents.size(0) != 1) fail_argument("latents", "batch 1", latents.describe());
+  if (latents.size(1) != config.z_dim) fail_argument("latents", detail::concat(config.z_dim, " channels (z_dim)"), latents.describe());
+  for (int64_t d = 2; d < 5; ++d)
+    if (latents.size(d) < 1 || latents.size(d) > kMaxLatentExtent)
+      fail_argument("latents", detail::concat("frames, height and width in [1, ", kMaxLatentExtent, "]"), latents.describe());
+}
+
+}  // namespace
+
+// AutoencoderKLWan's decoder half: post_quant_conv, then WanDecoder3d.
+struct WanVae::Decoder {
+  vae::SlotCounter slots;
+  vae::CausalConv post_quant, conv_in, conv_out;
+  std::unique_ptr<vae::MidBlock> mid;
+  struct UpStage {
+    std::vector<vae::ResidualBlock> resnets;
+    std::unique_ptr<vae::Upsampler> upsampler;
+  };
+  std::vector<UpStage> stages;
+  std::vector<float> norm_out;
+
+  Decoder(const WanVaeConfig& config, const vae::WeightMap& w) {
+    const std::vector<vae::DecoderStage> layout = vae::decoder_stages(config);
+    post_quant = vae::CausalConv(w, "post_quant_conv", 1, 1, 1, slots);
+    conv_in = vae::CausalConv(w, "decoder.conv_in", 3, 3, 3, slots);
+    mid = std::make_unique<vae::MidBlock>(w, "decoder.mid_block", layout[0].in_dim, slots);
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const std::string p = "decoder.up_blocks." + std::to_string(i);
+      UpStage stage;
+      for (int64_t r = 0; r <= config.num_res_blocks; ++r)
+        stage.resnets.emplace_back(w, p + ".resnets." + std::to_string(r), r == 0 ? layout[i].in_dim : layout[i].out_dim,
+                                   layout[i].out_dim, slots);
+      if (layout[i].upsample)
+        stage.upsampler = std::make_unique<vae::Upsampler>(w, p + ".upsamplers.0", layout[i].out_dim, layout[i].temporal, slots);
+      stages.push_back(std::move(stage));
+    }
+    const int64_t last = layout.back().out_dim;
+    const float* gamma = vae::weight_data(w, "decoder.norm_out.gamma");
+    norm_out.assign(gamma, gamma + last);
+    conv_out = vae::CausalConv(w, "decoder.conv_out", 3, 3, 3, slots);
+  }
+
+  // WanDecoder3d.forward on one chunk (one latent frame), with the cache of the chunks before it.
+  vae::FeatureFrames chunk(const ExecContext& ctx, const vae::FeatureFrames& latent, vae::FeatureCache& cache) const {
+    vae::FeatureFrames x = mid->forward(ctx, conv_in.forward(ctx, latent, cache), cache);
+    for (const UpStage& stage : stages) {
+      for (const vae::ResidualBlock& block : stage.resnets) x = block.forward(ctx, x, cache);
+      if (stage.upsampler) x = stage.upsampler->forward(ctx, x, cache);
+    }
+    vae::rms_norm(ctx, x, norm_out.data(), true);
+    return conv_out.forward(ctx, x, cache);
+  }
+};
+
+WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights) : config_(std::move(config)) {
+  config_.validate();
+  const std::vector<WeightSpec> specs = wan_vae_weight_specs(config_);
+  vae::WeightMap fp32;
+  for (const WeightSpec& spec : specs) {
+    const auto found = weights.find(spec.name);
+    if (found == weights.end()) fail_argument("Wan VAE weights", "a tensor named " + spec.name, "none");
+    if (found->second.shape() != spec.shape)
+      fail_argument("Wan VAE weight " + spec.name, shape_str(spec.shape), shape_str(found->second.shape()));
+    if (spec.name.starts_with("encoder.") || spec.name.starts_with("quant_conv.")) continue;  // decoding only
+    fp32[spec.name] = found->second.dtype() == DType::kF32 ? found->second.clone() : found->second.to(DType::kF32);
+  }
+  if (weights.size() != specs.size())
+    for (const auto& [name, tensor] : weights)
+      if (std::none_of(specs.begin(), specs.end(), [&](const WeightSpec& s) { return s.name == name; }))
+        fail_argument("Wan VAE weights", "only AutoencoderKLWan's tensors", "an extra tensor " + quoted_excerpt(name));
+  decoder_ = std::make_unique<Decoder>(config_, fp32);
+}
+
+WanVae::~WanVae() = default;
+WanVae::WanVae(WanVae&&) noexcept = default;
+WanVae& WanVae::operator=(WanVae&&) noexcept = default;
+
+WanVae WanVae::load(const std::string& directory) {
+  const std::string config_path = directory + "/config.json";
+  const WanVaeConfig config = parse_wan_vae_config(read_file_bounded(config_path, kMaxConfigBytes, "VAE config"), config_path);
+  const Checkpoint checkpoint = Checkpoint::open(directory);
+  return WanVae(config, load_weights(checkpoint, wan_vae_weight_specs(config), DType::kF32));
+}
+
+Shape WanVae::decoded_shape(const Shape& latent_shape) const {
+  if (latent_shape.size() != 5) fail_argument("latent shape", "(1, z_dim, frames, height, width)", shape_str(latent_shape));
+  const int64_t spatial = vae::spatial_factor(config_), temporal = vae::temporal_factor(config_);
+  return {latent_shape[0], config_.out_channels, (latent_shape[2] - 1) * temporal + 1, latent_shape[3] * spatial,
+          latent_shape[4] * spatial};
+}
+
+Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents) const {
+  check_latents(latents, config_);
+  Tensor video = Tensor::empty(decoded_shape(latents.shape()), DType::kF32);
+  decode(ctx, latents, video.view());
+  return video;
+}
+
+void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const {
+  check_latents(latents, config_);
+  const Shape expected = decoded_shape(latents.shape());
+  if (video.dtype() != DType::kF32 || !video.device().is_cpu() || !video.is_contiguous() || video.shape() != expected)
+    fail_argument("video", "a contiguous fp32 CPU tensor " + shape_str(expected), video.describe());
+  const int64_t z = config_.z_dim, frames = latents.size(2), height = latents.size(3), width = latents.size(4);
+
+  // De-normalized as WanPipeline does it: latents / (1 / std) + mean, in fp32.
+  vae::FeatureFrames denormalized(frames, z, height, width);
+  const float* in = latents.data_as<const float>();
+  for (int64_t c = 0; c < z; ++c) {
+    const float inverse_std = 1.0f / config_.latents_std[static_cast<size_t>(c)], mean = config_.latents_mean[static_cast<size_t>(c)];
+    for (int64_t t = 0; t < frames; ++t)
+      for (int64_t y = 0; y < height; ++y)
+        for (int64_t x = 0; x < width; ++x)
+          denormalized.pixel(t, y, x)[c] = in[((c * frames + t) * height + y) * width + x] / inverse_std + mean;
+  }
+  vae::FeatureCache cache(decoder_->slots.next);
+  const vae::FeatureFrames quantized = decoder_->post_quant.forward(ctx, denormalized, cache);
+
+  const int64_t channels = expected[1], out_frames = expected[2], out_height = expected[3], out_width = expected[4];
+  float* out = video.data_as<float>();
+  int64_t written = 0;
+  for (int64_t t = 0; t < frames; ++t) {
+    vae::FeatureFrames latent(1, z, height, width);
+    std::memcpy(latent.frame(0), quantized.frame(t), static_cast<size_t>(latent.frame_size()) * sizeof(float));
+    const vae::FeatureFrames decoded = decoder_->chunk(ctx, latent, cache);
+    for (int64_t f = 0; f < decoded.count; ++f, ++written)
+      for (int64_t c = 0; c < channels; ++c)
+        for (int64_t y = 0; y < out_height; ++y)
+          for (int64_t x = 0; x < out_width; ++x)
+            out[((c * out_frames + written) * out_height + y) * out_width + x] =
+                std::clamp(decoded.pixel(f, y, x)[c], -1.0f, 1.0f);
+  }
+  if (written != out_frames) throw Error(detail::concat("Wan VAE: decoded ", written, " frames, expected ", out_frames));
+}
+
+}  // namespace tessel

@@ -1,0 +1,19 @@
+// Helpers shared by the diffusion layer's tests.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace tessel {
+
+// sqrt(sum (actual - expected)^2 / sum expected^2), accumulated in double.
+inline double rel_l2(const float* actual, const float* expected, int64_t count) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    diff += (static_cast<double>(actual[i]) - expected[i]) * (static_cast<double>(actual[i]) - expected[i]);
+    norm += static_cast<double>(expected[i]) * expected[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+}  // namespace tessel

@@ -1,0 +1,93 @@
+// The tiny random model directory: every component loads through the same code as a real model,
+// the same seed writes byte-identical files, and a prompt goes through tokenizer and text encoder.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tessel/core/error.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/tiny_model.h"
+#include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/dit/wan_model.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+const char* const kFiles[] = {"model_index.json",
+                              "scheduler/scheduler_config.json",
+                              "transformer/config.json",
+                              "transformer/diffusion_pytorch_model.safetensors",
+                              "text_encoder/config.json",
+                              "text_encoder/model.safetensors",
+                              "tokenizer/spiece.model",
+                              "tokenizer/tokenizer_config.json",
+                              "tokenizer/special_tokens_map.json"};
+
+TEST(TinyWanModel, LoadsThroughTheModelLoaders) {
+  const fs::path dir = temp_dir("tiny_wan_loads");
+  write_tiny_wan_model(dir.string(), 3);
+  for (const char* file : kFiles) EXPECT_TRUE(fs::is_regular_file(dir / file)) << file;
+  const WanTransformer transformer = WanTransformer::load((dir / "transformer").string());
+  EXPECT_EQ(transformer.config().num_layers, tiny_wan_transformer_config().num_layers);
+  const SchedulerConfig scheduler = load_scheduler_config((dir / "scheduler").string());
+  EXPECT_EQ(scheduler.kind, SchedulerKind::unipc);
+
+  const WanTextEncoder encoder = WanTextEncoder::load(dir.string());
+  EXPECT_EQ(encoder.encoder().config().d_model, transformer.config().text_dim);
+  EXPECT_EQ(encoder.tokenizer().vocab_size(), encoder.encoder().config().vocab_size);
+  const Tensor embeddings = encoder.encode(ExecContext{}, {"a cat walks in the neon city", ""}, 16);
+  ASSERT_EQ(embeddings.shape(), (Shape{2, 16, transformer.config().text_dim}));
+  const float* e = embeddings.data_as<float>();
+  const int64_t width = embeddings.size(2);
+  // Row 1 is the empty prompt: its EOS is encoded, every later position is zero.
+  double eos_norm = 0.0, padding_norm = 0.0;
+  for (int64_t i = 0; i < width; ++i) eos_norm += std::abs(e[16 * width + i]);
+  for (int64_t i = width; i < 16 * width; ++i) padding_norm += std::abs(e[16 * width + i]);
+  EXPECT_GT(eos_norm, 0.0);
+  EXPECT_EQ(padding_norm, 0.0);
+  for (int64_t i = 0; i < embeddings.numel(); ++i) ASSERT_TRUE(std::isfinite(e[i])) << i;
+}
+
+TEST(TinyWanModel, TheSameSeedWritesTheSameBytes) {
+  const fs::path a = temp_dir("tiny_wan_a"), b = temp_dir("tiny_wan_b"), c = temp_dir("tiny_wan_c");
+  write_tiny_wan_model(a.string(), 7);
+  write_tiny_wan_model(b.string(), 7);
+  write_tiny_wan_model(c.string(), 8);
+  for (const char* file : kFiles) EXPECT_EQ(read_bytes(a / file), read_bytes(b / file)) << file;
+  EXPECT_NE(read_bytes(a / "transformer/diffusion_pytorch_model.safetensors"),
+            read_bytes(c / "transformer/diffusion_pytorch_model.safetensors"));
+}
+
+TEST(TinyWanModel, AnUnwritableDirectoryIsAnError) {
+  const fs::path file = temp_dir("tiny_wan_file");
+  std::ofstream(file) << "not a directory";
+  try {
+    write_tiny_wan_model((file / "model").string());
+    FAIL() << "wrote under a regular file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("directory"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessel
