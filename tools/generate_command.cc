@@ -45,6 +45,8 @@ struct GenerateOptions {
   std::string scheduler;  // empty: the model's scheduler/
   double flow_shift = 0.0;  // 0: the scheduler config's
   int64_t threads = 0;
+  std::string cache = "none";
+  double teacache_thresh = CacheConfig{}.teacache_thresh;
   std::string out;
 };
 
@@ -164,18 +166,32 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
   const WanTransformer transformer = WanTransformer::load(transformer_dir, attention);
   auto scheduler = make_scheduler(scheduler_config);
   const WanPipeline pipeline(transformer, *scheduler);
+  CacheConfig cache_config;
+  cache_config.teacache_thresh = o.teacache_thresh;
+  const std::unique_ptr<CacheBackend> cache = make_cache_backend(o.cache, cache_config, transformer.config());
 
   WanGenerationOptions options;
   options.num_inference_steps = o.steps;
   options.guidance_scale = o.guidance;
   options.seed = static_cast<uint64_t>(o.seed);
   options.size = size;
+  options.cache = cache.get();
   options.on_step = [](const WanStepProgress& p) {
     std::fprintf(stderr, "step %lld/%lld  t=%g  %.2f s/step  elapsed %.1f s  eta %.1f s\n",
                  static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
                  p.elapsed_seconds, p.eta_seconds);
   };
   const WanGenerationResult result = pipeline.generate(ctx, prompt, negative, options, noise);
+  if (cache) {
+    const CacheStats& stats = result.cache_stats;
+    std::printf("%s: blocks skipped in %lld of %lld steps (conditional branch)",
+                stats.backend.c_str(), static_cast<long long>(stats.skipped[0]),
+                static_cast<long long>(stats.skipped[0] + stats.computed[0]));
+    if (guided)
+      std::printf(", %lld of %lld (unconditional branch)", static_cast<long long>(stats.skipped[1]),
+                  static_cast<long long>(stats.skipped[1] + stats.computed[1]));
+    std::printf("\n");
+  }
   write_safetensors(o.out, {{"latents", result.latents.view()}},
                     {{"scheduler", std::string(scheduler_class_name(scheduler_config.kind))},
                      {"steps", std::to_string(result.steps_done)}});
@@ -211,6 +227,13 @@ CommandRegistration registration{
       app.add_option("--flow-shift", options->flow_shift, "the schedule's shift (default: the scheduler config's)")
           ->check(number_in(0.0, 1000.0, Bounds::kOpenLow));
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, 4096));
+      app.add_option("--cache", options->cache, "step cache: none or teacache (skips the blocks while the time conditioning barely changes)")
+          ->capture_default_str()
+          ->check(one_of({"none", "teacache"}));
+      app.add_option("--teacache-thresh", options->teacache_thresh,
+                     "TeaCache's threshold on the accumulated rescaled change (0: never skip; higher skips more)")
+          ->capture_default_str()
+          ->check(number_in(0.0, 100.0));
       app.add_option("--out", options->out, "output safetensors file (tensor \"latents\")")->required();
       add_sparse_attn_flags(app, *flags);
       return CommandRunner([options, flags, prompt, negative_prompt] {

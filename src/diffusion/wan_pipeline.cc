@@ -125,6 +125,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   const float scale = static_cast<float>(options.guidance_scale);
 
   WanGenerationResult result;
+  if (options.cache) options.cache->refresh(steps);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     if (options.cancel && options.cancel->load()) {
@@ -137,7 +138,8 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       std::memcpy(model_input.data_as<float>() + b * count, latents.data(), latents.nbytes());
       timestep.data_as<float>()[b] = static_cast<float>(t);
     }
-    transformer_.forward(ctx, StepInfo::at(step, steps), model_input, timestep, text, prediction);
+    transformer_.forward(ctx, StepInfo::at(step, steps), model_input, timestep, text, prediction, nullptr,
+                         options.cache ? options.cache->block_cache() : nullptr);
     // Without guidance the prediction is the conditional branch's alone, of the latent shape.
     TensorView flow(prediction.data(), DType::kF32, Device::cpu(), latent_shape);
     if (guided) {
@@ -163,6 +165,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
     }
   }
   result.latents = std::move(latents);
+  if (options.cache) result.cache_stats = options.cache->stats();
   return result;
 }
 

@@ -122,7 +122,7 @@ struct WanTransformer::Impl {
   std::vector<std::unique_ptr<SparseAttention>> self_attention;  // empty: dense attention
 
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
-               const TensorView& text, const TensorView& out, WanForwardProfile* profile) const;
+               const TensorView& text, const TensorView& out, WanForwardProfile* profile, WanBlockCache* block_cache) const;
 };
 
 WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights,
@@ -234,13 +234,13 @@ const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
 
 void WanTransformer::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
                              const TensorView& timestep, const TensorView& text, const TensorView& out,
-                             WanForwardProfile* profile) const {
-  impl_->forward(ctx, step, latents, timestep, text, out, profile);
+                             WanForwardProfile* profile, WanBlockCache* block_cache) const {
+  impl_->forward(ctx, step, latents, timestep, text, out, profile, block_cache);
 }
 
 void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
                                    const TensorView& timestep, const TensorView& text, const TensorView& out,
-                                   WanForwardProfile* profile) const {
+                                   WanForwardProfile* profile, WanBlockCache* block_cache) const {
   const WanConfig& c = config;
   for (const auto& [view, name] : {std::pair{&latents, "latents"}, {&timestep, "timestep"}, {&text, "text"}, {&out, "out"}}) {
     check_device(*view, Device::cpu(), name);
@@ -279,6 +279,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   if (text_len < 1) fail_argument("text tokens", "at least 1", text_len);
   check_shape(text, {batch, text_len, c.text_dim}, "text");
   check_shape(out, {batch, c.out_channels, frames, height, width}, "out");
+  if (block_cache && timestep.dim() == 2)
+    fail_argument("block_cache", "a (B) timestep (one per batch entry)", "a (B, S) timestep");
 
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
   const int64_t rows = batch * seq, text_rows = batch * text_len;
@@ -346,7 +348,11 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     return TensorView(data.data(), DType::kF32, Device::cpu(), {batch, tokens, heads, head_dim});
   };
 
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+  // A step cache may stand in for the blocks (WanBlockCache); it gets what entered them when they run.
+  const WanBlockCacheInput cache_input{&step, batch, seq, dim, temb.data(), modulation_input.data()};
+  const bool run_blocks = !block_cache || block_cache->before_blocks(cache_input, hidden_states.data());
+  const std::vector<float> blocks_input = block_cache && run_blocks ? hidden_states : std::vector<float>{};
+  for (int64_t layer = 0; layer < (run_blocks ? c.num_layers : 0); ++layer) {
     const BlockWeights& block = blocks[static_cast<size_t>(layer)];
     // modulation[b] = table + time projection[b]: (shift, scale, gate) of attention, then of the FFN.
     for (int64_t g = 0; g < groups; ++g)
@@ -415,6 +421,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 5 * dim, mod_stride);
     clock.charge(&WanForwardProfile::other_s);
   }
+
+  if (block_cache && run_blocks) block_cache->after_blocks(cache_input, blocks_input.data(), hidden_states.data());
 
   // Output: AdaLN from temb itself (not its SiLU), projection to patches, unpatchify.
   std::vector<float> out_modulation_g = buffer(groups * 2 * dim);

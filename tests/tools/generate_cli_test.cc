@@ -120,6 +120,25 @@ TEST(GenerateCli, PromptGivesTheLatentsOfItsEmbeddings) {
   EXPECT_EQ(std::memcmp(a.data_as<float>(), b.data_as<float>(), a.numel() * sizeof(float)), 0);
 }
 
+TEST(GenerateCli, TeaCacheReportsTheStepsItSkipped) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tiny_wan_teacache_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ASSERT_EQ(run_tessel_binary("init-model --out '" + dir.string() + "'", dir.string() + ".log").status, 0);
+  const std::string common = "--model '" + dir.string() + "' --prompt 'a cat' --size 32x32 --frames 5 --steps 12 --threads 1 --out '" +
+                             (dir / "latents.safetensors").string() + "'";
+  const TesselRun run = generate(common + " --cache teacache --teacache-thresh 0.2");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("teacache: blocks skipped in "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("of 12 steps (conditional branch), "), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("skipped in 0 of"), std::string::npos) << run.out;
+  const TesselRun unknown = generate(common + " --cache dbcache2");
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.out.find("--cache"), std::string::npos) << unknown.out;
+  const TesselRun negative = generate(common + " --cache teacache --teacache-thresh -1");
+  EXPECT_NE(negative.status, 0);
+  EXPECT_NE(negative.out.find("--teacache-thresh"), std::string::npos) << negative.out;
+}
+
 TEST(GenerateCli, BadTextArgumentsAreErrors) {
   const fs::path dir = make_model_dir("wan_model_text_errors");  // no tokenizer/ or text_encoder/
   const std::string common = " --size 48x80 --frames 9 --out '" + (dir / "x.safetensors").string() + "'";

@@ -10,6 +10,7 @@
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
+#include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/dit/wan_model.h"
@@ -48,12 +49,16 @@ struct WanGenerationOptions {
   std::function<void(const WanStepProgress&)> on_step;  // after every step, when set
   // Checked before every step; when it reads true the loop stops and returns what it has.
   const std::atomic<bool>* cancel = nullptr;
+  // A cache backend (make_cache_backend) to skip work between steps: refreshed at the start, its
+  // hook handed to every transformer call, its statistics returned. Null: every step computes.
+  CacheBackend* cache = nullptr;
 };
 
 struct WanGenerationResult {
   Tensor latents;  // (1, channels, latent frames, latent height, latent width), fp32 CPU
   int64_t steps_done = 0;
   bool cancelled = false;
+  CacheStats cache_stats;  // the cache backend's, when one was given (backend empty otherwise)
 };
 
 // The standard-normal starting latents for `seed`: the same seed gives the same numbers on every

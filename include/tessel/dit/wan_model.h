@@ -68,6 +68,29 @@ struct WanForwardProfile {
   double total_s() const { return attention_s + gemm_s + norm_rope_s + other_s; }
 };
 
+// What a forward shows a step cache (TeaCache) before the transformer blocks run. Row b of the batch
+// is CFG branch b when the pipeline batches the branches (0 conditional, 1 unconditional).
+struct WanBlockCacheInput {
+  const StepInfo* step = nullptr;  // the forward's step
+  int64_t batch = 0;
+  int64_t tokens = 0;  // sequence length in patches
+  int64_t dim = 0;     // the transformer's inner width
+  const float* time_embedding = nullptr;    // (batch, dim): temb, before the SiLU
+  const float* time_projection = nullptr;   // (batch, 6 * dim): what every block adds to its modulation table
+};
+
+// A hook that may skip the transformer blocks of a forward (everything between the embeddings and
+// the output head) by reusing a residual it keeps. It holds its own state across forwards.
+class WanBlockCache {
+ public:
+  virtual ~WanBlockCache() = default;
+  // Before the blocks; `hidden` (batch, tokens, dim) holds the patch embeddings. Returns true to run
+  // the blocks, or false after writing into `hidden` what stands in for their output.
+  virtual bool before_blocks(const WanBlockCacheInput& input, float* hidden) = 0;
+  // After the blocks ran: `blocks_input` is what entered them, `hidden` what came out.
+  virtual void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) = 0;
+};
+
 // The spatial layout sparse patterns with a geometry (radial, spatial_aware, local, ...) need for a
 // latent of (frames, height, width): the patch grid in frames, latent pixels and patch size.
 // Throws Error when the patch is not square in height and width, or the latent is not a multiple
@@ -95,8 +118,11 @@ class WanTransformer {
   // config must be wan_spatial_layout of this latent. `step` reaches every block's attention
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
+  // `block_cache`, when given, is asked before the blocks whether to run them (it needs one timestep
+  // per batch entry: a (B, S) timestep is an Error).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
-               const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr) const;
+               const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
+               WanBlockCache* block_cache = nullptr) const;
 
   const WanConfig& config() const;
   // The self-attention module of each block (null entries when attention is dense without a registry).

@@ -1,0 +1,68 @@
+// Cache backends: what lets a generation reuse work from one denoising step to the next, behind one
+// interface (refresh per generation, the hook the transformer calls, statistics), selected by name
+// as the sparse backends are.
+//
+// "teacache" (TeaCache for Wan 2.1): per CFG branch, the relative L1 change of the transformer's
+// time conditioning from the branch's previous forward, rescaled by a polynomial fitted per model,
+// is accumulated; while the sum stays below the threshold the blocks are skipped and the residual
+// they added last time (output minus input of the blocks) is added instead; once it reaches the
+// threshold the blocks run, the residual is renewed and the sum restarts at 0.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/dit/wan_config.h"
+#include "tessel/dit/wan_model.h"
+
+namespace tessel {
+
+// What TeaCache measures the change of, with the step ranges it always computes (as TeaCache4Wan2.1):
+//   kTimeProjection ("use_ret_steps"): the (6 x dim) time projection every block's modulation adds;
+//     the first 5 steps always run.
+//   kTimeEmbedding: the time embedding; the first and the last step always run.
+enum class TeaCacheInput { kTimeProjection, kTimeEmbedding };
+
+struct CacheConfig {
+  // TeaCache: the accumulated rescaled change below which the blocks are skipped. 0 never skips.
+  double teacache_thresh = 0.08;
+  TeaCacheInput teacache_input = TeaCacheInput::kTimeProjection;
+  // The rescaling polynomial, highest degree first (numpy's poly1d order). Empty: the published
+  // Wan 2.1 T2V coefficients for the input kind, those of 14B for a transformer of width 5120 and
+  // those of 1.3B otherwise.
+  std::vector<double> teacache_coefficients;
+};
+
+// The published Wan 2.1 text-to-video TeaCache coefficients ("1.3b" or "14b"); Error for another.
+std::vector<double> wan_teacache_coefficients(std::string_view model, TeaCacheInput input);
+
+struct CacheStats {
+  std::string backend;
+  // Per CFG branch (0 conditional, 1 unconditional): forwards whose blocks ran, and skipped.
+  std::array<int64_t, 2> computed{};
+  std::array<int64_t, 2> skipped{};
+};
+
+class CacheBackend {
+ public:
+  virtual ~CacheBackend() = default;
+  virtual std::string_view name() const = 0;
+  // Forgets everything kept: called by the pipeline before each generation.
+  virtual void refresh(int64_t num_inference_steps) = 0;
+  // The hook the pipeline hands every transformer forward of the generation.
+  virtual WanBlockCache* block_cache() = 0;
+  virtual CacheStats stats() const = 0;
+};
+
+// "none" and "teacache".
+std::vector<std::string> cache_backend_names();
+// The backend named `name` for `transformer`; null for "none". Throws Error listing the names for
+// an unknown one, or naming a bad config field (a negative threshold, empty coefficients after
+// defaults).
+std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const CacheConfig& config, const WanConfig& transformer);
+
+}  // namespace tessel

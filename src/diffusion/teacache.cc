@@ -1,0 +1,149 @@
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/diffusion/cache_backend.h"
+
+namespace tessel {
+namespace {
+
+// Wan 2.1's inner width at 14B; smaller transformers take the 1.3B coefficients.
+constexpr int64_t kWan14BWidth = 5120;
+
+double evaluate_polynomial(const std::vector<double>& coefficients, double x) {
+  double value = 0.0;
+  for (double c : coefficients) value = value * x + c;
+  return value;
+}
+
+class TeaCache final : public CacheBackend, public WanBlockCache {
+ public:
+  TeaCache(const CacheConfig& config, std::vector<double> coefficients)
+      : thresh_(config.teacache_thresh), input_(config.teacache_input), coefficients_(std::move(coefficients)) {
+    // TeaCache4Wan2.1: ret_steps 5 (time projection) or 1 (time embedding); cutoff at the last
+    // step for the time embedding.
+    always_first_ = input_ == TeaCacheInput::kTimeProjection ? 5 : 1;
+    always_last_ = input_ == TeaCacheInput::kTimeProjection ? 0 : 1;
+  }
+
+  std::string_view name() const override { return "teacache"; }
+
+  void refresh(int64_t num_inference_steps) override {
+    steps_ = num_inference_steps;
+    branches_ = {};
+  }
+
+  WanBlockCache* block_cache() override { return this; }
+
+  CacheStats stats() const override {
+    CacheStats stats;
+    stats.backend = "teacache";
+    for (size_t b = 0; b < 2; ++b) {
+      stats.computed[b] = branches_[b].computed;
+      stats.skipped[b] = branches_[b].skipped;
+    }
+    return stats;
+  }
+
+  bool before_blocks(const WanBlockCacheInput& input, float* hidden) override {
+    if (input.batch < 1 || input.batch > 2)
+      fail_argument("teacache batch", "1 or 2 (the CFG branches)", input.batch);
+    const int64_t width = input_ == TeaCacheInput::kTimeProjection ? 6 * input.dim : input.dim;
+    const float* conditioning = input_ == TeaCacheInput::kTimeProjection ? input.time_projection : input.time_embedding;
+    const int64_t step = input.step && input.step->step ? *input.step->step : branches_[0].computed + branches_[0].skipped;
+    const int64_t steps = input.step && input.step->total_steps > 0 ? input.step->total_steps : steps_;
+    const size_t residual_size = static_cast<size_t>(input.tokens * input.dim);
+    bool run = false;
+    for (int64_t b = 0; b < input.batch; ++b) {
+      Branch& branch = branches_[static_cast<size_t>(b)];
+      const float* current = conditioning + b * width;
+      bool compute = thresh_ <= 0.0 || step < always_first_ || step >= steps - always_last_ ||
+                     branch.residual.size() != residual_size || branch.previous.size() != static_cast<size_t>(width);
+      if (!compute) {
+        double change = 0.0, magnitude = 0.0;
+        for (int64_t i = 0; i < width; ++i) {
+          change += std::abs(static_cast<double>(current[i]) - branch.previous[static_cast<size_t>(i)]);
+          magnitude += std::abs(static_cast<double>(branch.previous[static_cast<size_t>(i)]));
+        }
+        if (magnitude > 0.0) {
+          branch.accumulated += evaluate_polynomial(coefficients_, change / magnitude);
+          compute = !(branch.accumulated < thresh_);
+        } else {
+          compute = true;
+        }
+      }
+      branch.previous.assign(current, current + width);
+      run = run || compute;
+    }
+    for (int64_t b = 0; b < input.batch; ++b) {
+      Branch& branch = branches_[static_cast<size_t>(b)];
+      if (run) {
+        // The blocks run for the whole batch: a branch that could have skipped gets a fresh residual.
+        branch.accumulated = 0.0;
+        ++branch.computed;
+        continue;
+      }
+      float* row = hidden + static_cast<size_t>(b) * residual_size;
+      for (size_t i = 0; i < residual_size; ++i) row[i] += branch.residual[i];
+      ++branch.skipped;
+    }
+    return run;
+  }
+
+  void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) override {
+    const size_t residual_size = static_cast<size_t>(input.tokens * input.dim);
+    for (int64_t b = 0; b < input.batch; ++b) {
+      std::vector<float>& residual = branches_[static_cast<size_t>(b)].residual;
+      residual.resize(residual_size);
+      const size_t offset = static_cast<size_t>(b) * residual_size;
+      for (size_t i = 0; i < residual_size; ++i) residual[i] = hidden[offset + i] - blocks_input[offset + i];
+    }
+  }
+
+ private:
+  struct Branch {
+    double accumulated = 0.0;
+    std::vector<float> previous;  // the conditioning of the branch's previous forward
+    std::vector<float> residual;  // what the blocks added in the branch's last computed forward
+    int64_t computed = 0;
+    int64_t skipped = 0;
+  };
+  double thresh_;
+  TeaCacheInput input_;
+  std::vector<double> coefficients_;
+  int64_t always_first_ = 0;
+  int64_t always_last_ = 0;
+  int64_t steps_ = 0;
+  std::array<Branch, 2> branches_;
+};
+
+}  // namespace
+
+std::vector<double> wan_teacache_coefficients(std::string_view model, TeaCacheInput input) {
+  const bool projection = input == TeaCacheInput::kTimeProjection;
+  if (model == "1.3b")
+    return projection ? std::vector<double>{-5.21862437e+04, 9.23041404e+03, -5.28275948e+02, 1.36987616e+01, -4.99875664e-02}
+                      : std::vector<double>{2.39676752e+03, -1.31110545e+03, 2.01331979e+02, -8.29855975e+00, 1.37887774e-01};
+  if (model == "14b")
+    return projection ? std::vector<double>{-3.03318725e+05, 4.90537029e+04, -2.65530556e+03, 5.87365115e+01, -3.15583525e-01}
+                      : std::vector<double>{-5784.54975374, 5449.50911966, -1811.16591783, 256.27178429, -13.02252404};
+  fail_argument("teacache model", "\"1.3b\" or \"14b\"", quoted_excerpt(model));
+}
+
+std::vector<std::string> cache_backend_names() { return {"none", "teacache"}; }
+
+std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const CacheConfig& config, const WanConfig& transformer) {
+  if (name == "none") return nullptr;
+  if (name != "teacache") fail_argument("cache backend", "one of none, teacache", quoted_excerpt(name));
+  if (!(config.teacache_thresh >= 0.0) || !std::isfinite(config.teacache_thresh))
+    fail_argument("teacache_thresh", "a finite number >= 0", config.teacache_thresh);
+  std::vector<double> coefficients = config.teacache_coefficients;
+  if (coefficients.empty())
+    coefficients = wan_teacache_coefficients(transformer.inner_dim() >= kWan14BWidth ? "14b" : "1.3b", config.teacache_input);
+  for (double c : coefficients)
+    if (!std::isfinite(c)) fail_argument("teacache_coefficients", "finite numbers", c);
+  return std::make_unique<TeaCache>(config, std::move(coefficients));
+}
+
+}  // namespace tessel

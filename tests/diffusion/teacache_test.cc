@@ -1,0 +1,138 @@
+// TeaCache in the Wan denoising loop, on a tiny random transformer: threshold 0 gives the uncached
+// latents bit for bit; a threshold that skips steps stays within a measured distance of them; both
+// CFG branches keep their own statistics; the state is refreshed per generation; bad names and
+// thresholds are errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "tessel/core/error.h"
+#include "tessel/core/random.h"
+#include "tessel/diffusion/cache_backend.h"
+#include "tessel/diffusion/tiny_model.h"
+#include "tessel/diffusion/wan_pipeline.h"
+
+namespace tessel {
+namespace {
+
+constexpr int64_t kSteps = 12;
+
+struct Fixture {
+  WanTransformer transformer = WanTransformer::random(tiny_wan_transformer_config(), 5);
+  Tensor prompt = Tensor::empty({1, 7, tiny_wan_transformer_config().text_dim}, DType::kF32);
+  Tensor negative = Tensor::empty({1, 7, tiny_wan_transformer_config().text_dim}, DType::kF32);
+  Fixture() {
+    fill_normal(prompt.view(), 1);
+    fill_normal(negative.view(), 2);
+  }
+  WanGenerationResult generate(CacheBackend* cache, double guidance = 5.0) const {
+    SchedulerConfig config;
+    config.shift = 3.0;
+    auto scheduler = make_scheduler(config);
+    const WanPipeline pipeline(transformer, *scheduler);
+    WanGenerationOptions options;
+    options.num_inference_steps = kSteps;
+    options.guidance_scale = guidance;
+    options.seed = 9;
+    options.size = WanVideoSize{5, 32, 32};
+    options.cache = cache;
+    ExecContext ctx;
+    ctx.num_threads = 1;  // tiny shapes: threads would only add scheduling noise
+    return pipeline.generate(ctx, prompt.view(), negative.view(), options);
+  }
+};
+
+double relative_l2(const Tensor& a, const Tensor& b) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = static_cast<double>(a.data_as<float>()[i]) - b.data_as<float>()[i];
+    diff += d * d;
+    norm += static_cast<double>(b.data_as<float>()[i]) * b.data_as<float>()[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+TEST(TeaCache, ThresholdZeroEqualsNoCache) {
+  const Fixture fixture;
+  const WanGenerationResult plain = fixture.generate(nullptr);
+  CacheConfig config;
+  config.teacache_thresh = 0.0;
+  const auto cache = make_cache_backend("teacache", config, fixture.transformer.config());
+  const WanGenerationResult cached = fixture.generate(cache.get());
+  EXPECT_TRUE(bit_equal(cached.latents, plain.latents));
+  EXPECT_EQ(cached.cache_stats.backend, "teacache");
+  EXPECT_EQ(cached.cache_stats.computed[0], kSteps);
+  EXPECT_EQ(cached.cache_stats.skipped[0], 0);
+  EXPECT_EQ(plain.cache_stats.backend, "");
+}
+
+TEST(TeaCache, AThresholdSkipsStepsAndStaysCloseToTheUncachedLatents) {
+  const Fixture fixture;
+  const WanGenerationResult plain = fixture.generate(nullptr);
+  // The tiny model's time projection changes by 0.5 to 1 (relative L1) from step to step, outside
+  // the range the published polynomials were fitted on (they turn negative there, so every step
+  // after the first five would be skipped): the identity polynomial thresholds the raw change.
+  CacheConfig config;
+  config.teacache_thresh = 1.5;
+  config.teacache_coefficients = {1.0, 0.0};
+  const auto cache = make_cache_backend("teacache", config, fixture.transformer.config());
+  const WanGenerationResult cached = fixture.generate(cache.get());
+  const CacheStats& stats = cached.cache_stats;
+  for (size_t branch = 0; branch < 2; ++branch) {
+    EXPECT_EQ(stats.computed[branch] + stats.skipped[branch], kSteps) << branch;
+    EXPECT_GE(stats.computed[branch], 5) << "the first 5 steps always run";
+  }
+  EXPECT_GE(stats.skipped[0], 2);
+  EXPECT_LE(stats.skipped[0], kSteps - 6) << "the threshold should leave some later steps computed";
+  EXPECT_EQ(stats.skipped[0], stats.skipped[1]);  // one timestep per step: both branches agree
+  const double distance = relative_l2(cached.latents, plain.latents);
+  std::printf("teacache thresh %.2f: %lld of %lld steps skipped, final latents rel-L2 %.3g from uncached\n",
+              config.teacache_thresh, static_cast<long long>(stats.skipped[0]), static_cast<long long>(kSteps), distance);
+  EXPECT_GT(distance, 0.0);
+  EXPECT_LE(distance, 0.02);
+
+  // refresh() at the start of each generation: the same cache gives the same latents again.
+  const WanGenerationResult again = fixture.generate(cache.get());
+  EXPECT_TRUE(bit_equal(again.latents, cached.latents));
+  EXPECT_EQ(again.cache_stats.skipped[0], stats.skipped[0]);
+
+  // Without guidance only the conditional branch runs.
+  const WanGenerationResult unguided = fixture.generate(cache.get(), 1.0);
+  EXPECT_EQ(unguided.cache_stats.computed[1] + unguided.cache_stats.skipped[1], 0);
+  EXPECT_EQ(unguided.cache_stats.computed[0] + unguided.cache_stats.skipped[0], kSteps);
+}
+
+TEST(TeaCache, PublishedCoefficientsAndBadConfigs) {
+  EXPECT_DOUBLE_EQ(wan_teacache_coefficients("1.3b", TeaCacheInput::kTimeProjection)[0], -5.21862437e+04);
+  EXPECT_DOUBLE_EQ(wan_teacache_coefficients("14b", TeaCacheInput::kTimeEmbedding)[4], -13.02252404);
+  // With the published coefficients the tiny model's large changes rescale below any threshold:
+  // every step after the first five is skipped.
+  const Fixture fixture;
+  CacheConfig published;
+  published.teacache_thresh = 0.1;
+  const auto cache = make_cache_backend("teacache", published, fixture.transformer.config());
+  EXPECT_EQ(fixture.generate(cache.get()).cache_stats.skipped[0], kSteps - 5);
+  EXPECT_THROW(wan_teacache_coefficients("5b", TeaCacheInput::kTimeProjection), Error);
+  const WanConfig transformer = tiny_wan_transformer_config();
+  EXPECT_EQ(make_cache_backend("none", CacheConfig{}, transformer), nullptr);
+  try {
+    make_cache_backend("dbcache2", CacheConfig{}, transformer);
+    FAIL() << "unknown backend accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none, teacache"), std::string::npos) << e.what();
+  }
+  CacheConfig negative;
+  negative.teacache_thresh = -0.1;
+  EXPECT_THROW(make_cache_backend("teacache", negative, transformer), Error);
+  CacheConfig not_a_number;
+  not_a_number.teacache_coefficients = {1.0, NAN};
+  EXPECT_THROW(make_cache_backend("teacache", not_a_number, transformer), Error);
+}
+
+}  // namespace
+}  // namespace tessel
