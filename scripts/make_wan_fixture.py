@@ -2,6 +2,7 @@
 """Writes the Wan transformer parity fixture under tests/fixtures/wan/ with diffusers.
 
     python scripts/make_wan_fixture.py [--out tests/fixtures/wan]
+    python scripts/make_wan_fixture.py --gpu [--out tests/fixtures/wan_gpu]
 
 Needs torch (CPU is enough) and diffusers==0.42.1. Builds a tiny WanTransformer3DModel with a
 fixed seed (2 layers, 2 heads of 16, an odd 3x5x3 patch grid, batch 2 as classifier-free guidance
@@ -20,6 +21,14 @@ runs it) and writes:
 output_fp64 carries no rounding of its own, so a forward's difference against it is that
 forward's own error; the script prints diffusers' fp32 error against it, the yardstick for the
 C++ fp32 forward's tolerance.
+
+--gpu writes the fixture of the CUDA forward under tests/fixtures/wan_gpu/: the same inputs' shapes
+with 2 heads of 64 (a head dim the CUDA attention kernels take), text width 32, FFN 256, the
+weights stored once in bf16 (checkpoint_bf16/), and in io.safetensors:
+  output_fp64   float64 forward of those bf16 weights (the exact result for them)
+  output_bf16   diffusers' bf16 forward as from_pretrained(torch_dtype=bfloat16) runs it: the
+                rotary tables, time embedder, modulation tables and AdaLN norms kept in fp32
+The CUDA forward's error against output_fp64 must stay within 2x diffusers' bf16 error.
 """
 import argparse
 import copy
@@ -45,6 +54,7 @@ CONFIG = dict(
     eps=1e-6,
     rope_max_seq_len=32,
 )
+GPU_CONFIG = dict(CONFIG, attention_head_dim=64, text_dim=32, freq_dim=32, ffn_dim=256)
 LATENT = (2, 16, 3, 10, 6)  # batch, channels, frames, height, width -> 3 x 5 x 3 patches
 TEXT_TOKENS = 7
 
@@ -75,24 +85,75 @@ def forward(model: WanTransformer3DModel, inputs: dict, dtype: torch.dtype, time
     return out.float().contiguous()
 
 
+def as_loaded_in_bf16(model: WanTransformer3DModel) -> WanTransformer3DModel:
+    """The model in bf16 as from_pretrained(torch_dtype=torch.bfloat16) leaves it: parameters and
+    buffers of the modules diffusers keeps in fp32 (_keep_in_fp32_modules: the rotary tables, the
+    time embedder, the modulation tables, the AdaLN norms) stay fp32, the rest becomes bf16 (without
+    needing accelerate, which from_pretrained needs for that)."""
+    keep = set(model._keep_in_fp32_modules or [])
+    with torch.no_grad():
+        for module_name, module in model.named_modules():
+            for tensors in (module._parameters, module._buffers):
+                for name, tensor in tensors.items():
+                    full_name = f"{module_name}.{name}" if module_name else name
+                    if tensor is not None and tensor.is_floating_point() and not keep & set(full_name.split(".")):
+                        tensor.data = tensor.data.to(torch.bfloat16)
+    return model
+
+
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "wan"))
-    args = parser.parse_args()
-
-    generator = torch.Generator().manual_seed(20251124)
-    model = WanTransformer3DModel(**CONFIG).eval()
+def random_model_and_inputs(config: dict, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    model = WanTransformer3DModel(**config).eval()
     randomize(model, generator)
-
     inputs = {
         "hidden_states": torch.randn(LATENT, generator=generator),
         "timestep": torch.tensor([937.0, 421.5]),
-        "encoder_hidden_states": torch.randn((LATENT[0], TEXT_TOKENS, CONFIG["text_dim"]), generator=generator),
+        "encoder_hidden_states": torch.randn((LATENT[0], TEXT_TOKENS, config["text_dim"]), generator=generator),
     }
+    return model, inputs
+
+
+def write_gpu_fixture(out: str) -> None:
+    model, inputs = random_model_and_inputs(GPU_CONFIG, 20251125)
+    checkpoint = os.path.join(out, "checkpoint_bf16")
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(checkpoint, safe_serialization=True)
+    with torch.no_grad():  # the stored weights, exactly (the rotary tables, no checkpoint's, stay exact)
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).to(parameter.dtype))
+    exact = copy.deepcopy(model)
+    as_users_load_it = as_loaded_in_bf16(copy.deepcopy(model))
+    with torch.no_grad():
+        bf16_out = as_users_load_it(
+            hidden_states=inputs["hidden_states"].to(torch.bfloat16),
+            timestep=inputs["timestep"],
+            encoder_hidden_states=inputs["encoder_hidden_states"].to(torch.bfloat16),
+            return_dict=False,
+        )[0].float().contiguous()
+    outputs = {"output_fp64": forward(exact, inputs, torch.float64), "output_bf16": bf16_out}
+    save_file({**inputs, **outputs}, os.path.join(out, "io.safetensors"))
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(out) for f in files)
+    print(f"wrote {out}: {total} bytes")
+    print(f"diffusers bf16 vs float64 rel-L2: {rel_l2(outputs['output_bf16'], outputs['output_fp64']):.3e}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", action="store_true", help="write the CUDA forward's fixture (head dim 64) instead")
+    parser.add_argument("--out", default=None, help="default: tests/fixtures/wan, or tests/fixtures/wan_gpu with --gpu")
+    args = parser.parse_args()
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+    if args.gpu:
+        write_gpu_fixture(args.out or os.path.join(fixtures, "wan_gpu"))
+        return
+    args.out = args.out or os.path.join(fixtures, "wan")
+
+    model, inputs = random_model_and_inputs(CONFIG, 20251124)
 
     patches = LATENT[2] * (LATENT[3] // 2) * (LATENT[4] // 2)
     first_frame = patches // LATENT[2]

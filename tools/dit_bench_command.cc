@@ -1,6 +1,6 @@
 // `tessel dit-bench`: times denoising steps of the Wan transformer (random weights of a named size,
-// or a diffusers checkpoint directory) with dense or sparse self-attention, and reports where the
-// time goes.
+// or a diffusers checkpoint directory) with dense or sparse self-attention, on the CPU (fp32) or a
+// CUDA device (bf16), and reports where the time goes and, on CUDA, the device memory it took.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -14,11 +14,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_timer.h"
 #include "command.h"
+#include "device_memory.h"
 #include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/safetensors.h"
 #include "tessel/core/io/limited_json.h"
 #include "tessel/core/exec_context.h"
 #include "tessel/core/random.h"
@@ -34,6 +37,7 @@ constexpr int64_t kVaeTimeStride = 4;
 constexpr int64_t kVaeSpaceStride = 8;
 
 struct DitBenchOptions {
+  std::string device = "cpu";
   std::string model = "wan-1.3b";
   std::string from_dir;
   int64_t frames = 81, height = 480, width = 832;
@@ -46,6 +50,8 @@ struct DitBenchOptions {
   bool json = false;
   bool compare_dense = false;
   std::string layer_configs;  // '<json>' or '@file.json': {"<block>": {config fields}, ...}
+  std::string inputs;         // safetensors with the forward's inputs instead of random ones
+  std::string save_output;    // safetensors to write the last timed step's output to
 };
 
 constexpr uint64_t kMaxLayerConfigBytes = 1 << 20;
@@ -89,12 +95,63 @@ LatentShape latent_shape(const DitBenchOptions& o, const WanConfig& config) {
   return latent;
 }
 
+// The forward's inputs, on the host: random ones of the options' shapes, or a file's.
+struct BenchInputs {
+  int64_t batch = 0, text_tokens = 0;
+  LatentShape latent{};
+  Tensor latents, text;
+  Tensor timestep;  // from the file (every step uses it); undefined: the schedule's per step
+};
+
+BenchInputs bench_inputs(const DitBenchOptions& o, const WanConfig& config) {
+  BenchInputs in;
+  if (o.inputs.empty()) {
+    in.batch = o.batch;
+    in.text_tokens = o.text_tokens;
+    in.latent = latent_shape(o, config);
+    in.latents = Tensor::empty({in.batch, config.in_channels, in.latent.frames, in.latent.height, in.latent.width}, DType::kF32);
+    in.text = Tensor::empty({in.batch, in.text_tokens, config.text_dim}, DType::kF32);
+    fill_normal(in.latents.view(), static_cast<uint64_t>(o.seed) + 1);
+    fill_normal(in.text.view(), static_cast<uint64_t>(o.seed) + 2);
+    return in;
+  }
+  const SafetensorsFile file = SafetensorsFile::open(o.inputs);
+  const auto load = [&](const char* name) {
+    if (file.find(name) == nullptr) fail_argument("--inputs", detail::concat("a tensor named ", name), "none in " + quoted_excerpt(o.inputs));
+    return file.load(name).to(DType::kF32);
+  };
+  in.latents = load("hidden_states");
+  in.timestep = load("timestep");
+  in.text = load("encoder_hidden_states");
+  check_rank(in.latents, 5, "--inputs hidden_states");
+  in.batch = in.latents.size(0);
+  in.latent = {in.latents.size(2), in.latents.size(3), in.latents.size(4)};
+  check_shape(in.latents, {in.batch, config.in_channels, in.latent.frames, in.latent.height, in.latent.width}, "--inputs hidden_states");
+  check_shape(in.timestep, {in.batch}, "--inputs timestep");
+  check_rank(in.text, 3, "--inputs encoder_hidden_states");
+  in.text_tokens = in.text.size(1);
+  check_shape(in.text, {in.batch, in.text_tokens, config.text_dim}, "--inputs encoder_hidden_states");
+  return in;
+}
+
+double rel_l2(const Tensor& actual, const Tensor& expected) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double d = static_cast<double>(actual.data_as<float>()[i]) - expected.data_as<float>()[i];
+    diff += d * d;
+    norm += static_cast<double>(expected.data_as<float>()[i]) * expected.data_as<float>()[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
 
 int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
+  const Device device = parse_device(o.device);
+  if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
   const SparseAttnEnv& env = process_sparse_attn_env();
   const bool sparse = sparse_attn_requested(flags, env);
   if (!o.layer_configs.empty() && !sparse)
@@ -107,18 +164,23 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
     fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
   WanConfig config = o.from_dir.empty() ? wan_preset(o.model) : load_wan_config(o.from_dir);
   if (o.layers > 0) config.num_layers = o.layers;
-  const LatentShape latent = latent_shape(o, config);
+  BenchInputs in = bench_inputs(o, config);
+  const LatentShape latent = in.latent;
   const int64_t tokens = latent.frames / config.patch_size[0] * (latent.height / config.patch_size[1]) *
                          (latent.width / config.patch_size[2]);
-  // fp32 weights (the transposed copies are made one tensor at a time) and the activations of one
-  // forward: about ten (tokens x dim) buffers and the FFN's (tokens x ffn_dim).
-  double parameters = 0.0;
-  for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
-  const double rows = static_cast<double>(o.batch) * static_cast<double>(tokens);
-  const double bytes = 4.0 * (2.0 * parameters + rows * (10.0 * static_cast<double>(config.inner_dim()) + config.ffn_dim)) *
-                       (o.compare_dense ? 2.0 : 1.0);
-  check_memory_budget("--model", o.from_dir.empty() ? o.model : o.from_dir, bytes,
-                      detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", o.batch, ", ", config.num_layers, " layers)"));
+  // On the CPU: fp32 weights (the transposed copies are made one tensor at a time) and the
+  // activations of one forward: about ten (tokens x dim) buffers and the FFN's (tokens x ffn_dim).
+  // A CUDA model keeps both on the device (a failed device allocation names its size).
+  if (!device.is_cuda()) {
+    double parameters = 0.0;
+    for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
+    const double rows = static_cast<double>(in.batch) * static_cast<double>(tokens);
+    const double bytes = 4.0 * (2.0 * parameters + rows * (10.0 * static_cast<double>(config.inner_dim()) + config.ffn_dim)) *
+                         (o.compare_dense ? 2.0 : 1.0);
+    check_memory_budget("--model", o.from_dir.empty() ? o.model : o.from_dir, bytes,
+                        detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", in.batch, ", ", config.num_layers,
+                                       " layers)"));
+  }
 
   WanAttentionOptions attention;
   std::unique_ptr<BackendRegistry> registry;
@@ -132,47 +194,54 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
       attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
     if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
   }
+  const std::optional<DeviceMemory> memory_before = device_memory(device);
   const auto load_start = std::chrono::steady_clock::now();
-  const auto make_model = [&](const WanAttentionOptions& options) {
-    return o.from_dir.empty() ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), options)
-                              : WanTransformer::load(o.from_dir, options);
-  };
-  const WanTransformer model = make_model(attention);
+  const WanTransformer model = o.from_dir.empty() ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device)
+                                                  : WanTransformer::load(o.from_dir, attention, device);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-  Tensor latents = Tensor::empty({o.batch, config.in_channels, latent.frames, latent.height, latent.width}, DType::kF32);
-  Tensor timestep = Tensor::empty({o.batch}, DType::kF32);
-  Tensor text = Tensor::empty({o.batch, o.text_tokens, config.text_dim}, DType::kF32);
-  Tensor out = Tensor::empty(latents.shape(), DType::kF32);
-  fill_normal(latents.view(), static_cast<uint64_t>(o.seed) + 1);
-  fill_normal(text.view(), static_cast<uint64_t>(o.seed) + 2);
+  // The inputs move to the model's device once.
+  const Tensor latents = in.latents.to(device), text = in.text.to(device);
+  Tensor timestep;
+  Tensor out = Tensor::empty(latents.shape(), DType::kF32, device);
 
   ExecContext ctx;
+  ctx.device = device;
   ctx.num_threads = static_cast<int>(o.threads);
+  // The activations (CUDA) or attention scratch (CPU), sized once before the first step.
+  Workspace workspace(device);
+  workspace.reserve(model.workspace_bytes(ctx, in.batch, latent.frames, latent.height, latent.width, in.text_tokens));
+  ctx.workspace = &workspace;
+  const std::unique_ptr<BenchTimer> timer = make_bench_timer(ctx);
   const int64_t total_steps = o.warmup + o.steps;
   WanForwardProfile profile;
   std::vector<double> step_s;
   for (int64_t step = 0; step < total_steps; ++step) {
-    // A flow-matching schedule's timesteps fall from 1000 towards 0.
-    fill(timestep.view(), 1000.0 * (1.0 - static_cast<double>(step) / static_cast<double>(total_steps)));
+    // A flow-matching schedule's timesteps fall from 1000 towards 0 (unless the inputs give one).
+    Tensor host_timestep = in.timestep;
+    if (!host_timestep.defined()) {
+      host_timestep = Tensor::empty({in.batch}, DType::kF32);
+      fill(host_timestep.view(), 1000.0 * (1.0 - static_cast<double>(step) / static_cast<double>(total_steps)));
+    }
+    timestep = host_timestep.to(device);
     const bool timed = step >= o.warmup;
-    const auto start = std::chrono::steady_clock::now();
+    timer->start();
     model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
-    if (timed) step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double ms = timer->stop_ms();
+    if (timed) step_s.push_back(ms / 1000.0);
+  }
+  const std::optional<DeviceMemory> memory_after = device_memory(device);
+  if (!o.save_output.empty()) {
+    const Tensor host_out = out.to(Device::cpu());
+    write_safetensors(o.save_output, {{"output", host_out.view()}});
   }
 
   // The same weights and inputs with dense attention, at the last step's timestep.
   double rel_l2_vs_dense = -1.0;
   if (o.compare_dense) {
-    Tensor dense_out = Tensor::empty(out.shape(), DType::kF32);
-    make_model(WanAttentionOptions{}).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
-    double diff = 0.0, norm = 0.0;
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      const double d = static_cast<double>(out.data_as<float>()[i]) - dense_out.data_as<float>()[i];
-      diff += d * d;
-      norm += static_cast<double>(dense_out.data_as<float>()[i]) * dense_out.data_as<float>()[i];
-    }
-    rel_l2_vs_dense = std::sqrt(diff / norm);
+    Tensor dense_out = Tensor::empty(out.shape(), DType::kF32, device);
+    model.with_attention(WanAttentionOptions{}).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
+    rel_l2_vs_dense = rel_l2(out.to(Device::cpu()), dense_out.to(Device::cpu()));
   }
 
   const SparseAttention* first = model.block_attention(0);
@@ -183,12 +252,12 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
       {"layers", config.num_layers},
       {"dim", config.inner_dim()},
       {"heads", config.num_attention_heads},
-      {"batch", o.batch},
+      {"batch", in.batch},
       {"latent", {latent.frames, latent.height, latent.width}},
       {"tokens", tokens},
-      {"text_tokens", o.text_tokens},
-      {"device", "cpu"},
-      {"dtype", "fp32"},
+      {"text_tokens", in.text_tokens},
+      {"device", device.str()},
+      {"dtype", device.is_cuda() ? "bf16" : "fp32"},
       {"threads", ctx.threads()},
       {"attention_backend", backend},
       {"load_s", load_s},
@@ -199,27 +268,37 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
       {"dense_self_attention_calls", profile.dense_self_attention_calls},
       {"self_attention_calls", profile.self_attention_calls},
       {"breakdown_s_per_step",
-       {{"attention", profile.attention_s / n}, {"gemm", profile.gemm_s / n}, {"norm_rope", profile.norm_rope_s / n},
-        {"other", profile.other_s / n}}},
+       {{"attention", profile.attention_s / n}, {"estimation", profile.estimation_s / n}, {"gemm", profile.gemm_s / n},
+        {"norm_rope", profile.norm_rope_s / n}, {"other", profile.other_s / n}}},
+      {"weights_bytes", model.weight_bytes()},
+      {"workspace_bytes", workspace.capacity()},
   };
+  // Device memory the run added (weights, workspace, plans; the CUDA context was up before), as
+  // the driver counts it after the timed steps: nothing is freed in between, so it is the peak.
+  if (memory_before && memory_after) report["peak_device_memory_bytes"] = memory_after->used - memory_before->used;
   if (o.compare_dense) report["rel_l2_vs_dense"] = rel_l2_vs_dense;
   if (o.json) {
     std::cout << report.dump() << "\n";
     return 0;
   }
-  std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; cpu fp32, %d threads; attention: %s\n",
-              report["model"].get<std::string>().c_str(), static_cast<long long>(config.num_layers),
-              static_cast<long long>(config.inner_dim()), static_cast<long long>(config.num_attention_heads), ctx.threads(),
-              backend.c_str());
+  const std::string where = device.is_cuda() ? device.str() + " bf16" : detail::concat("cpu fp32, ", ctx.threads(), " threads");
+  std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; %s; attention: %s\n", report["model"].get<std::string>().c_str(),
+              static_cast<long long>(config.num_layers), static_cast<long long>(config.inner_dim()),
+              static_cast<long long>(config.num_attention_heads), where.c_str(), backend.c_str());
   std::printf("batch %lld, latent %lld x %lld x %lld -> %lld tokens, %lld text tokens; weights ready in %.2f s\n",
-              static_cast<long long>(o.batch), static_cast<long long>(latent.frames), static_cast<long long>(latent.height),
-              static_cast<long long>(latent.width), static_cast<long long>(tokens), static_cast<long long>(o.text_tokens), load_s);
+              static_cast<long long>(in.batch), static_cast<long long>(latent.frames), static_cast<long long>(latent.height),
+              static_cast<long long>(latent.width), static_cast<long long>(tokens), static_cast<long long>(in.text_tokens), load_s);
   std::printf("step: median %.4f s, mean %.4f s over %lld; mean per kind of work:\n", median(step_s), profile.total_s() / n,
               static_cast<long long>(o.steps));
   const double total = profile.total_s();
-  for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"gemm", profile.gemm_s},
-                                      {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
+  for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"estimation", profile.estimation_s},
+                                      {"gemm", profile.gemm_s}, {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
     std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
+  std::printf("memory: weights %s, workspace %s", format_bytes(static_cast<double>(model.weight_bytes())).c_str(),
+              format_bytes(static_cast<double>(workspace.capacity())).c_str());
+  if (report.contains("peak_device_memory_bytes"))
+    std::printf(", device memory taken by the run %s", format_bytes(report["peak_device_memory_bytes"].get<double>()).c_str());
+  std::printf("\n");
   std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
               static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
   if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
@@ -232,6 +311,9 @@ CommandRegistration registration{
       auto options = std::make_shared<DitBenchOptions>();
       auto flags = std::make_shared<SparseAttnFlags>();
       std::vector<std::string> presets = wan_preset_names();
+      app.add_option("--device", options->device, "cpu (fp32) or cuda[:N] (bf16 weights and GEMMs, fp32 residual stream)")
+          ->capture_default_str()
+          ->check(device_name());
       auto* model = app.add_option("--model", options->model, "named size with random weights")->capture_default_str()->check(one_of(presets));
       app.add_option("--from-dir", options->from_dir, "a diffusers WanTransformer3DModel checkpoint directory instead of --model")
           ->excludes(model);
@@ -256,6 +338,11 @@ CommandRegistration registration{
       app.add_flag("--json", options->json, "print one JSON object instead of a table");
       app.add_option("--sparse-attn-layers", options->layer_configs,
                      "per-block configs, '<json>' or @file.json: {\"<block>\": {fields over the whole config}, ...}");
+      auto* inputs = app.add_option("--inputs", options->inputs,
+                                    "safetensors file with the forward's inputs (hidden_states (B, C, F, H, W), timestep (B), "
+                                    "encoder_hidden_states (B, L, text_dim)) instead of random ones; every step uses them");
+      for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens"}) app.get_option(shaped)->excludes(inputs);
+      app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file");
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       add_sparse_attn_flags(app, *flags);

@@ -157,8 +157,7 @@ TensorView Checkpoint::view(const std::string& name) const {
   return TensorView(const_cast<std::byte*>(data), location.entry->dtype, Device::cpu(), location.entry->shape);
 }
 
-std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected, DType dtype) {
-  if (!is_floating(dtype) || dtype == DType::kF64) fail_argument("load_weights dtype", "fp32, fp16 or bf16", dtype_name(dtype));
+void check_checkpoint(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected) {
   const std::string where = "checkpoint " + checkpoint.directory();
   std::set<std::string> expected_names;
   std::vector<std::string> missing;
@@ -184,7 +183,11 @@ std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const s
   if (!unexpected.empty())
     throw Error(detail::concat(where, ": ", unexpected.size(), " unexpected tensor(s) the model does not have: ", list_names(unexpected),
                                " (a checkpoint of another model or configuration?)"));
+}
 
+std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected, DType dtype) {
+  if (!is_floating(dtype) || dtype == DType::kF64) fail_argument("load_weights dtype", "fp32, fp16 or bf16", dtype_name(dtype));
+  check_checkpoint(checkpoint, expected);
   std::map<std::string, Tensor> weights;
   for (const WeightSpec& spec : expected) {
     Tensor converted = Tensor::empty(spec.shape, dtype);

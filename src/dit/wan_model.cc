@@ -13,6 +13,9 @@
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
 #include "wan_rope.h"
+#ifdef TESSEL_WITH_CUDA
+#include "cuda/wan_cuda_model.h"
+#endif
 
 namespace tessel {
 namespace {
@@ -112,25 +115,68 @@ void check_weights(const WanConfig& config, const std::map<std::string, Tensor>&
 }
 
 
+#ifndef TESSEL_WITH_CUDA
+[[noreturn]] void fail_without_cuda(Device device) {
+  fail_argument("WanTransformer device", "cpu (tessel was built without CUDA)", device.str());
+}
+#endif
+
 }  // namespace
+
+void WanForwardProfile::add_self_attention(const AttentionStepReport& report) {
+  ++self_attention_calls;
+  dense_self_attention_calls += report.dense ? 1 : 0;
+  self_attention_density_sum += report.density;
+  const double estimation = report.estimate_ms / 1000.0;
+  estimation_s += estimation;
+  attention_s -= estimation;
+}
 
 struct WanTransformer::Impl {
   WanConfig config;
+  Device device = Device::cpu();
+#ifdef TESSEL_WITH_CUDA
+  std::shared_ptr<const dit::cuda::WanCudaModel> cuda;  // the weights and forward of a CUDA model
+#endif
+  // The CPU model's fp32 weights (unset on CUDA).
   Linear patch_embedding, time_linear_1, time_linear_2, time_projection, text_linear_1, text_linear_2, proj_out;
   Tensor out_modulation;  // (2, dim): shift, scale
   std::vector<BlockWeights> blocks;
-  std::vector<std::unique_ptr<SparseAttention>> self_attention;  // empty: dense attention
+  // Empty: dense attention. Shared pointers keep Impl copyable: with_attention() copies the
+  // weights' handles (never their data) and makes modules of its own.
+  std::vector<std::shared_ptr<SparseAttention>> self_attention;
 
+  void load_cpu_weights(const std::map<std::string, Tensor>& weights);
+  void make_self_attention(const WanAttentionOptions& attention);
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile, WanBlockCache* block_cache) const;
 };
 
 WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights,
-                               const WanAttentionOptions& attention)
+                               const WanAttentionOptions& attention, Device device)
     : impl_(std::make_unique<Impl>()) {
   check_weights(config, weights);
-  Impl& m = *impl_;
-  m.config = config;
+  impl_->config = config;
+  impl_->device = device;
+  if (device.is_cuda()) {
+#ifdef TESSEL_WITH_CUDA
+    impl_->cuda = std::make_shared<const dit::cuda::WanCudaModel>(
+        config, device, [&](const WeightSpec& spec) { return weights.at(spec.name).view(); });
+#else
+    fail_without_cuda(device);
+#endif
+  } else {
+    impl_->load_cpu_weights(weights);
+  }
+  impl_->make_self_attention(attention);
+}
+
+WanTransformer::WanTransformer(std::unique_ptr<Impl> impl, const WanAttentionOptions& attention) : impl_(std::move(impl)) {
+  impl_->make_self_attention(attention);
+}
+
+void WanTransformer::Impl::load_cpu_weights(const std::map<std::string, Tensor>& weights) {
+  Impl& m = *this;
   m.patch_embedding = make_linear(weights, "patch_embedding");
   m.time_linear_1 = make_linear(weights, "condition_embedder.time_embedder.linear_1");
   m.time_linear_2 = make_linear(weights, "condition_embedder.time_embedder.linear_2");
@@ -152,6 +198,9 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
     block.modulation = to_f32(weights.at(wan_block_tensor(layer, "scale_shift_table")));
     m.blocks.push_back(std::move(block));
   }
+}
+
+void WanTransformer::Impl::make_self_attention(const WanAttentionOptions& attention) {
   for (const auto& [layer, layer_config] : attention.layer_configs)
     if (layer < 0 || layer >= config.num_layers)
       fail_argument("WanAttentionOptions::layer_configs key", detail::concat("a block index in [0, ", config.num_layers, ")"), layer);
@@ -167,43 +216,66 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
       const auto own = attention.layer_configs.find(layer);
       options.config = own == attention.layer_configs.end() ? attention.config : own->second;
       options.backend_override = attention.backend_override;
-      options.dtype = DType::kF32;
-      options.device = Device::cpu();
+      options.dtype = device.is_cuda() ? DType::kBF16 : DType::kF32;
+      options.device = device;
       options.layer_index = layer;
       options.plan_cache = plan_cache;
       options.registry = attention.registry;
-      m.self_attention.push_back(std::make_unique<SparseAttention>(std::move(options)));
+      self_attention.push_back(std::make_shared<SparseAttention>(std::move(options)));
     }
   }
+}
+
+WanTransformer WanTransformer::with_attention(const WanAttentionOptions& attention) const {
+  auto impl = std::make_unique<Impl>(*impl_);
+  impl->self_attention.clear();
+  return WanTransformer(std::move(impl), attention);
 }
 
 WanTransformer::~WanTransformer() = default;
 WanTransformer::WanTransformer(WanTransformer&&) noexcept = default;
 WanTransformer& WanTransformer::operator=(WanTransformer&&) noexcept = default;
 
-WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention) {
+WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention, Device device) {
   const WanConfig config = load_wan_config(checkpoint_dir);
   const Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
-  return WanTransformer(config, load_weights(checkpoint, wan_weight_specs(config), DType::kF32), attention);
+  if (!device.is_cuda()) return WanTransformer(config, load_weights(checkpoint, wan_weight_specs(config), DType::kF32), attention);
+#ifdef TESSEL_WITH_CUDA
+  check_checkpoint(checkpoint, wan_weight_specs(config));
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->device = device;
+  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device,
+                                                         [&](const WeightSpec& spec) { return checkpoint.view(spec.name); });
+  return WanTransformer(std::move(impl), attention);
+#else
+  fail_without_cuda(device);
+#endif
 }
 
-WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention) {
+WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention, Device device) {
+  if (device.is_cuda()) {
+#ifdef TESSEL_WITH_CUDA
+    auto impl = std::make_unique<Impl>();
+    impl->config = config;
+    impl->device = device;
+    impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, seed);
+    return WanTransformer(std::move(impl), attention);
+#else
+    fail_without_cuda(device);
+#endif
+  }
   std::map<std::string, Tensor> weights;
   uint64_t stream = seed;
   for (const WeightSpec& spec : wan_weight_specs(config)) {
     Tensor tensor = Tensor::empty(spec.shape, DType::kF32);
-    const bool matrix = spec.shape.size() >= 2 && spec.name.find("scale_shift_table") == std::string::npos;
-    const bool norm_weight = spec.name.find("norm") != std::string::npos && spec.name.ends_with(".weight");
-    if (matrix) {  // nn.Linear's and nn.Conv3d's default: uniform in +-1/sqrt(fan_in)
-      const double bound = 1.0 / std::sqrt(static_cast<double>(tensor.numel() / spec.shape[0]));
-      fill_uniform(tensor.view(), ++stream, -bound, bound);
-    } else if (norm_weight) {
-      fill(tensor.view(), 1.0);
-    } else if (spec.name.find("scale_shift_table") != std::string::npos) {
-      fill_normal(tensor.view(), ++stream, 0.0, 1.0 / std::sqrt(static_cast<double>(config.inner_dim())));
-    } else {
-      fill_uniform(tensor.view(), ++stream, -0.01, 0.01);
-    }
+    const WanRandomInit init = wan_random_init(config, spec);
+    if (init.normal)
+      fill_normal(tensor.view(), ++stream, init.first, init.second);
+    else if (init.first == init.second)
+      fill(tensor.view(), init.first);
+    else
+      fill_uniform(tensor.view(), ++stream, init.first, init.second);
     weights.emplace(spec.name, std::move(tensor));
   }
   return WanTransformer(config, weights, attention);
@@ -225,6 +297,30 @@ SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames,
 }
 
 const WanConfig& WanTransformer::config() const { return impl_->config; }
+Device WanTransformer::device() const { return impl_->device; }
+
+size_t WanTransformer::weight_bytes() const {
+#ifdef TESSEL_WITH_CUDA
+  if (impl_->cuda) return impl_->cuda->weight_bytes();
+#endif
+  size_t bytes = 0;
+  for (const WeightSpec& spec : wan_weight_specs(impl_->config)) bytes += static_cast<size_t>(shape_numel(spec.shape)) * sizeof(float);
+  return bytes;
+}
+
+size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height,
+                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep) const {
+#ifdef TESSEL_WITH_CUDA
+  if (impl_->cuda)
+    return impl_->cuda->workspace_bytes(
+        dit::cuda::WanForwardShape{batch, latent_frames, latent_height, latent_width, text_tokens, per_token_timestep});
+#endif
+  const WanConfig& c = impl_->config;
+  const int64_t seq = latent_frames / c.patch_size[0] * (latent_height / c.patch_size[1]) * (latent_width / c.patch_size[2]);
+  const int64_t heads = c.num_attention_heads, head_dim = c.attention_head_dim;
+  return std::max(attention_workspace_bytes(ctx, Device::cpu(), AttentionDims{batch, seq, seq, heads, heads, head_dim}),
+                  attention_workspace_bytes(ctx, Device::cpu(), AttentionDims{batch, seq, text_tokens, heads, heads, head_dim}));
+}
 
 const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
   if (layer < 0 || layer >= impl_->config.num_layers)
@@ -243,7 +339,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                                    WanForwardProfile* profile, WanBlockCache* block_cache) const {
   const WanConfig& c = config;
   for (const auto& [view, name] : {std::pair{&latents, "latents"}, {&timestep, "timestep"}, {&text, "text"}, {&out, "out"}}) {
-    check_device(*view, Device::cpu(), name);
+    check_device(*view, device, name);
     check_dtype(*view, DType::kF32, name);
     check_contiguous(*view, name);
   }
@@ -282,6 +378,16 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   if (block_cache && timestep.dim() == 2)
     fail_argument("block_cache", "a (B) timestep (one per batch entry)", "a (B, S) timestep");
 
+#ifdef TESSEL_WITH_CUDA
+  if (cuda) {
+    // The step cache's hook reads and writes host memory; a CUDA forward keeps it on the device.
+    if (block_cache) fail_argument("block_cache", "none for a CUDA model (the step cache runs on the CPU forward)", "a cache");
+    cuda->forward(ctx, step, dit::cuda::WanForwardShape{batch, frames, height, width, text_len, timestep.dim() == 2},
+                  latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(), self_attention,
+                  profile);
+    return;
+  }
+#endif
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
   const int64_t rows = batch * seq, text_rows = batch * text_len;
   // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
@@ -379,12 +485,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       report = self_attention[static_cast<size_t>(layer)]->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq),
                                                                    bshd(attended, seq));
     }
-    if (profile) {
-      ++profile->self_attention_calls;
-      profile->dense_self_attention_calls += report.dense ? 1 : 0;
-      profile->self_attention_density_sum += report.density;
-    }
     clock.charge(&WanForwardProfile::attention_s);
+    if (profile) profile->add_self_attention(report);
     sa.out(ctx, attended.data(), rows, projected.data());
     clock.charge(&WanForwardProfile::gemm_s);
     dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 2 * dim, mod_stride);

@@ -1,5 +1,7 @@
 #include "tessel/dit/wan_weights.h"
 
+#include <cmath>
+
 namespace tessel {
 
 std::string wan_block_tensor(int64_t layer, const std::string& name) {
@@ -41,6 +43,26 @@ std::vector<WeightSpec> wan_weight_specs(const WanConfig& config) {
   linear("proj_out", dim, config.out_channels * config.patch_volume());
   specs.push_back({"scale_shift_table", {1, 2, dim}});
   return specs;
+}
+
+DType wan_cuda_weight_dtype(const std::string& name) {
+  const bool conditioning = name.starts_with("condition_embedder.time_");
+  const bool table = name.find("scale_shift_table") != std::string::npos;
+  const bool norm = name.find("norm") != std::string::npos;
+  const bool fp32_output_bias = name == "patch_embedding.bias" || name == "proj_out.bias";
+  return conditioning || table || norm || fp32_output_bias ? DType::kF32 : DType::kBF16;
+}
+
+WanRandomInit wan_random_init(const WanConfig& config, const WeightSpec& spec) {
+  const bool table = spec.name.find("scale_shift_table") != std::string::npos;
+  const bool norm_weight = spec.name.find("norm") != std::string::npos && spec.name.ends_with(".weight");
+  if (spec.shape.size() >= 2 && !table) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(shape_numel(spec.shape) / spec.shape[0]));
+    return {false, -bound, bound};
+  }
+  if (norm_weight) return {false, 1.0, 1.0};
+  if (table) return {true, 0.0, 1.0 / std::sqrt(static_cast<double>(config.inner_dim()))};
+  return {false, -0.01, 0.01};
 }
 
 }  // namespace tessel

@@ -6,6 +6,7 @@
 #include "tessel/kernels/attention.h"
 #include "tessel/sparse/pattern_backends.h"
 #include "tessel/sparse/registry.h"
+#include "tessel/sparse/sub_block_mask.h"
 
 namespace tessel {
 namespace {
@@ -74,10 +75,9 @@ std::shared_ptr<Backend> make_block_sparse_backend() {
 
 PlannedMask plan_explicit_block_mask(const PatternSpec& spec, ModuleType, const AttentionShape&) {
   if (!spec.block_mask) throw Error("pattern.block_mask: required by pattern_type block_sparse, but not set");
-  if (!spec.sub_block_mask.empty())
-    fail_argument("pattern.sub_block_mask", "empty (the block_sparse backend computes whole blocks)",
-                  std::to_string(spec.sub_block_mask.size()) + " entries");
-  return PlannedMask{*spec.block_mask, {}};
+  PlannedMask planned{*spec.block_mask, {}, {}};
+  if (!spec.sub_block_mask.empty()) planned.sub_block_bits = pack_sub_block_mask(planned.mask, spec.sub_block_mask);
+  return planned;
 }
 
 PlannedMask plan_sliding_window_blocks(const PatternSpec& spec, ModuleType, const AttentionShape& shape) {
@@ -99,7 +99,7 @@ PlannedMask plan_sliding_window_blocks(const PatternSpec& spec, ModuleType, cons
     for (int64_t kb = kv_lo / spec.block_kv; kv_lo <= kv_hi && kb <= kv_hi / spec.block_kv; ++kb)
       rows[static_cast<size_t>(qb)].push_back(static_cast<int32_t>(kb));
   }
-  return PlannedMask{BlockMask::from_rows(mask_shape, rows), {}};
+  return PlannedMask{BlockMask::from_rows(mask_shape, rows), {}, {}};
 }
 
 void register_builtin_backends(BackendRegistry& registry) {

@@ -7,6 +7,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/sparse/sub_block_mask.h"
 #include "token_permutation.h"
 
 #ifdef TESSEL_WITH_CUDA
@@ -20,6 +21,15 @@ namespace {
 struct MaskMetadata : Metadata {
   std::optional<BlockMask::DeviceCopy> device_mask;
   std::vector<int64_t> inverse_permutation;
+  std::vector<uint32_t> sub_block_bits;  // for `mask`, or empty
+  Tensor device_sub_block_bits;          // their copy on the device of a CUDA plan
+
+  BlockMaskView view() const {
+    BlockMaskView view = device_mask ? device_mask->view() : mask->view();
+    if (!sub_block_bits.empty())
+      view.sub_block_bits = device_mask ? device_sub_block_bits.data_as<const uint32_t>() : sub_block_bits.data();
+    return view;
+  }
 
   size_t workspace_bytes(const ExecContext& ctx) const override {
     if (permutation.empty()) return Metadata::workspace_bytes(ctx);
@@ -29,6 +39,23 @@ struct MaskMetadata : Metadata {
 
 BlockMaskView mask_view_for(const BlockMask& mask, const std::optional<BlockMask::DeviceCopy>& device_mask) {
   return device_mask ? device_mask->view() : mask.view();
+}
+
+// The kernels' sub-block bits as a tensor on `device` (words stored as int32).
+Tensor bits_on_device(const std::vector<uint32_t>& bits, Device device) {
+  Tensor host = Tensor::empty({static_cast<int64_t>(bits.size())}, DType::kI32);
+  std::memcpy(host.data(), bits.data(), bits.size() * sizeof(uint32_t));
+#ifdef TESSEL_WITH_CUDA
+  return host.to(device);
+#else
+  fail_argument("device", "cpu (tessel was built without CUDA)", device.str());
+#endif
+}
+
+[[noreturn]] void reject_sub_block_mask(const PatternSpec& spec, const Backend& backend) {
+  fail_argument("pattern.sub_block_mask",
+                "empty (backend '" + backend.name() + "' computes whole blocks; the block_sparse backend executes it)",
+                std::to_string(spec.sub_block_mask.size()) + " entries");
 }
 
 class InfoBackend : public Backend, public std::enable_shared_from_this<InfoBackend> {
@@ -72,7 +99,13 @@ class PlanningBuilder : public MetadataBuilder {
       metadata->inverse_permutation = invert_permutation(planned.permutation);
       metadata->permutation = std::move(planned.permutation);
     }
-    if (shape.device.is_cuda()) metadata->device_mask = mask.to_device(shape.device);
+    if (!spec.sub_block_mask.empty() && planned.sub_block_bits.empty()) reject_sub_block_mask(spec, *backend_);
+    if (!planned.sub_block_bits.empty())
+      metadata->sub_block_bits = extend_sub_block_bits(planned.mask, planned.sub_block_bits, mask);
+    if (shape.device.is_cuda()) {
+      metadata->device_mask = mask.to_device(shape.device);
+      if (!metadata->sub_block_bits.empty()) metadata->device_sub_block_bits = bits_on_device(metadata->sub_block_bits, shape.device);
+    }
     metadata->set_request(backend_->name(), spec, module, shape);
     metadata->mask = std::make_shared<const BlockMask>(std::move(mask));
     return metadata;
@@ -91,7 +124,7 @@ class PlanningImpl : public Impl {
     if (planned == nullptr || !planned->mask)
       fail_argument("metadata", "a plan made by backend '" + metadata.backend + "'s metadata builder", "foreign metadata");
     check_forward_shape(metadata, q, k, v);
-    const BlockMaskView view = mask_view_for(*planned->mask, planned->device_mask);
+    const BlockMaskView view = planned->view();
     if (planned->permutation.empty()) {
       block_sparse_attention_forward(ctx, q, k, v, view, out, lse);
     } else {
@@ -131,6 +164,7 @@ class EstimatingBuilder : public MetadataBuilder {
   std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
                                  const AttentionShape& shape) override {
     check_plan_request(*backend_, spec, module, shape);
+    if (!spec.sub_block_mask.empty()) reject_sub_block_mask(spec, *backend_);
     std::shared_ptr<Metadata> metadata = std::make_shared<Metadata>();
     if (shape.device.is_cuda() && device_estimator_.estimate) {
       if (device_estimator_.check) device_estimator_.check(spec, shape);

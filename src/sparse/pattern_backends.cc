@@ -75,7 +75,7 @@ void check_self_attention(const PatternSpec& spec, const AttentionShape& shape, 
 PlannedMask plan_static(const PatternSpec& spec, ModuleType, const AttentionShape& shape, const std::string& backend) {
   check_self_attention(spec, shape, backend);
   const std::shared_ptr<const StaticPlan> plan = static_plan_cache().get(static_pattern_from_spec(spec), static_request_from_spec(spec));
-  PlannedMask out{plan->mask, {}};
+  PlannedMask out{plan->mask, {}, {}};
   out.permutation.assign(plan->permutation.order.begin(), plan->permutation.order.end());
   return out;
 }

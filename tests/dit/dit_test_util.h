@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,9 +13,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/core/tensor.h"
+
 namespace tessel {
 
 inline std::filesystem::path wan_fixture_dir() { return std::filesystem::path(TESSEL_SOURCE_DIR) / "tests/fixtures/wan"; }
+// The CUDA forward's fixture (scripts/make_wan_fixture.py --gpu: head dim 64, bf16-stored weights).
+inline std::filesystem::path wan_gpu_fixture_dir() { return std::filesystem::path(TESSEL_SOURCE_DIR) / "tests/fixtures/wan_gpu"; }
 
 // A fresh directory under the test temp dir, unique per test and process, removed at the end.
 class ScratchDir {
@@ -47,6 +52,18 @@ class ScratchDir {
  private:
   std::filesystem::path path_;
 };
+
+// ||actual - expected|| / ||expected|| over fp32 CPU tensors of one shape.
+inline double rel_l2(const Tensor& actual, const Tensor& expected) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double e = expected.data_as<float>()[i];
+    const double d = static_cast<double>(actual.data_as<float>()[i]) - e;
+    diff += d * d;
+    norm += e * e;
+  }
+  return std::sqrt(diff / norm);
+}
 
 inline nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);

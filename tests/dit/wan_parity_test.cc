@@ -30,17 +30,6 @@
 namespace tessel {
 namespace {
 
-double rel_l2(const Tensor& actual, const Tensor& expected) {
-  double diff = 0.0, norm = 0.0;
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    const double e = expected.data_as<float>()[i];
-    const double d = actual.data_as<float>()[i] - e;
-    diff += d * d;
-    norm += e * e;
-  }
-  return std::sqrt(diff / norm);
-}
-
 struct Fixture {
   std::map<std::string, Tensor> io;
   Fixture() {
@@ -95,6 +84,24 @@ TEST(WanParity, PerTokenTimestepsMatchDiffusers) {
   EXPECT_LE(error, 4e-6);
   // The first frame's timestep 0 changes the output against one timestep per batch entry.
   EXPECT_GT(rel_l2(fixture.io.at("output_per_token_fp64"), fixture.io.at("output_fp64")), 1e-3);
+}
+
+// The CUDA forward's fixture (2 heads of 64, bf16-stored weights; its test is wan_cuda_gpu_test):
+// the CPU fp32 forward holds it to diffusers' float64 forward too, so the fixture itself is checked
+// where there is no GPU.
+TEST(WanParity, GpuFixtureMatchesDiffusersOnTheCpu) {
+  const std::filesystem::path dir = wan_gpu_fixture_dir();
+  const SafetensorsFile file = SafetensorsFile::open((dir / "io.safetensors").string());
+  const Tensor exact = file.load("output_fp64");
+  Tensor out = Tensor::empty(exact.shape(), DType::kF32);
+  ExecContext ctx;
+  ctx.num_threads = 1;
+  WanTransformer::load((dir / "checkpoint_bf16").string())
+      .forward(ctx, {}, file.load("hidden_states"), file.load("timestep"), file.load("encoder_hidden_states"), out);
+  const double error = rel_l2(out, exact);
+  std::printf("GPU fixture on the CPU (fp32): rel-L2 vs diffusers float64 %.3e; diffusers bf16 %.3e\n", error,
+              rel_l2(file.load("output_bf16"), exact));
+  EXPECT_LE(error, 4e-6);
 }
 
 WanAttentionOptions attention_through(BackendRegistry& registry, const std::string& json) {

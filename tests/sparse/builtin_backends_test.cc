@@ -116,9 +116,6 @@ TEST(BlockSparseBackend, RejectsWhatItCannotRun) {
   PatternSpec spec;
   spec.type = PatternType::kBlockSparse;
   spec.block_mask = std::make_shared<const BlockMask>(BlockMask::full(mask_shape(128, 128, 128, 64)));
-  spec.sub_block_mask.assign(static_cast<size_t>(spec.block_mask->nnz() * 128 * 64), 1);
-  EXPECT_THROW(builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 1, 1, 16, 128, 128), Error);
-  spec.sub_block_mask.clear();
   // The explicit mask must match the attention shape.
   try {
     builder->plan(ExecContext{}, spec, ModuleType::kDitSelf, 1, 1, 16, 256, 128);
@@ -193,7 +190,7 @@ TEST(MaskPlanningBackend, PermutedTokensAttendAsTheMaskMappedBack) {
   info.name = "reversed";
   info.patterns = {PatternType::kSpatialAware};
   const auto backend = make_mask_planning_backend(info, [&](const PatternSpec&, ModuleType, const AttentionShape&) {
-    return PlannedMask{permuted_mask, permutation};
+    return PlannedMask{permuted_mask, permutation, {}};
   });
   PatternSpec spec;
   spec.type = PatternType::kSpatialAware;
@@ -220,7 +217,7 @@ TEST(MaskPlanningBackend, BadPlannerOutputIsNamed) {
   spec.type = PatternType::kRadial;
   spec.spatial_layout = SpatialLayout{2, 8, 8, 2};
   const auto wrong_blocks = make_mask_planning_backend(info, [](const PatternSpec&, ModuleType, const AttentionShape& s) {
-    return PlannedMask{BlockMask::full(mask_shape(s.seq_q, s.seq_kv, 16, 16)), {}};
+    return PlannedMask{BlockMask::full(mask_shape(s.seq_q, s.seq_kv, 16, 16)), {}, {}};
   });
   try {
     wrong_blocks->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 32, 32);
@@ -230,7 +227,7 @@ TEST(MaskPlanningBackend, BadPlannerOutputIsNamed) {
         << e.what();
   }
   const auto bad_permutation = make_mask_planning_backend(info, [](const PatternSpec& p, ModuleType, const AttentionShape& s) {
-    return PlannedMask{BlockMask::full(mask_shape(s.seq_q, s.seq_kv, p.block_q, p.block_kv)), std::vector<int64_t>(32, 0)};
+    return PlannedMask{BlockMask::full(mask_shape(s.seq_q, s.seq_kv, p.block_q, p.block_kv)), std::vector<int64_t>(32, 0), {}};
   });
   try {
     bad_permutation->make_metadata_builder()->plan(ExecContext{}, spec, ModuleType::kDitSelf, 2, 2, 16, 32, 32);

@@ -86,7 +86,7 @@ inline std::shared_ptr<Backend> full_mask_backend(const std::string& name, std::
     s.seq_kv = shape.seq_kv;
     s.block_q = spec.block_q;
     s.block_kv = spec.block_kv;
-    return PlannedMask{BlockMask::full(s), {}};
+    return PlannedMask{BlockMask::full(s), {}, {}};
   });
 }
 
@@ -126,6 +126,22 @@ inline BlockMask sink_window_mask(int64_t seq_q, int64_t seq_kv, int64_t block_q
         rows[static_cast<size_t>(i)].push_back(static_cast<int32_t>(j));
   }
   return BlockMask::from_rows(s, rows);
+}
+
+// Element-wise: out within out_tolerance of want_out; lse within lse_tolerance of want_lse, and
+// -inf exactly where want_lse is -inf (rows with no key).
+inline void expect_outputs_near(const TensorView& out, const TensorView& want_out, double out_tolerance,
+                                const TensorView& lse, const TensorView& want_lse, double lse_tolerance) {
+  for (int64_t i = 0; i < out.numel(); ++i)
+    ASSERT_NEAR(element_as_double(out, i), element_as_double(want_out, i), out_tolerance) << "output element " << i;
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    const double got = element_as_double(lse, i), expected = element_as_double(want_lse, i);
+    if (std::isinf(expected)) {
+      ASSERT_EQ(got, expected) << "lse " << i;
+    } else {
+      ASSERT_NEAR(got, expected, lse_tolerance) << "lse " << i;
+    }
+  }
 }
 
 }  // namespace tessel::testing

@@ -57,6 +57,11 @@ class Checkpoint {
 // CPU tensor (stored bf16, fp16 or fp32 are accepted). Throws Error, before converting anything,
 // when an expected tensor is missing, has another shape, or the checkpoint holds a tensor that
 // is not expected.
+// Throws Error, naming the tensor, when an expected tensor is missing, has another shape or a
+// stored dtype other than fp32, fp16 or bf16, or the checkpoint holds a tensor that is not
+// expected. Reads headers only (for loaders that then take the tensors one at a time).
+void check_checkpoint(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected);
+
 std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected,
                                            DType dtype);
 

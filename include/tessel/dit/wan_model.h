@@ -14,10 +14,16 @@
 //   (B, C_out, F, H, W).
 // Batch 2 carries classifier-free guidance's conditional and unconditional branches in one call.
 //
-// Compute is fp32 on the CPU; the weights are converted to fp32 (and linear weights transposed)
-// once, at construction. A forward allocates its activations; the attention kernels take their
-// scratch from ctx.workspace (grown to what the shapes need), or from one workspace of the call's
-// own when it has none.
+// A model lives on one device, chosen at construction:
+//   CPU: fp32 compute; the weights are converted to fp32 (and linear weights transposed) once. A
+//     forward allocates its activations; the attention kernels take their scratch from
+//     ctx.workspace (grown to what the shapes need), or from one workspace of the call's own.
+//   CUDA (builds with CUDA): bf16 weights and GEMMs (cuBLASLt, fp32 accumulation), the residual
+//     stream and the timestep conditioning in fp32, fused norm / modulation / RoPE / gated-residual
+//     kernels, tessel's attention kernels. Every activation is a slice of ctx.workspace, grown on
+//     the first forward of a shape (workspace_bytes() tells how much): later forwards allocate
+//     nothing and do not wait for the device, all work on ctx.stream. Inputs and output stay fp32
+//     device tensors.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +58,8 @@ struct WanAttentionOptions {
 
 // Seconds spent per kind of work, summed over forwards (for benchmarks).
 struct WanForwardProfile {
-  double attention_s = 0.0;  // self- and cross-attention kernels, mask estimation included
+  double attention_s = 0.0;   // self- and cross-attention kernels
+  double estimation_s = 0.0;  // sparse mask estimation inside the self-attention calls
   double gemm_s = 0.0;       // every linear layer and the patch embedding
   double norm_rope_s = 0.0;  // LayerNorm / AdaLN, RMSNorm, rotary embedding
   double other_s = 0.0;      // activations, residuals, embeddings, patchify
@@ -65,7 +72,12 @@ struct WanForwardProfile {
   double mean_self_attention_density() const {
     return self_attention_calls ? self_attention_density_sum / static_cast<double>(self_attention_calls) : 1.0;
   }
-  double total_s() const { return attention_s + gemm_s + norm_rope_s + other_s; }
+  double total_s() const { return attention_s + estimation_s + gemm_s + norm_rope_s + other_s; }
+  // Counts one self-attention call (charged to attention_s by the caller's clock) and moves its
+  // estimation time from attention_s to estimation_s. On CUDA a call reports the estimation time
+  // of the previous call of the same plan (device events are read without waiting), so the sum
+  // over a forward is exact but for the last call.
+  void add_self_attention(const AttentionStepReport& report);
 };
 
 // What a forward shows a step cache (TeaCache) before the transformer blocks run. Row b of the batch
@@ -99,37 +111,58 @@ SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames,
 
 class WanTransformer {
  public:
-  // `weights` holds exactly the tensors of wan_weight_specs(config) (any float dtype; converted
-  // to fp32 here). Throws Error naming a missing, mis-shaped or unexpected tensor.
-  WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights, const WanAttentionOptions& attention = {});
+  // `weights` holds exactly the tensors of wan_weight_specs(config) (any float dtype, on the CPU;
+  // converted to the device's dtypes here). Throws Error naming a missing, mis-shaped or
+  // unexpected tensor, or a device this build cannot run (CUDA without CUDA).
+  WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights, const WanAttentionOptions& attention = {},
+                 Device device = Device::cpu());
   ~WanTransformer();
   WanTransformer(WanTransformer&&) noexcept;
   WanTransformer& operator=(WanTransformer&&) noexcept;
 
   // Reads config.json and the (sharded) safetensors of a diffusers checkpoint directory.
-  static WanTransformer load(const std::string& checkpoint_dir, const WanAttentionOptions& attention = {});
-  // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`.
-  static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {});
+  // On CUDA the tensors go from the mapped shards to the device one at a time.
+  static WanTransformer load(const std::string& checkpoint_dir, const WanAttentionOptions& attention = {},
+                             Device device = Device::cpu());
+  // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`. On
+  // CUDA they are drawn on the device (another stream of numbers than the CPU's for one seed).
+  static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {},
+                               Device device = Device::cpu());
 
   // One transformer forward. latents (B, in_channels, F, H, W), timestep (B) or (B, S) (one per
   // token, as Wan 2.2 conditions a first frame), text (B, L, text_dim) and out
-  // (B, out_channels, F, H, W): fp32, CPU, contiguous; F, H, W multiples of the patch size
+  // (B, out_channels, F, H, W): fp32, contiguous, on the model's device; F, H, W multiples of the patch size
   // with at most rope_max_seq_len patches along each axis; a spatial layout in the attention
   // config must be wan_spatial_layout of this latent. `step` reaches every block's attention
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
   // `block_cache`, when given, is asked before the blocks whether to run them (it needs one timestep
-  // per batch entry: a (B, S) timestep is an Error).
+  // per batch entry: a (B, S) timestep is an Error; a CUDA model takes none yet).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
                WanBlockCache* block_cache = nullptr) const;
 
+  // This model's weights (shared, not copied: both models may run at once) with other
+  // self-attention options, e.g. dense attention to compare a sparse configuration with.
+  WanTransformer with_attention(const WanAttentionOptions& attention) const;
+
+  // Bytes of ctx.workspace a forward of this shape takes on the model's device (CUDA: the
+  // activations; CPU: the attention kernels' scratch). text_tokens = L; per_token_timestep: a
+  // (B, S) timestep.
+  size_t workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height, int64_t latent_width,
+                         int64_t text_tokens, bool per_token_timestep = false) const;
+  // Bytes the weights take on the model's device.
+  size_t weight_bytes() const;
+
   const WanConfig& config() const;
+  Device device() const;
   // The self-attention module of each block (null entries when attention is dense without a registry).
   const SparseAttention* block_attention(int64_t layer) const;
 
  private:
   struct Impl;
+  // A model whose weights `impl` already holds; adds the attention modules.
+  WanTransformer(std::unique_ptr<Impl> impl, const WanAttentionOptions& attention);
   std::unique_ptr<Impl> impl_;
 };
 

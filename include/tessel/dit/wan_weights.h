@@ -14,6 +14,21 @@ namespace tessel {
 
 std::vector<WeightSpec> wan_weight_specs(const WanConfig& config);
 
+// The element type a tensor is kept in by a CUDA model: bf16 for the linear layers of the blocks,
+// the patch embedding, the text embedder and the output projection; fp32 for the time embedder
+// and time projection, the modulation tables, the norm weights, and the biases of the GEMMs that
+// write fp32 (patch embedding into the residual stream, output projection).
+DType wan_cuda_weight_dtype(const std::string& tensor_name);
+
+// How random weights for benchmarks are drawn, at the scale of diffusers' initialization: uniform
+// in +-1/sqrt(fan_in) for the linear and Conv3d weights (PyTorch's default), ones for norm weights,
+// normal(0, 1/sqrt(dim)) for the modulation tables, uniform in +-0.01 for biases.
+struct WanRandomInit {
+  bool normal = false;
+  double first = 0.0, second = 0.0;  // uniform: low, high; normal: mean, standard deviation
+};
+WanRandomInit wan_random_init(const WanConfig& config, const WeightSpec& spec);
+
 // "blocks.<layer>.<name>", the checkpoint prefix of one transformer block's tensors.
 std::string wan_block_tensor(int64_t layer, const std::string& name);
 

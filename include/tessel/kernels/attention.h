@@ -50,7 +50,8 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
                        const TensorView& lse, const AttentionOptions& options = {});
 
 // Visits only the kv blocks the mask keeps for each (batch, head, q block). Token-level causal /
-// window limits in `options` still apply inside kept blocks.
+// window limits in `options` still apply inside kept blocks, and so do the mask's sub-block bits
+// when it has them (block_mask_view.h); a row left with no key gets output 0 and lse -inf.
 void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
                                     const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options = {});

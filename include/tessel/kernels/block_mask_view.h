@@ -6,6 +6,14 @@
 // indptr has num_rows + 1 entries (one global CSR, offsets into `indices`);
 // indices[indptr[r] .. indptr[r+1]) are the kept kv-block ids of row r, sorted, unique.
 // mask_batch ∈ {1, B} and mask_heads ∈ {1, H_kv, H_q} broadcast over the attention tensors.
+//
+// Optional sub-block masks (token-level masks inside the kept blocks; null = kept blocks are
+// computed whole): for the kept block at position n of `indices`, query row r of the block
+// (0 <= r < block_q) and key c of the block (0 <= c < block_kv), the pair is kept iff
+//   bit (c % 32) of sub_block_bits[(n * block_q + r) * sub_block_words() + c / 32]
+// is set. One row of a block is ceil(block_kv / 32) uint32 words (two for the default 64-key
+// blocks, so a 128x64 block takes 1 KiB). Bits of tokens past the end of a partial last block are
+// ignored. The bits live on `device`, as indptr and indices do.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +34,9 @@ struct BlockMaskView {
   int64_t seq_q = 0;   // tokens; the last block may be partial
   int64_t seq_kv = 0;
   Device device{};
+  const uint32_t* sub_block_bits = nullptr;
+
+  int64_t sub_block_words() const { return (block_kv + 31) / 32; }
 
   int64_t num_rows() const { return mask_batch * mask_heads * q_blocks; }
 

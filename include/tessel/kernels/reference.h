@@ -31,11 +31,18 @@ struct AttentionResult {
 // True when query i may attend key j under options' causal/window rules (see AttentionOptions).
 bool key_visible(int64_t i, int64_t j, int64_t seq_q, int64_t seq_kv, const AttentionOptions& options);
 
+// True when `mask` (a CPU view) keeps the pair (query i, key j) of query head `head` of batch
+// `batch`: key j's block is in the row of i's q block and, when the view has sub_block_bits, the
+// pair's bit is set. heads / kv_heads are the attention's head counts (for mask_head_for).
+bool block_mask_keeps(const BlockMaskView& mask, int64_t batch, int64_t head, int64_t heads, int64_t kv_heads,
+                      int64_t i, int64_t j);
+
 // Dense attention. q_rows: query positions to compute; empty means all of them.
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options = {}, const std::vector<int64_t>& q_rows = {});
 
-// Attention restricted to the kv blocks `mask` keeps (a CPU view), plus the token rules of options.
+// Attention restricted to the kv blocks `mask` keeps (a CPU view) and, when the view carries
+// sub_block_bits, to the token pairs they keep inside those blocks, plus the token rules of options.
 AttentionResult block_sparse_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                        const BlockMaskView& mask, const AttentionOptions& options = {},
                                        const std::vector<int64_t>& q_rows = {});

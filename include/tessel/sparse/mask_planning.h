@@ -47,6 +47,9 @@ namespace tessel {
 struct PlannedMask {
   BlockMask mask;
   std::vector<int64_t> permutation;  // empty = identity; else a permutation of [0, seq)
+  // Token-level masks inside mask's kept blocks, in the kernels' bit layout (sub_block_mask.h);
+  // empty = kept blocks are computed whole. Blocks the always-keep options add are whole.
+  std::vector<uint32_t> sub_block_bits;
 };
 
 using MaskPlanner = std::function<PlannedMask(const PatternSpec& spec, ModuleType module, const AttentionShape& shape)>;

@@ -80,7 +80,9 @@ struct PatternSpec {
   // build it with BlockMask::from_dense / from_csr). Its block sizes must equal block_q/block_kv.
   std::shared_ptr<const BlockMask> block_mask;
   // sub_block_mask: (nnz, block_q, block_kv) uint8, one token-level mask per kept block
-  // in `block_mask` order. Backends that cannot honour it reject the spec in plan().
+  // in `block_mask` order, nonzero = pair kept. The block_sparse backend executes it (packed into
+  // the kernels' bits, sparse/sub_block_mask.h); backends that cannot honour it reject the spec
+  // in plan().
   std::vector<uint8_t> sub_block_mask;
 
   // ---- sliding_window: key j is in the window of query i when |i + (S_kv - S_q) - j| <= window_size.

@@ -192,6 +192,37 @@ void pack_panel(const Problem& p, int64_t b, int64_t hk, int64_t panel, float* k
   pack_key_panel(key_rows, dp, dp, kt + panel * kPanelKeys * dp);
 }
 
+// Sets to -inf the scores of the pairs that the mask's sub-block bits drop, for the chunk's
+// visited columns [first, n) of query rows [i0, i0 + rows) of each head of the item (the scores of
+// m = rows * heads rows, row stride ld_s). The item's rows lie in one q block, so they read one
+// mask row; the visited keys lie in kept blocks of that row.
+void apply_sub_block_bits(const Problem& p, int64_t b, int64_t h0, int64_t i0, int64_t rows, int64_t m,
+                          const Chunk& chunk, float* scores, int64_t ld_s) {
+  const BlockMaskView& mk = *p.mask;
+  const int64_t qb = i0 / mk.block_q, words = mk.sub_block_words();
+  const int64_t row = mk.row(b, mk.mask_head_for(h0, p.heads, p.kv_heads), qb);
+  const int32_t* kept_begin = mk.indices + mk.indptr[row];
+  const int32_t* kept_end = mk.indices + mk.indptr[row + 1];
+  const int64_t key_begin = chunk.j0 + chunk.first, key_end = chunk.j0 + chunk.n;
+  for (int64_t block = key_begin / mk.block_kv; block * mk.block_kv < key_end; ++block) {
+    const int32_t* found = std::lower_bound(kept_begin, kept_end, static_cast<int32_t>(block));
+    const bool kept = found != kept_end && *found == block;
+    const int64_t position = found - mk.indices;  // the block's index in the whole CSR
+    const int64_t c_lo = std::max(key_begin, block * mk.block_kv) - chunk.j0;
+    const int64_t c_hi = std::min(key_end, (block + 1) * mk.block_kv) - chunk.j0;
+    const int64_t key_offset = chunk.j0 - block * mk.block_kv;  // column c is key c + key_offset of the block
+    for (int64_t r = 0; r < m; ++r) {
+      float* s = scores + r * ld_s;
+      const int64_t in_block = i0 + r % rows - qb * mk.block_q;
+      const uint32_t* bits = mk.sub_block_bits + (position * mk.block_q + in_block) * words;
+      for (int64_t c = c_lo; c < c_hi; ++c) {
+        const int64_t key = c + key_offset;
+        if (!kept || ((bits[key >> 5] >> (key & 31)) & 1u) == 0) s[c] = kNegInf;
+      }
+    }
+  }
+}
+
 // Runs one item: query rows [i0, i1) of heads [h0, h0 + heads_per_item) over the key ranges.
 void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, int64_t i0, int64_t i1,
                   const KeyRange* ranges, int64_t num_ranges, const ThreadScratch& ws) {
@@ -234,6 +265,7 @@ void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, i
         for (int64_t c = 0; c < first; ++c) s[c] = kNegInf;
       }
     }
+    if (p.mask && p.mask->sub_block_bits) apply_sub_block_bits(p, b, h0, i0, rows, m, ws.chunks[ci], ws.s, ld_s);
     tile_softmax(ws.s, m, ld_s, n, cols, ws.row_max, ws.row_sum, ws.alpha);
     tile_accumulate(ws.s, m, ld_s, first, n, kv.v + j0 * dp, dp, ws.alpha, ws.o);
   }

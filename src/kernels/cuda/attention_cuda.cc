@@ -137,9 +137,12 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   p.block_q = static_cast<int>(mask.block_q);
   p.block_kv = static_cast<int>(mask.block_kv);
   p.sub_shift = sub_shift;
+  p.sub_block_bits = mask.sub_block_bits;
+  p.sub_block_words = static_cast<int>(mask.sub_block_words());
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
-  if (detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
+  // Sub-block masks run on the sm_80 kernel on every GPU (the Hopper kernel computes whole blocks).
+  if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,
                                         ctx.stream);

@@ -129,6 +129,7 @@ struct TileWalk {
   int kv_lo, kv_hi;
   int first, count;             // dense
   const int32_t* row_indices;   // sparse: global
+  int64_t row_begin;            // sparse: the row's first position in the mask's indices
   const int32_t* cached;        // sparse: the first cached_count ids, in shared memory
   int cached_count;
   int row_blocks, sub_shift, block_kv;
@@ -173,6 +174,7 @@ __device__ __forceinline__ TileWalk<kSparse> make_tile_walk(const FlashParams& p
     const int mask_h = p.mask_heads == 1 ? 0 : head / p.mask_head_div;
     const int row = (mask_b * p.mask_heads + mask_h) * p.q_blocks + m0 / p.block_q;
     const int begin = p.indptr[row];
+    walk.row_begin = begin;
     walk.row_indices = p.indices + begin;
     walk.row_blocks = p.indptr[row + 1] - begin;
     walk.sub_shift = p.sub_shift;
@@ -329,6 +331,31 @@ __global__ void __launch_bounds__(128, 2) flash_forward_kernel(const FlashParams
               if (j > hi || j < lo) s_acc[mt][nt][half * 2 + e] = -INFINITY;
             }
         }
+    }
+
+    // Sub-block masks: each thread reads the two words (64 keys) of this tile for each of its rows.
+    // Rows past seq_q read bits of their q block that exist and are never stored.
+    if constexpr (kSparse) {
+      if (p.sub_block_bits != nullptr) {
+        const int64_t position = walk.row_begin + (tile >> walk.sub_shift);
+        const int word0 = (tile & ((1 << walk.sub_shift) - 1)) * 2;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = (m0 + warp_row0 + mt * 16 + group + half * 8) % p.block_q;
+            const uint32_t* words = p.sub_block_bits + (position * p.block_q + r) * p.sub_block_words + word0;
+            const uint32_t low = words[0], high = words[1];
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int c = nt * 8 + quad * 2 + e;
+                const uint32_t bit = ((c < 32 ? low : high) >> (c & 31)) & 1u;
+                if (bit == 0) s_acc[mt][nt][half * 2 + e] = -INFINITY;
+              }
+          }
+      }
     }
 
     // Online softmax: new row max, rescale O and the running sums, P = exp2(S*c - m*c).

@@ -33,6 +33,10 @@ struct FlashParams {
   const int32_t* indices;
   int mask_batch, mask_heads, mask_head_div, q_blocks, block_q, block_kv;
   int sub_shift;  // log2(block_kv / 64)
+  // Optional token-level masks inside the kept blocks (block_mask_view.h's layout), or nullptr;
+  // sub_block_words = block_kv / 32 words per query row of a block.
+  const uint32_t* sub_block_bits;
+  int sub_block_words;
 };
 
 // Launch on `stream`; dtype kBF16 or kF16, head_dim 64 or 128. Dense uses 128-row CTAs; sparse

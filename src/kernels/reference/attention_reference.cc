@@ -37,7 +37,7 @@ std::vector<double> head_rows(const TensorView& t, int64_t b, int64_t h) {
   return rows;
 }
 
-// keep(b, h, i, j) says whether key j is in a kept kv block of this query row's mask row.
+// keep(b, h, i, j) says whether the mask keeps the pair (query i, key j) of query head h.
 template <typename Keep>
 AttentionResult run(const TensorView& q, const TensorView& k, const TensorView& v, const AttentionOptions& options,
                     const std::vector<int64_t>& q_rows_in, Keep&& keep) {
@@ -112,6 +112,19 @@ bool key_visible(int64_t i, int64_t j, int64_t seq_q, int64_t seq_kv, const Atte
   return true;
 }
 
+bool block_mask_keeps(const BlockMaskView& mask, int64_t batch, int64_t head, int64_t heads, int64_t kv_heads,
+                      int64_t i, int64_t j) {
+  const int64_t row = mask.row(batch, mask.mask_head_for(head, heads, kv_heads), i / mask.block_q);
+  const int32_t block = static_cast<int32_t>(j / mask.block_kv);
+  const int32_t* kept_end = mask.indices + mask.indptr[row + 1];
+  const int32_t* found = std::lower_bound(mask.indices + mask.indptr[row], kept_end, block);
+  if (found == kept_end || *found != block) return false;
+  if (mask.sub_block_bits == nullptr) return true;
+  const int64_t position = found - mask.indices, r = i % mask.block_q, c = j % mask.block_kv;
+  const uint32_t word = mask.sub_block_bits[(position * mask.block_q + r) * mask.sub_block_words() + c / 32];
+  return ((word >> (c % 32)) & 1u) != 0;
+}
+
 AttentionResult attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const AttentionOptions& options, const std::vector<int64_t>& q_rows) {
   return run(q, k, v, options, q_rows, [](int64_t, int64_t, int64_t, int64_t) { return true; });
@@ -130,9 +143,7 @@ AttentionResult block_sparse_attention(const TensorView& q, const TensorView& k,
   if (mask.mask_heads != 1 && mask.mask_heads != heads && mask.mask_heads != kv_heads)
     fail_argument("mask.mask_heads", detail::concat("1, ", kv_heads, " or ", heads), mask.mask_heads);
   auto keep = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
-    const int64_t row = mask.row(b, mask.mask_head_for(h, heads, kv_heads), i / mask.block_q);
-    const int32_t block = static_cast<int32_t>(j / mask.block_kv);
-    return std::binary_search(mask.indices + mask.indptr[row], mask.indices + mask.indptr[row + 1], block);
+    return block_mask_keeps(mask, b, h, heads, kv_heads, i, j);
   };
   return run(q, k, v, options, q_rows, keep);
 }

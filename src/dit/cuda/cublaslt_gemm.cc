@@ -1,0 +1,167 @@
+// cuBLASLt linear layers (see cublaslt_gemm.h). cuBLASLt is column-major: the row-major product
+// y (m, n) = x (m, k) · w (n, k)^T is, read column-major, y^T (n, m) = w^T · x^T, where the
+// row-major w (n, k) is a column-major (k, n) matrix used transposed and the row-major x (m, k) a
+// column-major (k, m) one used as is. The bias then runs along y^T's rows: one value per output
+// feature, as the epilogue adds it.
+//
+// libcublasLt is opened at run time, the first time a model needs it, rather than linked: it is
+// half a gigabyte that not every machine running tessel's other CUDA code has on its library
+// path, and a missing one should fail the Wan CUDA model with a message, not every program that
+// loads libtessel.
+#include "cuda/cublaslt_gemm.h"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include "tessel/core/error.h"
+
+namespace tessel::dit::cuda {
+namespace {
+
+// The cuBLASLt functions this file calls, resolved from the shared library once.
+struct CublasLtApi {
+#define TESSEL_CUBLASLT_FUNCTIONS(X)                                                                                   \
+  X(cublasLtCreate)                                                                                                    \
+  X(cublasLtDestroy)                                                                                                   \
+  X(cublasLtGetStatusString)                                                                                           \
+  X(cublasLtMatmulDescCreate)                                                                                          \
+  X(cublasLtMatmulDescDestroy)                                                                                         \
+  X(cublasLtMatmulDescSetAttribute)                                                                                    \
+  X(cublasLtMatrixLayoutCreate)                                                                                        \
+  X(cublasLtMatrixLayoutDestroy)                                                                                       \
+  X(cublasLtMatmulPreferenceCreate)                                                                                    \
+  X(cublasLtMatmulPreferenceDestroy)                                                                                   \
+  X(cublasLtMatmulPreferenceSetAttribute)                                                                              \
+  X(cublasLtMatmulAlgoGetHeuristic)                                                                                    \
+  X(cublasLtMatmul)
+#define TESSEL_CUBLASLT_MEMBER(name) decltype(&::name) name = nullptr;
+  TESSEL_CUBLASLT_FUNCTIONS(TESSEL_CUBLASLT_MEMBER)
+#undef TESSEL_CUBLASLT_MEMBER
+};
+
+// The library of the cuBLAS major version tessel was compiled against (sonames carry it).
+#define TESSEL_CUBLASLT_QUOTE(x) #x
+#define TESSEL_CUBLASLT_VERSION(x) TESSEL_CUBLASLT_QUOTE(x)
+constexpr const char* kCublasLtLibrary = "libcublasLt.so." TESSEL_CUBLASLT_VERSION(CUBLAS_VER_MAJOR);
+
+const CublasLtApi& cublaslt() {
+  static const CublasLtApi api = [] {
+    void* library = dlopen(kCublasLtLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr)
+      throw Error(detail::concat("the Wan CUDA model needs cuBLASLt: ", kCublasLtLibrary, " could not be opened (", dlerror(),
+                                 "); put the folder that holds it (the CUDA toolkit's lib64, or the nvidia-cublas Python "
+                                 "package's nvidia/cublas/lib) on LD_LIBRARY_PATH"));
+    CublasLtApi loaded;
+#define TESSEL_CUBLASLT_RESOLVE(name)                                                                                   \
+  loaded.name = reinterpret_cast<decltype(&::name)>(dlsym(library, #name));                                            \
+  if (loaded.name == nullptr) throw Error(detail::concat(kCublasLtLibrary, " has no symbol ", #name));
+    TESSEL_CUBLASLT_FUNCTIONS(TESSEL_CUBLASLT_RESOLVE)
+#undef TESSEL_CUBLASLT_RESOLVE
+    return loaded;  // the library stays open for the process's lifetime
+  }();
+  return api;
+}
+
+void check(cublasStatus_t status, const char* what, const GemmShape& shape) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(detail::concat("cuBLASLt ", what, " failed for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
+                               dtype_name(shape.input), " -> ", dtype_name(shape.output),
+                               "): ", cublaslt().cublasLtGetStatusString(status)));
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF32: return CUDA_R_32F;
+    default: throw Error(detail::concat("cuBLASLt linear: element type ", dtype_name(dtype), ", expected bf16 or fp32"));
+  }
+}
+
+}  // namespace
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t weight = nullptr, input = nullptr, output = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (output) cublaslt().cublasLtMatrixLayoutDestroy(output);
+    if (input) cublaslt().cublasLtMatrixLayoutDestroy(input);
+    if (weight) cublaslt().cublasLtMatrixLayoutDestroy(weight);
+    if (operation) cublaslt().cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+CublasLtGemm::CublasLtGemm() {
+  cublasLtHandle_t handle = nullptr;
+  const cublasStatus_t status = cublaslt().cublasLtCreate(&handle);
+  if (status != CUBLAS_STATUS_SUCCESS) throw Error(detail::concat("cublasLtCreate failed: ", cublaslt().cublasLtGetStatusString(status)));
+  handle_ = handle;
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  plans_.clear();
+  if (handle_) cublaslt().cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
+  const auto found = plans_.find(shape);
+  if (found != plans_.end()) return *found->second;
+  auto plan = std::make_unique<Plan>();
+  const cudaDataType_t input_type = cuda_type(shape.input), output_type = cuda_type(shape.output);
+  check(cublaslt().cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA",
+        shape);
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)), "TRANSB", shape);
+  const cublasLtEpilogue_t epilogue =
+      shape.epilogue == GemmEpilogue::kBiasGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue",
+        shape);
+  const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
+
+  cublasLtMatmulPreference_t preference = nullptr;
+  check(cublaslt().cublasLtMatmulPreferenceCreate(&preference), "preference", shape);
+  const uint64_t workspace_bytes = kWorkspaceBytes;
+  cublasStatus_t status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                               &workspace_bytes, sizeof(workspace_bytes));
+  // Split-k partial sums only in fp32 (the in-place and output-type schemes would add them in bf16).
+  const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_schemes,
+                                                  sizeof(reduction_schemes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_algorithms = 0;
+  if (status == CUBLAS_STATUS_SUCCESS)
+    status = cublaslt().cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->operation, plan->weight, plan->input,
+                                            plan->output, plan->output, preference, 1, &result, &found_algorithms);
+  cublaslt().cublasLtMatmulPreferenceDestroy(preference);
+  check(status, "algorithm heuristic", shape);
+  if (found_algorithms == 0)
+    throw Error(detail::concat("cuBLASLt has no algorithm for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
+                               dtype_name(shape.input), " -> ", dtype_name(shape.output), ")"));
+  plan->algo = result.algo;
+  return *plans_.emplace(shape, std::move(plan)).first->second;
+}
+
+void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
+                          cudaStream_t stream) const {
+  if (shape.m == 0) return;
+  const std::lock_guard lock(mutex_);
+  const Plan& plan = plan_for(shape);
+  // The bias pointer lives in the cached descriptor; cuBLASLt reads it when the matmul is enqueued.
+  check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer",
+        shape);
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
+                       plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
+        "matmul", shape);
+}
+
+}  // namespace tessel::dit::cuda

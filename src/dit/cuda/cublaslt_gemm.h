@@ -1,0 +1,63 @@
+// Linear layers on the GPU through cuBLASLt (internal): y (m, n) = x (m, k) · w (n, k)^T + bias (n),
+// row-major, with w a PyTorch Linear weight as stored (out_features, in_features), so no weight is
+// transposed. Inputs are bf16 (fp32 accumulation) or fp32 (fp32 compute, no TF32, for the
+// conditioning path diffusers keeps in fp32); the output is bf16 or fp32 and the bias has the
+// output's type (cuBLASLt's rule for its bias epilogue). GELU with the tanh approximation is fused
+// into the epilogue on request (cuBLASLt's GELU is that approximation).
+//
+// The algorithm for each (m, n, k, types, epilogue) is chosen once by cuBLASLt's heuristic and
+// cached with its descriptors, so a run after the first of a shape only enqueues the matmul: no
+// allocation, no synchronization, capturable into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "tessel/core/dtype.h"
+
+namespace tessel::dit::cuda {
+
+enum class GemmEpilogue { kBias, kBiasGeluTanh };
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  DType input = DType::kBF16;   // x and w
+  DType output = DType::kBF16;  // y and bias
+  GemmEpilogue epilogue = GemmEpilogue::kBias;
+  auto tie() const { return std::tie(m, n, k, input, output, epilogue); }
+  bool operator<(const GemmShape& other) const { return tie() < other.tie(); }
+};
+
+class CublasLtGemm {
+ public:
+  // The scratch each matmul may use (cuBLASLt's recommendation for Hopper); callers pass a slice of
+  // at least this many bytes, 256-byte aligned.
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  CublasLtGemm();
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // Enqueues y = x · w^T + bias (then GELU-tanh) on `stream` (every Wan linear has a bias).
+  // `workspace` holds kWorkspaceBytes. Throws Error when cuBLASLt has no algorithm for the shape
+  // or a call fails.
+  void linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
+              cudaStream_t stream) const;
+
+ private:
+  struct Plan;
+  const Plan& plan_for(const GemmShape& shape) const;
+
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  mutable std::mutex mutex_;
+  mutable std::map<GemmShape, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace tessel::dit::cuda

@@ -1,0 +1,320 @@
+// The Wan transformer's bf16 CUDA forward (see wan_cuda_model.h for what runs in which precision).
+#include "cuda/wan_cuda_model.h"
+
+#include <cuda_runtime.h>
+
+#include "cuda/wan_kernels.h"
+#include "tessel/core/allocator.h"
+#include "tessel/core/error.h"
+#include "tessel/dit/wan_weights.h"
+#include "tessel/kernels/attention.h"
+#include "tessel/kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/launch_check.h"
+
+namespace tessel::dit::cuda {
+namespace {
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw Error(detail::concat("Wan CUDA forward: ", what, ": ", cudaGetErrorString(status)));
+}
+
+// Takes consecutive slices of a workspace, or only counts the bytes they need (no slicer), so the
+// sizing and the run share one list of slices.
+class SliceTaker {
+ public:
+  explicit SliceTaker(WorkspaceSlicer* slicer) : slicer_(slicer) {}
+  template <typename T>
+  T* take(int64_t count, const char* what) {
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    if (slicer_ != nullptr) return slicer_->take<T>(static_cast<size_t>(count), what);
+    counted_ += workspace_slice_bytes(bytes);
+    return nullptr;
+  }
+  size_t counted() const { return counted_; }
+
+ private:
+  WorkspaceSlicer* slicer_;
+  size_t counted_ = 0;
+};
+
+// The activations of one forward.
+struct Activations {
+  void* gemm_scratch;
+  bf16 *patches, *text, *text_hidden, *context, *normed, *q, *k, *v, *attended, *ffn_hidden, *text_k, *text_v;
+  float *sinusoid, *time_hidden, *temb, *temb_act, *modulation_input, *hidden, *out_patches, *rope_cos, *rope_sin;
+  // The output projection of each attention and of the FFN reuses q (dead by then).
+  bf16* projected() const { return q; }
+};
+
+Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanForwardShape& s) {
+  const int64_t seq = s.frames / c.patch_size[0] * (s.height / c.patch_size[1]) * (s.width / c.patch_size[2]);
+  const int64_t rows = s.batch * seq, text_rows = s.batch * s.text_len, dim = c.inner_dim();
+  const int64_t groups = s.per_token_timestep ? rows : s.batch;
+  Activations a{};
+  a.gemm_scratch = taker.take<std::byte>(static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes), "GEMM scratch");
+  a.patches = taker.take<bf16>(rows * c.in_channels * c.patch_volume(), "patches");
+  a.sinusoid = taker.take<float>(groups * c.freq_dim, "timestep sinusoid");
+  a.time_hidden = taker.take<float>(groups * dim, "time embedder hidden");
+  a.temb = taker.take<float>(groups * dim, "time embedding");
+  a.temb_act = taker.take<float>(groups * dim, "SiLU(time embedding)");
+  a.modulation_input = taker.take<float>(groups * 6 * dim, "time projection");
+  a.text = taker.take<bf16>(text_rows * c.text_dim, "text (bf16)");
+  a.text_hidden = taker.take<bf16>(text_rows * dim, "text embedder hidden");
+  a.context = taker.take<bf16>(text_rows * dim, "text context");
+  a.text_k = taker.take<bf16>(text_rows * dim, "cross-attention k");
+  a.text_v = taker.take<bf16>(text_rows * dim, "cross-attention v");
+  a.hidden = taker.take<float>(rows * dim, "residual stream");
+  a.normed = taker.take<bf16>(rows * dim, "normed");
+  a.q = taker.take<bf16>(rows * dim, "q");
+  a.k = taker.take<bf16>(rows * dim, "k");
+  a.v = taker.take<bf16>(rows * dim, "v");
+  a.attended = taker.take<bf16>(rows * dim, "attention output");
+  a.ffn_hidden = taker.take<bf16>(rows * c.ffn_dim, "FFN hidden");
+  a.out_patches = taker.take<float>(rows * c.out_channels * c.patch_volume(), "output patches");
+  a.rope_cos = taker.take<float>(seq * (c.attention_head_dim / 2), "rotary cosines");
+  a.rope_sin = taker.take<float>(seq * (c.attention_head_dim / 2), "rotary sines");
+  return a;
+}
+
+// CUDA events between the kinds of work of one forward, read once at its end.
+class EventTimeline {
+ public:
+  EventTimeline(WanForwardProfile* profile, cudaStream_t stream) : profile_(profile), stream_(stream) {
+    if (profile_) record();
+  }
+  ~EventTimeline() {
+    for (cudaEvent_t event : events_) cudaEventDestroy(event);
+  }
+  EventTimeline(const EventTimeline&) = delete;
+  EventTimeline& operator=(const EventTimeline&) = delete;
+
+  // The work enqueued since the previous mark is of kind `slot`.
+  void charge(double WanForwardProfile::*slot) {
+    if (!profile_) return;
+    record();
+    slots_.push_back(slot);
+  }
+  // Waits for the last event and adds the intervals to the profile.
+  void finish() {
+    if (!profile_ || events_.empty()) return;
+    check_cuda(cudaEventSynchronize(events_.back()), "cudaEventSynchronize (profile)");
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      float ms = 0.0f;
+      check_cuda(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]), "cudaEventElapsedTime (profile)");
+      profile_->*slots_[i] += ms / 1000.0;
+    }
+  }
+
+ private:
+  void record() {
+    cudaEvent_t event = nullptr;
+    check_cuda(cudaEventCreate(&event), "cudaEventCreate (profile)");
+    events_.push_back(event);
+    check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord (profile)");
+  }
+
+  WanForwardProfile* profile_;
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<double WanForwardProfile::*> slots_;
+};
+
+}  // namespace
+
+void WanCudaModel::allocate_weights() {
+  for (const WeightSpec& spec : wan_weight_specs(config_)) {
+    const DType dtype = wan_cuda_weight_dtype(spec.name);
+    layout_[spec.name] = {weight_bytes_, dtype};
+    weight_bytes_ += workspace_slice_bytes(static_cast<size_t>(shape_numel(spec.shape)) * dtype_size(dtype));
+  }
+  arena_ = allocate(weight_bytes_, MemoryKind::kDevice, device_.index);
+}
+
+WanCudaModel::WanCudaModel(const WanConfig& config, Device device, const WeightSource& source) : config_(config), device_(device) {
+  const tessel::cuda::DeviceGuard guard(device.index);
+  allocate_weights();
+  for (const WeightSpec& spec : wan_weight_specs(config_)) {
+    const TensorView stored = source(spec);
+    const DType dtype = wan_cuda_weight_dtype(spec.name);
+    void* destination = const_cast<void*>(weight(spec.name));
+    if (stored.dtype() == dtype && stored.is_contiguous()) {
+      copy_bytes(destination, device_, stored.data(), Device::cpu(), stored.nbytes());
+    } else {
+      const Tensor converted = Tensor::empty(spec.shape, dtype);
+      copy_convert(stored, converted.view());
+      copy_bytes(destination, device_, converted.data(), Device::cpu(), converted.nbytes());
+    }
+  }
+}
+
+WanCudaModel::WanCudaModel(const WanConfig& config, Device device, uint64_t seed) : config_(config), device_(device) {
+  const tessel::cuda::DeviceGuard guard(device.index);
+  allocate_weights();
+  uint64_t stream = seed;
+  for (const WeightSpec& spec : wan_weight_specs(config_)) {
+    const WanRandomInit init = wan_random_init(config_, spec);
+    launch_fill_random(const_cast<void*>(weight(spec.name)), wan_cuda_weight_dtype(spec.name) == DType::kBF16, shape_numel(spec.shape),
+                       ++stream, init.normal, static_cast<float>(init.first), static_cast<float>(init.second), nullptr);
+  }
+  tessel::cuda::check_launch("Wan random weights");
+  check_cuda(cudaDeviceSynchronize(), "random weights");
+}
+
+WanCudaModel::~WanCudaModel() = default;
+
+const void* WanCudaModel::weight(const std::string& name) const {
+  const auto it = layout_.find(name);
+  if (it == layout_.end()) throw Error("Wan CUDA model: no tensor " + quoted_excerpt(name, 120));
+  return static_cast<const std::byte*>(arena_.get()) + it->second.first;
+}
+
+size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
+  SliceTaker counter(nullptr);
+  take_activations(counter, config_, shape);
+  return counter.counted();
+}
+
+void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
+                           const float* timestep, const float* text, float* out,
+                           const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile) const {
+  const WanConfig& c = config_;
+  const tessel::cuda::DeviceGuard guard(device_.index);
+  cudaStream_t stream = ctx.stream;
+  const auto [pt, ph, pw] = c.patch_size;
+  const int64_t grid[3] = {shape.frames / pt, shape.height / ph, shape.width / pw};
+  const int64_t seq = grid[0] * grid[1] * grid[2], batch = shape.batch, text_len = shape.text_len;
+  const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
+  const int64_t rows = batch * seq, text_rows = batch * text_len;
+  const int64_t groups = shape.per_token_timestep ? rows : batch, group_rows = rows / groups;
+  const float eps = static_cast<float>(c.eps);
+
+  // Activations come from the caller's workspace (grown once per shape), else from one of this call's own.
+  Workspace call_workspace(device_);
+  Workspace& workspace = ctx.workspace != nullptr ? *ctx.workspace : call_workspace;
+  if (workspace.device() != device_)
+    fail_argument("ctx.workspace device", device_.str(), workspace.device().str());
+  workspace.reserve(workspace_bytes(shape));
+  WorkspaceSlicer slicer(workspace);
+  SliceTaker taker(&slicer);
+  const Activations a = take_activations(taker, c, shape);
+  Workspace attention_workspace = slicer.rest();
+  const ExecContext attention_ctx = ctx.with_workspace(&attention_workspace);
+
+  const auto w = [&](const std::string& name) { return weight(name); };
+  const auto linear = [&](const std::string& name, const void* x, int64_t m, int64_t k, int64_t n, void* y,
+                          DType input = DType::kBF16, DType output = DType::kBF16, GemmEpilogue epilogue = GemmEpilogue::kBias) {
+    gemm_.linear(GemmShape{m, n, k, input, output, epilogue}, x, w(name + ".weight"), w(name + ".bias"), y, a.gemm_scratch, stream);
+  };
+  const auto f32 = [&](const std::string& name) { return static_cast<const float*>(weight(name)); };
+  const auto bshd = [&](bf16* data, int64_t tokens) {
+    return TensorView(data, DType::kBF16, device_, {batch, tokens, heads, head_dim});
+  };
+  EventTimeline timeline(profile, stream);
+
+  // Patchify, the timestep sinusoid, the rotary tables of this grid.
+  const int64_t patch_len = c.in_channels * c.patch_volume();
+  launch_patchify(latents, a.patches, batch, c.in_channels, shape.frames, shape.height, shape.width, pt, ph, pw, stream);
+  launch_sinusoidal_embedding(timestep, groups, c.freq_dim, a.sinusoid, stream);
+  launch_wan_rope_tables(grid[0], grid[1], grid[2], head_dim, a.rope_cos, a.rope_sin, stream);
+  launch_convert_to_bf16(text, a.text, text_rows * c.text_dim, stream);
+  timeline.charge(&WanForwardProfile::other_s);
+
+  // Patch embedding into the fp32 residual stream; the conditioning in fp32; the text MLP in bf16.
+  linear("patch_embedding", a.patches, rows, patch_len, dim, a.hidden, DType::kBF16, DType::kF32);
+  linear("condition_embedder.time_embedder.linear_1", a.sinusoid, groups, c.freq_dim, dim, a.time_hidden, DType::kF32, DType::kF32);
+  launch_silu(a.time_hidden, a.time_hidden, groups * dim, stream);
+  linear("condition_embedder.time_embedder.linear_2", a.time_hidden, groups, dim, dim, a.temb, DType::kF32, DType::kF32);
+  launch_silu(a.temb, a.temb_act, groups * dim, stream);
+  linear("condition_embedder.time_proj", a.temb_act, groups, dim, 6 * dim, a.modulation_input, DType::kF32, DType::kF32);
+  linear("condition_embedder.text_embedder.linear_1", a.text, text_rows, c.text_dim, dim, a.text_hidden, DType::kBF16, DType::kBF16,
+         GemmEpilogue::kBiasGeluTanh);
+  linear("condition_embedder.text_embedder.linear_2", a.text_hidden, text_rows, dim, dim, a.context);
+  timeline.charge(&WanForwardProfile::gemm_s);
+
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const auto block = [&](const std::string& name) { return wan_block_tensor(layer, name); };
+    // modulation chunk i of this block: table row i + the time projection's chunk i.
+    const float* table = f32(block("scale_shift_table"));
+    const auto modulation = [&](int64_t chunk) {
+      return ModulationVector{table + chunk * dim, a.modulation_input + chunk * dim, 6 * dim};
+    };
+
+    // Self-attention: AdaLN, q/k/v, RMSNorm + RoPE on q and k, attention, output projection, gated residual.
+    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, RowNormOutput{modulation(0), modulation(1)}, stream);
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+    linear(block("attn1.to_q"), a.normed, rows, dim, dim, a.q);
+    linear(block("attn1.to_k"), a.normed, rows, dim, dim, a.k);
+    linear(block("attn1.to_v"), a.normed, rows, dim, dim, a.v);
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_rms_norm_rope(a.q, rows, seq, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), a.rope_cos, a.rope_sin, stream);
+    launch_rms_norm_rope(a.k, rows, seq, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), a.rope_cos, a.rope_sin, stream);
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+    AttentionStepReport report;
+    if (self_attention.empty()) {
+      attention_forward(attention_ctx, bshd(a.q, seq), bshd(a.k, seq), bshd(a.v, seq), bshd(a.attended, seq), TensorView{});
+    } else {
+      StepInfo layer_step = step;
+      layer_step.layer = layer;
+      report = self_attention[static_cast<size_t>(layer)]->forward(attention_ctx, layer_step, bshd(a.q, seq), bshd(a.k, seq),
+                                                                   bshd(a.v, seq), bshd(a.attended, seq));
+    }
+    if (profile) profile->add_self_attention(report);
+    timeline.charge(&WanForwardProfile::attention_s);
+    linear(block("attn1.to_out.0"), a.attended, rows, dim, dim, a.projected());
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, modulation(2), stream);
+    timeline.charge(&WanForwardProfile::other_s);
+
+    // Cross-attention to the text: LayerNorm (affine with cross_attn_norm), RMSNorm on q and k, plain residual.
+    RowNormOutput cross_norm;
+    if (c.cross_attn_norm) {
+      cross_norm.weight = f32(block("norm2.weight"));
+      cross_norm.bias = f32(block("norm2.bias"));
+      launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, cross_norm, stream);
+    } else {
+      launch_convert_to_bf16(a.hidden, a.normed, rows * dim, stream);
+    }
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+    linear(block("attn2.to_q"), a.normed, rows, dim, dim, a.q);
+    linear(block("attn2.to_k"), a.context, text_rows, dim, dim, a.text_k);
+    linear(block("attn2.to_v"), a.context, text_rows, dim, dim, a.text_v);
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_rms_norm_rope(a.q, rows, seq, heads, head_dim, eps, f32(block("attn2.norm_q.weight")), nullptr, nullptr, stream);
+    launch_rms_norm_rope(a.text_k, text_rows, text_len, heads, head_dim, eps, f32(block("attn2.norm_k.weight")), nullptr, nullptr,
+                         stream);
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+    attention_forward(attention_ctx, bshd(a.q, seq), bshd(a.text_k, text_len), bshd(a.text_v, text_len), bshd(a.attended, seq),
+                      TensorView{});
+    timeline.charge(&WanForwardProfile::attention_s);
+    linear(block("attn2.to_out.0"), a.attended, rows, dim, dim, a.projected());
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, ModulationVector{}, stream);
+    timeline.charge(&WanForwardProfile::other_s);
+
+    // Feed-forward: AdaLN, linear with GELU-tanh in the epilogue, linear, gated residual.
+    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, RowNormOutput{modulation(3), modulation(4)}, stream);
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+    linear(block("ffn.net.0.proj"), a.normed, rows, dim, c.ffn_dim, a.ffn_hidden, DType::kBF16, DType::kBF16,
+           GemmEpilogue::kBiasGeluTanh);
+    linear(block("ffn.net.2"), a.ffn_hidden, rows, c.ffn_dim, dim, a.projected());
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, modulation(5), stream);
+    timeline.charge(&WanForwardProfile::other_s);
+  }
+
+  // Output: AdaLN whose shift and scale are the table's rows plus temb itself, the projection to
+  // patches in fp32, unpatchify.
+  const float* out_table = f32("scale_shift_table");
+  const RowNormOutput out_norm{ModulationVector{out_table, a.temb, dim}, ModulationVector{out_table + dim, a.temb, dim}};
+  launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, out_norm, stream);
+  timeline.charge(&WanForwardProfile::norm_rope_s);
+  linear("proj_out", a.normed, rows, dim, c.out_channels * c.patch_volume(), a.out_patches, DType::kBF16, DType::kF32);
+  timeline.charge(&WanForwardProfile::gemm_s);
+  launch_unpatchify(a.out_patches, out, batch, c.out_channels, shape.frames, shape.height, shape.width, pt, ph, pw, stream);
+  timeline.charge(&WanForwardProfile::other_s);
+  tessel::cuda::check_launch("Wan CUDA forward");
+  timeline.finish();
+  if (profile) ++profile->forwards;
+}
+
+}  // namespace tessel::dit::cuda

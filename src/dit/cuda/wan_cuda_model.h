@@ -1,0 +1,78 @@
+// The Wan transformer's forward on one CUDA device in bf16 (internal; WanTransformer owns one when
+// it is built for a CUDA device). Same operations as the CPU forward (wan_model.h), with:
+//   - weights uploaded once into one device arena: the linear layers of the blocks, the patch
+//     embedding, the text embedder and the output projection in bf16; the time embedder, the time
+//     projection, the modulation tables and the norm weights in fp32 (diffusers keeps the
+//     conditioning in fp32 too);
+//   - GEMMs through cuBLASLt (bf16 in, fp32 accumulation, bias and GELU-tanh in the epilogue);
+//   - the residual stream in fp32, what feeds a GEMM or attention rounded once to bf16 by a fused
+//     kernel (LayerNorm + AdaLN modulation, RMSNorm + 3-D RoPE, gate + residual);
+//   - self-attention through tessel's dense kernel or the blocks' SparseAttention modules,
+//     cross-attention through the dense kernel;
+//   - every activation a slice of ctx.workspace, sized once per shape by workspace_bytes(): a
+//     forward after the first of its shape allocates nothing and never waits for the device
+//     (unless a profile is asked for, which reads CUDA events at the end).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/cublaslt_gemm.h"
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+#include "tessel/dit/checkpoint.h"
+#include "tessel/dit/wan_config.h"
+#include "tessel/dit/wan_model.h"
+
+namespace tessel::dit::cuda {
+
+// One stored tensor per spec of wan_weight_specs(config): a CPU view of any float dtype, read
+// while the call lasts (a loaded map's tensor, or a checkpoint's memory-mapped bytes).
+using WeightSource = std::function<TensorView(const WeightSpec&)>;
+
+// The sizes of one forward, validated by the caller.
+struct WanForwardShape {
+  int64_t batch = 1, frames = 0, height = 0, width = 0;  // the latent
+  int64_t text_len = 0;
+  bool per_token_timestep = false;  // timestep (B, S) instead of (B)
+};
+
+class WanCudaModel {
+ public:
+  // Uploads the tensors `source` gives, one at a time (a host copy of one tensor at most).
+  WanCudaModel(const WanConfig& config, Device device, const WeightSource& source);
+  // Random weights drawn on the device with the distributions of WanTransformer::random.
+  WanCudaModel(const WanConfig& config, Device device, uint64_t seed);
+  ~WanCudaModel();
+  WanCudaModel(const WanCudaModel&) = delete;
+  WanCudaModel& operator=(const WanCudaModel&) = delete;
+
+  // Bytes of ctx.workspace one forward of this shape takes (activations, rotary tables, the GEMM
+  // scratch; the attention kernels take none on CUDA).
+  size_t workspace_bytes(const WanForwardShape& shape) const;
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  // latents, timestep, text, out: fp32 device pointers of the shapes WanTransformer::forward
+  // checked. self_attention: one module per block, or empty for dense attention everywhere.
+  void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
+               const float* timestep, const float* text, float* out,
+               const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile) const;
+
+ private:
+  const void* weight(const std::string& name) const;
+  void allocate_weights();
+
+  WanConfig config_;
+  Device device_;
+  std::shared_ptr<void> arena_;
+  size_t weight_bytes_ = 0;
+  std::map<std::string, std::pair<size_t, DType>> layout_;  // tensor name -> (arena offset, device dtype)
+  CublasLtGemm gemm_;
+};
+
+}  // namespace tessel::dit::cuda

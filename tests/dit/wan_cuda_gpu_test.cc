@@ -1,0 +1,307 @@
+// The Wan transformer's bf16 CUDA forward against diffusers and against its own fp32 CPU forward.
+//
+// Fixture (tests/fixtures/wan_gpu, scripts/make_wan_fixture.py --gpu: 2 layers, 2 heads of 64, an
+// odd 3 x 5 x 3 patch grid, batch 2 with different timesteps, bf16-stored weights): the CUDA
+// forward's error against diffusers' float64 forward of those weights stays within 2x the error of
+// diffusers' own bf16 forward (FlashAttention's rule; diffusers bf16 measures 5.4e-3 there).
+//
+// Random tiny configs with odd latent patch grids, batch 1 and 2, per-batch and per-token
+// timesteps, with and without the affine cross-attention norm, against the CPU fp32 forward on the
+// same weights (which the CPU parity test holds to diffusers).
+//
+// Yardstick: the CPU fp32 forward run on what the CUDA model rounds at its inputs — the weights it
+// keeps in bf16 (wan_cuda_weight_dtype) and the latents and text — differs from the plain fp32
+// forward by E_round: the error bf16 storage alone implies. The CUDA forward also rounds the
+// operands of every GEMM and attention to bf16 (about as many rounding sites again, with the
+// residual stream and the conditioning kept in fp32), so its error is expected near 2 x E_round;
+// the bound is 3 x E_round. A wrong formula (RoPE pair order, a modulation chunk, a missed norm)
+// moves the output by more than 1e-1 on these configs, E_round is a few 1e-3.
+//
+// Also: the workspace is sized by the first forward and not grown by the next; a forward is
+// deterministic; the whole forward replays from a captured CUDA graph with the same output.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessel/core/device.h"
+#include "tessel/core/error.h"
+#include "tessel/core/exec_context.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/core/random.h"
+#include "dit_test_util.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/dit/wan_weights.h"
+#include "tessel/sparse/builtin_backends.h"
+#include "tessel/sparse/config.h"
+#include "tessel/sparse/registry.h"
+
+#ifdef TESSEL_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace tessel {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
+
+Tensor bf16_rounded(const Tensor& t) { return t.to(DType::kBF16).to(DType::kF32); }
+
+std::map<std::string, Tensor> random_weights(const WanConfig& config, uint64_t seed) {
+  std::map<std::string, Tensor> weights;
+  for (const WeightSpec& spec : wan_weight_specs(config)) {
+    Tensor tensor = Tensor::empty(spec.shape, DType::kF32);
+    const WanRandomInit init = wan_random_init(config, spec);
+    // Norm weights drawn around 1 (not exactly 1) so a missed norm weight shows.
+    if (init.normal)
+      fill_normal(tensor.view(), ++seed, init.first, init.second);
+    else if (init.first == init.second)
+      fill_uniform(tensor.view(), ++seed, 0.5 * init.first, 1.5 * init.first);
+    else
+      fill_uniform(tensor.view(), ++seed, init.first, init.second);
+    weights.emplace(spec.name, std::move(tensor));
+  }
+  return weights;
+}
+
+struct Case {
+  std::string name;
+  WanConfig config;
+  int64_t batch, frames, height, width, text_len;
+  bool per_token_timestep;
+};
+
+WanConfig tiny_config(int64_t heads, int64_t head_dim, int64_t ffn_dim, int64_t text_dim, int64_t layers, bool cross_attn_norm) {
+  WanConfig c;
+  c.num_attention_heads = heads;
+  c.attention_head_dim = head_dim;
+  c.ffn_dim = ffn_dim;
+  c.text_dim = text_dim;
+  c.freq_dim = 32;
+  c.num_layers = layers;
+  c.cross_attn_norm = cross_attn_norm;
+  c.rope_max_seq_len = 64;
+  return c;
+}
+
+std::vector<Case> cases() {
+  return {
+      {"2x64_batch2_grid3x5x3", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, false},
+      {"1x128_batch1_grid5x3x7_no_cross_norm", tiny_config(1, 128, 192, 40, 3, false), 1, 5, 6, 14, 13, false},
+      {"2x64_batch2_per_token_timesteps", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, true},
+  };
+}
+
+struct Inputs {
+  Tensor latents, timestep, text;
+  Inputs(const Case& c, uint64_t seed) {
+    const WanConfig& config = c.config;
+    latents = Tensor::empty({c.batch, config.in_channels, c.frames, c.height, c.width}, DType::kF32);
+    text = Tensor::empty({c.batch, c.text_len, config.text_dim}, DType::kF32);
+    fill_normal(latents.view(), seed + 1);
+    fill_normal(text.view(), seed + 2);
+    const int64_t seq = c.frames / config.patch_size[0] * (c.height / config.patch_size[1]) * (c.width / config.patch_size[2]);
+    timestep = c.per_token_timestep ? Tensor::empty({c.batch, seq}, DType::kF32) : Tensor::empty({c.batch}, DType::kF32);
+    // Distinct timesteps per batch entry; per token, the first frame at 0 as Wan 2.2 conditions it.
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const float t = b == 0 ? 999.0f : 250.0f;
+      if (!c.per_token_timestep) {
+        timestep.data_as<float>()[b] = t;
+        continue;
+      }
+      const int64_t first_frame = seq / (c.frames / c.config.patch_size[0]);
+      for (int64_t s = 0; s < seq; ++s) timestep.data_as<float>()[b * seq + s] = s < first_frame ? 0.0f : t;
+    }
+  }
+};
+
+Tensor cpu_forward(const WanTransformer& model, const Tensor& latents, const Tensor& timestep, const Tensor& text) {
+  Tensor out = Tensor::empty(latents.shape(), DType::kF32);
+  ExecContext ctx;
+  ctx.num_threads = 1;
+  model.forward(ctx, StepInfo{}, latents, timestep, text, out);
+  return out;
+}
+
+// The CUDA forward under `ctx` (its workspace), copied back to the host.
+Tensor cuda_forward(const ExecContext& ctx, const WanTransformer& model, const Inputs& in, const StepInfo& step = {},
+                    WanForwardProfile* profile = nullptr) {
+  const Device gpu = Device::cuda();
+  const Tensor latents = in.latents.to(gpu), timestep = in.timestep.to(gpu), text = in.text.to(gpu);
+  Tensor out = Tensor::zeros(in.latents.shape(), DType::kF32, gpu);
+  model.forward(ctx, step, latents, timestep, text, out, profile);
+  return out.to(Device::cpu());
+}
+
+TEST(WanCuda, FixtureWithinTwiceDiffusersBf16Error) {
+  SKIP_WITHOUT_GPU();
+  const std::filesystem::path dir = wan_gpu_fixture_dir();
+  const SafetensorsFile file = SafetensorsFile::open((dir / "io.safetensors").string());
+  const Device gpu = Device::cuda();
+  const Tensor exact = file.load("output_fp64"), diffusers_bf16 = file.load("output_bf16");
+  const WanTransformer model = WanTransformer::load((dir / "checkpoint_bf16").string(), {}, gpu);
+  Tensor out = Tensor::zeros(exact.shape(), DType::kF32, gpu);
+  ExecContext ctx;
+  ctx.device = gpu;
+  model.forward(ctx, StepInfo{}, file.load("hidden_states").to(gpu), file.load("timestep").to(gpu),
+                file.load("encoder_hidden_states").to(gpu), out);
+  const double error = rel_l2(out.to(Device::cpu()), exact), diffusers_error = rel_l2(diffusers_bf16, exact);
+  std::printf("fixture: tessel CUDA bf16 vs float64 rel-L2 %.3e; diffusers bf16 %.3e; ratio %.2f\n", error, diffusers_error,
+              error / diffusers_error);
+  EXPECT_LE(error, 2.0 * diffusers_error);
+}
+
+TEST(WanCuda, Bf16ForwardMatchesCpuFp32WithinTheBf16RoundingBound) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const auto weights = random_weights(c.config, seed += 50);
+    const Inputs in(c, seed);
+    const Tensor reference = cpu_forward(WanTransformer(c.config, weights), in.latents, in.timestep, in.text);
+
+    std::map<std::string, Tensor> rounded_weights;
+    for (const auto& [name, tensor] : weights)
+      rounded_weights.emplace(name, wan_cuda_weight_dtype(name) == DType::kBF16 ? bf16_rounded(tensor) : tensor.clone());
+    const Tensor rounded = cpu_forward(WanTransformer(c.config, rounded_weights), bf16_rounded(in.latents), in.timestep,
+                                       bf16_rounded(in.text));
+    const double yardstick = rel_l2(rounded, reference);
+
+    Workspace workspace(Device::cuda());
+    ExecContext ctx;
+    ctx.device = Device::cuda();
+    ctx.workspace = &workspace;
+    const WanTransformer model(c.config, weights, {}, Device::cuda());
+    const Tensor out = cuda_forward(ctx, model, in);
+    const double error = rel_l2(out, reference);
+    std::printf("[%s] CUDA bf16 vs CPU fp32: rel-L2 %.3e; bf16 storage alone (CPU): %.3e; ratio %.2f\n", c.name.c_str(), error,
+                yardstick, error / yardstick);
+    EXPECT_GT(yardstick, 1e-5);  // the yardstick measures something
+    EXPECT_LE(error, 3.0 * yardstick);
+  }
+}
+
+TEST(WanCuda, WorkspaceIsSizedOnceAndForwardIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const Case c = cases()[0];
+  const WanTransformer model(c.config, random_weights(c.config, 7), {}, Device::cuda());
+  const Inputs in(c, 7);
+  Workspace workspace(Device::cuda());
+  ExecContext ctx;
+  ctx.device = Device::cuda();
+  ctx.workspace = &workspace;
+  const Tensor first = cuda_forward(ctx, model, in);
+  const size_t capacity = workspace.capacity();
+  const std::byte* base = workspace.data();
+  EXPECT_GE(capacity, model.workspace_bytes(ctx, c.batch, c.frames, c.height, c.width, c.text_len));
+  const Tensor second = cuda_forward(ctx, model, in);
+  EXPECT_EQ(workspace.capacity(), capacity);
+  EXPECT_EQ(workspace.data(), base);
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.nbytes()), 0);
+}
+
+TEST(WanCuda, SelfAttentionThroughSparseModulesWithWarmupAndPerBlockConfigs) {
+  SKIP_WITHOUT_GPU();
+  // 768 tokens (a 3 x 16 x 16 patch grid): several 128-token query blocks for a sparse pattern.
+  const Case c{"2x64_batch2_grid3x16x16", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 32, 32, 7, false};
+  const auto weights = random_weights(c.config, 11);
+  const Inputs in(c, 11);
+  BackendRegistry registry(false);
+  register_builtin_backends(registry);
+  ExecContext ctx;
+  ctx.device = Device::cuda();
+  const Tensor dense = cuda_forward(ctx, WanTransformer(c.config, weights, {}, Device::cuda()), in);
+
+  // dynamic_topk ranking every block (random tokens are not self-similar), estimated on the device,
+  // sparse from step 1 on.
+  WanAttentionOptions topk;
+  topk.registry = &registry;
+  topk.config = parse_sparse_attn_json(R"({"backend": "dynamic_topk", "pattern": {"type": "dynamic_topk"},
+      "selection": {"topk_ratio": 0.3}, "options": {"similarity_threshold": "-2"}, "warmup": {"dense_steps": 1}})");
+  const WanTransformer sparse(c.config, weights, topk, Device::cuda());
+  // Step 0 is the dense warm-up: the same kernel on the same operands as the direct path.
+  const Tensor warmup = cuda_forward(ctx, sparse, in, StepInfo::at(0, 4));
+  EXPECT_EQ(std::memcmp(dense.data(), warmup.data(), dense.nbytes()), 0);
+  WanForwardProfile profile;
+  const double sparse_error = rel_l2(cuda_forward(ctx, sparse, in, StepInfo::at(1, 4), &profile), dense);
+  std::printf("dynamic_topk 0.3 on 768 tokens at step 1: rel-L2 vs dense %.3e, density %.3f\n", sparse_error,
+              profile.mean_self_attention_density());
+  EXPECT_TRUE(std::isfinite(sparse_error));
+  EXPECT_GT(sparse_error, 1e-4);
+  EXPECT_EQ(profile.dense_self_attention_calls, 0);
+  EXPECT_LT(profile.mean_self_attention_density(), 1.0);
+
+  // radial (a static mask over the latent's patch grid) runs and stays finite.
+  WanAttentionOptions radial;
+  radial.registry = &registry;
+  radial.config = parse_sparse_attn_json(R"({"backend": "radial", "pattern": {"type": "radial"}})");
+  radial.config.geometry.spatial_layout = wan_spatial_layout(c.config, c.frames, c.height, c.width);
+  EXPECT_TRUE(std::isfinite(rel_l2(cuda_forward(ctx, WanTransformer(c.config, weights, radial, Device::cuda()), in), dense)));
+
+  // Both blocks configured back to dense give the dense output at a sparse step.
+  WanAttentionOptions per_block = topk;
+  per_block.layer_configs[0] = parse_sparse_attn_json(R"({"backend": "none"})");
+  per_block.layer_configs[1] = parse_sparse_attn_json(R"({"backend": "none"})");
+  const Tensor all_dense = cuda_forward(ctx, WanTransformer(c.config, weights, per_block, Device::cuda()), in, StepInfo::at(1, 4));
+  EXPECT_EQ(std::memcmp(dense.data(), all_dense.data(), dense.nbytes()), 0);
+}
+
+#ifdef TESSEL_WITH_CUDA
+TEST(WanCuda, ForwardReplaysFromACapturedCudaGraph) {
+  SKIP_WITHOUT_GPU();
+  const Case c = cases()[0];
+  const WanTransformer model(c.config, random_weights(c.config, 13), {}, Device::cuda());
+  const Inputs in(c, 13);
+  const Device gpu = Device::cuda();
+  const Tensor latents = in.latents.to(gpu), timestep = in.timestep.to(gpu), text = in.text.to(gpu);
+  Tensor out = Tensor::zeros(in.latents.shape(), DType::kF32, gpu);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Workspace workspace(gpu);
+  ExecContext ctx;
+  ctx.device = gpu;
+  ctx.stream = stream;
+  ctx.workspace = &workspace;
+  // The first forward sizes the workspace and picks the GEMM algorithms; the captured one only launches.
+  model.forward(ctx, StepInfo{}, latents, timestep, text, out);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const Tensor eager = out.to(Device::cpu());
+  ASSERT_EQ(cudaMemsetAsync(out.data(), 0, out.nbytes(), stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  model.forward(ctx, StepInfo{}, latents, timestep, text, out);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const Tensor replayed = out.to(Device::cpu());
+  EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), eager.nbytes()), 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+#endif
+
+TEST(WanCuda, RejectsHostTensorsForADeviceModel) {
+  SKIP_WITHOUT_GPU();
+  const Case c = cases()[0];
+  const WanTransformer model(c.config, random_weights(c.config, 17), {}, Device::cuda());
+  const Inputs in(c, 17);
+  Tensor out = Tensor::empty(in.latents.shape(), DType::kF32);
+  try {
+    model.forward(ExecContext{}, StepInfo{}, in.latents, in.timestep, in.text, out);
+    FAIL() << "host latents were accepted by a CUDA model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("latents"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessel
