@@ -34,6 +34,22 @@ using testing::Qkv;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
 
+// Head dim 96 runs only in the Hopper kernel: compute capability 9.0 (the GPU test binaries are
+// built with sm_90a code for such devices).
+bool hopper_device() {
+#ifdef TESSEL_WITH_CUDA
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+         minor == 0;
+#else
+  return false;
+#endif
+}
+#define SKIP_WITHOUT_KERNEL_FOR(dim) \
+  if ((dim) == 96 && !hopper_device()) GTEST_SKIP() << "head dim 96 needs the Hopper kernel (compute capability 9.0)"
+
 struct Case {
   int64_t batch, seq_q, seq_kv, heads, kv_heads, dim;
   DType dtype;
@@ -103,6 +119,7 @@ class DenseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 TEST_P(DenseGpu, MatchesReferenceOverShapes) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
@@ -129,7 +146,7 @@ TEST_P(DenseGpu, MatchesReferenceOverShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DenseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128)),
                          param_name);
 
 struct SparseCase {
@@ -145,11 +162,13 @@ class SparseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {}
 TEST_P(SparseGpu, MatchesReferenceOverMasks) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 2, heads = 4, kv_heads = 2;
   const std::vector<std::pair<int64_t, int64_t>> sizes = {{128, 64}, {128, 128}, {64, 64}};
   uint64_t seed = 101;
   for (const auto& [block_q, block_kv] : sizes)
     for (const int64_t heads_mode : {0, 1, 2})
+      if (dim != 96 || block_q % 128 == 0)  // the Hopper kernel's 128-row items
       for (const bool causal : {false, true}) {
         const int64_t seq_q = 333 + seed % 7, seq_kv = causal ? seq_q : 461;
         BlockMaskShape shape;
@@ -170,6 +189,7 @@ TEST_P(SparseGpu, MatchesReferenceOverMasks) {
 TEST_P(SparseGpu, EmptyRowsGiveZeroAndMinusInfinity) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   BlockMaskShape shape;
   shape.mask_heads = 2;
   shape.seq_q = 300;  // 3 q blocks of 128, the last partial
@@ -183,6 +203,7 @@ TEST_P(SparseGpu, EmptyRowsGiveZeroAndMinusInfinity) {
 TEST_P(SparseGpu, FullMaskEqualsDense) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   BlockMaskShape shape;
   shape.seq_q = 517;
   shape.seq_kv = 517;
@@ -193,16 +214,18 @@ TEST_P(SparseGpu, FullMaskEqualsDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128)),
                          param_name);
 
-// Head dims 64 and 128 run the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere):
+// Head dims 64 and 128 run the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere),
+// 96 only the Hopper kernel (zero-padded to its 128-column layout):
 // odd lengths around its 128-row and 128-key tiles, rows longer than its stage ring, GQA up to 4:1.
 class LongAndOddGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(LongAndOddGpu, DenseMatchesReference) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
@@ -221,6 +244,7 @@ TEST_P(LongAndOddGpu, DenseMatchesReference) {
 TEST_P(LongAndOddGpu, SparseMatchesReference) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 2, heads = 4, kv_heads = 1;
   uint64_t seed = 601;
   for (const int64_t block_kv : {64, 256})
@@ -247,6 +271,7 @@ TEST_P(LongAndOddGpu, SparseMatchesReference) {
 TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   BlockMaskShape shape;
   shape.mask_heads = 2;
   shape.seq_q = 1240;  // 10 q blocks of 128, the last partial
@@ -275,6 +300,7 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
 TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 2, heads = 16, kv_heads = 4, seq_q = 1100, seq_kv = 300;
   check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 801);
   BlockMaskShape shape;
@@ -303,6 +329,7 @@ TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
 TEST_P(LongAndOddGpu, LongestFirstOrderGivesTheStaticOrdersBits) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 1, heads = 24, kv_heads = 8, seq = 2000;
   const Qkv host = testing::random_qkv(batch, seq, seq, heads, kv_heads, dim, dtype, 901);
   const Device gpu = Device::cuda();
@@ -344,7 +371,8 @@ TEST_P(LongAndOddGpu, LongestFirstOrderGivesTheStaticOrdersBits) {
 
 INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
                          ::testing::Values(std::make_tuple(DType::kBF16, int64_t{128}), std::make_tuple(DType::kF16, int64_t{128}),
-                                           std::make_tuple(DType::kBF16, int64_t{64})),
+                                           std::make_tuple(DType::kBF16, int64_t{64}), std::make_tuple(DType::kBF16, int64_t{96}),
+                                           std::make_tuple(DType::kF16, int64_t{96})),
                          param_name);
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
@@ -439,12 +467,27 @@ void expect_error_naming(const std::function<void()>& call, const std::string& a
   }
 }
 
+// A mask over 64 queries and 64 keys that keeps every block, on `gpu`.
+BlockMask::DeviceCopy full_mask_of_64_tokens(Device gpu, int64_t block_q, int64_t block_kv) {
+  BlockMaskShape shape;
+  shape.seq_q = 64;
+  shape.seq_kv = 64;
+  shape.block_q = block_q;
+  shape.block_kv = block_kv;
+  return BlockMask::full(shape).to_device(gpu);
+}
+
 TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
   SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda();
+  const Tensor q80 = Tensor::empty({1, 64, 2, 80}, DType::kBF16, gpu);
+  const Tensor o80 = Tensor::empty({1, 64, 2, 80}, DType::kBF16, gpu);
+  expect_error_naming([&] { attention_forward(ExecContext{}, q80, q80, q80, o80, {}); }, "q");
+  // Head dim 96 with 64-row query blocks: neither kernel runs it (the Hopper one takes 128 rows).
   const Tensor q96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
   const Tensor o96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
-  expect_error_naming([&] { attention_forward(ExecContext{}, q96, q96, q96, o96, {}); }, "q");
+  const BlockMask::DeviceCopy mask64 = full_mask_of_64_tokens(gpu, 64, 64);
+  expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, q96, q96, q96, mask64.view(), o96, {}); }, "q");
 
   const Tensor q = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
   Tensor out = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
@@ -460,11 +503,7 @@ TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
   const Tensor o32 = Tensor::empty({1, 64, 2, 64}, DType::kF32, gpu);
   expect_error_naming([&] { attention_forward(ExecContext{}, q32, q32, q32, o32, {}); }, "q");
   // A mask whose kv block is not a multiple of 64.
-  BlockMaskShape shape;
-  shape.seq_q = 64;
-  shape.seq_kv = 64;
-  shape.block_kv = 32;
-  const BlockMask::DeviceCopy mask = BlockMask::full(shape).to_device(gpu);
+  const BlockMask::DeviceCopy mask = full_mask_of_64_tokens(gpu, 128, 32);
   expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, q, q, q, mask.view(), out, {}); }, "block_kv");
 }
 

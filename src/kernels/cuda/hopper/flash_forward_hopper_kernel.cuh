@@ -1,4 +1,5 @@
-// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64 or 128.
+// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64, 96
+// or 128 (96 runs in the 128 layout: the copy engine zero-fills columns 96..127).
 //
 // A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head)
 // (work_items.h: a static stride, or ranks claimed from a longest-first list); each CTA has three
@@ -22,7 +23,9 @@
 //
 // Shared tiles are what the copy engine writes with the 128-byte swizzle: boxes of 64 rows x 64
 // columns (128 bytes a row), 8-row groups 1024 bytes apart, which wgmma reads K-major (Q, K) or
-// MN-major (V). A D-column operand is D / 64 such column halves, kHalfBytes apart.
+// MN-major (V). A D-column operand is kPaddedD / 64 such column halves, kHalfBytes apart, where
+// kPaddedD rounds D up to 64: the columns past D read as zeros (outside the tensor map), so
+// QK^T stops at D and PV yields zero columns that are never stored.
 #pragma once
 
 #include <cuda.h>
@@ -106,11 +109,13 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #if TESSEL_WGMMA_AVAILABLE
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
-  using SharedLayout = hopper::SharedLayout<D>;
+  constexpr int kPaddedD = (D + 63) / 64 * 64;
+  static_assert(D % 16 == 0 && kPaddedD <= 128, "head dims 64, 96 and 128");
+  using SharedLayout = hopper::SharedLayout<kPaddedD>;
   constexpr uint32_t kTileBytes = SharedLayout::kTileBytes;
   constexpr int kQBuffers = SharedLayout::kQBuffers;
-  constexpr int kHalves = D / 64;
-  constexpr int kOutTiles = D / 8;  // n8 tiles of an O row slab
+  constexpr int kHalves = kPaddedD / 64;
+  constexpr int kOutTiles = D / 8;  // n8 tiles of an O row slab that are stored
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The swizzled boxes need a 1024-byte aligned base; the launch adds that much slack.
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -258,7 +263,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
   int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
 
-  float o_acc[D / 2];
+  float o_acc[kPaddedD / 2];
   float s_acc[64];
   uint32_t p_frag[8][4];
   float row_max[2];
@@ -365,7 +370,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
     all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+    for (int i = 0; i < kPaddedD / 2; ++i) o_acc[i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
