@@ -6,6 +6,15 @@
 #                   Then the Python package: pip install . and pytest python/tests (scripts/python-test.sh).
 #   make sanitize   the sanitizer stages alone;  make fuzz   the fuzzers alone;  make python-test  the Python tests alone.
 BUILD_DIR ?= build
+# ccache (when installed) caches every compile of every stage: the main build, the sanitizer and fuzzer
+# builds and the Python package's build. CMake reads these launchers from the environment. The base
+# directory makes cache entries independent of where the checkout lives.
+ifneq ($(shell command -v ccache 2>/dev/null),)
+export CMAKE_C_COMPILER_LAUNCHER ?= ccache
+export CMAKE_CXX_COMPILER_LAUNCHER ?= ccache
+export CMAKE_CUDA_COMPILER_LAUNCHER ?= ccache
+export CCACHE_BASEDIR ?= $(CURDIR)
+endif
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 60

@@ -30,21 +30,31 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=cl
 cmake --build "$BUILD" -j "$JOBS" --target "${SELECTED[@]}"
 [[ $BUILD_ONLY == 1 ]] && exit 0
 
+# The fuzzers run JOBS at a time (each is single-threaded), so CI spends SECONDS_EACH per JOBS fuzzers.
+run_one() {  # run_one <fuzzer>: exit status 0 when it ran its time without a finding
+  local fuzzer="$1"
+  local corpus="$BUILD/corpus/$fuzzer" artifacts="$BUILD/artifacts/$fuzzer" seeds="$ROOT/fuzz/corpus/$fuzzer"
+  mkdir -p "$corpus" "$artifacts"
+  [[ -d "$seeds" ]] || { echo "fuzz: no seed corpus $seeds" >&2; return 1; }
+  # -rss_limit_mb: an input that makes the library allocate without bound is a finding too.
+  "$BUILD/bin/$fuzzer" "$corpus" "$seeds" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=25 \
+    -print_final_stats=1 -artifact_prefix="$artifacts/" >"$BUILD/$fuzzer.log" 2>&1
+}
+declare -A pid_of=()
+for fuzzer in "${SELECTED[@]}"; do
+  while [[ $(jobs -rp | wc -l) -ge $JOBS ]]; do sleep 1; done
+  echo "== fuzz: $fuzzer for ${SECONDS_EACH} s"
+  run_one "$fuzzer" &
+  pid_of[$fuzzer]=$!
+done
 failed=()
 for fuzzer in "${SELECTED[@]}"; do
-  corpus="$BUILD/corpus/$fuzzer" artifacts="$BUILD/artifacts/$fuzzer" seeds="$ROOT/fuzz/corpus/$fuzzer"
-  mkdir -p "$corpus" "$artifacts"
-  [[ -d "$seeds" ]] || { echo "fuzz: no seed corpus $seeds" >&2; exit 1; }
-  echo "== fuzz: $fuzzer for ${SECONDS_EACH} s"
-  # -rss_limit_mb: an input that makes the library allocate without bound is a finding too.
-  # The last "#N DONE" / "stat::" lines carry the executions and coverage.
-  if "$BUILD/bin/$fuzzer" "$corpus" "$seeds" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -timeout=25 \
-       -print_final_stats=1 -artifact_prefix="$artifacts/" >"$BUILD/$fuzzer.log" 2>&1; then
-    grep -E '^#[0-9]+.*DONE|^stat::number_of_executed_units|^stat::peak_rss_mb' "$BUILD/$fuzzer.log" | tr '\n' ' '
-    echo
+  if wait "${pid_of[$fuzzer]}"; then
+    # The last "#N DONE" / "stat::" lines carry the executions and coverage.
+    echo "$fuzzer: $(grep -E '^#[0-9]+.*DONE|^stat::number_of_executed_units|^stat::peak_rss_mb' "$BUILD/$fuzzer.log" | tr '\n' ' ')"
   else
     tail -40 "$BUILD/$fuzzer.log"
-    echo "fuzz: $fuzzer FAILED; reproducer(s): $(ls "$artifacts")" >&2
+    echo "fuzz: $fuzzer FAILED; reproducer(s): $(ls "$BUILD/artifacts/$fuzzer" 2>/dev/null)" >&2
     failed+=("$fuzzer")
   fi
 done

@@ -11,14 +11,19 @@
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
-#   5. print the side-by-side table last.
+#   5. the Python package on CUDA (--python DIR: a folder holding the `tessel` package built with
+#      TESSEL_CUDA=ON, or "installed"): pytest python/tests (torch on CUDA, torch.compile, CUDA graph
+#      capture), the binding's per-call overhead (bench/python_bench.py) and diffusers' Wan 1.3B 480p
+#      step with tessel's processors against its own SDPA (bench/diffusers_wan_tessel.py);
+#   6. print the side-by-side table last.
 # Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
-#          --kv-contexts "32768,65536,131072", --iters N.
+#          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
+PYTHON_DIR="" RUN_WAN=1
 RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -32,6 +37,8 @@ while [[ $# -gt 0 ]]; do
     --skip-peers) RUN_PEERS=0; shift ;;
     --skip-kv) RUN_KV=0; shift ;;
     --kv-contexts) KV_CONTEXTS="$2"; shift 2 ;;
+    --python) PYTHON_DIR="$2"; shift 2 ;;
+    --skip-wan) RUN_WAN=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +56,8 @@ if [[ -z "$BIN" ]]; then
   cmake --build "$BUILD" -j"$(nproc)" --target tessel_cli $GPU_TARGETS backend_conformance_test >"$OUTDIR/build.log"
   BIN="$BUILD/bin"
 fi
+# Staged test binaries read their fixtures from this checkout, not from where they were built.
+export TESSEL_SOURCE_DIR="$ROOT"
 TESSEL="$BIN/tessel"
 GPU_TEST="$BIN/attention_gpu_test"
 GPU_TESTS=("$BIN"/*_gpu_test)  # every GPU test binary (kernels, estimators, backends, kv engine)
@@ -126,6 +135,24 @@ if [[ $RUN_KV == 1 ]]; then
   done
 fi
 
+STATUS_PYTHON="skipped (no --python)"
+if [[ -n "$PYTHON_DIR" ]]; then
+  echo "== Python package on CUDA"
+  [[ "$PYTHON_DIR" != installed ]] && export PYTHONPATH="$(cd "$PYTHON_DIR" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+  if (cd "$ROOT" && python3 -m pytest -q -p no:cacheprovider python/tests) >"$OUTDIR/python_tests.log" 2>&1; then
+    STATUS_PYTHON="$(tail -1 "$OUTDIR/python_tests.log")"
+  else
+    STATUS_PYTHON="FAILED: $(tail -1 "$OUTDIR/python_tests.log")"
+    grep -E "^(FAILED|ERROR)" "$OUTDIR/python_tests.log" | head -20
+  fi
+  python3 "$ROOT/bench/python_bench.py" --device cuda --no-peers --iterations 1000 >"$OUTDIR/python_overhead.txt" 2>&1 ||
+    echo "python_bench FAILED" >>"$OUTDIR/python_overhead.txt"
+  if [[ $RUN_WAN == 1 ]] && python3 -c 'import diffusers' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_wan_tessel.py" --steps 3 --warmup 1 --json "$OUTDIR/diffusers_wan.json" \
+      >"$OUTDIR/diffusers_wan.log" 2>&1 || echo "diffusers_wan_tessel FAILED" >>"$OUTDIR/diffusers_wan.log"
+  fi
+fi
+
 PEER_ARGS=(--seq $SEQS --heads 40 --dim 128 --reps "$ITERS" --json "$OUTDIR/peers.json")
 [[ $RUN_BENCH == 1 ]] && PEER_ARGS+=(--mask-dir "$OUTDIR/masks" --tessel-json "${TESSEL_JSON[@]}")
 if [[ $RUN_PEERS == 1 ]]; then
@@ -136,6 +163,9 @@ fi
 echo
 echo "== gpu-check summary: $GPU_INFO; CUDA $CUDA_INFO; PyTorch $TORCH_INFO"
 echo "GPU tests:$STATUS_TESTS | memcheck: $STATUS_MEMCHECK | racecheck: $STATUS_RACECHECK"
+echo "Python tests: $STATUS_PYTHON"
+[[ -s "$OUTDIR/python_overhead.txt" ]] && grep -E "overhead|FAILED" "$OUTDIR/python_overhead.txt"
+[[ -s "$OUTDIR/diffusers_wan.log" ]] && sed -n '/== side by side/,$p;/FAILED/p' "$OUTDIR/diffusers_wan.log"
 [[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
@@ -147,4 +177,4 @@ elif [[ $RUN_BENCH == 1 ]]; then
 for x in r["results"]: print(f"S={s} d={x[\"density\"]:.3f} {x[\"ms\"]:.3f} ms {x[\"tflops_dense_equiv\"]:.1f} TFLOP/s")' "$f"
   done
 fi
-[[ $STATUS_TESTS != FAILED && $STATUS_MEMCHECK != FAILED* && $STATUS_RACECHECK != FAILED* ]]
+[[ $STATUS_TESTS != FAILED && $STATUS_MEMCHECK != FAILED* && $STATUS_RACECHECK != FAILED* && $STATUS_PYTHON != FAILED* ]]

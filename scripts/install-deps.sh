@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(
   build-essential   # g++ (C++20) and make
   cmake             # build system
+  ccache            # compiler cache: repeated CI stages and reruns recompile only what changed
   libgtest-dev      # GoogleTest: unit tests
   nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI

@@ -24,9 +24,15 @@ fi
 for n in "${names[@]}"; do cp "$BUILD/bin/$n" "$STAGE/bin/"; done
 cp "$BUILD/lib/libtessel.so" "$STAGE/lib/"
 [[ -d "$BUILD/lib/plugins" ]] && cp -r "$BUILD/lib/plugins" "$STAGE/lib/" || true
-# Libraries the device image may lack (it has CUDA and Python, not Debian's libpng/libgomp).
-for lib in libcudart.so.13 libpng16.so.16 libgomp.so.1 libz.so.1; do
-  path="$(ldd "$STAGE/bin/tessel" "$STAGE/lib/libtessel.so" | awk -v l="$lib" '$1 == l {print $3; exit}')"
-  [[ -n "$path" ]] && cp -L "$path" "$STAGE/lib/"
-done
+# Libraries the device image may lack (it has CUDA, Python and PyTorch, not Debian's packages):
+# every shared library the binaries resolve here, except the C/C++ runtime that every Linux has,
+# the driver, and NCCL (PyTorch's wheel ships it: add its lib folder to LD_LIBRARY_PATH there).
+ldd "$STAGE"/bin/* "$STAGE/lib/libtessel.so" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    case "$name" in
+      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*|libcuda.so*|libnccl.so*) ;;
+      libtessel.so) ;;
+      *) [[ -e "$STAGE/lib/$name" ]] || cp -L "$path" "$STAGE/lib/$name" ;;
+    esac
+  done
 du -sh "$STAGE"

@@ -3,7 +3,7 @@
 
     python scripts/wan_device_compare.py --tessel build/bin/tessel [--model wan-1.3b] [--batch 1]
         [--frames 81 --height 480 --width 832] [--layers N] [--patterns dense,dynamic_topk,radial,xattention]
-        [--steps 2] [--warmup 1] [--work /tmp/wan-device-compare] [--json]
+        [--steps 2] [--warmup 1] [--work /tmp/wan-device-compare] [--json] [--device cuda]
 
 Needs torch with CUDA, diffusers==0.42.1 (and its pure-Python dependencies) and a tessel CLI built
 with CUDA. It
@@ -19,7 +19,9 @@ with CUDA. It
   5. prints each output's rel-L2 against diffusers fp32 (and the sparse ones against tessel dense),
      the median step times and the peak memory.
 Pass: tessel dense's error at most 2x diffusers bf16's (FlashAttention's rule, the issue's
-device-parity criterion). Exit status 1 when it fails.
+device-parity criterion). Exit status 1 when it fails. `--device cpu` runs the same steps on the
+CPU (tessel fp32; for trying the script at tiny sizes, e.g. --layers 1 --frames 5 --height 64
+--width 64 --text-tokens 16 --patterns dense).
 """
 import argparse
 import json
@@ -49,20 +51,23 @@ SPARSE_CONFIGS = {
 
 
 def timed_forward(model, inputs: dict, dtype: torch.dtype, steps: int, warmup: int):
-    """Median seconds per forward, peak memory in bytes, and the last output (fp32, on the host)."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    """Median seconds per forward, peak memory in bytes (CUDA; 0 on the CPU), and the last output
+    (fp32, on the host)."""
+    cuda = inputs["hidden_states"].is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     times = []
     with torch.no_grad():
         for step in range(warmup + steps):
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             out = model(hidden_states=inputs["hidden_states"].to(dtype), timestep=inputs["timestep"],
                         encoder_hidden_states=inputs["encoder_hidden_states"].to(dtype), return_dict=False)[0]
-            torch.cuda.synchronize()
+            sync()
             if step >= warmup:
                 times.append(time.perf_counter() - start)
-    return statistics.median(times), torch.cuda.max_memory_allocated(), out.float().cpu()
+    return statistics.median(times), torch.cuda.max_memory_allocated() if cuda else 0, out.float().cpu()
 
 
 def main() -> int:
@@ -82,6 +87,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default="/tmp/wan-device-compare", help="folder for the checkpoint, inputs and outputs")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: try the script at tiny sizes")
     args = parser.parse_args()
     patterns = args.patterns.split(",")
     for pattern in patterns:
@@ -89,7 +95,7 @@ def main() -> int:
             parser.error(f"--patterns: unknown {pattern!r}; known: {', '.join(SPARSE_CONFIGS)}")
     if (args.frames - 1) % 4 or args.height % 16 or args.width % 16:
         parser.error("--frames must be 4k + 1, --height and --width multiples of 16")
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device visible to torch")
 
     config = dict(PRESETS[args.model])
@@ -98,7 +104,7 @@ def main() -> int:
     checkpoint = os.path.join(args.work, "checkpoint")
     os.makedirs(checkpoint, exist_ok=True)
     torch.manual_seed(args.seed)
-    with torch.device("cuda"):
+    with torch.device(args.device):
         model = WanTransformer3DModel(**config).eval()
     with torch.no_grad():
         for parameter in model.parameters():
@@ -116,7 +122,7 @@ def main() -> int:
     }
     io_path = os.path.join(args.work, "io.safetensors")
     save_file(inputs, io_path)
-    device_inputs = {name: tensor.cuda() for name, tensor in inputs.items()}
+    device_inputs = {name: tensor.to(args.device) for name, tensor in inputs.items()}
     tokens = latent[2] * (latent[3] // 2) * (latent[4] // 2)
     print(f"{args.model}: {config['num_layers']} layers, batch {args.batch}, latent {latent[2:]} -> {tokens} tokens, "
           f"{args.text_tokens} text tokens; weights in {checkpoint}", flush=True)
@@ -127,12 +133,13 @@ def main() -> int:
     seconds, peak, diffusers_bf16 = timed_forward(as_loaded_in_bf16(model), device_inputs, torch.bfloat16, args.steps, args.warmup)
     results["diffusers_bf16"] = {"step_s": seconds, "peak_memory_bytes": peak, "rel_l2_vs_fp32": rel_l2(diffusers_bf16, reference)}
     del model
-    torch.cuda.empty_cache()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
 
     outputs = {}
     for pattern in patterns:
         out_path = os.path.join(args.work, f"tessel_{pattern}.safetensors")
-        command = [args.tessel, "dit-bench", "--device", "cuda", "--from-dir", checkpoint, "--inputs", io_path, "--save-output",
+        command = [args.tessel, "dit-bench", "--device", args.device, "--from-dir", checkpoint, "--inputs", io_path, "--save-output",
                    out_path, "--steps", str(args.steps), "--warmup", str(args.warmup), "--json"]
         if SPARSE_CONFIGS[pattern] is not None:
             command += ["--sparse-attn-config", json.dumps(SPARSE_CONFIGS[pattern])]

@@ -27,6 +27,8 @@ struct EstimateBenchConfig {
   double topk_ratio = 0.3, cdf_threshold = 0.0, threshold = 0.95;
   std::vector<int64_t> strides{8, 16};  // XAttention antidiagonal strides to time
   int iters = 10, warmup = 3;
+  bool smooth_k = true;  // off: the estimate without the K-mean pass (SpargeAttn's smooth_k=False path)
+  std::string rule = "spargeattn";  // dynamic_topk rule: spargeattn or reach-target
 };
 
 double median_ms(const ExecContext& ctx, int warmup, int iters, const std::function<void()>& run) {
@@ -62,6 +64,8 @@ int run(const EstimateBenchConfig& c) {
   options.topk_ratio = c.topk_ratio;
   options.cdf_threshold = c.cdf_threshold;
   options.similarity_threshold = -1.0;  // worst case: every row scored and sorted
+  options.smooth_k = c.smooth_k;
+  options.rule = c.rule == "reach-target" ? TopkRule::kReachTarget : TopkRule::kSpargeAttn;
   options.keep.diagonal = true;
   DeviceEstimatedMask mask({1, c.heads, c.seq, c.seq, options.block_q, options.block_kv}, hk, c.head_dim, gpu);
   const double topk_ms = median_ms(ctx, c.warmup, c.iters, [&] { estimate_topk_mask_device(ctx, q, k, options, mask); });
@@ -112,6 +116,16 @@ CommandRegistration registration{
           ->delimiter(',')
           ->capture_default_str()
           ->check(integer_in(2, 64));
+      app.add_flag("!--no-smooth-k", c->smooth_k,
+                   "dynamic_topk without subtracting K's mean first (the estimate as it was before K smoothing)");
+      app.add_option("--rule", c->rule,
+                     "dynamic_topk rule: spargeattn (SpargeAttn's count and cdf cut) or reach-target (the rule before "
+                     "the parity work)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"spargeattn", "reach-target"}));
+      app.add_option("--warmup", c->warmup, "untimed runs before each measurement")
+          ->capture_default_str()
+          ->check(integer_in(0, kMaxRepeats));
       app.add_option("--iters", c->iters, "timed runs (the median is reported)")->capture_default_str()->check(integer_in(1, kMaxRepeats));
       return CommandRunner([c] { return run(*c); });
     }};

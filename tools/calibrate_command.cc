@@ -12,6 +12,7 @@
 
 #include "command.h"
 #include "option_checks.h"
+#include "tessel/core/device.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "quality/calibration.h"
@@ -33,6 +34,7 @@ struct CalibrateArgs {
   std::string out;
   CalibrationOptions options;
   int threads = 0;
+  std::string device = "cpu";  // cpu, or cuda[:N]: samples in bf16 there, estimated and attended on the GPU
   bool json = false;
   bool compare_global = false;
 };
@@ -48,11 +50,17 @@ std::vector<std::string> split_files(const std::string& text) {
   return files;
 }
 
-std::vector<CalibrationSample> load_samples(const std::string& files, const std::string& option) {
+// A captured step on the calibration device: fp32 on the CPU, bf16 on CUDA.
+CalibrationSample on_device(const Tensor& q, const Tensor& k, const Tensor& v, const Device& device) {
+  if (device.is_cpu()) return {q.to(DType::kF32), k.to(DType::kF32), v.to(DType::kF32), Tensor{}};
+  return {q.to(DType::kBF16).to(device), k.to(DType::kBF16).to(device), v.to(DType::kBF16).to(device), Tensor{}};
+}
+
+std::vector<CalibrationSample> load_samples(const std::string& files, const std::string& option, const Device& device) {
   std::vector<CalibrationSample> samples;
   for (const std::string& path : split_files(files)) {
     QkvTensors t = load_qkv_safetensors(path);
-    samples.push_back({t.q.to(DType::kF32), t.k.to(DType::kF32), t.v.to(DType::kF32), Tensor{}});
+    samples.push_back(on_device(t.q, t.k, t.v, device));
   }
   if (samples.empty()) fail_argument(option, "one or more capture files, comma-separated", files);
   return samples;
@@ -71,7 +79,7 @@ std::vector<CalibrationSample> synthetic_samples(const CalibrateArgs& a, int64_t
     o.sharpness = a.synthetic_layers > 1 ? 0.6 + 0.8 * static_cast<double>(layer) / static_cast<double>(a.synthetic_layers - 1) : 1.0;
     o.seed = first_seed + static_cast<uint64_t>(step);
     SyntheticQkv d = make_synthetic_video_qkv(o);
-    samples.push_back({std::move(d.q), std::move(d.k), std::move(d.v), Tensor{}});
+    samples.push_back(on_device(d.q, d.k, d.v, parse_device(a.device)));
   }
   return samples;
 }
@@ -84,6 +92,7 @@ struct LayerReport {
 
 int run_calibrate(CalibrateArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
+  parse_device(a.device);  // a bad --device fails before any work
   a.options.method = parse_calibration_method(a.method);
   a.options.metric = parse_calibration_metric(a.metric);
   if (a.options.method == CalibrationMethod::kThreshold) {
@@ -100,7 +109,7 @@ int run_calibrate(CalibrateArgs a) {
   std::vector<std::vector<CalibrationSample>> all_samples;
   for (size_t layer = 0; layer < layer_count; ++layer)
     all_samples.push_back(synthetic ? synthetic_samples(a, static_cast<int64_t>(layer), 1000 * layer, a.synthetic_steps)
-                                    : load_samples(a.layers[layer], "--layer"));
+                                    : load_samples(a.layers[layer], "--layer", parse_device(a.device)));
   std::vector<LayerReport> reports;
   for (size_t layer = 0; layer < layer_count; ++layer) {
     std::vector<CalibrationSample>& samples = all_samples[layer];
@@ -109,7 +118,7 @@ int run_calibrate(CalibrateArgs a) {
     if (has_heldout) {
       std::vector<CalibrationSample> held =
           synthetic ? synthetic_samples(a, static_cast<int64_t>(layer), 1000 * layer + 500, a.synthetic_heldout)
-                    : load_samples(a.heldout[layer], "--heldout");
+                    : load_samples(a.heldout[layer], "--heldout", parse_device(a.device));
       report.heldout_error = report.heldout_density = 0.0;
       for (CalibrationSample& s : held) {
         const SampleError e = evaluate_setting(ctx, s, report.calibration.per_head, a.options);
@@ -209,6 +218,9 @@ CommandRegistration registration{
           ->check(number_in(-1.0, 1.0));
       app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file");
       app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_option("--device", a->device,
+                     "cpu (fp32), or cuda / cuda:N: the samples in bf16 on the GPU, estimates and attention there")
+          ->capture_default_str();
       app.add_flag("--compare-global", a->compare_global,
                    "Also find the one value that meets the target on every head of every layer, and its density");
       app.add_flag("--json", a->json, "Print the JSON instead of the table");

@@ -1,6 +1,6 @@
 // `tessel generate`: runs the Wan denoising loop of a diffusers model directory (model_index.json,
-// transformer/, scheduler/, and tokenizer/ with text_encoder/ for a prompt) on a prompt or on given
-// text embeddings and writes the final latents.
+// transformer/, scheduler/, tokenizer/ with text_encoder/ for a prompt, vae/ for frames) on a prompt
+// or on given text embeddings and writes an MP4 video, PNG frames or the final latents.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "generate_output.h"
 #include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
@@ -133,6 +134,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
   check_text_source(o, prompt_set, negative_prompt_set);
   const WanVideoSize size = parse_size(o.size, o.frames);
   check_model_dir(o.model_dir, prompt_set);
+  const GenerateOutput output = check_generate_output(o.out, o.model_dir);
   SchedulerConfig scheduler_config = load_scheduler_config((fs::path(o.model_dir) / "scheduler").string());
   if (!o.scheduler.empty()) {
     const SchedulerConfig model_config = scheduler_config;
@@ -165,7 +167,9 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
   }
   const WanTransformer transformer = WanTransformer::load(transformer_dir, attention);
   auto scheduler = make_scheduler(scheduler_config);
-  const WanPipeline pipeline(transformer, *scheduler);
+  const std::unique_ptr<const WanVae> vae =
+      output == GenerateOutput::kLatents ? nullptr : std::make_unique<const WanVae>(WanVae::load((fs::path(o.model_dir) / "vae").string()));
+  const WanPipeline pipeline(transformer, *scheduler, vae.get());
   CacheConfig cache_config;
   cache_config.teacache_thresh = o.teacache_thresh;
   const std::unique_ptr<CacheBackend> cache = make_cache_backend(o.cache, cache_config, transformer.config());
@@ -192,17 +196,13 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, bool pr
                   static_cast<long long>(stats.skipped[1] + stats.computed[1]));
     std::printf("\n");
   }
-  write_safetensors(o.out, {{"latents", result.latents.view()}},
-                    {{"scheduler", std::string(scheduler_class_name(scheduler_config.kind))},
-                     {"steps", std::to_string(result.steps_done)}});
-  std::printf("wrote %s: latents %s after %lld steps (%s)\n", o.out.c_str(), shape_str(result.latents.shape()).c_str(),
-              static_cast<long long>(result.steps_done), std::string(scheduler_class_name(scheduler_config.kind)).c_str());
+  write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_config.kind)));
   return 0;
 }
 
 CommandRegistration registration{
     "generate",
-    "Run the Wan denoising loop of a diffusers model directory on a prompt (or text embeddings) and write the latents",
+    "Generate a video from a prompt (or text embeddings) with a diffusers Wan model directory: MP4, PNG frames or latents",
     [](CLI::App& app) {
       auto options = std::make_shared<GenerateOptions>();
       auto flags = std::make_shared<SparseAttnFlags>();
@@ -234,7 +234,9 @@ CommandRegistration registration{
                      "TeaCache's threshold on the accumulated rescaled change (0: never skip; higher skips more)")
           ->capture_default_str()
           ->check(number_in(0.0, 100.0));
-      app.add_option("--out", options->out, "output safetensors file (tensor \"latents\")")->required();
+      app.add_option("--out", options->out,
+                     "output: video.mp4, frames.png (one file per frame: frames_00000.png, ...) or latents.safetensors")
+          ->required();
       add_sparse_attn_flags(app, *flags);
       return CommandRunner([options, flags, prompt, negative_prompt] {
         return run_generate(*options, *flags, prompt->count() > 0, negative_prompt->count() > 0);

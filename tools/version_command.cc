@@ -4,6 +4,7 @@
 #include "command.h"
 #include "tessel/core/device.h"
 #include "tessel/core/parallel.h"
+#include "tessel/diffusion/video_io.h"
 #include "tessel/kernels/cpu_isa.h"
 
 namespace tessel::cli {
@@ -15,7 +16,8 @@ CommandRegistration registration{"version", "Print version and build configurati
               << "cuda available: " << (cuda_available() ? "yes" : "no") << "\n"
               << "cpu threads: " << max_threads() << "\n"
               << "cpu kernels: " << cpu_kernels_isa()
-              << (cpu_kernels_native_build() ? " (native build, this machine only)" : " (chosen at run time)") << "\n";
+              << (cpu_kernels_native_build() ? " (native build, this machine only)" : " (chosen at run time)") << "\n"
+              << "mp4 output: " << (mp4_available() ? mp4_encoder_name() : std::string("no (built without libav)")) << "\n";
     return 0;
   });
 }};

@@ -22,9 +22,18 @@ def _lse_or_placeholder(q: torch.Tensor, return_lse: bool) -> torch.Tensor:
     return q.new_empty((0,), dtype=torch.float32)
 
 
+# torch's current CUDA stream of a device as a raw handle. The private accessor returns the integer
+# directly; torch.cuda.current_stream builds a Stream object first, several microseconds per call.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream_of(x: torch.Tensor) -> int:
     # CUDA work goes on torch's current stream of the tensor's device (captured by CUDA graphs).
-    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    if not x.is_cuda:
+        return 0
+    if _current_raw_stream is not None:
+        return _current_raw_stream(x.get_device())
+    return torch.cuda.current_stream(x.device).cuda_stream
 
 
 def check_forward_only(name: str, *tensors) -> None:
@@ -35,8 +44,11 @@ def check_forward_only(name: str, *tensors) -> None:
                            "torch.inference_mode(), or pass detached tensors")
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def eager_call(q) -> bool:
-    return type(q) is torch.Tensor and q.device.type != "meta" and not torch.compiler.is_compiling()
+    return type(q) is torch.Tensor and not q.is_meta and not _is_compiling()
 
 
 def run_attention(q, k, v, scale: float, causal: bool, window_left: int, window_right: int, return_lse: bool):

@@ -141,10 +141,19 @@ UMT5Config tiny_umt5_config(int64_t vocab_size) {
   return c;
 }
 
+WanVaeConfig tiny_wan_vae_config() {
+  WanVaeConfig c;
+  c.base_dim = 4;
+  c.decoder_base_dim = 4;
+  c.num_res_blocks = 1;
+  c.z_dim = tiny_wan_transformer_config().out_channels;
+  return c;
+}
+
 void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
   const fs::path root(directory);
   std::error_code error;
-  for (const char* component : {"scheduler", "transformer", "text_encoder", "tokenizer"}) {
+  for (const char* component : {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"}) {
     fs::create_directories(root / component, error);
     if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(directory) + ": " + error.message());
   }
@@ -153,7 +162,8 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
               {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
               {"text_encoder", {"transformers", "UMT5EncoderModel"}},
               {"tokenizer", {"transformers", "T5TokenizerFast"}},
-              {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}}});
+              {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}},
+              {"vae", {"diffusers", "AutoencoderKLWan"}}});
   write_json(root / "scheduler" / "scheduler_config.json",
              {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", 3.0},
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
@@ -177,6 +187,10 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
   const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
   write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder));
   write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
+
+  const WanVaeConfig vae = tiny_wan_vae_config();
+  write_text(root / "vae" / "config.json", wan_vae_config_json(vae));
+  write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
 }
 
 }  // namespace tessel

@@ -73,13 +73,28 @@ Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder,
   return embeddings;
 }
 
-WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler)
-    : transformer_(transformer), scheduler_(scheduler) {
+WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler, const WanVae* vae)
+    : transformer_(transformer), scheduler_(scheduler), vae_(vae) {
   const WanConfig& config = transformer.config();
   if (config.in_channels != config.out_channels)
     fail_argument("transformer out_channels", detail::concat("in_channels (", config.in_channels,
                                                              ") for text-to-video denoising"),
                   config.out_channels);
+  if (vae_ == nullptr) return;
+  if (vae_->config().z_dim != config.out_channels)
+    fail_argument("VAE z_dim", detail::concat("the transformer's out_channels (", config.out_channels, ")"),
+                  vae_->config().z_dim);
+  // One latent frame after the first is kVaeTimeStride frames, one latent pixel kVaeSpaceStride^2.
+  const Shape one_step = vae_->decoded_shape({1, config.out_channels, 2, 1, 1});
+  if (one_step[1] != 3 || one_step[2] != 1 + kVaeTimeStride || one_step[3] != kVaeSpaceStride)
+    fail_argument("VAE", detail::concat("3 output channels, ", kVaeTimeStride, " frames and ", kVaeSpaceStride, " x ",
+                                        kVaeSpaceStride, " pixels per latent"),
+                  detail::concat("a VAE decoding (1, ", config.out_channels, ", 2, 1, 1) latents to ", shape_str(one_step)));
+}
+
+VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latents) const {
+  if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
+  return video_frames_from_tensor(vae_->decode(ctx, latents));
 }
 
 WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorView& prompt_embeds,
@@ -164,6 +179,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       options.on_step(progress);
     }
   }
+  if (vae_ != nullptr && !result.cancelled) result.frames = decode(ctx, latents);
   result.latents = std::move(latents);
   if (options.cache) result.cache_stats = options.cache->stats();
   return result;

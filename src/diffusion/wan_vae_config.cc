@@ -11,12 +11,6 @@ namespace {
 
 constexpr int64_t kMaxChannels = 1 << 14;
 
-// diffusers' defaults, the statistics of Wan 2.1's 16 latent channels.
-const std::vector<float> kWan21LatentsMean = {-0.7571f, -0.7089f, -0.9113f, 0.1075f, -0.1745f, 0.9653f, -0.1517f, 1.5508f,
-                                              0.4134f,  -0.0715f, 0.5517f,  -0.3632f, -0.1922f, -0.9497f, 0.2503f, -0.2921f};
-const std::vector<float> kWan21LatentsStd = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
-                                             3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
-
 int64_t read_size(const nlohmann::json& json, const char* key, int64_t fallback, const std::string& source) {
   const auto value = json.find(key);
   if (value == json.end()) return fallback;
@@ -115,9 +109,8 @@ WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string&
     config.out_channels = read_size(json, "out_channels", config.out_channels, source);
     config.dim_mult = read_list<int64_t>(json, "dim_mult", config.dim_mult, source);
     config.temporal_downsample = read_list<bool>(json, "temperal_downsample", config.temporal_downsample, source);
-    const bool wan21_channels = config.z_dim == 16;
-    config.latents_mean = read_list<float>(json, "latents_mean", wan21_channels ? kWan21LatentsMean : std::vector<float>{}, source);
-    config.latents_std = read_list<float>(json, "latents_std", wan21_channels ? kWan21LatentsStd : std::vector<float>{}, source);
+    config.latents_mean = read_list<float>(json, "latents_mean", config.latents_mean, source);
+    config.latents_std = read_list<float>(json, "latents_std", config.latents_std, source);
     config.validate();
   } catch (const Error& e) {
     if (std::string_view(e.what()).starts_with(source)) throw;
@@ -131,6 +124,29 @@ WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string&
     fail_argument(source + ": scale_factor_temporal", detail::concat(temporal_factor, " (2 per temperal_downsample stage)"),
                   json_excerpt(json["scale_factor_temporal"]));
   return config;
+}
+
+std::string wan_vae_config_json(const WanVaeConfig& c) {
+  c.validate();
+  const nlohmann::json json = {{"_class_name", "AutoencoderKLWan"},
+                               {"_diffusers_version", "0.42.1"},
+                               {"attn_scales", nlohmann::json::array()},
+                               {"base_dim", c.base_dim},
+                               {"decoder_base_dim", c.decoder_base_dim},
+                               {"dim_mult", c.dim_mult},
+                               {"dropout", 0.0},
+                               {"in_channels", c.in_channels},
+                               {"is_residual", false},
+                               {"latents_mean", c.latents_mean},
+                               {"latents_std", c.latents_std},
+                               {"num_res_blocks", c.num_res_blocks},
+                               {"out_channels", c.out_channels},
+                               {"patch_size", nullptr},
+                               {"scale_factor_spatial", vae::spatial_factor(c)},
+                               {"scale_factor_temporal", vae::temporal_factor(c)},
+                               {"temperal_downsample", c.temporal_downsample},
+                               {"z_dim", c.z_dim}};
+  return json.dump(2) + "\n";
 }
 
 namespace vae {

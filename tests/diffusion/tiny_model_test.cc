@@ -13,6 +13,7 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 
 namespace tessel {
@@ -41,7 +42,9 @@ const char* const kFiles[] = {"model_index.json",
                               "text_encoder/model.safetensors",
                               "tokenizer/spiece.model",
                               "tokenizer/tokenizer_config.json",
-                              "tokenizer/special_tokens_map.json"};
+                              "tokenizer/special_tokens_map.json",
+                              "vae/config.json",
+                              "vae/diffusion_pytorch_model.safetensors"};
 
 TEST(TinyWanModel, LoadsThroughTheModelLoaders) {
   const fs::path dir = temp_dir("tiny_wan_loads");
@@ -66,6 +69,13 @@ TEST(TinyWanModel, LoadsThroughTheModelLoaders) {
   EXPECT_GT(eos_norm, 0.0);
   EXPECT_EQ(padding_norm, 0.0);
   for (int64_t i = 0; i < embeddings.numel(); ++i) ASSERT_TRUE(std::isfinite(e[i])) << i;
+
+  // The VAE decodes the transformer's latents: 2 latent frames of 4 x 6 to 5 frames of 32 x 48.
+  const WanVae vae = WanVae::load((dir / "vae").string());
+  EXPECT_EQ(vae.config().z_dim, transformer.config().out_channels);
+  const Tensor video = vae.decode(ExecContext{}, Tensor::zeros({1, vae.config().z_dim, 2, 4, 6}, DType::kF32));
+  ASSERT_EQ(video.shape(), (Shape{1, 3, 5, 32, 48}));
+  for (int64_t i = 0; i < video.numel(); ++i) ASSERT_TRUE(std::abs(video.data_as<float>()[i]) <= 1.0f) << i;
 }
 
 TEST(TinyWanModel, TheSameSeedWritesTheSameBytes) {

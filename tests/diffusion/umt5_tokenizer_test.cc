@@ -10,6 +10,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
+#include "tessel/core/random.h"
 #include "tessel/diffusion/prompt_clean.h"
 #include "tessel/diffusion/umt5_tokenizer.h"
 
@@ -89,6 +90,38 @@ TEST(UMT5Tokenizer, RejectsBadInput) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("spiece.model"), std::string::npos) << e.what();
   }
+}
+
+// Hostile text: random bytes are either rejected as not UTF-8 or cleaned to well-formed text, and
+// random mixes of the characters the cleaner treats specially come out valid, stripped, with single
+// spaces, and tokenize within max_length.
+TEST(UMT5Tokenizer, RandomTextIsRejectedOrCleanedWellFormed) {
+  const UMT5Tokenizer tokenizer = UMT5Tokenizer::load(kDir);
+  const LogSink previous = set_log_sink([](LogLevel, std::string_view) {});  // the cut warnings
+  SplitMix64 rng{17};
+  const std::vector<std::string> pieces = {"&", "amp;", "#", "x", "1", "3", "9", ";", "<", "\n", " ", "\t", "\x1b[", "m",
+                                           "\xc2\x85", "\xc2\x93", "\xe2\x80\x9c", "\xef\xac\x81", "\xef\xbc\xa1",
+                                           "\xe3\x80\x80", "\xf0\x9f\x98\x80", "\xef\xbb\xbf", "a", "EACUTE", "lt"};
+  for (int round = 0; round < 2000; ++round) {
+    std::string bytes, mix;
+    for (uint64_t i = 0, n = rng.below(24); i < n; ++i) bytes.push_back(static_cast<char>(rng.below(256)));
+    for (uint64_t i = 0, n = rng.below(24); i < n; ++i) mix += pieces[rng.below(pieces.size())];
+    try {
+      wan_prompt_clean(bytes);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("UTF-8"), std::string::npos) << e.what();
+    }
+    const std::string cleaned = wan_prompt_clean(mix);
+    ASSERT_NO_THROW(wan_prompt_clean(cleaned)) << mix;
+    EXPECT_EQ(cleaned.find("  "), std::string::npos) << mix;
+    if (!cleaned.empty()) {
+      EXPECT_NE(cleaned.front(), ' ') << mix;
+      EXPECT_NE(cleaned.back(), ' ') << mix;
+    }
+    const TokenizedPrompts tokens = tokenizer.tokenize({mix}, 16);
+    EXPECT_LE(tokens.lengths[0], 16);
+  }
+  set_log_sink(previous);
 }
 
 }  // namespace

@@ -14,12 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/tensor.h"
+#include "test_source_dir.h"
 
 namespace tessel {
 
-inline std::filesystem::path wan_fixture_dir() { return std::filesystem::path(TESSEL_SOURCE_DIR) / "tests/fixtures/wan"; }
+inline std::filesystem::path wan_fixture_dir() { return test_support::source_dir() / "tests/fixtures/wan"; }
 // The CUDA forward's fixture (scripts/make_wan_fixture.py --gpu: head dim 64, bf16-stored weights).
-inline std::filesystem::path wan_gpu_fixture_dir() { return std::filesystem::path(TESSEL_SOURCE_DIR) / "tests/fixtures/wan_gpu"; }
+inline std::filesystem::path wan_gpu_fixture_dir() { return test_support::source_dir() / "tests/fixtures/wan_gpu"; }
 
 // A fresh directory under the test temp dir, unique per test and process, removed at the end.
 class ScratchDir {

@@ -3,6 +3,8 @@
 // the CPU and CUDA parity tests.
 #pragma once
 
+#include "test_source_dir.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -39,7 +41,7 @@ struct Fixture {
 };
 
 inline std::vector<Fixture> load_fixtures() {
-  const std::filesystem::path folder = std::filesystem::path(TESSEL_SOURCE_DIR) / "tests" / "fixtures" / "sparse_parity";
+  const std::filesystem::path folder = test_support::source_dir() / "tests" / "fixtures" / "sparse_parity";
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(folder))
     if (entry.path().extension() == ".safetensors") files.push_back(entry.path());

@@ -11,6 +11,7 @@
 
 #include "run_tessel.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/video_io.h"
 #include "tessel/diffusion/wan_text_encoder.h"
 
 namespace tessel {
@@ -137,6 +138,39 @@ TEST(GenerateCli, TeaCacheReportsTheStepsItSkipped) {
   const TesselRun negative = generate(common + " --cache teacache --teacache-thresh -1");
   EXPECT_NE(negative.status, 0);
   EXPECT_NE(negative.out.find("--teacache-thresh"), std::string::npos) << negative.out;
+}
+
+// Prompt to video on a fresh `init-model` directory: tokenizer, text encoder, transformer, scheduler,
+// VAE, and an MP4 that libavformat reads back (or PNG frames that libpng reads back).
+TEST(GenerateCli, PromptToMp4AndPngOnTheTinyModel) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tiny_wan_video_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ASSERT_EQ(run_tessel_binary("init-model --out '" + dir.string() + "'", dir.string() + ".log").status, 0);
+  const std::string common = "--model '" + dir.string() + "' --prompt 'a cat in the neon city' --size 48x32 --steps 3 --threads 1";
+  if (mp4_available()) {
+    const fs::path video = dir / "cat.mp4";
+    const TesselRun run = generate(common + " --frames 9 --cache teacache --out '" + video.string() + "'");
+    ASSERT_EQ(run.status, 0) << run.out;
+    EXPECT_NE(run.out.find("9 frames of 48x32 at 16 fps"), std::string::npos) << run.out;
+    const VideoFileInfo info = probe_video(video.string());
+    EXPECT_EQ(info.frames, 9);
+    EXPECT_EQ(info.width, 48);
+    EXPECT_EQ(info.height, 32);
+    EXPECT_NEAR(info.fps, 16.0, 1e-9);
+  }
+  const TesselRun run = generate(common + " --frames 1 --out '" + (dir / "cat.png").string() + "'");
+  ASSERT_EQ(run.status, 0) << run.out;
+  const VideoFrames image = read_png((dir / "cat.png").string());
+  EXPECT_EQ(image.width, 48);
+  EXPECT_EQ(image.height, 32);
+
+  const TesselRun gif = generate(common + " --frames 1 --out '" + (dir / "cat.gif").string() + "'");
+  EXPECT_NE(gif.status, 0);
+  EXPECT_NE(gif.out.find("--out: expected a file ending in .mp4"), std::string::npos) << gif.out;
+  fs::remove_all(dir / "vae");
+  const TesselRun no_vae = generate(common + " --frames 1 --out '" + (dir / "cat.png").string() + "'");
+  EXPECT_NE(no_vae.status, 0);
+  EXPECT_NE(no_vae.out.find("vae/"), std::string::npos) << no_vae.out;
 }
 
 TEST(GenerateCli, BadTextArgumentsAreErrors) {

@@ -37,7 +37,8 @@ struct CalibrationOptions {
   double similarity_threshold = 0.1;   // topk, cdf
 };
 
-// One captured step of a layer: q (B, S, H_q, D), k and v (B, S_kv, H_kv, D), CPU fp32.
+// One captured step of a layer: q (B, S, H_q, D), k and v (B, S_kv, H_kv, D), contiguous: CPU fp32,
+// or CUDA bf16/fp16 (estimated and attended there, one head at a time; errors computed on the host).
 struct CalibrationSample {
   Tensor q, k, v;
   Tensor dense_out;  // dense attention output of q, k, v (calibrate_layer computes it when undefined)

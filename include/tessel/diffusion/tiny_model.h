@@ -1,5 +1,5 @@
 // A diffusers-layout Wan text-to-video model directory with tiny sizes and seeded random weights, so
-// the whole generation path (tokenizer, text encoder, transformer, scheduler) runs in a fraction of a
+// the whole generation path (tokenizer, text encoder, transformer, scheduler, VAE) runs in a fraction of a
 // second on a fresh machine without downloading anything. The weights are random: what it
 // generates is noise-like, not a picture of the prompt.
 #pragma once
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tessel/diffusion/umt5_encoder.h"
+#include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_config.h"
 
 namespace tessel {
@@ -16,12 +17,16 @@ namespace tessel {
 // encoder of width 32 (the transformer's text_dim); the encoder's vocab_size is the tokenizer's.
 WanConfig tiny_wan_transformer_config();
 UMT5Config tiny_umt5_config(int64_t vocab_size);
+// A Wan 2.1-layout VAE (three upsampling stages, two temporal) of base width 4, one residual block
+// per stage, the transformer's 16 latent channels and Wan 2.1's latent statistics.
+WanVaeConfig tiny_wan_vae_config();
 
 // Writes into `directory` (created when missing; files of the same names are replaced):
 //   model_index.json                 WanPipeline with its components
 //   scheduler/scheduler_config.json  Wan 2.1's UniPC flow-matching configuration
 //   transformer/config.json, diffusion_pytorch_model.safetensors (fp32)
 //   text_encoder/config.json, model.safetensors (fp32, transformers' UMT5EncoderModel names)
+//   vae/config.json, diffusion_pytorch_model.safetensors (fp32, AutoencoderKLWan)
 //   tokenizer/spiece.model (a unigram sentencepiece model trained here on a fixed synthetic
 //       corpus, with T5's pad 0, EOS 1, unknown 2), tokenizer_config.json, special_tokens_map.json
 // The same seed gives byte-identical files. Throws Error naming the path it cannot write.

@@ -1,7 +1,7 @@
-// The Wan text-to-video denoising loop, as diffusers' WanPipeline runs it after the text encoder
-// and before the VAE: from seeded noise, every scheduler step calls the transformer once on
-// the conditional and unconditional branches together (batch 2) and combines them with the
-// guidance scale, then the scheduler steps the latents.
+// The Wan text-to-video denoising loop, as diffusers' WanPipeline runs it after the text encoder:
+// from seeded noise, every scheduler step calls the transformer once on the conditional and
+// unconditional branches together (batch 2) and combines them with the guidance scale, then the
+// scheduler steps the latents; with a VAE the final latents are decoded into frames.
 #pragma once
 
 #include <atomic>
@@ -13,6 +13,8 @@
 #include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/umt5_encoder.h"
+#include "tessel/diffusion/video_frames.h"
+#include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 
 namespace tessel {
@@ -56,6 +58,8 @@ struct WanGenerationOptions {
 
 struct WanGenerationResult {
   Tensor latents;  // (1, channels, latent frames, latent height, latent width), fp32 CPU
+  // The decoded video, when the pipeline has a VAE and the loop was not cancelled; empty otherwise.
+  VideoFrames frames;
   int64_t steps_done = 0;
   bool cancelled = false;
   CacheStats cache_stats;  // the cache backend's, when one was given (backend empty otherwise)
@@ -73,9 +77,11 @@ Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder,
 
 class WanPipeline {
  public:
-  // Both are borrowed for the pipeline's lifetime; the scheduler is restarted by each generate.
-  // Throws Error when the transformer's in_channels and out_channels differ (no text-to-video model).
-  WanPipeline(const WanTransformer& transformer, Scheduler& scheduler);
+  // All are borrowed for the pipeline's lifetime; the scheduler is restarted by each generate. The
+  // VAE may be null: generate then returns latents only. Throws Error when the transformer's
+  // in_channels and out_channels differ (no text-to-video model), or when the VAE's latent channels
+  // are not the transformer's or it does not map 4 frames and 8 x 8 pixels to one latent.
+  WanPipeline(const WanTransformer& transformer, Scheduler& scheduler, const WanVae* vae = nullptr);
 
   // prompt_embeds and negative_prompt_embeds: (1, L, text_dim) fp32 CPU contiguous, the same L
   // (they run as one batch); the negative may be empty without guidance. initial_latents: the
@@ -86,9 +92,15 @@ class WanPipeline {
                                const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,
                                const TensorView& initial_latents = {}) const;
 
+  // The frames of the loop's latents (1, channels, frames, height, width) through the VAE, as
+  // WanPipeline's output_type "pil" gives them. Throws Error when the pipeline has no VAE, or naming
+  // bad latents.
+  VideoFrames decode(const ExecContext& ctx, const TensorView& latents) const;
+
  private:
   const WanTransformer& transformer_;
   Scheduler& scheduler_;
+  const WanVae* vae_;
 };
 
 }  // namespace tessel

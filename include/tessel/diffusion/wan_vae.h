@@ -21,8 +21,9 @@
 
 namespace tessel {
 
-// diffusers' AutoencoderKLWan config (vae/config.json). Wan 2.2's residual VAE (is_residual,
-// patch_size) and attention inside the down/up blocks (attn_scales) are rejected by the parser.
+// diffusers' AutoencoderKLWan config (vae/config.json); the defaults are Wan 2.1's VAE (the latent
+// statistics those of its 16 channels). Wan 2.2's residual VAE (is_residual, patch_size) and
+// attention inside the down/up blocks (attn_scales) are rejected by the parser.
 struct WanVaeConfig {
   int64_t base_dim = 96;
   int64_t decoder_base_dim = 96;  // base_dim when the config has null
@@ -32,8 +33,10 @@ struct WanVaeConfig {
   // Per stage but the last: the encoder halves the frame count there; the decoder doubles it in the
   // reverse order.
   std::vector<bool> temporal_downsample = {false, true, true};
-  std::vector<float> latents_mean;  // z_dim values each
-  std::vector<float> latents_std;
+  std::vector<float> latents_mean = {-0.7571f, -0.7089f, -0.9113f, 0.1075f,  -0.1745f, 0.9653f,  -0.1517f, 1.5508f,
+                                     0.4134f,  -0.0715f, 0.5517f,  -0.3632f, -0.1922f, -0.9497f, 0.2503f,  -0.2921f};
+  std::vector<float> latents_std = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
+                                    3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
   int64_t in_channels = 3;
   int64_t out_channels = 3;
   // Throws Error naming the field when a value is out of range or the lists disagree in length.
@@ -41,6 +44,8 @@ struct WanVaeConfig {
 };
 
 WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string& source = "config.json");
+// The config.json diffusers writes for `config` (parse_wan_vae_config reads it back).
+std::string wan_vae_config_json(const WanVaeConfig& config);
 
 // Every tensor of a diffusers AutoencoderKLWan checkpoint (encoder, quant_conv, post_quant_conv,
 // decoder), with diffusers' names and shapes.
