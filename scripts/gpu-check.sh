@@ -86,7 +86,7 @@ if [[ $RUN_TESTS == 1 ]]; then
 fi
 
 if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
-  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*FullMaskEqualsDense/fp16_D128:*MergeWithEmptyParts*:*StridedViews*'
+  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D96:*FullMaskEqualsDense/fp16_D128:*ManyItemsPerMultiprocessor/bf16_D64:*MergeWithEmptyParts*:*StridedViews*'
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
@@ -116,6 +116,13 @@ if [[ $RUN_BENCH == 1 ]]; then
       --density 1,0.5,0.3,0.2,0.1 --iters "$ITERS" --warmup 3 --save-mask "$OUTDIR/masks" --json \
       >"$OUTDIR/tessel_s$s.json"
     TESSEL_JSON+=("$OUTDIR/tessel_s$s.json")
+  done
+  # Other head dims of the Hopper kernel (no peer columns): dense and d=0.2 at the shortest length.
+  : >"$OUTDIR/head_dims.txt"
+  for d in 64 96; do
+    echo "== tessel bench D=$d S=6630"
+    "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim "$d" --seq 6630 \
+      --density 1,0.2 --iters "$ITERS" --warmup 3 >>"$OUTDIR/head_dims.txt" 2>&1 || echo "bench D=$d FAILED" >>"$OUTDIR/head_dims.txt"
   done
 fi
 
@@ -161,6 +168,7 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/diffusers_wan.log" ]] && sed -n '/== side by side/,$p;/FAILED/p' "$OUTDIR/diffusers_wan.log"
 [[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
+[[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then

@@ -129,7 +129,12 @@ float attention_scale(const AttentionOptions& options, int64_t head_dim) {
 
 size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
                                  int64_t mask_block_kv) {
-  if (!device.is_cpu()) return 0;
+  if (!device.is_cpu()) {
+#ifdef TESSEL_WITH_CUDA
+    if (device.is_cuda() && mask_block_kv > 0) return cuda::block_sparse_attention_workspace_bytes(dims);
+#endif
+    return 0;
+  }
   if (dims.batch < 1 || dims.seq_kv < 0 || dims.kv_heads < 1 || dims.heads % dims.kv_heads != 0 || dims.head_dim < 1)
     fail_argument("attention dims", "batch, kv heads and head dim >= 1, heads a multiple of kv heads",
                   detail::concat("B=", dims.batch, " Skv=", dims.seq_kv, " Hq=", dims.heads, " Hkv=", dims.kv_heads,

@@ -34,6 +34,22 @@ using testing::Qkv;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
 
+// Head dim 96 runs only in the Hopper kernel: compute capability 9.0 (the GPU test binaries are
+// built with sm_90a code for such devices).
+bool hopper_device() {
+#ifdef TESSEL_WITH_CUDA
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+         minor == 0;
+#else
+  return false;
+#endif
+}
+#define SKIP_WITHOUT_KERNEL_FOR(dim) \
+  if ((dim) == 96 && !hopper_device()) GTEST_SKIP() << "head dim 96 needs the Hopper kernel (compute capability 9.0)"
+
 struct Case {
   int64_t batch, seq_q, seq_kv, heads, kv_heads, dim;
   DType dtype;
@@ -46,10 +62,15 @@ std::string describe(const Case& c) {
                         c.options.window_right, ") scale=", c.options.scale);
 }
 
+// How a block-sparse call finds its work order on Hopper: with the workspace a plan reserves
+// (attention_workspace_bytes: rows sorted on the device, longest first, handed out through a
+// counter) or without one (a static order).
+enum class Schedule { kPlanned, kStatic };
+
 // Runs the CUDA kernel (dense when mask is null) and checks out/lse against the fp64 oracle with
 // a tolerance of twice the error of plain same-dtype attention plus a small floor.
-void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
-  SCOPED_TRACE(describe(c));
+void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr, Schedule schedule = Schedule::kPlanned) {
+  SCOPED_TRACE(describe(c) + (schedule == Schedule::kPlanned ? " planned workspace" : " no workspace"));
   const Qkv host = testing::random_qkv(c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.dim, c.dtype, seed);
   const Device gpu = Device::cuda();
   const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
@@ -62,7 +83,15 @@ void check_case(const Case& c, uint64_t seed, const BlockMask* mask = nullptr) {
     ref = reference::attention(host.q, host.k, host.v, c.options);
   } else {
     const BlockMask::DeviceCopy device_mask = mask->to_device(gpu);
-    block_sparse_attention_forward(ExecContext{}, q, k, v, device_mask.view(), out, lse, c.options);
+    Workspace workspace(gpu);
+    ExecContext ctx;
+    ctx.device = gpu;
+    if (schedule == Schedule::kPlanned) {
+      workspace.reserve(attention_workspace_bytes(
+          ctx, gpu, {c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.dim}, mask->shape().block_kv));
+      ctx.workspace = &workspace;
+    }
+    block_sparse_attention_forward(ctx, q, k, v, device_mask.view(), out, lse, c.options);
     ref = reference::block_sparse_attention(host.q, host.k, host.v, mask->view(), c.options);
   }
   const Tensor out_host = out.to(Device::cpu());
@@ -90,6 +119,7 @@ class DenseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 TEST_P(DenseGpu, MatchesReferenceOverShapes) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
@@ -116,7 +146,7 @@ TEST_P(DenseGpu, MatchesReferenceOverShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DenseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128)),
                          param_name);
 
 struct SparseCase {
@@ -132,11 +162,13 @@ class SparseGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {}
 TEST_P(SparseGpu, MatchesReferenceOverMasks) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 2, heads = 4, kv_heads = 2;
   const std::vector<std::pair<int64_t, int64_t>> sizes = {{128, 64}, {128, 128}, {64, 64}};
   uint64_t seed = 101;
   for (const auto& [block_q, block_kv] : sizes)
     for (const int64_t heads_mode : {0, 1, 2})
+      if (dim != 96 || block_q % 128 == 0)  // the Hopper kernel's 128-row items
       for (const bool causal : {false, true}) {
         const int64_t seq_q = 333 + seed % 7, seq_kv = causal ? seq_q : 461;
         BlockMaskShape shape;
@@ -157,6 +189,7 @@ TEST_P(SparseGpu, MatchesReferenceOverMasks) {
 TEST_P(SparseGpu, EmptyRowsGiveZeroAndMinusInfinity) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   BlockMaskShape shape;
   shape.mask_heads = 2;
   shape.seq_q = 300;  // 3 q blocks of 128, the last partial
@@ -164,11 +197,13 @@ TEST_P(SparseGpu, EmptyRowsGiveZeroAndMinusInfinity) {
   std::vector<std::vector<int32_t>> rows = {{0, 3}, {}, {1}, {}, {2, 3}, {0, 1, 2, 3}};
   const BlockMask mask = BlockMask::from_rows(shape, rows);
   check_case({1, 300, 200, 2, 2, dim, dtype, {}}, 7, &mask);
+  check_case({1, 300, 200, 2, 2, dim, dtype, {}}, 7, &mask, Schedule::kStatic);
 }
 
 TEST_P(SparseGpu, FullMaskEqualsDense) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   BlockMaskShape shape;
   shape.seq_q = 517;
   shape.seq_kv = 517;
@@ -179,16 +214,18 @@ TEST_P(SparseGpu, FullMaskEqualsDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128)),
                          param_name);
 
-// Head dims 64 and 128 run the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere):
+// Head dims 64 and 128 run the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere),
+// 96 only the Hopper kernel (zero-padded to its 128-column layout):
 // odd lengths around its 128-row and 128-key tiles, rows longer than its stage ring, GQA up to 4:1.
 class LongAndOddGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(LongAndOddGpu, DenseMatchesReference) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
@@ -207,6 +244,7 @@ TEST_P(LongAndOddGpu, DenseMatchesReference) {
 TEST_P(LongAndOddGpu, SparseMatchesReference) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 2, heads = 4, kv_heads = 1;
   uint64_t seed = 601;
   for (const int64_t block_kv : {64, 256})
@@ -233,6 +271,7 @@ TEST_P(LongAndOddGpu, SparseMatchesReference) {
 TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   BlockMaskShape shape;
   shape.mask_heads = 2;
   shape.seq_q = 1240;  // 10 q blocks of 128, the last partial
@@ -252,6 +291,7 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
   AttentionOptions causal;
   causal.causal = true;
   check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, 702, &mask);
+  check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, 702, &mask, Schedule::kStatic);
 }
 
 // More (batch, head, query block) items than an H100 has multiprocessors, so each CTA of the
@@ -260,6 +300,7 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
 TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
   SKIP_WITHOUT_GPU();
   const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
   const int64_t batch = 2, heads = 16, kv_heads = 4, seq_q = 1100, seq_kv = 300;
   check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 801);
   BlockMaskShape shape;
@@ -279,11 +320,59 @@ TEST_P(LongAndOddGpu, ManyItemsPerMultiprocessor) {
       }
   const BlockMask mask = BlockMask::from_rows(shape, rows);
   check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 802, &mask);
+  check_case({batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, {}}, 802, &mask, Schedule::kStatic);
+}
+
+// Rows from empty to full in one mask, many more of them than multiprocessors, so the
+// longest-first order differs from the static one; both must give the same bits (each item is
+// computed by one CTA whatever its rank).
+TEST_P(LongAndOddGpu, LongestFirstOrderGivesTheStaticOrdersBits) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
+  const int64_t batch = 1, heads = 24, kv_heads = 8, seq = 2000;
+  const Qkv host = testing::random_qkv(batch, seq, seq, heads, kv_heads, dim, dtype, 901);
+  const Device gpu = Device::cuda();
+  const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
+  BlockMaskShape shape;
+  shape.mask_heads = heads;
+  shape.seq_q = seq;
+  shape.seq_kv = seq;  // 32 kv blocks of 64, the last partial
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t qb = 0; qb < shape.q_blocks(); ++qb) {
+      std::vector<int32_t> row;
+      const int64_t kept = (qb * 7 + h * 5) % 33;  // 0 ... 32 blocks
+      for (int64_t kb = 0; kb < kept; ++kb) row.push_back(static_cast<int32_t>((kb * 3 + h) % 32));
+      std::sort(row.begin(), row.end());
+      row.erase(std::unique(row.begin(), row.end()), row.end());
+      rows.push_back(row);
+    }
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  const BlockMask::DeviceCopy device_mask = mask.to_device(gpu);
+  Workspace workspace(gpu);
+  ExecContext planned;
+  planned.device = gpu;
+  workspace.reserve(attention_workspace_bytes(planned, gpu, {batch, seq, seq, heads, kv_heads, dim}, shape.block_kv));
+  planned.workspace = &workspace;
+  Tensor out_planned = testing::poisoned({batch, seq, heads, dim}, dtype).to(gpu);
+  Tensor out_static = testing::poisoned({batch, seq, heads, dim}, dtype).to(gpu);
+  Tensor lse_planned = testing::poisoned({batch, heads, seq}, DType::kF32).to(gpu);
+  Tensor lse_static = testing::poisoned({batch, heads, seq}, DType::kF32).to(gpu);
+  for (int repeat = 0; repeat < 2; ++repeat)  // the second run reuses the workspace's counter
+    block_sparse_attention_forward(planned, q, k, v, device_mask.view(), out_planned, lse_planned);
+  block_sparse_attention_forward(ExecContext{}, q, k, v, device_mask.view(), out_static, lse_static);
+  const Tensor a = out_planned.to(Device::cpu()), b = out_static.to(Device::cpu());
+  const Tensor la = lse_planned.to(Device::cpu()), lb = lse_static.to(Device::cpu());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << "outputs differ between the two orders";
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.nbytes()), 0) << "LSE differs between the two orders";
+  check_case({batch, seq, seq, heads, kv_heads, dim, dtype, {}}, 901, &mask);
 }
 
 INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
                          ::testing::Values(std::make_tuple(DType::kBF16, int64_t{128}), std::make_tuple(DType::kF16, int64_t{128}),
-                                           std::make_tuple(DType::kBF16, int64_t{64})),
+                                           std::make_tuple(DType::kBF16, int64_t{64}), std::make_tuple(DType::kBF16, int64_t{96}),
+                                           std::make_tuple(DType::kF16, int64_t{96})),
                          param_name);
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
@@ -378,12 +467,27 @@ void expect_error_naming(const std::function<void()>& call, const std::string& a
   }
 }
 
+// A mask over 64 queries and 64 keys that keeps every block, on `gpu`.
+BlockMask::DeviceCopy full_mask_of_64_tokens(Device gpu, int64_t block_q, int64_t block_kv) {
+  BlockMaskShape shape;
+  shape.seq_q = 64;
+  shape.seq_kv = 64;
+  shape.block_q = block_q;
+  shape.block_kv = block_kv;
+  return BlockMask::full(shape).to_device(gpu);
+}
+
 TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
   SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda();
+  const Tensor q80 = Tensor::empty({1, 64, 2, 80}, DType::kBF16, gpu);
+  const Tensor o80 = Tensor::empty({1, 64, 2, 80}, DType::kBF16, gpu);
+  expect_error_naming([&] { attention_forward(ExecContext{}, q80, q80, q80, o80, {}); }, "q");
+  // Head dim 96 with 64-row query blocks: neither kernel runs it (the Hopper one takes 128 rows).
   const Tensor q96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
   const Tensor o96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
-  expect_error_naming([&] { attention_forward(ExecContext{}, q96, q96, q96, o96, {}); }, "q");
+  const BlockMask::DeviceCopy mask64 = full_mask_of_64_tokens(gpu, 64, 64);
+  expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, q96, q96, q96, mask64.view(), o96, {}); }, "q");
 
   const Tensor q = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
   Tensor out = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
@@ -399,11 +503,7 @@ TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
   const Tensor o32 = Tensor::empty({1, 64, 2, 64}, DType::kF32, gpu);
   expect_error_naming([&] { attention_forward(ExecContext{}, q32, q32, q32, o32, {}); }, "q");
   // A mask whose kv block is not a multiple of 64.
-  BlockMaskShape shape;
-  shape.seq_q = 64;
-  shape.seq_kv = 64;
-  shape.block_kv = 32;
-  const BlockMask::DeviceCopy mask = BlockMask::full(shape).to_device(gpu);
+  const BlockMask::DeviceCopy mask = full_mask_of_64_tokens(gpu, 128, 32);
   expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, q, q, q, mask.view(), out, {}); }, "block_kv");
 }
 
@@ -428,10 +528,21 @@ TEST(AttentionGpu, GraphCaptureReplaysTheSameOutput) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  // The plan's workspace (reserved before the capture): the captured sparse calls sort their rows
+  // longest first, the eager one above ran in the static order; both give the same bits.
+  Workspace workspace(gpu);
   {
     ExecContext on_stream;
     on_stream.device = Device::cuda();
     on_stream.stream = stream;
+    workspace.reserve(attention_workspace_bytes(on_stream, gpu, {1, seq, seq, heads, 2, dim}, shape.block_kv));
+    on_stream.workspace = &workspace;
+    // One eager planned call first (after the default stream's call, which writes lse too): the
+    // capture then finds the ordering kernel loaded.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    Tensor warm_up = Tensor::empty({1, seq, heads, dim}, DType::kBF16, gpu);
+    block_sparse_attention_forward(on_stream, q, k, v, mask.view(), warm_up, lse);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
     block_sparse_attention_forward(on_stream, q, k, v, mask.view(), graphed, lse);
     attention_forward(on_stream, q, k, v, graphed, lse);  // dense into the same buffer, then sparse again

@@ -75,9 +75,16 @@ TEST(AttentionWorkspace, ShortWorkspaceIsRefusedBeforeWriting) {
   EXPECT_THROW(attention_forward(four, t.q, t.k, t.v, out, {}), Error);
 }
 
-TEST(AttentionWorkspace, SizesAreZeroOnCudaAndCheckTheDims) {
+TEST(AttentionWorkspace, SizesOnCudaAndChecksOfTheDims) {
   const ExecContext ctx;
   EXPECT_EQ(attention_workspace_bytes(ctx, Device::cuda(0), {1, 128, 128, 8, 8, 64}), 0u);
+#ifdef TESSEL_WITH_CUDA
+  // Block masks on CUDA: the work order of 2 x 8 x 3 items (int32 each) and its counter.
+  EXPECT_EQ(attention_workspace_bytes(ctx, Device::cuda(0), {2, 300, 300, 8, 8, 64}, 64),
+            workspace_slice_bytes(2 * 8 * 3 * sizeof(int32_t)) + workspace_slice_bytes(sizeof(int32_t)));
+#else
+  EXPECT_EQ(attention_workspace_bytes(ctx, Device::cuda(0), {2, 300, 300, 8, 8, 64}, 64), 0u);
+#endif
   EXPECT_THROW(attention_workspace_bytes(ctx, Device::cpu(), {1, 128, 128, 6, 4, 64}), Error);
   EXPECT_THROW(attention_workspace_bytes(ctx, Device::cpu(), {1, 128, 128, 8, 8, 64}, -1), Error);
   Workspace device_memory(Device::cuda(0));  // never reserved: no allocation happens

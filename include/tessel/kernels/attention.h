@@ -38,9 +38,11 @@ struct AttentionDims {
 
 // Bytes of ctx.workspace that attention_forward and block_sparse_attention_forward take for
 // `dims` on `device` with ctx.threads() threads: enough for dense attention and for block masks
-// whose kv blocks hold at least mask_block_kv tokens (0: dense only). 0 on CUDA, whose kernels
-// take no scratch. Reserve it at plan time; a call with a smaller workspace throws Error before
-// writing anything, a call without a workspace allocates its own (slower).
+// whose kv blocks hold at least mask_block_kv tokens (0: dense only). Reserve it at plan time; a
+// call with a smaller workspace throws Error before writing anything, a call without a workspace
+// allocates its own (slower). On CUDA it is 0 for dense attention and, for block masks, the room
+// of a schedule that runs the mask rows that keep the most blocks first; CUDA calls never
+// allocate: without that room (or with a workspace on another device) they run in a static order.
 size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
                                  int64_t mask_block_kv = 0);
 

@@ -9,6 +9,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_params.h"
 #include "cuda/hopper/flash_forward_hopper.h"
+#include "cuda/hopper/work_order.h"
 #include "cuda/merge_states.h"
 #include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/core/error.h"
@@ -47,15 +48,27 @@ void check_lse(const TensorView& lse, const TensorView& q) {
   if (!lse.is_contiguous()) fail_argument("lse", "a contiguous (B, H, S_q) tensor", lse.describe());
 }
 
+// mask: the block mask, nullptr for dense attention.
 detail::FlashParams make_params(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                                const TensorView& lse, const AttentionOptions& options) {
+                                const TensorView& lse, const AttentionOptions& options, const BlockMaskView* mask) {
   check_attention_operand(q, "q");
   check_attention_operand(k, "k");
   check_attention_operand(v, "v");
   check_attention_operand(out, "out");
   check_lse(lse, q);
   const int64_t head_dim = q.size(3);
-  if (head_dim != 64 && head_dim != 128) fail_argument("q", "head dim 64 or 128 on CUDA", head_dim);
+  // 96 runs only in the Hopper kernel (for block masks: whole blocks, query blocks a multiple of
+  // its 128 rows).
+  const bool hopper_mask = mask == nullptr || mask->sub_block_bits == nullptr;
+  const bool supported =
+      head_dim == 64 || head_dim == 128 ||
+      (head_dim == 96 && hopper_mask &&
+       detail::flash_forward_hopper_fits(96, mask != nullptr, mask != nullptr ? static_cast<int>(mask->block_q) : 0));
+  if (!supported)
+    fail_argument("q",
+                  "head dim 64 or 128 on CUDA (96 on compute capability 9.0 with a build for sm_90a, block masks "
+                  "of whole blocks with block_q a multiple of 128)",
+                  head_dim);
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
     fail_argument("k, v, out", tessel::detail::concat("the dtype of q (", dtype_name(q.dtype()), ")"),
                   tessel::detail::concat(dtype_name(k.dtype()), ", ", dtype_name(v.dtype()), ", ", dtype_name(out.dtype())));
@@ -96,13 +109,17 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
 
 }  // namespace
 
+size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims) {
+  return detail::work_order_bytes(dims.batch, dims.seq_q, dims.heads);
+}
+
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
-  const detail::FlashParams p = make_params(q, k, v, out, lse, options);
+  const detail::FlashParams p = make_params(q, k, v, out, lse, options, nullptr);
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (detail::flash_forward_hopper_fits(head_dim, false, 0))
-    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)),
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)), {},
                                         ctx.stream);
   else
     detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, ctx.stream);
@@ -112,7 +129,7 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
 void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k,
                                     const TensorView& v, const BlockMaskView& mask, const TensorView& out, const TensorView& lse,
                                     const AttentionOptions& options) {
-  detail::FlashParams p = make_params(q, k, v, out, lse, options);
+  detail::FlashParams p = make_params(q, k, v, out, lse, options, &mask);
   if (!mask.device.is_cuda() || mask.device != q.device())
     fail_argument("mask", "a block mask on the device of q (" + q.device().str() + ")", mask.device.str());
   if (mask.block_q % 64 != 0) fail_argument("mask.block_q", "a multiple of 64 on CUDA", mask.block_q);
@@ -138,7 +155,9 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   // Sub-block masks run on the sm_80 kernel on every GPU (the Hopper kernel computes whole blocks).
   if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
-    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), ctx.stream);
+    const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
+    detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,
+                                        ctx.stream);
   } else {
     const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
     detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, ctx.stream);

@@ -12,4 +12,8 @@ namespace tessel::cuda {
 
 #include "attention_entry_points.inc"
 
+// Workspace bytes block_sparse_attention_forward uses on CUDA (the Hopper kernel's longest-first
+// work order); it runs without them, in a static order, when ctx.workspace is short.
+size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims);
+
 }  // namespace tessel::cuda

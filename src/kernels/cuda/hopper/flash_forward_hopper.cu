@@ -1,17 +1,17 @@
 // Host side of the warp-specialized Hopper forward kernel: the tensor maps the copy engine reads
-// Q, K and V through, and the launch.
+// Q, K and V through, and the dispatch to the per-head-dim launchers (flash_forward_hopper_d*.cu).
 #include "cuda/hopper/flash_forward_hopper.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <mutex>
 
 #include "cuda/hopper/device_support.h"
-#include "cuda/hopper/flash_forward_hopper_kernel.cuh"
+#include "cuda/hopper/flash_forward_hopper_launch.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cuda::detail {
@@ -34,8 +34,9 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A (D, S, H, B) view with 64 x 64 boxes (64 head-dim columns of 64 tokens) and the 128-byte
-// swizzle; tokens past S read as zero. Strides of axes of size 1 are never stepped: any legal
+}  // namespace
+
+// Boxes of 64 head-dim columns x 64 tokens. Strides of axes of size 1 are never stepped: any legal
 // value stands in for them.
 CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, int heads, int batch, int64_t stride_s,
                           int64_t stride_h, int64_t stride_b) {
@@ -56,54 +57,31 @@ CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, 
   return map;
 }
 
-template <typename T, int D, bool kSparse>
-void launch_typed(const FlashParams& p, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
-  constexpr int kSmem = static_cast<int>(hopper::SharedLayout<D>::bytes(kSparse)) + 1024;  // + alignment slack
-  auto kernel = flash_forward_hopper_kernel<T, D, kSparse>;
-  // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  (void)attribute_status;
-  const CUtensorMap q_map = make_bshd_map(p.q, dtype, D, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
-  const CUtensorMap k_map = make_bshd_map(p.k, dtype, D, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
-  const CUtensorMap v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
-  // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
-  // items until all are done.
-  const int64_t items = static_cast<int64_t>((p.seq_q + hopper::kBlockM - 1) / hopper::kBlockM) * p.heads_q * batch;
-  if (items > std::numeric_limits<int>::max())
-    throw Error(tessel::detail::concat("Hopper attention kernel: ", items,
-                                       " work items (query blocks x heads x batch), more than 2^31 - 1"));
-  const int grid = static_cast<int>(std::min<int64_t>(items, std::max(1, current_hopper_device().multiprocessors)));
-  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch);
-}
-
-
-template <typename T, int D>
-void launch_shaped(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, cudaStream_t stream) {
-  sparse ? launch_typed<T, D, true>(params, batch, heads_kv, dtype, stream)
-         : launch_typed<T, D, false>(params, batch, heads_kv, dtype, stream);
-}
+namespace {
 
 template <typename T>
 void launch_for_head_dim(const FlashParams& params, int head_dim, bool sparse, int batch, int heads_kv, DType dtype,
-                         cudaStream_t stream) {
-  head_dim == 128 ? launch_shaped<T, 128>(params, sparse, batch, heads_kv, dtype, stream)
-                  : launch_shaped<T, 64>(params, sparse, batch, heads_kv, dtype, stream);
+                         const WorkOrder& order, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch_flash_forward_hopper_typed<T, 64>(params, sparse, batch, heads_kv, dtype, order, stream);
+    case 96: return launch_flash_forward_hopper_typed<T, 96>(params, sparse, batch, heads_kv, dtype, order, stream);
+    default: return launch_flash_forward_hopper_typed<T, 128>(params, sparse, batch, heads_kv, dtype, order, stream);
+  }
 }
 
 }  // namespace
 
 bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q) {
-  return (head_dim == 64 || head_dim == 128) && (!sparse || block_q % hopper::kBlockM == 0) &&
+  return (head_dim == 64 || head_dim == 96 || head_dim == 128) && (!sparse || block_q % hopper::kBlockM == 0) &&
          current_hopper_device().supported;
 }
 
 void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
-                                 int heads_kv, cudaStream_t stream) {
+                                 int heads_kv, const WorkOrder& order, cudaStream_t stream) {
   if (dtype == DType::kBF16)
-    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, stream);
+    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
   else
-    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, stream);
+    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
 }
 
 }  // namespace tessel::cuda::detail

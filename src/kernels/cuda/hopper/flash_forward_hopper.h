@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash_params.h"
+#include "cuda/hopper/work_items.h"
 #include "tessel/core/dtype.h"
 
 namespace tessel::cuda::detail {
@@ -15,8 +16,9 @@ namespace tessel::cuda::detail {
 bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q);
 
 // Launches on `stream`; params as for launch_flash_forward_dense/_sparse (flash_params.h), dtype
-// kBF16 or kF16. batch and heads_kv complete the shapes the tensor maps describe.
+// kBF16 or kF16. batch and heads_kv complete the shapes the tensor maps describe. A block mask's
+// items run longest first when `order` has memory (work_order.h), in a static order otherwise.
 void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
-                                 int heads_kv, cudaStream_t stream);
+                                 int heads_kv, const WorkOrder& order, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

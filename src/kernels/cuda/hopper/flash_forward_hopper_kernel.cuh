@@ -1,24 +1,31 @@
-// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64 or 128.
+// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64, 96
+// or 128 (96 runs in the 128 layout: the copy engine zero-fills columns 96..127).
 //
-// A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head); each
-// CTA has three warpgroups:
-//  - warpgroup 0, the producer, gives up registers (setmaxnreg) and one of its threads issues
-//    bulk tensor copies (TMA): K and V tiles of 128 keys into a ring of kStages shared-memory
-//    stages, each guarded by a "full" and an "empty" mbarrier, and per item Q (after the item's
-//    first stage, once the consumers hand Q's buffer back). The ring runs on across items, so
-//    the next item's first stage loads while the current item finishes;
+// A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head)
+// (work_items.h: a static stride, or ranks claimed from a longest-first list); each CTA has three
+// warpgroups:
+//  - warpgroup 0, the producer, gives up registers (setmaxnreg) and one of its threads picks the
+//    items and issues bulk tensor copies (TMA): K and V tiles of 128 keys into a ring of kStages
+//    shared-memory stages, each guarded by a "full" and an "empty" mbarrier, and per item Q
+//    (after the item's first stage, into one of kQBuffers buffers once the consumers hand it
+//    back). The ring runs on across items, so the next item's first stages and Q load while the
+//    current item finishes;
 //  - warpgroups 1 and 2, the consumers, take the registers and own 64 query rows each: per stage
 //    S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, then
 //    O += P V (wgmma with P from registers and V read transposed from shared memory).
 // A stage holds two 64-key sub-tiles, each at its own key offset: for dense attention they are
 // adjacent, for a block mask they are the next two 64-key pieces of the row's kept blocks, so one
-// kernel serves both. The producer writes each stage's two offsets next to the barriers; an
-// offset of -1 marks a missing second sub-tile (its columns are masked), and a stage whose first
-// offset is -1 tells the consumers that the row has no more tiles.
+// kernel serves both. The producer writes each stage's StageInfo next to the barriers: the two
+// offsets (-1 marks a missing second sub-tile, whose columns are masked), the item and whether
+// the stage is the item's last. The consumers learn their items from it: a first stage with
+// offset -1 is an item with no tiles (empty mask row: no Q is loaded, the rows get output 0 and
+// LSE -inf), a stage with item -1 ends the kernel.
 //
 // Shared tiles are what the copy engine writes with the 128-byte swizzle: boxes of 64 rows x 64
 // columns (128 bytes a row), 8-row groups 1024 bytes apart, which wgmma reads K-major (Q, K) or
-// MN-major (V). A D-column operand is D / 64 such column halves, kHalfBytes apart.
+// MN-major (V). A D-column operand is kPaddedD / 64 such column halves, kHalfBytes apart, where
+// kPaddedD rounds D up to 64: the columns past D read as zeros (outside the tensor map), so
+// QK^T stops at D and PV yields zero columns that are never stored.
 #pragma once
 
 #include <cuda.h>
@@ -30,13 +37,13 @@
 #include "cuda/flash_forward_kernel.cuh"
 #include "cuda/flash_params.h"
 #include "cuda/hopper/async_copy.cuh"
+#include "cuda/hopper/work_items.h"
 #include "cuda/wgmma.cuh"
 
 namespace tessel::cuda::detail {
 
 namespace hopper {
 
-inline constexpr int kBlockM = 128;    // query rows per CTA (64 per consumer warpgroup)
 inline constexpr int kBlockN = 128;    // keys per stage (two sub-tiles of 64)
 inline constexpr int kSubTile = 64;
 inline constexpr int kStages = 3;
@@ -44,6 +51,8 @@ inline constexpr int kThreads = 384;   // producer warpgroup + two consumer warp
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
 inline constexpr int kConsumerRegisters = 232;
+// The registers the three warpgroups hold after setmaxnreg must fit the multiprocessor's 64K.
+static_assert(128 * (kProducerRegisters + 2 * kConsumerRegisters) <= 65536);
 
 // Kept block ids of a mask row staged in shared memory (the rest are read from global memory):
 // what fits beside three stages.
@@ -52,22 +61,42 @@ inline constexpr int kIndexCacheEntries = 256;
 // A 64-column half of a 128-row operand (128 rows x 128 bytes); a box is 64 rows of it.
 inline constexpr uint32_t kHalfBytes = 128 * 128;
 inline constexpr uint32_t kBoxBytes = 64 * 128;
+// Dynamic shared memory one CTA may use on compute capability 9.0, and the slack the launch adds
+// to align the base to 1024 bytes.
+inline constexpr uint32_t kMaxSharedBytes = 227 * 1024;
+inline constexpr uint32_t kAlignmentSlack = 1024;
 
-// Shared memory for head dim D, from a 1024-byte aligned base: Q, the K stages, the V stages, then
-// the barriers, the stages' key offsets and the cache of a mask row's kept block ids.
+// What the producer tells the consumers about a stage (next to the barriers).
+struct StageInfo {
+  int32_t n0, n1;  // key offsets of the two sub-tiles; n1 = -1: none; n0 = -1: the item has no tiles
+  int32_t item;    // the work item the stage belongs to; -1: no more items, the consumers exit
+  int32_t last;    // 1 on the item's last stage
+};
+
+// Shared memory for head dim D, from a 1024-byte aligned base: the Q buffers, the K stages, the V
+// stages, then the barriers, the stages' StageInfo and the cache of a mask row's kept block ids.
+// A second Q buffer (the next item's Q loads while the current item runs) where it fits.
 template <int D>
 struct SharedLayout {
   static constexpr uint32_t kTileBytes = D / 64 * kHalfBytes;  // 128 rows x D columns of 16-bit values
+  static constexpr uint32_t bytes_with(int q_buffers) {
+    return (q_buffers + 2 * kStages) * kTileBytes + 16 * q_buffers + 16 * kStages + 16 * kStages +
+           kIndexCacheEntries * 4;
+  }
+  static constexpr int kQBuffers = bytes_with(2) + kAlignmentSlack <= kMaxSharedBytes ? 2 : 1;
   static constexpr uint32_t q = 0;
-  static constexpr uint32_t k = q + kTileBytes;
+  static constexpr uint32_t k = q + kQBuffers * kTileBytes;
   static constexpr uint32_t v = k + kStages * kTileBytes;
-  static constexpr uint32_t q_full = v + kStages * kTileBytes;
-  static constexpr uint32_t q_empty = q_full + 8;
-  static constexpr uint32_t full = q_empty + 8;
+  static constexpr uint32_t q_full = v + kStages * kTileBytes;  // [kQBuffers]
+  static constexpr uint32_t q_empty = q_full + 8 * kQBuffers;   // [kQBuffers]
+  static constexpr uint32_t full = q_empty + 8 * kQBuffers;
   static constexpr uint32_t empty = full + 8 * kStages;
-  static constexpr uint32_t offsets = empty + 8 * kStages;  // int32 [kStages][2]
-  static constexpr uint32_t index_cache = offsets + 8 * kStages;
+  static constexpr uint32_t info = empty + 8 * kStages;  // StageInfo [kStages]
+  static constexpr uint32_t index_cache = info + sizeof(StageInfo) * kStages;
   static constexpr uint32_t bytes(bool sparse) { return index_cache + (sparse ? kIndexCacheEntries * 4 : 0); }
+  static_assert(bytes(true) + kAlignmentSlack <= kMaxSharedBytes, "Q, the stages and the mask cache exceed shared memory");
+  static_assert(bytes(true) <= bytes_with(kQBuffers), "bytes_with() must bound the layout");
+  static_assert(info % 16 == 0 && full % 8 == 0);
 };
 
 }  // namespace hopper
@@ -75,14 +104,18 @@ struct SharedLayout {
 template <typename T, int D, bool kSparse>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                                const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count) {
+                                const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count,
+                                const WorkOrder work_order) {
 #if TESSEL_WGMMA_AVAILABLE
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
-  using SharedLayout = hopper::SharedLayout<D>;
+  constexpr int kPaddedD = (D + 63) / 64 * 64;
+  static_assert(D % 16 == 0 && kPaddedD <= 128, "head dims 64, 96 and 128");
+  using SharedLayout = hopper::SharedLayout<kPaddedD>;
   constexpr uint32_t kTileBytes = SharedLayout::kTileBytes;
-  constexpr int kHalves = D / 64;
-  constexpr int kOutTiles = D / 8;  // n8 tiles of an O row slab
+  constexpr int kQBuffers = SharedLayout::kQBuffers;
+  constexpr int kHalves = kPaddedD / 64;
+  constexpr int kOutTiles = D / 8;  // n8 tiles of an O row slab that are stored
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The swizzled boxes need a 1024-byte aligned base; the launch adds that much slack.
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -91,28 +124,22 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   const uint32_t s_q = base + SharedLayout::q;
   const uint32_t s_k = base + SharedLayout::k;
   const uint32_t s_v = base + SharedLayout::v;
-  const uint32_t bar_q = base + SharedLayout::q_full;
+  const uint32_t bar_q_full = base + SharedLayout::q_full;
   const uint32_t bar_q_empty = base + SharedLayout::q_empty;
   const uint32_t bar_full = base + SharedLayout::full;
   const uint32_t bar_empty = base + SharedLayout::empty;
-  volatile int32_t* stage_offsets = reinterpret_cast<volatile int32_t*>(smem + SharedLayout::offsets);
+  volatile StageInfo* stage_info = reinterpret_cast<volatile StageInfo*>(smem + SharedLayout::info);
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / 128;
-  // CTA c takes items c, c + gridDim.x, ...: query blocks fastest, in descending order (causal:
-  // the longest rows first), so CTAs that run together read the K/V of few heads (L2).
   const int q_blocks = (p.seq_q + kBlockM - 1) / kBlockM;
   const int items = q_blocks * p.heads_q * batch_count;
-  struct Item {
-    int m0, head, batch;
-  };
-  auto item_at = [&](int item) {
-    return Item{(q_blocks - 1 - item % q_blocks) * kBlockM, (item / q_blocks) % p.heads_q, item / (q_blocks * p.heads_q)};
-  };
 
   if (tid == 0) {
-    mbarrier_init(bar_q, 1);
-    mbarrier_init(bar_q_empty, kConsumerThreads);
+    for (int b = 0; b < kQBuffers; ++b) {
+      mbarrier_init(bar_q_full + 8 * b, 1);
+      mbarrier_init(bar_q_empty + 8 * b, kConsumerThreads);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(bar_full + 8 * s, 1);
       mbarrier_init(bar_empty + 8 * s, kConsumerThreads);
@@ -129,65 +156,72 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       prefetch_tensor_map(&k_map);
       prefetch_tensor_map(&v_map);
     }
-    int iteration = 0;
-    int local = 0;
-    for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
-      const Item w = item_at(item);
+    int iteration = 0;  // stages issued so far
+    int q_loads = 0;    // Q tiles loaded so far (items with no tiles load none)
+    // Publishes a stage that carries no bytes: an item without tiles, or (item -1) the end.
+    auto publish_empty_stage = [&](int item) {
+      const int stage = iteration % kStages;
+      mbarrier_wait(bar_empty + 8 * stage, ((iteration / kStages) & 1) ^ 1);
+      stage_info[stage].n0 = -1;
+      stage_info[stage].n1 = -1;
+      stage_info[stage].item = item;
+      stage_info[stage].last = 1;
+      mbarrier_arrive(bar_full + 8 * stage);
+      ++iteration;
+    };
+    for (int step = 0;; ++step) {
+      // Thread 0 picks the item; the warp stages its mask row's block ids once thread 0 is done
+      // with the previous item's (the barrier waits for it).
+      __syncwarp();
+      int item = -1;
+      if (tid == 0) {
+        if (work_order.enabled()) {
+          const int rank = atomicAdd(work_order.next_rank, 1);
+          item = rank < items ? work_order.order[rank] : -1;
+        } else {
+          const int64_t strided = blockIdx.x + static_cast<int64_t>(step) * gridDim.x;
+          item = strided < items ? static_cast<int>(strided) : -1;
+        }
+      }
+      item = __shfl_sync(0xffffffffu, item, 0);
+      if (item < 0) {
+        if (tid == 0) publish_empty_stage(-1);
+        break;
+      }
+      const WorkItem w = work_item_at(item, q_blocks, p.heads_q);
       const int kv_head = w.head / p.group;
-      // The visible key range of the item's rows and its list of 64-key tiles; the warp stages a
-      // mask row's block ids once thread 0 is done with the previous item's.
       TileWalk<kSparse> walk = make_tile_walk<kSparse>(p, w.batch, w.head, w.m0, min(w.m0 + kBlockM, p.seq_q) - 1);
       if constexpr (kSparse) {
         int32_t* cache = reinterpret_cast<int32_t*>(smem + SharedLayout::index_cache);
         walk.cached_count = min(walk.row_blocks, kIndexCacheEntries);
-        __syncwarp();
         for (int i = tid; i < walk.cached_count; i += 32) cache[i] = walk.row_indices[i];
         walk.cached = cache;
         __syncwarp();
       }
       if (tid != 0) continue;
 
-      // Q once the consumers have issued their last product with the previous item's. It is
-      // loaded after the item's first K/V stage is on its way (that stage's slot is usually free
-      // well before the consumers finish the previous item), so the switch waits for Q alone.
-      bool q_loaded = false;
-      auto load_q = [&] {
-        mbarrier_wait(bar_q_empty, (local & 1) ^ 1);
-        mbarrier_arrive_expect_tx(bar_q, kTileBytes);
-        for (int half = 0; half < kHalves; ++half)
-          for (int rows = 0; rows < 2; ++rows)
-            tma_load_4d(s_q + half * kHalfBytes + rows * kBoxBytes, &q_map, bar_q, half * 64, w.m0 + rows * 64, w.head,
-                        w.batch);
-        // The next item's Q waits for this item's last QK^T: have it in L2 by then.
-        if (item + static_cast<int>(gridDim.x) < items) {
-          const Item next = item_at(item + gridDim.x);
-          for (int half = 0; half < kHalves; ++half)
-            for (int rows = 0; rows < 2; ++rows)
-              tma_prefetch_l2_4d(&q_map, half * 64, next.m0 + rows * 64, next.head, next.batch);
-        }
-        q_loaded = true;
-      };
-
       int tile = walk.next(0);
       const int end = walk.end();
-      for (;; ++iteration) {
+      if (tile >= end) {  // nothing to attend to: no Q, one stage that says so
+        publish_empty_stage(item);
+        continue;
+      }
+      // The item's Q goes into L2 now; it is copied into shared memory after the first stage.
+      for (int half = 0; half < kHalves; ++half)
+        for (int rows = 0; rows < 2; ++rows)
+          tma_prefetch_l2_4d(&q_map, half * 64, w.m0 + rows * 64, w.head, w.batch);
+      bool q_loaded = false;
+      while (tile < end) {
         const int stage = iteration % kStages;
-        const uint32_t phase = (iteration / kStages) & 1;
-        mbarrier_wait(bar_empty + 8 * stage, phase ^ 1);
-        if (tile >= end) {
-          // No more tiles: a stage with no bytes and offset -1 ends the item for the consumers.
-          stage_offsets[2 * stage] = -1;
-          stage_offsets[2 * stage + 1] = -1;
-          mbarrier_arrive(bar_full + 8 * stage);
-          ++iteration;
-          break;
-        }
+        mbarrier_wait(bar_empty + 8 * stage, ((iteration / kStages) & 1) ^ 1);
         const int n0 = walk.tile_start(tile);
         const int second = walk.next(tile + 1);
         const int n1 = second < end ? walk.tile_start(second) : -1;
         tile = second < end ? walk.next(second + 1) : end;
-        stage_offsets[2 * stage] = n0;
-        stage_offsets[2 * stage + 1] = n1;
+        stage_info[stage].n0 = n0;
+        stage_info[stage].n1 = n1;
+        stage_info[stage].item = item;
+        stage_info[stage].last = tile >= end ? 1 : 0;
         const uint32_t bar = bar_full + 8 * stage;
         mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
         const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
@@ -199,9 +233,22 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
           tma_load_4d(v_stage + half * kHalfBytes, &v_map, bar, half * 64, n0, kv_head, w.batch);
           tma_load_4d(v_stage + half * kHalfBytes + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
         }
-        if (!q_loaded) load_q();
+        ++iteration;
+        if (!q_loaded) {
+          // Q once the consumers have issued their last product with the buffer's previous Q
+          // (after the item's first stage, whose slot frees before that).
+          const int buffer = q_loads % kQBuffers;
+          mbarrier_wait(bar_q_empty + 8 * buffer, ((q_loads / kQBuffers) & 1) ^ 1);
+          const uint32_t q_bar = bar_q_full + 8 * buffer;
+          mbarrier_arrive_expect_tx(q_bar, kTileBytes);
+          for (int half = 0; half < kHalves; ++half)
+            for (int rows = 0; rows < 2; ++rows)
+              tma_load_4d(s_q + buffer * kTileBytes + half * kHalfBytes + rows * kBoxBytes, &q_map, q_bar, half * 64,
+                          w.m0 + rows * 64, w.head, w.batch);
+          ++q_loads;
+          q_loaded = true;
+        }
       }
-      if (!q_loaded) load_q();  // an item with no tiles: the consumers still wait for its Q
     }
     return;
   }
@@ -216,13 +263,13 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
   int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
 
-  float o_acc[D / 2];
+  float o_acc[kPaddedD / 2];
   float s_acc[64];
   uint32_t p_frag[8][4];
   float row_max[2];
   float row_sum[2];
 
-  const uint64_t q_desc = wgmma_desc_k_major_sw128(s_q + consumer * kBoxBytes);
+  uint64_t q_desc = 0;  // this warpgroup's 64 rows of the current item's Q buffer
   // S = Q K^T of a stage: 8 k16 slices, 4 per column half of Q and K; committed, not waited for.
   auto issue_scores = [&](int stage) {
     const uint64_t k_desc = wgmma_desc_k_major_sw128(s_k + stage * kTileBytes);
@@ -300,48 +347,60 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       p_frag[kk][3] = MmaType<T>::pack(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
     }
   };
-  auto wait_stage = [&](int iteration, int& n0, int& n1) {
+  struct Stage {
+    int n0, n1, item;
+    bool last;
+  };
+  auto wait_stage = [&](int iteration) {
     const int stage = iteration % kStages;
     mbarrier_wait(bar_full + 8 * stage, (iteration / kStages) & 1);
-    n0 = stage_offsets[2 * stage];
-    n1 = stage_offsets[2 * stage + 1];
+    return Stage{stage_info[stage].n0, stage_info[stage].n1, stage_info[stage].item, stage_info[stage].last != 0};
   };
 
   // Software pipeline inside the warpgroup: the scores of stage j+1 and the PV product of stage j
   // are issued together; the softmax of j+1 runs while the PV product is on the tensor cores.
-  int iteration = 0;
-  int local = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x, ++local) {
-    const Item w = item_at(item);
+  int iteration = 0;  // stages consumed so far
+  int q_loads = 0;    // Q tiles consumed so far
+  for (;;) {
+    Stage info = wait_stage(iteration);
+    if (info.item < 0) break;  // the producer has no more items
+    const WorkItem w = work_item_at(info.item, q_blocks, p.heads_q);
     wg_row0 = w.m0 + 64 * consumer;
     const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
     all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
     all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.f;
+    for (int i = 0; i < kPaddedD / 2; ++i) o_acc[i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
-    mbarrier_wait(bar_q, local & 1);
-    int n0 = 0, n1 = 0;
-    wait_stage(iteration, n0, n1);
-    if (n0 >= 0) {
+    if (info.n0 < 0) {
+      // No tiles (and no Q): the epilogue writes output 0 and LSE -inf.
+      mbarrier_arrive(bar_empty + 8 * (iteration % kStages));
+      ++iteration;
+    } else {
+      const int q_buffer = q_loads % kQBuffers;
+      mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
+      q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kTileBytes + consumer * kBoxBytes);
       issue_scores(iteration % kStages);
       wgmma_wait<0>();
       wgmma_fence_operands(s_acc);
+      // The last product with this Q is done: the producer may load another item's into it
+      // while this one's softmax, PV product and epilogue run.
+      if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
       float alpha[2];
-      softmax(n0, n1, alpha);  // O is still zero: nothing to rescale
+      softmax(info.n0, info.n1, alpha);  // O is still zero: nothing to rescale
       pack_probabilities();
       int held = iteration % kStages;  // the stage whose V the pending PV product reads
-      for (;;) {
-        wait_stage(++iteration, n0, n1);
-        if (n0 < 0) break;
+      while (!info.last) {
+        info = wait_stage(++iteration);
         const int stage = iteration % kStages;
         issue_scores(stage);
         issue_values(held);
         wgmma_wait<1>();
         wgmma_fence_operands(s_acc);
-        softmax(n0, n1, alpha);
+        if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
+        softmax(info.n0, info.n1, alpha);
         wgmma_wait<0>();
         wgmma_fence_operands(o_acc);
 #pragma unroll
@@ -357,18 +416,13 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         pack_probabilities();
         held = stage;
       }
-      // Every product with Q is done: the producer may load the next item's.
-      mbarrier_arrive(bar_q_empty);
-      mbarrier_arrive(bar_empty + 8 * (iteration % kStages));  // the end-of-item stage
       issue_values(held);
       wgmma_wait<0>();
       wgmma_fence_operands(o_acc);
       mbarrier_arrive(bar_empty + 8 * held);
-    } else {
-      mbarrier_arrive(bar_q_empty);
-      mbarrier_arrive(bar_empty + 8 * (iteration % kStages));
+      ++iteration;
+      ++q_loads;
     }
-    ++iteration;  // past the end-of-item stage
 
     // Epilogue: row sums across the quad, LSE, normalized O stored from registers.
     T* out = static_cast<T*>(p.out) + w.batch * p.o_stride_b + w.head * p.o_stride_h;

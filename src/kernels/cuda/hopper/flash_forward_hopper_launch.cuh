@@ -1,0 +1,58 @@
+// The launch of flash_forward_hopper_kernel for one element type and head dim, instantiated by
+// flash_forward_hopper_d*.cu (one file per head dim, so the instantiations compile in parallel).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "cuda/hopper/device_support.h"
+#include "cuda/hopper/flash_forward_hopper_kernel.cuh"
+#include "cuda/hopper/flash_forward_hopper_launch.h"
+#include "cuda/hopper/work_order.h"
+#include "tessel/core/error.h"
+
+namespace tessel::cuda::detail {
+
+template <typename T, int D, bool kSparse>
+void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
+                          cudaStream_t stream) {
+  constexpr int kPaddedD = (D + 63) / 64 * 64;
+  constexpr int kSmem = static_cast<int>(hopper::SharedLayout<kPaddedD>::bytes(kSparse) + hopper::kAlignmentSlack);
+  static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse>;
+  // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  (void)attribute_status;
+  const CUtensorMap q_map = make_bshd_map(p.q, dtype, D, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
+  const CUtensorMap k_map = make_bshd_map(p.k, dtype, D, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
+  const CUtensorMap v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
+  // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
+  // items until all are done.
+  const int64_t items = work_item_count(p.seq_q, p.heads_q, batch);
+  if (items > std::numeric_limits<int>::max())
+    throw Error(tessel::detail::concat("Hopper attention kernel: ", items,
+                                       " work items (query blocks x heads x batch), more than 2^31 - 1"));
+  const int grid = static_cast<int>(std::min<int64_t>(items, std::max(1, current_hopper_device().multiprocessors)));
+  // Block masks keep different numbers of blocks per row: hand the rows out longest first.
+  const WorkOrder used = kSparse ? order : WorkOrder{};
+  if (used.enabled()) launch_longest_first_order(p, batch, used, stream);
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch, used);
+}
+
+template <typename T, int D>
+void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                                       const WorkOrder& order, cudaStream_t stream) {
+  sparse ? launch_hopper_kernel<T, D, true>(params, batch, heads_kv, dtype, order, stream)
+         : launch_hopper_kernel<T, D, false>(params, batch, heads_kv, dtype, order, stream);
+}
+
+}  // namespace tessel::cuda::detail
+
+// The explicit instantiations of one head dim's file (both element types).
+#define TESSEL_INSTANTIATE_HOPPER_LAUNCH(D)                                                                     \
+  template void tessel::cuda::detail::launch_flash_forward_hopper_typed<__nv_bfloat16, D>(                     \
+      const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t);                                \
+  template void tessel::cuda::detail::launch_flash_forward_hopper_typed<__half, D>(                            \
+      const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t)

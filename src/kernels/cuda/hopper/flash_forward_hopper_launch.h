@@ -1,0 +1,26 @@
+// Internal: what flash_forward_hopper.cu (the dispatch) and the per-head-dim launch files share.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/flash_params.h"
+#include "cuda/hopper/work_items.h"
+#include "tessel/core/dtype.h"
+
+namespace tessel::cuda::detail {
+
+// A (D, S, H, B) view of 16-bit elements as the copy engine reads it: 64 x 64 boxes, the 128-byte
+// swizzle, zeros outside (tokens past S, head-dim columns past D).
+CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, int heads, int batch, int64_t stride_s,
+                          int64_t stride_h, int64_t stride_b);
+
+// Launches the kernel for element type T (__nv_bfloat16 or __half) and head dim D; explicitly
+// instantiated in flash_forward_hopper_d<D>.cu.
+template <typename T, int D>
+void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                                       const WorkOrder& order, cudaStream_t stream);
+
+}  // namespace tessel::cuda::detail
