@@ -150,20 +150,28 @@ WanVaeConfig tiny_wan_vae_config() {
   return c;
 }
 
-void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
+void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLayout layout) {
   const fs::path root(directory);
+  const bool two_experts = layout == TinyWanLayout::kTwoExperts;
   std::error_code error;
-  for (const char* component : {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"}) {
+  std::vector<const char*> components = {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"};
+  if (two_experts) components.push_back("transformer_2");
+  for (const char* component : components) {
     fs::create_directories(root / component, error);
     if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(directory) + ": " + error.message());
   }
-  write_json(root / "model_index.json",
-             {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
-              {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
-              {"text_encoder", {"transformers", "UMT5EncoderModel"}},
-              {"tokenizer", {"transformers", "T5TokenizerFast"}},
-              {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}},
-              {"vae", {"diffusers", "AutoencoderKLWan"}}});
+  nlohmann::json index = {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
+                          {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
+                          {"text_encoder", {"transformers", "UMT5EncoderModel"}},
+                          {"tokenizer", {"transformers", "T5TokenizerFast"}},
+                          {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}},
+                          {"vae", {"diffusers", "AutoencoderKLWan"}}};
+  if (two_experts) {
+    index["transformer_2"] = {"diffusers", "WanTransformer3DModel"};
+    index["boundary_ratio"] = 0.875;  // Wan 2.2 T2V-A14B's
+    index["expand_timesteps"] = false;
+  }
+  write_json(root / "model_index.json", index);
   write_json(root / "scheduler" / "scheduler_config.json",
              {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", 3.0},
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
@@ -173,6 +181,10 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
   const WanConfig transformer = tiny_wan_transformer_config();
   write_json(root / "transformer" / "config.json", transformer_config_json(transformer));
   write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
+  if (two_experts) {
+    write_json(root / "transformer_2" / "config.json", transformer_config_json(transformer));
+    write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
+  }
 
   const std::string spiece = train_tokenizer(seed);
   write_text(root / "tokenizer" / "spiece.model", spiece);

@@ -93,6 +93,27 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler
                   detail::concat("a VAE decoding (1, ", config.out_channels, ", 2, 1, 1) latents to ", shape_str(one_step)));
 }
 
+WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, Scheduler& scheduler,
+                         const WanVae* vae)
+    : WanPipeline(transformer, scheduler, vae) {
+  if (low_noise.transformer == nullptr) fail_argument("low-noise expert (transformer_2)", "a transformer", "none");
+  const WanConfig& high = transformer.config();
+  const WanConfig& low = low_noise.transformer->config();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shared[] = {
+      {"in_channels", {high.in_channels, low.in_channels}},
+      {"out_channels", {high.out_channels, low.out_channels}},
+      {"text_dim", {high.text_dim, low.text_dim}}};
+  for (const auto& [name, values] : shared)
+    if (values.first != values.second)
+      fail_argument(detail::concat("low-noise expert (transformer_2) ", name), detail::concat("the transformer's ", values.first),
+                    values.second);
+  if (!(low_noise.boundary_ratio > 0.0 && low_noise.boundary_ratio < 1.0))
+    fail_argument("boundary_ratio", "a number in (0, 1)", low_noise.boundary_ratio);
+  if (low_noise.num_train_timesteps < 1)
+    fail_argument("num_train_timesteps", "at least 1", low_noise.num_train_timesteps);
+  low_noise_ = low_noise;
+}
+
 VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latents) const {
   if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
   return video_frames_from_tensor(vae_->decode(ctx, latents));
@@ -106,6 +127,17 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   const Shape latent_shape = options.size.latent_shape(config.in_channels);
   const bool guided = options.guidance_scale > 1.0;
   if (!std::isfinite(options.guidance_scale)) fail_argument("guidance_scale", "a finite number", options.guidance_scale);
+  const bool two_experts = low_noise_.transformer != nullptr;
+  if (options.guidance_scale_2 && !two_experts)
+    fail_argument("guidance_scale_2", "unset for a pipeline with one expert (it is the low-noise expert's)", *options.guidance_scale_2);
+  if (options.cache_2 && !two_experts)
+    fail_argument("cache_2", "none for a pipeline with one expert (it is the low-noise expert's)", options.cache_2->name());
+  const double guidance_2 = options.guidance_scale_2.value_or(options.guidance_scale);
+  if (!std::isfinite(guidance_2)) fail_argument("guidance_scale_2", "a finite number", guidance_2);
+  if (options.cache && options.cache == options.cache_2)
+    fail_argument("cache_2", "another backend than cache (each expert keeps its own residuals)", "the same");
+  // diffusers compares its timestep tensor (int64 or float32) with the boundary in float32.
+  const float boundary = static_cast<float>(low_noise_.boundary_ratio * static_cast<double>(low_noise_.num_train_timesteps));
 
   require_cpu_f32(prompt_embeds, "prompt_embeds");
   if (prompt_embeds.dim() != 3 || prompt_embeds.size(0) != 1 || prompt_embeds.size(2) != config.text_dim)
@@ -147,10 +179,11 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   Tensor timestep = Tensor::empty({batch}, DType::kF32);
   Tensor guided_prediction = Tensor::empty(latent_shape, DType::kF32);
   const int64_t count = latents.numel();
-  const float scale = static_cast<float>(options.guidance_scale);
+  const float scales[2] = {static_cast<float>(options.guidance_scale), static_cast<float>(guidance_2)};
 
   WanGenerationResult result;
-  if (options.cache) options.cache->refresh(steps);
+  for (CacheBackend* cache : {options.cache, options.cache_2})
+    if (cache) cache->refresh(steps);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     if (options.cancel && options.cancel->load()) {
@@ -163,8 +196,12 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       std::memcpy(model_input.data_as<float>() + b * count, latents.data(), latents.nbytes());
       timestep.data_as<float>()[b] = static_cast<float>(t);
     }
-    transformer_.forward(ctx, StepInfo::at(step, steps, 0, branch), model_input, timestep, text, prediction, nullptr,
-                         options.cache ? options.cache->block_cache() : nullptr);
+    const int expert = two_experts && static_cast<float>(t) < boundary ? 1 : 0;
+    result.experts.push_back(expert);
+    const WanTransformer& model = expert == 1 ? *low_noise_.transformer : transformer_;
+    CacheBackend* cache = expert == 1 ? options.cache_2 : options.cache;
+    model.forward(ctx, StepInfo::at(step, steps, 0, branch), model_input, timestep, text, prediction, nullptr,
+                  cache ? cache->block_cache() : nullptr);
     if (cfg_parallel) gather_cfg_branches(ctx, *options.cfg_group, prediction.view(), branches.view());
     // Without guidance the prediction is the conditional branch's alone, of the latent shape.
     TensorView flow(prediction.data(), DType::kF32, Device::cpu(), latent_shape);
@@ -172,6 +209,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       const float* cond = (cfg_parallel ? branches : prediction).data_as<const float>();
       const float* uncond = cond + count;
       float* out = guided_prediction.data_as<float>();
+      const float scale = scales[expert];
       for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);
       flow = guided_prediction.view();
     }
@@ -193,6 +231,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   if (vae_ != nullptr && !result.cancelled) result.frames = decode(ctx, latents);
   result.latents = std::move(latents);
   if (options.cache) result.cache_stats = options.cache->stats();
+  if (options.cache_2) result.cache_stats_2 = options.cache_2->stats();
   return result;
 }
 

@@ -29,7 +29,10 @@ WanVaeConfig tiny_wan_vae_config();
 //   vae/config.json, diffusion_pytorch_model.safetensors (fp32, AutoencoderKLWan)
 //   tokenizer/spiece.model (a unigram sentencepiece model trained here on a fixed synthetic
 //       corpus, with T5's pad 0, EOS 1, unknown 2), tokenizer_config.json, special_tokens_map.json
+// kTwoExperts adds Wan 2.2 A14B's layout: transformer_2/ (the low-noise expert, the same config,
+// other random weights) and "boundary_ratio" 0.875 in model_index.json.
 // The same seed gives byte-identical files. Throws Error naming the path it cannot write.
-void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0);
+enum class TinyWanLayout { kOneExpert, kTwoExperts };
+void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0, TinyWanLayout layout = TinyWanLayout::kOneExpert);
 
 }  // namespace tessel
