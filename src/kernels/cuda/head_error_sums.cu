@@ -30,7 +30,7 @@ __device__ __forceinline__ double warp_sum(double x) {
 __global__ void head_error_sums_kernel(const HeadErrorSumsParams p) {
   const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   const int64_t rows_per_chunk = (p.rows + p.chunks - 1) / p.chunks;
-  const int64_t r0 = chunk * rows_per_chunk, r1 = min(p.rows, r0 + rows_per_chunk);
+  const int64_t r0 = chunk * rows_per_chunk, r1 = r0 + rows_per_chunk < p.rows ? r0 + rows_per_chunk : p.rows;
   const int64_t elements = r1 > r0 ? (r1 - r0) * p.head_dim : 0;
   double sums[4] = {0.0, 0.0, 0.0, 0.0};
   for (int64_t e = tid; e < elements; e += blockDim.x) {
