@@ -595,7 +595,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       fail_argument("block_cache leading and trailing blocks", detail::concat("two counts >= 0 summing to at most num_layers = ", c.num_layers),
                     detail::concat(leading, " and ", trailing));
     const std::vector<float> embeddings = hidden_states;
-    const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data(), embeddings.data(), sp.has_value()};
+    const bool sharded = sp != nullptr && sp->shards() > 1;  // one shard (a CFG-only group) is the whole sequence
+    const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data(), embeddings.data(), sharded};
     run_layers(0, leading);
     if (block_cache->before_blocks(cache_input, hidden_states.data())) {
       const std::vector<float> span_input = leading == 0 ? std::vector<float>{} : hidden_states;
