@@ -11,20 +11,27 @@
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
+#      per-head calibration on the device (`tessel calibrate --device cuda`, synthetic video data,
+#      12 layers, 24 heads, 32,768 tokens, rel-L2 0.05, held-out steps, against one global value);
 #   5. the Python package on CUDA (--python DIR: a folder holding the `tessel` package built with
 #      TESSEL_CUDA=ON, or "installed"): pytest python/tests (torch on CUDA, torch.compile, CUDA graph
 #      capture), the binding's per-call overhead (bench/python_bench.py) and diffusers' Wan 1.3B 480p
 #      step with tessel's processors against its own SDPA (bench/diffusers_wan_tessel.py);
-#   6. print the side-by-side table last.
+#   6. the Wan VAE decode at 480p 81 frames (`tessel vae-bench`, random Wan 2.1 weights) beside
+#      diffusers' AutoencoderKLWan.decode on the same shape (bench/diffusers_vae_decode.py);
+#   7. print the side-by-side table last.
+# cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
+# put on LD_LIBRARY_PATH when that wheel is installed.
 # Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
-#          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan.
+#          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
+#          --skip-calibrate, --skip-vae.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
-PYTHON_DIR="" RUN_WAN=1
-RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072"
+PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1
+RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -39,6 +46,8 @@ while [[ $# -gt 0 ]]; do
     --kv-contexts) KV_CONTEXTS="$2"; shift 2 ;;
     --python) PYTHON_DIR="$2"; shift 2 ;;
     --skip-wan) RUN_WAN=0; shift ;;
+    --skip-vae) RUN_VAE=0; shift ;;
+    --skip-calibrate) RUN_CALIBRATE=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +56,8 @@ command -v nvidia-smi >/dev/null || { echo "gpu-check: no nvidia-smi: this needs
 GPU_INFO="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 CUDA_INFO="$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'nvcc absent')"
 TORCH_INFO="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo 'absent')"
+CUDNN_LIB="$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)"
+[[ -n "$CUDNN_LIB" && -d "$CUDNN_LIB" ]] && export LD_LIBRARY_PATH="$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 if [[ -z "$BIN" ]]; then
   BUILD="$ROOT/build-gpu-check"
@@ -135,6 +146,29 @@ if [[ $RUN_KV == 1 ]]; then
   done
 fi
 
+if [[ $RUN_VAE == 1 ]]; then
+  echo "== Wan VAE decode, 480p 81 frames (tessel vae-bench beside diffusers)"
+  if python3 -c 'import diffusers' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_vae_decode.py" --frames 81 --height 480 --width 832 --iters 3 --warmup 1 \
+      --tessel "$TESSEL" --json "$OUTDIR/vae_decode.json" >"$OUTDIR/vae_decode.txt" 2>&1 || echo "vae decode bench FAILED" >>"$OUTDIR/vae_decode.txt"
+  else
+    "$TESSEL" vae-bench --device cuda --frames 81 --height 480 --width 832 --iters 3 --warmup 1 >"$OUTDIR/vae_decode.txt" 2>&1 ||
+      echo "vae-bench FAILED" >>"$OUTDIR/vae_decode.txt"
+  fi
+fi
+
+if [[ $RUN_CALIBRATE == 1 ]]; then
+  # The calibration bar: every held-out error <= 0.05, mean density >= 25% below the best single
+  # global value, within 5 minutes (the last line gives the capture and calibration seconds).
+  echo "== tessel calibrate --device cuda (12 layers, 24 heads, 32x32x32 tokens)"
+  CALIBRATE_START=$SECONDS
+  "$TESSEL" calibrate --device cuda --grid 32x32x32 --synthetic-layers 12 \
+    --heads 24 --head-dim 128 --method threshold --target 0.05 --synthetic-steps 2 --synthetic-heldout 1 \
+    --compare-global --out "$OUTDIR/calibrated.json" >"$OUTDIR/calibrate.txt" 2>&1 ||
+    echo "calibrate FAILED" >>"$OUTDIR/calibrate.txt"
+  echo "calibrate wall $((SECONDS - CALIBRATE_START)) s (bar: 300 s)" >>"$OUTDIR/calibrate.txt"
+fi
+
 STATUS_PYTHON="skipped (no --python)"
 if [[ -n "$PYTHON_DIR" ]]; then
   echo "== Python package on CUDA"
@@ -168,7 +202,9 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/diffusers_wan.log" ]] && sed -n '/== side by side/,$p;/FAILED/p' "$OUTDIR/diffusers_wan.log"
 [[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
+[[ -s "$OUTDIR/calibrate.txt" ]] && cat "$OUTDIR/calibrate.txt"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
+[[ -s "$OUTDIR/vae_decode.txt" ]] && { sed -n '/== side by side/,$p' "$OUTDIR/vae_decode.txt"; grep -E "^Wan VAE|FAILED|Error" "$OUTDIR/vae_decode.txt" || true; }
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then

@@ -72,26 +72,10 @@ std::string train_tokenizer(uint64_t seed) {
   return model;
 }
 
-// Random weights at sensible scales: norm weights near 1, matrices with unit-variance rows over
-// their fan-in, biases and the rest small.
 void write_random_weights(const fs::path& path, const std::vector<WeightSpec>& specs, uint64_t seed) {
-  std::vector<Tensor> tensors;
+  const std::map<std::string, Tensor> tensors = random_model_weights(specs, seed);
   std::vector<std::pair<std::string, TensorView>> named;
-  tensors.reserve(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const WeightSpec& spec = specs[i];
-    Tensor& t = tensors.emplace_back(Tensor::empty(spec.shape, DType::kF32));
-    const uint64_t tensor_seed = seed * 0x100000001b3ull + i;
-    const bool is_norm = spec.name.find("norm") != std::string::npos;
-    if (spec.shape.size() == 1) {
-      fill_normal(t.view(), tensor_seed, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02);
-    } else {
-      int64_t fan_in = 1;
-      for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
-      fill_normal(t.view(), tensor_seed, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in)));
-    }
-    named.emplace_back(spec.name, t.view());
-  }
+  for (const WeightSpec& spec : specs) named.emplace_back(spec.name, tensors.at(spec.name).view());
   write_safetensors(path.string(), named, {{"format", "pt"}});
 }
 
@@ -139,6 +123,25 @@ UMT5Config tiny_umt5_config(int64_t vocab_size) {
   c.num_layers = 2;
   c.num_heads = 4;
   return c;
+}
+
+std::map<std::string, Tensor> random_model_weights(const std::vector<WeightSpec>& specs, uint64_t seed) {
+  std::map<std::string, Tensor> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WeightSpec& spec = specs[i];
+    Tensor t = Tensor::empty(spec.shape, DType::kF32);
+    const uint64_t tensor_seed = seed * 0x100000001b3ull + i;
+    const bool is_norm = spec.name.find("norm") != std::string::npos;
+    if (spec.shape.size() == 1) {
+      fill_normal(t.view(), tensor_seed, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02);
+    } else {
+      int64_t fan_in = 1;
+      for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
+      fill_normal(t.view(), tensor_seed, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in)));
+    }
+    tensors[spec.name] = std::move(t);
+  }
+  return tensors;
 }
 
 WanVaeConfig tiny_wan_vae_config() {

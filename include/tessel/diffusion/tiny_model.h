@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/diffusion/wan_vae.h"
@@ -31,5 +33,10 @@ WanVaeConfig tiny_wan_vae_config();
 //       corpus, with T5's pad 0, EOS 1, unknown 2), tokenizer_config.json, special_tokens_map.json
 // The same seed gives byte-identical files. Throws Error naming the path it cannot write.
 void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0);
+
+// Seeded random fp32 CPU weights for `specs` at the scales the model directory gets: norm weights
+// near 1, matrices with unit-variance rows over their fan-in, biases and the rest small. For
+// benchmarks and tests of any size (the values do not change the time).
+std::map<std::string, Tensor> random_model_weights(const std::vector<WeightSpec>& specs, uint64_t seed);
 
 }  // namespace tessel
