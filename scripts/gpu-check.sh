@@ -18,7 +18,8 @@
 #      capture), the binding's per-call overhead (bench/python_bench.py) and diffusers' Wan 1.3B 480p
 #      step with tessel's processors against its own SDPA (bench/diffusers_wan_tessel.py);
 #   6. the Wan VAE decode at 480p 81 frames (`tessel vae-bench`, random Wan 2.1 weights) beside
-#      diffusers' AutoencoderKLWan.decode on the same shape (bench/diffusers_vae_decode.py);
+#      diffusers' AutoencoderKLWan.decode on the same shape, and tessel's video against diffusers' on
+#      the same random weights and latents (bench/diffusers_vae_decode.py --parity);
 #   7. print the side-by-side table last.
 # cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
 # put on LD_LIBRARY_PATH when that wheel is installed.
@@ -150,7 +151,7 @@ if [[ $RUN_VAE == 1 ]]; then
   echo "== Wan VAE decode, 480p 81 frames (tessel vae-bench beside diffusers)"
   if python3 -c 'import diffusers' 2>/dev/null; then
     PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_vae_decode.py" --frames 81 --height 480 --width 832 --iters 3 --warmup 1 \
-      --tessel "$TESSEL" --json "$OUTDIR/vae_decode.json" >"$OUTDIR/vae_decode.txt" 2>&1 || echo "vae decode bench FAILED" >>"$OUTDIR/vae_decode.txt"
+      --tessel "$TESSEL" --parity "$OUTDIR/vae_parity" --json "$OUTDIR/vae_decode.json" >"$OUTDIR/vae_decode.txt" 2>&1 || echo "vae decode bench FAILED" >>"$OUTDIR/vae_decode.txt"
   else
     "$TESSEL" vae-bench --device cuda --frames 81 --height 480 --width 832 --iters 3 --warmup 1 >"$OUTDIR/vae_decode.txt" 2>&1 ||
       echo "vae-bench FAILED" >>"$OUTDIR/vae_decode.txt"
