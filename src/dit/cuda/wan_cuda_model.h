@@ -29,6 +29,10 @@
 #include "tessel/dit/wan_config.h"
 #include "tessel/dit/wan_model.h"
 
+namespace tessel {
+class WanSequenceParallel;
+}
+
 namespace tessel::dit::cuda {
 
 // One stored tensor per spec of wan_weight_specs(config): a CPU view of any float dtype, read
@@ -40,6 +44,9 @@ struct WanForwardShape {
   int64_t batch = 1, frames = 0, height = 0, width = 0;  // the latent
   int64_t text_len = 0;
   bool per_token_timestep = false;  // timestep (B, S) instead of (B)
+  // Under sequence parallelism (WanSequenceParallel): this rank's token rows per batch entry and
+  // the number of shards; 0 and 1 when this process runs every token.
+  int64_t shard_tokens = 0, shards = 1;
 };
 
 class WanCudaModel {
@@ -59,9 +66,12 @@ class WanCudaModel {
 
   // latents, timestep, text, out: fp32 device pointers of the shapes WanTransformer::forward
   // checked. self_attention: one module per block, or empty for dense attention everywhere.
+  // sequence_parallel: null, or the shards of shape.shard_tokens rows the blocks run on (the
+  // forward is then collective over its sequence group; every rank gets the whole output).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, float* out,
-               const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile) const;
+               const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
+               WanSequenceParallel* sequence_parallel = nullptr) const;
 
  private:
   const void* weight(const std::string& name) const;
