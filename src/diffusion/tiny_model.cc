@@ -3,6 +3,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "tessel/core/random.h"
 #include "tessel/diffusion/umt5_tokenizer.h"
 #include "tessel/dit/wan_weights.h"
+#include "random_checkpoint.h"
 
 namespace tessel {
 namespace {
@@ -73,7 +75,17 @@ std::string train_tokenizer(uint64_t seed) {
 }
 
 // Random weights at sensible scales: norm weights near 1, matrices with unit-variance rows over
-// their fan-in, biases and the rest small.
+// their fan-in, biases and the rest small (the text encoder and the VAE; the transformer has
+// wan_random_init at full size).
+RandomTensorInit heuristic_init(const WeightSpec& spec) {
+  const bool is_norm = spec.name.find("norm") != std::string::npos;
+  if (spec.shape.size() == 1) return {true, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02};
+  int64_t fan_in = 1;
+  for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
+  return {true, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in))};
+}
+
+// The tiny model's weights, in memory, fp32.
 void write_random_weights(const fs::path& path, const std::vector<WeightSpec>& specs, uint64_t seed) {
   std::vector<Tensor> tensors;
   std::vector<std::pair<std::string, TensorView>> named;
@@ -81,18 +93,17 @@ void write_random_weights(const fs::path& path, const std::vector<WeightSpec>& s
   for (size_t i = 0; i < specs.size(); ++i) {
     const WeightSpec& spec = specs[i];
     Tensor& t = tensors.emplace_back(Tensor::empty(spec.shape, DType::kF32));
-    const uint64_t tensor_seed = seed * 0x100000001b3ull + i;
-    const bool is_norm = spec.name.find("norm") != std::string::npos;
-    if (spec.shape.size() == 1) {
-      fill_normal(t.view(), tensor_seed, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02);
-    } else {
-      int64_t fan_in = 1;
-      for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
-      fill_normal(t.view(), tensor_seed, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in)));
-    }
+    const RandomTensorInit init = heuristic_init(spec);
+    fill_normal(t.view(), seed * 0x100000001b3ull + i, init.first, init.second);
     named.emplace_back(spec.name, t.view());
   }
   write_safetensors(path.string(), named, {{"format", "pt"}});
+}
+
+std::vector<RandomTensorSpec> heuristic_specs(const std::vector<WeightSpec>& specs) {
+  std::vector<RandomTensorSpec> out;
+  for (const WeightSpec& spec : specs) out.push_back({spec, heuristic_init(spec)});
+  return out;
 }
 
 nlohmann::json transformer_config_json(const WanConfig& c) {
@@ -105,7 +116,7 @@ nlohmann::json transformer_config_json(const WanConfig& c) {
           {"image_dim", nullptr}, {"added_kv_proj_dim", nullptr}, {"pos_embed_seq_len", nullptr}};
 }
 
-nlohmann::json text_encoder_config_json(const UMT5Config& c) {
+nlohmann::json text_encoder_config_json(const UMT5Config& c, const char* dtype) {
   return {{"architectures", {"UMT5EncoderModel"}}, {"model_type", "umt5"}, {"vocab_size", c.vocab_size},
           {"d_model", c.d_model}, {"d_kv", c.d_kv}, {"d_ff", c.d_ff}, {"num_layers", c.num_layers},
           {"num_decoder_layers", c.num_layers}, {"num_heads", c.num_heads},
@@ -114,7 +125,7 @@ nlohmann::json text_encoder_config_json(const UMT5Config& c) {
           {"layer_norm_epsilon", c.layer_norm_epsilon}, {"feed_forward_proj", "gated-gelu"},
           {"dense_act_fn", "gelu_new"}, {"is_gated_act", true}, {"dropout_rate", 0.0}, {"pad_token_id", 0},
           {"eos_token_id", 1}, {"decoder_start_token_id", 0}, {"tie_word_embeddings", false},
-          {"is_encoder_decoder", true}, {"dtype", "float32"}};
+          {"is_encoder_decoder", true}, {"dtype", dtype}};
 }
 
 }  // namespace
@@ -122,7 +133,7 @@ nlohmann::json text_encoder_config_json(const UMT5Config& c) {
 WanConfig tiny_wan_transformer_config() {
   WanConfig c;
   c.num_attention_heads = 2;
-  c.attention_head_dim = 16;
+  c.attention_head_dim = 64;
   c.text_dim = 32;
   c.freq_dim = 16;
   c.ffn_dim = 64;
@@ -150,12 +161,16 @@ WanVaeConfig tiny_wan_vae_config() {
   return c;
 }
 
-void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
-  const fs::path root(directory);
+namespace {
+
+// Everything but the weights: model_index.json, the scheduler, the configs and the tokenizer
+// (`spiece`, a serialized sentencepiece model; its ids may be a subset of the encoder's vocabulary).
+void write_model_skeleton(const fs::path& root, const WanConfig& transformer, const UMT5Config& text_encoder, const WanVaeConfig& vae,
+                          const char* text_encoder_dtype, const std::string& spiece) {
   std::error_code error;
   for (const char* component : {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"}) {
     fs::create_directories(root / component, error);
-    if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(directory) + ": " + error.message());
+    if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(root.string()) + ": " + error.message());
   }
   write_json(root / "model_index.json",
              {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
@@ -169,12 +184,8 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
               {"solver_type", "bh2"}, {"use_flow_sigmas", true}, {"predict_x0", true}, {"lower_order_final", true},
               {"final_sigmas_type", "zero"}, {"disable_corrector", nlohmann::json::array()}});
-
-  const WanConfig transformer = tiny_wan_transformer_config();
   write_json(root / "transformer" / "config.json", transformer_config_json(transformer));
-  write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
 
-  const std::string spiece = train_tokenizer(seed);
   write_text(root / "tokenizer" / "spiece.model", spiece);
   const nlohmann::json special = {{"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}};
   nlohmann::json tokenizer_config = special;
@@ -183,14 +194,52 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
   tokenizer_config["model_max_length"] = kWanMaxSequenceLength;
   write_json(root / "tokenizer" / "tokenizer_config.json", tokenizer_config);
   write_json(root / "tokenizer" / "special_tokens_map.json", special);
-
-  const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
-  write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder));
-  write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
-
-  const WanVaeConfig vae = tiny_wan_vae_config();
+  write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder, text_encoder_dtype));
   write_text(root / "vae" / "config.json", wan_vae_config_json(vae));
+}
+
+}  // namespace
+
+void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
+  const fs::path root(directory);
+  const WanConfig transformer = tiny_wan_transformer_config();
+  const std::string spiece = train_tokenizer(seed);
+  const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
+  const WanVaeConfig vae = tiny_wan_vae_config();
+  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece);
+  write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
+  write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
   write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
+}
+
+std::vector<std::string> random_wan_model_presets() { return {"tiny", "wan-1.3b", "wan-14b"}; }
+
+uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed, int threads) {
+  if (preset == "tiny") {
+    write_tiny_wan_model(directory, seed);
+    return 0;
+  }
+  if (preset != "wan-1.3b" && preset != "wan-14b")
+    fail_argument("preset", "one of tiny, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
+  const fs::path root(directory);
+  const WanConfig transformer = wan_preset(preset);
+  const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 model
+  const WanVaeConfig vae;         // the Wan 2.1 VAE
+  // The tiny tokenizer: the real one cannot be downloaded here, and its ids fit UMT5-XXL's vocabulary.
+  write_model_skeleton(root, transformer, text_encoder, vae, "bfloat16", train_tokenizer(seed));
+
+  std::vector<RandomTensorSpec> transformer_tensors;
+  for (const WeightSpec& spec : wan_weight_specs(transformer)) {
+    const WanRandomInit init = wan_random_init(transformer, spec);
+    transformer_tensors.push_back({spec, {init.normal, init.first, init.second}});
+  }
+  uint64_t bytes = write_random_checkpoint({root / "transformer", kDiffusersWeightsFile, kDiffusersWeightsIndex}, transformer_tensors,
+                                           DType::kBF16, seed, threads);
+  bytes += write_random_checkpoint({root / "text_encoder", "model.safetensors", "model.safetensors.index.json"},
+                                   heuristic_specs(umt5_weight_specs(text_encoder)), DType::kBF16, seed + 1, threads);
+  bytes += write_random_checkpoint({root / "vae", kDiffusersWeightsFile, kDiffusersWeightsIndex},
+                                   heuristic_specs(wan_vae_weight_specs(vae)), DType::kF32, seed + 2, threads);
+  return bytes;
 }
 
 }  // namespace tessel

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tessel/diffusion/scheduler.h"
+
 namespace tessel {
 
 // sqrt(sum (actual - expected)^2 / sum expected^2), accumulated in double.
@@ -14,6 +16,20 @@ inline double rel_l2(const float* actual, const float* expected, int64_t count) 
     norm += static_cast<double>(expected[i]) * expected[i];
   }
   return std::sqrt(diff / norm);
+}
+
+// Wan 2.1's schedulers at flow shift 3: UniPC (its default configuration) and Euler.
+inline SchedulerConfig wan_unipc() {
+  SchedulerConfig config;
+  config.shift = 3.0;
+  return config;
+}
+
+inline SchedulerConfig euler_shift3() {
+  SchedulerConfig config;
+  config.kind = SchedulerKind::flow_match_euler;
+  config.shift = 3.0;
+  return config;
 }
 
 }  // namespace tessel
