@@ -53,6 +53,7 @@ struct GenerateOptions {
   int64_t threads = 0;
   std::string cache = "none";
   double teacache_thresh = CacheConfig{}.teacache_thresh;
+  CacheConfig dbcache;  // the dbcache_* fields, from the --dbcache-* flags
   std::string out;
 };
 
@@ -193,6 +194,18 @@ void check_text_source(const GenerateOptions& o, bool prompt_set, bool negative_
     fail_argument("--negative-prompt", "--prompt too (with --embeddings the negative comes from the file)", "no --prompt");
 }
 
+// Per CFG branch: the forwards that skipped blocks, and the blocks skipped of all the forwards'.
+void print_cache_stats(const CacheStats& stats, bool guided) {
+  const char* const branch_names[2] = {"conditional", "unconditional"};
+  std::printf("%s: blocks skipped in", stats.backend.c_str());
+  for (size_t b = 0; b < (guided ? 2u : 1u); ++b)
+    std::printf("%s %lld of %lld steps (%s branch, %lld of %lld blocks)", b == 0 ? "" : ",",
+                static_cast<long long>(stats.skipped[b]), static_cast<long long>(stats.skipped[b] + stats.computed[b]),
+                branch_names[b], static_cast<long long>(stats.blocks_skipped[b]),
+                static_cast<long long>(stats.blocks_skipped[b] + stats.blocks_computed[b]));
+  std::printf("\n");
+}
+
 int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
                  bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
@@ -248,7 +261,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   const std::unique_ptr<const WanVae> vae =
       output == GenerateOutput::kLatents ? nullptr : std::make_unique<const WanVae>(WanVae::load((fs::path(o.model_dir) / "vae").string()));
   const WanPipeline pipeline(transformer, *scheduler, vae.get());
-  CacheConfig cache_config;
+  CacheConfig cache_config = o.dbcache;
   cache_config.teacache_thresh = o.teacache_thresh;
   const std::unique_ptr<CacheBackend> cache = make_cache_backend(o.cache, cache_config, transformer.config());
 
@@ -275,18 +288,32 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   timings.generate_seconds = seconds_since(generate_start);
   if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done);
   if (!run.is_root()) return 0;
-  if (cache) {
-    const CacheStats& stats = result.cache_stats;
-    std::printf("%s: blocks skipped in %lld of %lld steps (conditional branch)",
-                stats.backend.c_str(), static_cast<long long>(stats.skipped[0]),
-                static_cast<long long>(stats.skipped[0] + stats.computed[0]));
-    if (guided)
-      std::printf(", %lld of %lld (unconditional branch)", static_cast<long long>(stats.skipped[1]),
-                  static_cast<long long>(stats.skipped[1] + stats.computed[1]));
-    std::printf("\n");
-  }
+  if (cache) print_cache_stats(result.cache_stats, guided);
   write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_config.kind)));
   return 0;
+}
+
+void add_dbcache_flags(CLI::App& app, CacheConfig& c) {
+  app.add_option("--dbcache-fn", c.dbcache_first_blocks, "DBCache: first blocks always computed; their residual decides (Fn)")
+      ->capture_default_str()
+      ->check(integer_in(1, 4096));
+  app.add_option("--dbcache-bn", c.dbcache_last_blocks, "DBCache: last blocks always computed (Bn)")
+      ->capture_default_str()
+      ->check(integer_in(0, 4096));
+  app.add_option("--dbcache-thresh", c.dbcache_thresh,
+                 "DBCache: relative L1 change of the first blocks' residual below which the middle blocks are reused (0: never)")
+      ->capture_default_str()
+      ->check(number_in(0.0, 100.0));
+  app.add_option("--dbcache-warmup", c.dbcache_warmup_steps, "DBCache: first steps always computed")
+      ->capture_default_str()
+      ->check(integer_in(0, 100000));
+  app.add_option("--dbcache-max-cached", c.dbcache_max_cached_steps, "DBCache: most steps reused per branch (-1: no limit)")
+      ->capture_default_str()
+      ->check(integer_in(-1, 100000));
+  app.add_option("--dbcache-max-consecutive", c.dbcache_max_consecutive_cached_steps,
+                 "DBCache: most steps reused in a row before one computes (-1: no limit)")
+      ->capture_default_str()
+      ->check(integer_in(-1, 100000));
 }
 
 CommandRegistration registration{
@@ -321,13 +348,16 @@ CommandRegistration registration{
       app.add_option("--flow-shift", options->flow_shift, "the schedule's shift (default: the scheduler config's)")
           ->check(number_in(0.0, 1000.0, Bounds::kOpenLow));
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, 4096));
-      app.add_option("--cache", options->cache, "step cache: none or teacache (skips the blocks while the time conditioning barely changes)")
+      app.add_option("--cache", options->cache,
+                     "step cache: none, teacache (skips the blocks while the time conditioning barely changes) or dbcache "
+                     "(skips the middle blocks while the first blocks' residual barely changes)")
           ->capture_default_str()
-          ->check(one_of({"none", "teacache"}));
+          ->check(one_of(cache_backend_names()));
       app.add_option("--teacache-thresh", options->teacache_thresh,
                      "TeaCache's threshold on the accumulated rescaled change (0: never skip; higher skips more)")
           ->capture_default_str()
           ->check(number_in(0.0, 100.0));
+      add_dbcache_flags(app, options->dbcache);
       app.add_option("--out", options->out,
                      "output: video.mp4, frames.png (one file per frame: frames_00000.png, ...) or latents.safetensors")
           ->required();

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cache_backend_kinds.h"
 #include "tessel/core/error.h"
 #include "tessel/diffusion/cache_backend.h"
 
@@ -19,8 +20,8 @@ double evaluate_polynomial(const std::vector<double>& coefficients, double x) {
 
 class TeaCache final : public CacheBackend, public WanBlockCache {
  public:
-  TeaCache(const CacheConfig& config, std::vector<double> coefficients)
-      : thresh_(config.teacache_thresh), input_(config.teacache_input), coefficients_(std::move(coefficients)) {
+  TeaCache(const CacheConfig& config, std::vector<double> coefficients, int64_t layers)
+      : thresh_(config.teacache_thresh), input_(config.teacache_input), coefficients_(std::move(coefficients)), layers_(layers) {
     // TeaCache4Wan2.1: ret_steps 5 (time projection) or 1 (time embedding); cutoff at the last
     // step for the time embedding.
     always_first_ = input_ == TeaCacheInput::kTimeProjection ? 5 : 1;
@@ -42,6 +43,8 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
     for (size_t b = 0; b < 2; ++b) {
       stats.computed[b] = branches_[b].computed;
       stats.skipped[b] = branches_[b].skipped;
+      stats.blocks_computed[b] = branches_[b].computed * layers_;
+      stats.blocks_skipped[b] = branches_[b].skipped * layers_;
     }
     return stats;
   }
@@ -56,7 +59,7 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
     const size_t residual_size = static_cast<size_t>(input.tokens * input.dim);
     bool run = false;
     for (int64_t b = 0; b < input.batch; ++b) {
-      Branch& branch = branches_[static_cast<size_t>(b)];
+      Branch& branch = branches_[cache_branch(input, b)];
       const float* current = conditioning + b * width;
       bool compute = thresh_ <= 0.0 || step < always_first_ || step >= steps - always_last_ ||
                      branch.residual.size() != residual_size || branch.previous.size() != static_cast<size_t>(width);
@@ -77,15 +80,14 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
       run = run || compute;
     }
     for (int64_t b = 0; b < input.batch; ++b) {
-      Branch& branch = branches_[static_cast<size_t>(b)];
+      Branch& branch = branches_[cache_branch(input, b)];
       if (run) {
         // The blocks run for the whole batch: a branch that could have skipped gets a fresh residual.
         branch.accumulated = 0.0;
         ++branch.computed;
         continue;
       }
-      float* row = hidden + static_cast<size_t>(b) * residual_size;
-      for (size_t i = 0; i < residual_size; ++i) row[i] += branch.residual[i];
+      add_span_residual(hidden, b, branch.residual);
       ++branch.skipped;
     }
     return run;
@@ -93,12 +95,8 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
 
   void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) override {
     const size_t residual_size = static_cast<size_t>(input.tokens * input.dim);
-    for (int64_t b = 0; b < input.batch; ++b) {
-      std::vector<float>& residual = branches_[static_cast<size_t>(b)].residual;
-      residual.resize(residual_size);
-      const size_t offset = static_cast<size_t>(b) * residual_size;
-      for (size_t i = 0; i < residual_size; ++i) residual[i] = hidden[offset + i] - blocks_input[offset + i];
-    }
+    for (int64_t b = 0; b < input.batch; ++b)
+      keep_span_residual(branches_[cache_branch(input, b)].residual, hidden, blocks_input, b, residual_size);
   }
 
  private:
@@ -112,6 +110,7 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
   double thresh_;
   TeaCacheInput input_;
   std::vector<double> coefficients_;
+  int64_t layers_;
   int64_t always_first_ = 0;
   int64_t always_last_ = 0;
   int64_t steps_ = 0;
@@ -131,11 +130,7 @@ std::vector<double> wan_teacache_coefficients(std::string_view model, TeaCacheIn
   fail_argument("teacache model", "\"1.3b\" or \"14b\"", quoted_excerpt(model));
 }
 
-std::vector<std::string> cache_backend_names() { return {"none", "teacache"}; }
-
-std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const CacheConfig& config, const WanConfig& transformer) {
-  if (name == "none") return nullptr;
-  if (name != "teacache") fail_argument("cache backend", "one of none, teacache", quoted_excerpt(name));
+std::unique_ptr<CacheBackend> make_teacache(const CacheConfig& config, const WanConfig& transformer) {
   if (!(config.teacache_thresh >= 0.0) || !std::isfinite(config.teacache_thresh))
     fail_argument("teacache_thresh", "a finite number >= 0", config.teacache_thresh);
   std::vector<double> coefficients = config.teacache_coefficients;
@@ -143,7 +138,7 @@ std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const Ca
     coefficients = wan_teacache_coefficients(transformer.inner_dim() >= kWan14BWidth ? "14b" : "1.3b", config.teacache_input);
   for (double c : coefficients)
     if (!std::isfinite(c)) fail_argument("teacache_coefficients", "finite numbers", c);
-  return std::make_unique<TeaCache>(config, std::move(coefficients));
+  return std::make_unique<TeaCache>(config, std::move(coefficients), transformer.num_layers);
 }
 
 }  // namespace tessel

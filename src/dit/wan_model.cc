@@ -482,84 +482,100 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
     return TensorView(data.data(), DType::kF32, Device::cpu(), {batch, tokens, heads, head_dim});
   };
 
-  // A step cache may stand in for the blocks (WanBlockCache); it gets what entered them when they run.
-  const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data()};
-  const bool run_blocks = !block_cache || block_cache->before_blocks(cache_input, hidden_states.data());
-  const std::vector<float> blocks_input = block_cache && run_blocks ? hidden_states : std::vector<float>{};
-  for (int64_t layer = 0; layer < (run_blocks ? c.num_layers : 0); ++layer) {
-    const BlockWeights& block = blocks[static_cast<size_t>(layer)];
-    // modulation[b] = table + time projection[b]: (shift, scale, gate) of attention, then of the FFN.
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t i = 0; i < 6 * dim; ++i)
-        modulation[g * 6 * dim + i] = block.modulation.data_as<float>()[i] + modulation_input[g * 6 * dim + i];
-    const float* mod = modulation.data();
-    const int64_t mod_stride = 6 * dim;
-    clock.charge(&WanForwardProfile::other_s);
+  const auto run_layers = [&](int64_t first_layer, int64_t end_layer) {
+    for (int64_t layer = first_layer; layer < end_layer; ++layer) {
+      const BlockWeights& block = blocks[static_cast<size_t>(layer)];
+      // modulation[b] = table + time projection[b]: (shift, scale, gate) of attention, then of the FFN.
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t i = 0; i < 6 * dim; ++i)
+          modulation[g * 6 * dim + i] = block.modulation.data_as<float>()[i] + modulation_input[g * 6 * dim + i];
+      const float* mod = modulation.data();
+      const int64_t mod_stride = 6 * dim;
+      clock.charge(&WanForwardProfile::other_s);
 
-    // Self-attention.
-    dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod, mod + dim, mod_stride, normed.data());
-    clock.charge(&WanForwardProfile::norm_rope_s);
-    const AttentionWeights& sa = block.self_attention;
-    sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
-    for (float* x : {q.data(), k.data()}) {
-      if (sp)
-        sp->rotate(ctx, x, rope.cos(), rope.sin());
-      else
-        dit::rotate_pairs(ctx, x, batch, seq, heads, head_dim, rope.cos(), rope.sin());
-    }
-    clock.charge(&WanForwardProfile::norm_rope_s);
-    AttentionStepReport report;
-    StepInfo layer_step = step;
-    layer_step.layer = layer;
-    const SparseAttention* module = self_attention.empty() ? nullptr : self_attention[static_cast<size_t>(layer)].get();
-    if (sp) {
-      report = sp->attend(run_ctx, module, layer_step, q.data(), k.data(), v.data(), attended.data());
-    } else if (module == nullptr) {
-      attention_forward(run_ctx, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq), TensorView{});
-    } else {
-      report = module->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq));
-    }
-    clock.charge(&WanForwardProfile::attention_s);
-    if (profile) profile->add_self_attention(report);
-    sa.out(ctx, attended.data(), rows, projected.data());
-    clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 2 * dim, mod_stride);
-    clock.charge(&WanForwardProfile::other_s);
+      // Self-attention.
+      dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod, mod + dim, mod_stride, normed.data());
+      clock.charge(&WanForwardProfile::norm_rope_s);
+      const AttentionWeights& sa = block.self_attention;
+      sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
+      for (float* x : {q.data(), k.data()}) {
+        if (sp)
+          sp->rotate(ctx, x, rope.cos(), rope.sin());
+        else
+          dit::rotate_pairs(ctx, x, batch, seq, heads, head_dim, rope.cos(), rope.sin());
+      }
+      clock.charge(&WanForwardProfile::norm_rope_s);
+      AttentionStepReport report;
+      StepInfo layer_step = step;
+      layer_step.layer = layer;
+      const SparseAttention* module = self_attention.empty() ? nullptr : self_attention[static_cast<size_t>(layer)].get();
+      if (sp) {
+        report = sp->attend(run_ctx, module, layer_step, q.data(), k.data(), v.data(), attended.data());
+      } else if (module == nullptr) {
+        attention_forward(run_ctx, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq), TensorView{});
+      } else {
+        report = module->forward(run_ctx, layer_step, bshd(q, seq), bshd(k, seq), bshd(v, seq), bshd(attended, seq));
+      }
+      clock.charge(&WanForwardProfile::attention_s);
+      if (profile) profile->add_self_attention(report);
+      sa.out(ctx, attended.data(), rows, projected.data());
+      clock.charge(&WanForwardProfile::gemm_s);
+      dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 2 * dim, mod_stride);
+      clock.charge(&WanForwardProfile::other_s);
 
-    // Cross-attention to the text (no modulation, plain residual).
-    if (config.cross_attn_norm) {
-      dit::layer_norm(ctx, hidden_states.data(), rows, dim, c.eps, block.norm2_weight.data_as<float>(), block.norm2_bias.data_as<float>(),
-                      normed.data());
-    } else {
-      normed = hidden_states;
-    }
-    clock.charge(&WanForwardProfile::norm_rope_s);
-    const AttentionWeights& ca = block.cross_attention;
-    ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock);
-    clock.charge(&WanForwardProfile::norm_rope_s);
-    attention_forward(run_ctx, bshd(q, tokens), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, tokens),
-                      TensorView{});
-    clock.charge(&WanForwardProfile::attention_s);
-    ca.out(ctx, attended.data(), rows, projected.data());
-    clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, tokens, dim, nullptr, 0);
-    clock.charge(&WanForwardProfile::other_s);
+      // Cross-attention to the text (no modulation, plain residual).
+      if (config.cross_attn_norm) {
+        dit::layer_norm(ctx, hidden_states.data(), rows, dim, c.eps, block.norm2_weight.data_as<float>(), block.norm2_bias.data_as<float>(),
+                        normed.data());
+      } else {
+        normed = hidden_states;
+      }
+      clock.charge(&WanForwardProfile::norm_rope_s);
+      const AttentionWeights& ca = block.cross_attention;
+      ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock);
+      clock.charge(&WanForwardProfile::norm_rope_s);
+      attention_forward(run_ctx, bshd(q, tokens), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, tokens),
+                        TensorView{});
+      clock.charge(&WanForwardProfile::attention_s);
+      ca.out(ctx, attended.data(), rows, projected.data());
+      clock.charge(&WanForwardProfile::gemm_s);
+      dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, tokens, dim, nullptr, 0);
+      clock.charge(&WanForwardProfile::other_s);
 
-    // Feed-forward.
-    dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod + 3 * dim, mod + 4 * dim, mod_stride,
-                             normed.data());
-    clock.charge(&WanForwardProfile::norm_rope_s);
-    block.ffn_in(ctx, normed.data(), rows, ffn_hidden.data());
-    clock.charge(&WanForwardProfile::gemm_s);
-    dit::gelu_tanh(ctx, ffn_hidden.data(), rows * c.ffn_dim);
-    clock.charge(&WanForwardProfile::other_s);
-    block.ffn_out(ctx, ffn_hidden.data(), rows, projected.data());
-    clock.charge(&WanForwardProfile::gemm_s);
-    dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 5 * dim, mod_stride);
-    clock.charge(&WanForwardProfile::other_s);
+      // Feed-forward.
+      dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod + 3 * dim, mod + 4 * dim, mod_stride,
+                               normed.data());
+      clock.charge(&WanForwardProfile::norm_rope_s);
+      block.ffn_in(ctx, normed.data(), rows, ffn_hidden.data());
+      clock.charge(&WanForwardProfile::gemm_s);
+      dit::gelu_tanh(ctx, ffn_hidden.data(), rows * c.ffn_dim);
+      clock.charge(&WanForwardProfile::other_s);
+      block.ffn_out(ctx, ffn_hidden.data(), rows, projected.data());
+      clock.charge(&WanForwardProfile::gemm_s);
+      dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 5 * dim, mod_stride);
+      clock.charge(&WanForwardProfile::other_s);
+    }
+  };
+
+  if (block_cache == nullptr) {
+    run_layers(0, c.num_layers);
+  } else {
+    // A step cache may stand in for a span of the blocks (WanBlockCache): the leading blocks run,
+    // the cache decides on their output, the span runs or is replaced, the trailing blocks run.
+    const int64_t leading = block_cache->leading_blocks(), trailing = block_cache->trailing_blocks();
+    if (leading < 0 || trailing < 0 || leading + trailing > c.num_layers)
+      fail_argument("block_cache leading and trailing blocks", detail::concat("two counts >= 0 summing to at most num_layers = ", c.num_layers),
+                    detail::concat(leading, " and ", trailing));
+    const std::vector<float> embeddings = hidden_states;
+    const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data(), embeddings.data(), sp.has_value()};
+    run_layers(0, leading);
+    if (block_cache->before_blocks(cache_input, hidden_states.data())) {
+      const std::vector<float> span_input = leading == 0 ? std::vector<float>{} : hidden_states;
+      run_layers(leading, c.num_layers - trailing);
+      block_cache->after_blocks(cache_input, leading == 0 ? embeddings.data() : span_input.data(), hidden_states.data());
+    }
+    run_layers(c.num_layers - trailing, c.num_layers);
   }
-
-  if (block_cache && run_blocks) block_cache->after_blocks(cache_input, blocks_input.data(), hidden_states.data());
 
   // Output: AdaLN from temb itself (not its SiLU), projection to patches, unpatchify.
   std::vector<float> out_modulation_g = buffer(groups * 2 * dim);

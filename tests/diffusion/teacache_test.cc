@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cache_test_fixture.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
 #include "tessel/diffusion/cache_backend.h"
@@ -18,29 +19,8 @@ namespace {
 
 constexpr int64_t kSteps = 12;
 
-struct Fixture {
-  WanTransformer transformer = WanTransformer::random(tiny_wan_transformer_config(), 5);
-  Tensor prompt = Tensor::empty({1, 7, tiny_wan_transformer_config().text_dim}, DType::kF32);
-  Tensor negative = Tensor::empty({1, 7, tiny_wan_transformer_config().text_dim}, DType::kF32);
-  Fixture() {
-    fill_normal(prompt.view(), 1);
-    fill_normal(negative.view(), 2);
-  }
-  WanGenerationResult generate(CacheBackend* cache, double guidance = 5.0) const {
-    SchedulerConfig config;
-    config.shift = 3.0;
-    auto scheduler = make_scheduler(config);
-    const WanPipeline pipeline(transformer, *scheduler);
-    WanGenerationOptions options;
-    options.num_inference_steps = kSteps;
-    options.guidance_scale = guidance;
-    options.seed = 9;
-    options.size = WanVideoSize{5, 32, 32};
-    options.cache = cache;
-    ExecContext ctx;
-    ctx.num_threads = 1;  // tiny shapes: threads would only add scheduling noise
-    return pipeline.generate(ctx, prompt.view(), negative.view(), options);
-  }
+struct Fixture : CachePipelineFixture {
+  Fixture() : CachePipelineFixture(tiny_wan_transformer_config(), WanVideoSize{5, 32, 32}, kSteps) {}
 };
 
 double relative_l2(const Tensor& a, const Tensor& b) {
@@ -51,10 +31,6 @@ double relative_l2(const Tensor& a, const Tensor& b) {
     norm += static_cast<double>(b.data_as<float>()[i]) * b.data_as<float>()[i];
   }
   return std::sqrt(diff / norm);
-}
-
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.nbytes())) == 0;
 }
 
 TEST(TeaCache, ThresholdZeroEqualsNoCache) {
@@ -124,7 +100,7 @@ TEST(TeaCache, PublishedCoefficientsAndBadConfigs) {
     make_cache_backend("dbcache2", CacheConfig{}, transformer);
     FAIL() << "unknown backend accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("none, teacache"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("none, teacache, dbcache"), std::string::npos) << e.what();
   }
   CacheConfig negative;
   negative.teacache_thresh = -0.1;

@@ -1,6 +1,8 @@
 // The transformer's block-cache hook: a hook that runs the blocks changes nothing and sees what
 // entered and left them; a hook that skips them and adds the residual it kept reproduces the
-// forward it kept it from; a per-token timestep is refused.
+// forward it kept it from; with leading and trailing blocks it is asked after the leading ones, and
+// skipping the span between them reproduces the forward too; a per-token timestep and counts
+// outside the layers are refused.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -28,10 +30,18 @@ WanConfig tiny_config() {
 // Runs the blocks on its first forward and keeps their residual; skips them afterwards.
 class ResidualReplay : public WanBlockCache {
  public:
+  ResidualReplay(int64_t leading = 0, int64_t trailing = 0) : leading_(leading), trailing_(trailing) {}
+  int64_t leading_blocks() const override { return leading_; }
+  int64_t trailing_blocks() const override { return trailing_; }
   bool before_blocks(const WanBlockCacheInput& input, float* hidden) override {
     ++calls;
     EXPECT_NE(input.time_embedding, nullptr);
     EXPECT_NE(input.time_projection, nullptr);
+    EXPECT_NE(input.embeddings, nullptr);
+    EXPECT_FALSE(input.sequence_sharded);
+    // With no leading blocks the hook sees the embeddings themselves.
+    if (leading_ == 0)
+      EXPECT_EQ(std::memcmp(hidden, input.embeddings, static_cast<size_t>(input.batch * input.tokens * input.dim) * sizeof(float)), 0);
     if (residual.empty()) return true;
     for (size_t i = 0; i < residual.size(); ++i) hidden[i] += residual[i];
     return false;
@@ -42,10 +52,15 @@ class ResidualReplay : public WanBlockCache {
   }
   std::vector<float> residual;
   int calls = 0;
+
+ private:
+  int64_t leading_, trailing_;
 };
 
-TEST(WanBlockCache, SkippingWithTheKeptResidualReproducesTheForward) {
-  const WanTransformer model = WanTransformer::random(tiny_config(), 11);
+void check_replay(int64_t layers, int64_t leading, int64_t trailing) {
+  WanConfig config = tiny_config();
+  config.num_layers = layers;
+  const WanTransformer model = WanTransformer::random(config, 11);
   Tensor latents = Tensor::empty({2, 16, 2, 4, 6}, DType::kF32), text = Tensor::empty({2, 5, 24}, DType::kF32);
   fill_normal(latents.view(), 1);
   fill_normal(text.view(), 2);
@@ -55,7 +70,7 @@ TEST(WanBlockCache, SkippingWithTheKeptResidualReproducesTheForward) {
          replayed = Tensor::empty(latents.shape(), DType::kF32);
   const ExecContext ctx;
   model.forward(ctx, StepInfo::at(0, 2), latents.view(), timestep.view(), text.view(), plain.view());
-  ResidualReplay cache;
+  ResidualReplay cache(leading, trailing);
   model.forward(ctx, StepInfo::at(0, 2), latents.view(), timestep.view(), text.view(), first.view(), nullptr, &cache);
   model.forward(ctx, StepInfo::at(1, 2), latents.view(), timestep.view(), text.view(), replayed.view(), nullptr, &cache);
   EXPECT_EQ(cache.calls, 2);
@@ -68,6 +83,15 @@ TEST(WanBlockCache, SkippingWithTheKeptResidualReproducesTheForward) {
 
   Tensor per_token = Tensor::zeros({2, 2 * 2 * 3}, DType::kF32);
   EXPECT_THROW(model.forward(ctx, StepInfo{}, latents.view(), per_token.view(), text.view(), plain.view(), nullptr, &cache), Error);
+  ResidualReplay too_many(leading + 1, layers - leading);
+  EXPECT_THROW(model.forward(ctx, StepInfo{}, latents.view(), timestep.view(), text.view(), plain.view(), nullptr, &too_many), Error);
+}
+
+TEST(WanBlockCache, SkippingWithTheKeptResidualReproducesTheForward) { check_replay(2, 0, 0); }
+
+TEST(WanBlockCache, SkippingTheSpanBetweenLeadingAndTrailingBlocksReproducesTheForward) {
+  check_replay(4, 1, 1);
+  check_replay(3, 2, 0);
 }
 
 }  // namespace

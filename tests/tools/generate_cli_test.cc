@@ -126,16 +126,21 @@ TEST(GenerateCli, PromptGivesTheLatentsOfItsEmbeddings) {
   EXPECT_EQ(std::memcmp(a.data_as<float>(), b.data_as<float>(), a.numel() * sizeof(float)), 0);
 }
 
-TEST(GenerateCli, TeaCacheReportsTheStepsItSkipped) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("tiny_wan_teacache_" + std::to_string(::getpid()));
+// The arguments of a 12-step generation of latents on a fresh `init-model` directory named `name`.
+std::string cache_run_arguments(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  ASSERT_EQ(run_tessel_binary("init-model --out '" + dir.string() + "'", dir.string() + ".log").status, 0);
-  const std::string common = "--model '" + dir.string() + "' --prompt 'a cat' --size 32x32 --frames 5 --steps 12 --threads 1 --out '" +
-                             (dir / "latents.safetensors").string() + "'";
+  EXPECT_EQ(run_tessel_binary("init-model --out '" + dir.string() + "'", dir.string() + ".log").status, 0);
+  return "--model '" + dir.string() + "' --prompt 'a cat' --size 32x32 --frames 5 --steps 12 --threads 1 --out '" +
+         (dir / "latents.safetensors").string() + "'";
+}
+
+TEST(GenerateCli, TeaCacheReportsTheStepsItSkipped) {
+  const std::string common = cache_run_arguments("tiny_wan_teacache");
   const TesselRun run = generate(common + " --cache teacache --teacache-thresh 0.2");
   ASSERT_EQ(run.status, 0) << run.out;
   EXPECT_NE(run.out.find("teacache: blocks skipped in "), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("of 12 steps (conditional branch), "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("of 12 steps (conditional branch, "), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("skipped in 0 of"), std::string::npos) << run.out;
   const TesselRun unknown = generate(common + " --cache dbcache2");
   EXPECT_NE(unknown.status, 0);
@@ -143,6 +148,30 @@ TEST(GenerateCli, TeaCacheReportsTheStepsItSkipped) {
   const TesselRun negative = generate(common + " --cache teacache --teacache-thresh -1");
   EXPECT_NE(negative.status, 0);
   EXPECT_NE(negative.out.find("--teacache-thresh"), std::string::npos) << negative.out;
+}
+
+// The tiny preset has 2 layers: F1B0 leaves one block to skip; a threshold of 1 or more skips every
+// step after the warm-up (cache-dit's "always similar").
+TEST(GenerateCli, DBCacheReportsTheStepsAndBlocksItSkipped) {
+  const std::string common = cache_run_arguments("tiny_wan_dbcache") + " --cache dbcache";
+  const TesselRun run = generate(common + " --dbcache-fn 1 --dbcache-bn 0 --dbcache-thresh 2 --dbcache-warmup 4");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("dbcache: blocks skipped in 8 of 12 steps (conditional branch, 8 of 24 blocks), "
+                         "8 of 12 steps (unconditional branch, 8 of 24 blocks)"),
+            std::string::npos)
+      << run.out;
+  const TesselRun limited = generate(common + " --dbcache-fn 1 --dbcache-thresh 2 --dbcache-warmup 4 --dbcache-max-consecutive 1");
+  ASSERT_EQ(limited.status, 0) << limited.out;
+  EXPECT_NE(limited.out.find("dbcache: blocks skipped in 4 of 12 steps"), std::string::npos) << limited.out;
+  const TesselRun defaults = generate(common);  // cache-dit's F8B0 on a 2-layer transformer
+  EXPECT_NE(defaults.status, 0);
+  EXPECT_NE(defaults.out.find("dbcache_first_blocks + dbcache_last_blocks"), std::string::npos) << defaults.out;
+  const TesselRun no_first = generate(common + " --dbcache-fn 0");
+  EXPECT_NE(no_first.status, 0);
+  EXPECT_NE(no_first.out.find("--dbcache-fn"), std::string::npos) << no_first.out;
+  const TesselRun negative = generate(common + " --dbcache-fn 1 --dbcache-thresh -0.5");
+  EXPECT_NE(negative.status, 0);
+  EXPECT_NE(negative.out.find("--dbcache-thresh"), std::string::npos) << negative.out;
 }
 
 // Prompt to video on a fresh `init-model` directory: tokenizer, text encoder, transformer, scheduler,

@@ -7,6 +7,11 @@
 // is accumulated; while the sum stays below the threshold the blocks are skipped and the residual
 // they added last time (output minus input of the blocks) is added instead; once it reaches the
 // threshold the blocks run, the residual is renewed and the sum restarts at 0.
+//
+// "dbcache" (cache-dit's Dual Block Cache): the first Fn blocks always run; per CFG branch the
+// relative L1 change of what they added (their output minus the embeddings) from the branch's last
+// computed forward decides: below the threshold the middle blocks are skipped and the residual they
+// added in that forward is added instead; the last Bn blocks always run.
 #pragma once
 
 #include <array>
@@ -35,6 +40,17 @@ struct CacheConfig {
   // Wan 2.1 T2V coefficients for the input kind, those of 14B for a transformer of width 5120 and
   // those of 1.3B otherwise.
   std::vector<double> teacache_coefficients;
+
+  // DBCache (cache-dit's names in brackets; the defaults are cache-dit's).
+  int64_t dbcache_first_blocks = 8;  // [Fn_compute_blocks] always run first; their residual decides; >= 1
+  int64_t dbcache_last_blocks = 0;   // [Bn_compute_blocks] always run last
+  // [residual_diff_threshold] the middle blocks are skipped while mean|R - R_prev| / mean|R_prev| of
+  // the first blocks' residual R stays below it. 0 never skips.
+  double dbcache_thresh = 0.08;
+  int64_t dbcache_warmup_steps = 8;     // [max_warmup_steps] the first steps always compute
+  int64_t dbcache_max_cached_steps = -1;  // [max_cached_steps] skips per branch and generation; -1: no limit
+  // [max_continuous_cached_steps] skips in a row, after which a step computes; -1: no limit.
+  int64_t dbcache_max_consecutive_cached_steps = -1;
 };
 
 // The published Wan 2.1 text-to-video TeaCache coefficients ("1.3b" or "14b"); Error for another.
@@ -45,6 +61,10 @@ struct CacheStats {
   // Per CFG branch (0 conditional, 1 unconditional): forwards whose blocks ran, and skipped.
   std::array<int64_t, 2> computed{};
   std::array<int64_t, 2> skipped{};
+  // Per CFG branch: transformer blocks run and skipped over the generation (a TeaCache skip skips
+  // every block, a DBCache skip the middle ones).
+  std::array<int64_t, 2> blocks_computed{};
+  std::array<int64_t, 2> blocks_skipped{};
 };
 
 class CacheBackend {
@@ -58,11 +78,12 @@ class CacheBackend {
   virtual CacheStats stats() const = 0;
 };
 
-// "none" and "teacache".
+// "none", "teacache" and "dbcache".
 std::vector<std::string> cache_backend_names();
 // The backend named `name` for `transformer`; null for "none". Throws Error listing the names for
-// an unknown one, or naming a bad config field (a negative threshold, empty coefficients after
-// defaults).
+// an unknown one, or naming a bad config field of the named backend (a negative threshold,
+// non-finite coefficients; DBCache: Fn < 1, Bn < 0, Fn + Bn not below the transformer's layers,
+// negative warm-up steps, a limit below -1).
 std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const CacheConfig& config, const WanConfig& transformer);
 
 }  // namespace tessel

@@ -87,26 +87,33 @@ struct WanForwardProfile {
   void add_self_attention(const AttentionStepReport& report);
 };
 
-// What a forward shows a step cache (TeaCache) before the transformer blocks run. Row b of the batch
-// is CFG branch b when the pipeline batches the branches (0 conditional, 1 unconditional).
+// What a forward shows a step cache (TeaCache, DBCache) before the blocks it may skip. Row b of the
+// batch is CFG branch b when the pipeline batches the branches (0 conditional, 1 unconditional).
 struct WanBlockCacheInput {
   const StepInfo* step = nullptr;  // the forward's step
   int64_t batch = 0;
   int64_t tokens = 0;  // rows per batch entry in `hidden`: the patches (this rank's shard under sequence parallelism)
   int64_t dim = 0;     // the transformer's inner width
   const float* time_embedding = nullptr;    // (batch, dim): temb, before the SiLU
-  const float* time_projection = nullptr;   // (batch, 6 * dim): what every block adds to its modulation table
+  const float* time_projection = nullptr;   // (batch, 6 * dim): what every block's modulation adds
+  const float* embeddings = nullptr;        // (batch, tokens, dim): the patch embeddings block 0 got
+  bool sequence_sharded = false;            // `tokens` is one rank's shard of the sequence
 };
 
-// A hook that may skip the transformer blocks of a forward (everything between the embeddings and
-// the output head) by reusing a residual it keeps. It holds its own state across forwards.
+// A hook that may skip a span of the transformer blocks of a forward by reusing a residual it keeps.
+// The span is [leading_blocks(), num_layers - trailing_blocks()): the blocks before it always run
+// first (their output is what the hook judges, as DBCache does), those after it always run last.
+// TeaCache's span is every block. It holds its own state across forwards.
 class WanBlockCache {
  public:
   virtual ~WanBlockCache() = default;
-  // Before the blocks; `hidden` (batch, tokens, dim) holds the patch embeddings. Returns true to run
-  // the blocks, or false after writing into `hidden` what stands in for their output.
+  virtual int64_t leading_blocks() const { return 0; }
+  virtual int64_t trailing_blocks() const { return 0; }
+  // Before the span; `hidden` (batch, tokens, dim) holds what the leading blocks made of the
+  // embeddings. Returns true to run the span, or false after writing into `hidden` what stands in
+  // for its output.
   virtual bool before_blocks(const WanBlockCacheInput& input, float* hidden) = 0;
-  // After the blocks ran: `blocks_input` is what entered them, `hidden` what came out.
+  // After the span ran: `blocks_input` is what entered it, `hidden` what came out.
   virtual void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) = 0;
 };
 
@@ -143,8 +150,9 @@ class WanTransformer {
   // config must be wan_spatial_layout of this latent. `step` reaches every block's attention
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
-  // `block_cache`, when given, is asked before the blocks whether to run them (it needs one timestep
-  // per batch entry: a (B, S) timestep is an Error; a CUDA model takes none yet).
+  // `block_cache`, when given, is asked before the span of blocks it covers whether to run it (it
+  // needs one timestep per batch entry: a (B, S) timestep is an Error, and so are leading and
+  // trailing blocks outside [0, num_layers]; a CUDA model takes none yet).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
                WanBlockCache* block_cache = nullptr) const;
