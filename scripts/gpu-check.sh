@@ -11,6 +11,8 @@
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
+#      per-head calibration on the device (`tessel calibrate --device cuda`, synthetic video data,
+#      12 layers, 24 heads, 32,768 tokens, rel-L2 0.05, held-out steps, against one global value);
 #   5. the Python package on CUDA (--python DIR: a folder holding the `tessel` package built with
 #      TESSEL_CUDA=ON, or "installed"): pytest python/tests (torch on CUDA, torch.compile, CUDA graph
 #      capture), the binding's per-call overhead (bench/python_bench.py) and diffusers' Wan 1.3B 480p
@@ -24,13 +26,14 @@
 # Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
 #          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
-#          --skip-wan-pipeline, --wan-pipeline-args "...", --wan-model DIR (default $OUT/wan-1.3b-random).
+#          --skip-calibrate, --skip-wan-pipeline, --wan-pipeline-args "...",
+#          --wan-model DIR (default $OUT/wan-1.3b-random).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
 PYTHON_DIR="" RUN_WAN=1 RUN_WAN_PIPELINE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
-RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072"
+RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -48,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     --skip-wan-pipeline) RUN_WAN_PIPELINE=0; shift ;;
     --wan-pipeline-args) WAN_PIPELINE_ARGS="$2"; shift 2 ;;
     --wan-model) WAN_MODEL="$2"; shift 2 ;;
+    --skip-calibrate) RUN_CALIBRATE=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -144,6 +148,18 @@ if [[ $RUN_KV == 1 ]]; then
   done
 fi
 
+if [[ $RUN_CALIBRATE == 1 ]]; then
+  # The calibration bar: every held-out error <= 0.05, mean density >= 25% below the best single
+  # global value, within 5 minutes (the last line gives the capture and calibration seconds).
+  echo "== tessel calibrate --device cuda (12 layers, 24 heads, 32x32x32 tokens)"
+  CALIBRATE_START=$SECONDS
+  "$TESSEL" calibrate --device cuda --grid 32x32x32 --synthetic-layers 12 \
+    --heads 24 --head-dim 128 --method threshold --target 0.05 --synthetic-steps 2 --synthetic-heldout 1 \
+    --compare-global --out "$OUTDIR/calibrated.json" >"$OUTDIR/calibrate.txt" 2>&1 ||
+    echo "calibrate FAILED" >>"$OUTDIR/calibrate.txt"
+  echo "calibrate wall $((SECONDS - CALIBRATE_START)) s (bar: 300 s)" >>"$OUTDIR/calibrate.txt"
+fi
+
 STATUS_PYTHON="skipped (no --python)"
 if [[ -n "$PYTHON_DIR" ]]; then
   echo "== Python package on CUDA"
@@ -190,6 +206,7 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/wan_pipeline.log" ]] && sed -n '/== side by side/,$p;/FAILED/p;/skipped/p' "$OUTDIR/wan_pipeline.log"
 [[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
+[[ -s "$OUTDIR/calibrate.txt" ]] && cat "$OUTDIR/calibrate.txt"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"

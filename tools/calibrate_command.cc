@@ -4,6 +4,8 @@
 // target on every captured step; writes one sparse-attention config per layer (JSON) and reports
 // the density, the error and the predicted attention speedup per layer, and the error on
 // held-out steps when given.
+#include <chrono>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -52,8 +54,12 @@ std::vector<std::string> split_files(const std::string& text) {
 
 // A captured step on the calibration device: fp32 on the CPU, bf16 on CUDA.
 CalibrationSample on_device(const Tensor& q, const Tensor& k, const Tensor& v, const Device& device) {
-  if (device.is_cpu()) return {q.to(DType::kF32), k.to(DType::kF32), v.to(DType::kF32), Tensor{}};
-  return {q.to(DType::kBF16).to(device), k.to(DType::kBF16).to(device), v.to(DType::kBF16).to(device), Tensor{}};
+  const auto place = [&device](const Tensor& t) { return device.is_cpu() ? t.to(DType::kF32) : t.to(DType::kBF16).to(device); };
+  CalibrationSample s;
+  s.q = place(q);
+  s.k = place(k);
+  s.v = place(v);
+  return s;
 }
 
 std::vector<CalibrationSample> load_samples(const std::string& files, const std::string& option, const Device& device) {
@@ -66,20 +72,38 @@ std::vector<CalibrationSample> load_samples(const std::string& files, const std:
   return samples;
 }
 
-// Synthetic video captures of one layer: steps with seeds [first_seed, first_seed + steps). The
-// layers differ in sharpness (0.6 for the first to 1.4 for the last) as a model's do with depth;
-// the steps of a layer differ in content noise.
-std::vector<CalibrationSample> synthetic_samples(const CalibrateArgs& a, int64_t layer, uint64_t first_seed, int64_t steps) {
-  std::vector<CalibrationSample> samples;
-  for (int64_t step = 0; step < steps; ++step) {
+// Synthetic video captures, per layer: `steps` steps with seeds 1000 · layer + seed_offset + [0, steps).
+// The layers differ in sharpness (0.6 for the first to 1.4 for the last) as a model's do with depth;
+// the steps of a layer differ in content noise. Each capture is made on one host core (seconds at
+// 32K tokens) and depends only on its seed, so they are made in parallel, one task per capture,
+// in the dtype of the calibration device, then placed on it.
+std::vector<std::vector<CalibrationSample>> synthetic_samples(const CalibrateArgs& a, uint64_t seed_offset, int64_t steps) {
+  const int64_t layers = a.synthetic_layers;
+  const Device device = parse_device(a.device);
+  std::vector<SyntheticQkv> made(static_cast<size_t>(layers * steps));
+  std::vector<std::exception_ptr> failed(made.size());  // an exception must not leave a parallel task
+  parallel_for(layers * steps, [&](int64_t i) {
+    const int64_t layer = i / steps;
     SyntheticVideoOptions o;
-    o.grid = parse_token_grid(a.grid, "--grid");
     o.heads = a.heads;
     o.head_dim = a.head_dim;
-    o.sharpness = a.synthetic_layers > 1 ? 0.6 + 0.8 * static_cast<double>(layer) / static_cast<double>(a.synthetic_layers - 1) : 1.0;
-    o.seed = first_seed + static_cast<uint64_t>(step);
-    SyntheticQkv d = make_synthetic_video_qkv(o);
-    samples.push_back(on_device(d.q, d.k, d.v, parse_device(a.device)));
+    o.sharpness = layers > 1 ? 0.6 + 0.8 * static_cast<double>(layer) / static_cast<double>(layers - 1) : 1.0;
+    o.seed = static_cast<uint64_t>(1000 * layer) + seed_offset + static_cast<uint64_t>(i % steps);
+    o.dtype = device.is_cpu() ? DType::kF32 : DType::kBF16;
+    try {
+      o.grid = parse_token_grid(a.grid, "--grid");
+      made[static_cast<size_t>(i)] = make_synthetic_video_qkv(o);
+    } catch (...) {
+      failed[static_cast<size_t>(i)] = std::current_exception();
+    }
+  });
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
+  std::vector<std::vector<CalibrationSample>> samples(static_cast<size_t>(layers));
+  for (int64_t i = 0; i < layers * steps; ++i) {
+    SyntheticQkv& d = made[static_cast<size_t>(i)];
+    samples[static_cast<size_t>(i / steps)].push_back(on_device(d.q, d.k, d.v, device));
+    d = SyntheticQkv{};  // the host copy goes as soon as the sample is placed
   }
   return samples;
 }
@@ -105,11 +129,21 @@ int run_calibrate(CalibrateArgs a) {
   if (synthetic == !a.layers.empty()) fail_argument("--layer / --grid", "exactly one of them", synthetic ? "both" : "neither");
   if (synthetic && a.synthetic_layers < 1) fail_argument("--synthetic-layers", ">= 1 with --grid", a.synthetic_layers);
   const ExecContext ctx;
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   const size_t layer_count = synthetic ? static_cast<size_t>(a.synthetic_layers) : a.layers.size();
-  std::vector<std::vector<CalibrationSample>> all_samples;
-  for (size_t layer = 0; layer < layer_count; ++layer)
-    all_samples.push_back(synthetic ? synthetic_samples(a, static_cast<int64_t>(layer), 1000 * layer, a.synthetic_steps)
-                                    : load_samples(a.layers[layer], "--layer", parse_device(a.device)));
+  std::vector<std::vector<CalibrationSample>> all_samples, synthetic_heldout;
+  if (synthetic) {
+    all_samples = synthetic_samples(a, 0, a.synthetic_steps);
+    if (a.synthetic_heldout > 0) synthetic_heldout = synthetic_samples(a, 500, a.synthetic_heldout);
+  } else {
+    for (size_t layer = 0; layer < layer_count; ++layer)
+      all_samples.push_back(load_samples(a.layers[layer], "--layer", parse_device(a.device)));
+  }
+  const double capture_seconds = seconds_since(start);
+  const auto calibration_start = std::chrono::steady_clock::now();
   std::vector<LayerReport> reports;
   for (size_t layer = 0; layer < layer_count; ++layer) {
     std::vector<CalibrationSample>& samples = all_samples[layer];
@@ -117,8 +151,7 @@ int run_calibrate(CalibrateArgs a) {
     const bool has_heldout = synthetic ? a.synthetic_heldout > 0 : !a.heldout.empty();
     if (has_heldout) {
       std::vector<CalibrationSample> held =
-          synthetic ? synthetic_samples(a, static_cast<int64_t>(layer), 1000 * layer + 500, a.synthetic_heldout)
-                    : load_samples(a.heldout[layer], "--heldout", parse_device(a.device));
+          synthetic ? std::move(synthetic_heldout[layer]) : load_samples(a.heldout[layer], "--heldout", parse_device(a.device));
       report.heldout_error = report.heldout_density = 0.0;
       for (CalibrationSample& s : held) {
         const SampleError e = evaluate_setting(ctx, s, report.calibration.per_head, a.options);
@@ -160,6 +193,9 @@ int run_calibrate(CalibrateArgs a) {
   }
   // Block-sparse attention time follows the kept blocks: the ideal speedup over dense is 1/density.
   out["predicted_speedup"] = 1.0 / mean_density;
+  // Wall time: loading or making the captures, then calibrating, held-out checks and --compare-global.
+  out["capture_seconds"] = capture_seconds;
+  out["calibration_seconds"] = seconds_since(calibration_start);
   if (!a.out.empty()) {
     std::ofstream file(a.out);
     file << out.dump(2) << "\n";
@@ -187,6 +223,8 @@ int run_calibrate(CalibrateArgs a) {
     std::cout << "one global value " << std::setprecision(4) << global->value << ": mean density " << std::setprecision(3)
               << global->density << " (per-head calibration keeps " << std::setprecision(1)
               << 100.0 * (1.0 - mean_density / global->density) << "% fewer blocks)\n";
+  std::cout << "captures " << std::setprecision(1) << out["capture_seconds"].get<double>() << " s, calibration "
+            << out["calibration_seconds"].get<double>() << " s (" << a.device << ")\n";
   return 0;
 }
 

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "tessel/core/error.h"
-#include "tessel/core/parallel.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/kernels/head_error_sums.h"
 #include "tessel/sparse/estimators/device_mask_estimation.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
@@ -33,95 +33,59 @@ void check_sample(const CalibrationSample& s, const CalibrationSample& first, si
                   s.q.view().describe());
 }
 
-// Head `head` of a contiguous (B, S, H, D) tensor as a (B, S, 1, D) view (strides of the whole).
-TensorView head_view(const Tensor& t, int64_t head) {
-  const TensorView& v = t.view();
-  auto* data = static_cast<char*>(v.data()) + static_cast<size_t>(head * v.stride(2)) * dtype_size(v.dtype());
-  return TensorView(data, v.dtype(), v.device(), {v.size(0), v.size(1), 1, v.size(3)},
-                    {v.stride(0), v.stride(1), v.stride(2), v.stride(3)});
+XAttentionOptions xattention_options(const std::vector<double>& per_head, const CalibrationOptions& o) {
+  XAttentionOptions x;
+  x.block_q = o.block_q;
+  x.block_kv = o.block_kv;
+  x.stride = o.stride;
+  x.per_head_threshold = per_head;
+  return x;
 }
 
-Tensor host_fp32(const Tensor& t) { return t.device().is_cpu() ? t.to(DType::kF32) : t.to(Device::cpu()).to(DType::kF32); }
-
-// CUDA samples: the device estimators take one parameter for all heads, and a head's mask depends
-// only on its own q and k, so each head is estimated and attended on its own with its value.
-// Returns the mean density over the heads; `out` receives every head.
-double sparse_forward_per_head_device(const ExecContext& ctx, const CalibrationSample& s, const std::vector<double>& per_head,
-                                      const CalibrationOptions& o, Tensor& out) {
-  const int64_t heads = s.q.size(2), group = heads / s.k.size(2);
-  const BlockMaskShape shape{s.q.size(0), 1, s.q.size(1), s.k.size(1), o.block_q, o.block_kv};
-  const bool threshold = o.method == CalibrationMethod::kThreshold;
-  DeviceEstimatedMask mask(shape, 1, s.q.size(3), s.q.device(), threshold ? o.stride : 0);
-  double density = 0.0;
-  for (int64_t h = 0; h < heads; ++h) {
-    const TensorView q = head_view(s.q, h), k = head_view(s.k, h / group), v = head_view(s.v, h / group);
-    const double value = per_head[static_cast<size_t>(h)];
-    if (threshold) {
-      XAttentionOptions x;
-      x.block_q = o.block_q;
-      x.block_kv = o.block_kv;
-      x.stride = o.stride;
-      x.threshold = value;
-      estimate_xattention_mask_device(ctx, q, k, x, mask);
-    } else {
-      TopkEstimatorOptions t;
-      t.block_q = o.block_q;
-      t.block_kv = o.block_kv;
-      t.similarity_threshold = o.similarity_threshold;
-      if (o.method == CalibrationMethod::kCdf) t.cdf_threshold = value;
-      else t.topk_ratio = value;
-      estimate_topk_mask_device(ctx, q, k, t, mask);
-    }
-    block_sparse_attention_forward(ctx, q, k, v, mask.view(), head_view(out, h), TensorView{});
-    density += mask.to_host().density() / static_cast<double>(heads);
-  }
-  return density;
-}
-
-BlockMask estimate(const ExecContext& ctx, const CalibrationSample& s, const std::vector<double>& per_head,
-                   const CalibrationOptions& o) {
-  if (o.method == CalibrationMethod::kThreshold) {
-    XAttentionOptions x;
-    x.block_q = o.block_q;
-    x.block_kv = o.block_kv;
-    x.stride = o.stride;
-    x.per_head_threshold = per_head;
-    return estimate_xattention_mask(ctx, s.q.view(), s.k.view(), x).mask;
-  }
+TopkEstimatorOptions topk_options(const std::vector<double>& per_head, const CalibrationOptions& o) {
   TopkEstimatorOptions t;
   t.block_q = o.block_q;
   t.block_kv = o.block_kv;
   t.similarity_threshold = o.similarity_threshold;
   t.per_head = per_head;
   if (o.method == CalibrationMethod::kCdf) t.cdf_threshold = 1.0;  // cdf mode: per_head holds the cdf values
-  return estimate_topk_mask(ctx, s.q.view(), s.k.view(), t).mask;
+  return t;
 }
 
-// Per head h of (B, S, H, D) contiguous fp32 outputs: rel-L2 or 1 - cosine of approx against
-// reference (fp64 sums); index H is the whole output. One task per head.
-std::vector<double> head_errors(const Tensor& approx, const Tensor& reference, CalibrationMetric metric) {
-  const int64_t heads = reference.size(2), dim = reference.size(3), rows = reference.size(0) * reference.size(1);
-  std::vector<double> diff(heads + 1, 0.0), ref(heads + 1, 0.0), app(heads + 1, 0.0), dot(heads + 1, 0.0);
-  const float* a = approx.data_as<const float>();
-  const float* r = reference.data_as<const float>();
-  parallel_for(heads, [&](int64_t h) {
-    double sum_diff = 0.0, sum_ref = 0.0, sum_app = 0.0, sum_dot = 0.0;
-    for (int64_t row = 0; row < rows; ++row)
-      for (int64_t d = 0; d < dim; ++d) {
-        const size_t i = static_cast<size_t>((row * heads + h) * dim + d);
-        const double x = a[i], y = r[i];
-        sum_diff += (x - y) * (x - y);
-        sum_ref += y * y;
-        sum_app += x * x;
-        sum_dot += x * y;
-      }
-    diff[h] = sum_diff, ref[h] = sum_ref, app[h] = sum_app, dot[h] = sum_dot;
-  });
-  for (int64_t h = 0; h < heads; ++h) diff[heads] += diff[h], ref[heads] += ref[h], app[heads] += app[h], dot[heads] += dot[h];
+// The block-sparse output of every head with its own value into s.sparse_out; returns the density.
+double sparse_forward(const ExecContext& ctx, CalibrationSample& s, const std::vector<double>& per_head,
+                      const CalibrationOptions& o) {
+  const bool threshold = o.method == CalibrationMethod::kThreshold;
+  if (s.q.device().is_cpu()) {
+    const BlockMask mask = threshold ? estimate_xattention_mask(ctx, s.q.view(), s.k.view(), xattention_options(per_head, o)).mask
+                                     : estimate_topk_mask(ctx, s.q.view(), s.k.view(), topk_options(per_head, o)).mask;
+    block_sparse_attention_forward(ctx, s.q.view(), s.k.view(), s.v.view(), mask.view(), s.sparse_out.view(), TensorView{});
+    return mask.density();
+  }
+  const BlockMaskShape shape{s.q.size(0), s.q.size(2), s.q.size(1), s.k.size(1), o.block_q, o.block_kv};
+  if (!s.device_mask || !(s.device_mask->shape() == shape))
+    s.device_mask = std::make_shared<DeviceEstimatedMask>(shape, s.k.size(2), s.q.size(3), s.q.device(), threshold ? o.stride : 0);
+  DeviceEstimatedMask& mask = *s.device_mask;
+  if (threshold) estimate_xattention_mask_device(ctx, s.q.view(), s.k.view(), xattention_options(per_head, o), mask);
+  else estimate_topk_mask_device(ctx, s.q.view(), s.k.view(), topk_options(per_head, o), mask);
+  block_sparse_attention_forward(ctx, s.q.view(), s.k.view(), s.v.view(), mask.view(), s.sparse_out.view(), TensorView{});
+  const double all = static_cast<double>(shape.num_rows()) * static_cast<double>(shape.kv_blocks());
+  return static_cast<double>(mask.kept_blocks(ctx.stream)) / all;
+}
+
+// Per head h of (B, S, H, D) outputs: rel-L2 or 1 - cosine of approx against reference, from the
+// per-head sums (computed on the outputs' device); index H is the whole output.
+std::vector<double> head_errors(const ExecContext& ctx, const Tensor& approx, const Tensor& reference, CalibrationMetric metric) {
+  HeadErrorSums s = head_error_sums(ctx, approx.view(), reference.view());
+  const size_t heads = s.diff.size();
+  s.diff.push_back(0.0), s.reference.push_back(0.0), s.approx.push_back(0.0), s.dot.push_back(0.0);
+  for (size_t h = 0; h < heads; ++h)
+    s.diff[heads] += s.diff[h], s.reference[heads] += s.reference[h], s.approx[heads] += s.approx[h], s.dot[heads] += s.dot[h];
   std::vector<double> error(heads + 1);
-  for (int64_t h = 0; h <= heads; ++h) {
-    if (metric == CalibrationMetric::kRelL2) error[h] = ref[h] > 0.0 ? std::sqrt(diff[h] / ref[h]) : std::sqrt(diff[h]);
-    else error[h] = (ref[h] > 0.0 && app[h] > 0.0) ? 1.0 - dot[h] / std::sqrt(ref[h] * app[h]) : (diff[h] > 0.0 ? 1.0 : 0.0);
+  for (size_t h = 0; h <= heads; ++h) {
+    const double diff = s.diff[h], ref = s.reference[h], app = s.approx[h], dot = s.dot[h];
+    if (metric == CalibrationMetric::kRelL2) error[h] = ref > 0.0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+    else error[h] = (ref > 0.0 && app > 0.0) ? 1.0 - dot / std::sqrt(ref * app) : (diff > 0.0 ? 1.0 : 0.0);
   }
   return error;
 }
@@ -143,22 +107,13 @@ CalibrationMetric parse_calibration_metric(const std::string& name) {
 
 SampleError evaluate_setting(const ExecContext& ctx, CalibrationSample& sample, const std::vector<double>& per_head,
                              const CalibrationOptions& options) {
-  const bool on_cpu = sample.q.device().is_cpu();
-  if (!sample.dense_out.defined()) {  // kept on the host in fp32, where the errors are computed
-    Tensor dense = Tensor::empty(sample.q.shape(), sample.q.dtype(), sample.q.device());
-    attention_forward(ctx, sample.q.view(), sample.k.view(), sample.v.view(), dense.view(), TensorView{});
-    sample.dense_out = on_cpu ? std::move(dense) : host_fp32(dense);
+  if (!sample.dense_out.defined()) {
+    sample.dense_out = Tensor::empty(sample.q.shape(), sample.q.dtype(), sample.q.device());
+    attention_forward(ctx, sample.q.view(), sample.k.view(), sample.v.view(), sample.dense_out.view(), TensorView{});
   }
-  Tensor out = Tensor::empty(sample.q.shape(), sample.q.dtype(), sample.q.device());
-  double density = 0.0;
-  if (on_cpu) {
-    const BlockMask mask = estimate(ctx, sample, per_head, options);
-    block_sparse_attention_forward(ctx, sample.q.view(), sample.k.view(), sample.v.view(), mask.view(), out.view(), TensorView{});
-    density = mask.density();
-  } else {
-    density = sparse_forward_per_head_device(ctx, sample, per_head, options, out);
-  }
-  std::vector<double> errors = head_errors(on_cpu ? out : host_fp32(out), sample.dense_out, options.metric);
+  if (!sample.sparse_out.defined()) sample.sparse_out = Tensor::empty(sample.q.shape(), sample.q.dtype(), sample.q.device());
+  const double density = sparse_forward(ctx, sample, per_head, options);
+  std::vector<double> errors = head_errors(ctx, sample.sparse_out, sample.dense_out, options.metric);
   SampleError e{density, errors.back(), {}};
   errors.pop_back();
   e.head_error = std::move(errors);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/sparse/config.h"
+#include "tessel/sparse/estimators/device_mask_estimation.h"
 
 namespace tessel {
 
@@ -38,10 +40,16 @@ struct CalibrationOptions {
 };
 
 // One captured step of a layer: q (B, S, H_q, D), k and v (B, S_kv, H_kv, D), contiguous: CPU fp32,
-// or CUDA bf16/fp16 (estimated and attended there, one head at a time; errors computed on the host).
+// or CUDA bf16/fp16. On CUDA everything stays on the device: one estimate with every head's value,
+// one block-sparse attention over all heads and one reduction of the per-head errors per setting;
+// only the H error sums and the kept-block count come back to the host.
 struct CalibrationSample {
   Tensor q, k, v;
-  Tensor dense_out;  // dense attention output of q, k, v (calibrate_layer computes it when undefined)
+  // Made by the first evaluation and reused by the others (the reference is computed once per
+  // sample, and no evaluation allocates device memory):
+  Tensor dense_out;   // dense attention output of q, k, v, on their device, in their dtype
+  Tensor sparse_out;  // the block-sparse output of the setting being evaluated
+  std::shared_ptr<DeviceEstimatedMask> device_mask;  // CUDA: the estimated mask and its workspace
 };
 
 struct LayerCalibration {

@@ -206,16 +206,17 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
     bitonic_sort_descending(keys, sort_size);
     __syncthreads();
     if (tid == 0) {
-      int n = p.n_topk;
+      int n = p.head_n_topk ? p.head_n_topk[h] : p.n_topk;
       if (p.cdf_threshold > 0.f) {
+        const float cdf = p.head_cdf ? p.head_cdf[h] : p.cdf_threshold;
         float cumulative = 0.f;
         n = 0;
         while (n < all_candidates) {
           const int c = static_cast<int>(0xffffffffu - static_cast<unsigned>(keys[n] & 0xffffffffull));
           cumulative += prob[c];
-          if (p.cdf_at_most && n > 0 && cumulative > p.cdf_threshold) break;
+          if (p.cdf_at_most && n > 0 && cumulative > cdf) break;
           ++n;
-          if (!p.cdf_at_most && cumulative >= p.cdf_threshold) break;
+          if (!p.cdf_at_most && cumulative >= cdf) break;
         }
       }
       s_n = min(n, all_candidates);

@@ -326,7 +326,7 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
   block_exclusive_scan(my_total, &total);
   block_exclusive_scan(my_forced, &forced);
   block_exclusive_scan(my_others, &others);
-  const double target = static_cast<double>(p.threshold) * total;
+  const double target = static_cast<double>(p.head_threshold ? p.head_threshold[h] : p.threshold) * total;
   // The candidates are the first `others` sorted keys; each key carries its mass in the high word.
   const int sort_chunk = (others + blockDim.x - 1) / blockDim.x;
   const int s0 = min(others, tid * sort_chunk), s1 = min(others, s0 + sort_chunk);

@@ -56,6 +56,8 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape& shape, int64_t kv
   row_blocks_ = Tensor::empty({rows * kvb}, DType::kI32, device);
   mass_ = Tensor::empty({rows * kvb}, DType::kF32, device);
   zero_group_mass_ = Tensor::empty({rows}, DType::kF32, device);
+  head_n_topk_ = Tensor::empty({shape.mask_heads}, DType::kI32, device);
+  head_value_ = Tensor::empty({shape.mask_heads}, DType::kF32, device);
   (void)qb;
   if (xattention_stride < 0) fail_argument("xattention_stride", ">= 0", xattention_stride);
   if (xattention_stride > 0) reserve_xattention_workspace(nullptr, xattention_stride);
@@ -89,6 +91,39 @@ BlockMask DeviceEstimatedMask::to_host() const {
 }
 
 namespace {
+void check_cuda_call(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw Error(detail::concat(what, ": ", cudaGetErrorString(status)));
+}
+}  // namespace
+
+int64_t DeviceEstimatedMask::kept_blocks(StreamHandle stream) const {
+  int32_t kept = 0;
+  check_cuda_call(cudaMemcpyAsync(&kept, indptr_.data_as<const int32_t>() + shape_.num_rows(), sizeof(int32_t),
+                              cudaMemcpyDeviceToHost, stream),
+              "DeviceEstimatedMask::kept_blocks copy");
+  check_cuda_call(cudaStreamSynchronize(stream), "DeviceEstimatedMask::kept_blocks synchronize");
+  return kept;
+}
+
+namespace {
+// Per-query-head selection values: `heads` entries in (0, 1], named `option` in errors.
+void check_head_values(const std::vector<double>& values, int64_t heads, const char* option) {
+  if (static_cast<int64_t>(values.size()) != heads)
+    fail_argument(option, detail::concat(heads, " values (one per query head)"), values.size());
+  for (size_t h = 0; h < values.size(); ++h)
+    if (!(values[h] > 0.0 && values[h] <= 1.0)) fail_argument(detail::concat(option, "[", h, "]"), "in (0, 1]", values[h]);
+}
+
+// Copies host values into a device array of their length on `stream`. The pageable source is
+// staged by the copy before it returns, so the caller's vector may go right after.
+template <typename T>
+const T* upload(const std::vector<T>& values, const Tensor& device_array, StreamHandle stream) {
+  T* dst = device_array.data_as<T>();
+  check_cuda_call(cudaMemcpyAsync(dst, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
+              "per-head values upload");
+  return dst;
+}
+
 void check_operand(const TensorView& t, const char* name) {
   if (!t.device().is_cuda()) fail_argument(name, "a CUDA tensor", t.describe());
   if (t.dim() != 4) fail_argument(name, "rank 4 (B, S, H, D)", t.describe());
@@ -180,6 +215,17 @@ void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, cons
   p.similar_q = mask.similar_q_.data_as<uint8_t>();
   p.pooled_k = mask.pooled_k_.data_as<float>();
   p.similar_k = mask.similar_k_.data_as<uint8_t>();
+  if (!options.per_head.empty()) {
+    check_head_values(options.per_head, q.size(2), "topk.per_head");
+    if (options.cdf_threshold > 0.0) {
+      std::vector<float> cdf(options.per_head.begin(), options.per_head.end());
+      p.head_cdf = upload(cdf, mask.head_value_, ctx.stream);
+    } else {
+      std::vector<int32_t> counts;
+      for (double ratio : options.per_head) counts.push_back(static_cast<int32_t>(topk_count(options.rule, ratio, kvb)));
+      p.head_n_topk = upload(counts, mask.head_n_topk_, ctx.stream);
+    }
+  }
   cuda::detail::launch_topk_estimation(p, q.dtype(), ctx.stream);
   cuda::check_launch("estimate_topk_mask_device");
 }
@@ -229,6 +275,11 @@ void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q
   p.kv_valid_groups = nullptr;
   p.block_lse2 = mask.block_lse2_.data_as<float>();
   p.mass = mask.mass_.data_as<float>();
+  if (!options.per_head_threshold.empty()) {
+    check_head_values(options.per_head_threshold, q.size(2), "xattention.per_head_threshold");
+    const std::vector<float> thresholds(options.per_head_threshold.begin(), options.per_head_threshold.end());
+    p.head_threshold = upload(thresholds, mask.head_value_, ctx.stream);
+  }
   cuda::detail::launch_xattention_estimation(p, q.dtype(), ctx.stream);
   cuda::check_launch("estimate_xattention_mask_device");
 }
@@ -240,6 +291,7 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape&, int64_t, int64_t
 }
 BlockMaskView DeviceEstimatedMask::view() const { return {}; }
 BlockMask DeviceEstimatedMask::to_host() const { return {}; }
+int64_t DeviceEstimatedMask::kept_blocks(StreamHandle) const { return 0; }
 void estimate_topk_mask_device(const ExecContext&, const TensorView&, const TensorView&, const TopkEstimatorOptions&, DeviceEstimatedMask&) {
   throw Error("estimate_topk_mask_device: tessel was built without CUDA (configure with -DTESSEL_CUDA=ON)");
 }

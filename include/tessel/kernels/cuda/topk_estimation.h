@@ -26,6 +26,11 @@ struct TopkParams {
   float similarity_threshold;
   int n_topk;           // top-k mode
   float cdf_threshold;  // > 0: cdf mode
+  // Optional, per query head (device arrays of heads_q; nullptr: n_topk / cdf_threshold for every
+  // head), as the CPU estimator's per_head option: head h keeps head_n_topk[h] blocks in top-k mode,
+  // and cuts at head_cdf[h] in cdf mode (cdf_threshold > 0 still selects the mode).
+  const int32_t* head_n_topk = nullptr;
+  const float* head_cdf = nullptr;
   // cdf cut: true keeps the longest prefix whose sum stays <= cdf_threshold (at least one block),
   // false the shortest that reaches it.
   bool cdf_at_most;

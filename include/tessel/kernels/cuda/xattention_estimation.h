@@ -48,8 +48,11 @@ struct XAttentionParams {
   // Workspace (device, with zero groups): per (b, h, q block), the summed probability of one zero
   // group over the block's group rows.
   float* zero_group_mass;
-  // Selection (launch_xattention_estimation only).
+  // Selection (launch_xattention_estimation only). head_threshold (optional, device array of
+  // heads_q; nullptr: threshold for every head): query head h selects with head_threshold[h], as
+  // the CPU estimator's per_head_threshold.
   float threshold;
+  const float* head_threshold = nullptr;
   bool keep_diagonal, keep_first;
   // Workspace (device): block_lse2 (B, H_q, groups_q, kv_blocks), xattention_block_lse_floats().
   float* block_lse2;

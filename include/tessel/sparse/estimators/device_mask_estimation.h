@@ -35,6 +35,9 @@ class DeviceEstimatedMask {
   BlockMaskView view() const;
   // Copies the mask to the host (synchronizes): for tests, inspection and pictures.
   BlockMask to_host() const;
+  // The number of kept blocks (indptr[rows]), copied to the host after the work queued on `stream`
+  // (synchronizes): a density without copying the whole mask.
+  int64_t kept_blocks(StreamHandle stream) const;
 
  private:
   friend void estimate_topk_mask_device(const ExecContext&, const TensorView&, const TensorView&,
@@ -47,13 +50,16 @@ class DeviceEstimatedMask {
   Tensor indptr_, indices_;
   Tensor k_mean_, pooled_q_, similar_q_, pooled_k_, similar_k_, row_counts_, row_blocks_;  // dynamic_topk
   Tensor block_lse2_, mass_, zero_group_mass_;                                      // threshold
+  Tensor head_n_topk_, head_value_;  // per-query-head selection values (options.per_head*), H_q each
   void reserve_xattention_workspace(StreamHandle stream, int64_t stride);
 };
 
 // dynamic_topk on the device: q (B, S_q, H_q, D), k (B, S_kv, H_kv, D) bf16/fp16 CUDA tensors with
 // unit stride along D, D a multiple of 32 up to 256, kv_blocks <= 4096; `mask` allocated for
-// (B, H_q, S_q, S_kv, options.block_q, options.block_kv). options.keep.text and options.per_head
-// are ignored. No host synchronization.
+// (B, H_q, S_q, S_kv, options.block_q, options.block_kv). options.keep.text is ignored.
+// options.per_head (one ratio, or cdf value in cdf mode, per query head) is uploaded from the host
+// with the launch (an asynchronous copy on ctx.stream; not inside a CUDA graph capture); without it
+// there is no host synchronization and no copy.
 void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TopkEstimatorOptions& options,
                                DeviceEstimatedMask& mask);
 
@@ -62,7 +68,8 @@ void estimate_topk_mask_device(const ExecContext& ctx, const TensorView& q, cons
 // 128×128 blocks at stride 8 or 16, 128×64 at stride 8 or 16), vote = kNone and gqa_any = false
 // (the aggregated forms are CPU-only for now), a power-of-two stride with padding kChunk and at
 // most 4096 kv blocks with the padding blocks. `mask` allocated for (B, H_q, S_q, S_kv,
-// options.block_q, options.block_kv). No host synchronization. Cost: one pass over the strided
+// options.block_q, options.block_kv). options.per_head_threshold is uploaded as options.per_head
+// of the top-k estimator is; otherwise no host synchronization. Cost: one pass over the strided
 // scores, 1/(2·stride) of dense attention's tensor-core work, plus a (B, H_q, S_q/stride, kv
 // blocks) fp32 workspace written once and read twice.
 void estimate_xattention_mask_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const XAttentionOptions& options,
