@@ -111,9 +111,10 @@ Tensor load_named(const SafetensorsFile& file, const std::string& name, const st
 
 // The conditional and (with guidance) unconditional text embeddings, from --prompt through the
 // model's tokenizer and text encoder, or read from --embeddings.
-std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx) {
+std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx,
+                                          Device device) {
   if (prompt_set) {
-    const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir);
+    const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir, device);
     if (!guided) return {encoder.encode(ctx, {o.prompt}), Tensor{}};
     const Tensor both = encoder.encode(ctx, {o.prompt, o.negative_prompt});
     const int64_t length = both.size(1), width = both.size(2);
@@ -230,7 +231,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   GenerateTimings timings;
   const std::optional<DeviceMemory> memory_at_start = device_memory(device);
   const auto text_start = std::chrono::steady_clock::now();
-  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx);
+  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx, device);
   timings.text_seconds = seconds_since(text_start);
   const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
   Tensor noise;
@@ -280,7 +281,8 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
                    p.scheduler_seconds * 1000.0, p.elapsed_seconds, p.eta_seconds);
     };
   }
-  // The text encoder above ran on the CPU context; the denoising loop runs on the transformer's.
+  // The text encoder above took its tokens from and gave its embeddings to the host; the denoising
+  // loop runs on the transformer's device.
   ExecContext run_ctx = ctx;
   run_ctx.device = device;
   const auto generate_start = std::chrono::steady_clock::now();

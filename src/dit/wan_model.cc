@@ -391,11 +391,12 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
 
 #ifdef TESSEL_WITH_CUDA
   if (cuda) {
-    // The step cache's hook reads and writes host memory; a CUDA forward keeps it on the device.
-    if (block_cache) fail_argument("block_cache", "none for a CUDA model (the step cache runs on the CPU forward)", "a cache");
-    cuda->forward(ctx, step, dit::cuda::WanForwardShape{batch, frames, height, width, text_len, timestep.dim() == 2},
+    if (block_cache && !block_cache->handles_device(device))
+      fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
+    cuda->forward(ctx, step,
+                  dit::cuda::WanForwardShape{batch, frames, height, width, text_len, timestep.dim() == 2, block_cache != nullptr},
                   latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(), self_attention,
-                  profile);
+                  profile, block_cache);
     return;
   }
 #endif

@@ -11,8 +11,8 @@
 //
 // StepInfo reaches the CUDA transformer's attention: a sparse config whose dense warm-up covers the
 // first steps gives exactly the dense loop's latents over those steps and other latents after them.
-// Also: the same seed gives the same latents twice; cancellation stops between steps. Skips without
-// a GPU.
+// TeaCache on the CUDA transformer skips the steps the CPU loop skips. Also: the same seed gives the
+// same latents twice; cancellation stops between steps. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -21,12 +21,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "diffusion/diffusion_test_util.h"
 #include "tessel/core/device.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_pipeline.h"
@@ -222,6 +224,37 @@ TEST_F(WanPipelineCudaTest, StepInfoReachesTheCudaAttention) {
   std::printf("dynamic_topk 0.3 after 2 dense steps: latents rel-L2 vs dense %.3e at the last step\n", after);
   EXPECT_GT(after, 1e-6);
   EXPECT_TRUE(std::isfinite(after));
+}
+
+// TeaCache with the CUDA transformer: the hooks get the device's hidden states (the residuals stay
+// on the device) and host copies of the conditioning, so the skip decisions are the CPU loop's and
+// the latents stay within the bf16 yardstick of the CPU loop with the same cache.
+TEST_F(WanPipelineCudaTest, TeaCacheSkipsTheStepsTheCpuLoopSkips) {
+  SKIP_WITHOUT_GPU();
+  const WanTransformer cpu(load_wan_config(transformer_dir()), weights(false));
+  const WanTransformer cpu_rounded(load_wan_config(transformer_dir()), weights(true));
+  const WanTransformer cuda = WanTransformer::load(transformer_dir(), {}, Device::cuda());
+  const Tensor prompt_rounded = bf16_rounded(*prompt_), negative_rounded = bf16_rounded(*negative_);
+  CacheConfig config;
+  config.teacache_thresh = 0.2;
+  const auto cached_run = [&](const WanTransformer& transformer, const TensorView& prompt, const TensorView& negative) {
+    const std::unique_ptr<CacheBackend> cache = make_cache_backend("teacache", config, transformer.config());
+    WanGenerationOptions options;
+    options.cache = cache.get();
+    return run(transformer, wan_unipc(), 5.0, kSize, 12, prompt, negative, nullptr, options);
+  };
+  const WanGenerationResult reference = cached_run(cpu, *prompt_, *negative_);
+  const WanGenerationResult rounded = cached_run(cpu_rounded, prompt_rounded, negative_rounded);
+  const WanGenerationResult on_gpu = cached_run(cuda, *prompt_, *negative_);
+  std::printf("teacache 0.2 over 12 steps: skipped %lld (cond) %lld (uncond) on the CPU, %lld %lld on CUDA\n",
+              static_cast<long long>(reference.cache_stats.skipped[0]), static_cast<long long>(reference.cache_stats.skipped[1]),
+              static_cast<long long>(on_gpu.cache_stats.skipped[0]), static_cast<long long>(on_gpu.cache_stats.skipped[1]));
+  EXPECT_GT(reference.cache_stats.skipped[0], 0);
+  EXPECT_EQ(on_gpu.cache_stats.skipped, reference.cache_stats.skipped);
+  EXPECT_EQ(on_gpu.cache_stats.computed, reference.cache_stats.computed);
+  const double e_round = latents_error(rounded, reference), error = latents_error(on_gpu, reference);
+  std::printf("teacache: CUDA rel-L2 vs CPU %.3e, bf16 storage alone %.3e\n", error, e_round);
+  EXPECT_LE(error, 4.0 * e_round);
 }
 
 }  // namespace

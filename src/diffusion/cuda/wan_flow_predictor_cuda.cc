@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "cuda/cfg_guidance.h"
+#include "cuda/vector_ops.h"
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
 #include "tessel/kernels/cuda/device_guard.h"

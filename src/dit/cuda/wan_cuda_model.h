@@ -22,14 +22,18 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cublaslt_gemm.h"
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/dit/checkpoint.h"
 #include "tessel/dit/wan_config.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/kernels/cuda/cublaslt_gemm.h"
 
 namespace tessel::dit::cuda {
+
+using tessel::cuda::CublasLtGemm;
+using tessel::cuda::GemmEpilogue;
+using tessel::cuda::GemmShape;
 
 // One stored tensor per spec of wan_weight_specs(config): a CPU view of any float dtype, read
 // while the call lasts (a loaded map's tensor, or a checkpoint's memory-mapped bytes).
@@ -40,6 +44,7 @@ struct WanForwardShape {
   int64_t batch = 1, frames = 0, height = 0, width = 0;  // the latent
   int64_t text_len = 0;
   bool per_token_timestep = false;  // timestep (B, S) instead of (B)
+  bool block_cache = false;         // a step cache's hooks run: the skippable span's input is kept
 };
 
 class WanCudaModel {
@@ -59,9 +64,13 @@ class WanCudaModel {
 
   // latents, timestep, text, out: fp32 device pointers of the shapes WanTransformer::forward
   // checked. self_attention: one module per block, or empty for dense attention everywhere.
+  // block_cache (with shape.block_cache): asked before its span of blocks whether to run it, with
+  // host copies of the conditioning (the forward waits for them: one small copy per forward) and
+  // the device's hidden states.
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, float* out,
-               const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile) const;
+               const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
+               WanBlockCache* block_cache = nullptr) const;
 
  private:
   const void* weight(const std::string& name) const;
