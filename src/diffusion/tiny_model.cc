@@ -133,7 +133,7 @@ nlohmann::json text_encoder_config_json(const UMT5Config& c, const char* dtype) 
 WanConfig tiny_wan_transformer_config() {
   WanConfig c;
   c.num_attention_heads = 2;
-  c.attention_head_dim = 64;
+  c.attention_head_dim = 16;
   c.text_dim = 32;
   c.freq_dim = 16;
   c.ffn_dim = 64;
@@ -149,6 +149,12 @@ UMT5Config tiny_umt5_config(int64_t vocab_size) {
   c.d_ff = 48;
   c.num_layers = 2;
   c.num_heads = 4;
+  return c;
+}
+
+WanConfig tiny_cuda_wan_transformer_config() {
+  WanConfig c = tiny_wan_transformer_config();
+  c.attention_head_dim = 64;
   return c;
 }
 
@@ -200,9 +206,8 @@ void write_model_skeleton(const fs::path& root, const WanConfig& transformer, co
 
 }  // namespace
 
-void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
+void write_tiny_wan_model(const std::string& directory, uint64_t seed, const WanConfig& transformer) {
   const fs::path root(directory);
-  const WanConfig transformer = tiny_wan_transformer_config();
   const std::string spiece = train_tokenizer(seed);
   const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
   const WanVaeConfig vae = tiny_wan_vae_config();
@@ -212,15 +217,15 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed) {
   write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
 }
 
-std::vector<std::string> random_wan_model_presets() { return {"tiny", "wan-1.3b", "wan-14b"}; }
+std::vector<std::string> random_wan_model_presets() { return {"tiny", "tiny-cuda", "wan-1.3b", "wan-14b"}; }
 
 uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed, int threads) {
-  if (preset == "tiny") {
-    write_tiny_wan_model(directory, seed);
+  if (preset == "tiny" || preset == "tiny-cuda") {
+    write_tiny_wan_model(directory, seed, preset == "tiny" ? tiny_wan_transformer_config() : tiny_cuda_wan_transformer_config());
     return 0;
   }
   if (preset != "wan-1.3b" && preset != "wan-14b")
-    fail_argument("preset", "one of tiny, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
+    fail_argument("preset", "one of tiny, tiny-cuda, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
   const fs::path root(directory);
   const WanConfig transformer = wan_preset(preset);
   const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 model

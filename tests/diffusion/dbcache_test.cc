@@ -24,12 +24,9 @@ namespace {
 constexpr int64_t kSteps = 12;
 constexpr int64_t kLayers = 4;
 
-// The tiny preset's transformer with 4 layers and heads of 16 (the thresholds below were measured
-// at that width; the preset's heads are 64 wide so that it also runs on CUDA).
 WanConfig four_layer_config() {
   WanConfig c = tiny_wan_transformer_config();
   c.num_layers = kLayers;
-  c.attention_head_dim = 16;
   return c;
 }
 

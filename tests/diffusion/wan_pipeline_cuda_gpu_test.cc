@@ -1,5 +1,6 @@
 // The Wan denoising loop with the transformer on CUDA (bf16) against the same loop on the CPU (fp32),
-// on the `init-model --preset tiny` directory: the prompt through the CPU text encoder, the same
+// on the `init-model --preset tiny-cuda` directory (the tiny model with heads of 64, the smallest the
+// CUDA attention takes): the prompt through the CPU text encoder, the same
 // seeded noise, UniPC with guidance (one batch-2 call per step) and Euler without, and the frames the
 // VAE decodes from the CUDA loop's latents.
 //
@@ -61,7 +62,7 @@ class WanPipelineCudaTest : public ::testing::Test {
     if (!cuda_available()) return;
     dir_ = new fs::path(fs::path(::testing::TempDir()) / ("tiny_wan_cuda_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
-    write_tiny_wan_model(dir_->string(), 11);
+    write_random_wan_model(dir_->string(), "tiny-cuda", 11);
     const WanTextEncoder encoder = WanTextEncoder::load(dir_->string());
     const Tensor both = encoder.encode(ExecContext{}, {"a cat in the neon city", "blurry"});
     const int64_t length = both.size(1), width = both.size(2);
