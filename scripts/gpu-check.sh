@@ -17,22 +17,27 @@
 #      TESSEL_CUDA=ON, or "installed"): pytest python/tests (torch on CUDA, torch.compile, CUDA graph
 #      capture), the binding's per-call overhead (bench/python_bench.py) and diffusers' Wan 1.3B 480p
 #      step with tessel's processors against its own SDPA (bench/diffusers_wan_tessel.py);
-#   6. end to end Wan 1.3B text-to-video (bench/diffusers_wan_pipeline.py, when diffusers imports):
+#   6. the Wan VAE decode at 480p 81 frames (`tessel vae-bench`, random Wan 2.1 weights) beside
+#      diffusers' AutoencoderKLWan.decode on the same shape, and tessel's video against diffusers' on
+#      the same random weights and latents (bench/diffusers_vae_decode.py --parity);
+#   7. end to end Wan 1.3B text-to-video (bench/diffusers_wan_pipeline.py, when diffusers imports):
 #      diffusers' WanPipeline against `tessel generate --device cuda` (dense, dynamic_topk 0.2,
 #      + TeaCache) on one random model directory from the same embeddings and latents: per-step time,
 #      peak memory, frames PSNR; --wan-pipeline-args "..." replaces its size/steps (default a short
 #      run: --frames 21 --steps 4; the issue's run is --frames 81 --steps 10);
-#   7. print the side-by-side table last.
+#   8. print the side-by-side table last.
+# cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
+# put on LD_LIBRARY_PATH when that wheel is installed.
 # Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
 #          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
-#          --skip-calibrate, --skip-wan-pipeline, --wan-pipeline-args "...",
+#          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --wan-pipeline-args "...",
 #          --wan-model DIR (default $OUT/wan-1.3b-random).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
-PYTHON_DIR="" RUN_WAN=1 RUN_WAN_PIPELINE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
+PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
 RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -51,6 +56,7 @@ while [[ $# -gt 0 ]]; do
     --skip-wan-pipeline) RUN_WAN_PIPELINE=0; shift ;;
     --wan-pipeline-args) WAN_PIPELINE_ARGS="$2"; shift 2 ;;
     --wan-model) WAN_MODEL="$2"; shift 2 ;;
+    --skip-vae) RUN_VAE=0; shift ;;
     --skip-calibrate) RUN_CALIBRATE=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
@@ -60,6 +66,8 @@ command -v nvidia-smi >/dev/null || { echo "gpu-check: no nvidia-smi: this needs
 GPU_INFO="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 CUDA_INFO="$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'nvcc absent')"
 TORCH_INFO="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo 'absent')"
+CUDNN_LIB="$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null || true)"
+[[ -n "$CUDNN_LIB" && -d "$CUDNN_LIB" ]] && export LD_LIBRARY_PATH="$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 if [[ -z "$BIN" ]]; then
   BUILD="$ROOT/build-gpu-check"
@@ -148,6 +156,17 @@ if [[ $RUN_KV == 1 ]]; then
   done
 fi
 
+if [[ $RUN_VAE == 1 ]]; then
+  echo "== Wan VAE decode, 480p 81 frames (tessel vae-bench beside diffusers)"
+  if python3 -c 'import diffusers' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_vae_decode.py" --frames 81 --height 480 --width 832 --iters 3 --warmup 1 \
+      --tessel "$TESSEL" --parity "$OUTDIR/vae_parity" --json "$OUTDIR/vae_decode.json" >"$OUTDIR/vae_decode.txt" 2>&1 || echo "vae decode bench FAILED" >>"$OUTDIR/vae_decode.txt"
+  else
+    "$TESSEL" vae-bench --device cuda --frames 81 --height 480 --width 832 --iters 3 --warmup 1 >"$OUTDIR/vae_decode.txt" 2>&1 ||
+      echo "vae-bench FAILED" >>"$OUTDIR/vae_decode.txt"
+  fi
+fi
+
 if [[ $RUN_CALIBRATE == 1 ]]; then
   # The calibration bar: every held-out error <= 0.05, mean density >= 25% below the best single
   # global value, within 5 minutes (the last line gives the capture and calibration seconds).
@@ -208,6 +227,7 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
 [[ -s "$OUTDIR/calibrate.txt" ]] && cat "$OUTDIR/calibrate.txt"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
+[[ -s "$OUTDIR/vae_decode.txt" ]] && { sed -n '/== side by side/,$p' "$OUTDIR/vae_decode.txt"; grep -E "^Wan VAE|FAILED|Error" "$OUTDIR/vae_decode.txt" || true; }
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then

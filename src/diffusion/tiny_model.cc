@@ -75,8 +75,8 @@ std::string train_tokenizer(uint64_t seed) {
 }
 
 // Random weights at sensible scales: norm weights near 1, matrices with unit-variance rows over
-// their fan-in, biases and the rest small (the text encoder and the VAE; the transformer has
-// wan_random_init at full size).
+// their fan-in, biases and the rest small (random_model_weights, and the text encoder and the VAE
+// of the big presets; their transformers have wan_random_init).
 RandomTensorInit heuristic_init(const WeightSpec& spec) {
   const bool is_norm = spec.name.find("norm") != std::string::npos;
   if (spec.shape.size() == 1) return {true, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02};
@@ -87,16 +87,9 @@ RandomTensorInit heuristic_init(const WeightSpec& spec) {
 
 // The tiny model's weights, in memory, fp32.
 void write_random_weights(const fs::path& path, const std::vector<WeightSpec>& specs, uint64_t seed) {
-  std::vector<Tensor> tensors;
+  const std::map<std::string, Tensor> tensors = random_model_weights(specs, seed);
   std::vector<std::pair<std::string, TensorView>> named;
-  tensors.reserve(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const WeightSpec& spec = specs[i];
-    Tensor& t = tensors.emplace_back(Tensor::empty(spec.shape, DType::kF32));
-    const RandomTensorInit init = heuristic_init(spec);
-    fill_normal(t.view(), seed * 0x100000001b3ull + i, init.first, init.second);
-    named.emplace_back(spec.name, t.view());
-  }
+  for (const WeightSpec& spec : specs) named.emplace_back(spec.name, tensors.at(spec.name).view());
   write_safetensors(path.string(), named, {{"format", "pt"}});
 }
 
@@ -156,6 +149,18 @@ WanConfig tiny_cuda_wan_transformer_config() {
   WanConfig c = tiny_wan_transformer_config();
   c.attention_head_dim = 64;
   return c;
+}
+
+std::map<std::string, Tensor> random_model_weights(const std::vector<WeightSpec>& specs, uint64_t seed) {
+  std::map<std::string, Tensor> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WeightSpec& spec = specs[i];
+    Tensor t = Tensor::empty(spec.shape, DType::kF32);
+    const RandomTensorInit init = heuristic_init(spec);
+    fill_normal(t.view(), seed * 0x100000001b3ull + i, init.first, init.second);
+    tensors[spec.name] = std::move(t);
+  }
+  return tensors;
 }
 
 WanVaeConfig tiny_wan_vae_config() {

@@ -208,7 +208,7 @@ UMT5Encoder UMT5Encoder::load(const std::string& directory, Device device) {
     }
   }
   if (device.is_cuda()) {
-    UMT5Encoder encoder(config, device);
+    UMT5Encoder encoder(config, device, WeightsLater{});
 #ifdef TESSEL_WITH_CUDA
     encoder.cuda_ = std::make_shared<const diffusion::cuda::UMT5CudaEncoder>(config, device, [&](const WeightSpec& spec) {
       const auto found = stored.find(spec.name);
@@ -223,7 +223,9 @@ UMT5Encoder UMT5Encoder::load(const std::string& directory, Device device) {
   return UMT5Encoder(config, weights);
 }
 
-UMT5Encoder::UMT5Encoder(UMT5Config config, Device device) : config_(std::move(config)), device_(device) { config_.validate(); }
+UMT5Encoder::UMT5Encoder(UMT5Config config, Device device, WeightsLater) : config_(std::move(config)), device_(device) {
+  config_.validate();
+}
 
 const float* UMT5Encoder::weight(const std::string& name) const { return weights_.at(name).data_as<const float>(); }
 

@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "wan_vae_blocks.h"
 #include "wan_vae_layout.h"
+
+#ifdef TESSEL_VAE_CUDA
+#include "cuda/wan_vae_cuda.h"
+#endif
 
 namespace tessel {
 namespace {
@@ -15,8 +20,8 @@ constexpr uint64_t kMaxConfigBytes = 1 << 20;
 constexpr int64_t kMaxLatentExtent = 1 << 16;
 
 void check_latents(const TensorView& latents, const WanVaeConfig& config) {
-  if (latents.dtype() != DType::kF32 || !latents.device().is_cpu() || !latents.is_contiguous() || latents.dim() != 5)
-    fail_argument("latents", "a contiguous fp32 CPU tensor (1, z_dim, frames, height, width)", latents.describe());
+  if (latents.dtype() != DType::kF32 || !latents.is_contiguous() || latents.dim() != 5)
+    fail_argument("latents", "a contiguous fp32 tensor (1, z_dim, frames, height, width)", latents.describe());
   if (latents.size(0) != 1) fail_argument("latents", "batch 1", latents.describe());
   if (latents.size(1) != config.z_dim) fail_argument("latents", detail::concat(config.z_dim, " channels (z_dim)"), latents.describe());
   for (int64_t d = 2; d < 5; ++d)
@@ -25,6 +30,14 @@ void check_latents(const TensorView& latents, const WanVaeConfig& config) {
 }
 
 }  // namespace
+
+struct WanVae::DeviceDecoders {
+#ifdef TESSEL_VAE_CUDA
+  std::mutex mutex;
+  vae::WeightMap weights;  // fp32 host copies of the decoder's tensors, for a device's first decode
+  std::map<int, std::unique_ptr<const vae::cuda::CudaDecoder>> decoders;  // by device index
+#endif
+};
 
 // AutoencoderKLWan's decoder half: post_quant_conv, then WanDecoder3d.
 struct WanVae::Decoder {
@@ -90,6 +103,10 @@ WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights
         fail_argument("Wan VAE weights", "only AutoencoderKLWan's tensors", "an extra tensor " + quoted_excerpt(name));
     }
   decoder_ = std::make_unique<Decoder>(config_, fp32);
+  device_decoders_ = std::make_unique<DeviceDecoders>();
+#ifdef TESSEL_VAE_CUDA
+  device_decoders_->weights = std::move(fp32);
+#endif
 }
 
 WanVae::~WanVae() = default;
@@ -112,13 +129,15 @@ Shape WanVae::decoded_shape(const Shape& latent_shape) const {
 
 Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents) const {
   check_latents(latents, config_);
-  Tensor video = Tensor::empty(decoded_shape(latents.shape()), DType::kF32);
+  Tensor video = Tensor::empty(decoded_shape(latents.shape()), DType::kF32, latents.device());
   decode(ctx, latents, video.view());
   return video;
 }
 
 void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const {
   check_latents(latents, config_);
+  if (latents.device().is_cuda()) return decode_on_device(ctx, latents, video);
+  if (ctx.device.is_cuda()) fail_argument("latents", "a tensor on the context's device " + ctx.device.str(), latents.describe());
   const Shape expected = decoded_shape(latents.shape());
   if (video.dtype() != DType::kF32 || !video.device().is_cpu() || !video.is_contiguous() || video.shape() != expected)
     fail_argument("video", "a contiguous fp32 CPU tensor " + shape_str(expected), video.describe());
@@ -152,6 +171,31 @@ void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const Ten
                 std::clamp(decoded.pixel(f, y, x)[c], -1.0f, 1.0f);
   }
   if (written != out_frames) throw Error(detail::concat("Wan VAE: decoded ", written, " frames, expected ", out_frames));
+}
+
+void WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const {
+  const Device device = latents.device();
+  if (ctx.device.is_cuda() && ctx.device != device)
+    fail_argument("latents", "a tensor on the context's device " + ctx.device.str(), latents.describe());
+  const Shape expected = decoded_shape(latents.shape());
+  if (video.dtype() != DType::kF32 || video.device() != device || !video.is_contiguous() || video.shape() != expected)
+    fail_argument("video", "a contiguous fp32 tensor " + shape_str(expected) + " on " + device.str(), video.describe());
+#ifdef TESSEL_VAE_CUDA
+  const vae::cuda::CudaDecoder* decoder = nullptr;
+  {
+    const std::lock_guard lock(device_decoders_->mutex);
+    std::unique_ptr<const vae::cuda::CudaDecoder>& slot = device_decoders_->decoders[device.index];
+    if (!slot) slot = std::make_unique<const vae::cuda::CudaDecoder>(config_, device_decoders_->weights, device);
+    decoder = slot.get();
+  }
+  decoder->decode(reinterpret_cast<cudaStream_t>(ctx.stream), latents.data_as<const float>(), latents.size(2), latents.size(3),
+                  latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_);
+#elif defined(TESSEL_WITH_CUDA)
+  fail_argument("latents", "a CPU tensor (tessel was built without cuDNN's headers, so the VAE decodes on the CPU only)",
+                latents.describe());
+#else
+  fail_argument("latents", "a CPU tensor (tessel was built without CUDA)", latents.describe());
+#endif
 }
 
 }  // namespace tessel

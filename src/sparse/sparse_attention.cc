@@ -85,6 +85,29 @@ double DiTSparseAttentionAdapter::density_at(const StepInfo& step) const {
   return layer_index_ < config.warmup.dense_layers ? 1.0 : config.selection.topk_ratio;
 }
 
+namespace {
+
+size_t dense_workspace_bytes(const ExecContext& ctx, const AttentionShape& shape) {
+  const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
+  return attention_workspace_bytes(ctx, shape.device, dims);
+}
+
+}  // namespace
+
+std::shared_ptr<const Metadata> DiTSparseAttentionAdapter::plan(const ExecContext& ctx, const AttentionShape& shape) const {
+  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
+  return plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, config_.pattern(), module_, shape); });
+}
+
+size_t DiTSparseAttentionAdapter::workspace_bytes(const ExecContext& ctx, const StepInfo& step,
+                                                  const AttentionShape& shape) const {
+  if (shape.num_qo_heads != num_heads_) fail_argument("shape.num_qo_heads", num_heads_, shape.num_qo_heads);
+  if (shape.num_kv_heads != num_kv_heads_) fail_argument("shape.num_kv_heads", num_kv_heads_, shape.num_kv_heads);
+  if (shape.head_dim != head_dim_) fail_argument("shape.head_dim", head_dim_, shape.head_dim);
+  if (!backend_ || density_at(step) >= 1.0) return dense_workspace_bytes(ctx, shape);
+  return plan(ctx, shape)->workspace_bytes(ctx);
+}
+
 AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, const StepInfo& step,
                                                        const TensorView& q, const TensorView& k, const TensorView& v,
                                                        const TensorView& out, const TensorView& lse) const {
@@ -96,17 +119,11 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, c
   const double density = density_at(step);  // validates the step
   AttentionStepReport report;
   if (!backend_ || density >= 1.0) {
-    if (ctx.workspace != nullptr) {
-      const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads,
-                               shape.head_dim};
-      ctx.workspace->reserve(attention_workspace_bytes(ctx, shape.device, dims));
-    }
+    if (ctx.workspace != nullptr) ctx.workspace->reserve(dense_workspace_bytes(ctx, shape));
     attention_forward(ctx, q, k, v, out, lse);
     return report;
   }
-  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
-  const std::shared_ptr<const Metadata> metadata =
-      plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, config_.pattern(), module_, shape); });
+  const std::shared_ptr<const Metadata> metadata = plan(ctx, shape);
   if (ctx.workspace != nullptr) ctx.workspace->reserve(metadata->workspace_bytes(ctx));
   StepInfo this_layer = step;
   this_layer.layer = layer_index_;
@@ -127,9 +144,7 @@ std::optional<BlockMask> DiTSparseAttentionAdapter::executed_mask(
   if (shape.head_dim != head_dim_) fail_argument("shape.head_dim", head_dim_, shape.head_dim);
   const double density = density_at(step);  // validates the step
   if (!backend_ || density >= 1.0) return std::nullopt;
-  const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
-  const std::shared_ptr<const Metadata> metadata =
-      plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, config_.pattern(), module_, shape); });
+  const std::shared_ptr<const Metadata> metadata = plan(ctx, shape);
   const auto unexposed = [&](const char* why) {
     fail_argument("sparse attention backend '" + backend_->name() + "' under sequence parallelism",
                   "a backend whose block mask can be cut per rank", why);

@@ -4,6 +4,8 @@
 // the masked dense fallback against the reference.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "sparse/sparse_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/builtin_backends.h"
@@ -166,6 +168,47 @@ TEST(DiTSparseAttentionAdapter, RejectsBadStepsAndShapes) {
   const Qkv t = random_qkv(1, 64, 64, 4, 2, 16, DType::kF32, 2);
   Tensor out2 = poisoned(t.q.shape(), DType::kF32);
   EXPECT_THROW(cannot.forward(ctx, StepInfo{}, t.q, t.k, t.v, out2, {}), Error);
+}
+
+// A caller whose workspace cannot grow (a suffix of its own, as the Wan CUDA forward hands its
+// attention) reserves workspace_bytes() first: forward then fits in exactly that room, dense
+// (warm-up step) and sparse, and in less it throws before writing anything.
+TEST(DiTSparseAttentionAdapter, WorkspaceBytesIsWhatForwardReserves) {
+  SparseAttnConfig config = window_config();
+  config.warmup.dense_steps = 1;
+  DiTSparseAttentionAdapter adapter(make_block_sparse_backend(), ModuleType::kDitSelf, 4, 2, 16,
+                                    ResolvedSparseAttnConfig(config), /*layer_index=*/0);
+  const Qkv t = random_qkv(1, 96, 96, 4, 2, 16, DType::kF32, 44);
+  const AttentionShape shape = AttentionShape::of(t.q, t.k, t.v);
+  const ExecContext base;
+  for (const int64_t step : {0, 1}) {  // step 0 is the dense warm-up, step 1 sparse
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepInfo info = StepInfo::at(step, 4);
+    const size_t need = adapter.workspace_bytes(base, info, shape);
+    EXPECT_GT(need, 0u);  // the CPU kernels take per-thread tiles from the workspace
+
+    Workspace growable(Device::cpu());
+    Tensor out = poisoned(t.q.shape(), DType::kF32);
+    adapter.forward(base.with_workspace(&growable), info, t.q, t.k, t.v, out, {});
+    EXPECT_EQ(growable.capacity(), workspace_slice_bytes(need));
+
+    Workspace owner(Device::cpu());
+    owner.reserve(workspace_slice_bytes(64) + need);
+    Workspace exact = owner.suffix(64);
+    EXPECT_NO_THROW(adapter.forward(base.with_workspace(&exact), info, t.q, t.k, t.v, out, {}));
+    if (step == 0) expect_dense(t, out, {});
+    else expect_matches_masked_reference(t, sink_window_mask(96, 96, 32, 32, 16, 0), out, {});
+
+    Workspace small_owner(Device::cpu());
+    small_owner.reserve(workspace_slice_bytes(64) + need / 2);
+    Workspace small = small_owner.suffix(64);
+    Tensor untouched = poisoned(t.q.shape(), DType::kF32);
+    const Tensor before = untouched.clone();
+    EXPECT_THROW(adapter.forward(base.with_workspace(&small), info, t.q, t.k, t.v, untouched, {}), Error);
+    EXPECT_EQ(std::memcmp(before.data(), untouched.data(), before.nbytes()), 0);
+  }
+  const Qkv wrong = random_qkv(1, 96, 96, 8, 2, 16, DType::kF32, 45);
+  EXPECT_THROW(adapter.workspace_bytes(base, StepInfo::at(1, 4), AttentionShape::of(wrong.q, wrong.k, wrong.v)), Error);
 }
 
 TEST(DiTSparseAttentionAdapter, NoBackendMeansDense) {

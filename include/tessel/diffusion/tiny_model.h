@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,5 +52,10 @@ std::vector<std::string> random_wan_model_presets();
 // memory stays near 256 MiB and `threads` (<= 0: every core) draw the numbers. Returns the bytes of
 // weights written (0 for the tiny presets). Throws Error naming an unknown preset or a path it cannot write.
 uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed = 0, int threads = 0);
+
+// Seeded random fp32 CPU weights for `specs` at the scales the model directory gets: norm weights
+// near 1, matrices with unit-variance rows over their fan-in, biases and the rest small. For
+// benchmarks and tests of any size (the values do not change the time).
+std::map<std::string, Tensor> random_model_weights(const std::vector<WeightSpec>& specs, uint64_t seed);
 
 }  // namespace tessel

@@ -83,7 +83,8 @@ class UMT5Encoder {
   std::shared_ptr<const diffusion::cuda::UMT5CudaEncoder> cuda_;
   const float* weight(const std::string& name) const;
   // An encoder whose weights load() puts on the device afterwards.
-  UMT5Encoder(UMT5Config config, Device device);
+  struct WeightsLater {};
+  UMT5Encoder(UMT5Config config, Device device, WeightsLater);
 };
 
 }  // namespace tessel

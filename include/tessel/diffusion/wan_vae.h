@@ -1,4 +1,5 @@
-// The Wan video VAE, as diffusers' AutoencoderKLWan (Wan 2.1 layout) computes it, fp32 on the CPU.
+// The Wan video VAE, as diffusers' AutoencoderKLWan (Wan 2.1 layout) computes it, fp32 on the CPU
+// or on a CUDA device (cuDNN convolutions, TF32 allowed by default as PyTorch allows it).
 //
 // Decoding runs the way diffusers runs it: post_quant_conv over all latent frames, then the decoder
 // one latent frame at a time. Every causal 3-D convolution keeps the last two frames it was given
@@ -67,19 +68,33 @@ class WanVae {
   // (1, out_channels, 4 (T - 1) + 1, 8 h, 8 w) for Wan's three upsampling stages.
   Shape decoded_shape(const Shape& latent_shape) const;
 
-  // latents: (1, z_dim, T, h, w) fp32 CPU contiguous, normalized as the denoising loop produces
+  // latents: (1, z_dim, T, h, w) fp32 contiguous, normalized as the denoising loop produces
   // them; they are de-normalized (latents * latents_std + latents_mean, as WanPipeline does before
-  // calling the VAE) and decoded. video: decoded_shape(latents), fp32 CPU contiguous, values in
-  // [-1, 1]. Throws Error naming a bad argument before writing anything.
+  // calling the VAE) and decoded. video: decoded_shape(latents), fp32 contiguous on the latents'
+  // device, values in [-1, 1]. Throws Error naming a bad argument before writing anything.
+  //
+  // Runs where the latents are: on the CPU, or on a CUDA device (ctx.device, when not the default
+  // CPU context, must be that device), where the first decode uploads the decoder's weights once
+  // and later decodes reuse them. A CUDA decode enqueues on ctx.stream and returns when the stream
+  // has finished it; it needs cuDNN (libcudnn.so.9, opened at run time: a missing one is an Error).
   void decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const;
   Tensor decode(const ExecContext& ctx, const TensorView& latents) const;
+
+  // Whether the CUDA decoder's convolutions may use TF32 tensor cores (default true, PyTorch's
+  // torch.backends.cudnn.allow_tf32 default, so diffusers' fp32 decode does too); false keeps every
+  // product in fp32. The attention's products are fp32 either way.
+  void set_cuda_tf32(bool allowed) { cuda_tf32_ = allowed; }
 
   const WanVaeConfig& config() const { return config_; }
 
  private:
   struct Decoder;
+  struct DeviceDecoders;  // the CUDA decoders, one per device, made by its first decode
+  void decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const;
   WanVaeConfig config_;
   std::unique_ptr<Decoder> decoder_;
+  std::unique_ptr<DeviceDecoders> device_decoders_;
+  bool cuda_tf32_ = true;
 };
 
 }  // namespace tessel

@@ -92,6 +92,11 @@ class DiTSparseAttentionAdapter {
   AttentionStepReport forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse = {}) const;
 
+  // Bytes of ctx.workspace that forward() at `step` reserves for tensors of `shape` (planning the
+  // shape, through the plan cache, when the step runs sparse). For callers that hand forward() a
+  // workspace that cannot grow (a suffix of theirs): reserve this much first.
+  size_t workspace_bytes(const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape) const;
+
   // For callers that run this layer's attention themselves on their share of the tokens
   // (sequence parallelism): the block mask forward() would execute at `step` for the global
   // tensors of `shape`, or nullopt when the layer runs dense at this step. A static pattern's mask
@@ -109,6 +114,9 @@ class DiTSparseAttentionAdapter {
   const ResolvedSparseAttnConfig& config() const { return config_; }
 
  private:
+  // This shape's plan, from the plan cache (planned on a miss).
+  std::shared_ptr<const Metadata> plan(const ExecContext& ctx, const AttentionShape& shape) const;
+
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<MetadataBuilder> builder_;
   std::unique_ptr<Impl> impl_;
@@ -150,6 +158,11 @@ class SparseAttention {
   AttentionStepReport forward(const ExecContext& ctx, const StepInfo& step, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse = {},
                               const TensorView& attn_mask = {}) const;
+
+  // What forward() at `step` reserves of ctx.workspace for tensors of `shape` (see the adapter's).
+  size_t workspace_bytes(const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape) const {
+    return adapter_.workspace_bytes(ctx, step, shape);
+  }
 
   const Resolution& resolution() const { return resolution_; }
   const DiTSparseAttentionAdapter& adapter() const { return adapter_; }

@@ -1,6 +1,8 @@
 // The Wan transformer's bf16 CUDA forward (see wan_cuda_model.h for what runs in which precision).
 #include "cuda/wan_cuda_model.h"
 
+#include <algorithm>
+
 #include <cuda_runtime.h>
 
 #include "cuda/wan_kernels.h"
@@ -10,6 +12,7 @@
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/cuda/device_guard.h"
 #include "tessel/kernels/cuda/launch_check.h"
+#include "tessel/sparse/sparse_attention.h"
 
 namespace tessel::dit::cuda {
 namespace {
@@ -196,7 +199,19 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   Workspace& workspace = ctx.workspace != nullptr ? *ctx.workspace : call_workspace;
   if (workspace.device() != device_)
     fail_argument("ctx.workspace device", device_.str(), workspace.device().str());
-  workspace.reserve(workspace_bytes(shape));
+  // Attention runs on the part after the activations, a suffix that cannot grow: room for what
+  // every layer's attention reserves at this step (the block schedule of sparse kernels, the
+  // permuted copies of token-permuted patterns) is made here, before slicing.
+  const AttentionShape self_shape{batch, heads, heads, head_dim, seq, seq, DType::kBF16, device_};
+  size_t attention_bytes = std::max(
+      attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, seq, heads, heads, head_dim}),
+      attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, text_len, heads, heads, head_dim}));
+  for (size_t layer = 0; layer < self_attention.size(); ++layer) {
+    StepInfo layer_step = step;
+    layer_step.layer = static_cast<int64_t>(layer);
+    attention_bytes = std::max(attention_bytes, self_attention[layer]->workspace_bytes(ctx, layer_step, self_shape));
+  }
+  workspace.reserve(workspace_slice_bytes(workspace_bytes(shape)) + attention_bytes);
   WorkspaceSlicer slicer(workspace);
   SliceTaker taker(&slicer);
   const Activations a = take_activations(taker, c, shape);

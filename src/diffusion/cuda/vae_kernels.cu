@@ -1,0 +1,182 @@
+// The Wan VAE decoder's element-wise kernels (see vae_kernels.h). Element kernels use grid-stride
+// loops; the channel reductions (RMS norm, softmax over keys) run one thread per position, whose
+// channel loop reads consecutive positions across a warp (the channel stride is the plane), so the
+// loads coalesce without a transpose.
+#include "cuda/vae_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessel/core/error.h"
+
+namespace tessel::vae::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;
+
+unsigned blocks_for(int64_t count) {
+  return static_cast<unsigned>(std::clamp<int64_t>((count + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+#define TESSEL_GRID_STRIDE(i, count) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void denormalize_kernel(const float* in, const float* mean, const float* inverse_std, float* out, int64_t channels,
+                                   int64_t per_channel) {
+  TESSEL_GRID_STRIDE(i, channels * per_channel) {
+    const int64_t c = i / per_channel;
+    out[i] = in[i] / inverse_std[c] + mean[c];
+  }
+}
+
+__global__ void rms_norm_kernel(const float* x, float* y, const float* gamma, int64_t channels, int64_t pixels, bool silu) {
+  const float scale = sqrtf(static_cast<float>(channels));
+  TESSEL_GRID_STRIDE(p, pixels) {
+    float sum = 0.0f;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float v = x[c * pixels + p];
+      sum = fmaf(v, v, sum);
+    }
+    const float factor = scale / fmaxf(sqrtf(sum), 1e-12f);
+    for (int64_t c = 0; c < channels; ++c) {
+      const float v = x[c * pixels + p] * factor * gamma[c];
+      y[c * pixels + p] = silu ? v / (1.0f + expf(-v)) : v;
+    }
+  }
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels) {
+  TESSEL_GRID_STRIDE(i, channels * pixels) {
+    float v = y[i] + bias[i / pixels];
+    if (residual != nullptr) v += residual[i];
+    y[i] = v;
+  }
+}
+
+__global__ void copy_frames_kernel(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
+                                   int64_t dst_first, int64_t count, int64_t channels, int64_t plane) {
+  const int64_t per_channel = count * plane;
+  TESSEL_GRID_STRIDE(i, channels * per_channel) {
+    const int64_t c = i / per_channel, rest = i % per_channel, f = rest / plane, p = rest % plane;
+    dst[(c * dst_frames + dst_first + f) * plane + p] = src ? src[(c * src_frames + src_first + f) * plane + p] : 0.0f;
+  }
+}
+
+__global__ void interleave_frames_kernel(const float* y, float* out, int64_t channels, int64_t frames, int64_t plane) {
+  const int64_t out_frames = 2 * frames;
+  TESSEL_GRID_STRIDE(i, channels * out_frames * plane) {
+    const int64_t c = i / (out_frames * plane), rest = i % (out_frames * plane), f = rest / plane, p = rest % plane;
+    const int64_t half = f % 2, t = f / 2;
+    out[i] = y[((half * channels + c) * frames + t) * plane + p];
+  }
+}
+
+__global__ void upsample_nearest_2x_kernel(const float* x, float* out, int64_t images, int64_t height, int64_t width) {
+  const int64_t out_height = 2 * height, out_width = 2 * width, out_plane = out_height * out_width;
+  TESSEL_GRID_STRIDE(i, images * out_plane) {
+    const int64_t image = i / out_plane, rest = i % out_plane, y = rest / out_width, x_out = rest % out_width;
+    out[i] = x[(image * height + y / 2) * width + x_out / 2];
+  }
+}
+
+constexpr int kTile = 32;
+
+__global__ void transpose_kernel(const float* in, float* out, int64_t rows, int64_t cols) {
+  __shared__ float tile[kTile][kTile + 1];  // +1: no bank conflicts on the transposed read
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
+    const int64_t r = row0 + dy, c = col0 + threadIdx.x;
+    if (r < rows && c < cols) tile[dy][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int dy = threadIdx.y; dy < kTile; dy += blockDim.y) {
+    const int64_t c = col0 + dy, r = row0 + threadIdx.x;
+    if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][dy];
+  }
+}
+
+__global__ void softmax_columns_kernel(float* scores, int64_t keys, int64_t queries, float scale) {
+  TESSEL_GRID_STRIDE(q, queries) {
+    float largest = -INFINITY;
+    for (int64_t k = 0; k < keys; ++k) largest = fmaxf(largest, scores[k * queries + q]);
+    float sum = 0.0f;
+    for (int64_t k = 0; k < keys; ++k) {
+      const float e = expf((scores[k * queries + q] - largest) * scale);
+      scores[k * queries + q] = e;
+      sum += e;
+    }
+    const float inverse = 1.0f / sum;
+    for (int64_t k = 0; k < keys; ++k) scores[k * queries + q] *= inverse;
+  }
+}
+
+__global__ void clamp_into_kernel(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
+                                  int64_t first, int64_t plane) {
+  const int64_t per_channel = frames * plane;
+  TESSEL_GRID_STRIDE(i, channels * per_channel) {
+    const int64_t c = i / per_channel, rest = i % per_channel;
+    video[(c * video_frames + first) * plane + rest] = fminf(fmaxf(decoded[i], -1.0f), 1.0f);
+  }
+}
+
+}  // namespace
+
+void launch_denormalize(const float* in, const float* mean, const float* inverse_std, float* out, int64_t channels,
+                        int64_t per_channel, cudaStream_t stream) {
+  denormalize_kernel<<<blocks_for(channels * per_channel), kThreads, 0, stream>>>(in, mean, inverse_std, out, channels, per_channel);
+}
+
+void launch_rms_norm(const float* x, float* y, const float* gamma, int64_t channels, int64_t pixels, bool silu,
+                     cudaStream_t stream) {
+  rms_norm_kernel<<<blocks_for(pixels), kThreads, 0, stream>>>(x, y, gamma, channels, pixels, silu);
+}
+
+void launch_add_bias(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels, cudaStream_t stream) {
+  add_bias_kernel<<<blocks_for(channels * pixels), kThreads, 0, stream>>>(y, bias, residual, channels, pixels);
+}
+
+void launch_copy_frames(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
+                        int64_t dst_first, int64_t count, int64_t channels, int64_t plane, cudaStream_t stream) {
+  if (count == 0) return;
+  copy_frames_kernel<<<blocks_for(channels * count * plane), kThreads, 0, stream>>>(src, src_frames, src_first, dst, dst_frames,
+                                                                                   dst_first, count, channels, plane);
+}
+
+void launch_interleave_frames(const float* y, float* out, int64_t channels, int64_t frames, int64_t plane, cudaStream_t stream) {
+  interleave_frames_kernel<<<blocks_for(channels * 2 * frames * plane), kThreads, 0, stream>>>(y, out, channels, frames, plane);
+}
+
+void launch_upsample_nearest_2x(const float* x, float* out, int64_t images, int64_t height, int64_t width, cudaStream_t stream) {
+  upsample_nearest_2x_kernel<<<blocks_for(images * 4 * height * width), kThreads, 0, stream>>>(x, out, images, height, width);
+}
+
+void launch_transpose(const float* in, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  transpose_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(in, out, rows, cols);
+}
+
+void launch_softmax_columns(float* scores, int64_t keys, int64_t queries, float scale, cudaStream_t stream) {
+  // One thread per query: fewer threads per block keep more multiprocessors busy at a few
+  // thousand queries.
+  constexpr int kSoftmaxThreads = 64;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, (queries + kSoftmaxThreads - 1) / kSoftmaxThreads));
+  softmax_columns_kernel<<<grid, kSoftmaxThreads, 0, stream>>>(scores, keys, queries, scale);
+}
+
+void launch_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
+                       int64_t first, int64_t plane, cudaStream_t stream) {
+  clamp_into_kernel<<<blocks_for(channels * frames * plane), kThreads, 0, stream>>>(decoded, video, channels, frames, video_frames,
+                                                                                   first, plane);
+}
+
+void check_launch(const char* what) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) throw Error(detail::concat("Wan VAE CUDA kernel ", what, " failed to launch: ", cudaGetErrorString(status)));
+}
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw Error(detail::concat("Wan VAE CUDA decode: ", what, " failed: ", cudaGetErrorString(status)));
+}
+
+}  // namespace tessel::vae::cuda

@@ -1,0 +1,55 @@
+// The element-wise CUDA kernels of the Wan VAE's decoder (internal). A feature map is fp32
+// (channels, frames, height, width), contiguous: one video of diffusers' (1, C, T, H, W) layout,
+// which is what cuDNN's convolutions read and write. `plane` is height * width. Every launcher
+// enqueues on `stream` and never synchronizes; callers check shapes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tessel::vae::cuda {
+
+// out[c, ...] = in[c, ...] / inverse_std[c] + mean[c] (WanPipeline's de-normalization, in its order
+// of operations), over `per_channel` values of each of `channels` channels.
+void launch_denormalize(const float* in, const float* mean, const float* inverse_std, float* out, int64_t channels,
+                        int64_t per_channel, cudaStream_t stream);
+
+// Over the channels of each of `pixels` positions (pixels = frames * plane): y = x / max(|x|, 1e-12)
+// * sqrt(channels) * gamma, then SiLU when `silu` (diffusers' RMS_norm; y may alias x).
+void launch_rms_norm(const float* x, float* y, const float* gamma, int64_t channels, int64_t pixels, bool silu,
+                     cudaStream_t stream);
+
+// y[c, p] += bias[c] (+ residual[c, p] when residual is non-null), p < pixels.
+void launch_add_bias(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels, cudaStream_t stream);
+
+// dst[c, dst_first + i] = src[c, src_first + i] for i < count (frames of `plane` values); a null
+// src writes zeros.
+void launch_copy_frames(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
+                        int64_t dst_first, int64_t count, int64_t channels, int64_t plane, cudaStream_t stream);
+
+// The temporal upsampler's reshape: y (2 * channels, frames, plane) -> out (channels, 2 * frames,
+// plane), out[c, 2 t + s] = y[s * channels + c, t].
+void launch_interleave_frames(const float* y, float* out, int64_t channels, int64_t frames, int64_t plane, cudaStream_t stream);
+
+// Nearest upsampling by 2 of every frame: x (channels * frames, height, width) -> (.., 2 height, 2 width).
+void launch_upsample_nearest_2x(const float* x, float* out, int64_t images, int64_t height, int64_t width, cudaStream_t stream);
+
+// out (cols, rows) = in (rows, cols)^T.
+void launch_transpose(const float* in, float* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// Softmax over the keys of every query of scores (keys, queries) (each query a column), of
+// scale * score, in place.
+void launch_softmax_columns(float* scores, int64_t keys, int64_t queries, float scale, cudaStream_t stream);
+
+// video[c, first + f] = clamp(decoded[c, f], -1, 1) for f < frames; decoded (channels, frames,
+// plane), video (channels, video_frames, plane).
+void launch_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
+                       int64_t first, int64_t plane, cudaStream_t stream);
+
+// Throws Error naming `what` when the last launch failed.
+void check_launch(const char* what);
+// Throws Error naming `what` unless `status` is cudaSuccess.
+void check_cuda(cudaError_t status, const char* what);
+
+}  // namespace tessel::vae::cuda

@@ -1,0 +1,87 @@
+#include "cuda/wan_vae_cuda.h"
+
+#include "cuda/vae_kernels.h"
+#include "tessel/core/error.h"
+#include "tessel/kernels/cuda/device_guard.h"
+#include "wan_vae_layout.h"
+
+namespace tessel::vae::cuda {
+
+CudaDecoder::CudaDecoder(const WanVaeConfig& config, const WeightMap& weights, Device device) : device_(device), z_dim_(config.z_dim) {
+  const tessel::cuda::DeviceGuard guard(device.index);
+  convolutions_ = std::make_unique<CudnnConvolutions>();  // opens cuDNN first: no upload when it is missing
+  std::vector<float> inverse_std(config.latents_std.size());
+  for (size_t c = 0; c < inverse_std.size(); ++c) inverse_std[c] = 1.0f / config.latents_std[c];
+  const auto to_device = [&](const std::vector<float>& values) {
+    Tensor host = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kF32);
+    std::copy(values.begin(), values.end(), host.data_as<float>());
+    return host.to(device);
+  };
+  mean_ = to_device(config.latents_mean);
+  inverse_std_ = to_device(inverse_std);
+
+  SlotCounter slots;
+  const std::vector<DecoderStage> layout = decoder_stages(config);
+  post_quant_ = DeviceConv(weights, "post_quant_conv", 1, 1, 1, slots, device);
+  conv_in_ = DeviceConv(weights, "decoder.conv_in", 3, 3, 3, slots, device);
+  mid_ = std::make_unique<DeviceMidBlock>(weights, "decoder.mid_block", layout[0].in_dim, slots, device);
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const std::string prefix = "decoder.up_blocks." + std::to_string(i);
+    UpStage stage;
+    for (int64_t r = 0; r <= config.num_res_blocks; ++r)
+      stage.resnets.emplace_back(weights, prefix + ".resnets." + std::to_string(r), r == 0 ? layout[i].in_dim : layout[i].out_dim,
+                                 layout[i].out_dim, slots, device);
+    if (layout[i].upsample)
+      stage.upsampler = std::make_unique<DeviceUpsampler>(weights, prefix + ".upsamplers.0", layout[i].temporal, slots, device);
+    stages_.push_back(std::move(stage));
+  }
+  norm_out_ = upload(weights, "decoder.norm_out.gamma", device);
+  conv_out_ = DeviceConv(weights, "decoder.conv_out", 3, 3, 3, slots, device);
+  slots_ = slots.next;
+}
+
+CudaDecoder::~CudaDecoder() {
+  const tessel::cuda::DeviceGuard guard(device_.index);
+  buffers_.free_kept();
+}
+
+void CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
+                         int64_t video_frames, bool tf32) const {
+  const std::lock_guard lock(mutex_);
+  const tessel::cuda::DeviceGuard guard(device_.index);
+  // Buffers kept for another latent size would not be asked for again: give them back first.
+  if (last_latent_size_ != std::pair{height, width}) buffers_.free_kept();
+  last_latent_size_ = std::pair{height, width};
+  {
+    const DecodeContext dc{*convolutions_, buffers_, stream, tf32};
+    DeviceCache cache(static_cast<size_t>(slots_));
+    DeviceFrames denormalized = dc.frames(z_dim_, frames, height, width);
+    launch_denormalize(latents, mean_.data_as<const float>(), inverse_std_.data_as<const float>(), denormalized.data(), z_dim_,
+                       frames * height * width, stream);
+    // post_quant_conv over every latent frame at once, then the decoder one latent frame at a time.
+    const DeviceFrames quantized = post_quant_.forward(dc, denormalized, cache);
+    denormalized = DeviceFrames();
+    int64_t written = 0;
+    for (int64_t t = 0; t < frames; ++t) {
+      DeviceFrames x = dc.frames(z_dim_, 1, height, width);
+      launch_copy_frames(quantized.data(), frames, t, x.data(), 1, 0, 1, z_dim_, height * width, stream);
+      x = mid_->forward(dc, conv_in_.forward(dc, x, cache), cache);
+      for (const UpStage& stage : stages_) {
+        for (const DeviceResidualBlock& block : stage.resnets) x = block.forward(dc, x, cache);
+        if (stage.upsampler) x = stage.upsampler->forward(dc, x, cache);
+      }
+      launch_rms_norm(x.data(), x.data(), norm_out_.data_as<const float>(), x.channels, x.frames * x.plane(), true, stream);
+      const DeviceFrames decoded = conv_out_.forward(dc, x, cache);
+      if (written + decoded.frames > video_frames)
+        throw Error(detail::concat("Wan VAE CUDA decode: chunk ", t, " decoded ", decoded.frames, " frames past the video's ", video_frames));
+      launch_clamp_into(decoded.data(), video, decoded.channels, decoded.frames, video_frames, written, decoded.plane(), stream);
+      check_launch("output");
+      written += decoded.frames;
+    }
+    if (written != video_frames)
+      throw Error(detail::concat("Wan VAE CUDA decode: decoded ", written, " frames, expected ", video_frames));
+  }
+  check_cuda(cudaStreamSynchronize(stream), "the decode on the device");
+}
+
+}  // namespace tessel::vae::cuda

@@ -1,0 +1,139 @@
+// `tessel vae-bench`: times WanVae::decode (the Wan 2.1 VAE at its real sizes, or the tiny preset,
+// with random weights: the time does not depend on their values; or a diffusers vae/ directory) on
+// the CPU or a CUDA device, and reports the device memory the decoder holds. 480p 81 frames are
+// latents of 21 x 60 x 104. With --latents and --save-video it decodes given latents and writes the
+// video, for a comparison with diffusers on the same weights (bench/diffusers_vae_decode.py --parity).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "device_memory.h"
+#include "option_checks.h"
+#include "tessel/core/error.h"
+#include "tessel/core/exec_context.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/core/random.h"
+#include "tessel/diffusion/tiny_model.h"
+#include "tessel/diffusion/wan_vae.h"
+
+namespace tessel::cli {
+namespace {
+
+struct VaeBenchOptions {
+  std::string device = "cuda";
+  std::string preset = "wan2.1";
+  int64_t frames = 81, height = 480, width = 832;
+  int64_t iters = 3, warmup = 1;
+  int64_t threads = 0;
+  bool no_tf32 = false;
+  bool json = false;
+  std::string from_dir;    // a diffusers vae/ directory instead of random weights
+  std::string latents;     // safetensors holding "latents" (1, z_dim, T, h, w) instead of random ones
+  std::string save_video;  // safetensors to write the last decode's "video" to
+};
+
+// The latents to decode: the file's, or seeded random ones of the video size asked for.
+Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
+  if (!o.latents.empty()) return SafetensorsFile::open(o.latents).load("latents");
+  require_multiple("--height", o.height, "the VAE's spatial factor", 8);
+  require_multiple("--width", o.width, "the VAE's spatial factor", 8);
+  if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the VAE's temporal factor is 4)", o.frames);
+  Tensor latents = Tensor::empty({1, config.z_dim, (o.frames - 1) / 4 + 1, o.height / 8, o.width / 8}, DType::kF32);
+  fill_normal(latents.view(), 7);
+  return latents;
+}
+
+int run_vae_bench(const VaeBenchOptions& o) {
+  const Device device = parse_device(o.device);
+  ExecContext ctx;
+  ctx.device = device;
+  ctx.num_threads = static_cast<int>(o.threads);
+
+  const std::optional<DeviceMemory> memory_before = device_memory(device);
+  const WanVaeConfig preset = o.preset == "tiny" ? tiny_wan_vae_config() : WanVaeConfig{};
+  WanVae vae = o.from_dir.empty() ? WanVae(preset, random_model_weights(wan_vae_weight_specs(preset), 1)) : WanVae::load(o.from_dir);
+  vae.set_cuda_tf32(!o.no_tf32);
+  const Tensor latents = bench_latents(o, vae.config()).to(device);
+  const Shape latent_shape = latents.shape();
+  Tensor video = Tensor::empty(vae.decoded_shape(latent_shape), DType::kF32, device);
+
+  std::vector<double> seconds;
+  for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    vae.decode(ctx, latents, video);  // returns when the device has finished
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i >= o.warmup) seconds.push_back(elapsed);
+  }
+  const std::optional<DeviceMemory> memory_after = device_memory(device);
+  if (!o.save_video.empty()) {
+    const Tensor host_video = video.to(Device::cpu());
+    write_safetensors(o.save_video, {{"video", host_video.view()}}, {{"format", "pt"}});
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+
+  nlohmann::json report = {{"preset", o.from_dir.empty() ? o.preset : o.from_dir},
+                           {"device", device.str()},
+                           {"precision", device.is_cuda() && !o.no_tf32 ? "fp32 (TF32 convolutions)" : "fp32"},
+                           {"latents", latent_shape},
+                           {"video", video.shape()},
+                           {"iters", o.iters},
+                           {"median_s", median},
+                           {"min_s", seconds.front()},
+                           {"per_frame_ms", median * 1000.0 / static_cast<double>(video.size(2))}};
+  // The decoder's weights, the buffers it keeps for the next decode and what cuDNN took.
+  if (memory_before && memory_after) report["device_memory_bytes"] = memory_after->used - memory_before->used;
+  if (o.json) {
+    std::printf("%s\n", report.dump().c_str());
+    return 0;
+  }
+  std::printf("Wan VAE decode (%s, %s, %s): latents (1, %lld, %lld, %lld, %lld) -> video (1, 3, %lld, %lld, %lld): median %.3f s "
+              "(min %.3f s, %.1f ms per frame) over %lld runs",
+              o.preset.c_str(), device.str().c_str(), report["precision"].get<std::string>().c_str(),
+              static_cast<long long>(latent_shape[1]), static_cast<long long>(latent_shape[2]), static_cast<long long>(latent_shape[3]),
+              static_cast<long long>(latent_shape[4]), static_cast<long long>(video.size(2)), static_cast<long long>(video.size(3)),
+              static_cast<long long>(video.size(4)), median, seconds.front(), report["per_frame_ms"].get<double>(),
+              static_cast<long long>(o.iters));
+  if (report.contains("device_memory_bytes"))
+    std::printf(", device memory held %s", format_bytes(report["device_memory_bytes"].get<double>()).c_str());
+  std::printf("\n");
+  return 0;
+}
+
+CommandRegistration registration{
+    "vae-bench", "Time the Wan VAE decoder (random weights, Wan 2.1 sizes or tiny) on the CPU or a CUDA device",
+    [](CLI::App& app) {
+      auto options = std::make_shared<VaeBenchOptions>();
+      app.add_option("--device", options->device, "cpu or cuda[:N] (fp32; convolutions may use TF32 on CUDA)")
+          ->capture_default_str()
+          ->check(device_name());
+      auto* preset = app.add_option("--preset", options->preset, "wan2.1 (the real VAE's sizes) or tiny, random weights")
+                         ->capture_default_str()
+                         ->check(one_of({"wan2.1", "tiny"}));
+      app.add_option("--from-dir", options->from_dir, "a diffusers AutoencoderKLWan directory (vae/) instead of --preset")->excludes(preset);
+      auto* latents = app.add_option("--latents", options->latents,
+                                     "safetensors file with the tensor 'latents' (1, z_dim, T, h, w) to decode instead of random ones");
+      app.add_option("--save-video", options->save_video, "write the last decode's video (fp32, tensor 'video') to this safetensors file");
+      app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--height", options->height, "video height in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
+      app.add_option("--width", options->width, "video width in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
+      for (const char* shaped : {"--frames", "--height", "--width"}) app.get_option(shaped)->excludes(latents);
+      app.add_option("--iters", options->iters, "timed decodes (the median is reported)")->capture_default_str()->check(integer_in(1, kMaxRepeats));
+      app.add_option("--warmup", options->warmup, "untimed decodes first (the first uploads the weights to the device)")
+          ->capture_default_str()
+          ->check(integer_in(0, kMaxRepeats));
+      app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
+      app.add_flag("--no-tf32", options->no_tf32, "keep every product of the CUDA convolutions in fp32 (no TF32)");
+      app.add_flag("--json", options->json, "print one JSON object instead of a line");
+      return CommandRunner([options] { return run_vae_bench(*options); });
+    }};
+
+}  // namespace
+}  // namespace tessel::cli
