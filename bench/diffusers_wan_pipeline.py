@@ -48,10 +48,25 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return 99.0 if mse == 0.0 else 10.0 * math.log10(255.0 * 255.0 / mse)
 
 
+def tessel_env():
+    """The environment for tessel: cuDNN (its CUDA VAE decoder opens libcudnn at run time) from
+    PyTorch's nvidia-cudnn wheel when that is installed."""
+    env = os.environ.copy()
+    try:
+        import nvidia.cudnn
+
+        lib = os.path.join(list(nvidia.cudnn.__path__)[0], "lib")
+        env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    except ImportError:
+        pass
+    return env
+
+
 def run(cmd, log: Path) -> str:
     print("$ " + " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
     with open(log, "w") as f:
-        proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=tessel_env())
         f.write(proc.stdout)
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} {cmd[1]} failed ({proc.returncode}), see {log}:\n{proc.stdout[-3000:]}")

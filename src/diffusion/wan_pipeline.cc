@@ -91,6 +91,22 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler
                   detail::concat("a VAE decoding (1, ", config.out_channels, ", 2, 1, 1) latents to ", shape_str(one_step)));
 }
 
+// On a CUDA context the VAE decodes on that device (the final latents go up once, the video comes
+// back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning.
+VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents) const {
+  if (!ctx.device.is_cuda()) return decode(ctx, host_latents);
+  try {
+    return video_frames_from_tensor(vae_->decode(ctx, host_latents.to(ctx.device)).to(Device::cpu()));
+  } catch (const Error& e) {
+    ctx.log(LogLevel::kWarning, std::string("the VAE decodes on the CPU: the CUDA decoder failed: ") + e.what());
+  }
+  ExecContext cpu_ctx = ctx;
+  cpu_ctx.device = Device::cpu();
+  cpu_ctx.stream = nullptr;
+  cpu_ctx.workspace = nullptr;
+  return decode(cpu_ctx, host_latents);
+}
+
 VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latents) const {
   if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
   return video_frames_from_tensor(vae_->decode(ctx, latents));
@@ -167,18 +183,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       options.on_step(progress);
     }
   }
-  if (vae_ != nullptr && !result.cancelled) {
-    // The latents end on the host (the scheduler steps them there) and the VAE decodes on the CPU:
-    // a CUDA generation hands the decoder a CPU context with the caller's threads and logging.
-    ExecContext vae_ctx = ctx;
-    if (ctx.device.is_cuda()) {
-      vae_ctx.device = Device::cpu();
-      vae_ctx.stream = nullptr;
-      vae_ctx.workspace = nullptr;
-      ctx.log(LogLevel::kInfo, "the VAE decodes on the CPU (the latents are on the host after the last step)");
-    }
-    result.frames = decode(vae_ctx, latents);
-  }
+  if (vae_ != nullptr && !result.cancelled) result.frames = decode_on(ctx, latents);
   result.latents = std::move(latents);
   if (options.cache) result.cache_stats = options.cache->stats();
   return result;

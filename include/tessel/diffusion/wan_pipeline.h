@@ -99,7 +99,8 @@ class WanPipeline {
   // With a transformer on a CUDA device the text, the batched model input, the prediction and the
   // CFG combination stay on that device (ctx.stream; a workspace of the generation's own): each
   // step uploads the latents and downloads the guided flow once, and the scheduler steps the
-  // latents on the host (WanStepProgress::scheduler_seconds). The VAE then decodes on the CPU. The
+  // latents on the host (WanStepProgress::scheduler_seconds). The VAE then decodes on the context's
+  // device (the CPU, with a warning, when the CUDA decoder is unavailable). The
   // noise of a seed is the same on every device. CFG-parallel needs a CPU transformer.
   WanGenerationResult generate(const ExecContext& ctx, const TensorView& prompt_embeds,
                                const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,
@@ -111,6 +112,7 @@ class WanPipeline {
   VideoFrames decode(const ExecContext& ctx, const TensorView& latents) const;
 
  private:
+  VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents) const;
   const WanTransformer& transformer_;
   Scheduler& scheduler_;
   const WanVae* vae_;
