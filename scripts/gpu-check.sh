@@ -107,7 +107,7 @@ if [[ $RUN_TESTS == 1 ]]; then
 fi
 
 if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
-  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D96:*FullMaskEqualsDense/fp16_D128:*ManyItemsPerMultiprocessor/bf16_D64:*MergeWithEmptyParts*:*StridedViews*'
+  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D96:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D256:*FullMaskEqualsDense/fp16_D192:*FullMaskEqualsDense/fp16_D128:*ManyItemsPerMultiprocessor/bf16_D64:*MergeWithEmptyParts*:*StridedViews*'
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
@@ -140,7 +140,7 @@ if [[ $RUN_BENCH == 1 ]]; then
   done
   # Other head dims of the Hopper kernel (no peer columns): dense and d=0.2 at the shortest length.
   : >"$OUTDIR/head_dims.txt"
-  for d in 64 96; do
+  for d in 64 96 192 256; do
     echo "== tessel bench D=$d S=6630"
     "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim "$d" --seq 6630 \
       --density 1,0.2 --iters "$ITERS" --warmup 3 >>"$OUTDIR/head_dims.txt" 2>&1 || echo "bench D=$d FAILED" >>"$OUTDIR/head_dims.txt"

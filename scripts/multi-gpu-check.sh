@@ -7,16 +7,19 @@
 #      layout passes when its error against fp32 is at most 2x one GPU's (bf16 rounding);
 #   2. attention scaling: sp-bench at a Wan 14B 720p shape (75,600 tokens, 40 heads of 128) and a
 #      1.3B 480p shape (32,760 tokens, 12 heads), dense and block-sparse at density 0.2;
+#   2b. the Wan transformer's CUDA forward under every layout: `tessel dit-bench --device cuda --check`
+#      (Wan 1.3B, 2 blocks, 17 frames at 240x416: 1,950 tokens) under Ulysses N, Ring N, USP 2xN/2 and
+#      CFG-parallel x Ulysses N/2, dense and radial: the whole output against one GPU's forward of the
+#      same weights, within rel-L2 2e-2 (bf16 GEMMs of other row counts round differently);
 #   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs (Ulysses N), 14B 720p
-#      81 frames and 1.3B 480p, dense and sparse (radial), and the memory per GPU (nvidia-smi's peak
-#      during the run). This needs dit-bench's CUDA path, and for N > 1 that path under sequence
-#      parallelism; a build without them gets rows that say so (the run fails, the log tells why);
+#      81 frames and 1.3B 480p, dense and sparse (radial), the memory per GPU (nvidia-smi's peak
+#      during the run), the bytes sent, and (N > 1, --check) the last step against one GPU's;
 #   4. prints the table last (also written to OUT/table.md).
 # Options: --bin DIR (holding `tessel`; default build-cuda/bin), --out DIR (default ./multi-gpu-out),
 #          --gpus "2 4" (world sizes to run; those above the visible GPU count are skipped),
 #          --launcher mpirun|env (default: mpirun when on PATH, else one process per GPU started
 #          here with TESSEL_RANK / TESSEL_WORLD_SIZE and a TCP rendezvous),
-#          --skip-correctness, --skip-attention, --skip-dit, --steps N (timed steps, default 3).
+#          --skip-correctness (1 and 2b), --skip-attention, --skip-dit, --steps N (timed steps, default 3).
 # Exit status: 1 when any correctness case fails (a mismatch, or a run that did not finish).
 set -uo pipefail
 
@@ -89,12 +92,15 @@ if kind == "sp":
             extra = f"{row['rel_l2_vs_fp32']:.2e} (1 GPU {row['one_rank_rel_l2_vs_fp32']:.2e}) {'ok' if row['pass'] else 'FAIL'}"
         print(f"{layout}|{row['step_ms']:.3f}|{row['one_rank_ms']:.3f}|{row['speedup']:.2f}|{row['sent_mb']:.1f}|{extra}")
 else:
-    print(f"{report['step_s_median']:.3f}|{report['self_attention_density']:.3f}|{report.get('communication_mb_per_step', 0):.0f}")
+    check = ""
+    if "check_pass" in report:
+        check = f"{report['rel_l2_vs_one_process']:.2e} {'ok' if report['check_pass'] else 'FAIL'}"
+    print(f"{report['step_s_median']:.3f}|{report['self_attention_density']:.3f}|{report.get('sent_mb_per_step', 0):.0f}|{check}")
 EOF
 }
 
 TABLE="$OUTDIR/table.md"
-CORRECTNESS_ROWS=() ATTENTION_ROWS=() DIT_ROWS=()
+CORRECTNESS_ROWS=() DIT_CHECK_ROWS=() ATTENTION_ROWS=() DIT_ROWS=()
 FAILED=0
 MASKS=("dense" "block_sparse" "radial" "dynamic_topk")
 mask_flags() {  # the sp-bench flags of a mask kind at the correctness shape (odd length, GQA)
@@ -129,6 +135,34 @@ if [[ $RUN_CORRECTNESS -eq 1 ]]; then
   done
 fi
 
+# ---- 2b. the Wan forward under every layout ----------------------------------------------------------
+if [[ $RUN_CORRECTNESS -eq 1 ]]; then
+  for n in $GPUS; do
+    [[ "$n" -le "$VISIBLE" ]] || continue
+    layouts=("--ulysses $n" "--ring $n")
+    [[ "$n" -ge 4 ]] && layouts+=("--ulysses 2 --ring $((n / 2))")
+    layouts+=("--cfg-parallel --ulysses $((n / 2))")
+    for layout in "${layouts[@]}"; do
+      for attn in dense radial; do
+        sparse_flags=()
+        [[ "$attn" == radial ]] && sparse_flags=(--sparse-attn-backend radial --sparse-attn-pattern radial)
+        name="dit-check-n$n-${layout// /}-$attn"
+        echo "== $name"
+        # shellcheck disable=SC2086
+        if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" dit-bench --device cuda --model wan-1.3b --layers 2 --frames 17 --height 240 \
+             --width 416 --batch 2 --steps 1 --warmup 0 --check --json "${sparse_flags[@]}" $layout; then
+          FAILED=1
+          DIT_CHECK_ROWS+=("| $n | $layout | $attn | run failed or FAIL (see $name.log) |")
+          continue
+        fi
+        IFS='|' read -r step density sent check < <(json_rows "$OUTDIR/$name.log" dit)
+        [[ "$check" == *ok* ]] || FAILED=1
+        DIT_CHECK_ROWS+=("| $n | $layout | $attn | $check |")
+      done
+    done
+  done
+fi
+
 # ---- 2. attention scaling -------------------------------------------------------------------------
 if [[ $RUN_ATTENTION -eq 1 ]]; then
   for shape in "14b-720p|--seq 75600 --heads 40 --head-dim 128" "1.3b-480p|--seq 32760 --heads 12 --head-dim 128"; do
@@ -157,7 +191,7 @@ fi
 peak_memory_file="$OUTDIR/memory.samples"
 if [[ $RUN_DIT -eq 1 ]]; then
   if ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--device"; then
-    DIT_ROWS+=("| all | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | |")
+    DIT_ROWS+=("| all | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | | |")
   else
     for model in "wan-14b|--frames 81 --height 720 --width 1280" "wan-1.3b|--frames 81 --height 480 --width 832"; do
       name_model="${model%%|*}" size="${model#*|}"
@@ -168,11 +202,11 @@ if [[ $RUN_DIT -eq 1 ]]; then
         for n in 1 $GPUS; do
           [[ "$n" -le "$VISIBLE" ]] || continue
           if [[ "$n" -gt 1 ]] && ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--ulysses"; then
-            DIT_ROWS+=("| $name_model | $attn | $n | this tessel's dit-bench has no --ulysses: not run | | | |")
+            DIT_ROWS+=("| $name_model | $attn | $n | this tessel's dit-bench has no --ulysses: not run | | | | |")
             continue
           fi
           parallel_flags=()
-          [[ "$n" -gt 1 ]] && parallel_flags=(--ulysses "$n")
+          [[ "$n" -gt 1 ]] && parallel_flags=(--ulysses "$n" --check)
           name="dit-$name_model-$attn-n$n"
           echo "== $name"
           (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >>"$peak_memory_file"; sleep 1; done) &
@@ -185,14 +219,14 @@ if [[ $RUN_DIT -eq 1 ]]; then
           kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
           peak="$(sort -n "$peak_memory_file" | tail -1)"
           if [[ $status -ne 0 ]]; then
-            DIT_ROWS+=("| $name_model | $attn | $n | run failed (see $name.log) | | | |")
+            DIT_ROWS+=("| $name_model | $attn | $n | run failed or FAIL (see $name.log) | | | | |")
             continue
           fi
-          IFS='|' read -r step density sent < <(json_rows "$OUTDIR/$name.log" dit)
+          IFS='|' read -r step density sent check < <(json_rows "$OUTDIR/$name.log" dit)
           [[ "$n" -eq 1 ]] && base_s="$step"
           efficiency=""
           [[ -n "$base_s" && -n "$step" ]] && efficiency="$(python3 -c "print(f'{$base_s / $step:.2f}x, {$base_s / $step / $n:.2f}')")"
-          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | $step | $efficiency | ${peak:-?} MiB | $sent |")
+          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | $step | $efficiency | ${peak:-?} MiB | $sent | $check |")
         done
       done
     done
@@ -209,6 +243,12 @@ fi
   echo "|---|---|---|---|"
   printf '%s\n' "${CORRECTNESS_ROWS[@]}"
   echo
+  echo "Wan transformer forward under each layout (dit-bench --check: rel-L2 of the whole output vs one GPU, pass <= 2e-2)"
+  echo
+  echo "| GPUs | layout | attention | rel-L2 vs one GPU |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${DIT_CHECK_ROWS[@]}"
+  echo
   echo "Attention (bf16; block_sparse at density 0.2): median step over $STEPS"
   echo
   echo "| shape | mask | GPUs | layout | 1 GPU ms | N GPUs ms | speedup | efficiency | MB sent per rank |"
@@ -217,8 +257,8 @@ fi
   echo
   echo "Wan denoising step (dit-bench, batch 2, random weights; Ulysses N)"
   echo
-  echo "| model | attention | GPUs | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| model | attention | GPUs | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) | vs one GPU |"
+  echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${DIT_ROWS[@]}"
 } | tee "$TABLE"
 [[ $FAILED -eq 0 ]] || echo "multi-gpu-check: correctness FAILED (see the table and the logs)"

@@ -1,11 +1,15 @@
 // `tessel dit-bench`: times denoising steps of the Wan transformer (random weights of a named size,
 // or a diffusers checkpoint directory) with dense or sparse self-attention, on the CPU (fp32) or a
 // CUDA device (bf16), and reports where the time goes and, on CUDA, the device memory it took.
+// Under --ulysses / --ring / --cfg-parallel (mpirun, or the TESSEL_* environment on GPUs) every rank
+// runs its shard of the tokens and its guidance branch; the step time and the communication are
+// reported, and --check compares the whole output with the one-process forward's.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -18,6 +22,7 @@
 #include "command.h"
 #include "device_memory.h"
 #include "option_checks.h"
+#include "parallel_flags.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
@@ -27,6 +32,7 @@
 #include "tessel/core/random.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_weights.h"
+#include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -49,6 +55,7 @@ struct DitBenchOptions {
   int64_t seed = 0;
   bool json = false;
   bool compare_dense = false;
+  bool check = false;  // the whole output against the one-process forward (parallel runs)
   std::string layer_configs;  // '<json>' or '@file.json': {"<block>": {config fields}, ...}
   std::string inputs;         // safetensors with the forward's inputs instead of random ones
   std::string save_output;    // safetensors to write the last timed step's output to
@@ -144,14 +151,37 @@ double rel_l2(const Tensor& actual, const Tensor& expected) {
   return std::sqrt(diff / norm);
 }
 
+// Entry `index` of the first (batch) dimension of a contiguous host tensor, as a batch of one.
+Tensor batch_entry(const Tensor& host, int64_t index) {
+  Shape shape = host.shape();
+  shape[0] = 1;
+  Tensor entry = Tensor::empty(shape, host.dtype());
+  std::memcpy(entry.data(), static_cast<const char*>(host.data()) + index * entry.nbytes(), entry.nbytes());
+  return entry;
+}
+
+// A step's timesteps on the host: the file's, else the schedule's value for every batch entry.
+Tensor step_timestep(const BenchInputs& in, int64_t batch, int64_t step, int64_t total_steps) {
+  if (in.timestep.defined()) return in.timestep;
+  Tensor timestep = Tensor::empty({batch}, DType::kF32);
+  // A flow-matching schedule's timesteps fall from 1000 towards 0.
+  fill(timestep.view(), 1000.0 * (1.0 - static_cast<double>(step) / static_cast<double>(total_steps)));
+  return timestep;
+}
+
+// What a parallel run's whole output may differ from one process's by (relative L2): fp32 is
+// reordered sums only; bf16 GEMMs of other row counts may pick other algorithms and round
+// differently, and Ring merges partial outputs.
+double parallel_tolerance(Device device) { return device.is_cuda() ? 2e-2 : 1e-5; }
+
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
 
-int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
-  const Device device = parse_device(o.device);
-  if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
+int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel) {
+  const Device asked = parse_device(o.device);
+  if (asked.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", asked.str());
   const SparseAttnEnv& env = process_sparse_attn_env();
   const bool sparse = sparse_attn_requested(flags, env);
   if (!o.layer_configs.empty() && !sparse)
@@ -165,6 +195,16 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   WanConfig config = o.from_dir.empty() ? wan_preset(o.model) : load_wan_config(o.from_dir);
   if (o.layers > 0) config.num_layers = o.layers;
   BenchInputs in = bench_inputs(o, config);
+  if (parallel.cfg_parallel && in.batch != 2)
+    fail_argument("--batch", "2 with --cfg-parallel (each CFG rank runs one of the two guidance branches)", in.batch);
+  // The ranks (none unless the flags or the environment ask): each runs its branch of the batch.
+  ParallelRun run(parallel, asked);
+  const Device device = run.device();
+  const ParallelGroups* groups = run.groups();
+  const bool cfg_split = groups != nullptr && groups->cfg->size() > 1;
+  const int64_t branch = cfg_split ? groups->coordinates.cfg : 0, rank_batch = cfg_split ? 1 : in.batch;
+  if (o.check && groups == nullptr)
+    fail_argument("--check", "a parallel run (--ulysses / --ring / --cfg-parallel, or the TESSEL_* environment)", "one process");
   const LatentShape latent = in.latent;
   const int64_t tokens = latent.frames / config.patch_size[0] * (latent.height / config.patch_size[1]) *
                          (latent.width / config.patch_size[2]);
@@ -183,6 +223,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   }
 
   WanAttentionOptions attention;
+  attention.parallel = groups;
   std::unique_ptr<BackendRegistry> registry;
   if (sparse) {
     registry = make_cli_registry();
@@ -200,49 +241,71 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
                                                   : WanTransformer::load(o.from_dir, attention, device);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-  // The inputs move to the model's device once.
-  const Tensor latents = in.latents.to(device), text = in.text.to(device);
+  // The inputs move to the model's device once: this rank's branch, and the whole batch when a
+  // one-process forward is compared.
+  const Tensor latents = (cfg_split ? batch_entry(in.latents, branch) : in.latents).to(device);
+  const Tensor text = (cfg_split ? batch_entry(in.text, branch) : in.text).to(device);
   Tensor timestep;
   Tensor out = Tensor::empty(latents.shape(), DType::kF32, device);
+  // The whole prediction: `out`, or both branches gathered from the CFG ranks.
+  Tensor whole_out = cfg_split ? Tensor::empty(in.latents.shape(), DType::kF32, device) : out;
+  Shape stacked = out.shape();  // (branches, 1, C, F, H, W): how the CFG gather sees whole_out
+  stacked.insert(stacked.begin(), cfg_split ? 2 : 1);
+  const TensorView branches(whole_out.data(), DType::kF32, device, stacked);
 
   ExecContext ctx;
   ctx.device = device;
   ctx.num_threads = static_cast<int>(o.threads);
   // The activations (CUDA) or attention scratch (CPU), sized once before the first step.
   Workspace workspace(device);
-  workspace.reserve(model.workspace_bytes(ctx, in.batch, latent.frames, latent.height, latent.width, in.text_tokens));
+  workspace.reserve(model.workspace_bytes(ctx, rank_batch, latent.frames, latent.height, latent.width, in.text_tokens));
   ctx.workspace = &workspace;
   const std::unique_ptr<BenchTimer> timer = make_bench_timer(ctx);
   const int64_t total_steps = o.warmup + o.steps;
   WanForwardProfile profile;
   std::vector<double> step_s;
+  CommunicationMeter communication;
   for (int64_t step = 0; step < total_steps; ++step) {
-    // A flow-matching schedule's timesteps fall from 1000 towards 0 (unless the inputs give one).
-    Tensor host_timestep = in.timestep;
-    if (!host_timestep.defined()) {
-      host_timestep = Tensor::empty({in.batch}, DType::kF32);
-      fill(host_timestep.view(), 1000.0 * (1.0 - static_cast<double>(step) / static_cast<double>(total_steps)));
-    }
-    timestep = host_timestep.to(device);
+    const Tensor host_timestep = step_timestep(in, in.batch, step, total_steps);
+    timestep = (cfg_split ? batch_entry(host_timestep, branch) : host_timestep).to(device);
     const bool timed = step >= o.warmup;
+    run.barrier();  // the ranks start a step together
+    run.meter().reset();
     timer->start();
     model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
+    if (cfg_split) gather_cfg_branches(ctx, *groups->cfg, out, branches);
     const double ms = timer->stop_ms();
-    if (timed) step_s.push_back(ms / 1000.0);
+    if (!timed) continue;
+    step_s.push_back(ms / 1000.0);
+    communication.seconds += run.meter().seconds;
+    communication.bytes += run.meter().bytes;
+    communication.calls += run.meter().calls;
   }
+  if (!run.is_root()) return 0;  // the other ranks' outputs are the root's
   const std::optional<DeviceMemory> memory_after = device_memory(device);
   if (!o.save_output.empty()) {
-    const Tensor host_out = out.to(Device::cpu());
+    const Tensor host_out = whole_out.to(Device::cpu());
     write_safetensors(o.save_output, {{"output", host_out.view()}});
   }
 
-  // The same weights and inputs with dense attention, at the last step's timestep.
-  double rel_l2_vs_dense = -1.0;
-  if (o.compare_dense) {
-    Tensor dense_out = Tensor::empty(out.shape(), DType::kF32, device);
-    model.with_attention(WanAttentionOptions{}).forward(ctx, StepInfo{}, latents, timestep, text, dense_out);
-    rel_l2_vs_dense = rel_l2(out.to(Device::cpu()), dense_out.to(Device::cpu()));
-  }
+  // One process's forward of the whole batch at the last step (the same weights): with dense
+  // attention (--compare-dense), or with this run's attention (--check).
+  const auto one_process = [&](const WanAttentionOptions& options, const StepInfo& step) {
+    const Tensor all_latents = in.latents.to(device), all_text = in.text.to(device);
+    const Tensor all_timestep = step_timestep(in, in.batch, total_steps - 1, total_steps).to(device);
+    Tensor result = Tensor::empty(all_latents.shape(), DType::kF32, device);
+    ExecContext whole_batch = ctx;  // its own scratch: the workspace was sized for this rank's batch
+    whole_batch.workspace = nullptr;
+    model.with_attention(options).forward(whole_batch, step, all_latents, all_timestep, all_text, result);
+    return result.to(Device::cpu());
+  };
+  const Tensor host_whole_out = whole_out.to(Device::cpu());
+  double rel_l2_vs_dense = -1.0, rel_l2_vs_one_process = -1.0;
+  if (o.compare_dense) rel_l2_vs_dense = rel_l2(host_whole_out, one_process(WanAttentionOptions{}, StepInfo{}));
+  WanAttentionOptions local_attention = attention;
+  local_attention.parallel = nullptr;
+  if (o.check) rel_l2_vs_one_process = rel_l2(host_whole_out, one_process(local_attention, StepInfo::at(total_steps - 1, total_steps)));
+  const bool check_pass = !o.check || rel_l2_vs_one_process <= parallel_tolerance(device);
 
   const SparseAttention* first = model.block_attention(0);
   const std::string backend = first && first->resolution().backend ? first->resolution().backend->name() : "dense";
@@ -270,6 +333,14 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
       {"breakdown_s_per_step",
        {{"attention", profile.attention_s / n}, {"estimation", profile.estimation_s / n}, {"gemm", profile.gemm_s / n},
         {"norm_rope", profile.norm_rope_s / n}, {"other", profile.other_s / n}}},
+      {"ranks", run.world_size()},
+      {"ulysses", parallel.ulysses},
+      {"ring", parallel.ring},
+      {"cfg", cfg_split ? 2 : 1},
+      // CPU: the seconds a rank was blocked in communication; on CUDA the calls enqueue and only
+      // the bytes mean something.
+      {"comm_s_per_step", device.is_cpu() ? nlohmann::json(communication.seconds / n) : nlohmann::json()},
+      {"sent_mb_per_step", communication.bytes / n / 1e6},
       {"weights_bytes", model.weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
   };
@@ -277,9 +348,14 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   // the driver counts it after the timed steps: nothing is freed in between, so it is the peak.
   if (memory_before && memory_after) report["peak_device_memory_bytes"] = memory_after->used - memory_before->used;
   if (o.compare_dense) report["rel_l2_vs_dense"] = rel_l2_vs_dense;
+  if (o.check) {
+    report["rel_l2_vs_one_process"] = rel_l2_vs_one_process;
+    report["check_tolerance"] = parallel_tolerance(device);
+    report["check_pass"] = check_pass;
+  }
   if (o.json) {
     std::cout << report.dump() << "\n";
-    return 0;
+    return check_pass ? 0 : 1;
   }
   const std::string where = device.is_cuda() ? device.str() + " bf16" : detail::concat("cpu fp32, ", ctx.threads(), " threads");
   std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; %s; attention: %s\n", report["model"].get<std::string>().c_str(),
@@ -301,8 +377,17 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags) {
   std::printf("\n");
   std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
               static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
+  if (groups != nullptr) {
+    std::printf("parallel: %d ranks, %s; sent %.2f MB per step per rank", run.world_size(), parallel.describe().c_str(),
+                communication.bytes / n / 1e6);
+    if (device.is_cpu()) std::printf(", %.4f s per step blocked in communication", communication.seconds / n);
+    std::printf("\n");
+  }
   if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
-  return 0;
+  if (o.check)
+    std::printf("last step's output vs one process: rel-L2 %.3e (tolerance %.0e) %s\n", rel_l2_vs_one_process, parallel_tolerance(device),
+                check_pass ? "ok" : "FAIL");
+  return check_pass ? 0 : 1;
 }
 
 CommandRegistration registration{
@@ -310,6 +395,7 @@ CommandRegistration registration{
     [](CLI::App& app) {
       auto options = std::make_shared<DitBenchOptions>();
       auto flags = std::make_shared<SparseAttnFlags>();
+      auto parallel = std::make_shared<ParallelFlags>();
       std::vector<std::string> presets = wan_preset_names();
       app.add_option("--device", options->device, "cpu (fp32) or cuda[:N] (bf16 weights and GEMMs, fp32 residual stream)")
           ->capture_default_str()
@@ -345,8 +431,11 @@ CommandRegistration registration{
       app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file");
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
+      app.add_flag("--check", options->check,
+                   "parallel runs: also run the last step in one process and compare the whole output (exit 1 beyond the tolerance)");
       add_sparse_attn_flags(app, *flags);
-      return CommandRunner([options, flags] { return run_dit_bench(*options, *flags); });
+      add_parallel_flags(app, *parallel);
+      return CommandRunner([options, flags, parallel] { return run_dit_bench(*options, *flags, *parallel); });
     }};
 
 }  // namespace

@@ -59,8 +59,14 @@ std::optional<TcpRendezvous> rendezvous_from_env() {
 
 }  // namespace
 
-ParallelRun::ParallelRun(const ParallelFlags& flags) {
+ParallelRun::ParallelRun(const ParallelFlags& flags) : ParallelRun(flags, Device::cpu()) {}
+
+ParallelRun::ParallelRun(const ParallelFlags& flags, Device device) : device_(device) {
   const ParallelConfig config = flags.config();
+  if (device.is_cuda()) {
+    start_nccl_groups(config);
+    return;
+  }
   if (config.world_size() == 1) return;
   if (rendezvous_from_env())
     fail_argument("TESSEL_WORLD_SIZE", "unset: the model's CPU tensors move over MPI (launch with mpirun)", "set");
@@ -74,6 +80,33 @@ ParallelRun::ParallelRun(const ParallelFlags& flags) {
                   detail::concat(config.world_size(), " (", flags.describe(), ")"));
   groups_ = initialize_parallel_groups(*world_, config);
   meter_->reset();  // the group set-up is not part of what a command measures
+}
+
+void ParallelRun::start_nccl_groups(const ParallelConfig& config) {
+  rendezvous_ = rendezvous_from_env();
+  if (!rendezvous_ && config.world_size() == 1) return;
+  const std::string degrees = "--ulysses x --ring (x 2 with --cfg-parallel)";
+  const std::string asked = detail::concat(config.world_size(), " (ulysses ", config.sp_ulysses_degree, " x ring ", config.sp_ring_degree,
+                                           " x cfg ", config.cfg_parallel_size, ")");
+  if (rendezvous_) {
+    if (rendezvous_->size != config.world_size())
+      fail_argument(degrees, detail::concat("TESSEL_WORLD_SIZE = ", rendezvous_->size), asked);
+  } else {
+    if (!mpi_compiled())
+      fail_argument("--ulysses / --ring / --cfg-parallel on " + device_.str(),
+                    "1 rank, or TESSEL_RANK / TESSEL_WORLD_SIZE set (tessel was built without MPI)", asked);
+    mpi_ = std::make_unique<MpiSession>();
+    bootstrap_ = make_mpi_world_communicator();
+    if (bootstrap_->size() != config.world_size())
+      fail_argument(degrees, detail::concat("the ", bootstrap_->size(), " processes mpirun started"), asked);
+  }
+  if (config.world_size() > 1) device_ = Device::cuda(local_rank());
+  ExecContext ctx;
+  ctx.device = device_;
+  world_ = make_metered_communicator(
+      rendezvous_ ? make_nccl_communicator(ctx, *rendezvous_, device_) : make_nccl_communicator(ctx, *bootstrap_, device_), meter_);
+  groups_ = initialize_parallel_groups(*world_, config);
+  meter_->reset();
 }
 
 ParallelRun::ParallelRun(WholeWorld) {
@@ -94,6 +127,7 @@ ParallelRun::~ParallelRun() {
   if (std::uncaught_exceptions() > 0 && mpi_ && world_size() > 1) {
     new std::optional<ParallelGroups>(std::move(groups_));  // never freed: no collective on the way out
     static_cast<void>(world_.release());
+    static_cast<void>(bootstrap_.release());
     static_cast<void>(mpi_.release());
   }
 }
@@ -116,7 +150,10 @@ std::unique_ptr<Communicator> ParallelRun::device_world(const ExecContext& ctx, 
 }
 
 void ParallelRun::barrier() const {
-  if (world_) world_->barrier(ExecContext{});
+  if (!world_) return;
+  ExecContext ctx;
+  ctx.device = world_->device();
+  world_->barrier(ctx);
 }
 
 }  // namespace tessel::cli

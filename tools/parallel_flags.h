@@ -5,7 +5,7 @@
 // and the process group they start. More than one rank needs the job launched by mpirun with
 // exactly N x M (x 2 with --cfg-parallel) processes: `mpirun -n 4 tessel dit-bench --ulysses 2 --ring 2`.
 //
-// Without mpirun (GPUs only: `tessel sp-bench --device cuda`), every process is started with
+// Without mpirun (GPUs only: `tessel sp-bench|dit-bench --device cuda`), every process is started with
 //   TESSEL_RANK=r TESSEL_WORLD_SIZE=n [TESSEL_MASTER_ADDR=host of rank 0 (127.0.0.1)]
 //   [TESSEL_MASTER_PORT=29511] [TESSEL_LOCAL_RANK=its GPU on the node (default: r)]
 // and the NCCL communicator is bootstrapped over TCP.
@@ -41,6 +41,11 @@ class ParallelRun {
   // Throws Error naming the flag when the degrees' product is not the number of processes mpirun
   // started, and when tessel was built without MPI.
   explicit ParallelRun(const ParallelFlags& flags);
+  // The same for tensors on `device`. cpu: as above. cuda: the groups are NCCL communicators,
+  // bootstrapped over MPI (mpirun) or over TCP (the TESSEL_* environment; then even a world of one
+  // process gets groups, so that a one-GPU run goes through the sharded path), each process on
+  // its local GPU (device()).
+  ParallelRun(const ParallelFlags& flags, Device device);
   // Every process mpirun started, in one world and no groups (`tessel sp-bench` builds its own per
   // layout); one process of its own without MPI.
   struct WholeWorld {};
@@ -52,6 +57,8 @@ class ParallelRun {
   // world, for cuda a NCCL communicator bootstrapped over it. Collective over the world.
   std::unique_ptr<Communicator> device_world(const ExecContext& ctx, Device device) const;
 
+  // The device this process computes on: the one asked for, or its local GPU under several ranks.
+  Device device() const { return device_; }
   const ParallelGroups* groups() const { return groups_ ? &*groups_ : nullptr; }
   Communicator* cfg_group() const { return groups_ ? groups_->cfg.get() : nullptr; }
   int world_rank() const { return world_ ? world_->rank() : rendezvous_ ? rendezvous_->rank : 0; }
@@ -64,7 +71,11 @@ class ParallelRun {
   void barrier() const;
 
  private:
+  void start_nccl_groups(const ParallelConfig& config);
+
+  Device device_ = Device::cpu();
   std::unique_ptr<MpiSession> mpi_;
+  std::unique_ptr<Communicator> bootstrap_;  // the MPI world a NCCL world was bootstrapped over
   std::shared_ptr<CommunicationMeter> meter_ = std::make_shared<CommunicationMeter>();
   std::unique_ptr<Communicator> world_;
   std::optional<ParallelGroups> groups_;

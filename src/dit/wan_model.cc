@@ -148,7 +148,30 @@ struct WanTransformer::Impl {
   // weights' handles (never their data) and makes modules of its own.
   std::vector<std::shared_ptr<SparseAttention>> self_attention;
   const ParallelGroups* parallel = nullptr;
+  // The sharding, attention strategy and buffers of the last forward's sizes under `parallel`,
+  // kept across forwards (a CUDA one allocates device buffers). Forwards under sequence
+  // parallelism are collective, so their caller runs them one at a time.
+  mutable std::shared_ptr<WanSequenceParallel> sequence_parallel;
 
+  WanSequenceParallel* sequence_parallel_for(int64_t batch, int64_t seq) const;
+#ifdef TESSEL_WITH_CUDA
+  struct WanForwardShapeAndShards {
+    dit::cuda::WanForwardShape shape;
+    WanSequenceParallel* sequence_parallel;
+  };
+  // The CUDA forward's sizes, this rank's shard among them under sequence parallelism.
+  WanForwardShapeAndShards cuda_shape(int64_t batch, int64_t frames, int64_t height, int64_t width, int64_t text_len,
+                                      bool per_token_timestep) const {
+    dit::cuda::WanForwardShape shape{batch, frames, height, width, text_len, per_token_timestep};
+    const int64_t seq = frames / config.patch_size[0] * (height / config.patch_size[1]) * (width / config.patch_size[2]);
+    WanSequenceParallel* const sp = sequence_parallel_for(batch, seq);
+    if (sp) {
+      shape.shard_tokens = sp->shard_length();
+      shape.shards = sp->shards();
+    }
+    return {shape, sp};
+  }
+#endif
   void load_cpu_weights(const std::map<std::string, Tensor>& weights);
   void make_self_attention(const WanAttentionOptions& attention);
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
@@ -209,9 +232,7 @@ void WanTransformer::Impl::make_self_attention(const WanAttentionOptions& attent
     fail_argument("WanAttentionOptions::parallel sp_ulysses_degree",
                   detail::concat("a divisor of the model's ", config.num_attention_heads, " attention heads"),
                   parallel->config.sp_ulysses_degree);
-  if (parallel != nullptr && parallel->config.sequence_parallel_size() > 1 && device.is_cuda())
-    fail_argument("WanAttentionOptions::parallel on " + device.str(), "a CPU model (sequence parallelism runs the CPU forward)",
-                  parallel->config.sequence_parallel_size());
+  sequence_parallel.reset();
   for (const auto& [layer, layer_config] : attention.layer_configs)
     if (layer < 0 || layer >= config.num_layers)
       fail_argument("WanAttentionOptions::layer_configs key", detail::concat("a block index in [0, ", config.num_layers, ")"), layer);
@@ -235,6 +256,14 @@ void WanTransformer::Impl::make_self_attention(const WanAttentionOptions& attent
       self_attention.push_back(std::make_shared<SparseAttention>(std::move(options)));
     }
   }
+}
+
+WanSequenceParallel* WanTransformer::Impl::sequence_parallel_for(int64_t batch, int64_t seq) const {
+  if (parallel == nullptr) return nullptr;
+  if (!sequence_parallel || !sequence_parallel->serves(batch, seq))
+    sequence_parallel = std::make_shared<WanSequenceParallel>(*parallel, batch, seq, config.num_attention_heads, config.attention_head_dim,
+                                                              self_attention, device.is_cuda() ? DType::kBF16 : DType::kF32, device);
+  return sequence_parallel.get();
 }
 
 WanTransformer WanTransformer::with_attention(const WanAttentionOptions& attention) const {
@@ -322,9 +351,10 @@ size_t WanTransformer::weight_bytes() const {
 size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height,
                                        int64_t latent_width, int64_t text_tokens, bool per_token_timestep) const {
 #ifdef TESSEL_WITH_CUDA
-  if (impl_->cuda)
-    return impl_->cuda->workspace_bytes(
-        dit::cuda::WanForwardShape{batch, latent_frames, latent_height, latent_width, text_tokens, per_token_timestep});
+  if (impl_->cuda) {
+    const auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, per_token_timestep);
+    return impl_->cuda->workspace_bytes(run.shape);
+  }
 #endif
   const WanConfig& c = impl_->config;
   const int64_t seq = latent_frames / c.patch_size[0] * (latent_height / c.patch_size[1]) * (latent_width / c.patch_size[2]);
@@ -393,18 +423,16 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   if (cuda) {
     if (block_cache && !block_cache->handles_device(device))
       fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
-    cuda->forward(ctx, step,
-                  dit::cuda::WanForwardShape{batch, frames, height, width, text_len, timestep.dim() == 2, block_cache != nullptr},
-                  latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(), self_attention,
-                  profile, block_cache);
+    WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, timestep.dim() == 2);
+    run.shape.block_cache = block_cache != nullptr;
+    cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(),
+                  self_attention, profile, run.sequence_parallel, block_cache);
     return;
   }
 #endif
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
   // Under sequence parallelism the blocks run on this rank's `tokens` rows per batch entry.
-  std::optional<WanSequenceParallel> sp;
-  if (parallel != nullptr && parallel->config.sequence_parallel_size() > 1)
-    sp.emplace(*parallel, batch, seq, heads, head_dim, self_attention);
+  WanSequenceParallel* const sp = sequence_parallel_for(batch, seq);
   const int64_t tokens = sp ? sp->shard_length() : seq;
   const int64_t rows = batch * tokens, text_rows = batch * text_len;
   // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
@@ -568,7 +596,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       fail_argument("block_cache leading and trailing blocks", detail::concat("two counts >= 0 summing to at most num_layers = ", c.num_layers),
                     detail::concat(leading, " and ", trailing));
     const std::vector<float> embeddings = hidden_states;
-    const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data(), embeddings.data(), sp.has_value()};
+    const bool sharded = sp != nullptr && sp->shards() > 1;  // one shard (a CFG-only group) is the whole sequence
+    const WanBlockCacheInput cache_input{&step, batch, tokens, dim, temb.data(), modulation_input.data(), embeddings.data(), sharded};
     run_layers(0, leading);
     if (block_cache->before_blocks(cache_input, hidden_states.data())) {
       const std::vector<float> span_input = leading == 0 ? std::vector<float>{} : hidden_states;

@@ -27,12 +27,15 @@ std::pair<int64_t, int64_t> shared_mask_blocks(const std::vector<std::shared_ptr
 }  // namespace
 
 WanSequenceParallel::WanSequenceParallel(const ParallelGroups& groups, int64_t batch, int64_t seq, int64_t heads,
-                                         int64_t head_dim, const std::vector<std::shared_ptr<SparseAttention>>& modules)
+                                         int64_t head_dim, const std::vector<std::shared_ptr<SparseAttention>>& modules,
+                                         DType dtype, Device device)
     : sequence_group_(*groups.sequence),
       batch_(batch),
       seq_(seq),
       heads_(heads),
       head_dim_(head_dim),
+      dtype_(dtype),
+      device_(device),
       part_(groups.coordinates.sequence) {
   const auto [block_q, block_kv] = shared_mask_blocks(modules);
   mask_block_kv_ = block_kv;
@@ -41,30 +44,32 @@ WanSequenceParallel::WanSequenceParallel(const ParallelGroups& groups, int64_t b
   shape.seq = seq;
   shape.heads = shape.kv_heads = heads;
   shape.head_dim = head_dim;
-  shape.dtype = DType::kF32;
-  shape.device = Device::cpu();
+  shape.dtype = dtype;
+  shape.device = device;
   shape.mask_block_q = block_q;
   shape.mask_block_kv = block_kv;
   attention_ = std::make_unique<ParallelAttention>(groups, shape);
 }
 
-TensorView WanSequenceParallel::rows(const float* data, int64_t tokens, int64_t width) const {
-  return TensorView(const_cast<float*>(data), DType::kF32, Device::cpu(), {batch_, tokens, width});
+TensorView WanSequenceParallel::rows(const void* data, DType dtype, int64_t tokens, int64_t width) const {
+  return TensorView(const_cast<void*>(data), dtype, device_, {batch_, tokens, width});
 }
 
-TensorView WanSequenceParallel::heads(float* data, int64_t tokens) const {
-  return TensorView(data, DType::kF32, Device::cpu(), {batch_, tokens, heads_, head_dim_});
+TensorView WanSequenceParallel::heads(void* data, int64_t tokens) const {
+  return TensorView(data, dtype_, device_, {batch_, tokens, heads_, head_dim_});
 }
 
-void WanSequenceParallel::take_rows(const ExecContext& ctx, const float* full, int64_t width, float* shard) const {
-  take_shard(ctx, sharding(), part_, rows(full, seq_, width), rows(shard, shard_length(), width));
+void WanSequenceParallel::take_rows(const ExecContext& ctx, const void* full, DType dtype, int64_t width, void* shard) const {
+  take_shard(ctx, sharding(), part_, rows(full, dtype, seq_, width), rows(shard, dtype, shard_length(), width));
 }
 
-void WanSequenceParallel::gather_rows(const ExecContext& ctx, const float* shard, int64_t width, float* full) const {
-  const TensorView shard_view = rows(shard, shard_length(), width);
-  staging_.resize(gather_staging_bytes(sharding(), shard_view) / sizeof(float));
-  const TensorView staging(staging_.data(), DType::kF32, Device::cpu(), {static_cast<int64_t>(staging_.size())});
-  gather_shards(ctx, sequence_group_, sharding(), shard_view, staging, rows(full, seq_, width));
+void WanSequenceParallel::gather_rows(const ExecContext& ctx, const void* shard, DType dtype, int64_t width, void* full) const {
+  const TensorView shard_view = rows(shard, dtype, shard_length(), width);
+  const size_t bytes = gather_staging_bytes(sharding(), shard_view);
+  if (!staging_.defined() || staging_.nbytes() < bytes)
+    staging_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, device_);
+  const TensorView staging(staging_.data(), dtype, device_, {static_cast<int64_t>(bytes / dtype_size(dtype))});
+  gather_shards(ctx, sequence_group_, sharding(), shard_view, staging, rows(full, dtype, seq_, width));
 }
 
 void WanSequenceParallel::rotate(const ExecContext& ctx, float* x, const float* cos, const float* sin) const {
@@ -74,28 +79,48 @@ void WanSequenceParallel::rotate(const ExecContext& ctx, float* x, const float* 
                       sin + first_token() * half);
 }
 
+std::shared_ptr<const ParallelMaskPlan> WanSequenceParallel::plan_for(int64_t layer, BlockMask mask) {
+  PlannedMask& slot = plans_[layer];
+  const bool same = slot.plan && slot.mask.shape() == mask.shape() && slot.mask.indptr() == mask.indptr() &&
+                    slot.mask.indices() == mask.indices();
+  if (!same) slot = PlannedMask{std::move(mask), nullptr};
+  if (!slot.plan) slot.plan = attention_->plan_mask(slot.mask);
+  return slot.plan;
+}
+
 AttentionStepReport WanSequenceParallel::attend(const ExecContext& ctx, const SparseAttention* module, const StepInfo& step,
-                                                float* q, float* k, float* v, float* out) {
+                                                void* q, void* k, void* v, void* out) {
   const int64_t tokens = shard_length();
+  // One shard holds the whole sequence and every head (a CFG-parallel-only layout, a world of
+  // one): the module runs as without groups, masks estimated on the device included.
+  if (module != nullptr && shards() == 1)
+    return module->forward(ctx, step, heads(q, tokens), heads(k, tokens), heads(v, tokens), heads(out, tokens));
   AttentionStepReport report;
   std::optional<BlockMask> mask;
   if (module != nullptr) {
-    AttentionShape global{batch_, heads_, heads_, head_dim_, seq_, seq_, DType::kF32, Device::cpu()};
+    AttentionShape global{batch_, heads_, heads_, head_dim_, seq_, seq_, dtype_, device_};
     mask = module->adapter().executed_mask(ctx, step, global, [&] {
+      if (!device_.is_cpu())
+        fail_argument("sparse attention backend '" + module->adapter().backend()->name() + "' under sequence parallelism on " +
+                          device_.str(),
+                      "a static block mask (a pattern planned once)", "a mask estimated from q and k every step");
       // A data-dependent mask: every rank estimates it from the whole q and k (the same on all).
-      global_q_.resize(static_cast<size_t>(batch_ * seq_ * heads_ * head_dim_));
-      global_k_.resize(global_q_.size());
-      gather_rows(ctx, q, heads_ * head_dim_, global_q_.data());
-      gather_rows(ctx, k, heads_ * head_dim_, global_k_.data());
+      const Shape whole{batch_, seq_, heads_, head_dim_};
+      if (!global_q_.defined()) {
+        global_q_ = Tensor::empty(whole, dtype_, device_);
+        global_k_ = Tensor::empty(whole, dtype_, device_);
+      }
+      gather_rows(ctx, q, dtype_, heads_ * head_dim_, global_q_.data());
+      gather_rows(ctx, k, dtype_, heads_ * head_dim_, global_k_.data());
       return std::pair{heads(global_q_.data(), seq_), heads(global_k_.data(), seq_)};
     });
   }
   std::shared_ptr<const ParallelMaskPlan> plan;
   if (mask) {
-    plan = attention_->plan_mask(*mask);
     report.backend = module->adapter().backend()->name();
     report.dense = false;
     report.density = mask->density();
+    plan = plan_for(step.layer, std::move(*mask));
   }
   attention_->forward(ctx, heads(q, tokens), heads(k, tokens), heads(v, tokens), heads(out, tokens), plan.get());
   return report;

@@ -27,6 +27,7 @@
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "diffusion/diffusion_test_util.h"
+#include "test_source_dir.h"
 
 namespace tessel {
 namespace {
@@ -34,7 +35,8 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
 
-const std::string kDir = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/vae";
+// The checkout's fixture, also when the binary was built elsewhere (TESSEL_SOURCE_DIR in the environment).
+const std::string kDir = (test_support::source_dir() / "tests/fixtures/diffusion/vae").string();
 
 // A device tensor of `shape` filled with NaN, so any value the decode does not write shows.
 Tensor poisoned_on_device(const Shape& shape) {

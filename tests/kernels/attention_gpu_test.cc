@@ -34,8 +34,8 @@ using testing::Qkv;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
 
-// Head dim 96 runs only in the Hopper kernel: compute capability 9.0 (the GPU test binaries are
-// built with sm_90a code for such devices).
+// Head dims 96, 192 and 256 run only in the Hopper kernel: compute capability 9.0 (the GPU test
+// binaries are built with sm_90a code for such devices).
 bool hopper_device() {
 #ifdef TESSEL_WITH_CUDA
   int device = 0, major = 0, minor = 0;
@@ -47,8 +47,10 @@ bool hopper_device() {
   return false;
 #endif
 }
-#define SKIP_WITHOUT_KERNEL_FOR(dim) \
-  if ((dim) == 96 && !hopper_device()) GTEST_SKIP() << "head dim 96 needs the Hopper kernel (compute capability 9.0)"
+bool hopper_only_head_dim(int64_t dim) { return dim == 96 || dim == 192 || dim == 256; }
+#define SKIP_WITHOUT_KERNEL_FOR(dim)                       \
+  if (hopper_only_head_dim(dim) && !hopper_device()) \
+  GTEST_SKIP() << "head dim " << (dim) << " needs the Hopper kernel (compute capability 9.0)"
 
 struct Case {
   int64_t batch, seq_q, seq_kv, heads, kv_heads, dim;
@@ -146,7 +148,7 @@ TEST_P(DenseGpu, MatchesReferenceOverShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, DenseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128)),
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128, 192, 256)),
                          param_name);
 
 struct SparseCase {
@@ -168,7 +170,7 @@ TEST_P(SparseGpu, MatchesReferenceOverMasks) {
   uint64_t seed = 101;
   for (const auto& [block_q, block_kv] : sizes)
     for (const int64_t heads_mode : {0, 1, 2})
-      if (dim != 96 || block_q % 128 == 0)  // the Hopper kernel's 128-row items
+      if (!hopper_only_head_dim(dim) || block_q % 128 == 0)  // the Hopper kernel's 128-row items
       for (const bool causal : {false, true}) {
         const int64_t seq_q = 333 + seed % 7, seq_kv = causal ? seq_q : 461;
         BlockMaskShape shape;
@@ -214,12 +216,13 @@ TEST_P(SparseGpu, FullMaskEqualsDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, SparseGpu,
-                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128)),
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 96, 128, 192, 256)),
                          param_name);
 
 // Head dims 64 and 128 run the warp-specialized kernel on Hopper (and the sm_80 kernel elsewhere),
-// 96 only the Hopper kernel (zero-padded to its 128-column layout):
-// odd lengths around its 128-row and 128-key tiles, rows longer than its stage ring, GQA up to 4:1.
+// 96 only the Hopper kernel (zero-padded to its 128-column layout), 192 and 256 only the Hopper
+// kernel with 64-key stages (three at 192, two at 256): odd lengths around its 128-row and
+// 128- or 64-key tiles, rows longer than its stage ring, GQA up to 4:1.
 class LongAndOddGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(LongAndOddGpu, DenseMatchesReference) {
@@ -372,7 +375,9 @@ TEST_P(LongAndOddGpu, LongestFirstOrderGivesTheStaticOrdersBits) {
 INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
                          ::testing::Values(std::make_tuple(DType::kBF16, int64_t{128}), std::make_tuple(DType::kF16, int64_t{128}),
                                            std::make_tuple(DType::kBF16, int64_t{64}), std::make_tuple(DType::kBF16, int64_t{96}),
-                                           std::make_tuple(DType::kF16, int64_t{96})),
+                                           std::make_tuple(DType::kF16, int64_t{96}), std::make_tuple(DType::kBF16, int64_t{192}),
+                                           std::make_tuple(DType::kF16, int64_t{192}), std::make_tuple(DType::kBF16, int64_t{256}),
+                                           std::make_tuple(DType::kF16, int64_t{256})),
                          param_name);
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
@@ -488,6 +493,14 @@ TEST(AttentionGpu, RejectsWhatTheKernelsCannotRun) {
   const Tensor o96 = Tensor::empty({1, 64, 2, 96}, DType::kBF16, gpu);
   const BlockMask::DeviceCopy mask64 = full_mask_of_64_tokens(gpu, 64, 64);
   expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, q96, q96, q96, mask64.view(), o96, {}); }, "q");
+  // Head dims 192 and 256: the same with 64-row query blocks, and every call on a device without
+  // the Hopper kernel (the sm_80 kernel has no instantiation for them): an Error, never a launch.
+  for (const int64_t wide_dim : {192, 256}) {
+    const Tensor qw = Tensor::empty({1, 64, 2, wide_dim}, DType::kBF16, gpu);
+    const Tensor ow = Tensor::empty({1, 64, 2, wide_dim}, DType::kBF16, gpu);
+    expect_error_naming([&] { block_sparse_attention_forward(ExecContext{}, qw, qw, qw, mask64.view(), ow, {}); }, "q");
+    if (!hopper_device()) expect_error_naming([&] { attention_forward(ExecContext{}, qw, qw, qw, ow, {}); }, "q");
+  }
 
   const Tensor q = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);
   Tensor out = Tensor::empty({1, 64, 2, 64}, DType::kBF16, gpu);

@@ -2,6 +2,8 @@
 # The CLI's parallel flags under mpirun (ctest parallel_cli_np2 / _np4, label mpi):
 #   sp-bench --check over every layout of the ranks, dense, block-sparse, radial and dynamic top-k,
 #   with and without --cfg-parallel (exit 1 when a layout's output differs from one rank's);
+#   dit-bench --check (a tiny random model) under Ulysses, Ring, USP and CFG-parallel, dense, radial
+#   and dynamic top-k;
 #   generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, and a
 #   degree product that is not the process count is an error naming both.
 # Usage: parallel_cli_check.sh MPIEXEC RANKS TESSEL WORK_DIR
@@ -23,6 +25,23 @@ done
 
 half=$((RANKS / 2))
 "$TESSEL" init-model --preset tiny --out "$WORK/tiny" >/dev/null
+
+# dit-bench: the tiny model (2 heads) on an odd 5 x 3 x 5 patch grid under the layouts of the ranks,
+# dense, radial and dynamic top-k (8 x 4 blocks); --check exits 1 when the whole output differs from
+# one process's beyond fp32 rounding.
+bench=(dit-bench --from-dir "$WORK/tiny/transformer" --frames 17 --height 48 --width 80 --text-tokens 7 --threads 1 --check)
+blocks='{"block_size_q": 8, "block_size_kv": 4}'
+for layout in "--ulysses 2 --ring $half" "--ring $RANKS" "--cfg-parallel --ring $half"; do
+  for attention in "" "--sparse-attn-pattern radial" "--sparse-attn-pattern dynamic_topk --sparse-attn-topk 0.5"; do
+    echo "== dit-bench $layout $attention"
+    sparse=()
+    if [ -n "$attention" ]; then sparse=(--sparse-attn-config "$blocks"); fi
+    # shellcheck disable=SC2086
+    run "$TESSEL" "${bench[@]}" $layout $attention "${sparse[@]}" | tee "$WORK/dit.log"
+    grep -q "vs one process: rel-L2 .* ok" "$WORK/dit.log"
+  done
+done
+
 common=(generate --model "$WORK/tiny" --prompt "a cat" --size 32x32 --frames 5 --steps 2 --guidance 4 --threads 1)
 echo "== generate --cfg-parallel --ulysses $half"
 run "$TESSEL" "${common[@]}" --cfg-parallel --ulysses "$half" --out "$WORK/parallel.safetensors"

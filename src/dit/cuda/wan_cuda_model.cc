@@ -13,6 +13,7 @@
 #include "tessel/kernels/cuda/device_guard.h"
 #include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/sparse/sparse_attention.h"
+#include "wan_sequence_parallel.h"
 
 namespace tessel::dit::cuda {
 namespace {
@@ -45,6 +46,10 @@ struct Activations {
   void* gemm_scratch;
   bf16 *patches, *text, *text_hidden, *context, *normed, *q, *k, *v, *attended, *ffn_hidden, *text_k, *text_v;
   float *sinusoid, *time_hidden, *temb, *temb_act, *modulation_input, *hidden, *out_patches, *rope_cos, *rope_sin;
+  // Sequence parallelism only (else null): the whole latent's patches and output patches, and this
+  // rank's per-token timesteps.
+  bf16* all_patches;
+  float *all_out_patches, *shard_timestep;
   float* blocks_input;  // with a step cache: the hidden states entering its span of blocks
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
@@ -52,7 +57,10 @@ struct Activations {
 
 Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanForwardShape& s) {
   const int64_t seq = s.frames / c.patch_size[0] * (s.height / c.patch_size[1]) * (s.width / c.patch_size[2]);
-  const int64_t rows = s.batch * seq, text_rows = s.batch * s.text_len, dim = c.inner_dim();
+  const bool sharded = s.shard_tokens > 0;
+  const int64_t rows = s.batch * (sharded ? s.shard_tokens : seq), text_rows = s.batch * s.text_len, dim = c.inner_dim();
+  // The rotary tables cover every shard's positions (padding rows read zeros).
+  const int64_t rope_rows = sharded ? std::max(seq, s.shards * s.shard_tokens) : seq;
   const int64_t groups = s.per_token_timestep ? rows : s.batch;
   Activations a{};
   a.gemm_scratch = taker.take<std::byte>(static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes), "GEMM scratch");
@@ -75,8 +83,13 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
   a.attended = taker.take<bf16>(rows * dim, "attention output");
   a.ffn_hidden = taker.take<bf16>(rows * c.ffn_dim, "FFN hidden");
   a.out_patches = taker.take<float>(rows * c.out_channels * c.patch_volume(), "output patches");
-  a.rope_cos = taker.take<float>(seq * (c.attention_head_dim / 2), "rotary cosines");
-  a.rope_sin = taker.take<float>(seq * (c.attention_head_dim / 2), "rotary sines");
+  a.rope_cos = taker.take<float>(rope_rows * (c.attention_head_dim / 2), "rotary cosines");
+  a.rope_sin = taker.take<float>(rope_rows * (c.attention_head_dim / 2), "rotary sines");
+  if (sharded) {
+    a.all_patches = taker.take<bf16>(s.batch * seq * c.in_channels * c.patch_volume(), "patches of every shard");
+    a.all_out_patches = taker.take<float>(s.batch * seq * c.out_channels * c.patch_volume(), "output patches of every shard");
+    if (s.per_token_timestep) a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
+  }
   a.blocks_input = s.block_cache ? taker.take<float>(rows * dim, "blocks input (step cache)") : nullptr;
   return a;
 }
@@ -182,7 +195,7 @@ size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
 void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                            const float* timestep, const float* text, float* out,
                            const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-                           WanBlockCache* block_cache) const {
+                           WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache) const {
   const WanConfig& c = config_;
   const tessel::cuda::DeviceGuard guard(device_.index);
   cudaStream_t stream = ctx.stream;
@@ -190,7 +203,14 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const int64_t grid[3] = {shape.frames / pt, shape.height / ph, shape.width / pw};
   const int64_t seq = grid[0] * grid[1] * grid[2], batch = shape.batch, text_len = shape.text_len;
   const int64_t dim = c.inner_dim(), heads = c.num_attention_heads, head_dim = c.attention_head_dim;
-  const int64_t rows = batch * seq, text_rows = batch * text_len;
+  // Under sequence parallelism the blocks run on this rank's `tokens` rows per batch entry, which
+  // start at global position `first_token`.
+  WanSequenceParallel* const sp = sequence_parallel;
+  if ((sp != nullptr) != (shape.shard_tokens > 0) || (sp && (sp->shard_length() != shape.shard_tokens || sp->shards() != shape.shards)))
+    fail_argument("WanForwardShape shard_tokens x shards", sp ? detail::concat(sp->shard_length(), " x ", sp->shards()) : "0 x 1",
+                  detail::concat(shape.shard_tokens, " x ", shape.shards));
+  const int64_t tokens = sp ? sp->shard_length() : seq, first_token = sp ? sp->first_token() : 0;
+  const int64_t rows = batch * tokens, text_rows = batch * text_len;
   const int64_t groups = shape.per_token_timestep ? rows : batch, group_rows = rows / groups;
   const float eps = static_cast<float>(c.eps);
 
@@ -211,6 +231,13 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     layer_step.layer = static_cast<int64_t>(layer);
     attention_bytes = std::max(attention_bytes, self_attention[layer]->workspace_bytes(ctx, layer_step, self_shape));
   }
+  if (sp) {
+    // The shards' kernels (the whole sequence for fewer heads, or ring chunks) with the blocks'
+    // masks: within what the padded sequence needs.
+    const int64_t padded = std::max(seq, sp->shards() * tokens);
+    const AttentionDims padded_dims{batch, padded, padded, heads, heads, head_dim};
+    attention_bytes = std::max(attention_bytes, attention_workspace_bytes(ctx, device_, padded_dims, sp->mask_block_kv()));
+  }
   workspace.reserve(workspace_slice_bytes(workspace_bytes(shape)) + attention_bytes);
   WorkspaceSlicer slicer(workspace);
   SliceTaker taker(&slicer);
@@ -224,16 +251,32 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     gemm_.linear(GemmShape{m, n, k, input, output, epilogue}, x, w(name + ".weight"), w(name + ".bias"), y, a.gemm_scratch, stream);
   };
   const auto f32 = [&](const std::string& name) { return static_cast<const float*>(weight(name)); };
-  const auto bshd = [&](bf16* data, int64_t tokens) {
-    return TensorView(data, DType::kBF16, device_, {batch, tokens, heads, head_dim});
+  const auto bshd = [&](bf16* data, int64_t length) {
+    return TensorView(data, DType::kBF16, device_, {batch, length, heads, head_dim});
   };
   EventTimeline timeline(profile, stream);
 
   // Patchify, the timestep sinusoid, the rotary tables of this grid.
   const int64_t patch_len = c.in_channels * c.patch_volume();
-  launch_patchify(latents, a.patches, batch, c.in_channels, shape.frames, shape.height, shape.width, pt, ph, pw, stream);
-  launch_sinusoidal_embedding(timestep, groups, c.freq_dim, a.sinusoid, stream);
+  launch_patchify(latents, sp ? a.all_patches : a.patches, batch, c.in_channels, shape.frames, shape.height, shape.width, pt, ph, pw,
+                  stream);
+  const float* group_timesteps = timestep;
+  if (sp) {
+    sp->take_rows(ctx, a.all_patches, DType::kBF16, patch_len, a.patches);
+    if (shape.per_token_timestep) {
+      sp->take_rows(ctx, timestep, 1, a.shard_timestep);
+      group_timesteps = a.shard_timestep;
+    }
+  }
+  launch_sinusoidal_embedding(group_timesteps, groups, c.freq_dim, a.sinusoid, stream);
   launch_wan_rope_tables(grid[0], grid[1], grid[2], head_dim, a.rope_cos, a.rope_sin, stream);
+  const int64_t half = head_dim / 2;
+  if (sp && sp->shards() * tokens > seq) {
+    const size_t tail = static_cast<size_t>(sp->shards() * tokens - seq) * half * sizeof(float);
+    check_cuda(cudaMemsetAsync(a.rope_cos + seq * half, 0, tail, stream), "cudaMemsetAsync (rotary padding)");
+    check_cuda(cudaMemsetAsync(a.rope_sin + seq * half, 0, tail, stream), "cudaMemsetAsync (rotary padding)");
+  }
+  const float *rope_cos = a.rope_cos + first_token * half, *rope_sin = a.rope_sin + first_token * half;
   launch_convert_to_bf16(text, a.text, text_rows * c.text_dim, stream);
   timeline.charge(&WanForwardProfile::other_s);
 
@@ -258,7 +301,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
                   detail::concat(span_first, " and ", c.num_layers - span_last));
   if (block_cache && !shape.block_cache) fail_argument("WanForwardShape::block_cache", "true with a block cache", "false");
   std::vector<float> host_temb, host_projection;
-  WanBlockCacheInput cache_input{&step, batch, seq, dim};
+  WanBlockCacheInput cache_input{&step, batch, rows / batch, dim};
+  cache_input.sequence_sharded = sequence_parallel != nullptr;
   cache_input.device = device_;
   cache_input.stream = ctx.stream;
   const auto begin_span = [&] {
@@ -297,11 +341,16 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     linear(block("attn1.to_k"), a.normed, rows, dim, dim, a.k);
     linear(block("attn1.to_v"), a.normed, rows, dim, dim, a.v);
     timeline.charge(&WanForwardProfile::gemm_s);
-    launch_rms_norm_rope(a.q, rows, seq, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), a.rope_cos, a.rope_sin, stream);
-    launch_rms_norm_rope(a.k, rows, seq, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), a.rope_cos, a.rope_sin, stream);
+    launch_rms_norm_rope(a.q, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), rope_cos, rope_sin, stream);
+    launch_rms_norm_rope(a.k, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), rope_cos, rope_sin, stream);
     timeline.charge(&WanForwardProfile::norm_rope_s);
     AttentionStepReport report;
-    if (self_attention.empty()) {
+    if (sp) {
+      StepInfo layer_step = step;
+      layer_step.layer = layer;
+      report = sp->attend(attention_ctx, self_attention.empty() ? nullptr : self_attention[static_cast<size_t>(layer)].get(),
+                          layer_step, a.q, a.k, a.v, a.attended);
+    } else if (self_attention.empty()) {
       attention_forward(attention_ctx, bshd(a.q, seq), bshd(a.k, seq), bshd(a.v, seq), bshd(a.attended, seq), TensorView{});
     } else {
       StepInfo layer_step = step;
@@ -330,11 +379,11 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     linear(block("attn2.to_k"), a.context, text_rows, dim, dim, a.text_k);
     linear(block("attn2.to_v"), a.context, text_rows, dim, dim, a.text_v);
     timeline.charge(&WanForwardProfile::gemm_s);
-    launch_rms_norm_rope(a.q, rows, seq, heads, head_dim, eps, f32(block("attn2.norm_q.weight")), nullptr, nullptr, stream);
+    launch_rms_norm_rope(a.q, rows, tokens, heads, head_dim, eps, f32(block("attn2.norm_q.weight")), nullptr, nullptr, stream);
     launch_rms_norm_rope(a.text_k, text_rows, text_len, heads, head_dim, eps, f32(block("attn2.norm_k.weight")), nullptr, nullptr,
                          stream);
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    attention_forward(attention_ctx, bshd(a.q, seq), bshd(a.text_k, text_len), bshd(a.text_v, text_len), bshd(a.attended, seq),
+    attention_forward(attention_ctx, bshd(a.q, tokens), bshd(a.text_k, text_len), bshd(a.text_v, text_len), bshd(a.attended, tokens),
                       TensorView{});
     timeline.charge(&WanForwardProfile::attention_s);
     linear(block("attn2.to_out.0"), a.attended, rows, dim, dim, a.projected());
@@ -365,7 +414,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   timeline.charge(&WanForwardProfile::norm_rope_s);
   linear("proj_out", a.normed, rows, dim, c.out_channels * c.patch_volume(), a.out_patches, DType::kBF16, DType::kF32);
   timeline.charge(&WanForwardProfile::gemm_s);
-  launch_unpatchify(a.out_patches, out, batch, c.out_channels, shape.frames, shape.height, shape.width, pt, ph, pw, stream);
+  if (sp) sp->gather_rows(ctx, a.out_patches, DType::kF32, c.out_channels * c.patch_volume(), a.all_out_patches);
+  launch_unpatchify(sp ? a.all_out_patches : a.out_patches, out, batch, c.out_channels, shape.frames, shape.height, shape.width, pt, ph, pw, stream);
   timeline.charge(&WanForwardProfile::other_s);
   tessel::cuda::check_launch("Wan CUDA forward");
   timeline.finish();

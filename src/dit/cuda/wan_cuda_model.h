@@ -29,6 +29,10 @@
 #include "tessel/dit/wan_model.h"
 #include "tessel/kernels/cuda/cublaslt_gemm.h"
 
+namespace tessel {
+class WanSequenceParallel;
+}
+
 namespace tessel::dit::cuda {
 
 using tessel::cuda::CublasLtGemm;
@@ -44,7 +48,10 @@ struct WanForwardShape {
   int64_t batch = 1, frames = 0, height = 0, width = 0;  // the latent
   int64_t text_len = 0;
   bool per_token_timestep = false;  // timestep (B, S) instead of (B)
-  bool block_cache = false;         // a step cache's hooks run: the skippable span's input is kept
+  // Under sequence parallelism (WanSequenceParallel): this rank's token rows per batch entry and
+  // the number of shards; 0 and 1 when this process runs every token.
+  int64_t shard_tokens = 0, shards = 1;
+  bool block_cache = false;  // a step cache's hooks run: the skippable span's input is kept
 };
 
 class WanCudaModel {
@@ -64,13 +71,15 @@ class WanCudaModel {
 
   // latents, timestep, text, out: fp32 device pointers of the shapes WanTransformer::forward
   // checked. self_attention: one module per block, or empty for dense attention everywhere.
+  // sequence_parallel: null, or the shards of shape.shard_tokens rows the blocks run on (the
+  // forward is then collective over its sequence group; every rank gets the whole output).
   // block_cache (with shape.block_cache): asked before its span of blocks whether to run it, with
   // host copies of the conditioning (the forward waits for them: one small copy per forward) and
-  // the device's hidden states.
+  // the device's hidden states (this rank's rows).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, float* out,
                const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-               WanBlockCache* block_cache = nullptr) const;
+               WanSequenceParallel* sequence_parallel = nullptr, WanBlockCache* block_cache = nullptr) const;
 
  private:
   const void* weight(const std::string& name) const;

@@ -57,17 +57,19 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
   check_attention_operand(out, "out");
   check_lse(lse, q);
   const int64_t head_dim = q.size(3);
-  // 96 runs only in the Hopper kernel (for block masks: whole blocks, query blocks a multiple of
-  // its 128 rows).
+  // 96, 192 and 256 run only in the Hopper kernel (for block masks: whole blocks, query blocks a
+  // multiple of its 128 rows); the sm_80 kernel has 64 and 128.
   const bool hopper_mask = mask == nullptr || mask->sub_block_bits == nullptr;
+  const bool hopper_only = head_dim == 96 || head_dim == 192 || head_dim == 256;
   const bool supported =
       head_dim == 64 || head_dim == 128 ||
-      (head_dim == 96 && hopper_mask &&
-       detail::flash_forward_hopper_fits(96, mask != nullptr, mask != nullptr ? static_cast<int>(mask->block_q) : 0));
+      (hopper_only && hopper_mask &&
+       detail::flash_forward_hopper_fits(static_cast<int>(head_dim), mask != nullptr,
+                                         mask != nullptr ? static_cast<int>(mask->block_q) : 0));
   if (!supported)
     fail_argument("q",
-                  "head dim 64 or 128 on CUDA (96 on compute capability 9.0 with a build for sm_90a, block masks "
-                  "of whole blocks with block_q a multiple of 128)",
+                  "head dim 64 or 128 on CUDA (96, 192 and 256 on compute capability 9.0 with a build for sm_90a, "
+                  "block masks of whole blocks with block_q a multiple of 128)",
                   head_dim);
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype() || out.dtype() != q.dtype())
     fail_argument("k, v, out", tessel::detail::concat("the dtype of q (", dtype_name(q.dtype()), ")"),

@@ -101,6 +101,24 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
       : TESSEL_WGMMA_D64_OUTPUTS(d) \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 
+// The m64n64k16 instruction for operand type TYPE ("bf16" or "f16") on float d[32].
+#define TESSEL_WGMMA_M64N64K16(TYPE, d, desc_a, desc_b, accumulate) \
+  asm volatile( \
+      "{\n" \
+      ".reg .pred accumulate;\n" \
+      "setp.ne.b32 accumulate, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " \
+      "{" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, %32, %33, accumulate, 1, 1, 0, 0;\n" \
+      "}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
 // The m64n256k16 instruction for operand type TYPE ("bf16" or "f16") on float d[128].
 #define TESSEL_WGMMA_M64N256K16(TYPE, d, desc_a, desc_b, accumulate) \
   asm volatile( \
@@ -177,19 +195,28 @@ __device__ __forceinline__ void wgmma_rs_trans_b(float (&d)[32], const uint32_t 
   TESSEL_WGMMA_M64N64K16_RS_TRANS_B("f16", d, a, desc_b);
 }
 
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate, Bf16Operands) {
+// wgmma_ss: D (+)= A x B^T with both operands in shared memory, N = 64, 128 or 256 picked by the
+// accumulator's size.
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate, Bf16Operands) {
+  TESSEL_WGMMA_M64N64K16("bf16", d, desc_a, desc_b, accumulate);
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate, F16Operands) {
+  TESSEL_WGMMA_M64N64K16("f16", d, desc_a, desc_b, accumulate);
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate, Bf16Operands) {
   TESSEL_WGMMA_M64N128K16("bf16", d, desc_a, desc_b, accumulate);
 }
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate, F16Operands) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate, F16Operands) {
   TESSEL_WGMMA_M64N128K16("f16", d, desc_a, desc_b, accumulate);
 }
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate, Bf16Operands) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate, Bf16Operands) {
   TESSEL_WGMMA_M64N256K16("bf16", d, desc_a, desc_b, accumulate);
 }
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate, F16Operands) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate, F16Operands) {
   TESSEL_WGMMA_M64N256K16("f16", d, desc_a, desc_b, accumulate);
 }
 
+#undef TESSEL_WGMMA_M64N64K16
 #undef TESSEL_WGMMA_M64N128K16
 #undef TESSEL_WGMMA_M64N256K16
 #undef TESSEL_WGMMA_M64N128K16_RS_TRANS_B

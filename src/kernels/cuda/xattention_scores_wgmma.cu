@@ -149,10 +149,7 @@ __global__ void __launch_bounds__(kThreads, WgmmaTile<kCols>::kMinBlocks)
       for (int kk = 0; kk < kSlice / 16; ++kk) {
         // The first k16 of a tile overwrites the accumulators (no zeroing pass between tiles).
         const int accumulate = slice > 0 || kk > 0;
-        if constexpr (kCols == 128)
-          wgmma_m64n128k16(acc, desc_a + 2 * kk, desc_b + 2 * kk, accumulate, Operands{});
-        else
-          wgmma_m64n256k16(acc, desc_a + 2 * kk, desc_b + 2 * kk, accumulate, Operands{});
+        wgmma_ss(acc, desc_a + 2 * kk, desc_b + 2 * kk, accumulate, Operands{});  // N = kCols
       }
       wgmma_commit();
       if constexpr (Tile::kOverlap)

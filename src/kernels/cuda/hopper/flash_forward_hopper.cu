@@ -65,14 +65,18 @@ void launch_for_head_dim(const FlashParams& params, int head_dim, bool sparse, i
   switch (head_dim) {
     case 64: return launch_flash_forward_hopper_typed<T, 64>(params, sparse, batch, heads_kv, dtype, order, stream);
     case 96: return launch_flash_forward_hopper_typed<T, 96>(params, sparse, batch, heads_kv, dtype, order, stream);
-    default: return launch_flash_forward_hopper_typed<T, 128>(params, sparse, batch, heads_kv, dtype, order, stream);
+    case 128: return launch_flash_forward_hopper_typed<T, 128>(params, sparse, batch, heads_kv, dtype, order, stream);
+    case 192: return launch_flash_forward_hopper_typed<T, 192>(params, sparse, batch, heads_kv, dtype, order, stream);
+    case 256: return launch_flash_forward_hopper_typed<T, 256>(params, sparse, batch, heads_kv, dtype, order, stream);
+    default: throw Error(tessel::detail::concat("Hopper attention kernel: head dim ", head_dim, " has no instantiation"));
   }
 }
 
 }  // namespace
 
 bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q) {
-  return (head_dim == 64 || head_dim == 96 || head_dim == 128) && (!sparse || block_q % hopper::kBlockM == 0) &&
+  return (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256) &&
+         (!sparse || block_q % hopper::kBlockM == 0) &&
          current_hopper_device().supported;
 }
 

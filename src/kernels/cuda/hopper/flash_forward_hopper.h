@@ -11,7 +11,8 @@
 
 namespace tessel::cuda::detail {
 
-// True on a compute capability 9.0 device of a build with sm_90a code, for head dim 64 or 128 and,
+// True on a compute capability 9.0 device of a build with sm_90a code, for head dim 64, 96, 128, 192
+// or 256 and,
 // for a block mask, query blocks that are a multiple of the kernel's 128 rows.
 bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q);
 

@@ -1,11 +1,11 @@
-// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64, 96
-// or 128 (96 runs in the 128 layout: the copy engine zero-fills columns 96..127).
+// Warp-specialized Hopper forward kernel (sm_90a) for dense and block-sparse attention, D = 64, 96,
+// 128, 192 or 256 (96 runs in the 128 layout: the copy engine zero-fills columns 96..127).
 //
 // A persistent grid (one CTA per SM) walks work items of 128 query rows of one (batch, head)
 // (work_items.h: a static stride, or ranks claimed from a longest-first list); each CTA has three
 // warpgroups:
 //  - warpgroup 0, the producer, gives up registers (setmaxnreg) and one of its threads picks the
-//    items and issues bulk tensor copies (TMA): K and V tiles of 128 keys into a ring of kStages
+//    items and issues bulk tensor copies (TMA): K and V tiles of kBlockN keys into a ring of kStages
 //    shared-memory stages, each guarded by a "full" and an "empty" mbarrier, and per item Q
 //    (after the item's first stage, into one of kQBuffers buffers once the consumers hand it
 //    back). The ring runs on across items, so the next item's first stages and Q load while the
@@ -13,9 +13,9 @@
 //  - warpgroups 1 and 2, the consumers, take the registers and own 64 query rows each: per stage
 //    S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, then
 //    O += P V (wgmma with P from registers and V read transposed from shared memory).
-// A stage holds two 64-key sub-tiles, each at its own key offset: for dense attention they are
-// adjacent, for a block mask they are the next two 64-key pieces of the row's kept blocks, so one
-// kernel serves both. The producer writes each stage's StageInfo next to the barriers: the two
+// A stage holds one or two 64-key sub-tiles (HopperConfig), each at its own key offset: for dense
+// attention they are adjacent, for a block mask they are the next 64-key pieces of the row's kept
+// blocks, so one kernel serves both. The producer writes each stage's StageInfo next to the barriers: the two
 // offsets (-1 marks a missing second sub-tile, whose columns are masked), the item and whether
 // the stage is the item's last. The consumers learn their items from it: a first stage with
 // offset -1 is an item with no tiles (empty mask row: no Q is loaded, the rows get output 0 and
@@ -23,7 +23,8 @@
 //
 // Shared tiles are what the copy engine writes with the 128-byte swizzle: boxes of 64 rows x 64
 // columns (128 bytes a row), 8-row groups 1024 bytes apart, which wgmma reads K-major (Q, K) or
-// MN-major (V). A D-column operand is kPaddedD / 64 such column halves, kHalfBytes apart, where
+// MN-major (V). A D-column operand is kPaddedD / 64 such column halves (kQHalfBytes apart in the Q
+// tile of 128 rows, kStageHalfBytes in a stage of kBlockN keys), where
 // kPaddedD rounds D up to 64: the columns past D read as zeros (outside the tensor map), so
 // QK^T stops at D and PV yields zero columns that are never stored.
 #pragma once
@@ -44,9 +45,7 @@ namespace tessel::cuda::detail {
 
 namespace hopper {
 
-inline constexpr int kBlockN = 128;    // keys per stage (two sub-tiles of 64)
 inline constexpr int kSubTile = 64;
-inline constexpr int kStages = 3;
 inline constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 inline constexpr int kConsumerThreads = 256;
 inline constexpr int kProducerRegisters = 40;
@@ -55,11 +54,11 @@ inline constexpr int kConsumerRegisters = 232;
 static_assert(128 * (kProducerRegisters + 2 * kConsumerRegisters) <= 65536);
 
 // Kept block ids of a mask row staged in shared memory (the rest are read from global memory):
-// what fits beside three stages.
+// what fits beside the stages.
 inline constexpr int kIndexCacheEntries = 256;
 
-// A 64-column half of a 128-row operand (128 rows x 128 bytes); a box is 64 rows of it.
-inline constexpr uint32_t kHalfBytes = 128 * 128;
+// A 64-column half of the 128-row Q tile (128 rows x 128 bytes); a box is 64 rows of it.
+inline constexpr uint32_t kQHalfBytes = 128 * 128;
 inline constexpr uint32_t kBoxBytes = 64 * 128;
 // Dynamic shared memory one CTA may use on compute capability 9.0, and the slack the launch adds
 // to align the base to 1024 bytes.
@@ -73,30 +72,53 @@ struct StageInfo {
   int32_t last;    // 1 on the item's last stage
 };
 
-// Shared memory for head dim D, from a 1024-byte aligned base: the Q buffers, the K stages, the V
-// stages, then the barriers, the stages' StageInfo and the cache of a mask row's kept block ids.
-// A second Q buffer (the next item's Q loads while the current item runs) where it fits.
-template <int D>
-struct SharedLayout {
-  static constexpr uint32_t kTileBytes = D / 64 * kHalfBytes;  // 128 rows x D columns of 16-bit values
-  static constexpr uint32_t bytes_with(int q_buffers) {
-    return (q_buffers + 2 * kStages) * kTileBytes + 16 * q_buffers + 16 * kStages + 16 * kStages +
+// Tile shapes and the shared-memory layout for a head dim padded to kPaddedD (64, 128, 192, 256),
+// from a 1024-byte aligned base: the Q buffers, the K stages, the V stages, then the barriers, the
+// stages' StageInfo and the cache of a mask row's kept block ids.
+//  - D <= 128: stages of 128 keys (two sub-tiles), three of them; a second Q buffer (the next
+//    item's Q loads while the current item runs) where it fits (D = 64).
+//  - D = 192 and 256: a 128-key stage of K and V is 96 / 128 KB, so stages hold one 64-key
+//    sub-tile (48 / 64 KB): three stages beside the 48 KB Q tile at 192, two beside the 64 KB one
+//    at 256 (three would need 256 KB). The consumers' registers bound them too: O is 64 x D fp32
+//    per warpgroup (128 registers a thread at 256) beside S of 64 x 64 (32) and P (16).
+template <int kPaddedD>
+struct HopperConfig {
+  static_assert(kPaddedD % 64 == 0 && kPaddedD >= 64 && kPaddedD <= 256, "head dims up to 256");
+  static constexpr int kHalves = kPaddedD / 64;
+  static constexpr int kBlockN = kPaddedD <= 128 ? 128 : 64;  // keys per stage
+  static constexpr int kSubTiles = kBlockN / kSubTile;
+  static constexpr uint32_t kQTileBytes = kHalves * kQHalfBytes;  // 128 rows x D columns of 16-bit values
+  static constexpr uint32_t kStageHalfBytes = kBlockN * 128;      // kBlockN keys x 64 columns
+  static constexpr uint32_t kStageBytes = kHalves * kStageHalfBytes;
+  static constexpr uint32_t bytes_with(int q_buffers, int stages) {
+    return q_buffers * kQTileBytes + 2 * stages * kStageBytes + 16 * q_buffers + 16 * stages + 16 * stages +
            kIndexCacheEntries * 4;
   }
-  static constexpr int kQBuffers = bytes_with(2) + kAlignmentSlack <= kMaxSharedBytes ? 2 : 1;
+  static constexpr bool fits(int q_buffers, int stages) {
+    return bytes_with(q_buffers, stages) + kAlignmentSlack <= kMaxSharedBytes;
+  }
+  static constexpr int kStages = fits(1, 3) ? 3 : 2;
+  static constexpr int kQBuffers = fits(2, kStages) ? 2 : 1;
+  static_assert(fits(1, kStages), "Q and two stages exceed shared memory");
+
   static constexpr uint32_t q = 0;
-  static constexpr uint32_t k = q + kQBuffers * kTileBytes;
-  static constexpr uint32_t v = k + kStages * kTileBytes;
-  static constexpr uint32_t q_full = v + kStages * kTileBytes;  // [kQBuffers]
-  static constexpr uint32_t q_empty = q_full + 8 * kQBuffers;   // [kQBuffers]
+  static constexpr uint32_t k = q + kQBuffers * kQTileBytes;
+  static constexpr uint32_t v = k + kStages * kStageBytes;
+  static constexpr uint32_t q_full = v + kStages * kStageBytes;  // [kQBuffers]
+  static constexpr uint32_t q_empty = q_full + 8 * kQBuffers;    // [kQBuffers]
   static constexpr uint32_t full = q_empty + 8 * kQBuffers;
   static constexpr uint32_t empty = full + 8 * kStages;
   static constexpr uint32_t info = empty + 8 * kStages;  // StageInfo [kStages]
   static constexpr uint32_t index_cache = info + sizeof(StageInfo) * kStages;
   static constexpr uint32_t bytes(bool sparse) { return index_cache + (sparse ? kIndexCacheEntries * 4 : 0); }
   static_assert(bytes(true) + kAlignmentSlack <= kMaxSharedBytes, "Q, the stages and the mask cache exceed shared memory");
-  static_assert(bytes(true) <= bytes_with(kQBuffers), "bytes_with() must bound the layout");
+  static_assert(bytes(true) <= bytes_with(kQBuffers, kStages), "bytes_with() must bound the layout");
   static_assert(info % 16 == 0 && full % 8 == 0);
+
+  // O as chunks of one PV instruction's N columns: one n64 or n128 chunk up to D = 128, three n64
+  // chunks at 192, two n128 chunks at 256 (each chunk an instruction per k16 slice of keys).
+  static constexpr int kOChunkN = kPaddedD % 128 == 0 ? 128 : 64;
+  static constexpr int kOChunks = kPaddedD / kOChunkN;
 };
 
 }  // namespace hopper
@@ -110,12 +132,20 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
   constexpr int kPaddedD = (D + 63) / 64 * 64;
-  static_assert(D % 16 == 0 && kPaddedD <= 128, "head dims 64, 96 and 128");
-  using SharedLayout = hopper::SharedLayout<kPaddedD>;
-  constexpr uint32_t kTileBytes = SharedLayout::kTileBytes;
+  static_assert(D % 16 == 0 && kPaddedD <= 256, "head dims 64, 96, 128, 192 and 256");
+  using SharedLayout = hopper::HopperConfig<kPaddedD>;
+  constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
+  constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
+  constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
   constexpr int kQBuffers = SharedLayout::kQBuffers;
-  constexpr int kHalves = kPaddedD / 64;
+  constexpr int kStages = SharedLayout::kStages;
+  constexpr int kBlockN = SharedLayout::kBlockN;
+  constexpr int kSubTiles = SharedLayout::kSubTiles;
+  constexpr int kHalves = SharedLayout::kHalves;
+  constexpr int kOChunkN = SharedLayout::kOChunkN;
+  constexpr int kOChunks = SharedLayout::kOChunks;
   constexpr int kOutTiles = D / 8;  // n8 tiles of an O row slab that are stored
+  constexpr int kSTiles = kBlockN / 8;  // n8 tiles of an S row slab
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The swizzled boxes need a 1024-byte aligned base; the launch adds that much slack.
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -215,23 +245,31 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         const int stage = iteration % kStages;
         mbarrier_wait(bar_empty + 8 * stage, ((iteration / kStages) & 1) ^ 1);
         const int n0 = walk.tile_start(tile);
-        const int second = walk.next(tile + 1);
-        const int n1 = second < end ? walk.tile_start(second) : -1;
-        tile = second < end ? walk.next(second + 1) : end;
+        int n1 = -1;
+        if constexpr (kSubTiles == 2) {
+          const int second = walk.next(tile + 1);
+          n1 = second < end ? walk.tile_start(second) : -1;
+          tile = second < end ? walk.next(second + 1) : end;
+        } else {
+          tile = walk.next(tile + 1);
+        }
         stage_info[stage].n0 = n0;
         stage_info[stage].n1 = n1;
         stage_info[stage].item = item;
         stage_info[stage].last = tile >= end ? 1 : 0;
         const uint32_t bar = bar_full + 8 * stage;
-        mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
-        const uint32_t k_stage = s_k + stage * kTileBytes, v_stage = s_v + stage * kTileBytes;
+        mbarrier_arrive_expect_tx(bar, 2 * kStageBytes);
+        const uint32_t k_stage = s_k + stage * kStageBytes, v_stage = s_v + stage * kStageBytes;
         // A missing second sub-tile reloads the first: finite values under masked columns.
         const int keys1 = n1 >= 0 ? n1 : n0;
         for (int half = 0; half < kHalves; ++half) {
-          tma_load_4d(k_stage + half * kHalfBytes, &k_map, bar, half * 64, n0, kv_head, w.batch);
-          tma_load_4d(k_stage + half * kHalfBytes + kBoxBytes, &k_map, bar, half * 64, keys1, kv_head, w.batch);
-          tma_load_4d(v_stage + half * kHalfBytes, &v_map, bar, half * 64, n0, kv_head, w.batch);
-          tma_load_4d(v_stage + half * kHalfBytes + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
+          const uint32_t k_half = k_stage + half * kStageHalfBytes, v_half = v_stage + half * kStageHalfBytes;
+          tma_load_4d(k_half, &k_map, bar, half * 64, n0, kv_head, w.batch);
+          tma_load_4d(v_half, &v_map, bar, half * 64, n0, kv_head, w.batch);
+          if constexpr (kSubTiles == 2) {
+            tma_load_4d(k_half + kBoxBytes, &k_map, bar, half * 64, keys1, kv_head, w.batch);
+            tma_load_4d(v_half + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
+          }
         }
         ++iteration;
         if (!q_loaded) {
@@ -240,10 +278,10 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
           const int buffer = q_loads % kQBuffers;
           mbarrier_wait(bar_q_empty + 8 * buffer, ((q_loads / kQBuffers) & 1) ^ 1);
           const uint32_t q_bar = bar_q_full + 8 * buffer;
-          mbarrier_arrive_expect_tx(q_bar, kTileBytes);
+          mbarrier_arrive_expect_tx(q_bar, kQTileBytes);
           for (int half = 0; half < kHalves; ++half)
             for (int rows = 0; rows < 2; ++rows)
-              tma_load_4d(s_q + buffer * kTileBytes + half * kHalfBytes + rows * kBoxBytes, &q_map, q_bar, half * 64,
+              tma_load_4d(s_q + buffer * kQTileBytes + half * kQHalfBytes + rows * kBoxBytes, &q_map, q_bar, half * 64,
                           w.m0 + rows * 64, w.head, w.batch);
           ++q_loads;
           q_loaded = true;
@@ -263,41 +301,53 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
   int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
 
-  float o_acc[kPaddedD / 2];
-  float s_acc[64];
-  uint32_t p_frag[8][4];
+  float o_acc[kOChunks][kOChunkN / 2];
+  float s_acc[kBlockN / 2];
+  uint32_t p_frag[kBlockN / 16][4];
   float row_max[2];
   float row_sum[2];
 
   uint64_t q_desc = 0;  // this warpgroup's 64 rows of the current item's Q buffer
-  // S = Q K^T of a stage: 8 k16 slices, 4 per column half of Q and K; committed, not waited for.
+  // S = Q K^T of a stage: D / 16 k16 slices, 4 per column half of Q and K; committed, not waited
+  // for.
   auto issue_scores = [&](int stage) {
-    const uint64_t k_desc = wgmma_desc_k_major_sw128(s_k + stage * kTileBytes);
+    const uint64_t k_desc = wgmma_desc_k_major_sw128(s_k + stage * kStageBytes);
     wgmma_fence_operands(s_acc);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint64_t step = (kk >> 2) * (kHalfBytes >> 4) + (kk & 3) * 2;
-      wgmma_m64n128k16(s_acc, q_desc + step, k_desc + step, kk > 0, Operands{});
+      const uint64_t q_step = (kk >> 2) * (kQHalfBytes >> 4) + (kk & 3) * 2;
+      const uint64_t k_step = (kk >> 2) * (kStageHalfBytes >> 4) + (kk & 3) * 2;
+      wgmma_ss(s_acc, q_desc + q_step, k_desc + k_step, kk > 0, Operands{});
     }
     wgmma_commit();
   };
-  // O += P V of a stage: 8 k16 slices of keys, V read MN-major (column halves kHalfBytes apart).
+  // O += P V of a stage: kBlockN / 16 k16 slices of keys per O chunk, V read MN-major (column
+  // halves kStageHalfBytes apart).
   auto issue_values = [&](int stage) {
-    const uint64_t v_desc = wgmma_desc_mn_major_sw128(s_v + stage * kTileBytes, kHalfBytes);
-    wgmma_fence_operands(o_acc);
+#pragma unroll
+    for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      wgmma_rs_trans_b(o_acc, p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+    for (int c = 0; c < kOChunks; ++c) {
+      const uint32_t chunk = s_v + stage * kStageBytes + c * (kOChunkN / 64) * kStageHalfBytes;
+      const uint64_t v_desc = wgmma_desc_mn_major_sw128(chunk, kStageHalfBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk)
+        wgmma_rs_trans_b(o_acc[c], p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+    }
     wgmma_commit();
+  };
+  // O's n8 tile j of the accumulator layout: element 4j + 2h + e of the chunk holding it.
+  auto o_at = [&](int j, int index) -> float& {
+    return o_acc[j / (kOChunkN / 8)][4 * (j % (kOChunkN / 8)) + index];
   };
   // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
   // turns it into unnormalized probabilities against the new running max; returns each row's
   // rescale factor for O. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
   auto softmax = [&](int n0, int n1, float (&alpha)[2]) {
     const bool mask0 = n0 + kSubTile - 1 > all_rows_hi || n0 < all_rows_lo;
-    const bool mask1 = n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo;
+    const bool mask1 = kSubTiles == 2 && (n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo);
     if (mask0 || mask1) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -305,7 +355,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         const int hi = p.has_hi ? min(p.seq_kv - 1, i + p.hi_offset) : p.seq_kv - 1;
         const int lo = p.has_lo ? i + p.lo_offset : -kNoLimit;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < kSTiles; ++j) {
           const int start = j < 8 ? n0 : n1;
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -319,7 +369,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       float mx = row_max[h];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+      for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float shift = mx == -INFINITY ? 0.f : mx * p.scale_log2;
@@ -327,7 +377,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       row_max[h] = mx;
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kSTiles; ++j) {
         const float p0 = fast_exp2(s_acc[4 * j + 2 * h] * p.scale_log2 - shift);
         const float p1 = fast_exp2(s_acc[4 * j + 2 * h + 1] * p.scale_log2 - shift);
         s_acc[4 * j + 2 * h] = p0;
@@ -340,7 +390,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout.
   auto pack_probabilities = [&] {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
       p_frag[kk][0] = MmaType<T>::pack(s_acc[8 * kk + 0], s_acc[8 * kk + 1]);
       p_frag[kk][1] = MmaType<T>::pack(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
       p_frag[kk][2] = MmaType<T>::pack(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
@@ -370,7 +420,9 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
     all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
 #pragma unroll
-    for (int i = 0; i < kPaddedD / 2; ++i) o_acc[i] = 0.f;
+    for (int c = 0; c < kOChunks; ++c)
+#pragma unroll
+      for (int i = 0; i < kOChunkN / 2; ++i) o_acc[c][i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
@@ -381,7 +433,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     } else {
       const int q_buffer = q_loads % kQBuffers;
       mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
-      q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kTileBytes + consumer * kBoxBytes);
+      q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
       issue_scores(iteration % kStages);
       wgmma_wait<0>();
       wgmma_fence_operands(s_acc);
@@ -402,23 +454,25 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
         softmax(info.n0, info.n1, alpha);
         wgmma_wait<0>();
-        wgmma_fence_operands(o_acc);
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) wgmma_fence_operands(p_frag[kk]);
+        for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_fence_operands(p_frag[kk]);
         mbarrier_arrive(bar_empty + 8 * held);
 #pragma unroll
         for (int j = 0; j < kOutTiles; ++j) {
-          o_acc[4 * j] *= alpha[0];
-          o_acc[4 * j + 1] *= alpha[0];
-          o_acc[4 * j + 2] *= alpha[1];
-          o_acc[4 * j + 3] *= alpha[1];
+          o_at(j, 0) *= alpha[0];
+          o_at(j, 1) *= alpha[0];
+          o_at(j, 2) *= alpha[1];
+          o_at(j, 3) *= alpha[1];
         }
         pack_probabilities();
         held = stage;
       }
       issue_values(held);
       wgmma_wait<0>();
-      wgmma_fence_operands(o_acc);
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
       mbarrier_arrive(bar_empty + 8 * held);
       ++iteration;
       ++q_loads;
@@ -441,7 +495,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
 #pragma unroll
       for (int j = 0; j < kOutTiles; ++j) {
-        const uint32_t packed = MmaType<T>::pack(o_acc[4 * j + 2 * h] * inv, o_acc[4 * j + 2 * h + 1] * inv);
+        const uint32_t packed = MmaType<T>::pack(o_at(j, 2 * h) * inv, o_at(j, 2 * h + 1) * inv);
         *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
       }
     }

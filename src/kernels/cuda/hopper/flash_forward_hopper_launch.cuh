@@ -18,7 +18,7 @@ template <typename T, int D, bool kSparse>
 void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
                           cudaStream_t stream) {
   constexpr int kPaddedD = (D + 63) / 64 * 64;
-  constexpr int kSmem = static_cast<int>(hopper::SharedLayout<kPaddedD>::bytes(kSparse) + hopper::kAlignmentSlack);
+  constexpr int kSmem = static_cast<int>(hopper::HopperConfig<kPaddedD>::bytes(kSparse) + hopper::kAlignmentSlack);
   static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
   auto kernel = flash_forward_hopper_kernel<T, D, kSparse>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).

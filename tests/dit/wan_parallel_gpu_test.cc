@@ -1,0 +1,122 @@
+// One GPU: the Wan transformer's CUDA forward under parallel groups of one rank (the single-rank
+// communicator, and NCCL when built with it) runs the sequence-parallel path — the shard of token
+// rows taken from the patchified latent, the blocks on it, RoPE from the shard's first position,
+// the self-attention through ParallelAttention, the output patches gathered over the sequence
+// group — and equals the forward without groups bit for bit: one shard is the whole sequence, so
+// the same kernels run on the same rows. Dense, a static mask (radial) and a mask estimated on the
+// device (dynamic top-k, after a dense warm-up step); per-batch and per-token timesteps; two
+// steps, so the sharding kept by the model is reused. Several GPUs (Ulysses, Ring, USP,
+// CFG-parallel) run with `tessel dit-bench --check` (scripts/multi-gpu-check.sh); the same
+// layouts on CPUs are wan_parallel_mpi_test's. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/core/device.h"
+#include "tessel/core/exec_context.h"
+#include "tessel/core/random.h"
+#include "tessel/dit/wan_config.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/parallel/communicator.h"
+#include "tessel/parallel/parallel_config.h"
+#include "tessel/sparse/builtin_backends.h"
+#include "tessel/sparse/config.h"
+#include "tessel/sparse/registry.h"
+
+namespace tessel {
+namespace {
+
+// Wan 1.3B's blocks (12 heads of 128), two of them; a 3 x 16 x 15 patch grid (720 tokens: several
+// 128-token query blocks, an odd width).
+constexpr int64_t kBatch = 2, kFrames = 3, kHeight = 32, kWidth = 30, kTextTokens = 7;
+
+WanConfig two_block_config() {
+  WanConfig c = wan_preset("wan-1.3b");
+  c.num_layers = 2;
+  return c;
+}
+
+struct Inputs {
+  Tensor latents, timestep, text;  // on the GPU
+};
+
+Inputs random_inputs(const WanConfig& c, bool per_token_timestep, uint64_t seed) {
+  const int64_t seq = kFrames * (kHeight / c.patch_size[1]) * (kWidth / c.patch_size[2]);
+  Tensor latents = Tensor::empty({kBatch, c.in_channels, kFrames, kHeight, kWidth}, DType::kF32);
+  Tensor text = Tensor::empty({kBatch, kTextTokens, c.text_dim}, DType::kF32);
+  Tensor timestep = per_token_timestep ? Tensor::empty({kBatch, seq}, DType::kF32) : Tensor::empty({kBatch}, DType::kF32);
+  fill_normal(latents.view(), seed);
+  fill_normal(text.view(), seed + 1);
+  fill_uniform(timestep.view(), seed + 2, 0.0, 1000.0);  // distinct per entry (and per token)
+  const Device gpu = Device::cuda(0);
+  return {latents.to(gpu), timestep.to(gpu), text.to(gpu)};
+}
+
+Tensor forward(const ExecContext& ctx, const WanTransformer& model, const Inputs& in, const StepInfo& step) {
+  Tensor out = Tensor::empty(in.latents.shape(), DType::kF32, in.latents.device());
+  fill(out.view(), 12345.0);  // poisoned: every element must be written
+  model.forward(ctx, step, in.latents, in.timestep, in.text, out);
+  return out.to(Device::cpu());
+}
+
+struct AttentionCase {
+  std::string name;
+  WanAttentionOptions options;
+};
+
+std::vector<AttentionCase> attention_cases(const WanConfig& c, BackendRegistry& registry) {
+  std::vector<AttentionCase> cases{{"dense", {}}};
+  WanAttentionOptions radial;
+  radial.registry = &registry;
+  radial.config = parse_sparse_attn_json(R"({"backend": "radial", "pattern": {"type": "radial"}})");
+  radial.config.geometry.spatial_layout = wan_spatial_layout(c, kFrames, kHeight, kWidth);
+  cases.push_back({"radial", radial});
+  // Ranking every block (random tokens are not self-similar); dense at step 0.
+  WanAttentionOptions topk;
+  topk.registry = &registry;
+  topk.config = parse_sparse_attn_json(R"({"backend": "dynamic_topk", "pattern": {"type": "dynamic_topk"},
+      "selection": {"topk_ratio": 0.3}, "options": {"similarity_threshold": "-2"}, "warmup": {"dense_steps": 1}})");
+  cases.push_back({"dynamic_topk", topk});
+  return cases;
+}
+
+TEST(WanParallelGpu, OneRankGroupsRunTheShardedForwardAndEqualTheForwardWithoutGroups) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped";
+  const Device gpu = Device::cuda(0);
+  ExecContext ctx;
+  ctx.device = gpu;
+  const std::unique_ptr<Communicator> bootstrap = make_single_rank_communicator(Device::cpu());
+  std::vector<std::unique_ptr<Communicator>> worlds;
+  worlds.push_back(make_single_rank_communicator(gpu));
+  if (nccl_compiled()) worlds.push_back(make_nccl_communicator(ctx, *bootstrap, gpu));
+  BackendRegistry registry(false);
+  register_builtin_backends(registry);
+  const WanConfig config = two_block_config();
+  const WanTransformer weights = WanTransformer::random(config, 7, {}, gpu);
+
+  for (const bool per_token_timestep : {false, true}) {
+    const Inputs in = random_inputs(config, per_token_timestep, per_token_timestep ? 21 : 11);
+    for (const AttentionCase& attention : attention_cases(config, registry)) {
+      const WanTransformer plain = weights.with_attention(attention.options);
+      for (const auto& world : worlds) {
+        SCOPED_TRACE(attention.name + " on " + world->engine() + (per_token_timestep ? ", per-token timesteps" : ""));
+        const ParallelGroups groups = initialize_parallel_groups(*world, ParallelConfig{});
+        WanAttentionOptions sharded_options = attention.options;
+        sharded_options.parallel = &groups;
+        const WanTransformer sharded = weights.with_attention(sharded_options);
+        for (const int64_t step : {0, 1}) {
+          const Tensor expected = forward(ctx, plain, in, StepInfo::at(step, 4));
+          const Tensor actual = forward(ctx, sharded, in, StepInfo::at(step, 4));
+          ASSERT_EQ(actual.nbytes(), expected.nbytes());
+          EXPECT_EQ(std::memcmp(actual.data(), expected.data(), expected.nbytes()), 0) << "step " << step;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessel
