@@ -1,6 +1,7 @@
 // `tessel generate`: runs the Wan denoising loop of a diffusers model directory (model_index.json,
-// transformer/, scheduler/, tokenizer/ with text_encoder/ for a prompt, vae/ for frames) on a prompt
-// or on given text embeddings and writes an MP4 video, PNG frames or the final latents.
+// transformer/, scheduler/, tokenizer/ with text_encoder/ for a prompt, vae/ for frames; Wan 2.2's
+// transformer_2/ and boundary_ratio for two experts) on a prompt or on given text embeddings and
+// writes an MP4 video, PNG frames or the final latents.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +48,8 @@ struct GenerateOptions {
   int64_t frames = 81;
   int64_t steps = 50;
   double guidance = 5.0;
+  std::optional<double> guidance_2;  // the low-noise expert's (Wan 2.2); unset: --guidance
+  std::optional<std::string> sparse_config_2;  // the low-noise expert's sparse config JSON over the first's
   int64_t seed = 42;
   std::string scheduler;  // empty: the model's scheduler/
   double flow_shift = 0.0;  // 0: the scheduler config's
@@ -78,9 +81,22 @@ WanVideoSize parse_size(const std::string& text, int64_t frames) {
   return size;
 }
 
+// What model_index.json says about the experts: Wan 2.2's A14B layout names `transformer_2` (the
+// low-noise expert) and `boundary_ratio`.
+struct ModelExperts {
+  bool two = false;
+  double boundary_ratio = 0.0;
+};
+
+bool component_set(const nlohmann::json& index, const char* name) {
+  const auto entry = index.find(name);
+  // Absent, null or diffusers' [null, null] for a component the pipeline runs without.
+  return entry != index.end() && !entry->is_null() && !(entry->is_array() && !entry->empty() && (*entry)[0].is_null());
+}
+
 // The parts of a diffusers WanPipeline directory the denoising loop needs, checked before any
 // weight is read.
-void check_model_dir(const std::string& dir, bool needs_text_encoder) {
+ModelExperts check_model_dir(const std::string& dir, bool needs_text_encoder) {
   const fs::path root(dir);
   const std::string index_path = (root / "model_index.json").string();
   if (!fs::is_regular_file(index_path))
@@ -92,15 +108,30 @@ void check_model_dir(const std::string& dir, bool needs_text_encoder) {
   if (class_name == index.end() || *class_name != "WanPipeline")
     fail_argument(index_path + ": _class_name", "\"WanPipeline\" (text-to-video)",
                   class_name == index.end() ? std::string("none") : json_excerpt(*class_name));
-  const auto second = index.find("transformer_2");
-  if (second != index.end() && !second->is_null() && !(second->is_array() && !second->empty() && (*second)[0].is_null()))
-    throw Error(index_path + ": transformer_2 is set: the two-expert Wan 2.2 layout is not supported yet");
+  const auto expand = index.find("expand_timesteps");
+  if (expand != index.end() && !expand->is_null() && *expand != false)
+    fail_argument(index_path + ": expand_timesteps", "false (per-token timesteps, Wan 2.2 TI2V-5B's, are not supported yet)",
+                  json_excerpt(*expand));
+  ModelExperts experts;
+  experts.two = component_set(index, "transformer_2");
+  const auto boundary = index.find("boundary_ratio");
+  const bool boundary_set = boundary != index.end() && !boundary->is_null();
+  if (experts.two != boundary_set)
+    fail_argument(index_path + ": transformer_2 and boundary_ratio", "both set (Wan 2.2's two experts) or neither",
+                  experts.two ? "transformer_2 without boundary_ratio" : "boundary_ratio without transformer_2");
+  if (boundary_set) {
+    if (!boundary->is_number() || !(boundary->get<double>() > 0.0 && boundary->get<double>() < 1.0))
+      fail_argument(index_path + ": boundary_ratio", "a number in (0, 1)", json_excerpt(*boundary));
+    experts.boundary_ratio = boundary->get<double>();
+  }
   std::vector<const char*> components = {"transformer", "scheduler"};
+  if (experts.two) components.push_back("transformer_2");
   if (needs_text_encoder) components.insert(components.end(), {"tokenizer", "text_encoder"});
   for (const char* component : components)
     if (!fs::is_directory(root / component))
       fail_argument("--model", detail::concat("a directory with ", component, "/", needs_text_encoder ? " (for --prompt)" : ""),
                     quoted_excerpt(dir));
+  return experts;
 }
 
 Tensor load_named(const SafetensorsFile& file, const std::string& name, const std::string& flag) {
@@ -196,9 +227,9 @@ void check_text_source(const GenerateOptions& o, bool prompt_set, bool negative_
 }
 
 // Per CFG branch: the forwards that skipped blocks, and the blocks skipped of all the forwards'.
-void print_cache_stats(const CacheStats& stats, bool guided) {
+void print_cache_stats(const CacheStats& stats, bool guided, const char* expert) {
   const char* const branch_names[2] = {"conditional", "unconditional"};
-  std::printf("%s: blocks skipped in", stats.backend.c_str());
+  std::printf("%s%s: blocks skipped in", stats.backend.c_str(), expert);
   for (size_t b = 0; b < (guided ? 2u : 1u); ++b)
     std::printf("%s %lld of %lld steps (%s branch, %lld of %lld blocks)", b == 0 ? "" : ",",
                 static_cast<long long>(stats.skipped[b]), static_cast<long long>(stats.skipped[b] + stats.computed[b]),
@@ -212,7 +243,11 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   check_text_source(o, prompt_set, negative_prompt_set);
   const Device device = transformer_device(o);
   const WanVideoSize size = parse_size(o.size, o.frames);
-  check_model_dir(o.model_dir, prompt_set);
+  const ModelExperts experts = check_model_dir(o.model_dir, prompt_set);
+  if (!experts.two && o.guidance_2)
+    fail_argument("--guidance-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", *o.guidance_2);
+  if (!experts.two && o.sparse_config_2)
+    fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
   const GenerateOutput output = check_generate_output(o.out, o.model_dir);
   SchedulerConfig scheduler_config = load_scheduler_config((fs::path(o.model_dir) / "scheduler").string());
   if (!o.scheduler.empty()) {
@@ -243,35 +278,58 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
                     noise.view().describe());
   }
 
+  // Each expert's sparse config: the flags' (absent: dense), the low-noise one's JSON over it.
   const SparseAttnEnv& env = process_sparse_attn_env();
-  WanAttentionOptions attention;
-  attention.parallel = run.groups();
-  std::unique_ptr<BackendRegistry> registry;
-  if (sparse_attn_requested(flags, env)) {
-    registry = make_cli_registry();
-    attention.registry = registry.get();
-    attention.config = sparse_attn_config_from(flags, env);
-    attention.backend_override = backend_override(env);
-    const WanConfig config = load_wan_config(transformer_dir);
-    const Shape latent = size.latent_shape(config.in_channels);
-    if (!attention.config.geometry.spatial_layout && config.patch_size[1] == config.patch_size[2])
-      attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent[2], latent[3], latent[4]);
+  std::optional<SparseAttnConfig> sparse, sparse_2;
+  if (sparse_attn_requested(flags, env)) sparse = sparse_attn_config_from(flags, env);
+  sparse_2 = sparse;
+  if (o.sparse_config_2) {
+    try {
+      sparse_2 = parse_sparse_attn_config_arg(*o.sparse_config_2, "--sparse-attn-config-2", sparse.value_or(SparseAttnConfig{}));
+    } catch (const Error& e) {
+      throw Error(std::string("--sparse-attn-config-2: ") + e.what());
+    }
   }
-  const WanTransformer transformer = WanTransformer::load(transformer_dir, attention, device);
+  const std::unique_ptr<BackendRegistry> registry = sparse || sparse_2 ? make_cli_registry() : nullptr;
+  const auto attention_for = [&](const std::optional<SparseAttnConfig>& config, const std::string& transformer_dir) {
+    WanAttentionOptions attention;
+    attention.parallel = run.groups();
+    if (!config) return attention;
+    attention.registry = registry.get();
+    attention.config = *config;
+    attention.backend_override = backend_override(env);
+    const WanConfig model = load_wan_config(transformer_dir);
+    const Shape latent = size.latent_shape(model.in_channels);
+    if (!attention.config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
+      attention.config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
+    return attention;
+  };
+  const std::string transformer_2_dir = (fs::path(o.model_dir) / "transformer_2").string();
+  const WanTransformer transformer = WanTransformer::load(transformer_dir, attention_for(sparse, transformer_dir), device);
+  const std::unique_ptr<const WanTransformer> transformer_2 =
+      experts.two ? std::make_unique<const WanTransformer>(WanTransformer::load(transformer_2_dir, attention_for(sparse_2, transformer_2_dir), device))
+                  : nullptr;
   auto scheduler = make_scheduler(scheduler_config);
   const std::unique_ptr<const WanVae> vae =
       output == GenerateOutput::kLatents ? nullptr : std::make_unique<const WanVae>(WanVae::load((fs::path(o.model_dir) / "vae").string()));
-  const WanPipeline pipeline(transformer, *scheduler, vae.get());
+  const WanPipeline pipeline =
+      experts.two ? WanPipeline(transformer, WanLowNoiseExpert{transformer_2.get(), experts.boundary_ratio, scheduler_config.num_train_timesteps},
+                                *scheduler, vae.get())
+                  : WanPipeline(transformer, *scheduler, vae.get());
   CacheConfig cache_config = o.dbcache;
   cache_config.teacache_thresh = o.teacache_thresh;
+  // One cache per expert: each keeps the residuals of its own blocks.
   const std::unique_ptr<CacheBackend> cache = make_cache_backend(o.cache, cache_config, transformer.config());
+  const std::unique_ptr<CacheBackend> cache_2 = transformer_2 ? make_cache_backend(o.cache, cache_config, transformer_2->config()) : nullptr;
 
   WanGenerationOptions options;
   options.num_inference_steps = o.steps;
   options.guidance_scale = o.guidance;
+  options.guidance_scale_2 = o.guidance_2;
   options.seed = static_cast<uint64_t>(o.seed);
   options.size = size;
   options.cache = cache.get();
+  options.cache_2 = cache_2.get();
   options.cfg_group = run.cfg_group();
   if (run.is_root()) {  // every rank steps the same latents; one reports
     options.on_step = [&timings, device](const WanStepProgress& p) {
@@ -290,7 +348,14 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   timings.generate_seconds = seconds_since(generate_start);
   if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done);
   if (!run.is_root()) return 0;
-  if (cache) print_cache_stats(result.cache_stats, guided);
+  if (transformer_2) {
+    const auto low = std::count(result.experts.begin(), result.experts.end(), 1);
+    std::printf("experts: %lld steps on transformer (high noise), %lld on transformer_2 (low noise), boundary timestep %g\n",
+                static_cast<long long>(result.experts.size()) - static_cast<long long>(low), static_cast<long long>(low),
+                experts.boundary_ratio * static_cast<double>(scheduler_config.num_train_timesteps));
+  }
+  if (cache) print_cache_stats(result.cache_stats, guided, transformer_2 ? " (transformer)" : "");
+  if (cache_2) print_cache_stats(result.cache_stats_2, guided, " (transformer_2)");
   write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_config.kind)));
   return 0;
 }
@@ -344,6 +409,12 @@ CommandRegistration registration{
       app.add_option("--guidance", options->guidance, "classifier-free guidance scale (1: none)")
           ->capture_default_str()
           ->check(number_in(0.0, 1000.0));
+      app.add_option("--guidance-2", options->guidance_2,
+                     "Wan 2.2 two-expert models: the low-noise expert's guidance scale (default: --guidance)")
+          ->check(number_in(0.0, 1000.0));
+      app.add_option("--sparse-attn-config-2", options->sparse_config_2,
+                     "Wan 2.2 two-expert models: the low-noise expert's (transformer_2) sparse config, JSON or @file.json, "
+                     "over the first expert's (default: the same)");
       app.add_option("--seed", options->seed, "seed of the starting noise")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_option("--scheduler", options->scheduler, "unipc or euler (default: the model's scheduler/)")
           ->check(one_of({"unipc", "euler"}));

@@ -75,17 +75,17 @@ bool sparse_attn_requested(const SparseAttnFlags& flags, const SparseAttnEnv& en
   return flags.any() || env.config || env.backend;
 }
 
-SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const std::string& source) {
+SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const std::string& source, const SparseAttnConfig& base) {
   if (!arg.empty() && arg[0] == '@') {
     const std::string path = arg.substr(1);
     const std::string text = read_file_bounded(path, kMaxConfigFileBytes, source + " file after '@'");
     try {
-      return parse_sparse_attn_json(text);
+      return parse_sparse_attn_json(text, base);
     } catch (const Error& e) {
       throw Error(source + " file " + quoted_excerpt(path, 200) + ": " + e.what());
     }
   }
-  return parse_sparse_attn_json(arg);
+  return parse_sparse_attn_json(arg, base);
 }
 
 SparseAttnConfig sparse_attn_config_from(const SparseAttnFlags& flags, const SparseAttnEnv& env) {

@@ -79,8 +79,10 @@ bool sparse_attn_requested(const SparseAttnFlags& flags, const SparseAttnEnv& en
 // flag values throw Error naming the flag.
 SparseAttnConfig sparse_attn_config_from(const SparseAttnFlags& flags, const SparseAttnEnv& env);
 
-// Reads '<json>' or '@path/to/file.json' (Error naming `source` when the file cannot be read).
-SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const std::string& source = "--sparse-attn-config");
+// Reads '<json>' or '@path/to/file.json' (Error naming `source` when the file cannot be read);
+// the keys the JSON leaves out keep `base`'s values.
+SparseAttnConfig parse_sparse_attn_config_arg(const std::string& arg, const std::string& source = "--sparse-attn-config",
+                                              const SparseAttnConfig& base = {});
 
 // `parse(value)` for a named enumeration given by `flag`; an unknown name is an Error that names
 // the flag (and the allowed names).

@@ -1,6 +1,6 @@
 // DBCache, cache-dit's Dual Block Cache, on the Wan transformer. Per forward and CFG branch:
 //   1. the first Fn blocks run; R = their output - the embeddings (the "Fn residual");
-//   2. the branch may reuse when it is past the warm-up steps, under both skip limits, the threshold
+//   2. the branch may reuse when it is past the warm-up steps (counted in its own forwards), under both skip limits, the threshold
 //      is above 0 and diff = mean|R_prev - R| / mean|R_prev| < threshold, where R_prev is R of the
 //      branch's last computed forward (cache-dit's `similarity(prev, curr)`; a threshold of 1 or
 //      more reuses without comparing, as there);
@@ -63,8 +63,9 @@ class DBCache final : public CacheBackend, public WanBlockCache {
       std::vector<float>& residual = residuals[static_cast<size_t>(b)];
       keep_span_residual(residual, hidden, input.embeddings, b, size);
       Branch& branch = branches_[cache_branch(input, b)];
-      const int64_t step = input.step && input.step->step ? *input.step->step : branch.computed + branch.skipped;
-      run = run || !can_reuse(branch, step, residual);
+      // The branch's own forwards count the warm-up, as a cache-dit context counts its transformer's
+      // steps: a second expert (Wan 2.2) warms up from its first step.
+      run = run || !can_reuse(branch, branch.computed + branch.skipped, residual);
     }
     for (int64_t b = 0; b < input.batch; ++b) {
       Branch& branch = branches_[cache_branch(input, b)];

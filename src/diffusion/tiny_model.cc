@@ -174,28 +174,37 @@ WanVaeConfig tiny_wan_vae_config() {
 
 namespace {
 
-// Everything but the weights: model_index.json, the scheduler, the configs and the tokenizer
-// (`spiece`, a serialized sentencepiece model; its ids may be a subset of the encoder's vocabulary).
+// Everything but the weights: model_index.json (with Wan 2.2 A14B's transformer_2 and boundary
+// ratio when two_experts), the scheduler, the configs and the tokenizer (`spiece`, a serialized
+// sentencepiece model; its ids may be a subset of the encoder's vocabulary).
 void write_model_skeleton(const fs::path& root, const WanConfig& transformer, const UMT5Config& text_encoder, const WanVaeConfig& vae,
-                          const char* text_encoder_dtype, const std::string& spiece) {
+                          const char* text_encoder_dtype, const std::string& spiece, bool two_experts = false) {
   std::error_code error;
-  for (const char* component : {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"}) {
+  std::vector<const char*> components = {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"};
+  if (two_experts) components.push_back("transformer_2");
+  for (const char* component : components) {
     fs::create_directories(root / component, error);
     if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(root.string()) + ": " + error.message());
   }
-  write_json(root / "model_index.json",
-             {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
-              {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
-              {"text_encoder", {"transformers", "UMT5EncoderModel"}},
-              {"tokenizer", {"transformers", "T5TokenizerFast"}},
-              {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}},
-              {"vae", {"diffusers", "AutoencoderKLWan"}}});
+  nlohmann::json index = {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
+                          {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
+                          {"text_encoder", {"transformers", "UMT5EncoderModel"}},
+                          {"tokenizer", {"transformers", "T5TokenizerFast"}},
+                          {"transformer", {"diffusers", "WanTransformer3DModel"}}, {"transformer_2", {nullptr, nullptr}},
+                          {"vae", {"diffusers", "AutoencoderKLWan"}}};
+  if (two_experts) {
+    index["transformer_2"] = {"diffusers", "WanTransformer3DModel"};
+    index["boundary_ratio"] = 0.875;  // Wan 2.2 T2V-A14B's
+    index["expand_timesteps"] = false;
+  }
+  write_json(root / "model_index.json", index);
   write_json(root / "scheduler" / "scheduler_config.json",
              {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", 3.0},
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
               {"solver_type", "bh2"}, {"use_flow_sigmas", true}, {"predict_x0", true}, {"lower_order_final", true},
               {"final_sigmas_type", "zero"}, {"disable_corrector", nlohmann::json::array()}});
   write_json(root / "transformer" / "config.json", transformer_config_json(transformer));
+  if (two_experts) write_json(root / "transformer_2" / "config.json", transformer_config_json(transformer));
 
   write_text(root / "tokenizer" / "spiece.model", spiece);
   const nlohmann::json special = {{"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}};
@@ -211,26 +220,29 @@ void write_model_skeleton(const fs::path& root, const WanConfig& transformer, co
 
 }  // namespace
 
-void write_tiny_wan_model(const std::string& directory, uint64_t seed, const WanConfig& transformer) {
+void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLayout layout, const WanConfig& transformer) {
   const fs::path root(directory);
+  const bool two_experts = layout == TinyWanLayout::kTwoExperts;
   const std::string spiece = train_tokenizer(seed);
   const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
   const WanVaeConfig vae = tiny_wan_vae_config();
-  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece);
+  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece, two_experts);
   write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
+  if (two_experts) write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
   write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
   write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
 }
 
-std::vector<std::string> random_wan_model_presets() { return {"tiny", "tiny-cuda", "wan-1.3b", "wan-14b"}; }
+std::vector<std::string> random_wan_model_presets() { return {"tiny", "tiny-a14b", "tiny-cuda", "wan-1.3b", "wan-14b"}; }
 
 uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed, int threads) {
-  if (preset == "tiny" || preset == "tiny-cuda") {
-    write_tiny_wan_model(directory, seed, preset == "tiny" ? tiny_wan_transformer_config() : tiny_cuda_wan_transformer_config());
+  if (preset == "tiny" || preset == "tiny-a14b" || preset == "tiny-cuda") {
+    write_tiny_wan_model(directory, seed, preset == "tiny-a14b" ? TinyWanLayout::kTwoExperts : TinyWanLayout::kOneExpert,
+                         preset == "tiny-cuda" ? tiny_cuda_wan_transformer_config() : tiny_wan_transformer_config());
     return 0;
   }
   if (preset != "wan-1.3b" && preset != "wan-14b")
-    fail_argument("preset", "one of tiny, tiny-cuda, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
+    fail_argument("preset", "one of tiny, tiny-a14b, tiny-cuda, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
   const fs::path root(directory);
   const WanConfig transformer = wan_preset(preset);
   const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 model

@@ -26,7 +26,7 @@ class CpuFlowPredictor final : public WanFlowPredictor {
  public:
   explicit CpuFlowPredictor(const WanFlowRequest& request)
       : request_(request),
-        guided_(request.guidance_scale > 1.0),
+        guided_(request.guided),
         cfg_parallel_(guided_ && request.cfg_group != nullptr && request.cfg_group->size() == 2),
         branch_(cfg_parallel_ ? cfg_branch(*request.cfg_group) : 0),
         batch_(guided_ && !cfg_parallel_ ? 2 : 1) {

@@ -25,7 +25,8 @@ struct WanFlowRequest {
   TensorView prompt_embeds;           // (1, L, text_dim) fp32 CPU
   TensorView negative_prompt_embeds;  // the same shape, with guidance
   Shape latent_shape;                 // (1, C, F, H, W)
-  double guidance_scale = 1.0;        // above 1: both branches
+  bool guided = false;                // both branches, combined with guidance_scale
+  double guidance_scale = 1.0;        // this transformer's scale (Wan 2.2's experts have one each)
   Communicator* cfg_group = nullptr;  // a group of two: one branch per rank
   WanBlockCache* block_cache = nullptr;
 };
@@ -34,7 +35,7 @@ class WanFlowPredictor {
  public:
   virtual ~WanFlowPredictor() = default;
   // The flow the scheduler steps `latents` (latent shape, fp32 CPU contiguous) with at
-  // `timestep`: uncond + scale * (cond - uncond) with guidance, the conditional prediction without.
+  // `timestep`: uncond + scale * (cond - uncond) when guided, the conditional prediction without.
   // fp32 CPU contiguous of the latent shape, valid until the next call.
   virtual TensorView predict(const ExecContext& ctx, int64_t step, int64_t total_steps, const TensorView& latents,
                              double timestep) = 0;

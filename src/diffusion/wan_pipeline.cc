@@ -91,6 +91,27 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler
                   detail::concat("a VAE decoding (1, ", config.out_channels, ", 2, 1, 1) latents to ", shape_str(one_step)));
 }
 
+WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, Scheduler& scheduler,
+                         const WanVae* vae)
+    : WanPipeline(transformer, scheduler, vae) {
+  if (low_noise.transformer == nullptr) fail_argument("low-noise expert (transformer_2)", "a transformer", "none");
+  const WanConfig& high = transformer.config();
+  const WanConfig& low = low_noise.transformer->config();
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shared[] = {
+      {"in_channels", {high.in_channels, low.in_channels}},
+      {"out_channels", {high.out_channels, low.out_channels}},
+      {"text_dim", {high.text_dim, low.text_dim}}};
+  for (const auto& [name, values] : shared)
+    if (values.first != values.second)
+      fail_argument(detail::concat("low-noise expert (transformer_2) ", name), detail::concat("the transformer's ", values.first),
+                    values.second);
+  if (!(low_noise.boundary_ratio > 0.0 && low_noise.boundary_ratio < 1.0))
+    fail_argument("boundary_ratio", "a number in (0, 1)", low_noise.boundary_ratio);
+  if (low_noise.num_train_timesteps < 1)
+    fail_argument("num_train_timesteps", "at least 1", low_noise.num_train_timesteps);
+  low_noise_ = low_noise;
+}
+
 // On a CUDA context the VAE decodes on that device (the final latents go up once, the video comes
 // back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning.
 VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents) const {
@@ -120,6 +141,17 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   const Shape latent_shape = options.size.latent_shape(config.in_channels);
   const bool guided = options.guidance_scale > 1.0;
   if (!std::isfinite(options.guidance_scale)) fail_argument("guidance_scale", "a finite number", options.guidance_scale);
+  const bool two_experts = low_noise_.transformer != nullptr;
+  if (options.guidance_scale_2 && !two_experts)
+    fail_argument("guidance_scale_2", "unset for a pipeline with one expert (it is the low-noise expert's)", *options.guidance_scale_2);
+  if (options.cache_2 && !two_experts)
+    fail_argument("cache_2", "none for a pipeline with one expert (it is the low-noise expert's)", options.cache_2->name());
+  const double guidance_2 = options.guidance_scale_2.value_or(options.guidance_scale);
+  if (!std::isfinite(guidance_2)) fail_argument("guidance_scale_2", "a finite number", guidance_2);
+  if (options.cache && options.cache == options.cache_2)
+    fail_argument("cache_2", "another backend than cache (each expert keeps its own residuals)", "the same");
+  // diffusers compares its timestep tensor (int64 or float32) with the boundary in float32.
+  const float boundary = static_cast<float>(low_noise_.boundary_ratio * static_cast<double>(low_noise_.num_train_timesteps));
 
   require_cpu_f32(prompt_embeds, "prompt_embeds");
   if (prompt_embeds.dim() != 3 || prompt_embeds.size(0) != 1 || prompt_embeds.size(2) != config.text_dim)
@@ -145,18 +177,29 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   const int64_t steps = scheduler_.num_inference_steps();
   if (options.cfg_group != nullptr && options.cfg_group->size() > 2)
     fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
+  // One predictor per expert, each with its transformer, its guidance scale and its cache.
   WanFlowRequest request;
-  request.transformer = &transformer_;
   request.prompt_embeds = prompt_embeds;
   request.negative_prompt_embeds = negative_prompt_embeds;
   request.latent_shape = latent_shape;
-  request.guidance_scale = options.guidance_scale;
+  request.guided = guided;
   request.cfg_group = options.cfg_group;
-  request.block_cache = options.cache ? options.cache->block_cache() : nullptr;
-  const std::unique_ptr<WanFlowPredictor> predictor = make_flow_predictor(ctx, request);
+  std::unique_ptr<WanFlowPredictor> predictors[2];
+  const auto predictor_for = [&](int expert) -> WanFlowPredictor& {
+    if (!predictors[expert]) {
+      WanFlowRequest r = request;
+      r.transformer = expert == 1 ? low_noise_.transformer : &transformer_;
+      r.guidance_scale = expert == 1 ? guidance_2 : options.guidance_scale;
+      CacheBackend* cache = expert == 1 ? options.cache_2 : options.cache;
+      r.block_cache = cache ? cache->block_cache() : nullptr;
+      predictors[expert] = make_flow_predictor(ctx, r);
+    }
+    return *predictors[expert];
+  };
 
   WanGenerationResult result;
-  if (options.cache) options.cache->refresh(steps);
+  for (CacheBackend* cache : {options.cache, options.cache_2})
+    if (cache) cache->refresh(steps);
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     if (options.cancel && options.cancel->load()) {
@@ -165,7 +208,9 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
     }
     const auto step_start = std::chrono::steady_clock::now();
     const double t = scheduler_.timesteps()[static_cast<size_t>(step)];
-    const TensorView flow = predictor->predict(ctx, step, steps, latents.view(), t);
+    const int expert = two_experts && static_cast<float>(t) < boundary ? 1 : 0;
+    result.experts.push_back(expert);
+    const TensorView flow = predictor_for(expert).predict(ctx, step, steps, latents.view(), t);
     const auto scheduler_start = std::chrono::steady_clock::now();
     scheduler_.step(flow, latents, latents);
     result.steps_done = step + 1;
@@ -186,6 +231,7 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   if (vae_ != nullptr && !result.cancelled) result.frames = decode_on(ctx, latents);
   result.latents = std::move(latents);
   if (options.cache) result.cache_stats = options.cache->stats();
+  if (options.cache_2) result.cache_stats_2 = options.cache_2->stats();
   return result;
 }
 

@@ -1,5 +1,6 @@
 // The tiny random model directory: every component loads through the same code as a real model,
-// the same seed writes byte-identical files, and a prompt goes through tokenizer and text encoder.
+// the same seed writes byte-identical files, and a prompt goes through tokenizer and text encoder;
+// the two-expert layout adds a second transformer of other weights and the boundary.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -86,6 +87,22 @@ TEST(TinyWanModel, TheSameSeedWritesTheSameBytes) {
   for (const char* file : kFiles) EXPECT_EQ(read_bytes(a / file), read_bytes(b / file)) << file;
   EXPECT_NE(read_bytes(a / "transformer/diffusion_pytorch_model.safetensors"),
             read_bytes(c / "transformer/diffusion_pytorch_model.safetensors"));
+}
+
+TEST(TinyWanModel, TheTwoExpertLayoutAddsASecondTransformer) {
+  const fs::path one = temp_dir("tiny_wan_one"), two = temp_dir("tiny_wan_two");
+  write_tiny_wan_model(one.string(), 5);
+  write_tiny_wan_model(two.string(), 5, TinyWanLayout::kTwoExperts);
+  EXPECT_FALSE(fs::exists(one / "transformer_2"));
+  const WanTransformer expert_2 = WanTransformer::load((two / "transformer_2").string());
+  EXPECT_EQ(expert_2.config().num_layers, tiny_wan_transformer_config().num_layers);
+  EXPECT_EQ(read_bytes(two / "transformer/diffusion_pytorch_model.safetensors"),
+            read_bytes(one / "transformer/diffusion_pytorch_model.safetensors"));
+  EXPECT_NE(read_bytes(two / "transformer_2/diffusion_pytorch_model.safetensors"),
+            read_bytes(two / "transformer/diffusion_pytorch_model.safetensors"));
+  const std::string index = read_bytes(two / "model_index.json");
+  EXPECT_NE(index.find("\"boundary_ratio\": 0.875"), std::string::npos) << index;
+  EXPECT_EQ(read_bytes(one / "model_index.json").find("boundary_ratio"), std::string::npos);
 }
 
 TEST(TinyWanModel, AnUnwritableDirectoryIsAnError) {

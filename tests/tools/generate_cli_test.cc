@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "generate_cli_util.h"
 #include "run_tessel.h"
 #include "tessel/core/device.h"
 #include "tessel/core/io/safetensors.h"
@@ -23,32 +24,6 @@ namespace tessel {
 namespace {
 
 namespace fs = std::filesystem;
-
-const std::string kFixtures = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures";
-const std::string kPipelineFixture = kFixtures + "/diffusion/wan_pipeline.safetensors";
-
-// model_index.json, scheduler/ (Wan 2.1's UniPC config) and transformer/ (a link to the fixture).
-fs::path make_model_dir(const std::string& name, const std::string& class_name = "WanPipeline") {
-  const fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir / "scheduler");
-  std::ofstream(dir / "model_index.json")
-      << R"({"_class_name": ")" << class_name << R"(", "_diffusers_version": "0.42.1",
-        "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": ["transformers", "UMT5EncoderModel"],
-        "tokenizer": ["transformers", "T5TokenizerFast"], "transformer": ["diffusers", "WanTransformer3DModel"],
-        "transformer_2": [null, null], "vae": ["diffusers", "AutoencoderKLWan"]})";
-  std::ofstream(dir / "scheduler" / "scheduler_config.json")
-      << R"({"_class_name": "UniPCMultistepScheduler", "flow_shift": 3.0, "num_train_timesteps": 1000,
-        "prediction_type": "flow_prediction", "solver_order": 2, "solver_type": "bh2", "use_flow_sigmas": true,
-        "predict_x0": true, "lower_order_final": true, "final_sigmas_type": "zero", "disable_corrector": []})";
-  fs::create_directory_symlink(kFixtures + "/wan/checkpoint", dir / "transformer");
-  return dir;
-}
-
-TesselRun generate(const std::string& args) {
-  const fs::path log = fs::path(::testing::TempDir()) / ("tessel_generate_" + std::to_string(::getpid()) + ".txt");
-  return run_tessel_binary("generate " + args, log);
-}
 
 TEST(GenerateCli, WritesTheLatentsDiffusersReaches) {
   const fs::path dir = make_model_dir("wan_model");

@@ -35,16 +35,19 @@ WanVaeConfig tiny_wan_vae_config();
 //   vae/config.json, diffusion_pytorch_model.safetensors (fp32, AutoencoderKLWan)
 //   tokenizer/spiece.model (a unigram sentencepiece model trained here on a fixed synthetic
 //       corpus, with T5's pad 0, EOS 1, unknown 2), tokenizer_config.json, special_tokens_map.json
+// kTwoExperts adds Wan 2.2 A14B's layout: transformer_2/ (the low-noise expert, the same config,
+// other random weights) and "boundary_ratio" 0.875 in model_index.json.
 // The same seed gives byte-identical files. Throws Error naming the path it cannot write.
+enum class TinyWanLayout { kOneExpert, kTwoExperts };
 // `transformer` replaces the tiny transformer's sizes (tiny_cuda_wan_transformer_config for CUDA).
-void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0,
+void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0, TinyWanLayout layout = TinyWanLayout::kOneExpert,
                           const WanConfig& transformer = tiny_wan_transformer_config());
 
-// "tiny", "tiny-cuda", "wan-1.3b", "wan-14b": what write_random_wan_model writes.
+// "tiny", "tiny-a14b", "tiny-cuda", "wan-1.3b", "wan-14b": what write_random_wan_model writes.
 std::vector<std::string> random_wan_model_presets();
 
-// Writes the directory of `preset`: "tiny" as write_tiny_wan_model, "tiny-cuda" with
-// tiny_cuda_wan_transformer_config; "wan-1.3b" and "wan-14b" at the
+// Writes the directory of `preset`: "tiny" as write_tiny_wan_model, "tiny-a14b" in the two-expert
+// layout, "tiny-cuda" with tiny_cuda_wan_transformer_config; "wan-1.3b" and "wan-14b" at the
 // published sizes (Wan2.1-T2V transformer, UMT5-XXL text encoder, Wan 2.1 VAE) in the same layout,
 // with the tiny tokenizer (the real one is not downloadable; its ids are a subset of UMT5's
 // vocabulary), the transformer and the text encoder in bf16 and the VAE in fp32, sharded at 5 GiB

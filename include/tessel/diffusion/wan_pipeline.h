@@ -1,12 +1,16 @@
 // The Wan text-to-video denoising loop, as diffusers' WanPipeline runs it after the text encoder:
 // from seeded noise, every scheduler step calls the transformer once on the conditional and
 // unconditional branches together (batch 2) and combines them with the guidance scale, then the
-// scheduler steps the latents; with a VAE the final latents are decoded into frames.
+// scheduler steps the latents; with a VAE the final latents are decoded into frames. Wan 2.2's
+// A14B layout has two experts: the transformer for the high-noise steps, a second one below a
+// boundary timestep.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
@@ -54,9 +58,16 @@ struct WanGenerationOptions {
   std::function<void(const WanStepProgress&)> on_step;  // after every step, when set
   // Checked before every step; when it reads true the loop stops and returns what it has.
   const std::atomic<bool>* cancel = nullptr;
+  // Wan 2.2's two experts: the low-noise expert's guidance scale (diffusers' guidance_scale_2);
+  // unset: guidance_scale. Whether the branches run at all follows guidance_scale alone (as
+  // diffusers). An Error for a pipeline with one expert.
+  std::optional<double> guidance_scale_2;
   // A cache backend (make_cache_backend) to skip work between steps: refreshed at the start, its
   // hook handed to every transformer call, its statistics returned. Null: every step computes.
+  // With two experts it serves the high-noise one and `cache_2` (its own state: one expert's
+  // residuals mean nothing to the other) the low-noise one; a null one computes every step.
   CacheBackend* cache = nullptr;
+  CacheBackend* cache_2 = nullptr;
   // CFG-parallel (not owned): with guidance and a group of two ranks, CFG rank 0 runs the
   // conditional branch and rank 1 the unconditional one (the transformer at batch 1, StepInfo's
   // cfg_branch set), and the two noise predictions are gathered on both; every rank passes the same
@@ -70,7 +81,19 @@ struct WanGenerationResult {
   VideoFrames frames;
   int64_t steps_done = 0;
   bool cancelled = false;
-  CacheStats cache_stats;  // the cache backend's, when one was given (backend empty otherwise)
+  CacheStats cache_stats;    // the cache backend's, when one was given (backend empty otherwise)
+  CacheStats cache_stats_2;  // cache_2's (the low-noise expert's), when one was given
+  // Per step: the expert that ran it (0 the transformer, 1 the low-noise expert).
+  std::vector<int> experts;
+};
+
+// Wan 2.2's low-noise expert (`transformer_2/`): it denoises the steps whose timestep t is below
+// boundary_ratio * num_train_timesteps (compared in float32, as diffusers compares its timestep
+// tensor); the pipeline's transformer takes t at or above it.
+struct WanLowNoiseExpert {
+  const WanTransformer* transformer = nullptr;
+  double boundary_ratio = 0.875;  // Wan 2.2 T2V-A14B's
+  int64_t num_train_timesteps = 1000;  // the scheduler config's
 };
 
 // The standard-normal starting latents for `seed`: the same seed gives the same numbers on every
@@ -90,6 +113,11 @@ class WanPipeline {
   // in_channels and out_channels differ (no text-to-video model), or when the VAE's latent channels
   // are not the transformer's or it does not map 4 frames and 8 x 8 pixels to one latent.
   WanPipeline(const WanTransformer& transformer, Scheduler& scheduler, const WanVae* vae = nullptr);
+  // The two-expert layout: `transformer` is the high-noise expert. Throws Error when the low-noise
+  // expert is null, its channels or text width differ from the transformer's, or boundary_ratio is
+  // not in (0, 1) or num_train_timesteps not positive.
+  WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, Scheduler& scheduler,
+              const WanVae* vae = nullptr);
 
   // prompt_embeds and negative_prompt_embeds: (1, L, text_dim) fp32 CPU contiguous, the same L
   // (they run as one batch); the negative may be empty without guidance. initial_latents: the
@@ -116,6 +144,7 @@ class WanPipeline {
   const WanTransformer& transformer_;
   Scheduler& scheduler_;
   const WanVae* vae_;
+  WanLowNoiseExpert low_noise_;  // transformer null: one expert
 };
 
 }  // namespace tessel

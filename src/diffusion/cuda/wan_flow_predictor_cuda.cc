@@ -24,7 +24,7 @@ class CudaFlowPredictor final : public WanFlowPredictor {
   CudaFlowPredictor(const ExecContext& ctx, const WanFlowRequest& request)
       : request_(request),
         device_(request.transformer->device()),
-        guided_(request.guidance_scale > 1.0),
+        guided_(request.guided),
         batch_(guided_ ? 2 : 1),
         count_(shape_numel(request.latent_shape)),
         workspace_(device_) {
