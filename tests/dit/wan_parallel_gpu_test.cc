@@ -56,8 +56,10 @@ Inputs random_inputs(const WanConfig& c, bool per_token_timestep, uint64_t seed)
 }
 
 Tensor forward(const ExecContext& ctx, const WanTransformer& model, const Inputs& in, const StepInfo& step) {
-  Tensor out = Tensor::empty(in.latents.shape(), DType::kF32, in.latents.device());
-  fill(out.view(), 12345.0);  // poisoned: every element must be written
+  // Poisoned (filled on the host, then moved): every element must be written.
+  Tensor poison = Tensor::empty(in.latents.shape(), DType::kF32);
+  fill(poison.view(), 12345.0);
+  Tensor out = poison.to(in.latents.device());
   model.forward(ctx, step, in.latents, in.timestep, in.text, out);
   return out.to(Device::cpu());
 }
