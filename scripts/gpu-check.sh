@@ -20,18 +20,24 @@
 #   6. the Wan VAE decode at 480p 81 frames (`tessel vae-bench`, random Wan 2.1 weights) beside
 #      diffusers' AutoencoderKLWan.decode on the same shape, and tessel's video against diffusers' on
 #      the same random weights and latents (bench/diffusers_vae_decode.py --parity);
-#   7. print the side-by-side table last.
+#   7. end to end Wan 1.3B text-to-video (bench/diffusers_wan_pipeline.py, when diffusers imports):
+#      diffusers' WanPipeline against `tessel generate --device cuda` (dense, dynamic_topk 0.2,
+#      + TeaCache) on one random model directory from the same embeddings and latents: per-step time,
+#      peak memory, frames PSNR; --wan-pipeline-args "..." replaces its size/steps (default a short
+#      run: --frames 21 --steps 4; the issue's run is --frames 81 --steps 10);
+#   8. print the side-by-side table last.
 # cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
 # put on LD_LIBRARY_PATH when that wheel is installed.
 # Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
 #          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
-#          --skip-calibrate, --skip-vae.
+#          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --wan-pipeline-args "...",
+#          --wan-model DIR (default $OUT/wan-1.3b-random).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
-PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1
+PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
 RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -47,6 +53,9 @@ while [[ $# -gt 0 ]]; do
     --kv-contexts) KV_CONTEXTS="$2"; shift 2 ;;
     --python) PYTHON_DIR="$2"; shift 2 ;;
     --skip-wan) RUN_WAN=0; shift ;;
+    --skip-wan-pipeline) RUN_WAN_PIPELINE=0; shift ;;
+    --wan-pipeline-args) WAN_PIPELINE_ARGS="$2"; shift 2 ;;
+    --wan-model) WAN_MODEL="$2"; shift 2 ;;
     --skip-vae) RUN_VAE=0; shift ;;
     --skip-calibrate) RUN_CALIBRATE=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
@@ -188,6 +197,18 @@ if [[ -n "$PYTHON_DIR" ]]; then
   fi
 fi
 
+if [[ $RUN_WAN_PIPELINE == 1 ]]; then
+  if python3 -c 'import diffusers, safetensors, PIL' 2>/dev/null; then
+    echo "== Wan text-to-video end to end: diffusers WanPipeline vs tessel generate --device cuda ($WAN_PIPELINE_ARGS)"
+    # shellcheck disable=SC2086  # the arguments are a list on purpose
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_wan_pipeline.py" --tessel "$TESSEL" --model "${WAN_MODEL:-$OUTDIR/wan-1.3b-random}" \
+      --out "$OUTDIR/wan_pipeline" --json "$OUTDIR/wan_pipeline.json" $WAN_PIPELINE_ARGS >"$OUTDIR/wan_pipeline.log" 2>&1 ||
+      echo "diffusers_wan_pipeline FAILED" >>"$OUTDIR/wan_pipeline.log"
+  else
+    echo "diffusers_wan_pipeline skipped: diffusers, safetensors or PIL missing" >"$OUTDIR/wan_pipeline.log"
+  fi
+fi
+
 PEER_ARGS=(--seq $SEQS --heads 40 --dim 128 --reps "$ITERS" --json "$OUTDIR/peers.json")
 [[ $RUN_BENCH == 1 ]] && PEER_ARGS+=(--mask-dir "$OUTDIR/masks" --tessel-json "${TESSEL_JSON[@]}")
 if [[ $RUN_PEERS == 1 ]]; then
@@ -201,6 +222,7 @@ echo "GPU tests:$STATUS_TESTS | memcheck: $STATUS_MEMCHECK | racecheck: $STATUS_
 echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/python_overhead.txt" ]] && grep -E "overhead|FAILED" "$OUTDIR/python_overhead.txt"
 [[ -s "$OUTDIR/diffusers_wan.log" ]] && sed -n '/== side by side/,$p;/FAILED/p' "$OUTDIR/diffusers_wan.log"
+[[ -s "$OUTDIR/wan_pipeline.log" ]] && sed -n '/== side by side/,$p;/FAILED/p;/skipped/p' "$OUTDIR/wan_pipeline.log"
 [[ -s "$OUTDIR/estimate.txt" ]] && cat "$OUTDIR/estimate.txt"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
 [[ -s "$OUTDIR/calibrate.txt" ]] && cat "$OUTDIR/calibrate.txt"

@@ -5,18 +5,19 @@
 # (loop, decoding, encoding) and the client's time from POST to completed.
 #
 #   bash scripts/serve-overhead.sh --model DIR (--embeddings FILE | --prompt TEXT) [--size 832x480]
-#        [--frames 9] [--steps 4] [--guidance 5] [--seed 42] [--threads N] [--bin build/bin] [--port 8199]
+#        [--frames 9] [--steps 4] [--guidance 5] [--seed 42] [--threads N] [--device cpu|cuda] [--bin build/bin]
+#        [--port 8199]
 #
 # Use a model directory without vae/ (or the same decoding on both sides) for a like-for-like loop,
 # and enough steps that the first steps' warm-up does not dominate.
 set -euo pipefail
-bin=build/bin model="" embeddings="" prompt="" size=832x480 frames=9 steps=4 guidance=5 seed=42 threads=0 port=8199
+bin=build/bin model="" embeddings="" prompt="" size=832x480 frames=9 steps=4 guidance=5 seed=42 threads=0 port=8199 device=cpu
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) model=$2; shift 2 ;; --embeddings) embeddings=$2; shift 2 ;; --prompt) prompt=$2; shift 2 ;;
     --size) size=$2; shift 2 ;; --frames) frames=$2; shift 2 ;; --steps) steps=$2; shift 2 ;;
     --guidance) guidance=$2; shift 2 ;; --seed) seed=$2; shift 2 ;; --threads) threads=$2; shift 2 ;;
-    --bin) bin=$2; shift 2 ;; --port) port=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;; --port) port=$2; shift 2 ;; --device) device=$2; shift 2 ;;
     *) echo "serve-overhead: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -26,13 +27,13 @@ work=$(mktemp -d)
 trap 'kill "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
 text_generate=(--embeddings "$embeddings"); text_serve=(--embeddings "$embeddings")
 if [[ -n "$prompt" ]]; then text_generate=(--prompt "$prompt"); text_serve=(); fi
-thread_args=(); [[ "$threads" != 0 ]] && thread_args=(--threads "$threads")
+run_args=(--device "$device"); [[ "$threads" != 0 ]] && run_args+=(--threads "$threads")
 
 "$bin/tessel" generate --model "$model" "${text_generate[@]}" --size "$size" --frames "$frames" --steps "$steps" \
-  --guidance "$guidance" --seed "$seed" "${thread_args[@]}" --out "$work/latents.safetensors" 2> "$work/generate.log" > /dev/null
+  --guidance "$guidance" --seed "$seed" "${run_args[@]}" --out "$work/latents.safetensors" 2> "$work/generate.log" > /dev/null
 generate_loop=$(grep -o 'elapsed [0-9.]* s' "$work/generate.log" | tail -1 | awk '{print $2}')
 
-"$bin/tessel" serve --model "$model" "${text_serve[@]}" --port "$port" "${thread_args[@]}" > "$work/serve.log" 2>&1 &
+"$bin/tessel" serve --model "$model" "${text_serve[@]}" --port "$port" "${run_args[@]}" > "$work/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 600); do grep -q "listening on" "$work/serve.log" && break; sleep 0.5; done
 url="http://127.0.0.1:$port"

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "device_memory.h"
 #include "generate_output.h"
 #include "option_checks.h"
 #include "parallel_flags.h"
@@ -41,6 +42,8 @@ struct GenerateOptions {
   std::string negative_prompt;  // WanPipeline's default: the empty prompt
   std::string embeddings;  // safetensors with prompt_embeds (and negative_prompt_embeds)
   std::string noise;       // safetensors with the starting latents as "noise"; empty: --seed
+  std::string device = "cpu";
+  std::string dtype;       // empty: the device's (fp32 on the CPU, bf16 on CUDA)
   std::string size = "832x480";
   int64_t frames = 81;
   int64_t steps = 50;
@@ -139,9 +142,10 @@ Tensor load_named(const SafetensorsFile& file, const std::string& name, const st
 
 // The conditional and (with guidance) unconditional text embeddings, from --prompt through the
 // model's tokenizer and text encoder, or read from --embeddings.
-std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx) {
+std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx,
+                                          Device device) {
   if (prompt_set) {
-    const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir);
+    const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir, device);
     if (!guided) return {encoder.encode(ctx, {o.prompt}), Tensor{}};
     const Tensor both = encoder.encode(ctx, {o.prompt, o.negative_prompt});
     const int64_t length = both.size(1), width = both.size(2);
@@ -154,6 +158,64 @@ std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_
   Tensor prompt = load_named(embeddings, "prompt_embeds", "--embeddings");
   Tensor negative = guided ? load_named(embeddings, "negative_prompt_embeds", "--embeddings") : Tensor{};
   return {std::move(prompt), std::move(negative)};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Where a generation's time went, and the device memory it held at the step boundaries.
+struct GenerateTimings {
+  double text_seconds = 0.0;      // tokenizer and text encoder (or reading --embeddings)
+  double generate_seconds = 0.0;  // the denoising loop and the VAE decode
+  std::vector<double> step_seconds;
+  double scheduler_seconds = 0.0;
+  size_t peak_device_used = 0;
+
+  void record_step(const WanStepProgress& p, Device device) {
+    step_seconds.push_back(p.step_seconds);
+    scheduler_seconds += p.scheduler_seconds;
+    if (const std::optional<DeviceMemory> memory = device_memory(device))
+      peak_device_used = std::max(peak_device_used, memory->used);
+  }
+};
+
+// One human line and one JSON line (prefixed "generate-timings ") that benchmarks parse.
+void print_timings(const GenerateTimings& t, Device device, const std::optional<DeviceMemory>& at_start, int64_t steps_done) {
+  double denoise = 0.0;
+  for (double s : t.step_seconds) denoise += s;
+  nlohmann::json report = {{"device", device.str()},
+                           {"dtype", device.is_cuda() ? "bf16" : "fp32"},
+                           {"steps", steps_done},
+                           {"text_encoder_s", t.text_seconds},
+                           {"denoise_s", denoise},
+                           {"step_s", t.step_seconds},
+                           {"scheduler_s", t.scheduler_seconds},
+                           {"decode_and_setup_s", t.generate_seconds - denoise},
+                           {"total_s", t.text_seconds + t.generate_seconds}};
+  std::printf("%s: text encoder %.2f s, %lld steps in %.2f s (%.3f s/step, scheduler %.2f ms/step), decode and setup %.2f s",
+              device.str().c_str(), t.text_seconds, static_cast<long long>(steps_done), denoise,
+              steps_done ? denoise / static_cast<double>(steps_done) : 0.0,
+              steps_done ? t.scheduler_seconds * 1000.0 / static_cast<double>(steps_done) : 0.0, t.generate_seconds - denoise);
+  if (at_start && t.peak_device_used >= at_start->used) {
+    const size_t taken = t.peak_device_used - at_start->used;
+    report["peak_device_memory_bytes"] = taken;
+    std::printf(", device memory taken (weights and loop) %s", format_bytes(static_cast<double>(taken)).c_str());
+  }
+  std::printf("\ngenerate-timings %s\n", report.dump().c_str());
+}
+
+// The transformer's device from --device and --dtype: the CPU transformer computes in fp32, the
+// CUDA one in bf16 (fp32 residual stream), and each dtype is accepted only where it is what runs.
+Device transformer_device(const GenerateOptions& o) {
+  const Device device = parse_device(o.device);
+  if (device.is_cuda() && !cuda_compiled())
+    fail_argument("--device", "cpu (tessel was built without CUDA)", device.str());
+  if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
+  const std::string runs = device.is_cuda() ? "bf16" : "fp32";
+  if (!o.dtype.empty() && o.dtype != runs)
+    fail_argument("--dtype", detail::concat(runs, " on ", device.is_cuda() ? "CUDA" : "the CPU"), o.dtype);
+  return device;
 }
 
 // Exactly one of --prompt and --embeddings; --negative-prompt only with --prompt.
@@ -179,6 +241,7 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
 int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
                  bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
+  const Device device = transformer_device(o);
   const WanVideoSize size = parse_size(o.size, o.frames);
   const ModelExperts experts = check_model_dir(o.model_dir, prompt_set);
   if (!experts.two && o.guidance_2)
@@ -200,9 +263,20 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   ParallelRun run(parallel);
   ExecContext ctx;
   ctx.num_threads = static_cast<int>(o.threads);
-  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx);
+  GenerateTimings timings;
+  const std::optional<DeviceMemory> memory_at_start = device_memory(device);
+  const auto text_start = std::chrono::steady_clock::now();
+  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx, device);
+  timings.text_seconds = seconds_since(text_start);
+  const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
   Tensor noise;
-  if (!o.noise.empty()) noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
+  if (!o.noise.empty()) {
+    noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
+    const Shape latent = size.latent_shape(load_wan_config(transformer_dir).in_channels);
+    if (noise.shape() != latent)
+      fail_argument("--noise", "a \"noise\" tensor of the latent shape " + shape_str(latent) + " (from --size and --frames)",
+                    noise.view().describe());
+  }
 
   // Each expert's sparse config: the flags' (absent: dense), the low-noise one's JSON over it.
   const SparseAttnEnv& env = process_sparse_attn_env();
@@ -230,11 +304,10 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
       attention.config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
     return attention;
   };
-  const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
   const std::string transformer_2_dir = (fs::path(o.model_dir) / "transformer_2").string();
-  const WanTransformer transformer = WanTransformer::load(transformer_dir, attention_for(sparse, transformer_dir));
+  const WanTransformer transformer = WanTransformer::load(transformer_dir, attention_for(sparse, transformer_dir), device);
   const std::unique_ptr<const WanTransformer> transformer_2 =
-      experts.two ? std::make_unique<const WanTransformer>(WanTransformer::load(transformer_2_dir, attention_for(sparse_2, transformer_2_dir)))
+      experts.two ? std::make_unique<const WanTransformer>(WanTransformer::load(transformer_2_dir, attention_for(sparse_2, transformer_2_dir), device))
                   : nullptr;
   auto scheduler = make_scheduler(scheduler_config);
   const std::unique_ptr<const WanVae> vae =
@@ -259,13 +332,21 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   options.cache_2 = cache_2.get();
   options.cfg_group = run.cfg_group();
   if (run.is_root()) {  // every rank steps the same latents; one reports
-    options.on_step = [](const WanStepProgress& p) {
-      std::fprintf(stderr, "step %lld/%lld  t=%g  %.2f s/step  elapsed %.1f s  eta %.1f s\n",
+    options.on_step = [&timings, device](const WanStepProgress& p) {
+      timings.record_step(p, device);
+      std::fprintf(stderr, "step %lld/%lld  t=%g  %.3f s/step (scheduler %.1f ms)  elapsed %.1f s  eta %.1f s\n",
                    static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
-                   p.elapsed_seconds, p.eta_seconds);
+                   p.scheduler_seconds * 1000.0, p.elapsed_seconds, p.eta_seconds);
     };
   }
-  const WanGenerationResult result = pipeline.generate(ctx, prompt, negative, options, noise);
+  // The text encoder above took its tokens from and gave its embeddings to the host; the denoising
+  // loop runs on the transformer's device.
+  ExecContext run_ctx = ctx;
+  run_ctx.device = device;
+  const auto generate_start = std::chrono::steady_clock::now();
+  const WanGenerationResult result = pipeline.generate(run_ctx, prompt, negative, options, noise);
+  timings.generate_seconds = seconds_since(generate_start);
+  if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done);
   if (!run.is_root()) return 0;
   if (transformer_2) {
     const auto low = std::count(result.experts.begin(), result.experts.end(), 1);
@@ -316,6 +397,11 @@ CommandRegistration registration{
                                                     "the text to steer away from with --guidance > 1 (default: empty, as WanPipeline)");
       app.add_option("--embeddings", options->embeddings,
                      "instead of --prompt: safetensors with prompt_embeds (1, L, text_dim) and negative_prompt_embeds (1, L, text_dim)");
+      app.add_option("--device", options->device, "cpu (fp32) or cuda[:N] (bf16 weights and GEMMs, fp32 residual stream)")
+          ->capture_default_str()
+          ->check(device_name());
+      app.add_option("--dtype", options->dtype, "the transformer's compute type: fp32 (CPU) or bf16 (CUDA); default: the device's")
+          ->check(one_of({"fp32", "bf16"}));
       app.add_option("--noise", options->noise, "safetensors whose \"noise\" tensor is the starting latent (default: from --seed)");
       app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16")->capture_default_str();
       app.add_option("--frames", options->frames, "video frames, 4k + 1")->capture_default_str()->check(integer_in(1, 1 << 16));

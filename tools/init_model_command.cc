@@ -1,5 +1,6 @@
 // `tessel init-model`: writes a diffusers-layout Wan model directory with random weights, so
 // `tessel generate` runs on a fresh machine with nothing downloaded.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@ struct InitModelOptions {
   std::string preset = "tiny";
   std::string out;
   int64_t seed = 0;
+  int64_t threads = 0;
 };
 
 CommandRegistration registration{
@@ -22,16 +24,25 @@ CommandRegistration registration{
     [](CLI::App& app) {
       auto options = std::make_shared<InitModelOptions>();
       app.add_option("--preset", options->preset,
-                     "model size: tiny (2 layers, a few hundred kB) or tiny-a14b (Wan 2.2's two-expert layout of tiny transformers)")
+                     "model size: tiny (2 layers, a few hundred kB), tiny-a14b (Wan 2.2's two-expert layout of tiny "
+                     "transformers), tiny-cuda (tiny with heads of 64, for the CUDA path), wan-1.3b (about 14 GB) or wan-14b "
+                     "(about 40 GB): Wan2.1-T2V sizes with UMT5-XXL and the Wan 2.1 VAE, bf16 (VAE fp32)")
           ->capture_default_str()
-          ->check(one_of({"tiny", "tiny-a14b"}));
+          ->check(one_of(random_wan_model_presets()));
       app.add_option("--out", options->out, "the directory to write (created when missing)")->required();
       app.add_option("--seed", options->seed, "seed of the random weights")->capture_default_str()->check(integer_in(0, INT64_MAX));
+      app.add_option("--threads", options->threads, "threads drawing the weights (default: all)")->check(integer_in(1, 4096));
       return CommandRunner([options] {
-        write_tiny_wan_model(options->out, static_cast<uint64_t>(options->seed),
-                             options->preset == "tiny-a14b" ? TinyWanLayout::kTwoExperts : TinyWanLayout::kOneExpert);
-        std::printf("wrote %s: a %s Wan text-to-video model with RANDOM weights (it generates noise, not pictures)\n",
+        const auto start = std::chrono::steady_clock::now();
+        const uint64_t bytes = write_random_wan_model(options->out, options->preset, static_cast<uint64_t>(options->seed),
+                                                      static_cast<int>(options->threads));
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("wrote %s: a %s Wan text-to-video model with RANDOM weights (it generates noise, not pictures)",
                     options->out.c_str(), options->preset.c_str());
+        if (bytes > 0)
+          std::printf(", %s of weights in %.1f s (%s/s)", format_bytes(static_cast<double>(bytes)).c_str(), seconds,
+                      format_bytes(static_cast<double>(bytes) / seconds).c_str());
+        std::printf("\n");
         return 0;
       });
     }};

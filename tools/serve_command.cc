@@ -40,6 +40,7 @@ struct ServeOptions {
   int64_t num_gpus = 1;
   int64_t max_queue = 8;
   int64_t threads = 0;
+  std::string device = "cpu";
   std::string size = "832x480";
   int64_t frames = 81;
   int64_t steps = 50;
@@ -122,6 +123,10 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   engine::WanRunnerConfig runner;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
   runner.num_threads = static_cast<int>(o.threads);
+  const Device device = parse_device(o.device);
+  if (device.is_cuda() && !cuda_compiled()) fail_argument("--device", "cpu (tessel was built without CUDA)", device.str());
+  if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
+  runner.device = device.str();
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
   runner.sparse_attention_settings = allowed_settings(o, width, height);
   runner.backend_override = backend_override(process_sparse_attn_env());
@@ -209,6 +214,10 @@ CommandRegistration registration{
           ->capture_default_str()
           ->check(integer_in(1, 64));
       app.add_option("--threads", o->threads, "CPU threads per worker (default: all)")->check(integer_in(1, 4096));
+      app.add_option("--device", o->device,
+                     "where each worker runs the transformer and the text encoder: cpu (fp32) or cuda[:N] (bf16)")
+          ->capture_default_str()
+          ->check(device_name());
       app.add_option("--served-model-name", o->served_model_name, "the model id of /v1/models (default: the directory's name)");
       app.add_option("--size", o->size, "default WIDTHxHEIGHT of a request")->capture_default_str();
       app.add_option("--frames", o->frames, "default video frames (4k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "branch_residuals.h"
 #include "cache_backend_kinds.h"
 #include "tessel/core/error.h"
 #include "tessel/diffusion/cache_backend.h"
@@ -33,9 +34,11 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
   void refresh(int64_t num_inference_steps) override {
     steps_ = num_inference_steps;
     branches_ = {};
+    residuals_->clear();
   }
 
   WanBlockCache* block_cache() override { return this; }
+  bool handles_device(Device device) const override { return device.is_cpu() || (device.is_cuda() && cuda_compiled()); }
 
   CacheStats stats() const override {
     CacheStats stats;
@@ -57,12 +60,13 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
     const int64_t step = input.step && input.step->step ? *input.step->step : branches_[0].computed + branches_[0].skipped;
     const int64_t steps = input.step && input.step->total_steps > 0 ? input.step->total_steps : steps_;
     const size_t residual_size = static_cast<size_t>(input.tokens * input.dim);
+    use_residuals_on(input.device);
     bool run = false;
     for (int64_t b = 0; b < input.batch; ++b) {
       Branch& branch = branches_[cache_branch(input, b)];
       const float* current = conditioning + b * width;
       bool compute = thresh_ <= 0.0 || step < always_first_ || step >= steps - always_last_ ||
-                     branch.residual.size() != residual_size || branch.previous.size() != static_cast<size_t>(width);
+                     !residuals_->has(cache_branch(input, b), residual_size) || branch.previous.size() != static_cast<size_t>(width);
       if (!compute) {
         double change = 0.0, magnitude = 0.0;
         for (int64_t i = 0; i < width; ++i) {
@@ -87,7 +91,7 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
         ++branch.computed;
         continue;
       }
-      add_span_residual(hidden, b, branch.residual);
+      residuals_->add_to(cache_branch(input, b), hidden + static_cast<size_t>(b) * residual_size, residual_size, input.stream);
       ++branch.skipped;
     }
     return run;
@@ -95,15 +99,31 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
 
   void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) override {
     const size_t residual_size = static_cast<size_t>(input.tokens * input.dim);
-    for (int64_t b = 0; b < input.batch; ++b)
-      keep_span_residual(branches_[cache_branch(input, b)].residual, hidden, blocks_input, b, residual_size);
+    use_residuals_on(input.device);
+    for (int64_t b = 0; b < input.batch; ++b) {
+      const size_t offset = static_cast<size_t>(b) * residual_size;
+      residuals_->store(cache_branch(input, b), blocks_input + offset, hidden + offset, residual_size, input.stream);
+    }
   }
 
  private:
+  // The residuals live where the transformer's hidden states do; a forward on another device than
+  // the last one starts them afresh.
+  void use_residuals_on(Device device) {
+    if (residuals_->device() == device) return;
+#ifdef TESSEL_WITH_CUDA
+    if (device.is_cuda()) {
+      residuals_ = make_cuda_residuals(device);
+      return;
+    }
+#endif
+    if (!device.is_cpu()) fail_argument("teacache hidden states device", "cpu (tessel was built without CUDA)", device.str());
+    residuals_ = make_host_residuals();
+  }
+
   struct Branch {
     double accumulated = 0.0;
     std::vector<float> previous;  // the conditioning of the branch's previous forward
-    std::vector<float> residual;  // what the blocks added in the branch's last computed forward
     int64_t computed = 0;
     int64_t skipped = 0;
   };
@@ -115,6 +135,8 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
   int64_t always_last_ = 0;
   int64_t steps_ = 0;
   std::array<Branch, 2> branches_;
+  // What the blocks added in each branch's last computed forward.
+  std::unique_ptr<BranchResiduals> residuals_ = make_host_residuals();
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "tessel/core/random.h"
 #include "tessel/diffusion/umt5_tokenizer.h"
 #include "tessel/dit/wan_weights.h"
+#include "random_checkpoint.h"
 
 namespace tessel {
 namespace {
@@ -72,11 +74,29 @@ std::string train_tokenizer(uint64_t seed) {
   return model;
 }
 
+// Random weights at sensible scales: norm weights near 1, matrices with unit-variance rows over
+// their fan-in, biases and the rest small (random_model_weights, and the text encoder and the VAE
+// of the big presets; their transformers have wan_random_init).
+RandomTensorInit heuristic_init(const WeightSpec& spec) {
+  const bool is_norm = spec.name.find("norm") != std::string::npos;
+  if (spec.shape.size() == 1) return {true, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02};
+  int64_t fan_in = 1;
+  for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
+  return {true, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in))};
+}
+
+// The tiny model's weights, in memory, fp32.
 void write_random_weights(const fs::path& path, const std::vector<WeightSpec>& specs, uint64_t seed) {
   const std::map<std::string, Tensor> tensors = random_model_weights(specs, seed);
   std::vector<std::pair<std::string, TensorView>> named;
   for (const WeightSpec& spec : specs) named.emplace_back(spec.name, tensors.at(spec.name).view());
   write_safetensors(path.string(), named, {{"format", "pt"}});
+}
+
+std::vector<RandomTensorSpec> heuristic_specs(const std::vector<WeightSpec>& specs) {
+  std::vector<RandomTensorSpec> out;
+  for (const WeightSpec& spec : specs) out.push_back({spec, heuristic_init(spec)});
+  return out;
 }
 
 nlohmann::json transformer_config_json(const WanConfig& c) {
@@ -89,7 +109,7 @@ nlohmann::json transformer_config_json(const WanConfig& c) {
           {"image_dim", nullptr}, {"added_kv_proj_dim", nullptr}, {"pos_embed_seq_len", nullptr}};
 }
 
-nlohmann::json text_encoder_config_json(const UMT5Config& c) {
+nlohmann::json text_encoder_config_json(const UMT5Config& c, const char* dtype) {
   return {{"architectures", {"UMT5EncoderModel"}}, {"model_type", "umt5"}, {"vocab_size", c.vocab_size},
           {"d_model", c.d_model}, {"d_kv", c.d_kv}, {"d_ff", c.d_ff}, {"num_layers", c.num_layers},
           {"num_decoder_layers", c.num_layers}, {"num_heads", c.num_heads},
@@ -98,7 +118,7 @@ nlohmann::json text_encoder_config_json(const UMT5Config& c) {
           {"layer_norm_epsilon", c.layer_norm_epsilon}, {"feed_forward_proj", "gated-gelu"},
           {"dense_act_fn", "gelu_new"}, {"is_gated_act", true}, {"dropout_rate", 0.0}, {"pad_token_id", 0},
           {"eos_token_id", 1}, {"decoder_start_token_id", 0}, {"tie_word_embeddings", false},
-          {"is_encoder_decoder", true}, {"dtype", "float32"}};
+          {"is_encoder_decoder", true}, {"dtype", dtype}};
 }
 
 }  // namespace
@@ -125,20 +145,19 @@ UMT5Config tiny_umt5_config(int64_t vocab_size) {
   return c;
 }
 
+WanConfig tiny_cuda_wan_transformer_config() {
+  WanConfig c = tiny_wan_transformer_config();
+  c.attention_head_dim = 64;
+  return c;
+}
+
 std::map<std::string, Tensor> random_model_weights(const std::vector<WeightSpec>& specs, uint64_t seed) {
   std::map<std::string, Tensor> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     const WeightSpec& spec = specs[i];
     Tensor t = Tensor::empty(spec.shape, DType::kF32);
-    const uint64_t tensor_seed = seed * 0x100000001b3ull + i;
-    const bool is_norm = spec.name.find("norm") != std::string::npos;
-    if (spec.shape.size() == 1) {
-      fill_normal(t.view(), tensor_seed, is_norm ? 1.0 : 0.0, is_norm ? 0.1 : 0.02);
-    } else {
-      int64_t fan_in = 1;
-      for (size_t d = 1; d < spec.shape.size(); ++d) fan_in *= spec.shape[d];
-      fill_normal(t.view(), tensor_seed, 0.0, 1.0 / std::sqrt(static_cast<double>(fan_in)));
-    }
+    const RandomTensorInit init = heuristic_init(spec);
+    fill_normal(t.view(), seed * 0x100000001b3ull + i, init.first, init.second);
     tensors[spec.name] = std::move(t);
   }
   return tensors;
@@ -153,15 +172,19 @@ WanVaeConfig tiny_wan_vae_config() {
   return c;
 }
 
-void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLayout layout) {
-  const fs::path root(directory);
-  const bool two_experts = layout == TinyWanLayout::kTwoExperts;
+namespace {
+
+// Everything but the weights: model_index.json (with Wan 2.2 A14B's transformer_2 and boundary
+// ratio when two_experts), the scheduler, the configs and the tokenizer (`spiece`, a serialized
+// sentencepiece model; its ids may be a subset of the encoder's vocabulary).
+void write_model_skeleton(const fs::path& root, const WanConfig& transformer, const UMT5Config& text_encoder, const WanVaeConfig& vae,
+                          const char* text_encoder_dtype, const std::string& spiece, bool two_experts = false) {
   std::error_code error;
   std::vector<const char*> components = {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"};
   if (two_experts) components.push_back("transformer_2");
   for (const char* component : components) {
     fs::create_directories(root / component, error);
-    if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(directory) + ": " + error.message());
+    if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(root.string()) + ": " + error.message());
   }
   nlohmann::json index = {{"_class_name", "WanPipeline"}, {"_diffusers_version", "0.42.1"},
                           {"scheduler", {"diffusers", "UniPCMultistepScheduler"}},
@@ -180,16 +203,9 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLa
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
               {"solver_type", "bh2"}, {"use_flow_sigmas", true}, {"predict_x0", true}, {"lower_order_final", true},
               {"final_sigmas_type", "zero"}, {"disable_corrector", nlohmann::json::array()}});
-
-  const WanConfig transformer = tiny_wan_transformer_config();
   write_json(root / "transformer" / "config.json", transformer_config_json(transformer));
-  write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
-  if (two_experts) {
-    write_json(root / "transformer_2" / "config.json", transformer_config_json(transformer));
-    write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
-  }
+  if (two_experts) write_json(root / "transformer_2" / "config.json", transformer_config_json(transformer));
 
-  const std::string spiece = train_tokenizer(seed);
   write_text(root / "tokenizer" / "spiece.model", spiece);
   const nlohmann::json special = {{"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}};
   nlohmann::json tokenizer_config = special;
@@ -198,14 +214,54 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLa
   tokenizer_config["model_max_length"] = kWanMaxSequenceLength;
   write_json(root / "tokenizer" / "tokenizer_config.json", tokenizer_config);
   write_json(root / "tokenizer" / "special_tokens_map.json", special);
-
-  const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
-  write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder));
-  write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
-
-  const WanVaeConfig vae = tiny_wan_vae_config();
+  write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder, text_encoder_dtype));
   write_text(root / "vae" / "config.json", wan_vae_config_json(vae));
+}
+
+}  // namespace
+
+void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLayout layout, const WanConfig& transformer) {
+  const fs::path root(directory);
+  const bool two_experts = layout == TinyWanLayout::kTwoExperts;
+  const std::string spiece = train_tokenizer(seed);
+  const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
+  const WanVaeConfig vae = tiny_wan_vae_config();
+  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece, two_experts);
+  write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
+  if (two_experts) write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
+  write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
   write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
+}
+
+std::vector<std::string> random_wan_model_presets() { return {"tiny", "tiny-a14b", "tiny-cuda", "wan-1.3b", "wan-14b"}; }
+
+uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed, int threads) {
+  if (preset == "tiny" || preset == "tiny-a14b" || preset == "tiny-cuda") {
+    write_tiny_wan_model(directory, seed, preset == "tiny-a14b" ? TinyWanLayout::kTwoExperts : TinyWanLayout::kOneExpert,
+                         preset == "tiny-cuda" ? tiny_cuda_wan_transformer_config() : tiny_wan_transformer_config());
+    return 0;
+  }
+  if (preset != "wan-1.3b" && preset != "wan-14b")
+    fail_argument("preset", "one of tiny, tiny-a14b, tiny-cuda, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
+  const fs::path root(directory);
+  const WanConfig transformer = wan_preset(preset);
+  const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 model
+  const WanVaeConfig vae;         // the Wan 2.1 VAE
+  // The tiny tokenizer: the real one cannot be downloaded here, and its ids fit UMT5-XXL's vocabulary.
+  write_model_skeleton(root, transformer, text_encoder, vae, "bfloat16", train_tokenizer(seed));
+
+  std::vector<RandomTensorSpec> transformer_tensors;
+  for (const WeightSpec& spec : wan_weight_specs(transformer)) {
+    const WanRandomInit init = wan_random_init(transformer, spec);
+    transformer_tensors.push_back({spec, {init.normal, init.first, init.second}});
+  }
+  uint64_t bytes = write_random_checkpoint({root / "transformer", kDiffusersWeightsFile, kDiffusersWeightsIndex}, transformer_tensors,
+                                           DType::kBF16, seed, threads);
+  bytes += write_random_checkpoint({root / "text_encoder", "model.safetensors", "model.safetensors.index.json"},
+                                   heuristic_specs(umt5_weight_specs(text_encoder)), DType::kBF16, seed + 1, threads);
+  bytes += write_random_checkpoint({root / "vae", kDiffusersWeightsFile, kDiffusersWeightsIndex},
+                                   heuristic_specs(wan_vae_weight_specs(vae)), DType::kF32, seed + 2, threads);
+  return bytes;
 }
 
 }  // namespace tessel

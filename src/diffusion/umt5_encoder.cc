@@ -11,6 +11,10 @@
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/parallel.h"
 
+#ifdef TESSEL_WITH_CUDA
+#include "cuda/umt5_cuda_encoder.h"
+#endif
+
 namespace tessel {
 namespace {
 
@@ -48,7 +52,8 @@ float gelu_tanh(float x) {
   return static_cast<float>(0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v))));
 }
 
-// transformers' _relative_position_bucket for an encoder (bidirectional).
+}  // namespace
+
 int64_t umt5_relative_position_bucket(int64_t relative_position, int64_t num_buckets, int64_t max_distance) {
   const int64_t half = num_buckets / 2;
   int64_t bucket = relative_position > 0 ? half : 0;
@@ -61,7 +66,15 @@ int64_t umt5_relative_position_bucket(int64_t relative_position, int64_t num_buc
   return bucket + std::min(max_exact + static_cast<int64_t>(log_ratio), half - 1);
 }
 
+#ifndef TESSEL_WITH_CUDA
+namespace {
+
+[[noreturn]] void fail_without_cuda(Device device) {
+  fail_argument("UMT5Encoder device", "cpu (tessel was built without CUDA)", device.str());
+}
+
 }  // namespace
+#endif
 
 void UMT5Config::validate() const {
   const std::pair<const char*, int64_t> sizes[] = {
@@ -128,7 +141,8 @@ std::vector<WeightSpec> umt5_weight_specs(const UMT5Config& c) {
   return specs;
 }
 
-UMT5Encoder::UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>& weights) : config_(std::move(config)) {
+UMT5Encoder::UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>& weights, Device device)
+    : config_(std::move(config)), device_(device) {
   config_.validate();
   const std::vector<WeightSpec> specs = umt5_weight_specs(config_);
   for (const WeightSpec& spec : specs) {
@@ -136,14 +150,26 @@ UMT5Encoder::UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>&
     if (found == weights.end()) fail_argument("UMT5 weights", "a tensor named " + spec.name, "none");
     if (found->second.shape() != spec.shape)
       fail_argument("UMT5 weight " + spec.name, shape_str(spec.shape), shape_str(found->second.shape()));
-    weights_[spec.name] = found->second.dtype() == DType::kF32 ? found->second.clone() : found->second.to(DType::kF32);
+    if (device.is_cpu())
+      weights_[spec.name] = found->second.dtype() == DType::kF32 ? found->second.clone() : found->second.to(DType::kF32);
+  }
+  if (device.is_cuda()) {
+#ifdef TESSEL_WITH_CUDA
+    cuda_ = std::make_shared<const diffusion::cuda::UMT5CudaEncoder>(config_, device,
+                                                                     [&](const WeightSpec& spec) { return weights.at(spec.name); });
+#else
+    fail_without_cuda(device);
+#endif
   }
   if (weights.size() != specs.size())
     for (const auto& [name, tensor] : weights)
       if (!weights_.count(name)) fail_argument("UMT5 weights", "only the encoder's tensors", "an extra tensor " + quoted_excerpt(name));
 }
 
-UMT5Encoder UMT5Encoder::load(const std::string& directory) {
+UMT5Encoder UMT5Encoder::load(const std::string& directory, Device device) {
+#ifndef TESSEL_WITH_CUDA
+  if (device.is_cuda()) fail_without_cuda(device);
+#endif
   const std::string config_path = directory + "/config.json";
   const UMT5Config config =
       parse_umt5_config(read_file_bounded(config_path, kMaxJsonBytes, "text encoder config"), config_path);
@@ -164,22 +190,41 @@ UMT5Encoder UMT5Encoder::load(const std::string& directory) {
   } else {
     files.push_back("model.safetensors");
   }
-  std::map<std::string, Tensor> weights;
+  // Where each expected tensor is stored: (shard, stored name).
+  std::vector<SafetensorsFile> shards;
+  std::map<std::string, std::pair<size_t, std::string>> stored;
   std::map<std::string, Shape> expected;
   for (const WeightSpec& spec : umt5_weight_specs(config)) expected[spec.name] = spec.shape;
   for (const std::string& file : files) {
-    const SafetensorsFile shard = SafetensorsFile::open(directory + "/" + file);
-    for (const SafetensorsEntry& entry : shard.entries()) {
+    shards.push_back(SafetensorsFile::open(directory + "/" + file));
+    for (const SafetensorsEntry& entry : shards.back().entries()) {
       std::string name = entry.name;
       if (name == "encoder.embed_tokens.weight") {
-        if (weights.count("shared.weight")) continue;
+        if (stored.count("shared.weight")) continue;
         name = "shared.weight";
       }
       if (!expected.count(name)) continue;  // decoder or lm_head tensors of a full T5 checkpoint
-      weights[name] = shard.load(entry.name);
+      stored[name] = {shards.size() - 1, entry.name};
     }
   }
+  if (device.is_cuda()) {
+    UMT5Encoder encoder(config, device, WeightsLater{});
+#ifdef TESSEL_WITH_CUDA
+    encoder.cuda_ = std::make_shared<const diffusion::cuda::UMT5CudaEncoder>(config, device, [&](const WeightSpec& spec) {
+      const auto found = stored.find(spec.name);
+      if (found == stored.end()) fail_argument("UMT5 weights", "a tensor named " + spec.name, "none");
+      return shards[found->second.first].load(found->second.second);
+    });
+#endif
+    return encoder;
+  }
+  std::map<std::string, Tensor> weights;
+  for (const auto& [name, where] : stored) weights[name] = shards[where.first].load(where.second);
   return UMT5Encoder(config, weights);
+}
+
+UMT5Encoder::UMT5Encoder(UMT5Config config, Device device, WeightsLater) : config_(std::move(config)), device_(device) {
+  config_.validate();
 }
 
 const float* UMT5Encoder::weight(const std::string& name) const { return weights_.at(name).data_as<const float>(); }
@@ -203,6 +248,12 @@ void UMT5Encoder::forward(const ExecContext& ctx, const TensorView& input_ids, c
     if (ids[i] < 0 || ids[i] >= c.vocab_size)
       fail_argument("input_ids", detail::concat("token ids in [0, ", c.vocab_size, ")"), ids[i]);
 
+  if (cuda_) {
+#ifdef TESSEL_WITH_CUDA
+    cuda_->forward(ctx, ids, mask, batch, length, out.data_as<float>());
+#endif
+    return;
+  }
   const int64_t rows = batch * length, inner = c.num_heads * c.d_kv;
   std::vector<float> hidden(static_cast<size_t>(rows * c.d_model));
   for (int64_t r = 0; r < rows; ++r)

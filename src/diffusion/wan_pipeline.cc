@@ -7,8 +7,8 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
-#include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/backend.h"
+#include "wan_flow_predictor.h"
 
 namespace tessel {
 namespace {
@@ -24,17 +24,15 @@ void require_cpu_f32(const TensorView& view, const char* name) {
     fail_argument(name, "a contiguous fp32 CPU tensor", view.describe());
 }
 
-// Stacks the rows of `parts` (each (1, ...), the same shape) along the batch axis.
-Tensor stack_batch(const std::vector<const TensorView*>& parts) {
-  Shape shape = parts.front()->shape();
-  shape[0] = static_cast<int64_t>(parts.size());
-  Tensor out = Tensor::empty(shape, DType::kF32);
-  char* destination = static_cast<char*>(out.data());
-  for (const TensorView* part : parts) {
-    std::memcpy(destination, part->data(), part->nbytes());
-    destination += part->nbytes();
-  }
-  return out;
+// The predictor for the transformer's device.
+std::unique_ptr<WanFlowPredictor> make_flow_predictor(const ExecContext& ctx, const WanFlowRequest& request) {
+  if (request.transformer->device().is_cpu()) return make_cpu_flow_predictor(request);
+#ifdef TESSEL_WITH_CUDA
+  return make_cuda_flow_predictor(ctx, request);
+#else
+  // A CUDA transformer cannot be built without CUDA; this names the build should one appear.
+  fail_argument("transformer device", "cpu (tessel was built without CUDA)", request.transformer->device().str());
+#endif
 }
 
 }  // namespace
@@ -114,6 +112,22 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExp
   low_noise_ = low_noise;
 }
 
+// On a CUDA context the VAE decodes on that device (the final latents go up once, the video comes
+// back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning.
+VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents) const {
+  if (!ctx.device.is_cuda()) return decode(ctx, host_latents);
+  try {
+    return video_frames_from_tensor(vae_->decode(ctx, host_latents.to(ctx.device)).to(Device::cpu()));
+  } catch (const Error& e) {
+    ctx.log(LogLevel::kWarning, std::string("the VAE decodes on the CPU: the CUDA decoder failed: ") + e.what());
+  }
+  ExecContext cpu_ctx = ctx;
+  cpu_ctx.device = Device::cpu();
+  cpu_ctx.stream = nullptr;
+  cpu_ctx.workspace = nullptr;
+  return decode(cpu_ctx, host_latents);
+}
+
 VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latents) const {
   if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
   return video_frames_from_tensor(vae_->decode(ctx, latents));
@@ -163,23 +177,25 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   const int64_t steps = scheduler_.num_inference_steps();
   if (options.cfg_group != nullptr && options.cfg_group->size() > 2)
     fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
-  const bool cfg_parallel = guided && options.cfg_group != nullptr && options.cfg_group->size() == 2;
-  const int branch = cfg_parallel ? cfg_branch(*options.cfg_group) : 0;
-  const int64_t batch = guided && !cfg_parallel ? 2 : 1;  // this process's branches
-  const Tensor text = !guided           ? stack_batch({&prompt_embeds})
-                      : cfg_parallel    ? stack_batch({branch == 0 ? &prompt_embeds : &negative_prompt_embeds})
-                                        : stack_batch({&prompt_embeds, &negative_prompt_embeds});
-  Shape batch_shape = latent_shape;
-  batch_shape[0] = batch;
-  Tensor model_input = Tensor::empty(batch_shape, DType::kF32);
-  Tensor prediction = Tensor::empty(batch_shape, DType::kF32);
-  Shape branches_shape = batch_shape;  // (2, 1, ...): the gathered branches, in branch order
-  branches_shape.insert(branches_shape.begin(), 2);
-  const Tensor branches = cfg_parallel ? Tensor::empty(branches_shape, DType::kF32) : Tensor{};
-  Tensor timestep = Tensor::empty({batch}, DType::kF32);
-  Tensor guided_prediction = Tensor::empty(latent_shape, DType::kF32);
-  const int64_t count = latents.numel();
-  const float scales[2] = {static_cast<float>(options.guidance_scale), static_cast<float>(guidance_2)};
+  // One predictor per expert, each with its transformer, its guidance scale and its cache.
+  WanFlowRequest request;
+  request.prompt_embeds = prompt_embeds;
+  request.negative_prompt_embeds = negative_prompt_embeds;
+  request.latent_shape = latent_shape;
+  request.guided = guided;
+  request.cfg_group = options.cfg_group;
+  std::unique_ptr<WanFlowPredictor> predictors[2];
+  const auto predictor_for = [&](int expert) -> WanFlowPredictor& {
+    if (!predictors[expert]) {
+      WanFlowRequest r = request;
+      r.transformer = expert == 1 ? low_noise_.transformer : &transformer_;
+      r.guidance_scale = expert == 1 ? guidance_2 : options.guidance_scale;
+      CacheBackend* cache = expert == 1 ? options.cache_2 : options.cache;
+      r.block_cache = cache ? cache->block_cache() : nullptr;
+      predictors[expert] = make_flow_predictor(ctx, r);
+    }
+    return *predictors[expert];
+  };
 
   WanGenerationResult result;
   for (CacheBackend* cache : {options.cache, options.cache_2})
@@ -192,27 +208,10 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
     }
     const auto step_start = std::chrono::steady_clock::now();
     const double t = scheduler_.timesteps()[static_cast<size_t>(step)];
-    for (int64_t b = 0; b < batch; ++b) {
-      std::memcpy(model_input.data_as<float>() + b * count, latents.data(), latents.nbytes());
-      timestep.data_as<float>()[b] = static_cast<float>(t);
-    }
     const int expert = two_experts && static_cast<float>(t) < boundary ? 1 : 0;
     result.experts.push_back(expert);
-    const WanTransformer& model = expert == 1 ? *low_noise_.transformer : transformer_;
-    CacheBackend* cache = expert == 1 ? options.cache_2 : options.cache;
-    model.forward(ctx, StepInfo::at(step, steps, 0, branch), model_input, timestep, text, prediction, nullptr,
-                  cache ? cache->block_cache() : nullptr);
-    if (cfg_parallel) gather_cfg_branches(ctx, *options.cfg_group, prediction.view(), branches.view());
-    // Without guidance the prediction is the conditional branch's alone, of the latent shape.
-    TensorView flow(prediction.data(), DType::kF32, Device::cpu(), latent_shape);
-    if (guided) {
-      const float* cond = (cfg_parallel ? branches : prediction).data_as<const float>();
-      const float* uncond = cond + count;
-      float* out = guided_prediction.data_as<float>();
-      const float scale = scales[expert];
-      for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);
-      flow = guided_prediction.view();
-    }
+    const TensorView flow = predictor_for(expert).predict(ctx, step, steps, latents.view(), t);
+    const auto scheduler_start = std::chrono::steady_clock::now();
     scheduler_.step(flow, latents, latents);
     result.steps_done = step + 1;
     if (options.on_step) {
@@ -222,13 +221,14 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       progress.total_steps = steps;
       progress.timestep = t;
       progress.step_seconds = std::chrono::duration<double>(now - step_start).count();
+      progress.scheduler_seconds = std::chrono::duration<double>(now - scheduler_start).count();
       progress.elapsed_seconds = std::chrono::duration<double>(now - start).count();
       progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(step + 1) * static_cast<double>(steps - step - 1);
       progress.latents = latents.view();
       options.on_step(progress);
     }
   }
-  if (vae_ != nullptr && !result.cancelled) result.frames = decode(ctx, latents);
+  if (vae_ != nullptr && !result.cancelled) result.frames = decode_on(ctx, latents);
   result.latents = std::move(latents);
   if (options.cache) result.cache_stats = options.cache->stats();
   if (options.cache_2) result.cache_stats_2 = options.cache_2->stats();

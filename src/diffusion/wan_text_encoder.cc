@@ -7,13 +7,13 @@
 
 namespace tessel {
 
-WanTextEncoder WanTextEncoder::load(const std::string& model_directory) {
+WanTextEncoder WanTextEncoder::load(const std::string& model_directory, Device device) {
   const std::filesystem::path root(model_directory);
   for (const char* component : {"tokenizer", "text_encoder"})
     if (!std::filesystem::is_directory(root / component))
       fail_argument("model directory", detail::concat("a directory with ", component, "/"), quoted_excerpt(model_directory));
   return WanTextEncoder(UMT5Tokenizer::load((root / "tokenizer").string()),
-                        UMT5Encoder::load((root / "text_encoder").string()));
+                        UMT5Encoder::load((root / "text_encoder").string(), device));
 }
 
 WanTextEncoder::WanTextEncoder(UMT5Tokenizer tokenizer, UMT5Encoder encoder)

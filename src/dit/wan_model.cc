@@ -421,11 +421,12 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
 
 #ifdef TESSEL_WITH_CUDA
   if (cuda) {
-    // The step cache's hook reads and writes host memory; a CUDA forward keeps it on the device.
-    if (block_cache) fail_argument("block_cache", "none for a CUDA model (the step cache runs on the CPU forward)", "a cache");
-    const WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, timestep.dim() == 2);
+    if (block_cache && !block_cache->handles_device(device))
+      fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
+    WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, timestep.dim() == 2);
+    run.shape.block_cache = block_cache != nullptr;
     cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(),
-                  self_attention, profile, run.sequence_parallel);
+                  self_attention, profile, run.sequence_parallel, block_cache);
     return;
   }
 #endif

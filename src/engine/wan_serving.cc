@@ -37,7 +37,10 @@ Tensor load_embedding(const SafetensorsFile& file, const std::string& name) {
 
 class WanRunner final : public PipelineRunner {
  public:
-  explicit WanRunner(const RunnerSetup& setup) : config_(wan_runner_config_from_json(setup.config_json)) {
+  explicit WanRunner(const RunnerSetup& setup)
+      : config_(wan_runner_config_from_json(setup.config_json)), device_(parse_device(config_.device)) {
+    if (device_.is_cuda() && !cuda_available())
+      fail_argument("worker device", "a device present (no CUDA GPU found, or tessel built without CUDA)", device_.str());
     if (setup.world_size != 1)
       fail_argument("number of workers for WanPipeline", "1 (the pipeline runs on one rank)", setup.world_size);
     if (!config_.embeddings_file.empty()) {
@@ -45,7 +48,7 @@ class WanRunner final : public PipelineRunner {
       prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
       if (embeddings.find("negative_prompt_embeds")) negative_embeds_ = load_embedding(embeddings, "negative_prompt_embeds");
     } else {
-      text_encoder_.emplace(WanTextEncoder::load(setup.model_dir));
+      text_encoder_.emplace(WanTextEncoder::load(setup.model_dir, device_));
     }
     if (fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
 
@@ -73,6 +76,7 @@ class WanRunner final : public PipelineRunner {
     ExecContext ctx;
     ctx.num_threads = config_.num_threads;
     const auto [prompt_embeds, negative_embeds] = text_embeddings(ctx, request, guided);
+    ctx.device = device_;  // the loop on the transformer's device (the embeddings are host tensors)
     RunnerOutput output;
     const auto started = std::chrono::steady_clock::now();
     const int64_t steps = request.num_inference_steps;
@@ -122,7 +126,7 @@ class WanRunner final : public PipelineRunner {
       attention.config = parse_sparse_attn_json(config_json);
       attention.backend_override = config_.backend_override;
     }
-    return WanTransformer::load(transformer_dir_, attention);
+    return WanTransformer::load(transformer_dir_, attention, device_);
   }
 
   // The request's sparse-attention setting: the server's default, or one the server allows, loaded
@@ -183,6 +187,7 @@ class WanRunner final : public PipelineRunner {
   }
 
   WanRunnerConfig config_;
+  Device device_;
   Tensor prompt_embeds_;
   Tensor negative_embeds_;
   SchedulerConfig scheduler_config_;
@@ -224,6 +229,7 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
   return nlohmann::json{{"embeddings_file", c.embeddings_file},
                         {"num_threads", c.num_threads},
+                        {"device", c.device},
                         {"sparse_attn_config_json", c.sparse_attn_config_json},
                         {"sparse_attention_settings", c.sparse_attention_settings},
                         {"backend_override", c.backend_override},
@@ -240,6 +246,7 @@ WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
   WanRunnerConfig c;
   c.embeddings_file = j.value("embeddings_file", "");
   c.num_threads = j.value("num_threads", 0);
+  c.device = j.value("device", "cpu");
   c.sparse_attn_config_json = j.value("sparse_attn_config_json", "");
   c.sparse_attention_settings = j.value("sparse_attention_settings", std::map<std::string, std::string>{});
   c.backend_override = j.value("backend_override", "");

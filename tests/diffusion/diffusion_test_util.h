@@ -3,6 +3,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/umt5_encoder.h"
 
 namespace tessel {
 
@@ -14,6 +23,31 @@ inline double rel_l2(const float* actual, const float* expected, int64_t count) 
     norm += static_cast<double>(expected[i]) * expected[i];
   }
   return std::sqrt(diff / norm);
+}
+
+// The UMT5 fixture directory's config and weights (scripts/make_umt5_fixture.py).
+inline std::pair<UMT5Config, std::map<std::string, Tensor>> load_umt5_fixture(const std::string& directory) {
+  std::ifstream file(directory + "/config.json");
+  std::stringstream text;
+  text << file.rdbuf();
+  const SafetensorsFile weights_file = SafetensorsFile::open(directory + "/model.safetensors");
+  std::map<std::string, Tensor> weights;
+  for (const SafetensorsEntry& entry : weights_file.entries()) weights[entry.name] = weights_file.load(entry.name);
+  return {parse_umt5_config(text.str()), std::move(weights)};
+}
+
+// Wan 2.1's schedulers at flow shift 3: UniPC (its default configuration) and Euler.
+inline SchedulerConfig wan_unipc() {
+  SchedulerConfig config;
+  config.shift = 3.0;
+  return config;
+}
+
+inline SchedulerConfig euler_shift3() {
+  SchedulerConfig config;
+  config.kind = SchedulerKind::flow_match_euler;
+  config.shift = 3.0;
+  return config;
 }
 
 }  // namespace tessel

@@ -16,6 +16,7 @@
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/diffusion/wan_pipeline.h"
+#include "diffusion/diffusion_test_util.h"
 
 namespace tessel {
 namespace {
@@ -23,13 +24,7 @@ namespace {
 const std::string kDir = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/umt5";
 
 UMT5Encoder load_fixture_encoder() {
-  std::ifstream file(kDir + "/config.json");
-  std::stringstream text;
-  text << file.rdbuf();
-  const UMT5Config config = parse_umt5_config(text.str());
-  const SafetensorsFile weights_file = SafetensorsFile::open(kDir + "/model.safetensors");
-  std::map<std::string, Tensor> weights;
-  for (const SafetensorsEntry& entry : weights_file.entries()) weights[entry.name] = weights_file.load(entry.name);
+  const auto [config, weights] = load_umt5_fixture(kDir);
   return UMT5Encoder(config, weights);
 }
 

@@ -18,19 +18,6 @@ namespace {
 
 const std::string kFixtureDir = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures";
 
-SchedulerConfig wan_unipc() {
-  SchedulerConfig config;
-  config.shift = 3.0;
-  return config;
-}
-
-SchedulerConfig euler_shift3() {
-  SchedulerConfig config;
-  config.kind = SchedulerKind::flow_match_euler;
-  config.shift = 3.0;
-  return config;
-}
-
 // The fixture's 9 frames of 80 x 48 pixels: latent (1, 16, 3, 10, 6).
 WanVideoSize fixture_size() { return WanVideoSize{9, 80, 48}; }
 

@@ -8,9 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "generate_cli_util.h"
 #include "run_tessel.h"
+#include "tessel/core/device.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/video_io.h"
 #include "tessel/diffusion/wan_text_encoder.h"
@@ -175,6 +180,64 @@ TEST(GenerateCli, PromptToMp4AndPngOnTheTinyModel) {
   const TesselRun no_vae = generate(common + " --frames 1 --out '" + (dir / "cat.png").string() + "'");
   EXPECT_NE(no_vae.status, 0);
   EXPECT_NE(no_vae.out.find("vae/"), std::string::npos) << no_vae.out;
+}
+
+// --device / --dtype: the CPU computes fp32, CUDA bf16; a CUDA device in a build without CUDA or on a
+// machine without a GPU is an error before any weight loads. --noise must have the latent shape.
+TEST(GenerateCli, DeviceDtypeAndNoiseShapeErrors) {
+  const fs::path dir = make_model_dir("wan_model_device_errors");
+  const std::string common = "--model '" + dir.string() + "' --embeddings '" + kPipelineFixture +
+                             "' --size 48x80 --frames 9 --steps 1 --threads 1 --out '" + (dir / "x.safetensors").string() + "'";
+  const std::string no_cuda = cuda_compiled() ? "no CUDA GPU found" : "built without CUDA";
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {" --device cpu --dtype bf16", "--dtype: expected fp32 on the CPU, got bf16"},
+      {" --device cuda:x", "--device"},
+      {" --dtype fp16", "--dtype"},
+  };
+  if (!cuda_available()) {
+    cases.emplace_back(" --device cuda", no_cuda);
+    cases.emplace_back(" --device cuda:1 --dtype bf16", no_cuda);
+  } else {
+    cases.emplace_back(" --device cuda --dtype fp32", "--dtype: expected bf16 on CUDA, got fp32");
+  }
+  for (const auto& [args, fragment] : cases) {
+    const TesselRun run = generate(common + args);
+    EXPECT_NE(run.status, 0) << args;
+    EXPECT_NE(run.out.find(fragment), std::string::npos) << args << "\n" << run.out;
+  }
+  // The fixture's noise is (1, 16, 3, 10, 6): 9 frames of 48 x 80 pixels; 13 frames want 4 latent frames.
+  const TesselRun wrong = generate("--model '" + dir.string() + "' --embeddings '" + kPipelineFixture + "' --noise '" +
+                                   kPipelineFixture + "' --size 48x80 --frames 13 --out '" + (dir / "y.safetensors").string() + "'");
+  EXPECT_NE(wrong.status, 0);
+  EXPECT_NE(wrong.out.find("--noise: expected a \"noise\" tensor of the latent shape (1, 16, 4, 10, 6)"), std::string::npos)
+      << wrong.out;
+  EXPECT_NE(wrong.out.find("(1, 16, 3, 10, 6)"), std::string::npos) << wrong.out;
+  EXPECT_FALSE(fs::exists(dir / "y.safetensors"));
+}
+
+// The summary a benchmark parses: one JSON line with the per-step times.
+TEST(GenerateCli, PrintsMachineReadableTimings) {
+  const fs::path dir = make_model_dir("wan_model_timings");
+  const TesselRun run = generate("--model '" + dir.string() + "' --embeddings '" + kPipelineFixture + "' --noise '" +
+                                 kPipelineFixture + "' --size 48x80 --frames 9 --steps 3 --threads 1 --out '" +
+                                 (dir / "x.safetensors").string() + "'");
+  ASSERT_EQ(run.status, 0) << run.out;
+  const size_t at = run.out.find("generate-timings ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const size_t end = run.out.find('\n', at);
+  const nlohmann::json report = nlohmann::json::parse(run.out.substr(at + 17, end - at - 17));
+  EXPECT_EQ(report["device"], "cpu");
+  EXPECT_EQ(report["steps"], 3);
+  ASSERT_EQ(report["step_s"].size(), 3u);
+  double sum = 0.0;
+  for (const auto& s : report["step_s"]) {
+    EXPECT_GT(s.get<double>(), 0.0);
+    sum += s.get<double>();
+  }
+  EXPECT_NEAR(report["denoise_s"].get<double>(), sum, 1e-9);
+  EXPECT_GE(report["scheduler_s"].get<double>(), 0.0);
+  EXPECT_LT(report["scheduler_s"].get<double>(), sum);
+  EXPECT_GE(report["total_s"].get<double>(), sum);
 }
 
 TEST(GenerateCli, BadTextArgumentsAreErrors) {

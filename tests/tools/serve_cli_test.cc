@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "run_tessel.h"
 #include "serve_process.h"
+#include "tessel/core/device.h"
 #include "tessel/diffusion/tiny_model.h"
 
 // Whether this test (and the server it starts, built alike) runs under a sanitizer.
@@ -109,6 +111,21 @@ json poll_video(httplib::Client& client, const std::string& id, const std::funct
 bool is_final(const json& video) {
   const std::string status = video.value("status", "");
   return status == "completed" || status == "failed" || status == "cancelled";
+}
+
+// --device names where the workers run; a CUDA device the build or the machine lacks is refused
+// before the server starts.
+TEST(ServeCli, AnUnavailableDeviceIsRefusedBeforeStarting) {
+  if (cuda_available()) GTEST_SKIP() << "a GPU is present: the CUDA device is available";
+  const fs::path log = fs::path(::testing::TempDir()) / ("serve_device_" + std::to_string(getpid()) + ".txt");
+  const TesselRun run = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 --device cuda", log);
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.out.find(cuda_compiled() ? "--device: expected a device present" : "--device: expected cpu (tessel was built without CUDA)"),
+            std::string::npos)
+      << run.out;
+  const TesselRun bad = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 --device tpu", log);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--device"), std::string::npos) << bad.out;
 }
 
 TEST(ServeCli, EveryEndpointAnswers) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessel/diffusion/umt5_encoder.h"
@@ -18,6 +19,9 @@ namespace tessel {
 // The sizes write_tiny_wan_model uses: a 2-layer transformer of 2 heads of 16 and a 2-layer UMT5
 // encoder of width 32 (the transformer's text_dim); the encoder's vocab_size is the tokenizer's.
 WanConfig tiny_wan_transformer_config();
+// The same transformer with heads of 64, the smallest the CUDA attention kernels take (the
+// "tiny-cuda" preset: it runs on both devices).
+WanConfig tiny_cuda_wan_transformer_config();
 UMT5Config tiny_umt5_config(int64_t vocab_size);
 // A Wan 2.1-layout VAE (three upsampling stages, two temporal) of base width 4, one residual block
 // per stage, the transformer's 16 latent channels and Wan 2.1's latent statistics.
@@ -35,7 +39,22 @@ WanVaeConfig tiny_wan_vae_config();
 // other random weights) and "boundary_ratio" 0.875 in model_index.json.
 // The same seed gives byte-identical files. Throws Error naming the path it cannot write.
 enum class TinyWanLayout { kOneExpert, kTwoExperts };
-void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0, TinyWanLayout layout = TinyWanLayout::kOneExpert);
+// `transformer` replaces the tiny transformer's sizes (tiny_cuda_wan_transformer_config for CUDA).
+void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0, TinyWanLayout layout = TinyWanLayout::kOneExpert,
+                          const WanConfig& transformer = tiny_wan_transformer_config());
+
+// "tiny", "tiny-a14b", "tiny-cuda", "wan-1.3b", "wan-14b": what write_random_wan_model writes.
+std::vector<std::string> random_wan_model_presets();
+
+// Writes the directory of `preset`: "tiny" as write_tiny_wan_model, "tiny-a14b" in the two-expert
+// layout, "tiny-cuda" with tiny_cuda_wan_transformer_config; "wan-1.3b" and "wan-14b" at the
+// published sizes (Wan2.1-T2V transformer, UMT5-XXL text encoder, Wan 2.1 VAE) in the same layout,
+// with the tiny tokenizer (the real one is not downloadable; its ids are a subset of UMT5's
+// vocabulary), the transformer and the text encoder in bf16 and the VAE in fp32, sharded at 5 GiB
+// with an index as save_pretrained does. The big presets are streamed to disk a chunk at a time:
+// memory stays near 256 MiB and `threads` (<= 0: every core) draw the numbers. Returns the bytes of
+// weights written (0 for the tiny presets). Throws Error naming an unknown preset or a path it cannot write.
+uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed = 0, int threads = 0);
 
 // Seeded random fp32 CPU weights for `specs` at the scales the model directory gets: norm weights
 // near 1, matrices with unit-variance rows over their fan-in, biases and the rest small. For

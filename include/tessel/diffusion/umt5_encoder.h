@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,16 +42,31 @@ UMT5Config parse_umt5_config(std::string_view json_text, const std::string& sour
 // encoder.block.<i>.layer.<0|1>..., encoder.final_layer_norm.weight).
 std::vector<WeightSpec> umt5_weight_specs(const UMT5Config& config);
 
+// transformers' _relative_position_bucket for an encoder (bidirectional): the bucket of the
+// relative position key - query.
+int64_t umt5_relative_position_bucket(int64_t relative_position, int64_t num_buckets, int64_t max_distance);
+
+namespace diffusion::cuda {
+class UMT5CudaEncoder;
+}
+
+// An encoder lives on one device, chosen at construction:
+//   CPU: fp32 weights and compute.
+//   CUDA (builds with CUDA): the embedding and the linears in bf16 (cuBLASLt GEMMs, fp32
+//     accumulation), the RMSNorms, the residual stream and the position biases in fp32, attention
+//     with the bias and the padding mask in one kernel. Token ids, mask and output stay host tensors.
 class UMT5Encoder {
  public:
-  // `weights` holds exactly the tensors of umt5_weight_specs(config), any float dtype.
-  UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>& weights);
+  // `weights` holds exactly the tensors of umt5_weight_specs(config), any float dtype. Throws Error
+  // for a CUDA device in a build without CUDA.
+  UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>& weights, Device device = Device::cpu());
 
   // Reads a transformers model directory (a diffusers pipeline's text_encoder/): config.json and
   // model.safetensors, or the shards model.safetensors.index.json names. The token embedding may
   // be stored as shared.weight, encoder.embed_tokens.weight or both (tied: shared wins); decoder
   // tensors, when present, are skipped. Throws Error naming a missing file or tensor.
-  static UMT5Encoder load(const std::string& directory);
+  // On CUDA the tensors go from the shards to the device one at a time (no fp32 copy of the model).
+  static UMT5Encoder load(const std::string& directory, Device device = Device::cpu());
 
   // input_ids and attention_mask (B, L) int32 CPU contiguous (mask 1: a token, 0: padding; ids in
   // [0, vocab_size)); out (B, L, d_model) fp32 CPU contiguous. Throws Error naming a bad argument.
@@ -58,11 +74,17 @@ class UMT5Encoder {
                const TensorView& out) const;
 
   const UMT5Config& config() const { return config_; }
+  Device device() const { return device_; }
 
  private:
   UMT5Config config_;
-  std::map<std::string, Tensor> weights_;  // fp32
+  Device device_;
+  std::map<std::string, Tensor> weights_;  // fp32, CPU encoders
+  std::shared_ptr<const diffusion::cuda::UMT5CudaEncoder> cuda_;
   const float* weight(const std::string& name) const;
+  // An encoder whose weights load() puts on the device afterwards.
+  struct WeightsLater {};
+  UMT5Encoder(UMT5Config config, Device device, WeightsLater);
 };
 
 }  // namespace tessel

@@ -41,6 +41,8 @@ struct WanStepProgress {
   int64_t total_steps = 0;
   double timestep = 0.0;    // the timestep of the step just finished
   double step_seconds = 0.0;
+  // The part of step_seconds the scheduler's update of the latents took (on the host).
+  double scheduler_seconds = 0.0;
   double elapsed_seconds = 0.0;
   double eta_seconds = 0.0;  // the mean step time so far times the steps left
   TensorView latents;        // the latents after this step; valid during the callback only
@@ -122,6 +124,12 @@ class WanPipeline {
   // starting noise of the latent shape (fp32 CPU contiguous), or empty for wan_initial_noise(seed).
   // Each transformer call gets StepInfo::at(step, steps), so sparse schedules and dense warm-up
   // steps apply. Throws Error naming a bad argument before the first step.
+  // With a transformer on a CUDA device the text, the batched model input, the prediction and the
+  // CFG combination stay on that device (ctx.stream; a workspace of the generation's own): each
+  // step uploads the latents and downloads the guided flow once, and the scheduler steps the
+  // latents on the host (WanStepProgress::scheduler_seconds). The VAE then decodes on the context's
+  // device (the CPU, with a warning, when the CUDA decoder is unavailable). The
+  // noise of a seed is the same on every device. CFG-parallel needs a CPU transformer.
   WanGenerationResult generate(const ExecContext& ctx, const TensorView& prompt_embeds,
                                const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,
                                const TensorView& initial_latents = {}) const;
@@ -132,6 +140,7 @@ class WanPipeline {
   VideoFrames decode(const ExecContext& ctx, const TensorView& latents) const;
 
  private:
+  VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents) const;
   const WanTransformer& transformer_;
   Scheduler& scheduler_;
   const WanVae* vae_;

@@ -17,7 +17,8 @@ class WanTextEncoder {
  public:
   // Reads a diffusers model directory's tokenizer/ and text_encoder/. Throws Error naming a missing
   // component, or a tokenizer whose ids the encoder's vocabulary does not cover.
-  static WanTextEncoder load(const std::string& model_directory);
+  // The encoder runs on `device` (UMT5Encoder::load); tokens and embeddings stay host tensors.
+  static WanTextEncoder load(const std::string& model_directory, Device device = Device::cpu());
   WanTextEncoder(UMT5Tokenizer tokenizer, UMT5Encoder encoder);
 
   // (prompts, max_length, d_model) fp32 CPU. Throws Error naming a bad prompt ("prompts[i]").

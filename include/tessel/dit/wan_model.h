@@ -98,6 +98,11 @@ struct WanBlockCacheInput {
   const float* time_projection = nullptr;   // (batch, 6 * dim): what every block's modulation adds
   const float* embeddings = nullptr;        // (batch, tokens, dim): the patch embeddings block 0 got
   bool sequence_sharded = false;            // `tokens` is one rank's shard of the sequence
+  // Where `hidden` and `blocks_input` live, and the forward's stream for device work. The
+  // conditioning vectors are host memory on every device (a CUDA forward copies them down, a few
+  // kilobytes, and waits for them); a CUDA forward passes no `embeddings`.
+  Device device = Device::cpu();
+  StreamHandle stream = nullptr;
 };
 
 // A hook that may skip a span of the transformer blocks of a forward by reusing a residual it keeps.
@@ -115,6 +120,9 @@ class WanBlockCache {
   virtual bool before_blocks(const WanBlockCacheInput& input, float* hidden) = 0;
   // After the span ran: `blocks_input` is what entered it, `hidden` what came out.
   virtual void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) = 0;
+  // Whether the hooks take hidden states in `device`'s memory (hooks that loop over them on the
+  // host take only the CPU's); a forward on another device refuses the cache with an Error.
+  virtual bool handles_device(Device device) const { return device.is_cpu(); }
 };
 
 // The spatial layout sparse patterns with a geometry (radial, spatial_aware, local, ...) need for a
@@ -152,7 +160,8 @@ class WanTransformer {
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
   // `block_cache`, when given, is asked before the span of blocks it covers whether to run it (it
   // needs one timestep per batch entry: a (B, S) timestep is an Error, and so are leading and
-  // trailing blocks outside [0, num_layers]; a CUDA model takes none yet).
+  // trailing blocks outside [0, num_layers]; a CUDA model takes only a cache whose hooks handle its
+  // device, WanBlockCache::handles_device).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
                WanBlockCache* block_cache = nullptr) const;

@@ -23,6 +23,9 @@ struct WanRunnerConfig {
   // request's prompt through the model's tokenizer/ and text_encoder/.
   std::string embeddings_file;
   int num_threads = 0;                 // CPU threads (0: the OpenMP default)
+  // Where the transformer and the text encoder run: "cpu" (fp32) or "cuda[:N]" (bf16), as
+  // `tessel generate --device`; the VAE decodes on the CPU either way.
+  std::string device = "cpu";
   std::string sparse_attn_config_json;  // the default setting: a SparseAttnConfig's JSON; empty: dense
   // Other settings a request may name in `sparse_attention` (name -> config JSON, empty: dense);
   // each is loaded the first time a request names it (another copy of the transformer's weights).

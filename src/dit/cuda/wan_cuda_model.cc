@@ -50,6 +50,7 @@ struct Activations {
   // rank's per-token timesteps.
   bf16* all_patches;
   float *all_out_patches, *shard_timestep;
+  float* blocks_input;  // with a step cache: the hidden states entering its span of blocks
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
 };
@@ -89,6 +90,7 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
     a.all_out_patches = taker.take<float>(s.batch * seq * c.out_channels * c.patch_volume(), "output patches of every shard");
     if (s.per_token_timestep) a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
   }
+  a.blocks_input = s.block_cache ? taker.take<float>(rows * dim, "blocks input (step cache)") : nullptr;
   return a;
 }
 
@@ -193,7 +195,7 @@ size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
 void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                            const float* timestep, const float* text, float* out,
                            const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-                           WanSequenceParallel* sequence_parallel) const {
+                           WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache) const {
   const WanConfig& c = config_;
   const tessel::cuda::DeviceGuard guard(device_.index);
   cudaStream_t stream = ctx.stream;
@@ -290,7 +292,41 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   linear("condition_embedder.text_embedder.linear_2", a.text_hidden, text_rows, dim, dim, a.context);
   timeline.charge(&WanForwardProfile::gemm_s);
 
+  // A step cache stands in for its span [span_first, span_last) of the blocks when it says so,
+  // deciding on the host from the conditioning (copied down once).
+  const int64_t span_first = block_cache ? block_cache->leading_blocks() : 0;
+  const int64_t span_last = block_cache ? c.num_layers - block_cache->trailing_blocks() : c.num_layers;
+  if (block_cache && (span_first < 0 || span_last > c.num_layers || span_first > span_last))
+    fail_argument("block_cache leading and trailing blocks", detail::concat("two counts >= 0 summing to at most num_layers = ", c.num_layers),
+                  detail::concat(span_first, " and ", c.num_layers - span_last));
+  if (block_cache && !shape.block_cache) fail_argument("WanForwardShape::block_cache", "true with a block cache", "false");
+  std::vector<float> host_temb, host_projection;
+  WanBlockCacheInput cache_input{&step, batch, rows / batch, dim};
+  cache_input.sequence_sharded = sequence_parallel != nullptr;
+  cache_input.device = device_;
+  cache_input.stream = ctx.stream;
+  const auto begin_span = [&] {
+    host_temb.resize(static_cast<size_t>(groups * dim));
+    host_projection.resize(static_cast<size_t>(groups * 6 * dim));
+    check_cuda(cudaMemcpyAsync(host_temb.data(), a.temb, host_temb.size() * sizeof(float), cudaMemcpyDeviceToHost, stream), "temb download");
+    check_cuda(cudaMemcpyAsync(host_projection.data(), a.modulation_input, host_projection.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                               stream),
+               "time projection download");
+    check_cuda(cudaStreamSynchronize(stream), "step cache conditioning");
+    cache_input.time_embedding = host_temb.data();
+    cache_input.time_projection = host_projection.data();
+    const bool run = block_cache->before_blocks(cache_input, a.hidden);
+    if (run)
+      check_cuda(cudaMemcpyAsync(a.blocks_input, a.hidden, static_cast<size_t>(rows * dim) * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                 "span input copy");
+    timeline.charge(&WanForwardProfile::other_s);
+    return run;
+  };
+  bool run_span = true;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    if (block_cache && layer == span_first) run_span = begin_span();
+    if (block_cache && layer == span_last && run_span) block_cache->after_blocks(cache_input, a.blocks_input, a.hidden);
+    if (!run_span && layer >= span_first && layer < span_last) continue;
     const auto block = [&](const std::string& name) { return wan_block_tensor(layer, name); };
     // modulation chunk i of this block: table row i + the time projection's chunk i.
     const float* table = f32(block("scale_shift_table"));
@@ -365,6 +401,10 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, modulation(5), stream);
     timeline.charge(&WanForwardProfile::other_s);
   }
+
+  // A span that reaches the last block (or is empty there) ends after the loop.
+  if (block_cache && span_first == c.num_layers) run_span = begin_span();
+  if (block_cache && span_last == c.num_layers && run_span) block_cache->after_blocks(cache_input, a.blocks_input, a.hidden);
 
   // Output: AdaLN whose shift and scale are the table's rows plus temb itself, the projection to
   // patches in fp32, unpatchify.

@@ -22,18 +22,22 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cublaslt_gemm.h"
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/dit/checkpoint.h"
 #include "tessel/dit/wan_config.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/kernels/cuda/cublaslt_gemm.h"
 
 namespace tessel {
 class WanSequenceParallel;
 }
 
 namespace tessel::dit::cuda {
+
+using tessel::cuda::CublasLtGemm;
+using tessel::cuda::GemmEpilogue;
+using tessel::cuda::GemmShape;
 
 // One stored tensor per spec of wan_weight_specs(config): a CPU view of any float dtype, read
 // while the call lasts (a loaded map's tensor, or a checkpoint's memory-mapped bytes).
@@ -47,6 +51,7 @@ struct WanForwardShape {
   // Under sequence parallelism (WanSequenceParallel): this rank's token rows per batch entry and
   // the number of shards; 0 and 1 when this process runs every token.
   int64_t shard_tokens = 0, shards = 1;
+  bool block_cache = false;  // a step cache's hooks run: the skippable span's input is kept
 };
 
 class WanCudaModel {
@@ -68,10 +73,13 @@ class WanCudaModel {
   // checked. self_attention: one module per block, or empty for dense attention everywhere.
   // sequence_parallel: null, or the shards of shape.shard_tokens rows the blocks run on (the
   // forward is then collective over its sequence group; every rank gets the whole output).
+  // block_cache (with shape.block_cache): asked before its span of blocks whether to run it, with
+  // host copies of the conditioning (the forward waits for them: one small copy per forward) and
+  // the device's hidden states (this rank's rows).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, float* out,
                const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-               WanSequenceParallel* sequence_parallel = nullptr) const;
+               WanSequenceParallel* sequence_parallel = nullptr, WanBlockCache* block_cache = nullptr) const;
 
  private:
   const void* weight(const std::string& name) const;

@@ -1,9 +1,10 @@
-// Linear layers on the GPU through cuBLASLt (internal): y (m, n) = x (m, k) · w (n, k)^T + bias (n),
+// Linear layers on the GPU through cuBLASLt: y (m, n) = x (m, k) · w (n, k)^T (+ bias (n)),
 // row-major, with w a PyTorch Linear weight as stored (out_features, in_features), so no weight is
 // transposed. Inputs are bf16 (fp32 accumulation) or fp32 (fp32 compute, no TF32, for the
 // conditioning path diffusers keeps in fp32); the output is bf16 or fp32 and the bias has the
 // output's type (cuBLASLt's rule for its bias epilogue). GELU with the tanh approximation is fused
-// into the epilogue on request (cuBLASLt's GELU is that approximation).
+// into the epilogue on request (cuBLASLt's GELU is that approximation). Shared by the CUDA models
+// (the Wan transformer's linears all have a bias; T5's have none).
 //
 // The algorithm for each (m, n, k, types, epilogue) is chosen once by cuBLASLt's heuristic and
 // cached with its descriptors, so a run after the first of a shape only enqueues the matmul: no
@@ -21,9 +22,11 @@
 
 #include "tessel/core/dtype.h"
 
-namespace tessel::dit::cuda {
+namespace tessel::cuda {
 
-enum class GemmEpilogue { kBias, kBiasGeluTanh };
+// What the matmul's epilogue adds: the bias, the bias then GELU-tanh, nothing, or GELU-tanh alone
+// (the bias pointer is then ignored and may be null).
+enum class GemmEpilogue { kBias, kBiasGeluTanh, kNone, kGeluTanh };
 
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
@@ -45,7 +48,7 @@ class CublasLtGemm {
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
-  // Enqueues y = x · w^T + bias (then GELU-tanh) on `stream` (every Wan linear has a bias).
+  // Enqueues y = x · w^T (+ bias) (then GELU-tanh) on `stream`, as shape.epilogue says.
   // `workspace` holds kWorkspaceBytes. Throws Error when cuBLASLt has no algorithm for the shape
   // or a call fails.
   void linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
@@ -60,4 +63,4 @@ class CublasLtGemm {
   mutable std::map<GemmShape, std::unique_ptr<Plan>> plans_;
 };
 
-}  // namespace tessel::dit::cuda
+}  // namespace tessel::cuda

@@ -6,16 +6,16 @@
 //
 // libcublasLt is opened at run time, the first time a model needs it, rather than linked: it is
 // half a gigabyte that not every machine running tessel's other CUDA code has on its library
-// path, and a missing one should fail the Wan CUDA model with a message, not every program that
-// loads libtessel.
-#include "cuda/cublaslt_gemm.h"
+// path, and a missing one should fail the CUDA model that needs it with a message, not every
+// program that loads libtessel.
+#include "tessel/kernels/cuda/cublaslt_gemm.h"
 
 #include <cublasLt.h>
 #include <dlfcn.h>
 
 #include "tessel/core/error.h"
 
-namespace tessel::dit::cuda {
+namespace tessel::cuda {
 namespace {
 
 // The cuBLASLt functions this file calls, resolved from the shared library once.
@@ -48,7 +48,7 @@ const CublasLtApi& cublaslt() {
   static const CublasLtApi api = [] {
     void* library = dlopen(kCublasLtLibrary, RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr)
-      throw Error(detail::concat("the Wan CUDA model needs cuBLASLt: ", kCublasLtLibrary, " could not be opened (", dlerror(),
+      throw Error(detail::concat("tessel's CUDA models need cuBLASLt: ", kCublasLtLibrary, " could not be opened (", dlerror(),
                                  "); put the folder that holds it (the CUDA toolkit's lib64, or the nvidia-cublas Python "
                                  "package's nvidia/cublas/lib) on LD_LIBRARY_PATH"));
     CublasLtApi loaded;
@@ -76,6 +76,18 @@ cudaDataType_t cuda_type(DType dtype) {
     default: throw Error(detail::concat("cuBLASLt linear: element type ", dtype_name(dtype), ", expected bf16 or fp32"));
   }
 }
+
+cublasLtEpilogue_t epilogue_of(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kBiasGeluTanh: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::kNone: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kGeluTanh: return CUBLASLT_EPILOGUE_GELU;
+  }
+  throw Error("cuBLASLt linear: unknown epilogue");
+}
+
+bool has_bias(GemmEpilogue epilogue) { return epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasGeluTanh; }
 
 }  // namespace
 
@@ -117,8 +129,7 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA",
         shape);
   check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)), "TRANSB", shape);
-  const cublasLtEpilogue_t epilogue =
-      shape.epilogue == GemmEpilogue::kBiasGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  const cublasLtEpilogue_t epilogue = epilogue_of(shape.epilogue);
   check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue",
         shape);
   const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
@@ -156,12 +167,13 @@ void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, 
   const std::lock_guard lock(mutex_);
   const Plan& plan = plan_for(shape);
   // The bias pointer lives in the cached descriptor; cuBLASLt reads it when the matmul is enqueued.
-  check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer",
-        shape);
+  if (has_bias(shape.epilogue))
+    check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+          "bias pointer", shape);
   const float alpha = 1.0f, beta = 0.0f;
   check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
                        plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
         "matmul", shape);
 }
 
-}  // namespace tessel::dit::cuda
+}  // namespace tessel::cuda

@@ -1,0 +1,83 @@
+// The CPU flow predictor of the Wan denoising loop (see wan_flow_predictor.h).
+#include "wan_flow_predictor.h"
+
+#include <cstring>
+#include <vector>
+
+#include "tessel/parallel/cfg_parallel.h"
+
+namespace tessel {
+namespace {
+
+// Stacks the rows of `parts` (each (1, ...), the same shape) along the batch axis.
+Tensor stack_batch(const std::vector<const TensorView*>& parts) {
+  Shape shape = parts.front()->shape();
+  shape[0] = static_cast<int64_t>(parts.size());
+  Tensor out = Tensor::empty(shape, DType::kF32);
+  char* destination = static_cast<char*>(out.data());
+  for (const TensorView* part : parts) {
+    std::memcpy(destination, part->data(), part->nbytes());
+    destination += part->nbytes();
+  }
+  return out;
+}
+
+class CpuFlowPredictor final : public WanFlowPredictor {
+ public:
+  explicit CpuFlowPredictor(const WanFlowRequest& request)
+      : request_(request),
+        guided_(request.guided),
+        cfg_parallel_(guided_ && request.cfg_group != nullptr && request.cfg_group->size() == 2),
+        branch_(cfg_parallel_ ? cfg_branch(*request.cfg_group) : 0),
+        batch_(guided_ && !cfg_parallel_ ? 2 : 1) {
+    const TensorView& prompt = request.prompt_embeds;
+    const TensorView& negative = request.negative_prompt_embeds;
+    text_ = !guided_       ? stack_batch({&prompt})
+            : cfg_parallel_ ? stack_batch({branch_ == 0 ? &prompt : &negative})
+                            : stack_batch({&prompt, &negative});
+    Shape batch_shape = request.latent_shape;
+    batch_shape[0] = batch_;
+    model_input_ = Tensor::empty(batch_shape, DType::kF32);
+    prediction_ = Tensor::empty(batch_shape, DType::kF32);
+    Shape branches_shape = batch_shape;  // (2, 1, ...): the gathered branches, in branch order
+    branches_shape.insert(branches_shape.begin(), 2);
+    if (cfg_parallel_) branches_ = Tensor::empty(branches_shape, DType::kF32);
+    timestep_ = Tensor::empty({batch_}, DType::kF32);
+    guided_prediction_ = Tensor::empty(request.latent_shape, DType::kF32);
+  }
+
+  TensorView predict(const ExecContext& ctx, int64_t step, int64_t total_steps, const TensorView& latents,
+                     double timestep) override {
+    const int64_t count = latents.numel();
+    for (int64_t b = 0; b < batch_; ++b) {
+      std::memcpy(model_input_.data_as<float>() + b * count, latents.data(), latents.nbytes());
+      timestep_.data_as<float>()[b] = static_cast<float>(timestep);
+    }
+    request_.transformer->forward(ctx, StepInfo::at(step, total_steps, 0, branch_), model_input_, timestep_, text_, prediction_,
+                                  nullptr, request_.block_cache);
+    if (cfg_parallel_) gather_cfg_branches(ctx, *request_.cfg_group, prediction_.view(), branches_.view());
+    // Without guidance the prediction is the conditional branch's alone, of the latent shape.
+    if (!guided_) return TensorView(prediction_.data(), DType::kF32, Device::cpu(), request_.latent_shape);
+    const float* cond = (cfg_parallel_ ? branches_ : prediction_).data_as<const float>();
+    const float* uncond = cond + count;
+    float* out = guided_prediction_.data_as<float>();
+    const auto scale = static_cast<float>(request_.guidance_scale);
+    for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);
+    return guided_prediction_.view();
+  }
+
+ private:
+  WanFlowRequest request_;
+  bool guided_, cfg_parallel_;
+  int branch_;
+  int64_t batch_;
+  Tensor text_, model_input_, prediction_, branches_, timestep_, guided_prediction_;
+};
+
+}  // namespace
+
+std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request) {
+  return std::make_unique<CpuFlowPredictor>(request);
+}
+
+}  // namespace tessel

@@ -1,0 +1,51 @@
+// What one step of the Wan denoising loop asks of the transformer (internal to WanPipeline): the
+// guided flow for the current latents. The loop keeps the latents and the scheduler on the host;
+// a predictor owns everything else of a generation on the transformer's device (the batched
+// inputs, the output, the CFG combination), so the loop is the same for every device.
+//
+// The CPU predictor batches both CFG branches into one fp32 forward (or runs one branch per rank
+// under CFG-parallel). The CUDA predictor keeps the text, the batched latents, the prediction and
+// the guided flow on the device: per step it uploads the latents once (both batch rows copied on
+// the device), runs the batch-2 forward, combines the branches with a kernel and downloads the
+// guided flow once. The scheduler's update then runs on the host (a few element-wise passes over
+// one latent; WanStepProgress::scheduler_seconds reports what it costs).
+#pragma once
+
+#include <memory>
+
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+#include "tessel/dit/wan_model.h"
+#include "tessel/parallel/communicator.h"
+
+namespace tessel {
+
+struct WanFlowRequest {
+  const WanTransformer* transformer = nullptr;
+  TensorView prompt_embeds;           // (1, L, text_dim) fp32 CPU
+  TensorView negative_prompt_embeds;  // the same shape, with guidance
+  Shape latent_shape;                 // (1, C, F, H, W)
+  bool guided = false;                // both branches, combined with guidance_scale
+  double guidance_scale = 1.0;        // this transformer's scale (Wan 2.2's experts have one each)
+  Communicator* cfg_group = nullptr;  // a group of two: one branch per rank
+  WanBlockCache* block_cache = nullptr;
+};
+
+class WanFlowPredictor {
+ public:
+  virtual ~WanFlowPredictor() = default;
+  // The flow the scheduler steps `latents` (latent shape, fp32 CPU contiguous) with at
+  // `timestep`: uncond + scale * (cond - uncond) when guided, the conditional prediction without.
+  // fp32 CPU contiguous of the latent shape, valid until the next call.
+  virtual TensorView predict(const ExecContext& ctx, int64_t step, int64_t total_steps, const TensorView& latents,
+                             double timestep) = 0;
+};
+
+std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request);
+#ifdef TESSEL_WITH_CUDA
+// For a transformer on a CUDA device. Throws Error for CFG-parallel (the CUDA loop runs both
+// branches as one batch).
+std::unique_ptr<WanFlowPredictor> make_cuda_flow_predictor(const ExecContext& ctx, const WanFlowRequest& request);
+#endif
+
+}  // namespace tessel
