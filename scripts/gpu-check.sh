@@ -8,7 +8,8 @@
 #      compute-sanitizer memcheck and racecheck on a small case;
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
 #      `tessel bench --device cuda` at the benchmark shapes (B=1, H=40, D=128, bf16,
-#      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1) and the peers of bench/peer_attention.py
+#      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1; head dims 64, 96, 192, 256 at S=6630;
+#      FP8 against bf16 with --fp8 at every S) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
 #      per-head calibration on the device (`tessel calibrate --device cuda`, synthetic video data,
@@ -116,7 +117,9 @@ if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
        compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/xattention_estimator_gpu_test" \
          --gtest_filter='*GraphCapture*' >>"$OUTDIR/$tool.log" 2>&1 &&
        compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/xattention_block_mass_gpu_test" \
-         --gtest_filter='*MatchesTheFp64Oracle' >>"$OUTDIR/$tool.log" 2>&1; then
+         --gtest_filter='*MatchesTheFp64Oracle' >>"$OUTDIR/$tool.log" 2>&1 &&
+       compute-sanitizer --tool "$tool" --error-exitcode 3 "$BIN/attention_fp8_gpu_test" \
+         --gtest_filter='*BlockSparseEmptyAndOddRows/bf16' >>"$OUTDIR/$tool.log" 2>&1; then
       result="clean ($(grep -o 'ERROR SUMMARY: [0-9]* error[s]*\|RACECHECK SUMMARY: [0-9]* hazard[s]*' "$OUTDIR/$tool.log" | tail -1))"
     else
       result="FAILED (see $OUTDIR/$tool.log)"
@@ -144,6 +147,13 @@ if [[ $RUN_BENCH == 1 ]]; then
     echo "== tessel bench D=$d S=6630"
     "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim "$d" --seq 6630 \
       --density 1,0.2 --iters "$ITERS" --warmup 3 >>"$OUTDIR/head_dims.txt" 2>&1 || echo "bench D=$d FAILED" >>"$OUTDIR/head_dims.txt"
+  done
+  # FP8 (e4m3) attention against bf16 in one run per length: dense and d=0.2, each with its FP8 row.
+  : >"$OUTDIR/fp8.txt"
+  for s in $SEQS; do
+    echo "== tessel bench --fp8 S=$s"
+    "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim 128 --seq "$s" \
+      --density 1,0.2 --fp8 --iters "$ITERS" --warmup 3 >>"$OUTDIR/fp8.txt" 2>&1 || echo "bench --fp8 S=$s FAILED" >>"$OUTDIR/fp8.txt"
   done
 fi
 
@@ -228,6 +238,7 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/calibrate.txt" ]] && cat "$OUTDIR/calibrate.txt"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
 [[ -s "$OUTDIR/vae_decode.txt" ]] && { sed -n '/== side by side/,$p' "$OUTDIR/vae_decode.txt"; grep -E "^Wan VAE|FAILED|Error" "$OUTDIR/vae_decode.txt" || true; }
+[[ -s "$OUTDIR/fp8.txt" ]] && cat "$OUTDIR/fp8.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then

@@ -102,6 +102,7 @@ void validate(const BenchConfig& c) {
   for (double d : c.densities)
     if (!(d > 0.0 && d <= 1.0)) fail_argument("--density", "values in (0, 1]", d);
   if (c.device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", c.device.str());
+  if (c.fp8 && !c.device.is_cuda()) fail_argument("--fp8", "--device cuda (FP8 attention runs on CUDA)", c.device.str());
 }
 
 }  // namespace
@@ -114,7 +115,8 @@ nlohmann::json BenchConfig::to_json() const {
           {"densities", densities},     {"block_q", block_q},
           {"block_kv", block_kv},       {"iters", iters},
           {"warmup", warmup},           {"threads", device.is_cpu() ? max_threads() : 0},
-          {"causal", causal},           {"seed", seed}};
+          {"causal", causal},           {"fp8", fp8},
+          {"seed", seed}};
 }
 
 nlohmann::json BenchReport::to_json() const {
@@ -188,21 +190,26 @@ BenchReport run_bench(const BenchConfig& config) {
   // Scratch sized once, as a plan would: the timed calls allocate nothing.
   Workspace workspace(config.device);
   const AttentionDims dims{config.batch, config.seq, config.effective_seq_kv(), config.heads,
-                           config.effective_kv_heads(), config.head_dim};
+                           config.effective_kv_heads(), config.head_dim,
+                           config.fp8 ? AttentionPrecision::kFp8 : AttentionPrecision::kInput};
   workspace.reserve(attention_workspace_bytes(ctx, config.device, dims, config.block_kv));
   ctx.workspace = &workspace;
   Inputs in = make_inputs(config);
   AttentionOptions opt;
   opt.causal = config.causal;
+  AttentionOptions fp8_opt = opt;
+  fp8_opt.precision = AttentionPrecision::kFp8;
   const double flops = 4.0 * static_cast<double>(config.batch * config.heads) * static_cast<double>(config.seq) *
                        static_cast<double>(config.effective_seq_kv()) * static_cast<double>(config.head_dim);
-  // One method per density: the masks (host and device copies) live until every run is timed.
+  // One method per density (and its FP8 twin with --fp8): the masks (host and device copies) live
+  // until every run is timed.
   struct Method {
     BenchResult result;
     std::optional<BlockMask> mask;
     std::optional<BlockMask::DeviceCopy> device_mask;
   };
   std::vector<Method> methods(config.densities.size());
+  methods.reserve(2 * config.densities.size());  // the FP8 twins never move the masks the runs read
   std::vector<std::function<void()>> runs;
   for (size_t n = 0; n < config.densities.size(); ++n) {
     Method& m = methods[n];
@@ -223,11 +230,31 @@ BenchReport run_bench(const BenchConfig& config) {
     m.result.density = m.mask ? m.mask->density() : 1.0;
     if (!config.save_mask_dir.empty()) save_bench_mask(config, config.densities[n], m.mask ? &*m.mask : nullptr);
   }
+  if (config.fp8) {
+    // The same calls in FP8, on the same masks (the device copies stay with the methods above).
+    const size_t plain_methods = methods.size();
+    for (size_t n = 0; n < plain_methods; ++n) {
+      Method twin;
+      twin.result.method = methods[n].result.method + "_fp8";
+      twin.result.density = methods[n].result.density;
+      if (methods[n].device_mask) {
+        const BlockMaskView view = methods[n].device_mask->view();
+        runs.push_back([&ctx, &in, &fp8_opt, view] {
+          block_sparse_attention_forward(ctx, in.q, in.k, in.v, view, in.out, in.lse, fp8_opt);
+        });
+      } else {
+        runs.push_back([&ctx, &in, &fp8_opt] { attention_forward(ctx, in.q, in.k, in.v, in.out, in.lse, fp8_opt); });
+      }
+      methods.push_back(std::move(twin));
+    }
+  }
   const std::vector<double> ms = time_medians_ms(config, ctx, runs);
   BenchReport report{config, {}};
+  const size_t plain_methods = config.densities.size();
   for (size_t n = 0; n < methods.size(); ++n) {
     Method& m = methods[n];
-    const BlockMask* mask = m.mask ? &*m.mask : nullptr;
+    const Method& plain = methods[n % plain_methods];  // an FP8 twin's mask is its plain method's
+    const BlockMask* mask = plain.mask ? &*plain.mask : nullptr;
     m.result.ms = ms[n];
     const double seconds = m.result.ms * 1e-3;
     m.result.tflops_dense_equiv = flops / seconds * 1e-12;

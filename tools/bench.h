@@ -26,6 +26,7 @@ struct BenchConfig {
   int64_t block_q = 128, block_kv = 64;
   int iters = 10, warmup = 2, threads = 0;  // threads 0 = default
   bool causal = false;
+  bool fp8 = false;  // also time each method in FP8 (AttentionPrecision::kFp8), as "<method>_fp8"
   uint64_t seed = 0;
   int64_t check_rows = 16;  // query rows compared with the fp64 reference
   std::string save_mask_dir;  // non-empty: write every mask used there (bench_mask_export.h)
@@ -36,7 +37,7 @@ struct BenchConfig {
 };
 
 struct BenchResult {
-  std::string method;       // "dense" or "block_sparse"
+  std::string method;       // "dense" or "block_sparse", "_fp8" appended for the FP8 runs
   double density = 1.0;     // fraction of blocks actually kept
   double ms = 0.0;          // median over iters
   double tflops_dense_equiv = 0.0;  // 4*B*H*Sq*Skv*D / time

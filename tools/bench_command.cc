@@ -78,6 +78,9 @@ CommandRegistration registration{
       app.add_option("--threads", config->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
       app.add_option("--seed", config->seed, "seed of the inputs and masks")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--causal", config->causal, "causal attention (bottom-right aligned)");
+      app.add_flag("--fp8", config->fp8,
+                   "also time every method in FP8 (e4m3 with per-block q/k and per-channel v scales; CUDA, "
+                   "compute capability 9.0, head dim 128)");
       app.add_option("--save-mask", config->save_mask_dir,
                      "write each mask used (FlexAttention's kv_num_blocks/kv_indices) to this directory");
       app.add_flag("--json", *json, "print one JSON object instead of a table");

@@ -72,6 +72,8 @@ Dims check_attention_args(const TensorView& q, const TensorView& k, const Tensor
   if (!std::isfinite(options.scale)) fail_argument("options.scale", "a finite value (0 = 1/sqrt(D))", options.scale);
   if (options.window_left < -1) fail_argument("options.window_left", ">= -1 (-1 = unbounded)", options.window_left);
   if (options.window_right < -1) fail_argument("options.window_right", ">= -1 (-1 = unbounded)", options.window_right);
+  if (options.precision == AttentionPrecision::kFp8 && device.is_cpu())
+    fail_argument("options.precision", "the inputs' precision on CPU (FP8 runs on CUDA, compute capability 9.0)", "fp8");
   return d;
 }
 
@@ -131,6 +133,7 @@ size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const At
                                  int64_t mask_block_kv) {
   if (!device.is_cpu()) {
 #ifdef TESSEL_WITH_CUDA
+    if (device.is_cuda() && dims.precision == AttentionPrecision::kFp8) return cuda::fp8_attention_workspace_bytes(dims);
     if (device.is_cuda() && mask_block_kv > 0) return cuda::block_sparse_attention_workspace_bytes(dims);
 #endif
     return 0;

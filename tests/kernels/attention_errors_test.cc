@@ -29,6 +29,22 @@ struct Fixture {
   Tensor lse = poisoned({1, 4, 16}, DType::kF32);
 };
 
+// FP8 compute (AttentionPrecision::kFp8) runs on CUDA only: CPU calls say so and write nothing.
+TEST(AttentionErrors, Fp8PrecisionIsCudaOnly) {
+  Fixture f;
+  AttentionOptions fp8;
+  fp8.precision = AttentionPrecision::kFp8;
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, f.lse, fp8); }, "options.precision", f.out);
+  BlockMaskShape shape;
+  shape.seq_q = 16;
+  shape.seq_kv = 24;
+  shape.block_q = 16;
+  shape.block_kv = 8;
+  const BlockMask mask = BlockMask::full(shape);
+  expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, mask.view(), f.out, f.lse, fp8); },
+               "options.precision", f.out);
+}
+
 TEST(AttentionErrors, ShapesDtypesHeadsAndLse) {
   Fixture f;
   const Tensor k_bad_dim = Tensor::zeros({1, 24, 2, 16}, DType::kF32);

@@ -27,6 +27,8 @@
 namespace tessel {
 namespace {
 
+using gpu_test::expect_error_naming;
+using gpu_test::hopper_device;
 using testing::compare;
 using testing::Errors;
 using testing::Qkv;
@@ -34,19 +36,6 @@ using testing::Qkv;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
 
-// Head dims 96, 192 and 256 run only in the Hopper kernel: compute capability 9.0 (the GPU test
-// binaries are built with sm_90a code for such devices).
-bool hopper_device() {
-#ifdef TESSEL_WITH_CUDA
-  int device = 0, major = 0, minor = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
-         minor == 0;
-#else
-  return false;
-#endif
-}
 bool hopper_only_head_dim(int64_t dim) { return dim == 96 || dim == 192 || dim == 256; }
 #define SKIP_WITHOUT_KERNEL_FOR(dim)                       \
   if (hopper_only_head_dim(dim) && !hopper_device()) \
@@ -463,14 +452,6 @@ TEST(AttentionGpu, MergeWithEmptyPartsGivesZeroAndMinusInfinity) {
   EXPECT_FLOAT_EQ(o.data_as<float>()[128], 0.25f);
 }
 
-void expect_error_naming(const std::function<void()>& call, const std::string& argument) {
-  try {
-    call();
-    ADD_FAILURE() << "expected tessel::Error naming " << argument;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos) << e.what();
-  }
-}
 
 // A mask over 64 queries and 64 keys that keeps every block, on `gpu`.
 BlockMask::DeviceCopy full_mask_of_64_tokens(Device gpu, int64_t block_q, int64_t block_kv) {

@@ -1,14 +1,47 @@
 // Helpers for the GPU attention tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
 
+#include "tessel/core/error.h"
 #include "tessel/kernels/block_mask_view.h"
 #include "tessel/kernels/reference.h"
 
+#ifdef TESSEL_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace tessel::gpu_test {
+
+// A compute capability 9.0 device: the one that runs the Hopper kernel (head dims 96, 192, 256 and
+// the FP8 mode; the GPU test binaries carry sm_90a code for it).
+inline bool hopper_device() {
+#ifdef TESSEL_WITH_CUDA
+  int device = 0, major = 0, minor = 0, count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+         minor == 0;
+#else
+  return false;
+#endif
+}
+
+// Runs `call` and expects a tessel::Error whose message names `argument`.
+inline void expect_error_naming(const std::function<void()>& call, const std::string& argument) {
+  try {
+    call();
+    ADD_FAILURE() << "expected tessel::Error naming " << argument;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos) << e.what();
+  }
+}
 
 // True when the CPU mask keeps the kv block of key j for query i of (batch, q head h).
 inline bool mask_keeps(const BlockMaskView& mask, int64_t heads, int64_t kv_heads, int64_t b, int64_t h, int64_t i,

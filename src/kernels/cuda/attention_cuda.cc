@@ -9,6 +9,7 @@
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_params.h"
 #include "cuda/hopper/flash_forward_hopper.h"
+#include "cuda/hopper/fp8_operands.h"
 #include "cuda/hopper/work_order.h"
 #include "cuda/merge_states.h"
 #include "tessel/kernels/cuda/launch_check.h"
@@ -109,18 +110,62 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
   return p;
 }
 
+detail::Fp8Shape fp8_shape_of(const AttentionDims& dims) {
+  return {dims.batch, dims.seq_q, dims.seq_kv, dims.heads, dims.kv_heads, dims.head_dim};
+}
+
+// The FP8 mode's limits: head dim 128 and the Hopper kernel (block masks of whole blocks whose
+// block_q is a multiple of its 128 rows). mask: nullptr for dense attention.
+void check_fp8_supported(const TensorView& q, const BlockMaskView* mask) {
+  if (q.size(3) != 128)
+    fail_argument("options.precision", "fp8 with head dim 128", tessel::detail::concat("fp8 with head dim ", q.size(3)));
+  const bool whole_blocks = mask == nullptr || mask->sub_block_bits == nullptr;
+  if (!whole_blocks || !detail::flash_forward_hopper_fits(128, mask != nullptr, mask != nullptr ? static_cast<int>(mask->block_q) : 0))
+    fail_argument("options.precision",
+                  "fp8 on a compute capability 9.0 device of a build with sm_90a code (block masks: whole blocks, "
+                  "block_q a multiple of 128)",
+                  "fp8 on this device or mask");
+}
+
+// The quantized operands' slices of ctx.workspace, after the schedule's room.
+detail::Fp8Operands fp8_operands_in_workspace(const ExecContext& ctx, const TensorView& q, const TensorView& k) {
+  const AttentionDims dims{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), AttentionPrecision::kFp8};
+  const size_t needed = fp8_attention_workspace_bytes(dims);
+  if (ctx.workspace == nullptr || ctx.workspace->device() != q.device() || ctx.workspace->capacity() < needed)
+    fail_argument("ctx.workspace",
+                  tessel::detail::concat("a workspace on ", q.device().str(), " of at least ", needed,
+                                         " bytes for fp8 (attention_workspace_bytes with dims.precision fp8)"),
+                  ctx.workspace == nullptr ? std::string("none")
+                                           : tessel::detail::concat(ctx.workspace->capacity(), " bytes on ",
+                                                                    ctx.workspace->device().str()));
+  WorkspaceSlicer slicer(*ctx.workspace);
+  slicer.take_bytes(detail::work_order_bytes(dims.batch, dims.seq_q, dims.heads), "work order");
+  return detail::take_fp8_operands(slicer.rest(), fp8_shape_of(dims));
+}
+
 }  // namespace
 
 size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims) {
   return detail::work_order_bytes(dims.batch, dims.seq_q, dims.heads);
 }
 
+size_t fp8_attention_workspace_bytes(const AttentionDims& dims) {
+  return detail::work_order_bytes(dims.batch, dims.seq_q, dims.heads) + kWorkspaceAlignment +
+         detail::fp8_operand_bytes(fp8_shape_of(dims));
+}
+
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   const detail::FlashParams p = make_params(q, k, v, out, lse, options, nullptr);
+  const bool fp8 = options.precision == AttentionPrecision::kFp8;
+  if (fp8) check_fp8_supported(q, nullptr);
+  const detail::Fp8Operands fp8_operands = fp8 ? fp8_operands_in_workspace(ctx, q, k) : detail::Fp8Operands{};
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
-  if (detail::flash_forward_hopper_fits(head_dim, false, 0))
+  if (fp8)
+    detail::launch_flash_forward_hopper_fp8(p, q.dtype(), false, batch, static_cast<int>(k.size(2)), {}, fp8_operands,
+                                            ctx.stream);
+  else if (detail::flash_forward_hopper_fits(head_dim, false, 0))
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)), {},
                                         ctx.stream);
   else
@@ -153,10 +198,17 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   p.sub_shift = sub_shift;
   p.sub_block_bits = mask.sub_block_bits;
   p.sub_block_words = static_cast<int>(mask.sub_block_words());
+  const bool fp8 = options.precision == AttentionPrecision::kFp8;
+  if (fp8) check_fp8_supported(q, &mask);
+  const detail::Fp8Operands fp8_operands = fp8 ? fp8_operands_in_workspace(ctx, q, k) : detail::Fp8Operands{};
   if (q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0) return;
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   // Sub-block masks run on the sm_80 kernel on every GPU (the Hopper kernel computes whole blocks).
-  if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
+  if (fp8) {
+    const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
+    detail::launch_flash_forward_hopper_fp8(p, q.dtype(), true, batch, static_cast<int>(heads_kv), order, fp8_operands,
+                                            ctx.stream);
+  } else if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,
                                         ctx.stream);

@@ -15,5 +15,8 @@ namespace tessel::cuda {
 // Workspace bytes block_sparse_attention_forward uses on CUDA (the Hopper kernel's longest-first
 // work order); it runs without them, in a static order, when ctx.workspace is short.
 size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims);
+// Workspace bytes of FP8 calls (AttentionPrecision::kFp8), dense or block-sparse: the schedule's
+// room, then the quantized q, k, v and their scales. FP8 calls throw Error without them.
+size_t fp8_attention_workspace_bytes(const AttentionDims& dims);
 
 }  // namespace tessel::cuda

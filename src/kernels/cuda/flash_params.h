@@ -37,6 +37,12 @@ struct FlashParams {
   // sub_block_words = block_kv / 32 words per query row of a block.
   const uint32_t* sub_block_bits;
   int sub_block_words;
+  // FP8 mode of the Hopper kernel only (hopper/fp8_operands.h): q and k dequantization factors per
+  // 64 tokens, (B, H_q, ceil(S_q / 64)) and (B, H_kv, ceil(S_kv / 64)), and v's channel maxima
+  // (B, H_kv, D) as float bits.
+  const float* fp8_q_scale;
+  const float* fp8_k_scale;
+  const uint32_t* fp8_v_absmax;
 };
 
 // Launch on `stream`; dtype kBF16 or kF16, head_dim 64 or 128. Dense uses 128-row CTAs; sparse

@@ -216,6 +216,53 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[128], uint64_t desc_a, uint6
   TESSEL_WGMMA_M64N256K16("f16", d, desc_a, desc_b, accumulate);
 }
 
+// FP8 (e4m3 x e4m3, fp32 accumulate), m64n128k32: FP8 wgmma reads both operands K-major (it has
+// no transposed reads). A comes from shared memory, or from registers in the m16n8k32 A-fragment
+// layout per warp: a[0] row lane/4, k 4(lane%4)..+3; a[1] the same k, row + 8; a[2] and a[3] the
+// same at k + 16 (lower k in the lower byte).
+#define TESSEL_WGMMA_M64N128K32_E4M3(d, desc_a, desc_b, accumulate) \
+  asm volatile( \
+      "{\n" \
+      ".reg .pred accumulate;\n" \
+      "setp.ne.b32 accumulate, %66, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " \
+      "{" \
+      TESSEL_WGMMA_D64_TEXT \
+      "}, %64, %65, accumulate, 1, 1;\n" \
+      "}\n" \
+      : TESSEL_WGMMA_D64_OUTPUTS(d) \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+#define TESSEL_WGMMA_M64N128K32_E4M3_RS(d, a, desc_b) \
+  asm volatile( \
+      "{\n" \
+      ".reg .pred accumulate;\n" \
+      "setp.ne.b32 accumulate, %69, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " \
+      "{" \
+      TESSEL_WGMMA_D64_TEXT \
+      "}, {%64, %65, %66, %67}, %68, accumulate, 1, 1;\n" \
+      "}\n" \
+      : TESSEL_WGMMA_D64_OUTPUTS(d) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1))
+
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  TESSEL_WGMMA_M64N128K32_E4M3(d, desc_a, desc_b, accumulate);
+}
+// D += A x B^T, A from registers, accumulating.
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  TESSEL_WGMMA_M64N128K32_E4M3_RS(d, a, desc_b);
+}
+
+// Descriptor of a K-major tile with the 64-byte swizzle, as the bulk tensor copy writes a box of
+// 64-byte rows: 8-row groups 512 bytes apart (stride byte offset); adding 2 (32 bytes >> 4) steps
+// to the next 32 one-byte k elements of the rows. The base must be 512-byte aligned.
+__device__ __forceinline__ uint64_t wgmma_desc_k_major_sw64(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(512 >> 4) << 32) | (static_cast<uint64_t>(2) << 62);
+}
+
+#undef TESSEL_WGMMA_M64N128K32_E4M3
+#undef TESSEL_WGMMA_M64N128K32_E4M3_RS
 #undef TESSEL_WGMMA_M64N64K16
 #undef TESSEL_WGMMA_M64N128K16
 #undef TESSEL_WGMMA_M64N256K16

@@ -1,5 +1,6 @@
 // Host side of the warp-specialized Hopper forward kernel: the tensor maps the copy engine reads
-// Q, K and V through, and the dispatch to the per-head-dim launchers (flash_forward_hopper_d*.cu).
+// Q, K and V (or their FP8 copies) through, and the dispatch to the per-head-dim launchers
+// (flash_forward_hopper_d*.cu, flash_forward_hopper_fp8.cu).
 #include "cuda/hopper/flash_forward_hopper.h"
 
 #include <cuda.h>
@@ -34,6 +35,21 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
+// A rank-4 tensor map: dims innermost first, byte strides of dims 1..3, the box, the swizzle.
+CUtensorMap encode_map(const void* data, CUtensorMapDataType type, const cuuint64_t (&dims)[4],
+                       const cuuint64_t (&strides)[3], const cuuint32_t (&box)[4], CUtensorMapSwizzle swizzle) {
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult status =
+      tensor_map_encoder()(&map, type, 4, const_cast<void*>(data), dims, strides, box, element_strides,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    throw Error(tessel::detail::concat("Hopper attention kernel: cuTensorMapEncodeTiled failed with status ",
+                                      static_cast<int>(status)));
+  return map;
+}
+
 }  // namespace
 
 // Boxes of 64 head-dim columns x 64 tokens. Strides of axes of size 1 are never stepped: any legal
@@ -45,16 +61,25 @@ CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, 
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const cuuint64_t strides[3] = {bytes(stride_s, seq), bytes(stride_h, heads), bytes(stride_b, batch)};
   const cuuint32_t box[4] = {64, 64, 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map{};
-  const CUresult status = tensor_map_encoder()(
-      &map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (status != CUDA_SUCCESS)
-    throw Error(tessel::detail::concat("Hopper attention kernel: cuTensorMapEncodeTiled failed with status ",
-                                      static_cast<int>(status)));
-  return map;
+  return encode_map(data, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                    dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+CUtensorMap make_fp8_token_map(const uint8_t* data, int head_dim, int seq, int heads, int batch) {
+  const auto d = static_cast<cuuint64_t>(head_dim), s = static_cast<cuuint64_t>(seq), h = static_cast<cuuint64_t>(heads);
+  const cuuint64_t dims[4] = {d, s, h, static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {h * d, d, s * h * d};
+  const cuuint32_t box[4] = {128, 64, 1, 1};
+  return encode_map(data, CU_TENSOR_MAP_DATA_TYPE_UINT8, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+CUtensorMap make_fp8_transposed_map(const uint8_t* data, int head_dim, int seq_padded, int heads, int batch) {
+  const auto d = static_cast<cuuint64_t>(head_dim), s = static_cast<cuuint64_t>(seq_padded);
+  const auto h = static_cast<cuuint64_t>(heads);
+  const cuuint64_t dims[4] = {s, d, h, static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {s, d * s, h * d * s};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(head_dim), 1, 1};
+  return encode_map(data, CU_TENSOR_MAP_DATA_TYPE_UINT8, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 namespace {
@@ -86,6 +111,16 @@ void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int hea
     launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
   else
     launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
+}
+
+void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
+                                     const WorkOrder& order, const Fp8Operands& operands, cudaStream_t stream) {
+  const Fp8Shape shape{batch, params.seq_q, params.seq_kv, params.heads_q, heads_kv, 128};
+  launch_fp8_quantize(params, dtype, shape, operands, stream);
+  if (dtype == DType::kBF16)
+    launch_flash_forward_hopper_fp8_typed<__nv_bfloat16>(params, sparse, batch, heads_kv, order, operands, stream);
+  else
+    launch_flash_forward_hopper_fp8_typed<__half>(params, sparse, batch, heads_kv, order, operands, stream);
 }
 
 }  // namespace tessel::cuda::detail

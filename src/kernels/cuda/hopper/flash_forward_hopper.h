@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/flash_params.h"
+#include "cuda/hopper/fp8_operands.h"
 #include "cuda/hopper/work_items.h"
 #include "tessel/core/dtype.h"
 
@@ -21,5 +22,10 @@ bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q);
 // items run longest first when `order` has memory (work_order.h), in a static order otherwise.
 void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
                                  int heads_kv, const WorkOrder& order, cudaStream_t stream);
+
+// The FP8 mode (AttentionPrecision::kFp8; head dim 128, dtype kBF16 or kF16 in and out): quantizes
+// params.q/k/v into `operands` (fp8_operands.h), then runs the kernel on them, both on `stream`.
+void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
+                                     const WorkOrder& order, const Fp8Operands& operands, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

@@ -27,17 +27,28 @@
 // tile of 128 rows, kStageHalfBytes in a stage of kBlockN keys), where
 // kPaddedD rounds D up to 64: the columns past D read as zeros (outside the tensor map), so
 // QK^T stops at D and PV yields zero columns that are never stored.
+//
+// FP8 mode (kFp8, D = 128; fp8_operands.h): Q, K and a transposed V are e4m3 copies with
+// per-block (Q, K: 64 tokens) and per-channel (V) scales. A Q or K row is then 128 bytes, one
+// 128-byte swizzled box wide; S = Q K^T is 4 m64n128k32 FP8 wgmmas; each S sub-tile is multiplied
+// by its q scale x k scale before the softmax; P (scaled so that a row's running maximum is 448)
+// goes to e4m3 A fragments straight from the S accumulators, in the key order in which the
+// transposed V was written; O += P V is 4 FP8 wgmmas reading V^T K-major from two 64-key
+// sub-tiles of 128 channels x 64 bytes (64-byte swizzle); the epilogue multiplies each channel by
+// its V scale.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
 #include "cuda/flash_forward_kernel.cuh"
 #include "cuda/flash_params.h"
 #include "cuda/hopper/async_copy.cuh"
+#include "cuda/hopper/fp8_operands.h"
 #include "cuda/hopper/work_items.h"
 #include "cuda/wgmma.cuh"
 
@@ -81,30 +92,37 @@ struct StageInfo {
 //    sub-tile (48 / 64 KB): three stages beside the 48 KB Q tile at 192, two beside the 64 KB one
 //    at 256 (three would need 256 KB). The consumers' registers bound them too: O is 64 x D fp32
 //    per warpgroup (128 registers a thread at 256) beside S of 64 x 64 (32) and P (16).
-template <int kPaddedD>
+//  - FP8 (D = 128 only): Q, K rows are 128 bytes (one box wide), a V stage is 128 channels x 128
+//    key bytes: 16 KB Q tiles and 32 KB stages, so four stages and two Q buffers fit.
+template <int kPaddedD, bool kFp8 = false>
 struct HopperConfig {
   static_assert(kPaddedD % 64 == 0 && kPaddedD >= 64 && kPaddedD <= 256, "head dims up to 256");
-  static constexpr int kHalves = kPaddedD / 64;
+  static_assert(!kFp8 || kPaddedD == 128, "the FP8 mode has head dim 128");
+  static constexpr int kBoxColumns = kFp8 ? 128 : 64;  // elements of a 128-byte box row
+  static constexpr int kHalves = kPaddedD / kBoxColumns;  // 128-byte column boxes of a Q or K row
   static constexpr int kBlockN = kPaddedD <= 128 ? 128 : 64;  // keys per stage
   static constexpr int kSubTiles = kBlockN / kSubTile;
-  static constexpr uint32_t kQTileBytes = kHalves * kQHalfBytes;  // 128 rows x D columns of 16-bit values
-  static constexpr uint32_t kStageHalfBytes = kBlockN * 128;      // kBlockN keys x 64 columns
-  static constexpr uint32_t kStageBytes = kHalves * kStageHalfBytes;
+  static constexpr uint32_t kQTileBytes = kHalves * kQHalfBytes;  // 128 rows x D columns
+  static constexpr uint32_t kStageHalfBytes = kBlockN * 128;      // kBlockN keys x one column box
+  static constexpr uint32_t kStageBytes = kHalves * kStageHalfBytes;  // the K of a stage
+  // The V of a stage: as K, or (FP8) V^T, kSubTiles pieces of 128 channels x 64 key bytes.
+  static constexpr uint32_t kVSubTileBytes = kFp8 ? 128 * kSubTile : 0;
+  static constexpr uint32_t kVStageBytes = kFp8 ? kSubTiles * kVSubTileBytes : kStageBytes;
   static constexpr uint32_t bytes_with(int q_buffers, int stages) {
-    return q_buffers * kQTileBytes + 2 * stages * kStageBytes + 16 * q_buffers + 16 * stages + 16 * stages +
-           kIndexCacheEntries * 4;
+    return q_buffers * kQTileBytes + stages * (kStageBytes + kVStageBytes) + 16 * q_buffers + 16 * stages +
+           16 * stages + kIndexCacheEntries * 4;
   }
   static constexpr bool fits(int q_buffers, int stages) {
     return bytes_with(q_buffers, stages) + kAlignmentSlack <= kMaxSharedBytes;
   }
-  static constexpr int kStages = fits(1, 3) ? 3 : 2;
+  static constexpr int kStages = kFp8 && fits(2, 4) ? 4 : fits(1, 3) ? 3 : 2;
   static constexpr int kQBuffers = fits(2, kStages) ? 2 : 1;
   static_assert(fits(1, kStages), "Q and two stages exceed shared memory");
 
   static constexpr uint32_t q = 0;
   static constexpr uint32_t k = q + kQBuffers * kQTileBytes;
   static constexpr uint32_t v = k + kStages * kStageBytes;
-  static constexpr uint32_t q_full = v + kStages * kStageBytes;  // [kQBuffers]
+  static constexpr uint32_t q_full = v + kStages * kVStageBytes;  // [kQBuffers]
   static constexpr uint32_t q_empty = q_full + 8 * kQBuffers;    // [kQBuffers]
   static constexpr uint32_t full = q_empty + 8 * kQBuffers;
   static constexpr uint32_t empty = full + 8 * kStages;
@@ -123,7 +141,7 @@ struct HopperConfig {
 
 }  // namespace hopper
 
-template <typename T, int D, bool kSparse>
+template <typename T, int D, bool kSparse, bool kFp8 = false>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count,
@@ -133,10 +151,13 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
   constexpr int kPaddedD = (D + 63) / 64 * 64;
   static_assert(D % 16 == 0 && kPaddedD <= 256, "head dims 64, 96, 128, 192 and 256");
-  using SharedLayout = hopper::HopperConfig<kPaddedD>;
+  using SharedLayout = hopper::HopperConfig<kPaddedD, kFp8>;
   constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
   constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
   constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
+  constexpr uint32_t kVStageBytes = SharedLayout::kVStageBytes;
+  constexpr uint32_t kVSubTileBytes = SharedLayout::kVSubTileBytes;
+  constexpr int kBoxColumns = SharedLayout::kBoxColumns;
   constexpr int kQBuffers = SharedLayout::kQBuffers;
   constexpr int kStages = SharedLayout::kStages;
   constexpr int kBlockN = SharedLayout::kBlockN;
@@ -239,7 +260,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       // The item's Q goes into L2 now; it is copied into shared memory after the first stage.
       for (int half = 0; half < kHalves; ++half)
         for (int rows = 0; rows < 2; ++rows)
-          tma_prefetch_l2_4d(&q_map, half * 64, w.m0 + rows * 64, w.head, w.batch);
+          tma_prefetch_l2_4d(&q_map, half * kBoxColumns, w.m0 + rows * 64, w.head, w.batch);
       bool q_loaded = false;
       while (tile < end) {
         const int stage = iteration % kStages;
@@ -258,17 +279,24 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         stage_info[stage].item = item;
         stage_info[stage].last = tile >= end ? 1 : 0;
         const uint32_t bar = bar_full + 8 * stage;
-        mbarrier_arrive_expect_tx(bar, 2 * kStageBytes);
-        const uint32_t k_stage = s_k + stage * kStageBytes, v_stage = s_v + stage * kStageBytes;
+        mbarrier_arrive_expect_tx(bar, kStageBytes + kVStageBytes);
+        const uint32_t k_stage = s_k + stage * kStageBytes, v_stage = s_v + stage * kVStageBytes;
         // A missing second sub-tile reloads the first: finite values under masked columns.
         const int keys1 = n1 >= 0 ? n1 : n0;
         for (int half = 0; half < kHalves; ++half) {
-          const uint32_t k_half = k_stage + half * kStageHalfBytes, v_half = v_stage + half * kStageHalfBytes;
-          tma_load_4d(k_half, &k_map, bar, half * 64, n0, kv_head, w.batch);
-          tma_load_4d(v_half, &v_map, bar, half * 64, n0, kv_head, w.batch);
-          if constexpr (kSubTiles == 2) {
-            tma_load_4d(k_half + kBoxBytes, &k_map, bar, half * 64, keys1, kv_head, w.batch);
-            tma_load_4d(v_half + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
+          const uint32_t k_half = k_stage + half * kStageHalfBytes;
+          tma_load_4d(k_half, &k_map, bar, half * kBoxColumns, n0, kv_head, w.batch);
+          if constexpr (kSubTiles == 2) tma_load_4d(k_half + kBoxBytes, &k_map, bar, half * kBoxColumns, keys1, kv_head, w.batch);
+        }
+        if constexpr (kFp8) {
+          // V^T: (keys, channels, kv head, batch) boxes of 64 keys x 128 channels.
+          tma_load_4d(v_stage, &v_map, bar, n0, 0, kv_head, w.batch);
+          tma_load_4d(v_stage + kVSubTileBytes, &v_map, bar, keys1, 0, kv_head, w.batch);
+        } else {
+          for (int half = 0; half < kHalves; ++half) {
+            const uint32_t v_half = v_stage + half * kStageHalfBytes;
+            tma_load_4d(v_half, &v_map, bar, half * 64, n0, kv_head, w.batch);
+            if constexpr (kSubTiles == 2) tma_load_4d(v_half + kBoxBytes, &v_map, bar, half * 64, keys1, kv_head, w.batch);
           }
         }
         ++iteration;
@@ -281,8 +309,8 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
           mbarrier_arrive_expect_tx(q_bar, kQTileBytes);
           for (int half = 0; half < kHalves; ++half)
             for (int rows = 0; rows < 2; ++rows)
-              tma_load_4d(s_q + buffer * kQTileBytes + half * kQHalfBytes + rows * kBoxBytes, &q_map, q_bar, half * 64,
-                          w.m0 + rows * 64, w.head, w.batch);
+              tma_load_4d(s_q + buffer * kQTileBytes + half * kQHalfBytes + rows * kBoxBytes, &q_map, q_bar,
+                          half * kBoxColumns, w.m0 + rows * 64, w.head, w.batch);
           ++q_loads;
           q_loaded = true;
         }
@@ -303,7 +331,19 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 
   float o_acc[kOChunks][kOChunkN / 2];
   float s_acc[kBlockN / 2];
-  uint32_t p_frag[kBlockN / 16][4];
+  constexpr int kPSlices = kBlockN / (kFp8 ? 32 : 16);  // k slices of the PV product
+  uint32_t p_frag[kPSlices][4];
+  // FP8: the current item's row-block q scale and the kv head's scale rows (fp8_operands.h).
+  float q_dequant = 1.f;
+  const float* k_scales = nullptr;
+  float k_factor[2] = {0.f, 0.f};  // the current stage's sub-tiles: q scale x k scale x scale log2(e)
+  // Loaded as soon as a stage's offsets are known, so the loads overlap its QK^T product.
+  auto load_k_factors = [&](int n0, int n1) {
+    if constexpr (kFp8) {
+      k_factor[0] = q_dequant * __ldg(k_scales + n0 / kFp8ScaleBlock) * p.scale_log2;
+      k_factor[1] = n1 >= 0 ? q_dequant * __ldg(k_scales + n1 / kFp8ScaleBlock) * p.scale_log2 : 0.f;
+    }
+  };
   float row_max[2];
   float row_sum[2];
 
@@ -315,10 +355,13 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     wgmma_fence_operands(s_acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < D * (kFp8 ? 1 : 2) / 32; ++kk) {  // 32-byte k slices
       const uint64_t q_step = (kk >> 2) * (kQHalfBytes >> 4) + (kk & 3) * 2;
       const uint64_t k_step = (kk >> 2) * (kStageHalfBytes >> 4) + (kk & 3) * 2;
-      wgmma_ss(s_acc, q_desc + q_step, k_desc + k_step, kk > 0, Operands{});
+      if constexpr (kFp8)
+        wgmma_ss_e4m3(s_acc, q_desc + q_step, k_desc + k_step, kk > 0);
+      else
+        wgmma_ss(s_acc, q_desc + q_step, k_desc + k_step, kk > 0, Operands{});
     }
     wgmma_commit();
   };
@@ -328,13 +371,22 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #pragma unroll
     for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
     wgmma_fence();
+    if constexpr (kFp8) {
+      // V^T K-major: k32 slice t is 32 key bytes of sub-tile t / 2.
 #pragma unroll
-    for (int c = 0; c < kOChunks; ++c) {
-      const uint32_t chunk = s_v + stage * kStageBytes + c * (kOChunkN / 64) * kStageHalfBytes;
-      const uint64_t v_desc = wgmma_desc_mn_major_sw128(chunk, kStageHalfBytes);
+      for (int t = 0; t < kPSlices; ++t) {
+        const uint64_t v_desc = wgmma_desc_k_major_sw64(s_v + stage * kVStageBytes + (t >> 1) * kVSubTileBytes);
+        wgmma_rs_e4m3(o_acc[0], p_frag[t], v_desc + (t & 1) * 2);
+      }
+    } else {
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma_rs_trans_b(o_acc[c], p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+      for (int c = 0; c < kOChunks; ++c) {
+        const uint32_t chunk = s_v + stage * kVStageBytes + c * (kOChunkN / 64) * kStageHalfBytes;
+        const uint64_t v_desc = wgmma_desc_mn_major_sw128(chunk, kStageHalfBytes);
+#pragma unroll
+        for (int kk = 0; kk < kPSlices; ++kk)
+          wgmma_rs_trans_b(o_acc[c], p_frag[kk], v_desc + kk * (16 * 128 >> 4), Operands{});
+      }
     }
     wgmma_commit();
   };
@@ -345,7 +397,16 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
   // turns it into unnormalized probabilities against the new running max; returns each row's
   // rescale factor for O. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
+  // FP8: S is first multiplied by q scale x k scale x scale log2(e) per sub-tile (the scores are
+  // then in the log2 domain), and P comes out times 448 (e4m3's largest value at a row's maximum;
+  // the row sums carry the same factor, so the normalization removes it).
+  const float score_scale = kFp8 ? 1.f : p.scale_log2;
+  constexpr float kLog2PFactor = kFp8 ? 8.807354922057604f : 0.f;  // log2(448)
   auto softmax = [&](int n0, int n1, float (&alpha)[2]) {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) s_acc[i] *= k_factor[i < 32 ? 0 : 1];
+    }
     const bool mask0 = n0 + kSubTile - 1 > all_rows_hi || n0 < all_rows_lo;
     const bool mask1 = kSubTiles == 2 && (n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo);
     if (mask0 || mask1) {
@@ -372,14 +433,15 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float shift = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-      alpha[h] = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * p.scale_log2 - shift);
+      const float shift = mx == -INFINITY ? 0.f : mx * score_scale;
+      alpha[h] = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * score_scale - shift);
       row_max[h] = mx;
+      const float p_shift = shift - kLog2PFactor;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
-        const float p0 = fast_exp2(s_acc[4 * j + 2 * h] * p.scale_log2 - shift);
-        const float p1 = fast_exp2(s_acc[4 * j + 2 * h + 1] * p.scale_log2 - shift);
+        const float p0 = fast_exp2(s_acc[4 * j + 2 * h] * score_scale - p_shift);
+        const float p1 = fast_exp2(s_acc[4 * j + 2 * h + 1] * score_scale - p_shift);
         s_acc[4 * j + 2 * h] = p0;
         s_acc[4 * j + 2 * h + 1] = p1;
         sum += p0 + p1;
@@ -387,14 +449,32 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       row_sum[h] = row_sum[h] * alpha[h] + sum;
     }
   };
-  // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout.
+  // Columns 16kk..16kk+15 are n8 tiles 2kk and 2kk+1: the m16n8k16 A layout. FP8: k32 slice t
+  // takes n8 tiles 4t..4t+3 as they lie (slot 4 quad + i of each 16 holds the thread's columns
+  // 2 quad, 2 quad + 1 of the first tile, then of the second: fp8_key_order, which the transposed
+  // V follows).
   auto pack_probabilities = [&] {
+    if constexpr (kFp8) {
+      auto fp8x4 = [](float a, float b, float c, float d) {
+        return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3)) |
+               (static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3)) << 16);
+      };
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      p_frag[kk][0] = MmaType<T>::pack(s_acc[8 * kk + 0], s_acc[8 * kk + 1]);
-      p_frag[kk][1] = MmaType<T>::pack(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
-      p_frag[kk][2] = MmaType<T>::pack(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
-      p_frag[kk][3] = MmaType<T>::pack(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+      for (int t = 0; t < kPSlices; ++t) {
+        const float* x = s_acc + 16 * t;
+        p_frag[t][0] = fp8x4(x[0], x[1], x[4], x[5]);
+        p_frag[t][1] = fp8x4(x[2], x[3], x[6], x[7]);
+        p_frag[t][2] = fp8x4(x[8], x[9], x[12], x[13]);
+        p_frag[t][3] = fp8x4(x[10], x[11], x[14], x[15]);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kPSlices; ++kk) {
+        p_frag[kk][0] = MmaType<T>::pack(s_acc[8 * kk + 0], s_acc[8 * kk + 1]);
+        p_frag[kk][1] = MmaType<T>::pack(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
+        p_frag[kk][2] = MmaType<T>::pack(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
+        p_frag[kk][3] = MmaType<T>::pack(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+      }
     }
   };
   struct Stage {
@@ -419,6 +499,15 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
     all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
     all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
+    if constexpr (kFp8) {
+      const int q_blocks64 = (p.seq_q + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+      const int kv_blocks64 = (p.seq_kv + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+      // A second warpgroup wholly past the sequence end computes rows that are never stored: it
+      // reads the last block's scale rather than past the row of scales.
+      const int q_block = min(wg_row0 / kFp8ScaleBlock, q_blocks64 - 1);
+      q_dequant = p.fp8_q_scale[(static_cast<int64_t>(w.batch) * p.heads_q + w.head) * q_blocks64 + q_block];
+      k_scales = p.fp8_k_scale + (static_cast<int64_t>(w.batch) * (p.heads_q / p.group) + w.head / p.group) * kv_blocks64;
+    }
 #pragma unroll
     for (int c = 0; c < kOChunks; ++c)
 #pragma unroll
@@ -435,6 +524,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
       q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
       issue_scores(iteration % kStages);
+      load_k_factors(info.n0, info.n1);
       wgmma_wait<0>();
       wgmma_fence_operands(s_acc);
       // The last product with this Q is done: the producer may load another item's into it
@@ -449,6 +539,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         const int stage = iteration % kStages;
         issue_scores(stage);
         issue_values(held);
+        load_k_factors(info.n0, info.n1);
         wgmma_wait<1>();
         wgmma_fence_operands(s_acc);
         if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
@@ -457,7 +548,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #pragma unroll
         for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_fence_operands(p_frag[kk]);
+        for (int kk = 0; kk < kPSlices; ++kk) wgmma_fence_operands(p_frag[kk]);
         mbarrier_arrive(bar_empty + 8 * held);
 #pragma unroll
         for (int j = 0; j < kOutTiles; ++j) {
@@ -480,6 +571,9 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 
     // Epilogue: row sums across the quad, LSE, normalized O stored from registers.
     T* out = static_cast<T*>(p.out) + w.batch * p.o_stride_b + w.head * p.o_stride_h;
+    // FP8: the channel maxima of the item's kv head (the V scales).
+    const uint32_t* v_channels =
+        kFp8 ? p.fp8_v_absmax + (static_cast<int64_t>(w.batch) * (p.heads_q / p.group) + w.head / p.group) * D : nullptr;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = row_sum[h];
@@ -489,13 +583,19 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       const int i = wg_row0 + warp * 16 + group + 8 * h;
       if (i >= p.seq_q) continue;
       if (p.lse != nullptr && quad == 0) {
-        const float lse = sum > 0.f ? (row_max[h] * p.scale_log2 + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+        const float lse =
+            sum > 0.f ? (row_max[h] * score_scale + __log2f(sum) - kLog2PFactor) * 0.69314718055994531f : -INFINITY;
         p.lse[(static_cast<int64_t>(w.batch) * p.heads_q + w.head) * p.seq_q + i] = lse;
       }
       T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
 #pragma unroll
       for (int j = 0; j < kOutTiles; ++j) {
-        const uint32_t packed = MmaType<T>::pack(o_at(j, 2 * h) * inv, o_at(j, 2 * h + 1) * inv);
+        float scale0 = inv, scale1 = inv;
+        if constexpr (kFp8) {
+          scale0 *= fp8_dequantization(__uint_as_float(__ldg(v_channels + 8 * j + 2 * quad)));
+          scale1 *= fp8_dequantization(__uint_as_float(__ldg(v_channels + 8 * j + 2 * quad + 1)));
+        }
+        const uint32_t packed = MmaType<T>::pack(o_at(j, 2 * h) * scale0, o_at(j, 2 * h + 1) * scale1);
         *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
       }
     }

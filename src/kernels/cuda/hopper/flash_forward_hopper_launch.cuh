@@ -14,20 +14,33 @@
 
 namespace tessel::cuda::detail {
 
-template <typename T, int D, bool kSparse>
+// kFp8: the maps read the e4m3 operands of `fp8` (quantized before, in stream order) and the
+// kernel their scales; otherwise q, k, v of `p` directly.
+template <typename T, int D, bool kSparse, bool kFp8 = false>
 void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
   constexpr int kPaddedD = (D + 63) / 64 * 64;
-  constexpr int kSmem = static_cast<int>(hopper::HopperConfig<kPaddedD>::bytes(kSparse) + hopper::kAlignmentSlack);
+  constexpr int kSmem = static_cast<int>(hopper::HopperConfig<kPaddedD, kFp8>::bytes(kSparse) + hopper::kAlignmentSlack);
   static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
-  auto kernel = flash_forward_hopper_kernel<T, D, kSparse>;
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   (void)attribute_status;
-  const CUtensorMap q_map = make_bshd_map(p.q, dtype, D, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
-  const CUtensorMap k_map = make_bshd_map(p.k, dtype, D, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
-  const CUtensorMap v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
+  FlashParams params = p;
+  CUtensorMap q_map, k_map, v_map;
+  if constexpr (kFp8) {
+    q_map = make_fp8_token_map(fp8->q, D, p.seq_q, p.heads_q, batch);
+    k_map = make_fp8_token_map(fp8->k, D, p.seq_kv, heads_kv, batch);
+    v_map = make_fp8_transposed_map(fp8->vt, D, fp8->seq_kv_padded, heads_kv, batch);
+    params.fp8_q_scale = fp8->q_scale;
+    params.fp8_k_scale = fp8->k_scale;
+    params.fp8_v_absmax = fp8->v_absmax;
+  } else {
+    q_map = make_bshd_map(p.q, dtype, D, p.seq_q, p.heads_q, batch, p.q_stride_s, p.q_stride_h, p.q_stride_b);
+    k_map = make_bshd_map(p.k, dtype, D, p.seq_kv, heads_kv, batch, p.k_stride_s, p.k_stride_h, p.k_stride_b);
+    v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
+  }
   // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
   // items until all are done.
   const int64_t items = work_item_count(p.seq_q, p.heads_q, batch);
@@ -38,7 +51,7 @@ void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType d
   // Block masks keep different numbers of blocks per row: hand the rows out longest first.
   const WorkOrder used = kSparse ? order : WorkOrder{};
   if (used.enabled()) launch_longest_first_order(p, batch, used, stream);
-  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, p, batch, used);
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, params, batch, used);
 }
 
 template <typename T, int D>

@@ -1,0 +1,201 @@
+// Quantization of q, k, v to the FP8 operands of the Hopper kernel's FP8 mode (fp8_operands.h):
+// three small kernels in stream order, each reading its input once more from L2/L1 for the second
+// pass (the block maxima first, then the scaled values).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/hopper/fp8_operands.h"
+#include "tessel/core/error.h"
+
+namespace tessel::cuda::detail {
+
+namespace {
+
+constexpr int kHeadDim = 128;  // the only head dim of the FP8 mode
+constexpr int kBlockThreads = 128;
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else
+    return __half2float(x);
+}
+
+__device__ __forceinline__ uint16_t fp8x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+
+// The reciprocal of fp8_dequantization: absmax maps to 448; an all-zero block gets 1.
+__device__ __forceinline__ float quantization_factor(float absmax) { return absmax > 0.f ? kFp8Max / absmax : 1.f; }
+
+// One CTA per (64-token block, head, batch) of a (B, S, H, 128) tensor: the block's absolute
+// maximum, then the values times 448 / max as e4m3 into the contiguous (B, S, H, 128) output, and
+// max / 448 into scale[(b * H + h) * blocks + block]. Threads move 8 elements (16 bytes) at a time.
+template <typename T>
+__global__ void __launch_bounds__(kBlockThreads) quantize_token_blocks_kernel(const T* src, int64_t stride_b,
+                                                                               int64_t stride_s, int64_t stride_h,
+                                                                               int seq, int heads, uint8_t* dst,
+                                                                               float* scale) {
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kChunks = kFp8ScaleBlock * kChunksPerRow;
+  const int block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int s0 = block * kFp8ScaleBlock;
+  const int rows = min(kFp8ScaleBlock, seq - s0);
+  const T* base = src + batch * stride_b + head * stride_h;
+  auto chunk_at = [&](int c) {
+    return *reinterpret_cast<const uint4*>(base + static_cast<int64_t>(s0 + c / kChunksPerRow) * stride_s +
+                                           (c % kChunksPerRow) * 8);
+  };
+  float absmax = 0.f;
+  for (int c = threadIdx.x; c < rows * kChunksPerRow; c += kBlockThreads) {
+    const uint4 raw = chunk_at(c);
+    const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) absmax = fmaxf(absmax, fabsf(to_float(x[e])));
+  }
+  __shared__ float warp_max[kBlockThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = absmax;
+  __syncthreads();
+  absmax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  const float factor = quantization_factor(absmax);
+  if (threadIdx.x == 0) {
+    const int blocks = gridDim.x;
+    scale[(static_cast<int64_t>(batch) * heads + head) * blocks + block] = fp8_dequantization(absmax);
+  }
+  static_assert(kChunks % kBlockThreads == 0);
+  for (int c = threadIdx.x; c < rows * kChunksPerRow; c += kBlockThreads) {
+    const uint4 raw = chunk_at(c);
+    const T* x = reinterpret_cast<const T*>(&raw);
+    uint2 packed;
+    packed.x = fp8x2(to_float(x[0]) * factor, to_float(x[1]) * factor) |
+               (static_cast<uint32_t>(fp8x2(to_float(x[2]) * factor, to_float(x[3]) * factor)) << 16);
+    packed.y = fp8x2(to_float(x[4]) * factor, to_float(x[5]) * factor) |
+               (static_cast<uint32_t>(fp8x2(to_float(x[6]) * factor, to_float(x[7]) * factor)) << 16);
+    const int64_t token = (static_cast<int64_t>(batch) * seq + s0 + c / kChunksPerRow) * heads + head;
+    *reinterpret_cast<uint2*>(dst + token * kHeadDim + (c % kChunksPerRow) * 8) = packed;
+  }
+}
+
+// Per-channel absolute maxima of v: one CTA of 128 threads (one per channel) per (256-token
+// slice, kv head, batch), merged with atomicMax on the float bits (non-negative floats order as
+// their bits do) into absmax, zeroed before.
+constexpr int kChannelSlice = 256;
+template <typename T>
+__global__ void __launch_bounds__(kHeadDim) channel_absmax_kernel(const T* v, int64_t stride_b, int64_t stride_s,
+                                                                  int64_t stride_h, int seq, int heads,
+                                                                  uint32_t* absmax) {
+  const int head = blockIdx.y, batch = blockIdx.z, d = threadIdx.x;
+  const int s0 = blockIdx.x * kChannelSlice, s1 = min(seq, s0 + kChannelSlice);
+  const T* base = v + batch * stride_b + head * stride_h + d;
+  float m = 0.f;
+  for (int s = s0; s < s1; ++s) m = fmaxf(m, fabsf(to_float(base[static_cast<int64_t>(s) * stride_s])));
+  atomicMax(absmax + (static_cast<int64_t>(batch) * heads + head) * kHeadDim + d, __float_as_uint(m));
+}
+
+// v transposed to (B, H_kv, 128, seq_padded) e4m3 with each channel times 448 / its maximum, 64
+// keys per CTA: staged as floats in shared memory (rows padded by one word: the transposed reads
+// hit distinct banks), then each thread writes 4 consecutive key slots of one channel, slot j of a
+// 32-key group holding key fp8_key_order(j). Keys past seq are zeros.
+template <typename T>
+__global__ void __launch_bounds__(256) transpose_values_kernel(const T* v, int64_t stride_b, int64_t stride_s,
+                                                               int64_t stride_h, int seq, int heads,
+                                                               const uint32_t* absmax, uint8_t* vt, int seq_padded) {
+  constexpr int kKeys = 64;
+  __shared__ float tile[kKeys][kHeadDim + 1];
+  __shared__ float factor[kHeadDim];
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int s0 = blockIdx.x * kKeys;
+  const int64_t channel0 = (static_cast<int64_t>(batch) * heads + head) * kHeadDim;
+  for (int d = threadIdx.x; d < kHeadDim; d += blockDim.x) factor[d] = quantization_factor(__uint_as_float(absmax[channel0 + d]));
+  __syncthreads();
+  const T* base = v + batch * stride_b + head * stride_h;
+  for (int i = threadIdx.x; i < kKeys * kHeadDim; i += blockDim.x) {
+    const int s = i / kHeadDim, d = i % kHeadDim;
+    tile[s][d] = s0 + s < seq ? to_float(base[static_cast<int64_t>(s0 + s) * stride_s + d]) * factor[d] : 0.f;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHeadDim * (kKeys / 4); i += blockDim.x) {
+    const int d = i / (kKeys / 4), j = (i % (kKeys / 4)) * 4;
+    const int group = j & ~31;
+    auto at = [&](int slot) { return tile[group + fp8_key_order((j + slot) & 31)][d]; };
+    const uint32_t packed = fp8x2(at(0), at(1)) | (static_cast<uint32_t>(fp8x2(at(2), at(3))) << 16);
+    *reinterpret_cast<uint32_t*>(vt + (channel0 + d) * seq_padded + s0 + j) = packed;
+  }
+}
+
+int64_t blocks_of(int64_t tokens, int64_t block) { return (tokens + block - 1) / block; }
+
+// The slices in the order take_fp8_operands cuts them; `fn(bytes, name)` per slice.
+template <typename Fn>
+void for_each_slice(const Fp8Shape& s, Fn&& fn) {
+  const int64_t padded = blocks_of(s.seq_kv, kFp8ScaleBlock) * kFp8ScaleBlock;
+  fn(static_cast<size_t>(s.batch * s.seq_q * s.heads_q * s.head_dim), "fp8 q");
+  fn(static_cast<size_t>(s.batch * s.seq_kv * s.heads_kv * s.head_dim), "fp8 k");
+  fn(static_cast<size_t>(s.batch * s.heads_kv * s.head_dim * padded), "fp8 transposed v");
+  fn(static_cast<size_t>(s.batch * s.heads_q * blocks_of(s.seq_q, kFp8ScaleBlock)) * 4, "fp8 q scales");
+  fn(static_cast<size_t>(s.batch * s.heads_kv * blocks_of(s.seq_kv, kFp8ScaleBlock)) * 4, "fp8 k scales");
+  fn(static_cast<size_t>(s.batch * s.heads_kv * s.head_dim) * 4, "fp8 v channel maxima");
+}
+
+template <typename T>
+void launch_typed(const FlashParams& p, const Fp8Shape& s, const Fp8Operands& o, cudaStream_t stream) {
+  const int batch = static_cast<int>(s.batch), heads_q = static_cast<int>(s.heads_q);
+  const int heads_kv = static_cast<int>(s.heads_kv);
+  const dim3 q_grid(static_cast<unsigned>(blocks_of(s.seq_q, kFp8ScaleBlock)), heads_q, batch);
+  const dim3 kv_grid(static_cast<unsigned>(blocks_of(s.seq_kv, kFp8ScaleBlock)), heads_kv, batch);
+  quantize_token_blocks_kernel<T><<<q_grid, kBlockThreads, 0, stream>>>(
+      static_cast<const T*>(p.q), p.q_stride_b, p.q_stride_s, p.q_stride_h, p.seq_q, heads_q, o.q, o.q_scale);
+  quantize_token_blocks_kernel<T><<<kv_grid, kBlockThreads, 0, stream>>>(
+      static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, heads_kv, o.k, o.k_scale);
+  cudaMemsetAsync(o.v_absmax, 0, static_cast<size_t>(s.batch * s.heads_kv * kHeadDim) * sizeof(uint32_t), stream);
+  const dim3 slice_grid(static_cast<unsigned>(blocks_of(s.seq_kv, kChannelSlice)), heads_kv, batch);
+  channel_absmax_kernel<T><<<slice_grid, kHeadDim, 0, stream>>>(static_cast<const T*>(p.v), p.v_stride_b, p.v_stride_s,
+                                                                p.v_stride_h, p.seq_kv, heads_kv, o.v_absmax);
+  const dim3 transpose_grid(static_cast<unsigned>(o.seq_kv_padded / kFp8ScaleBlock), heads_kv, batch);
+  transpose_values_kernel<T><<<transpose_grid, 256, 0, stream>>>(static_cast<const T*>(p.v), p.v_stride_b,
+                                                                 p.v_stride_s, p.v_stride_h, p.seq_kv, heads_kv,
+                                                                 o.v_absmax, o.vt, o.seq_kv_padded);
+}
+
+}  // namespace
+
+size_t fp8_operand_bytes(const Fp8Shape& shape) {
+  size_t bytes = 0;
+  for_each_slice(shape, [&](size_t slice, const char*) { bytes += slice + kWorkspaceAlignment; });
+  return bytes;
+}
+
+Fp8Operands take_fp8_operands(const Workspace& workspace, const Fp8Shape& shape) {
+  WorkspaceSlicer slicer(workspace);
+  void* slices[6] = {};
+  int n = 0;
+  for_each_slice(shape, [&](size_t bytes, const char* name) { slices[n++] = slicer.take_bytes(bytes, name); });
+  Fp8Operands o;
+  o.q = static_cast<uint8_t*>(slices[0]);
+  o.k = static_cast<uint8_t*>(slices[1]);
+  o.vt = static_cast<uint8_t*>(slices[2]);
+  o.q_scale = static_cast<float*>(slices[3]);
+  o.k_scale = static_cast<float*>(slices[4]);
+  o.v_absmax = static_cast<uint32_t*>(slices[5]);
+  o.seq_kv_padded = static_cast<int>(blocks_of(shape.seq_kv, kFp8ScaleBlock) * kFp8ScaleBlock);
+  return o;
+}
+
+void launch_fp8_quantize(const FlashParams& params, DType dtype, const Fp8Shape& shape, const Fp8Operands& operands,
+                         cudaStream_t stream) {
+  if (shape.head_dim != kHeadDim)
+    throw Error(tessel::detail::concat("FP8 quantization: head dim ", shape.head_dim, ", expected ", kHeadDim));
+  if (dtype == DType::kBF16)
+    launch_typed<__nv_bfloat16>(params, shape, operands, stream);
+  else
+    launch_typed<__half>(params, shape, operands, stream);
+}
+
+}  // namespace tessel::cuda::detail
