@@ -241,7 +241,6 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
 int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
                  bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
-  const Device device = transformer_device(o);
   const WanVideoSize size = parse_size(o.size, o.frames);
   const ModelExperts experts = check_model_dir(o.model_dir, prompt_set);
   if (!experts.two && o.guidance_2)
@@ -260,7 +259,9 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   if (o.flow_shift > 0.0) scheduler_config.shift = o.flow_shift;
   const bool guided = o.guidance > 1.0;
   if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
-  ParallelRun run(parallel);
+  // A CUDA run over several ranks puts each rank on its local GPU (run.device()).
+  ParallelRun run(parallel, transformer_device(o));
+  const Device device = run.device();
   ExecContext ctx;
   ctx.num_threads = static_cast<int>(o.threads);
   GenerateTimings timings;
