@@ -13,7 +13,8 @@
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
 #      per-head calibration on the device (`tessel calibrate --device cuda`, synthetic video data,
-#      12 layers, 24 heads, 32,768 tokens, rel-L2 0.05, held-out steps, against one global value);
+#      12 layers, 24 heads, 32,768 tokens, rel-L2 0.05, held-out steps, against one global value)
+#      and `tessel eval --config` of the written config on other held-out steps;
 #   5. the Python package on CUDA (--python DIR: a folder holding the `tessel` package built with
 #      TESSEL_CUDA=ON, or "installed"): pytest python/tests (torch on CUDA, torch.compile, CUDA graph
 #      capture), the binding's per-call overhead (bench/python_bench.py) and diffusers' Wan 1.3B 480p
@@ -187,6 +188,11 @@ if [[ $RUN_CALIBRATE == 1 ]]; then
     --compare-global --out "$OUTDIR/calibrated.json" >"$OUTDIR/calibrate.txt" 2>&1 ||
     echo "calibrate FAILED" >>"$OUTDIR/calibrate.txt"
   echo "calibrate wall $((SECONDS - CALIBRATE_START)) s (bar: 300 s)" >>"$OUTDIR/calibrate.txt"
+  # The written config checked on held-out steps calibrate never saw (--seed 1): per layer density,
+  # error and speedup; a missed target exits 1 and names the layer, head and step.
+  echo "== tessel eval --config calibrated.json --device cuda (other held-out steps)"
+  "$TESSEL" eval --config "$OUTDIR/calibrated.json" --device cuda --grid 32x32x32 --seed 1 >>"$OUTDIR/calibrate.txt" 2>&1 ||
+    echo "eval --config: target missed or FAILED (see above)" >>"$OUTDIR/calibrate.txt"
 fi
 
 STATUS_PYTHON="skipped (no --python)"

@@ -5,7 +5,6 @@
 // the density, the error and the predicted attention speedup per layer, and the error on
 // held-out steps when given.
 #include <chrono>
-#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -18,8 +17,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "quality/calibration.h"
-#include "quality/qkv_file.h"
-#include "quality/synthetic_video.h"
+#include "quality/captures.h"
 
 namespace tessel::cli {
 namespace {
@@ -40,73 +38,6 @@ struct CalibrateArgs {
   bool json = false;
   bool compare_global = false;
 };
-
-std::vector<std::string> split_files(const std::string& text) {
-  std::vector<std::string> files;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    if (comma > start) files.push_back(text.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return files;
-}
-
-// A captured step on the calibration device: fp32 on the CPU, bf16 on CUDA.
-CalibrationSample on_device(const Tensor& q, const Tensor& k, const Tensor& v, const Device& device) {
-  const auto place = [&device](const Tensor& t) { return device.is_cpu() ? t.to(DType::kF32) : t.to(DType::kBF16).to(device); };
-  CalibrationSample s;
-  s.q = place(q);
-  s.k = place(k);
-  s.v = place(v);
-  return s;
-}
-
-std::vector<CalibrationSample> load_samples(const std::string& files, const std::string& option, const Device& device) {
-  std::vector<CalibrationSample> samples;
-  for (const std::string& path : split_files(files)) {
-    QkvTensors t = load_qkv_safetensors(path);
-    samples.push_back(on_device(t.q, t.k, t.v, device));
-  }
-  if (samples.empty()) fail_argument(option, "one or more capture files, comma-separated", files);
-  return samples;
-}
-
-// Synthetic video captures, per layer: `steps` steps with seeds 1000 · layer + seed_offset + [0, steps).
-// The layers differ in sharpness (0.6 for the first to 1.4 for the last) as a model's do with depth;
-// the steps of a layer differ in content noise. Each capture is made on one host core (seconds at
-// 32K tokens) and depends only on its seed, so they are made in parallel, one task per capture,
-// in the dtype of the calibration device, then placed on it.
-std::vector<std::vector<CalibrationSample>> synthetic_samples(const CalibrateArgs& a, uint64_t seed_offset, int64_t steps) {
-  const int64_t layers = a.synthetic_layers;
-  const Device device = parse_device(a.device);
-  std::vector<SyntheticQkv> made(static_cast<size_t>(layers * steps));
-  std::vector<std::exception_ptr> failed(made.size());  // an exception must not leave a parallel task
-  parallel_for(layers * steps, [&](int64_t i) {
-    const int64_t layer = i / steps;
-    SyntheticVideoOptions o;
-    o.heads = a.heads;
-    o.head_dim = a.head_dim;
-    o.sharpness = layers > 1 ? 0.6 + 0.8 * static_cast<double>(layer) / static_cast<double>(layers - 1) : 1.0;
-    o.seed = static_cast<uint64_t>(1000 * layer) + seed_offset + static_cast<uint64_t>(i % steps);
-    o.dtype = device.is_cpu() ? DType::kF32 : DType::kBF16;
-    try {
-      o.grid = parse_token_grid(a.grid, "--grid");
-      made[static_cast<size_t>(i)] = make_synthetic_video_qkv(o);
-    } catch (...) {
-      failed[static_cast<size_t>(i)] = std::current_exception();
-    }
-  });
-  for (const std::exception_ptr& e : failed)
-    if (e) std::rethrow_exception(e);
-  std::vector<std::vector<CalibrationSample>> samples(static_cast<size_t>(layers));
-  for (int64_t i = 0; i < layers * steps; ++i) {
-    SyntheticQkv& d = made[static_cast<size_t>(i)];
-    samples[static_cast<size_t>(i / steps)].push_back(on_device(d.q, d.k, d.v, device));
-    d = SyntheticQkv{};  // the host copy goes as soon as the sample is placed
-  }
-  return samples;
-}
 
 struct LayerReport {
   LayerCalibration calibration;
@@ -134,13 +65,15 @@ int run_calibrate(CalibrateArgs a) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   const size_t layer_count = synthetic ? static_cast<size_t>(a.synthetic_layers) : a.layers.size();
+  const Device device = parse_device(a.device);
   std::vector<std::vector<CalibrationSample>> all_samples, synthetic_heldout;
   if (synthetic) {
-    all_samples = synthetic_samples(a, 0, a.synthetic_steps);
-    if (a.synthetic_heldout > 0) synthetic_heldout = synthetic_samples(a, 500, a.synthetic_heldout);
+    const SyntheticCaptureOptions captures{a.grid, a.synthetic_layers, a.heads, a.head_dim};
+    all_samples = synthetic_layer_captures(captures, 0, a.synthetic_steps, device);
+    if (a.synthetic_heldout > 0)
+      synthetic_heldout = synthetic_layer_captures(captures, kSyntheticHeldoutSeedOffset, a.synthetic_heldout, device);
   } else {
-    for (size_t layer = 0; layer < layer_count; ++layer)
-      all_samples.push_back(load_samples(a.layers[layer], "--layer", parse_device(a.device)));
+    for (size_t layer = 0; layer < layer_count; ++layer) all_samples.push_back(load_capture_files(a.layers[layer], "--layer", device));
   }
   const double capture_seconds = seconds_since(start);
   const auto calibration_start = std::chrono::steady_clock::now();
@@ -151,13 +84,10 @@ int run_calibrate(CalibrateArgs a) {
     const bool has_heldout = synthetic ? a.synthetic_heldout > 0 : !a.heldout.empty();
     if (has_heldout) {
       std::vector<CalibrationSample> held =
-          synthetic ? std::move(synthetic_heldout[layer]) : load_samples(a.heldout[layer], "--heldout", parse_device(a.device));
-      report.heldout_error = report.heldout_density = 0.0;
-      for (CalibrationSample& s : held) {
-        const SampleError e = evaluate_setting(ctx, s, report.calibration.per_head, a.options);
-        report.heldout_error = std::max(report.heldout_error, e.error);
-        report.heldout_density += e.density / static_cast<double>(held.size());
-      }
+          synthetic ? std::move(synthetic_heldout[layer]) : load_capture_files(a.heldout[layer], "--heldout", device);
+      const StepsEvaluation e = evaluate_steps(ctx, held, report.calibration.per_head, a.options);
+      report.heldout_error = e.error;
+      report.heldout_density = e.density;
     }
     reports.push_back(std::move(report));
   }
@@ -166,6 +96,10 @@ int run_calibrate(CalibrateArgs a) {
   out["method"] = a.method;
   out["metric"] = a.metric;
   out["target"] = a.options.target;
+  // The captures' shape: `tessel eval --config` makes synthetic held-out steps of the same shape.
+  const Tensor& first_q = all_samples.front().front().q;
+  out["shape"] = {{"tokens", first_q.size(1)}, {"heads", first_q.size(2)}, {"kv_heads", all_samples.front().front().k.size(2)},
+                  {"head_dim", first_q.size(3)}};
   out["layers"] = nlohmann::json::array();
   double mean_density = 0.0;
   for (size_t layer = 0; layer < reports.size(); ++layer) {

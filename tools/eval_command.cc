@@ -2,6 +2,8 @@
 // attention (--grid) or on captured q/k/v (--qkv file.safetensors). For every method and
 // parameter it reports the density kept, rel_l2 and cosine of the output against dense
 // attention, the estimation time (dynamic methods) and the block-sparse attention time.
+// With --config calibrated.json it checks a calibrated per-layer, per-head config on held-out
+// steps instead (eval_config.h).
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -10,6 +12,7 @@
 #include <optional>
 
 #include "command.h"
+#include "eval_config.h"
 #include "option_checks.h"
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
@@ -303,8 +306,35 @@ CommandRegistration registration{
       app.add_option("--max-tflop", a->max_tflop, "Refuse shapes whose dense attention needs more TFLOP per pass")
           ->capture_default_str()
           ->check(number_in(0.0, 1e9, Bounds::kOpenLow));
-      app.add_flag("--json", a->json, "Print JSON {config, results}");
-      return CommandRunner([a] { return run_eval(*a); });
+      app.add_flag("--json", a->json, "Print JSON {config, results} (with --config: the per-layer and per-head report)");
+      auto c = std::make_shared<EvalConfigArgs>();
+      app.add_option("--config", c->config, "Check this config of `tessel calibrate --out` on held-out steps (--layer files or --grid)");
+      app.add_option("--layer", c->layers, "--config: one layer's held-out capture files (safetensors q, k, v), comma-separated; one per layer");
+      app.add_option("--synthetic-heldout", c->synthetic_steps, "--config with --grid: synthetic held-out steps per layer")
+          ->capture_default_str()
+          ->check(integer_in(1, 1000));
+      app.add_option("--device", c->device, "--config: cpu (fp32), or cuda / cuda:N (bf16, every head on the GPU at once)")
+          ->capture_default_str();
+      app.add_option("--metric", c->metric, "--config: rel_l2 or cosine (default: the config's)")->check(one_of({"rel_l2", "cosine"}));
+      app.add_option("--target", c->target, "--config: largest allowed error per head and step (default: the config's)")
+          ->check(number_in(0.0, 10.0, Bounds::kOpenLow));
+      app.add_flag("--report-only", c->report_only, "--config: report a missed target without failing (exit status 0)");
+      CLI::Option* heads = app.get_option("--heads");
+      CLI::Option* head_dim = app.get_option("--head-dim");
+      return CommandRunner([a, c, heads, head_dim] {
+        if (c->config.empty()) {
+          if (!c->layers.empty()) fail_argument("--layer", "given with --config", "without it");
+          return run_eval(*a);
+        }
+        if (!a->qkv.empty()) fail_argument("--qkv", "not given with --config (held-out steps come from --layer or --grid)", a->qkv);
+        c->grid = a->grid;
+        c->seed = a->seed;
+        c->json = a->json;
+        if (heads->count() > 0) c->heads = a->heads;
+        if (head_dim->count() > 0) c->head_dim = a->head_dim;
+        if (a->threads > 0) set_num_threads(a->threads);
+        return run_eval_config(*c);
+      });
     }};
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Runs the built `tessel` binary for CLI tests: arguments as shell text, the sparse-attention
 // environment variables cleared (a developer's environment must not change a test), stdout and
-// stderr captured together.
+// stderr captured together; a scratch folder per test.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +28,14 @@ inline TesselRun run_tessel_binary(const std::string& args, const std::filesyste
   std::stringstream text;
   text << in.rdbuf();
   return TesselRun{WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
+}
+
+// A folder for the current test's files, <temp>/<prefix><test name>, created on first use.
+inline std::filesystem::path test_scratch_dir(const std::string& prefix) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 }  // namespace tessel

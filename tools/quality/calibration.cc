@@ -7,6 +7,7 @@
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/head_error_sums.h"
+#include "tessel/sparse/pattern_backends.h"
 #include "tessel/sparse/estimators/device_mask_estimation.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/estimators/xattention_estimator.h"
@@ -52,15 +53,35 @@ TopkEstimatorOptions topk_options(const std::vector<double>& per_head, const Cal
   return t;
 }
 
-// The block-sparse output of every head with its own value into s.sparse_out; returns the density.
-double sparse_forward(const ExecContext& ctx, CalibrationSample& s, const std::vector<double>& per_head,
-                      const CalibrationOptions& o) {
+// Density of the whole mask and of each head from its row offsets (rows ordered batch, head, q block).
+struct MaskDensity {
+  double all = 0.0;
+  std::vector<double> per_head;
+};
+MaskDensity mask_density(const BlockMaskShape& shape, const std::vector<int32_t>& indptr) {
+  const int64_t q_blocks = shape.q_blocks(), heads = shape.mask_heads;
+  const double head_blocks = static_cast<double>(shape.mask_batch * q_blocks * shape.kv_blocks());
+  MaskDensity d;
+  d.per_head.assign(static_cast<size_t>(heads), 0.0);
+  for (int64_t b = 0; b < shape.mask_batch; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t first_row = (b * heads + h) * q_blocks;
+      const auto kept = indptr[static_cast<size_t>(first_row + q_blocks)] - indptr[static_cast<size_t>(first_row)];
+      d.per_head[static_cast<size_t>(h)] += static_cast<double>(kept) / head_blocks;
+    }
+  d.all = static_cast<double>(indptr.back()) / (head_blocks * static_cast<double>(heads));
+  return d;
+}
+
+// The block-sparse output of every head with its own value into s.sparse_out; returns the densities.
+MaskDensity sparse_forward(const ExecContext& ctx, CalibrationSample& s, const std::vector<double>& per_head,
+                           const CalibrationOptions& o) {
   const bool threshold = o.method == CalibrationMethod::kThreshold;
   if (s.q.device().is_cpu()) {
     const BlockMask mask = threshold ? estimate_xattention_mask(ctx, s.q.view(), s.k.view(), xattention_options(per_head, o)).mask
                                      : estimate_topk_mask(ctx, s.q.view(), s.k.view(), topk_options(per_head, o)).mask;
     block_sparse_attention_forward(ctx, s.q.view(), s.k.view(), s.v.view(), mask.view(), s.sparse_out.view(), TensorView{});
-    return mask.density();
+    return mask_density(mask.shape(), mask.indptr());
   }
   const BlockMaskShape shape{s.q.size(0), s.q.size(2), s.q.size(1), s.k.size(1), o.block_q, o.block_kv};
   if (!s.device_mask || !(s.device_mask->shape() == shape))
@@ -69,8 +90,7 @@ double sparse_forward(const ExecContext& ctx, CalibrationSample& s, const std::v
   if (threshold) estimate_xattention_mask_device(ctx, s.q.view(), s.k.view(), xattention_options(per_head, o), mask);
   else estimate_topk_mask_device(ctx, s.q.view(), s.k.view(), topk_options(per_head, o), mask);
   block_sparse_attention_forward(ctx, s.q.view(), s.k.view(), s.v.view(), mask.view(), s.sparse_out.view(), TensorView{});
-  const double all = static_cast<double>(shape.num_rows()) * static_cast<double>(shape.kv_blocks());
-  return static_cast<double>(mask.kept_blocks(ctx.stream)) / all;
+  return mask_density(shape, mask.row_offsets(ctx.stream));
 }
 
 // Per head h of (B, S, H, D) outputs: rel-L2 or 1 - cosine of approx against reference, from the
@@ -112,9 +132,9 @@ SampleError evaluate_setting(const ExecContext& ctx, CalibrationSample& sample, 
     attention_forward(ctx, sample.q.view(), sample.k.view(), sample.v.view(), sample.dense_out.view(), TensorView{});
   }
   if (!sample.sparse_out.defined()) sample.sparse_out = Tensor::empty(sample.q.shape(), sample.q.dtype(), sample.q.device());
-  const double density = sparse_forward(ctx, sample, per_head, options);
+  MaskDensity density = sparse_forward(ctx, sample, per_head, options);
   std::vector<double> errors = head_errors(ctx, sample.sparse_out, sample.dense_out, options.metric);
-  SampleError e{density, errors.back(), {}};
+  SampleError e{density.all, errors.back(), {}, std::move(density.per_head)};
   errors.pop_back();
   e.head_error = std::move(errors);
   return e;
@@ -138,17 +158,31 @@ LayerCalibration calibrate_layer(const ExecContext& ctx, std::span<CalibrationSa
     }
     for (size_t h = 0; h < heads; ++h) (worst[h] <= options.target ? high[h] : low[h]) = mid[h];
   }
+  StepsEvaluation final_steps = evaluate_steps(ctx, samples, high, options);
   LayerCalibration result;
   result.per_head = high;
-  result.head_error.assign(heads, 0.0);
-  result.density = 0.0;
-  for (CalibrationSample& s : samples) {
-    const SampleError e = evaluate_setting(ctx, s, high, options);
-    result.density += e.density / static_cast<double>(samples.size());
-    result.error = std::max(result.error, e.error);
-    for (size_t h = 0; h < heads; ++h) result.head_error[h] = std::max(result.head_error[h], e.head_error[h]);
-  }
+  result.head_error = std::move(final_steps.head_error);
+  result.density = final_steps.density;
+  result.error = final_steps.error;
   return result;
+}
+
+StepsEvaluation evaluate_steps(const ExecContext& ctx, std::span<CalibrationSample> samples, const std::vector<double>& per_head,
+                               const CalibrationOptions& options) {
+  if (samples.empty()) fail_argument("captured steps", "at least one", 0);
+  for (size_t i = 0; i < samples.size(); ++i) check_sample(samples[i], samples[0], i);
+  StepsEvaluation r;
+  for (CalibrationSample& s : samples) r.steps.push_back(evaluate_setting(ctx, s, per_head, options));
+  const double share = 1.0 / static_cast<double>(samples.size());
+  for (const SampleError& e : r.steps) {
+    r.head_error.resize(e.head_error.size(), 0.0);
+    r.head_density.resize(e.head_density.size(), 0.0);
+    r.density += e.density * share;
+    r.error = std::max(r.error, e.error);
+    for (size_t h = 0; h < e.head_error.size(); ++h) r.head_error[h] = std::max(r.head_error[h], e.head_error[h]);
+    for (size_t h = 0; h < e.head_density.size(); ++h) r.head_density[h] += e.head_density[h] * share;
+  }
+  return r;
 }
 
 GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector<CalibrationSample>> layers,
@@ -203,6 +237,59 @@ SparseAttnConfig calibrated_config(const LayerCalibration& layer, const Calibrat
     if (options.method == CalibrationMethod::kCdf) c.options["cdf"] = "1";
   }
   return c;
+}
+
+}  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// Every head's value: the per-head list when given (of exactly `heads` values), else `all` for each.
+std::vector<double> head_values(const std::vector<double>& listed, double all, int64_t heads, const std::string& field) {
+  if (listed.empty()) return std::vector<double>(static_cast<size_t>(heads), all);
+  if (static_cast<int64_t>(listed.size()) != heads)
+    fail_argument(field, detail::concat(heads, " values (one per query head of the captures)"), listed.size());
+  return listed;
+}
+
+// A field the calibration's estimates do not apply must hold its default, or the check would
+// measure another mask than the runtime's.
+template <typename T>
+void require_measured(bool is_default, const std::string& field, const T& expected, const T& actual) {
+  if (!is_default) fail_argument(field, detail::concat(expected, " (the setting eval and calibrate measure)"), actual);
+}
+
+}  // namespace
+
+CalibratedSetting calibrated_setting(const SparseAttnConfig& config, int64_t heads, const std::string& who) {
+  const ResolvedSparseAttnConfig resolved(config);
+  const PatternSpec& spec = resolved.pattern();
+  CalibratedSetting s;
+  s.options.block_q = spec.block_q;
+  s.options.block_kv = spec.block_kv;
+  require_measured(!spec.keep_diagonal, who + ".selection.keep_diagonal", false, true);
+  require_measured(spec.sink_blocks == 0, who + ".selection.sink_blocks", int64_t{0}, spec.sink_blocks);
+  if (spec.type == PatternType::kDynamicTopk) {
+    const TopkEstimatorOptions t = topk_options_from_spec(spec);
+    require_measured(t.smooth_k, who + ".options.smooth_k", true, false);
+    require_measured(t.rule == TopkRule::kSpargeAttn, who + ".options.rule", std::string("spargeattn"), std::string("reach_target"));
+    const bool cdf = t.cdf_threshold > 0.0;
+    s.options.method = cdf ? CalibrationMethod::kCdf : CalibrationMethod::kTopk;
+    s.options.similarity_threshold = t.similarity_threshold;
+    s.per_head = head_values(t.per_head, cdf ? t.cdf_threshold : t.topk_ratio, heads, who + ".options.per_head");
+  } else if (spec.type == PatternType::kThreshold) {
+    const XAttentionOptions x = xattention_options_from_spec(spec);
+    require_measured(x.vote == XAttentionVote::kNone, who + ".options.vote", std::string("none"), spec.option("vote"));
+    require_measured(!x.gqa_any, who + ".options.gqa_any", false, true);
+    require_measured(x.padding == XAttentionPadding::kChunk, who + ".options.padding", std::string("chunk"), spec.option("padding"));
+    require_measured(x.keep_diagonal && x.keep_first, who + ".options.keep_diagonal and keep_first", true, false);
+    s.options.method = CalibrationMethod::kThreshold;
+    s.options.stride = x.stride;
+    s.per_head = head_values(x.per_head_threshold, x.threshold, heads, who + ".options.per_head_threshold");
+  } else {
+    fail_argument(who + ".pattern.type", "dynamic_topk or threshold (the calibrated methods)", pattern_type_name(spec.type));
+  }
+  return s;
 }
 
 }  // namespace tessel

@@ -76,12 +76,36 @@ GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector
 struct SampleError {
   double density = 1.0, error = 0.0;
   std::vector<double> head_error;
+  std::vector<double> head_density;  // kept blocks of each query head / its blocks
 };
 SampleError evaluate_setting(const ExecContext& ctx, CalibrationSample& sample, const std::vector<double>& per_head,
                              const CalibrationOptions& options);
 
+// One setting over several captured steps: the error of every step, and their summary (mean
+// densities, worst errors).
+struct StepsEvaluation {
+  std::vector<SampleError> steps;
+  double density = 0.0, error = 0.0;
+  std::vector<double> head_error, head_density;
+};
+StepsEvaluation evaluate_steps(const ExecContext& ctx, std::span<CalibrationSample> samples, const std::vector<double>& per_head,
+                               const CalibrationOptions& options);
+
 // The sparse-attention config that runs the calibrated setting of a layer (dynamic_topk or threshold,
 // per-head values in the options).
 SparseAttnConfig calibrated_config(const LayerCalibration& layer, const CalibrationOptions& options);
+
+// The inverse, for checking a config on other captures: the method, blocks and estimator settings
+// of a dynamic_topk or threshold config, read through the same spec the runtime resolves, and its
+// value per query head (pattern.options.per_head / per_head_threshold, or the one ratio, cdf
+// value or threshold for all `heads`). Throws Error naming the config field (prefixed by `who`)
+// for another pattern type, estimator options the calibration does not measure (smooth_k off,
+// the reach_target rule, XAttention votes, always-keep selections) or a per-head list of another
+// length than `heads`. metric and target keep their defaults.
+struct CalibratedSetting {
+  CalibrationOptions options;
+  std::vector<double> per_head;
+};
+CalibratedSetting calibrated_setting(const SparseAttnConfig& config, int64_t heads, const std::string& who);
 
 }  // namespace tessel

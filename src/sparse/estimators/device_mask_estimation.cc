@@ -105,6 +105,15 @@ int64_t DeviceEstimatedMask::kept_blocks(StreamHandle stream) const {
   return kept;
 }
 
+std::vector<int32_t> DeviceEstimatedMask::row_offsets(StreamHandle stream) const {
+  std::vector<int32_t> offsets(static_cast<size_t>(shape_.num_rows() + 1));
+  check_cuda_call(cudaMemcpyAsync(offsets.data(), indptr_.data_as<const int32_t>(), offsets.size() * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream),
+                  "DeviceEstimatedMask::row_offsets copy");
+  check_cuda_call(cudaStreamSynchronize(stream), "DeviceEstimatedMask::row_offsets synchronize");
+  return offsets;
+}
+
 namespace {
 // Per-query-head selection values: `heads` entries in (0, 1], named `option` in errors.
 void check_head_values(const std::vector<double>& values, int64_t heads, const char* option) {
@@ -292,6 +301,7 @@ DeviceEstimatedMask::DeviceEstimatedMask(const BlockMaskShape&, int64_t, int64_t
 BlockMaskView DeviceEstimatedMask::view() const { return {}; }
 BlockMask DeviceEstimatedMask::to_host() const { return {}; }
 int64_t DeviceEstimatedMask::kept_blocks(StreamHandle) const { return 0; }
+std::vector<int32_t> DeviceEstimatedMask::row_offsets(StreamHandle) const { return {}; }
 void estimate_topk_mask_device(const ExecContext&, const TensorView&, const TensorView&, const TopkEstimatorOptions&, DeviceEstimatedMask&) {
   throw Error("estimate_topk_mask_device: tessel was built without CUDA (configure with -DTESSEL_CUDA=ON)");
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
@@ -38,6 +39,9 @@ class DeviceEstimatedMask {
   // The number of kept blocks (indptr[rows]), copied to the host after the work queued on `stream`
   // (synchronizes): a density without copying the whole mask.
   int64_t kept_blocks(StreamHandle stream) const;
+  // The row offsets (indptr, rows + 1 values; row (batch, head, q_block) keeps indptr[r + 1] -
+  // indptr[r] blocks) copied to the host the same way: per-head densities in one copy.
+  std::vector<int32_t> row_offsets(StreamHandle stream) const;
 
  private:
   friend void estimate_topk_mask_device(const ExecContext&, const TensorView&, const TensorView&,

@@ -1,0 +1,79 @@
+#include "quality/captures.h"
+
+#include <exception>
+
+#include "quality/qkv_file.h"
+#include "quality/synthetic_video.h"
+#include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
+
+namespace tessel {
+
+std::vector<std::string> split_capture_files(const std::string& text) {
+  std::vector<std::string> files;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) files.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return files;
+}
+
+CalibrationSample capture_on_device(const Tensor& q, const Tensor& k, const Tensor& v, const Device& device) {
+  const DType dtype = device.is_cpu() ? DType::kF32 : DType::kBF16;
+  const auto place = [&](const Tensor& t) {
+    // Shares the storage when the dtype already fits: the samples never write their q, k, v.
+    const Tensor typed = t.dtype() == dtype ? t : t.to(dtype);
+    return device.is_cpu() ? typed : typed.to(device);
+  };
+  CalibrationSample s;
+  s.q = place(q);
+  s.k = place(k);
+  s.v = place(v);
+  return s;
+}
+
+std::vector<CalibrationSample> load_capture_files(const std::string& files, const std::string& option, const Device& device) {
+  std::vector<CalibrationSample> samples;
+  for (const std::string& path : split_capture_files(files)) {
+    QkvTensors t = load_qkv_safetensors(path);
+    samples.push_back(capture_on_device(t.q, t.k, t.v, device));
+  }
+  if (samples.empty()) fail_argument(option, "one or more capture files, comma-separated", files);
+  return samples;
+}
+
+std::vector<std::vector<CalibrationSample>> synthetic_layer_captures(const SyntheticCaptureOptions& o, uint64_t seed_offset,
+                                                                     int64_t steps, const Device& device) {
+  const int64_t layers = o.layers;
+  const TokenGrid grid = parse_token_grid(o.grid, "--grid");
+  std::vector<SyntheticQkv> made(static_cast<size_t>(layers * steps));
+  std::vector<std::exception_ptr> failed(made.size());  // an exception must not leave a parallel task
+  parallel_for(layers * steps, [&](int64_t i) {
+    const int64_t layer = i / steps;
+    SyntheticVideoOptions s;
+    s.grid = grid;
+    s.heads = o.heads;
+    s.head_dim = o.head_dim;
+    s.sharpness = layers > 1 ? 0.6 + 0.8 * static_cast<double>(layer) / static_cast<double>(layers - 1) : 1.0;
+    s.seed = static_cast<uint64_t>(1000 * layer) + seed_offset + static_cast<uint64_t>(i % steps);
+    s.dtype = device.is_cpu() ? DType::kF32 : DType::kBF16;
+    try {
+      made[static_cast<size_t>(i)] = make_synthetic_video_qkv(s);
+    } catch (...) {
+      failed[static_cast<size_t>(i)] = std::current_exception();
+    }
+  });
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
+  std::vector<std::vector<CalibrationSample>> samples(static_cast<size_t>(layers));
+  for (int64_t i = 0; i < layers * steps; ++i) {
+    SyntheticQkv& d = made[static_cast<size_t>(i)];
+    samples[static_cast<size_t>(i / steps)].push_back(capture_on_device(d.q, d.k, d.v, device));
+    d = SyntheticQkv{};  // the host copy goes as soon as the sample is placed
+  }
+  return samples;
+}
+
+}  // namespace tessel
