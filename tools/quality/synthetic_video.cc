@@ -1,9 +1,11 @@
 #include "quality/synthetic_video.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
 #include "tessel/core/random.h"
 
 namespace tessel {
@@ -70,46 +72,70 @@ SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
     for (int64_t h = 0; h < o.heads; ++h) out.head_types.push_back(kMix[h % 6]);
 
   const TokenGrid& g = o.grid;
-  const int64_t seq = g.numel(), dim = o.head_dim, pairs = dim / 2;
+  const int64_t seq = g.numel(), dim = o.head_dim, pairs = dim / 2, heads = o.heads, rows = o.batch * seq;
   const int64_t axis_pairs[3] = {pairs / 4, (pairs - pairs / 4) / 2, pairs - pairs / 4 - (pairs - pairs / 4) / 2};
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
-  const Shape shape{o.batch, seq, o.heads, dim};
-  Tensor q = Tensor::zeros(shape, DType::kF32), k = Tensor::zeros(shape, DType::kF32), v = Tensor::empty(shape, DType::kF32);
+  const Shape shape{o.batch, seq, heads, dim};
+  Tensor q = Tensor::empty(shape, DType::kF32), k = Tensor::empty(shape, DType::kF32), v = Tensor::empty(shape, DType::kF32);
   fill_normal(v.view(), o.seed * 3 + 2);
   std::mt19937_64 rng(o.seed * 3 + 1);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_real_distribution<double> phase(0.0, 2.0 * M_PI);
   std::uniform_real_distribution<double> low_frequency(0.0, 0.5);
+  // The position of token t on the grid: (frame, row, column).
+  const auto position = [&g](int64_t t, double pos[3]) {
+    pos[0] = static_cast<double>(t / g.tokens_per_frame());
+    pos[1] = static_cast<double>((t / g.width) % g.height);
+    pos[2] = static_cast<double>(t % g.width);
+  };
+  // Work over tokens that draws no random numbers runs in parallel over chunks of tokens; the
+  // draws stay in one sequence in a fixed order, so a seed gives the same tensors at any thread count.
+  const int64_t chunk = 256, chunks = (rows + chunk - 1) / chunk;
+  const auto for_token_chunks = [&](const auto& body) {
+    parallel_for(chunks, [&](int64_t c) {
+      for (int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) body(r, r % seq);
+    });
+  };
+
   // v = √(mean_share)·(per-head channel mean) + √(smooth_share)·(smooth field) + √(rest)·(white noise),
-  // each part of unit variance per element.
+  // each part of unit variance per element. Every channel's mean and three plane waves (frequency
+  // <= 0.5 rad per patch) are drawn first, then the tokens are filled in memory order.
   const double rest = std::max(0.0, 1.0 - o.value_mean - o.value_smooth);
-  float* vd = v.data_as<float>();
-  for (int64_t h = 0; h < o.heads; ++h)
-    for (int64_t c = 0; c < dim; ++c) {
-      const double mean = normal(rng);
-      double w[3][3], phi[3];  // three plane waves of frequency <= 0.5 rad per patch
-      for (int j = 0; j < 3; ++j) {
-        for (double& x : w[j]) x = low_frequency(rng);
-        phi[j] = phase(rng);
-      }
-      for (int64_t b = 0; b < o.batch; ++b)
-        for (int64_t t = 0; t < seq; ++t) {
-          const double f = static_cast<double>(t / g.tokens_per_frame()), y = static_cast<double>((t / g.width) % g.height),
-                       x = static_cast<double>(t % g.width);
-          double field = 0.0;
-          for (int j = 0; j < 3; ++j) field += std::sqrt(2.0 / 3.0) * std::cos(w[j][0] * f + w[j][1] * y + w[j][2] * x + phi[j]);
-          float& out = vd[((b * seq + t) * o.heads + h) * dim + c];
-          out = static_cast<float>(std::sqrt(o.value_mean) * mean + std::sqrt(o.value_smooth) * field + std::sqrt(rest) * out);
-        }
+  struct ChannelField {
+    double mean, w[3][3], phi[3];
+  };
+  std::vector<ChannelField> fields(static_cast<size_t>(heads * dim));
+  for (ChannelField& f : fields) {
+    f.mean = normal(rng);
+    for (int j = 0; j < 3; ++j) {
+      for (double& x : f.w[j]) x = low_frequency(rng);
+      f.phi[j] = phase(rng);
     }
+  }
+  float* vd = v.data_as<float>();
+  for_token_chunks([&](int64_t row, int64_t t) {
+    double pos[3];
+    position(t, pos);
+    float* out = vd + row * heads * dim;
+    for (int64_t i = 0; i < heads * dim; ++i) {
+      const ChannelField& f = fields[static_cast<size_t>(i)];
+      double field = 0.0;
+      for (int j = 0; j < 3; ++j)
+        field += std::sqrt(2.0 / 3.0) * std::cos(f.w[j][0] * pos[0] + f.w[j][1] * pos[1] + f.w[j][2] * pos[2] + f.phi[j]);
+      out[i] = static_cast<float>(std::sqrt(o.value_mean) * f.mean + std::sqrt(o.value_smooth) * field + std::sqrt(rest) * out[i]);
+    }
+  });
+
+  // q and k, head by head: the head's random phases and sink direction, its rotary position
+  // features (equal in q and k; no draws, so in parallel over tokens), then its content noise and
+  // sink component (drawn in token order).
   float* qd = q.data_as<float>();
   float* kd = k.data_as<float>();
-
-  for (int64_t h = 0; h < o.heads; ++h) {
-    const HeadSpec spec = head_spec(out.head_types[h], o.sharpness);
+  std::vector<double> theta(pairs), amp(pairs), phi(pairs), sink_dir(dim);
+  std::vector<int> axis_of(pairs);
+  for (int64_t h = 0; h < heads; ++h) {
+    const HeadSpec spec = head_spec(out.head_types[static_cast<size_t>(h)], o.sharpness);
     // Per pair: frequency, amplitude (so that Σ amp² cos(θΔ) · scale = β a K(Δ)), phase offset.
-    std::vector<double> theta(pairs), amp(pairs), phi(pairs);
-    std::vector<int> axis_of(pairs);
     int64_t pair = 0;
     for (int axis = 0; axis < 3; ++axis) {
       const int64_t n = axis_pairs[axis];
@@ -135,7 +161,6 @@ SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
     const double content = std::sqrt(o.noise * spec.beta);
     // The sink direction: a unit vector; queries carry s·u, frame-0 keys carry s·u, with
     // s² · scale = sink_bonus · β.
-    std::vector<double> sink_dir(dim);
     double norm = 0.0;
     for (double& x : sink_dir) {
       x = normal(rng);
@@ -144,25 +169,26 @@ SyntheticQkv make_synthetic_video_qkv(const SyntheticVideoOptions& o) {
     for (double& x : sink_dir) x /= std::sqrt(norm);
     const double sink_amp = std::sqrt(spec.sink_bonus * spec.beta / scale);
 
-    for (int64_t b = 0; b < o.batch; ++b)
-      for (int64_t t = 0; t < seq; ++t) {
-        const double pos[3] = {static_cast<double>(t / g.tokens_per_frame()), static_cast<double>((t / g.width) % g.height),
-                               static_cast<double>(t % g.width)};
-        float* qt = qd + ((b * seq + t) * o.heads + h) * dim;
-        float* kt = kd + ((b * seq + t) * o.heads + h) * dim;
-        for (int64_t p = 0; p < pairs; ++p) {
-          const double angle = theta[p] * pos[axis_of[p]] + phi[p];
-          qt[2 * p] = static_cast<float>(amp[p] * std::cos(angle));
-          qt[2 * p + 1] = static_cast<float>(amp[p] * std::sin(angle));
-          kt[2 * p] = qt[2 * p];
-          kt[2 * p + 1] = qt[2 * p + 1];
-        }
-        const bool frame0 = t < g.tokens_per_frame();
-        for (int64_t d = 0; d < dim; ++d) {
-          qt[d] += static_cast<float>(content * normal(rng) + sink_amp * sink_dir[d]);
-          kt[d] += static_cast<float>(content * normal(rng) + (frame0 ? sink_amp * sink_dir[d] : 0.0));
-        }
+    for_token_chunks([&](int64_t row, int64_t t) {
+      double pos[3];
+      position(t, pos);
+      float* qt = qd + (row * heads + h) * dim;
+      float* kt = kd + (row * heads + h) * dim;
+      for (int64_t p = 0; p < pairs; ++p) {
+        const double angle = theta[p] * pos[axis_of[p]] + phi[p];
+        qt[2 * p] = kt[2 * p] = static_cast<float>(amp[p] * std::cos(angle));
+        qt[2 * p + 1] = kt[2 * p + 1] = static_cast<float>(amp[p] * std::sin(angle));
       }
+    });
+    for (int64_t row = 0; row < rows; ++row) {
+      float* qt = qd + (row * heads + h) * dim;
+      float* kt = kd + (row * heads + h) * dim;
+      const bool frame0 = row % seq < g.tokens_per_frame();
+      for (int64_t d = 0; d < dim; ++d) {
+        qt[d] += static_cast<float>(content * normal(rng) + sink_amp * sink_dir[d]);
+        kt[d] += static_cast<float>(content * normal(rng) + (frame0 ? sink_amp * sink_dir[d] : 0.0));
+      }
+    }
   }
   if (o.dtype == DType::kF32) {
     out.q = std::move(q);
