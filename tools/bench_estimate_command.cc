@@ -29,6 +29,7 @@ struct EstimateBenchConfig {
   int iters = 10, warmup = 3;
   bool smooth_k = true;  // off: the estimate without the K-mean pass (SpargeAttn's smooth_k=False path)
   std::string rule = "spargeattn";  // dynamic_topk rule: spargeattn or reach-target
+  std::string padding = "chunk";    // XAttention keys: chunk (zero-padded, the official rule) or none
 };
 
 double median_ms(const ExecContext& ctx, int warmup, int iters, const std::function<void()>& run) {
@@ -79,6 +80,7 @@ int run(const EstimateBenchConfig& c) {
     XAttentionOptions xattention;
     xattention.threshold = c.threshold;
     xattention.stride = stride;
+    xattention.padding = c.padding == "none" ? XAttentionPadding::kNone : XAttentionPadding::kChunk;
     DeviceEstimatedMask threshold_mask({1, c.heads, c.seq, c.seq, xattention.block_q, xattention.block_kv}, hk,
                                        c.head_dim, gpu, stride);
     const double ms =
@@ -123,6 +125,11 @@ CommandRegistration registration{
                      "the parity work)")
           ->capture_default_str()
           ->check(CLI::IsMember({"spargeattn", "reach-target"}));
+      app.add_option("--xattention-padding", c->padding,
+                     "threshold estimate keys: chunk (zero-padded to the official chunk) or none (the real keys "
+                     "only, the estimate before the parity work)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"chunk", "none"}));
       app.add_option("--warmup", c->warmup, "untimed runs before each measurement")
           ->capture_default_str()
           ->check(integer_in(0, kMaxRepeats));

@@ -76,10 +76,25 @@ TEST(TopkEstimatorGpu, MatchesTheCpuEstimator) {
   all_similar.topk_ratio = 0.25;
   all_similar.block_q = 64;
   cases.push_back({1, 640, 640, 2, 2, 128, all_similar});
+  // The pooling kernel has one instance per (smoothing, rule) pair: the cases above use the
+  // defaults (smoothed, kSpargeAttn); these take the other three, with partial last blocks.
+  TopkEstimatorOptions reach_target = topk;
+  reach_target.rule = TopkRule::kReachTarget;
+  reach_target.smooth_k = false;
+  cases.push_back({1, 1111, 1000, 4, 2, 128, reach_target});
+  TopkEstimatorOptions reach_target_smoothed = reach_target;
+  reach_target_smoothed.smooth_k = true;
+  reach_target_smoothed.topk_ratio = 0.4;
+  cases.push_back({2, 700, 833, 2, 1, 96, reach_target_smoothed});
+  TopkEstimatorOptions unsmoothed_cdf = cdf;
+  unsmoothed_cdf.smooth_k = false;
+  cases.push_back({1, 900, 950, 4, 4, 64, unsmoothed_cdf});
   uint64_t seed = 3;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "B=" << c.batch << " S=" << c.seq_q << "/" << c.seq_kv << " D=" << c.dim
-                                      << " cdf=" << c.options.cdf_threshold << " ratio=" << c.options.topk_ratio);
+                                      << " cdf=" << c.options.cdf_threshold << " ratio=" << c.options.topk_ratio
+                                      << " smooth_k=" << c.options.smooth_k << " rule="
+                                      << (c.options.rule == TopkRule::kSpargeAttn ? "spargeattn" : "reach-target"));
     const Tensor q = structured(c.batch, c.seq_q, c.heads, c.dim, 96, seed++);
     const Tensor k = structured(c.batch, c.seq_kv, c.kv_heads, c.dim, 80, seed++);
     const BlockMask cpu = estimate_topk_mask(ExecContext{}, q, k, c.options).mask;

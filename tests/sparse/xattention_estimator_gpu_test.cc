@@ -81,7 +81,17 @@ TEST(XAttentionEstimatorGpu, MatchesTheCpuEstimator) {
   XAttentionOptions two_units = base;  // 16 groups per kv block: two units of 8 per block
   two_units.block_kv = 128;
   two_units.threshold = 0.95;
+  // The mass and selection kernels have an instance without zero groups and padding blocks:
+  // padding kNone, and kChunk at a length that is a multiple of the chunk (no zero groups).
+  XAttentionOptions unpadded = base;
+  unpadded.padding = XAttentionPadding::kNone;
+  XAttentionOptions unpadded_stride16 = stride16;
+  unpadded_stride16.padding = XAttentionPadding::kNone;
+  unpadded_stride16.keep_first = true;
   const std::vector<Case> cases = {{1500, 1500, 4, 2, 128, base},
+                                   {1500, 1300, 4, 2, 128, unpadded},
+                                   {1001, 1777, 2, 1, 64, unpadded_stride16},
+                                   {2048, 2048, 2, 1, 128, base},
                                    {1001, 1333, 2, 1, 64, stride16},
                                    {777, 777, 2, 2, 64, small_blocks},
                                    {2100, 2100, 4, 1, 128, stride16_d128},
@@ -91,7 +101,8 @@ TEST(XAttentionEstimatorGpu, MatchesTheCpuEstimator) {
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "S=" << c.seq_q << "/" << c.seq_kv << " D=" << c.dim << " stride "
                                       << c.options.stride << " blocks " << c.options.block_q << "x"
-                                      << c.options.block_kv);
+                                      << c.options.block_kv << " padding "
+                                      << (c.options.padding == XAttentionPadding::kChunk ? "chunk" : "none"));
     const Tensor q = drifting(c.seq_q, c.heads, c.dim, seed++);
     const Tensor k = drifting(c.seq_kv, c.kv_heads, c.dim, seed++);
     const BlockMask cpu = estimate_xattention_mask(ExecContext{}, q, k, c.options).mask;

@@ -60,12 +60,16 @@ __global__ void sequence_mean_kernel(const float* partial, int seq, int heads, i
 }
 
 // One CTA per (block c, head h, batch b): the block's mean vector and its self-similarity
-// (1/n²)‖Σ_t x_t/‖x_t‖‖², compared with the threshold, x_t smoothed by `mean` when given. Each
-// warp takes every 4th token; lane l holds dims l, l + 32, ...
-template <typename T>
+// (1/n²)‖Σ_t x_t/‖x_t‖‖², compared with the threshold. Each warp takes every 4th token; lane l
+// holds dims l, l + 32, ...
+// kSmooth: x_t is shifted by the head's `mean_of_head` first (K smoothing). kWholeBlocksOnly: a
+// partial block or one with a zero-norm token is not self-similar. Both are template arguments so
+// that the kernel without them carries none of their instructions (the shift, the zero-token flag
+// and its barrier): with both off it is the plain pooling kernel.
+template <typename T, bool kSmooth, bool kWholeBlocksOnly>
 __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_s, int64_t stride_h, int seq, int block,
-                                   int blocks, int heads, int dim, float threshold, bool whole_blocks_only,
-                                   const float* mean_of_head, float* pooled, uint8_t* similar) {
+                                   int blocks, int heads, int dim, float threshold, const float* mean_of_head,
+                                   float* pooled, uint8_t* similar) {
   __shared__ float s_mean[kPoolWarps][kMaxDimPerLane * 32];
   __shared__ float s_unit[kPoolWarps][kMaxDimPerLane * 32];
   __shared__ float s_partial[kPoolWarps];
@@ -75,9 +79,12 @@ __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_
   const int lo = c * block, hi = min(seq, lo + block), n = hi - lo;
   const int per_lane = dim >> 5;
   const T* base = x + b * stride_b + h * stride_h;
-  const float* shift = mean_of_head ? mean_of_head + (static_cast<int64_t>(b) * heads + h) * dim : nullptr;
-  if (threadIdx.x == 0) s_zero_token = 0;
-  __syncthreads();
+  const float* shift = nullptr;
+  if constexpr (kSmooth) shift = mean_of_head + (static_cast<int64_t>(b) * heads + h) * dim;
+  if constexpr (kWholeBlocksOnly) {
+    if (threadIdx.x == 0) s_zero_token = 0;
+    __syncthreads();
+  }
   float mean[kMaxDimPerLane], unit[kMaxDimPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxDimPerLane; ++j) mean[j] = unit[j] = 0.f;
@@ -86,12 +93,15 @@ __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_
     float sq = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxDimPerLane; ++j) {
-      v[j] = j < per_lane ? to_f32(base[static_cast<int64_t>(t) * stride_s + lane + 32 * j]) - (shift ? shift[lane + 32 * j] : 0.f)
-                          : 0.f;
+      if constexpr (kSmooth)
+        v[j] = j < per_lane ? to_f32(base[static_cast<int64_t>(t) * stride_s + lane + 32 * j]) - shift[lane + 32 * j] : 0.f;
+      else
+        v[j] = j < per_lane ? to_f32(base[static_cast<int64_t>(t) * stride_s + lane + 32 * j]) : 0.f;
       sq += v[j] * v[j];
     }
     const float norm = sqrtf(warp_sum(sq));
-    if (norm == 0.f && lane == 0) s_zero_token = 1;
+    if constexpr (kWholeBlocksOnly)
+      if (norm == 0.f && lane == 0) s_zero_token = 1;
     const float inv = norm > 0.f ? 1.f / norm : 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxDimPerLane; ++j) {
@@ -124,7 +134,8 @@ __global__ void pool_blocks_kernel(const T* x, int64_t stride_b, int64_t stride_
     float sim = 0.f;
     for (int w = 0; w < kPoolWarps; ++w) sim += s_partial[w];
     sim /= static_cast<float>(n) * static_cast<float>(n);
-    const bool judged = !whole_blocks_only || (n == block && s_zero_token == 0);
+    bool judged = true;
+    if constexpr (kWholeBlocksOnly) judged = n == block && s_zero_token == 0;
     similar[out_row] = judged && sim > threshold ? 1 : 0;
   }
 }
@@ -159,8 +170,14 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
       const bool candidate = p.similar_k[k_rows + c] != 0;
       float dot = 0.f;
       if (candidate) {
+        // Lane l adds dims l, l + 32, ... in that order (dim is a multiple of 32, at most 256). A
+        // fixed unrolled loop lets every load of the dot issue before the first multiply waits;
+        // the strided loop over p.dim was compiled into a chain that waited on each load in turn.
         const float* pk = p.pooled_k + (k_rows + c) * p.dim;
-        for (int d = lane; d < p.dim; d += 32) dot += pq[d] * pk[d];
+        const int per_lane = p.dim >> 5;
+#pragma unroll
+        for (int j = 0; j < kMaxDimPerLane; ++j)
+          if (j < per_lane) dot += pq[lane + 32 * j] * pk[lane + 32 * j];
         dot = warp_sum(dot);
       }
       if (lane == 0) {
@@ -235,20 +252,36 @@ __global__ void select_rows_kernel(const TopkParams p, int sort_size) {
   write_kept_row(keep, kvb, p.row_blocks + row * kvb, p.row_counts + row);
 }
 
+// Launches the pooling instance for the rule's flags (smoothing when mean_of_head is given).
+template <typename T>
+void launch_pool_blocks(const T* x, int64_t stride_b, int64_t stride_s, int64_t stride_h, int seq, int block,
+                        int blocks, int heads, int batch, int dim, float threshold, bool whole_blocks_only,
+                        const float* mean_of_head, float* pooled, uint8_t* similar, cudaStream_t stream) {
+  const auto launch = [&](auto kernel) {
+    kernel<<<dim3(blocks, heads, batch), kPoolWarps * 32, 0, stream>>>(x, stride_b, stride_s, stride_h, seq, block,
+                                                                       blocks, heads, dim, threshold, mean_of_head,
+                                                                       pooled, similar);
+  };
+  if (mean_of_head)
+    whole_blocks_only ? launch(pool_blocks_kernel<T, true, true>) : launch(pool_blocks_kernel<T, true, false>);
+  else
+    whole_blocks_only ? launch(pool_blocks_kernel<T, false, true>) : launch(pool_blocks_kernel<T, false, false>);
+}
+
 template <typename T>
 void launch_pooling(const TopkParams& p, cudaStream_t stream) {
-  pool_blocks_kernel<T><<<dim3(p.q_blocks, p.heads_q, p.batch), kPoolWarps * 32, 0, stream>>>(
-      static_cast<const T*>(p.q), p.q_stride_b, p.q_stride_s, p.q_stride_h, p.seq_q, p.block_q, p.q_blocks, p.heads_q,
-      p.dim, p.similarity_threshold, p.whole_blocks_only, nullptr, p.pooled_q, p.similar_q);
+  launch_pool_blocks(static_cast<const T*>(p.q), p.q_stride_b, p.q_stride_s, p.q_stride_h, p.seq_q, p.block_q,
+                     p.q_blocks, p.heads_q, p.batch, p.dim, p.similarity_threshold, p.whole_blocks_only, nullptr,
+                     p.pooled_q, p.similar_q, stream);
   if (p.k_mean) {
     float* partial = p.k_mean + static_cast<int64_t>(p.batch) * p.heads_kv * p.dim;
     sequence_partial_sum_kernel<T><<<dim3(kTopkMeanChunks, p.heads_kv, p.batch), kMeanThreads, 0, stream>>>(
         static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.heads_kv, p.dim, partial);
     sequence_mean_kernel<<<dim3(p.heads_kv, p.batch), 128, 0, stream>>>(partial, p.seq_kv, p.heads_kv, p.dim, p.k_mean);
   }
-  pool_blocks_kernel<T><<<dim3(p.kv_blocks, p.heads_kv, p.batch), kPoolWarps * 32, 0, stream>>>(
-      static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.block_kv, p.kv_blocks,
-      p.heads_kv, p.dim, p.similarity_threshold, p.whole_blocks_only, p.k_mean, p.pooled_k, p.similar_k);
+  launch_pool_blocks(static_cast<const T*>(p.k), p.k_stride_b, p.k_stride_s, p.k_stride_h, p.seq_kv, p.block_kv,
+                     p.kv_blocks, p.heads_kv, p.batch, p.dim, p.similarity_threshold, p.whole_blocks_only, p.k_mean,
+                     p.pooled_k, p.similar_k, stream);
 }
 
 }  // namespace

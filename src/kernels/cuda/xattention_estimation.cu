@@ -228,7 +228,12 @@ __global__ void __launch_bounds__(kThreads, TileShape<WM>::kMinBlocks)
 // One CTA per (q block r, head h, batch b): each group row's log-sum-exp over all kv blocks (one
 // warp per row), then, per kv block, the sum over the rows of their softmax mass (one thread per
 // block, rows in order: deterministic, so graph replays and reruns select the same blocks).
-__global__ void xattention_mass_kernel(const XAttentionParams p) {
+// kZeroGroups (p.zero_groups_total > 0, padding kChunk): the padded keys' zero groups join every
+// row's softmax. A template argument, so that the kernel without them carries none of their work.
+// Both instances are held to 32 registers (8 CTAs per SM, no spills), as the kernel was before
+// the zero groups: unbounded, the zero-group instance took 40 and lost a quarter of its CTAs.
+template <bool kZeroGroups>
+__global__ void __launch_bounds__(kMassThreads, 8) xattention_mass_kernel(const XAttentionParams p) {
   extern __shared__ float s_row_lse[];
   const int r = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, warps = blockDim.x >> 5;
@@ -247,7 +252,7 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
     sum = warp_sum(sum);
     if (lane == 0) {
       float row_lse = lse2_of(mx, sum);
-      if (p.zero_groups_total > 0) {
+      if constexpr (kZeroGroups) {
         // The zero groups' logit is 0: log2 of their summed exponentials is log2(count).
         const float zeros = log2f(static_cast<float>(p.zero_groups_total));
         const float top = fmaxf(row_lse, zeros);
@@ -259,7 +264,7 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
   __syncthreads();
   const int64_t mass_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r;
   float zero_group = 0.f;
-  if (p.zero_groups_total > 0) {
+  if constexpr (kZeroGroups) {
     for (int g = g_begin; g < g_end; ++g) zero_group += exp2f(-s_row_lse[g - g_begin]);
     if (tid == 0) p.zero_group_mass[mass_row] = zero_group;
   }
@@ -270,7 +275,8 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
       const float row_lse = s_row_lse[g - g_begin];
       if (row_lse != -INFINITY) m += fast_exp2(lse[static_cast<int64_t>(g) * p.kv_blocks + c] - row_lse);
     }
-    if (c == p.kv_blocks - 1) m += static_cast<float>(p.zero_groups_last_block) * zero_group;
+    if constexpr (kZeroGroups)
+      if (c == p.kv_blocks - 1) m += static_cast<float>(p.zero_groups_last_block) * zero_group;
     mass[c] = m;
   }
 }
@@ -280,25 +286,35 @@ __global__ void xattention_mass_kernel(const XAttentionParams p) {
 // row's total, then block 0 (keep_first) and the row's real ids ascending. The greedy rule runs in parallel: sorted entry i is kept iff forced + (sum of the
 // sorted masses before i) < target, a prefix sum (double, fixed order, so replays select the same
 // blocks). A single-thread loop over the row was a large share of the whole estimate at S = 29700
-// (docs/perf-log.md).
-__global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_size) {
+// (docs/perf-log.md). kPadded (p.pad_blocks > 0) as kZeroGroups above: without padding blocks
+// the kernel reads no zero-group mass and fills the masses with no per-block branch. Held to 32
+// registers (8 CTAs per SM, no spills) like the mass kernel; unbounded, one instance took 39.
+template <bool kPadded>
+__global__ void __launch_bounds__(kSelectThreads, 8) select_threshold_rows_kernel(const XAttentionParams p, int sort_size) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem);
   float* s_mass = reinterpret_cast<float*>(keys + sort_size);
   // keep follows all kv_blocks + pad_blocks masses (it overlapped the padding masses before).
   uint8_t* keep = reinterpret_cast<uint8_t*>(s_mass + p.kv_blocks + p.pad_blocks);
   const int r = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
-  const int real_blocks = p.kv_blocks, kvb = p.kv_blocks + p.pad_blocks;
+  const int real_blocks = p.kv_blocks, kvb = kPadded ? p.kv_blocks + p.pad_blocks : p.kv_blocks;
   const int64_t row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_blocks + r;
   const float* m = p.mass + row * real_blocks;
-  const float zero_group = p.pad_blocks > 0 ? p.zero_group_mass[row] : 0.f;
-  const int groups_per_block = p.block_kv / p.stride;
 
   // The real blocks, then the padding blocks (zero groups only).
-  for (int c = tid; c < kvb; c += blockDim.x) {
-    keep[c] = 0;
-    s_mass[c] = c < real_blocks ? m[c]
-                                : static_cast<float>(c == kvb - 1 ? p.zero_groups_last_pad : groups_per_block) * zero_group;
+  if constexpr (kPadded) {
+    const float zero_group = p.zero_group_mass[row];
+    const int groups_per_block = p.block_kv / p.stride;
+    for (int c = tid; c < kvb; c += blockDim.x) {
+      keep[c] = 0;
+      s_mass[c] = c < real_blocks ? m[c]
+                                  : static_cast<float>(c == kvb - 1 ? p.zero_groups_last_pad : groups_per_block) * zero_group;
+    }
+  } else {
+    for (int c = tid; c < kvb; c += blockDim.x) {
+      keep[c] = 0;
+      s_mass[c] = m[c];
+    }
   }
   __syncthreads();
   if (p.keep_diagonal) keep_diagonal_blocks(keep, r, p.seq_q, p.seq_kv, p.block_q, p.block_kv);
@@ -340,10 +356,24 @@ __global__ void select_threshold_rows_kernel(const XAttentionParams p, int sort_
     kept += __uint_as_float(static_cast<unsigned>(key >> 32));
   }
   __syncthreads();
-  // Block 0 after the selection, without counting toward it (as the official selection keeps it).
-  if (p.keep_first && tid == 0) keep[0] = 1;
-  __syncthreads();
+  // Block 0 after the selection, without counting toward it (as the official selection keeps it);
+  // the barrier only when it is set (keep_first is the same for the whole CTA).
+  if (p.keep_first) {
+    if (tid == 0) keep[0] = 1;
+    __syncthreads();
+  }
   write_kept_row(keep, real_blocks, p.row_blocks + row * real_blocks, p.row_counts + row);
+}
+
+template <bool kPadded>
+void launch_threshold_selection(const XAttentionParams& p, int sort_size, size_t smem, cudaStream_t stream) {
+  // Once per instance: room for the largest row the selection takes (4096 blocks, padding included).
+  static const cudaError_t attribute_status =
+      cudaFuncSetAttribute(select_threshold_rows_kernel<kPadded>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           4096 * (sizeof(unsigned long long) + sizeof(float) + 1));
+  (void)attribute_status;
+  select_threshold_rows_kernel<kPadded>
+      <<<dim3(p.q_blocks, p.heads_q, p.batch), kSelectThreads, smem, stream>>>(p, sort_size);
 }
 
 template <typename T, int kUnit, int WM>
@@ -385,7 +415,11 @@ void launch_xattention_block_mass(const XAttentionParams& p, DType dtype, cudaSt
   else
     launch_block_lse_typed<__half>(p, stream);
   const size_t smem = static_cast<size_t>(p.block_q / p.stride) * sizeof(float);
-  xattention_mass_kernel<<<dim3(p.q_blocks, p.heads_q, p.batch), kMassThreads, smem, stream>>>(p);
+  const dim3 grid(p.q_blocks, p.heads_q, p.batch);
+  if (p.zero_groups_total > 0)
+    xattention_mass_kernel<true><<<grid, kMassThreads, smem, stream>>>(p);
+  else
+    xattention_mass_kernel<false><<<grid, kMassThreads, smem, stream>>>(p);
 }
 
 void launch_xattention_estimation(const XAttentionParams& p, DType dtype, cudaStream_t stream) {
@@ -394,11 +428,10 @@ void launch_xattention_estimation(const XAttentionParams& p, DType dtype, cudaSt
   int sort_size = 1;
   while (sort_size < selected_blocks) sort_size <<= 1;
   const size_t smem = sort_size * sizeof(unsigned long long) + selected_blocks * (sizeof(float) + 1);
-  static const cudaError_t attribute_status =
-      cudaFuncSetAttribute(select_threshold_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           4096 * (sizeof(unsigned long long) + sizeof(float) + 1));
-  (void)attribute_status;
-  select_threshold_rows_kernel<<<dim3(p.q_blocks, p.heads_q, p.batch), kSelectThreads, smem, stream>>>(p, sort_size);
+  if (p.pad_blocks > 0)
+    launch_threshold_selection<true>(p, sort_size, smem, stream);
+  else
+    launch_threshold_selection<false>(p, sort_size, smem, stream);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q * p.q_blocks;
   launch_rows_to_csr(p.row_blocks, p.row_counts, rows, p.kv_blocks, p.indptr, p.indices, stream);
 }
