@@ -30,7 +30,7 @@
 #   8. print the side-by-side table last.
 # cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
 # put on LD_LIBRARY_PATH when that wheel is installed.
-# Options: --bin DIR, --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
+# Options: --bin DIR, --test-jobs N (test binaries at a time, default 4), --only-tests "NAMES", --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
 #          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
 #          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --wan-pipeline-args "...",
@@ -40,6 +40,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
 PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
+TEST_JOBS=4 TEST_SHARDS=4 ONLY_TESTS="" SHARDED_TESTS="attention_gpu_test attention_fp8_gpu_test backend_conformance_test"
 RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -48,6 +49,8 @@ while [[ $# -gt 0 ]]; do
     --seqs) SEQS="$2"; shift 2 ;;
     --iters) ITERS="$2"; shift 2 ;;
     --skip-tests) RUN_TESTS=0; shift ;;
+    --test-jobs) TEST_JOBS="$2"; shift 2 ;;
+    --only-tests) ONLY_TESTS="$2"; shift 2 ;;
     --skip-sanitizer) RUN_SANITIZER=0; shift ;;
     --skip-bench) RUN_BENCH=0; shift ;;
     --skip-peers) RUN_PEERS=0; shift ;;
@@ -90,20 +93,46 @@ if [[ -x "$BIN/backend_conformance_test" ]]; then
 else
   echo "gpu-check: $BIN/backend_conformance_test missing: the conformance test does not run" >&2
 fi
+# --only-tests "a_gpu_test b_gpu_test": those binaries alone.
+if [[ -n "$ONLY_TESTS" ]]; then
+  selected=()
+  for t in "${GPU_TESTS[@]}"; do [[ " $ONLY_TESTS " == *" $(basename "$t") "* ]] && selected+=("$t"); done
+  GPU_TESTS=("${selected[@]}")
+fi
 STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
 
+# One test binary's log (or one shard of it: GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX) to $OUTDIR.
+run_gpu_test() {
+  local t=$1 shards=$2 index=$3 log
+  log="$OUTDIR/$(basename "$t")$([[ $shards -gt 1 ]] && echo ".shard$index").log"
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index "$t" >"$log" 2>&1 || true
+}
+
 if [[ $RUN_TESTS == 1 ]]; then
-  echo "== GPU tests"
+  echo "== GPU tests ($TEST_JOBS at a time; the longest binaries in $TEST_SHARDS shards)"
   : >"$OUTDIR/gpu_tests.log"
   STATUS_TESTS=""
+  # The binaries share the GPU: several at a time keep it and the host's cores busy (the host-side
+  # fp64 references dominate the long ones, which are split into shards).
+  LOGS=()
   for t in "${GPU_TESTS[@]}"; do
-    "$t" >"$OUTDIR/$(basename "$t").log" 2>&1 || true
-    cat "$OUTDIR/$(basename "$t").log" >>"$OUTDIR/gpu_tests.log"
-    grep -E '^\[  (PASSED|FAILED) ' "$OUTDIR/$(basename "$t").log" | sed "s|^|$(basename "$t"): |" || true
-    if grep -q '^\[  FAILED' "$OUTDIR/$(basename "$t").log" || ! grep -q '^\[  PASSED' "$OUTDIR/$(basename "$t").log"; then
+    shards=1
+    [[ " $SHARDED_TESTS " == *" $(basename "$t") "* ]] && shards=$TEST_SHARDS
+    for ((i = 0; i < shards; ++i)); do
+      while [[ $(jobs -rp | wc -l) -ge $TEST_JOBS ]]; do wait -n || true; done
+      run_gpu_test "$t" "$shards" "$i" &
+      LOGS+=("$OUTDIR/$(basename "$t")$([[ $shards -gt 1 ]] && echo ".shard$i").log")
+    done
+  done
+  wait
+  for log in "${LOGS[@]}"; do
+    name=$(basename "$log" .log)
+    cat "$log" >>"$OUTDIR/gpu_tests.log"
+    grep -E '^\[  (PASSED|FAILED) ' "$log" | sed "s|^|$name: |" || true
+    if grep -q '^\[  FAILED' "$log" || ! grep -q '^\[  PASSED' "$log"; then
       STATUS_TESTS="FAILED"
     elif [[ $STATUS_TESTS != FAILED ]]; then
-      STATUS_TESTS="$STATUS_TESTS $(basename "$t") $(grep '^\[  PASSED' "$OUTDIR/$(basename "$t").log" | sed 's/\[  PASSED  \] //')"
+      STATUS_TESTS="$STATUS_TESTS $name $(grep '^\[  PASSED' "$log" | sed 's/\[  PASSED  \] //')"
     fi
   done
 fi

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cache_flags.h"
 #include "command.h"
 #include "device_memory.h"
 #include "generate_output.h"
@@ -55,8 +56,7 @@ struct GenerateOptions {
   double flow_shift = 0.0;  // 0: the scheduler config's
   int64_t threads = 0;
   std::string cache = "none";
-  double teacache_thresh = CacheConfig{}.teacache_thresh;
-  CacheConfig dbcache;  // the dbcache_* fields, from the --dbcache-* flags
+  CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string out;
 };
 
@@ -317,8 +317,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
       experts.two ? WanPipeline(transformer, WanLowNoiseExpert{transformer_2.get(), experts.boundary_ratio, scheduler_config.num_train_timesteps},
                                 *scheduler, vae.get())
                   : WanPipeline(transformer, *scheduler, vae.get());
-  CacheConfig cache_config = o.dbcache;
-  cache_config.teacache_thresh = o.teacache_thresh;
+  const CacheConfig& cache_config = o.cache_config;
   // One cache per expert: each keeps the residuals of its own blocks.
   const std::unique_ptr<CacheBackend> cache = make_cache_backend(o.cache, cache_config, transformer.config());
   const std::unique_ptr<CacheBackend> cache_2 = transformer_2 ? make_cache_backend(o.cache, cache_config, transformer_2->config()) : nullptr;
@@ -361,29 +360,6 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   return 0;
 }
 
-void add_dbcache_flags(CLI::App& app, CacheConfig& c) {
-  app.add_option("--dbcache-fn", c.dbcache_first_blocks, "DBCache: first blocks always computed; their residual decides (Fn)")
-      ->capture_default_str()
-      ->check(integer_in(1, 4096));
-  app.add_option("--dbcache-bn", c.dbcache_last_blocks, "DBCache: last blocks always computed (Bn)")
-      ->capture_default_str()
-      ->check(integer_in(0, 4096));
-  app.add_option("--dbcache-thresh", c.dbcache_thresh,
-                 "DBCache: relative L1 change of the first blocks' residual below which the middle blocks are reused (0: never)")
-      ->capture_default_str()
-      ->check(number_in(0.0, 100.0));
-  app.add_option("--dbcache-warmup", c.dbcache_warmup_steps, "DBCache: first steps always computed")
-      ->capture_default_str()
-      ->check(integer_in(0, 100000));
-  app.add_option("--dbcache-max-cached", c.dbcache_max_cached_steps, "DBCache: most steps reused per branch (-1: no limit)")
-      ->capture_default_str()
-      ->check(integer_in(-1, 100000));
-  app.add_option("--dbcache-max-consecutive", c.dbcache_max_consecutive_cached_steps,
-                 "DBCache: most steps reused in a row before one computes (-1: no limit)")
-      ->capture_default_str()
-      ->check(integer_in(-1, 100000));
-}
-
 CommandRegistration registration{
     "generate",
     "Generate a video from a prompt (or text embeddings) with a diffusers Wan model directory: MP4, PNG frames or latents",
@@ -422,16 +398,7 @@ CommandRegistration registration{
       app.add_option("--flow-shift", options->flow_shift, "the schedule's shift (default: the scheduler config's)")
           ->check(number_in(0.0, 1000.0, Bounds::kOpenLow));
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, 4096));
-      app.add_option("--cache", options->cache,
-                     "step cache: none, teacache (skips the blocks while the time conditioning barely changes) or dbcache "
-                     "(skips the middle blocks while the first blocks' residual barely changes)")
-          ->capture_default_str()
-          ->check(one_of(cache_backend_names()));
-      app.add_option("--teacache-thresh", options->teacache_thresh,
-                     "TeaCache's threshold on the accumulated rescaled change (0: never skip; higher skips more)")
-          ->capture_default_str()
-          ->check(number_in(0.0, 100.0));
-      add_dbcache_flags(app, options->dbcache);
+      add_cache_flags(app, options->cache, options->cache_config);
       app.add_option("--out", options->out,
                      "output: video.mp4, frames.png (one file per frame: frames_00000.png, ...) or latents.safetensors")
           ->required();

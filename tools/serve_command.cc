@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "cache_flags.h"
 #include "command.h"
 #include "option_checks.h"
 #include "serve/http_server.h"
@@ -50,7 +51,7 @@ struct ServeOptions {
   double flow_shift = 0.0;
   std::vector<std::string> sparse_attention_allowed;  // NAME=dense|'<json>'|@file.json
   std::string cache = "none";
-  double teacache_thresh = CacheConfig{}.teacache_thresh;
+  CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   int64_t request_timeout_s = 0;
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
@@ -134,7 +135,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   runner.scheduler = o.scheduler;
   runner.flow_shift = o.flow_shift;
   runner.cache = o.cache;
-  runner.teacache_thresh = o.teacache_thresh;
+  runner.cache_config = o.cache_config;
 
   engine::EngineConfig config;
   config.model_dir = fs::absolute(o.model_dir).string();
@@ -241,12 +242,7 @@ CommandRegistration registration{
           ->check(integer_in(1024, 1 << 30));
       app.add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str()->check(integer_in(1, 1024));
       add_sparse_attn_flags(app, *flags);
-      app.add_option("--cache", o->cache, "step cache of every request: none or teacache (a request may ask for none)")
-          ->capture_default_str()
-          ->check(one_of({"none", "teacache"}));
-      app.add_option("--teacache-thresh", o->teacache_thresh, "TeaCache's threshold (0: never skip; higher skips more)")
-          ->capture_default_str()
-          ->check(number_in(0.0, 10.0));
+      add_cache_flags(app, o->cache, o->cache_config, " (a request may ask for none)");
       app.add_option("--sparse-attn-allow", o->sparse_attention_allowed,
                      "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
       return CommandRunner([o, flags] { return run_serve(*o, *flags); });

@@ -62,9 +62,8 @@ class WanRunner final : public PipelineRunner {
     }
     if (config_.flow_shift > 0.0) scheduler_config_.shift = config_.flow_shift;
 
-    cache_config_.teacache_thresh = config_.teacache_thresh;
     transformer_dir_ = (fs::path(setup.model_dir) / "transformer").string();
-    make_cache_backend(config_.cache, cache_config_, load_wan_config(transformer_dir_));  // a bad name fails at start
+    make_cache_backend(config_.cache, config_.cache_config, load_wan_config(transformer_dir_));  // a bad name fails at start
     transformers_.emplace("default", load_transformer(config_.sparse_attn_config_json));
   }
 
@@ -88,7 +87,7 @@ class WanRunner final : public PipelineRunner {
       options.seed = request.seed + static_cast<uint64_t>(i);
       options.size = WanVideoSize{request.frames, request.height, request.width};
       options.cancel = control.cancel;
-      const std::unique_ptr<CacheBackend> cache = make_cache_backend(cache_name(request), cache_config_, transformer.config());
+      const std::unique_ptr<CacheBackend> cache = make_cache_backend(cache_name(request), config_.cache_config, transformer.config());
       options.cache = cache.get();
       options.on_step = [&](const WanStepProgress& p) {
         if (!control.on_progress) return;
@@ -191,7 +190,6 @@ class WanRunner final : public PipelineRunner {
   Tensor prompt_embeds_;
   Tensor negative_embeds_;
   SchedulerConfig scheduler_config_;
-  CacheConfig cache_config_;
   std::optional<WanTextEncoder> text_encoder_;
   std::optional<WanVae> vae_;
   std::unique_ptr<BackendRegistry> registry_;
@@ -224,6 +222,35 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
   if (value < low || value > high) fail_argument(field, detail::concat(low, "..", high), value);
 }
 
+// The step cache's settings as the workers receive them (the rescaling polynomial included, so a
+// server given custom TeaCache coefficients passes them on).
+nlohmann::json cache_config_to_json(const CacheConfig& c) {
+  return nlohmann::json{{"teacache_thresh", c.teacache_thresh},
+                        {"teacache_input", c.teacache_input == TeaCacheInput::kTimeProjection ? "time_projection" : "time_embedding"},
+                        {"teacache_coefficients", c.teacache_coefficients},
+                        {"dbcache_first_blocks", c.dbcache_first_blocks},
+                        {"dbcache_last_blocks", c.dbcache_last_blocks},
+                        {"dbcache_thresh", c.dbcache_thresh},
+                        {"dbcache_warmup_steps", c.dbcache_warmup_steps},
+                        {"dbcache_max_cached_steps", c.dbcache_max_cached_steps},
+                        {"dbcache_max_consecutive_cached_steps", c.dbcache_max_consecutive_cached_steps}};
+}
+
+CacheConfig cache_config_from_json(const nlohmann::json& j) {
+  CacheConfig c;
+  c.teacache_thresh = j.value("teacache_thresh", c.teacache_thresh);
+  c.teacache_input = j.value("teacache_input", std::string("time_projection")) == "time_projection" ? TeaCacheInput::kTimeProjection
+                                                                                                    : TeaCacheInput::kTimeEmbedding;
+  c.teacache_coefficients = j.value("teacache_coefficients", c.teacache_coefficients);
+  c.dbcache_first_blocks = j.value("dbcache_first_blocks", c.dbcache_first_blocks);
+  c.dbcache_last_blocks = j.value("dbcache_last_blocks", c.dbcache_last_blocks);
+  c.dbcache_thresh = j.value("dbcache_thresh", c.dbcache_thresh);
+  c.dbcache_warmup_steps = j.value("dbcache_warmup_steps", c.dbcache_warmup_steps);
+  c.dbcache_max_cached_steps = j.value("dbcache_max_cached_steps", c.dbcache_max_cached_steps);
+  c.dbcache_max_consecutive_cached_steps = j.value("dbcache_max_consecutive_cached_steps", c.dbcache_max_consecutive_cached_steps);
+  return c;
+}
+
 }  // namespace
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
@@ -236,7 +263,7 @@ std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
                         {"plugin_dirs", c.plugin_dirs},
                         {"scheduler", c.scheduler},
                         {"cache", c.cache},
-                        {"teacache_thresh", c.teacache_thresh},
+                        {"cache_config", cache_config_to_json(c.cache_config)},
                         {"flow_shift", c.flow_shift}}
       .dump();
 }
@@ -253,7 +280,7 @@ WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
   c.plugin_dirs = j.value("plugin_dirs", std::vector<std::string>{});
   c.scheduler = j.value("scheduler", "");
   c.cache = j.value("cache", "none");
-  c.teacache_thresh = j.value("teacache_thresh", 0.08);
+  if (j.contains("cache_config")) c.cache_config = cache_config_from_json(j.at("cache_config"));
   c.flow_shift = j.value("flow_shift", 0.0);
   return c;
 }

@@ -221,6 +221,51 @@ TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
   EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "fine", "cache": "none"})", "application/json")->status, 200);
 }
 
+// The server's DBCache (--cache dbcache and its --dbcache-* settings reach the workers): with the
+// middle block skipped on every step after the first, the same request differs from one asking for
+// "cache": "none"; a request may not name another cache than the server's.
+TEST(ServeCli, TheServersDbcacheSkipsBlocksAndARequestMayTurnItOff) {
+  ServeProcess server(server_args({"--cache", "dbcache", "--dbcache-fn", "1", "--dbcache-bn", "0", "--dbcache-thresh", "100",
+                                   "--dbcache-warmup", "0"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  auto image = [&](const std::string& cache) {
+    const auto result = client.Post("/v1/images/generations",
+                                    R"({"prompt": "a red cube", "size": "32x32", "seed": 3, "num_inference_steps": 4, "cache": ")" + cache + R"("})",
+                                    "application/json");
+    EXPECT_TRUE(result);
+    if (!result) return std::string();
+    EXPECT_EQ(result->status, 200) << result->body;
+    return body_of(result)["data"][0]["b64_json"].get<std::string>();
+  };
+  const std::string cached = image("dbcache");
+  const std::string cached_again = image("dbcache");
+  const std::string uncached = image("none");
+  EXPECT_EQ(cached, cached_again);  // a fresh cache per request: the same request, the same image
+  EXPECT_NE(cached, uncached);
+  const auto other = client.Post("/v1/images/generations", R"({"prompt": "x", "cache": "teacache"})", "application/json");
+  EXPECT_EQ(other->status, 400);
+  EXPECT_EQ(body_of(other)["error"]["param"], "cache");
+}
+
+// With threshold 0 DBCache never skips: the server's cache gives the uncached image bit for bit.
+TEST(ServeCli, DbcacheAtThresholdZeroGivesTheUncachedImage) {
+  ServeProcess server(server_args({"--cache", "dbcache", "--dbcache-fn", "1", "--dbcache-thresh", "0", "--dbcache-warmup", "0"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  std::string images[2];
+  const char* caches[2] = {"dbcache", "none"};
+  for (int i = 0; i < 2; ++i) {
+    const auto result = client.Post("/v1/images/generations",
+                                    std::string(R"({"prompt": "a red cube", "size": "32x32", "seed": 3, "cache": ")") + caches[i] + R"("})",
+                                    "application/json");
+    ASSERT_TRUE(result);
+    ASSERT_EQ(result->status, 200) << result->body;
+    images[i] = body_of(result)["data"][0]["b64_json"].get<std::string>();
+  }
+  EXPECT_EQ(images[0], images[1]);
+}
+
 TEST(ServeCli, TheApiKeyIsRequiredWhenSet) {
   ServeProcess server(server_args({"--api-key", "s3cret"}));
   ASSERT_NE(server.port(), 0) << server.log();

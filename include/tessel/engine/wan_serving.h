@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/diffusion/cache_backend.h"
 #include "tessel/engine/pipeline_runner.h"
 #include "tessel/engine/processing.h"
 
@@ -33,10 +34,10 @@ struct WanRunnerConfig {
   std::string backend_override;        // the app's backend override (environment), empty: none
   std::vector<std::string> plugin_dirs;
   std::string scheduler;               // "unipc" or "euler" replaces the model's scheduler; empty: keep
-  // The server's step cache ("none" or "teacache", make_cache_backend) and its threshold; a request
-  // may ask for "none" instead.
+  // The server's step cache (a make_cache_backend name: "none", "teacache" or "dbcache") and its
+  // settings; a request may ask for "none" instead.
   std::string cache = "none";
-  double teacache_thresh = 0.08;
+  CacheConfig cache_config;
   double flow_shift = 0.0;             // > 0 replaces the scheduler's shift
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
