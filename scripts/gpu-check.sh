@@ -85,6 +85,7 @@ fi
 # Staged test binaries read their fixtures from this checkout, not from where they were built.
 export TESSEL_SOURCE_DIR="$ROOT"
 TESSEL="$BIN/tessel"
+export TESSEL_BINARY="$TESSEL"  # and the CLI tests among them run the staged `tessel`, not the build's
 GPU_TEST="$BIN/attention_gpu_test"
 GPU_TESTS=("$BIN"/*_gpu_test)  # every GPU test binary (kernels, estimators, backends, kv engine)
 # The conformance test runs its CUDA cases when it sees the GPU (and its CPU cases as well).
@@ -102,10 +103,11 @@ fi
 STATUS_TESTS="skipped" STATUS_MEMCHECK="skipped" STATUS_RACECHECK="skipped"
 
 # One test binary's log (or one shard of it: GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX) to $OUTDIR.
+gpu_test_log() {
+  if [[ $2 -gt 1 ]]; then echo "$OUTDIR/$(basename "$1").shard$3.log"; else echo "$OUTDIR/$(basename "$1").log"; fi
+}
 run_gpu_test() {
-  local t=$1 shards=$2 index=$3 log
-  log="$OUTDIR/$(basename "$t")$([[ $shards -gt 1 ]] && echo ".shard$index").log"
-  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index "$t" >"$log" 2>&1 || true
+  GTEST_TOTAL_SHARDS=$2 GTEST_SHARD_INDEX=$3 "$1" >"$(gpu_test_log "$1" "$2" "$3")" 2>&1 || true
 }
 
 if [[ $RUN_TESTS == 1 ]]; then
@@ -121,7 +123,7 @@ if [[ $RUN_TESTS == 1 ]]; then
     for ((i = 0; i < shards; ++i)); do
       while [[ $(jobs -rp | wc -l) -ge $TEST_JOBS ]]; do wait -n || true; done
       run_gpu_test "$t" "$shards" "$i" &
-      LOGS+=("$OUTDIR/$(basename "$t")$([[ $shards -gt 1 ]] && echo ".shard$i").log")
+      LOGS+=("$(gpu_test_log "$t" "$shards" "$i")")
     done
   done
   wait

@@ -4,6 +4,7 @@
 // target on every captured step; writes one sparse-attention config per layer (JSON) and reports
 // the density, the error and the predicted attention speedup per layer, and the error on
 // held-out steps when given.
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iomanip>
@@ -32,7 +33,15 @@ struct CalibrateArgs {
   std::string method = "topk";
   std::string metric = "rel_l2";
   std::string out;
-  CalibrationOptions options;
+  // The CLI holds the calibration steps to 0.75 of the target: on the synthetic video data (12
+  // layers, 24 heads, 32K tokens, rel-L2 0.05) a margin of 1 left 56 of 288 heads over the target
+  // on unseen steps (worst 0.066); 0.75 left none on one set of unseen steps and one (0.053) on
+  // another, at a mean density 0.374 against 0.292.
+  CalibrationOptions options = [] {
+    CalibrationOptions o;
+    o.margin = 0.75;
+    return o;
+  }();
   int threads = 0;
   std::string device = "cpu";  // cpu, or cuda[:N]: samples in bf16 there, estimated and attended on the GPU
   bool json = false;
@@ -41,7 +50,8 @@ struct CalibrateArgs {
 
 struct LayerReport {
   LayerCalibration calibration;
-  double heldout_error = -1.0;  // worst held-out error, -1 when none
+  double heldout_error = -1.0;  // worst held-out error of the whole output, -1 when none
+  double heldout_head_error = -1.0;  // worst held-out error of any one head (what the target bounds)
   double heldout_density = -1.0;
 };
 
@@ -87,6 +97,7 @@ int run_calibrate(CalibrateArgs a) {
           synthetic ? std::move(synthetic_heldout[layer]) : load_capture_files(a.heldout[layer], "--heldout", device);
       const StepsEvaluation e = evaluate_steps(ctx, held, report.calibration.per_head, a.options);
       report.heldout_error = e.error;
+      report.heldout_head_error = *std::max_element(e.head_error.begin(), e.head_error.end());
       report.heldout_density = e.density;
     }
     reports.push_back(std::move(report));
@@ -96,6 +107,7 @@ int run_calibrate(CalibrateArgs a) {
   out["method"] = a.method;
   out["metric"] = a.metric;
   out["target"] = a.options.target;
+  out["margin"] = a.options.margin;
   // The captures' shape: `tessel eval --config` makes synthetic held-out steps of the same shape.
   const Tensor& first_q = all_samples.front().front().q;
   out["shape"] = {{"tokens", first_q.size(1)}, {"heads", first_q.size(2)}, {"kv_heads", all_samples.front().front().k.size(2)},
@@ -114,6 +126,7 @@ int run_calibrate(CalibrateArgs a) {
                          {"predicted_speedup", 1.0 / r.calibration.density}};
     if (r.heldout_error >= 0.0) {
       entry["heldout_error"] = r.heldout_error;
+      entry["heldout_worst_head_error"] = r.heldout_head_error;
       entry["heldout_density"] = r.heldout_density;
     }
     out["layers"].push_back(entry);
@@ -139,16 +152,17 @@ int run_calibrate(CalibrateArgs a) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::cout << a.method << " calibrated for " << a.metric << " <= " << a.options.target << "\n";
+  std::cout << a.method << " calibrated for " << a.metric << " <= " << a.options.target << " (calibration steps held to "
+            << a.options.target * a.options.margin << ", margin " << a.options.margin << ")\n";
   std::cout << std::left << std::setw(7) << "layer" << std::right << std::setw(10) << "density" << std::setw(10) << "error"
-            << std::setw(10) << "speedup" << std::setw(14) << "heldout_err" << "\n";
+            << std::setw(10) << "speedup" << std::setw(14) << "heldout_err" << std::setw(14) << "heldout_head" << "\n";
   for (size_t layer = 0; layer < reports.size(); ++layer) {
     const LayerReport& r = reports[layer];
     std::cout << std::left << std::setw(7) << layer << std::right << std::fixed << std::setprecision(3) << std::setw(10)
               << r.calibration.density << std::setprecision(4) << std::setw(10) << r.calibration.error << std::setprecision(2)
               << std::setw(10) << 1.0 / r.calibration.density << std::setprecision(4) << std::setw(14);
-    if (r.heldout_error >= 0.0) std::cout << r.heldout_error;
-    else std::cout << "-";
+    if (r.heldout_error >= 0.0) std::cout << r.heldout_error << std::setw(14) << r.heldout_head_error;
+    else std::cout << "-" << std::setw(14) << "-";
     std::cout << "\n";
   }
   std::cout << "mean density " << std::setprecision(3) << mean_density << ", predicted attention speedup "
@@ -182,6 +196,10 @@ CommandRegistration registration{
       app.add_option("--target", a->options.target, "Largest allowed error of every head on every captured step")
           ->capture_default_str()
           ->check(number_in(0.0, 10.0, Bounds::kOpenLow));
+      app.add_option("--margin", a->options.margin,
+                     "The calibration steps are held to target x margin, so that steps it never saw stay under the target")
+          ->capture_default_str()
+          ->check(number_in(0.0, 1.0, Bounds::kOpenLow));
       app.add_option("--iterations", a->options.iterations, "Bisection halvings per head")->capture_default_str()->check(integer_in(1, 30));
       app.add_option("--block-q", a->options.block_q, "Query block size")->check(integer_in(1, kMaxBlockTokens));
       app.add_option("--block-kv", a->options.block_kv, "Key block size")->check(integer_in(1, kMaxBlockTokens));

@@ -58,6 +58,22 @@ TEST(Calibration, EveryHeadMeetsTheTargetOnEveryStepAndPerHeadBeatsOneGlobalValu
   }
 }
 
+// With a margin every head is held to target x margin on the calibration steps, and the setting it
+// picks keeps at least the blocks of the one picked without a margin.
+TEST(Calibration, AMarginHoldsEveryHeadToTheSmallerBound) {
+  std::vector<CalibrationSample> samples = video_steps();
+  const CalibrationOptions plain = small_blocks(CalibrationMethod::kThreshold);
+  CalibrationOptions with_margin = plain;
+  with_margin.margin = 0.6;
+  const LayerCalibration a = calibrate_layer(ExecContext{}, samples, plain);
+  const LayerCalibration b = calibrate_layer(ExecContext{}, samples, with_margin);
+  for (size_t h = 0; h < 4; ++h) {
+    EXPECT_LE(b.head_error[h], 0.6 * plain.target) << "head " << h;
+    EXPECT_GE(b.per_head[h], a.per_head[h]) << "head " << h;
+  }
+  EXPECT_GE(b.density, a.density);
+}
+
 TEST(Calibration, TheDiffuseHeadNeedsMoreBlocksThanTheSpatialHead) {
   std::vector<CalibrationSample> samples = video_steps();
   const LayerCalibration c = calibrate_layer(ExecContext{}, samples, small_blocks(CalibrationMethod::kTopk));
@@ -100,6 +116,11 @@ TEST(Calibration, RejectsBadInput) {
   CalibrationOptions o = small_blocks(CalibrationMethod::kTopk);
   o.target = 0.0;
   EXPECT_THROW(calibrate_layer(ExecContext{}, samples, o), Error);
+  for (double margin : {0.0, -0.5, 1.5}) {
+    CalibrationOptions m = small_blocks(CalibrationMethod::kTopk);
+    m.margin = margin;
+    EXPECT_THROW(calibrate_layer(ExecContext{}, samples, m), Error) << margin;
+  }
   samples[1].q = Tensor::empty({1, 128, 4, 32}, DType::kF32);
   EXPECT_THROW(calibrate_layer(ExecContext{}, samples, small_blocks(CalibrationMethod::kTopk)), Error);
   EXPECT_THROW(parse_calibration_method("radial"), Error);

@@ -20,9 +20,16 @@ struct TesselRun {
   std::string out;
 };
 
+// The `tessel` binary: the build's (TESSEL_BINARY_DIR, compiled in), unless TESSEL_BINARY names
+// another in the environment (test binaries staged to a GPU machine beside their own `tessel`).
+inline std::string tessel_binary_path() {
+  const char* from_environment = std::getenv("TESSEL_BINARY");
+  return from_environment != nullptr && *from_environment != '\0' ? from_environment : std::string(TESSEL_BINARY_DIR) + "/bin/tessel";
+}
+
 inline TesselRun run_tessel_binary(const std::string& args, const std::filesystem::path& log) {
   const std::string command = "env -u TESSEL_SPARSE_ATTN_BACKEND -u DIFFUSION_SPARSE_ATTN_BACKEND -u TESSEL_SPARSE_ATTN_CONFIG '" +
-                              std::string(TESSEL_BINARY_DIR) + "/bin/tessel' " + args + " > '" + log.string() + "' 2>&1";
+                              tessel_binary_path() + "' " + args + " > '" + log.string() + "' 2>&1";
   const int status = std::system(command.c_str());
   std::ifstream in(log);
   std::stringstream text;

@@ -17,6 +17,7 @@ namespace {
 
 void check_options(const CalibrationOptions& o) {
   if (!(o.target > 0.0 && std::isfinite(o.target))) fail_argument("calibration target", "a finite number > 0", o.target);
+  if (!(o.margin > 0.0 && o.margin <= 1.0)) fail_argument("calibration margin", "in (0, 1]", o.margin);
   if (o.iterations < 1 || o.iterations > 30) fail_argument("calibration iterations", "in [1, 30]", o.iterations);
 }
 
@@ -156,7 +157,8 @@ LayerCalibration calibrate_layer(const ExecContext& ctx, std::span<CalibrationSa
       const SampleError e = evaluate_setting(ctx, s, mid, options);
       for (size_t h = 0; h < heads; ++h) worst[h] = std::max(worst[h], e.head_error[h]);
     }
-    for (size_t h = 0; h < heads; ++h) (worst[h] <= options.target ? high[h] : low[h]) = mid[h];
+    const double bound = options.target * options.margin;
+    for (size_t h = 0; h < heads; ++h) (worst[h] <= bound ? high[h] : low[h]) = mid[h];
   }
   StepsEvaluation final_steps = evaluate_steps(ctx, samples, high, options);
   LayerCalibration result;
@@ -189,7 +191,8 @@ GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector
                                    const CalibrationOptions& options) {
   check_options(options);
   if (layers.empty()) fail_argument("calibration layers", "at least one layer", 0);
-  // Mean density over the layers at `value`, and whether every head of every sample meets the target.
+  // Mean density over the layers at `value`, and whether every head of every sample meets the target
+  // (with the same margin as the per-head calibration, so the two are compared on equal terms).
   auto measure = [&](double value, bool& meets) {
     meets = true;
     double density = 0.0;
@@ -198,7 +201,7 @@ GlobalCalibration calibrate_global(const ExecContext& ctx, std::span<std::vector
       for (CalibrationSample& s : samples) {
         const SampleError e = evaluate_setting(ctx, s, std::vector<double>(static_cast<size_t>(s.q.size(2)), value), options);
         density += e.density / static_cast<double>(samples.size() * layers.size());
-        for (double error : e.head_error) meets = meets && error <= options.target;
+        for (double error : e.head_error) meets = meets && error <= options.target * options.margin;
       }
     }
     return density;
