@@ -3,6 +3,7 @@
 #include <iostream>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "tessel/core/error.h"
 
@@ -22,19 +23,19 @@ LogState& state() {
 
 }  // namespace
 
+// Each level with its name, in increasing severity.
+constexpr std::pair<LogLevel, std::string_view> kLevelNames[] = {
+    {LogLevel::kDebug, "debug"}, {LogLevel::kInfo, "info"}, {LogLevel::kWarning, "warning"}, {LogLevel::kError, "error"}};
+
 std::string_view log_level_name(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarning: return "warning";
-    case LogLevel::kError: return "error";
-  }
+  for (const auto& [value, name] : kLevelNames)
+    if (value == level) return name;
   return "unknown";
 }
 
 LogLevel parse_log_level(std::string_view name) {
-  for (const LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError})
-    if (log_level_name(level) == name) return level;
+  for (const auto& [level, level_name] : kLevelNames)
+    if (level_name == name) return level;
   fail_argument("log level", "debug, info, warning or error", "'" + std::string(name) + "'");
 }
 

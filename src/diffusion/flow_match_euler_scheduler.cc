@@ -17,7 +17,7 @@ std::vector<double> numpy_linspace(double start, double stop, int64_t count) {
 
 class FlowMatchEulerScheduler final : public Scheduler {
  public:
-  explicit FlowMatchEulerScheduler(const SchedulerConfig& config) : config_(config) {
+  explicit FlowMatchEulerScheduler(const SchedulerConfig& config) : Scheduler(config) {
     // The constructor's training sigmas (float32 tensors in diffusers) are shifted once; their ends
     // bound the inference schedule, which set_timesteps shifts again, as diffusers does.
     const float train_steps = static_cast<float>(config.num_train_timesteps);
@@ -33,16 +33,16 @@ class FlowMatchEulerScheduler final : public Scheduler {
 
  protected:
   void compute_schedule(int64_t num_inference_steps) override {
-    const double train_steps = static_cast<double>(config_.num_train_timesteps);
+    const double train_steps = static_cast<double>(config().num_train_timesteps);
     const std::vector<double> grid =
         numpy_linspace(static_cast<double>(sigma_max_) * train_steps, static_cast<double>(sigma_min_) * train_steps,
                        num_inference_steps);
     std::vector<float> sigmas;
     std::vector<double> timesteps;
     for (double t : grid) {
-      const float sigma = static_cast<float>(shift_flow_sigma(config_.shift, t / train_steps));
+      const float sigma = static_cast<float>(shift_flow_sigma(config().shift, t / train_steps));
       sigmas.push_back(sigma);
-      timesteps.push_back(static_cast<double>(sigma * static_cast<float>(config_.num_train_timesteps)));
+      timesteps.push_back(static_cast<double>(sigma * static_cast<float>(config().num_train_timesteps)));
     }
     sigmas.push_back(0.0f);
     reset_schedule(std::move(timesteps), std::move(sigmas));
@@ -58,7 +58,6 @@ class FlowMatchEulerScheduler final : public Scheduler {
   }
 
  private:
-  SchedulerConfig config_;
   float sigma_max_ = 1.0f;
   float sigma_min_ = 0.0f;
 };

@@ -38,6 +38,14 @@ std::string text(const nlohmann::json& value, const std::string& name) {
   return value.get<std::string>();
 }
 
+// A string option with two allowed values: true for `second`, Error naming both for anything else.
+bool is_second_choice(const nlohmann::json& value, const std::string& name, const char* first, const char* second) {
+  const std::string chosen = text(value, name);
+  if (chosen != first && chosen != second)
+    fail_argument(name, detail::concat("\"", first, "\" or \"", second, "\""), quoted_excerpt(chosen));
+  return chosen == second;
+}
+
 // Options tessel does not implement: accepted only at the value that leaves them off.
 void require(const nlohmann::json& value, const nlohmann::json& supported, const std::string& name) {
   if (value != supported)
@@ -92,19 +100,9 @@ SchedulerConfig parse_scheduler_config(std::string_view json_text, const std::st
     setters.insert({
         {"flow_shift", [&](auto& v, auto& n) { config.shift = number(v, n); }},
         {"solver_order", [&](auto& v, auto& n) { config.solver_order = integer(v, n); }},
-        {"solver_type",
-         [&](auto& v, auto& n) {
-           const std::string type = text(v, n);
-           if (type != "bh1" && type != "bh2") fail_argument(n, "\"bh1\" or \"bh2\"", quoted_excerpt(type));
-           config.solver_bh2 = type == "bh2";
-         }},
+        {"solver_type", [&](auto& v, auto& n) { config.solver_bh2 = is_second_choice(v, n, "bh1", "bh2"); }},
         {"lower_order_final", [&](auto& v, auto& n) { config.lower_order_final = boolean(v, n); }},
-        {"final_sigmas_type",
-         [&](auto& v, auto& n) {
-           const std::string type = text(v, n);
-           if (type != "zero" && type != "sigma_min") fail_argument(n, "\"zero\" or \"sigma_min\"", quoted_excerpt(type));
-           config.final_sigma_zero = type == "zero";
-         }},
+        {"final_sigmas_type", [&](auto& v, auto& n) { config.final_sigma_zero = !is_second_choice(v, n, "zero", "sigma_min"); }},
         {"disable_corrector",
          [&](auto& v, auto& n) {
            if (!v.is_array()) fail_argument(n, "an array of step indices", json_excerpt(v));
@@ -142,12 +140,7 @@ SchedulerConfig parse_scheduler_config(std::string_view json_text, const std::st
       throw Error(detail::concat(source, ": unknown key ", quoted_excerpt(key), " for ", name));
     setter->second(value, field(source, key));
   }
-  try {
-    config.validate();
-  } catch (const Error& e) {
-    throw Error(source + ": " + e.what());
-  }
-  return config;
+  return validated_config(std::move(config), source);
 }
 
 SchedulerConfig load_scheduler_config(const std::string& scheduler_dir) {

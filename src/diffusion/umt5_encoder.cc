@@ -114,12 +114,7 @@ UMT5Config parse_umt5_config(std::string_view json_text, const std::string& sour
   }
   if (const auto ffn = json.find("feed_forward_proj"); ffn != json.end() && *ffn != "gated-gelu")
     fail_argument(source + ": feed_forward_proj", "\"gated-gelu\" (UMT5 as Wan uses it)", json_excerpt(*ffn));
-  try {
-    config.validate();
-  } catch (const Error& e) {
-    throw Error(source + ": " + e.what());
-  }
-  return config;
+  return validated_config(std::move(config), source);
 }
 
 std::vector<WeightSpec> umt5_weight_specs(const UMT5Config& c) {

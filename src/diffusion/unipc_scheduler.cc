@@ -41,16 +41,16 @@ std::array<float, kMaxOrder> solve(std::array<std::array<double, kMaxOrder>, kMa
 
 class UniPCScheduler final : public Scheduler {
  public:
-  explicit UniPCScheduler(const SchedulerConfig& config) : config_(config) {}
+  explicit UniPCScheduler(const SchedulerConfig& config) : Scheduler(config) {}
 
  protected:
   void compute_schedule(int64_t num_inference_steps) override {
-    const double train_steps = static_cast<double>(config_.num_train_timesteps);
+    const double train_steps = static_cast<double>(config().num_train_timesteps);
     // numpy.linspace(1, 1 / train_steps, steps + 1)[:-1], shifted, in float64.
     std::vector<double> shifted(static_cast<size_t>(num_inference_steps));
     const double step = (1.0 / train_steps - 1.0) / static_cast<double>(num_inference_steps);
     for (int64_t i = 0; i < num_inference_steps; ++i)
-      shifted[static_cast<size_t>(i)] = shift_flow_sigma(config_.shift, static_cast<double>(i) * step + 1.0);
+      shifted[static_cast<size_t>(i)] = shift_flow_sigma(config().shift, static_cast<double>(i) * step + 1.0);
     // Keeps log(1 - sigma) finite at the first step.
     constexpr double kEps = 1e-6;
     if (std::fabs(shifted[0] - 1.0) < kEps) shifted[0] -= kEps;
@@ -60,9 +60,9 @@ class UniPCScheduler final : public Scheduler {
       timesteps.push_back(std::trunc(sigma * train_steps));  // numpy float64 -> int64 truncates
       sigmas.push_back(static_cast<float>(sigma));
     }
-    sigmas.push_back(config_.final_sigma_zero ? 0.0f : sigmas.back());
+    sigmas.push_back(config().final_sigma_zero ? 0.0f : sigmas.back());
     reset_schedule(std::move(timesteps), std::move(sigmas));
-    model_outputs_.assign(static_cast<size_t>(config_.solver_order), {});
+    model_outputs_.assign(static_cast<size_t>(config().solver_order), {});
     last_sample_.clear();
     lower_order_nums_ = 0;
     this_order_ = 1;
@@ -77,18 +77,18 @@ class UniPCScheduler final : public Scheduler {
       x0[i] = sample[i] - scaled;
     }
     std::vector<float> current(sample, sample + count);
-    const bool corrector_disabled = std::find(config_.disable_corrector.begin(), config_.disable_corrector.end(),
-                                              index - 1) != config_.disable_corrector.end();
+    const bool corrector_disabled = std::find(config().disable_corrector.begin(), config().disable_corrector.end(),
+                                              index - 1) != config().disable_corrector.end();
     if (index > 0 && !corrector_disabled && !last_sample_.empty()) correct(x0, current);
 
     std::rotate(model_outputs_.begin(), model_outputs_.begin() + 1, model_outputs_.end());
     model_outputs_.back() = std::move(x0);
     const int64_t remaining = num_inference_steps() - index;
-    const int64_t order = config_.lower_order_final ? std::min(config_.solver_order, remaining) : config_.solver_order;
+    const int64_t order = config().lower_order_final ? std::min(config().solver_order, remaining) : config().solver_order;
     this_order_ = std::min(order, lower_order_nums_ + 1);
     last_sample_ = current;
     predict(current, prev_sample);
-    lower_order_nums_ = std::min(lower_order_nums_ + 1, config_.solver_order);
+    lower_order_nums_ = std::min(lower_order_nums_ + 1, config().solver_order);
   }
 
  private:
@@ -121,7 +121,7 @@ class UniPCScheduler final : public Scheduler {
     c.h_phi_1 = std::expm1(hh);
     float h_phi_k = c.h_phi_1 / hh - 1.0f;
     float factorial = 1.0f;
-    c.b_h = config_.solver_bh2 ? std::expm1(hh) : hh;
+    c.b_h = config().solver_bh2 ? std::expm1(hh) : hh;
     for (int64_t i = 1; i <= order; ++i) {
       for (int64_t k = 0; k < order; ++k) c.r[i - 1][k] = std::pow(static_cast<double>(c.rks[k]), static_cast<double>(i - 1));
       c.b[i - 1] = static_cast<double>(h_phi_k * factorial / c.b_h);
@@ -186,7 +186,6 @@ class UniPCScheduler final : public Scheduler {
     }
   }
 
-  SchedulerConfig config_;
   std::vector<std::vector<float>> model_outputs_;  // x0 predictions, oldest first
   std::vector<float> last_sample_;
   int64_t lower_order_nums_ = 0;

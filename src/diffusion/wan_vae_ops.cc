@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "tessel/core/cpu_features.h"
+
 namespace tessel::vae {
 namespace {
 
@@ -87,12 +89,9 @@ __attribute__((target("avx2,fma"))) void conv_block_avx2(const PackedConv& conv,
                                                          int64_t p0, int64_t p1, float* out) {
   conv_block_body<3>(conv, taps, tap_count, p0, p1, out);
 }
-// Chosen once by CPU feature (not by model, which virtual machines often hide).
+// Chosen once by CPU feature (core/cpu_features.h).
 ConvBlockFunction widest_conv_block() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return conv_block_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return conv_block_avx2;
-  return conv_block_baseline;
+  return widest_variant<ConvBlockFunction>(conv_block_baseline, conv_block_avx2, conv_block_avx512);
 }
 #else
 ConvBlockFunction widest_conv_block() { return conv_block_baseline; }

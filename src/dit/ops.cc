@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "tessel/core/cpu_features.h"
+
 namespace tessel::dit {
 namespace {
 
@@ -59,12 +61,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t k, co
                                                    int64_t c0, int64_t k0, int64_t k1) {
   tile_body(x, k, w_t, n, y, r0, c0, k0, k1);
 }
-TileFunction widest_tile() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return tile_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return tile_avx2;
-  return tile_baseline;
-}
+TileFunction widest_tile() { return widest_variant<TileFunction>(tile_baseline, tile_avx2, tile_avx512); }
 #else
 TileFunction widest_tile() { return tile_baseline; }
 #endif

@@ -105,12 +105,7 @@ WanConfig parse_wan_config(std::string_view json_text, const std::string& source
                                  "num_layers, cross_attn_norm, qk_norm, eps, rope_max_seq_len)"));
     setter->second(value, key);
   }
-  try {
-    config.validate();
-  } catch (const Error& e) {
-    throw Error(source + ": " + e.what());
-  }
-  return config;
+  return validated_config(std::move(config), source);
 }
 
 WanConfig load_wan_config(const std::string& checkpoint_dir) {

@@ -24,6 +24,16 @@
 #include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
 
+namespace tessel {
+
+NLOHMANN_JSON_SERIALIZE_ENUM(TeaCacheInput, {{TeaCacheInput::kTimeProjection, "time_projection"},
+                                             {TeaCacheInput::kTimeEmbedding, "time_embedding"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CacheConfig, teacache_thresh, teacache_input, teacache_coefficients,
+                                                dbcache_first_blocks, dbcache_last_blocks, dbcache_thresh, dbcache_warmup_steps,
+                                                dbcache_max_cached_steps, dbcache_max_consecutive_cached_steps)
+
+}  // namespace tessel
+
 namespace tessel::engine {
 namespace {
 
@@ -222,67 +232,19 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
   if (value < low || value > high) fail_argument(field, detail::concat(low, "..", high), value);
 }
 
-// The step cache's settings as the workers receive them (the rescaling polynomial included, so a
-// server given custom TeaCache coefficients passes them on).
-nlohmann::json cache_config_to_json(const CacheConfig& c) {
-  return nlohmann::json{{"teacache_thresh", c.teacache_thresh},
-                        {"teacache_input", c.teacache_input == TeaCacheInput::kTimeProjection ? "time_projection" : "time_embedding"},
-                        {"teacache_coefficients", c.teacache_coefficients},
-                        {"dbcache_first_blocks", c.dbcache_first_blocks},
-                        {"dbcache_last_blocks", c.dbcache_last_blocks},
-                        {"dbcache_thresh", c.dbcache_thresh},
-                        {"dbcache_warmup_steps", c.dbcache_warmup_steps},
-                        {"dbcache_max_cached_steps", c.dbcache_max_cached_steps},
-                        {"dbcache_max_consecutive_cached_steps", c.dbcache_max_consecutive_cached_steps}};
-}
-
-CacheConfig cache_config_from_json(const nlohmann::json& j) {
-  CacheConfig c;
-  c.teacache_thresh = j.value("teacache_thresh", c.teacache_thresh);
-  c.teacache_input = j.value("teacache_input", std::string("time_projection")) == "time_projection" ? TeaCacheInput::kTimeProjection
-                                                                                                    : TeaCacheInput::kTimeEmbedding;
-  c.teacache_coefficients = j.value("teacache_coefficients", c.teacache_coefficients);
-  c.dbcache_first_blocks = j.value("dbcache_first_blocks", c.dbcache_first_blocks);
-  c.dbcache_last_blocks = j.value("dbcache_last_blocks", c.dbcache_last_blocks);
-  c.dbcache_thresh = j.value("dbcache_thresh", c.dbcache_thresh);
-  c.dbcache_warmup_steps = j.value("dbcache_warmup_steps", c.dbcache_warmup_steps);
-  c.dbcache_max_cached_steps = j.value("dbcache_max_cached_steps", c.dbcache_max_cached_steps);
-  c.dbcache_max_consecutive_cached_steps = j.value("dbcache_max_consecutive_cached_steps", c.dbcache_max_consecutive_cached_steps);
-  return c;
-}
-
 }  // namespace
 
-std::string wan_runner_config_to_json(const WanRunnerConfig& c) {
-  return nlohmann::json{{"embeddings_file", c.embeddings_file},
-                        {"num_threads", c.num_threads},
-                        {"device", c.device},
-                        {"sparse_attn_config_json", c.sparse_attn_config_json},
-                        {"sparse_attention_settings", c.sparse_attention_settings},
-                        {"backend_override", c.backend_override},
-                        {"plugin_dirs", c.plugin_dirs},
-                        {"scheduler", c.scheduler},
-                        {"cache", c.cache},
-                        {"cache_config", cache_config_to_json(c.cache_config)},
-                        {"flow_shift", c.flow_shift}}
-      .dump();
-}
+// The JSON the engine hands the workers: every field by its name, a missing one at its default (the
+// step cache's settings too, its rescaling polynomial included, so a server given custom TeaCache
+// coefficients passes them on).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
+                                                sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
+                                                cache_config, flow_shift)
+
+std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }
 
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
-  const nlohmann::json j = nlohmann::json::parse(json_text);
-  WanRunnerConfig c;
-  c.embeddings_file = j.value("embeddings_file", "");
-  c.num_threads = j.value("num_threads", 0);
-  c.device = j.value("device", "cpu");
-  c.sparse_attn_config_json = j.value("sparse_attn_config_json", "");
-  c.sparse_attention_settings = j.value("sparse_attention_settings", std::map<std::string, std::string>{});
-  c.backend_override = j.value("backend_override", "");
-  c.plugin_dirs = j.value("plugin_dirs", std::vector<std::string>{});
-  c.scheduler = j.value("scheduler", "");
-  c.cache = j.value("cache", "none");
-  if (j.contains("cache_config")) c.cache_config = cache_config_from_json(j.at("cache_config"));
-  c.flow_shift = j.value("flow_shift", 0.0);
-  return c;
+  return nlohmann::json::parse(json_text).get<WanRunnerConfig>();
 }
 
 void register_wan_runner(RunnerRegistry& runners) {

@@ -4,6 +4,19 @@
 
 #include "tessel/core/error.h"
 
+namespace tessel::engine {
+
+// The messages between the engine and its workers carry these types as JSON objects with a key per
+// field; every key is required when reading (a message missing one is malformed).
+NLOHMANN_JSON_SERIALIZE_ENUM(OutputKind, {{OutputKind::kImage, "image"}, {OutputKind::kVideo, "video"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GenerationRequest, id, kind, prompt, negative_prompt, width, height, frames, num_outputs,
+                                   num_inference_steps, guidance_scale, seed, fps, sparse_attention, cache)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestProgress, step, total_steps, step_seconds, elapsed_seconds, eta_seconds,
+                                   attention_density, device_memory_used_bytes)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunnerSetup, model_dir, rank, world_size, config_json)
+
+}  // namespace tessel::engine
+
 namespace tessel::engine::wire {
 
 std::string encode(const nlohmann::json& header, std::string_view payload) {
@@ -31,76 +44,12 @@ Message decode(std::string_view bytes) {
 
 std::string Message::type() const { return header.at("type").get<std::string>(); }
 
-nlohmann::json request_to_json(const GenerationRequest& r) {
-  return {{"id", r.id},
-          {"kind", output_kind_name(r.kind)},
-          {"prompt", r.prompt},
-          {"negative_prompt", r.negative_prompt},
-          {"width", r.width},
-          {"height", r.height},
-          {"frames", r.frames},
-          {"num_outputs", r.num_outputs},
-          {"num_inference_steps", r.num_inference_steps},
-          {"guidance_scale", r.guidance_scale},
-          {"seed", r.seed},
-          {"fps", r.fps},
-          {"sparse_attention", r.sparse_attention},
-          {"cache", r.cache}};
-}
-
-GenerationRequest request_from_json(const nlohmann::json& j) {
-  GenerationRequest r;
-  r.id = j.at("id").get<std::string>();
-  r.kind = j.at("kind") == "video" ? OutputKind::kVideo : OutputKind::kImage;
-  r.prompt = j.at("prompt").get<std::string>();
-  r.negative_prompt = j.at("negative_prompt").get<std::string>();
-  r.width = j.at("width").get<int64_t>();
-  r.height = j.at("height").get<int64_t>();
-  r.frames = j.at("frames").get<int64_t>();
-  r.num_outputs = j.at("num_outputs").get<int64_t>();
-  r.num_inference_steps = j.at("num_inference_steps").get<int64_t>();
-  r.guidance_scale = j.at("guidance_scale").get<double>();
-  r.seed = j.at("seed").get<uint64_t>();
-  r.fps = j.at("fps").get<double>();
-  r.sparse_attention = j.at("sparse_attention").get<std::string>();
-  r.cache = j.at("cache").get<std::string>();
-  return r;
-}
-
-nlohmann::json progress_to_json(const RequestProgress& p) {
-  return {{"step", p.step},
-          {"total_steps", p.total_steps},
-          {"step_seconds", p.step_seconds},
-          {"elapsed_seconds", p.elapsed_seconds},
-          {"eta_seconds", p.eta_seconds},
-          {"attention_density", p.attention_density},
-          {"device_memory_used_bytes", p.device_memory_used_bytes}};
-}
-
-RequestProgress progress_from_json(const nlohmann::json& j) {
-  RequestProgress p;
-  p.step = j.at("step").get<int64_t>();
-  p.total_steps = j.at("total_steps").get<int64_t>();
-  p.step_seconds = j.at("step_seconds").get<double>();
-  p.elapsed_seconds = j.at("elapsed_seconds").get<double>();
-  p.eta_seconds = j.at("eta_seconds").get<double>();
-  p.attention_density = j.at("attention_density").get<double>();
-  p.device_memory_used_bytes = j.at("device_memory_used_bytes").get<int64_t>();
-  return p;
-}
-
-nlohmann::json setup_to_json(const RunnerSetup& s) {
-  return {{"model_dir", s.model_dir}, {"rank", s.rank}, {"world_size", s.world_size}, {"config_json", s.config_json}};
-}
-
-RunnerSetup setup_from_json(const nlohmann::json& j) {
-  RunnerSetup s;
-  s.model_dir = j.at("model_dir").get<std::string>();
-  s.rank = j.at("rank").get<int>();
-  s.world_size = j.at("world_size").get<int>();
-  s.config_json = j.at("config_json").get<std::string>();
-  return s;
-}
+nlohmann::json request_to_json(const GenerationRequest& r) { return r; }
+GenerationRequest request_from_json(const nlohmann::json& j) { return j.get<GenerationRequest>(); }
+nlohmann::json progress_to_json(const RequestProgress& p) { return p; }
+RequestProgress progress_from_json(const nlohmann::json& j) { return j.get<RequestProgress>(); }
+nlohmann::json setup_to_json(const RunnerSetup& s) { return s; }
+RunnerSetup setup_from_json(const nlohmann::json& j) { return j.get<RunnerSetup>(); }
 
 std::string tensors_to_payload(const std::vector<Tensor>& tensors, nlohmann::json& header) {
   std::string payload;

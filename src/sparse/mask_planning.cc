@@ -80,14 +80,33 @@ class InfoBackend : public Backend, public std::enable_shared_from_this<InfoBack
 
 // ---- static masks ---------------------------------------------------------------------------
 
-class PlanningBuilder : public MetadataBuilder {
+// A metadata builder bound to one backend: every request is checked against the backend's declared
+// support before build() sees it, and every plan carries the backend's name and the request.
+class BackendMetadataBuilder : public MetadataBuilder {
+ public:
+  std::shared_ptr<Metadata> plan(const ExecContext& ctx, const PatternSpec& spec, ModuleType module,
+                                 const AttentionShape& shape) final {
+    check_plan_request(*backend_, spec, module, shape);
+    std::shared_ptr<Metadata> metadata = build(ctx, spec, module, shape);
+    metadata->set_request(backend_->name(), spec, module, shape);
+    return metadata;
+  }
+
+ protected:
+  explicit BackendMetadataBuilder(std::shared_ptr<const Backend> backend) : backend_(std::move(backend)) {}
+  virtual std::shared_ptr<Metadata> build(const ExecContext& ctx, const PatternSpec& spec, ModuleType module,
+                                          const AttentionShape& shape) = 0;
+  std::shared_ptr<const Backend> backend_;
+};
+
+class PlanningBuilder : public BackendMetadataBuilder {
  public:
   PlanningBuilder(std::shared_ptr<const Backend> backend, MaskPlanner planner)
-      : backend_(std::move(backend)), planner_(std::move(planner)) {}
+      : BackendMetadataBuilder(std::move(backend)), planner_(std::move(planner)) {}
 
-  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
-                                 const AttentionShape& shape) override {
-    check_plan_request(*backend_, spec, module, shape);
+ protected:
+  std::shared_ptr<Metadata> build(const ExecContext&, const PatternSpec& spec, ModuleType module,
+                                  const AttentionShape& shape) override {
     PlannedMask planned = planner_(spec, module, shape);
     auto metadata = std::make_shared<MaskMetadata>();
     BlockMask mask = apply_always_keep(spec, planned.mask);
@@ -106,13 +125,11 @@ class PlanningBuilder : public MetadataBuilder {
       metadata->device_mask = mask.to_device(shape.device);
       if (!metadata->sub_block_bits.empty()) metadata->device_sub_block_bits = bits_on_device(metadata->sub_block_bits, shape.device);
     }
-    metadata->set_request(backend_->name(), spec, module, shape);
     metadata->mask = std::make_shared<const BlockMask>(std::move(mask));
     return metadata;
   }
 
  private:
-  std::shared_ptr<const Backend> backend_;
   MaskPlanner planner_;
 };
 
@@ -157,13 +174,13 @@ struct DeviceEstimateMetadata : Metadata {
 #endif
 };
 
-class EstimatingBuilder : public MetadataBuilder {
+class EstimatingBuilder : public BackendMetadataBuilder {
  public:
   EstimatingBuilder(std::shared_ptr<const Backend> backend, DeviceMaskEstimator device_estimator)
-      : backend_(std::move(backend)), device_estimator_(std::move(device_estimator)) {}
-  std::shared_ptr<Metadata> plan(const ExecContext&, const PatternSpec& spec, ModuleType module,
-                                 const AttentionShape& shape) override {
-    check_plan_request(*backend_, spec, module, shape);
+      : BackendMetadataBuilder(std::move(backend)), device_estimator_(std::move(device_estimator)) {}
+ protected:
+  std::shared_ptr<Metadata> build(const ExecContext&, const PatternSpec& spec, ModuleType,
+                                  const AttentionShape& shape) override {
     if (!spec.sub_block_mask.empty()) reject_sub_block_mask(spec, *backend_);
     std::shared_ptr<Metadata> metadata = std::make_shared<Metadata>();
     if (shape.device.is_cuda() && device_estimator_.estimate) {
@@ -174,12 +191,10 @@ class EstimatingBuilder : public MetadataBuilder {
 #endif
       metadata = std::move(device);
     }
-    metadata->set_request(backend_->name(), spec, module, shape);
     return metadata;
   }
 
  private:
-  std::shared_ptr<const Backend> backend_;
   DeviceMaskEstimator device_estimator_;
 };
 

@@ -51,6 +51,9 @@ class Scheduler {
  public:
   virtual ~Scheduler() = default;
 
+  // The configuration the scheduler was made from (make_scheduler).
+  const SchedulerConfig& config() const { return config_; }
+
   // Prepares `num_inference_steps` steps (1..100000) and starts again at the first.
   void set_timesteps(int64_t num_inference_steps);
   // The value handed to the transformer at each step (int64 values for UniPC, float32 for Euler,
@@ -68,12 +71,14 @@ class Scheduler {
   void step(const TensorView& model_output, const TensorView& sample, const TensorView& prev_sample);
 
  protected:
+  explicit Scheduler(const SchedulerConfig& config) : config_(config) {}
   // Fills the schedule (through reset_schedule) and clears the solver's history.
   virtual void compute_schedule(int64_t num_inference_steps) = 0;
   virtual void step_values(const float* model_output, const float* sample, float* prev_sample, int64_t count) = 0;
   void reset_schedule(std::vector<double> timesteps, std::vector<float> sigmas);
 
  private:
+  SchedulerConfig config_;
   std::vector<double> timesteps_;
   std::vector<float> sigmas_;
   int64_t step_index_ = 0;

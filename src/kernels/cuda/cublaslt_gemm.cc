@@ -11,8 +11,8 @@
 #include "tessel/kernels/cuda/cublaslt_gemm.h"
 
 #include <cublasLt.h>
-#include <dlfcn.h>
 
+#include "tessel/core/dynamic_library.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cuda {
@@ -40,25 +40,21 @@ struct CublasLtApi {
 };
 
 // The library of the cuBLAS major version tessel was compiled against (sonames carry it).
-#define TESSEL_CUBLASLT_QUOTE(x) #x
-#define TESSEL_CUBLASLT_VERSION(x) TESSEL_CUBLASLT_QUOTE(x)
-constexpr const char* kCublasLtLibrary = "libcublasLt.so." TESSEL_CUBLASLT_VERSION(CUBLAS_VER_MAJOR);
+constexpr const char* kCublasLtLibrary = "libcublasLt.so." TESSEL_STRINGIFY(CUBLAS_VER_MAJOR);
+
+// Every function of TESSEL_CUBLASLT_FUNCTIONS from the opened library.
+void resolve_cublaslt(void* library, CublasLtApi& table) {
+#define TESSEL_CUBLASLT_RESOLVE(name) TESSEL_RUNTIME_SYMBOL(table, library, kCublasLtLibrary, name);
+  TESSEL_CUBLASLT_FUNCTIONS(TESSEL_CUBLASLT_RESOLVE)
+#undef TESSEL_CUBLASLT_RESOLVE
+}
 
 const CublasLtApi& cublaslt() {
-  static const CublasLtApi api = [] {
-    void* library = dlopen(kCublasLtLibrary, RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr)
-      throw Error(detail::concat("tessel's CUDA models need cuBLASLt: ", kCublasLtLibrary, " could not be opened (", dlerror(),
-                                 "); put the folder that holds it (the CUDA toolkit's lib64, or the nvidia-cublas Python "
-                                 "package's nvidia/cublas/lib) on LD_LIBRARY_PATH"));
-    CublasLtApi loaded;
-#define TESSEL_CUBLASLT_RESOLVE(name)                                                                                   \
-  loaded.name = reinterpret_cast<decltype(&::name)>(dlsym(library, #name));                                            \
-  if (loaded.name == nullptr) throw Error(detail::concat(kCublasLtLibrary, " has no symbol ", #name));
-    TESSEL_CUBLASLT_FUNCTIONS(TESSEL_CUBLASLT_RESOLVE)
-#undef TESSEL_CUBLASLT_RESOLVE
-    return loaded;  // the library stays open for the process's lifetime
-  }();
+  static const CublasLtApi api = load_runtime_api<CublasLtApi>(
+      kCublasLtLibrary, "tessel's CUDA models need cuBLASLt",
+      "put the folder that holds it (the CUDA toolkit's lib64, or the nvidia-cublas Python package's nvidia/cublas/lib) on "
+      "LD_LIBRARY_PATH",
+      resolve_cublaslt);
   return api;
 }
 

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/core/error.h"
+
 namespace tessel {
 
 struct JsonLimits {
@@ -21,7 +23,22 @@ struct JsonLimits {
 // repeats a key within one object.
 nlohmann::json parse_json_limited(std::string_view text, const JsonLimits& limits, const std::string& what);
 
+// `config` after its validate(), whose Error is rethrown starting with `source` (the file or string
+// the config was read from), so a bad value names where it came from.
+template <typename Config>
+Config validated_config(Config config, const std::string& source);
+
 // A JSON value for an error message: its compact text, cut to about `max_chars` characters.
 std::string json_excerpt(const nlohmann::json& value, size_t max_chars = 60);
+
+template <typename Config>
+Config validated_config(Config config, const std::string& source) {
+  try {
+    config.validate();
+  } catch (const std::exception& e) {
+    throw Error(source + ": " + e.what());
+  }
+  return config;
+}
 
 }  // namespace tessel
