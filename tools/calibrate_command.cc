@@ -37,11 +37,7 @@ struct CalibrateArgs {
   // layers, 24 heads, 32K tokens, rel-L2 0.05) a margin of 1 left 56 of 288 heads over the target
   // on unseen steps (worst 0.066); 0.75 left none on one set of unseen steps and one (0.053) on
   // another, at a mean density 0.374 against 0.292.
-  CalibrationOptions options = [] {
-    CalibrationOptions o;
-    o.margin = 0.75;
-    return o;
-  }();
+  CalibrationOptions options{.margin = 0.75};
   int threads = 0;
   std::string device = "cpu";  // cpu, or cuda[:N]: samples in bf16 there, estimated and attended on the GPU
   bool json = false;
