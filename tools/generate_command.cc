@@ -1,7 +1,7 @@
 // `tessel generate`: runs the Wan denoising loop of a diffusers model directory (model_index.json,
 // transformer/, scheduler/, tokenizer/ with text_encoder/ for a prompt, vae/ for frames; Wan 2.2's
-// transformer_2/ and boundary_ratio for two experts) on a prompt or on given text embeddings and
-// writes an MP4 video, PNG frames or the final latents.
+// transformer_2/ and boundary_ratio for two experts, its expand_timesteps for TI2V-5B) on a prompt or
+// on given text embeddings and writes an MP4 video, PNG frames or the final latents.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +28,7 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/diffusion/wan_vae.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -60,10 +61,20 @@ struct GenerateOptions {
   std::string out;
 };
 
-WanVideoSize parse_size(const std::string& text, int64_t frames) {
+// Pixels per latent pixel, as diffusers' WanPipeline takes them from vae/config.json
+// (scale_factor_spatial: 8 for Wan 2.1's VAE, 16 for Wan 2.2's); 8 for a directory without vae/.
+int64_t vae_spatial_stride(const std::string& model_dir) {
+  const fs::path config = fs::path(model_dir) / "vae" / "config.json";
+  if (!fs::is_regular_file(config)) return WanVideoSize{}.vae_spatial_stride;
+  return parse_wan_vae_config(read_file_bounded(config.string(), kMaxModelIndexBytes, "VAE config"), config.string())
+      .spatial_compression();
+}
+
+WanVideoSize parse_size(const std::string& text, int64_t frames, int64_t spatial_stride) {
   const size_t x = text.find('x');
   WanVideoSize size;
   size.frames = frames;
+  size.vae_spatial_stride = spatial_stride;
   try {
     if (x == std::string::npos) throw std::invalid_argument("no x");
     size_t width_end = 0, height_end = 0;
@@ -108,10 +119,13 @@ ModelExperts check_model_dir(const std::string& dir, bool needs_text_encoder) {
   if (class_name == index.end() || *class_name != "WanPipeline")
     fail_argument(index_path + ": _class_name", "\"WanPipeline\" (text-to-video)",
                   class_name == index.end() ? std::string("none") : json_excerpt(*class_name));
+  // Wan 2.2 TI2V-5B sets expand_timesteps: diffusers then hands the transformer one timestep per
+  // token, (mask[0][0][:, ::2, ::2] * t).flatten(). For text to video the mask is all ones, so every
+  // token gets t and the per-token time embeddings and modulation equal the scalar ones: the loop
+  // runs unchanged (tests/diffusion/wan_ti2v_pipeline_test.cc checks it against diffusers).
   const auto expand = index.find("expand_timesteps");
-  if (expand != index.end() && !expand->is_null() && *expand != false)
-    fail_argument(index_path + ": expand_timesteps", "false (per-token timesteps, Wan 2.2 TI2V-5B's, are not supported yet)",
-                  json_excerpt(*expand));
+  if (expand != index.end() && !expand->is_null() && !expand->is_boolean())
+    fail_argument(index_path + ": expand_timesteps", "true or false", json_excerpt(*expand));
   ModelExperts experts;
   experts.two = component_set(index, "transformer_2");
   const auto boundary = index.find("boundary_ratio");
@@ -241,8 +255,8 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
 int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
                  bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
-  const WanVideoSize size = parse_size(o.size, o.frames);
   const ModelExperts experts = check_model_dir(o.model_dir, prompt_set);
+  const WanVideoSize size = parse_size(o.size, o.frames, vae_spatial_stride(o.model_dir));
   if (!experts.two && o.guidance_2)
     fail_argument("--guidance-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", *o.guidance_2);
   if (!experts.two && o.sparse_config_2)
@@ -380,7 +394,8 @@ CommandRegistration registration{
       app.add_option("--dtype", options->dtype, "the transformer's compute type: fp32 (CPU) or bf16 (CUDA); default: the device's")
           ->check(one_of({"fp32", "bf16"}));
       app.add_option("--noise", options->noise, "safetensors whose \"noise\" tensor is the starting latent (default: from --seed)");
-      app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16")->capture_default_str();
+      app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16 (32 with Wan 2.2's TI2V VAE)")
+          ->capture_default_str();
       app.add_option("--frames", options->frames, "video frames, 4k + 1")->capture_default_str()->check(integer_in(1, 1 << 16));
       app.add_option("--steps", options->steps, "denoising steps")->capture_default_str()->check(integer_in(1, 100000));
       app.add_option("--guidance", options->guidance, "classifier-free guidance scale (1: none)")

@@ -25,8 +25,10 @@ CommandRegistration registration{
       auto options = std::make_shared<InitModelOptions>();
       app.add_option("--preset", options->preset,
                      "model size: tiny (2 layers, a few hundred kB), tiny-a14b (Wan 2.2's two-expert layout of tiny "
-                     "transformers), tiny-cuda (tiny with heads of 64, for the CUDA path), wan-1.3b (about 14 GB) or wan-14b "
-                     "(about 40 GB): Wan2.1-T2V sizes with UMT5-XXL and the Wan 2.1 VAE, bf16 (VAE fp32)")
+                     "transformers), tiny-cuda (tiny with heads of 64, for the CUDA path), tiny-ti2v (Wan 2.2 TI2V-5B's layout: "
+                     "48 latent channels, the residual patched VAE, expand_timesteps), wan-1.3b (about 14 GB) or wan-14b "
+                     "(about 40 GB): Wan2.1-T2V sizes with UMT5-XXL and the Wan 2.1 VAE, or wan-ti2v-5b (about 24 GB): "
+                     "Wan2.2-TI2V-5B's sizes with UMT5-XXL and the Wan 2.2 VAE; bf16 (VAE fp32)")
           ->capture_default_str()
           ->check(one_of(random_wan_model_presets()));
       app.add_option("--out", options->out, "the directory to write (created when missing)")->required();

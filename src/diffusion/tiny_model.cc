@@ -172,13 +172,39 @@ WanVaeConfig tiny_wan_vae_config() {
   return c;
 }
 
+WanConfig tiny_ti2v_wan_transformer_config() {
+  WanConfig c = tiny_wan_transformer_config();
+  c.in_channels = c.out_channels = 48;
+  return c;
+}
+
+WanVaeConfig tiny_ti2v_wan_vae_config() {
+  WanVaeConfig c = wan22_vae_config();
+  c.base_dim = 2;
+  c.decoder_base_dim = 4;
+  c.num_res_blocks = 1;
+  return c;
+}
+
+WanConfig wan_ti2v_5b_transformer_config() {
+  WanConfig c;
+  c.num_attention_heads = 24;
+  c.attention_head_dim = 128;
+  c.in_channels = c.out_channels = 48;
+  c.ffn_dim = 14336;
+  c.num_layers = 30;
+  return c;
+}
+
 namespace {
 
 // Everything but the weights: model_index.json (with Wan 2.2 A14B's transformer_2 and boundary
-// ratio when two_experts), the scheduler, the configs and the tokenizer (`spiece`, a serialized
-// sentencepiece model; its ids may be a subset of the encoder's vocabulary).
+// ratio when two_experts, TI2V-5B's expand_timesteps and flow shift 5 when ti2v), the scheduler, the
+// configs and the tokenizer (`spiece`, a serialized sentencepiece model; its ids may be a subset of
+// the encoder's vocabulary).
 void write_model_skeleton(const fs::path& root, const WanConfig& transformer, const UMT5Config& text_encoder, const WanVaeConfig& vae,
-                          const char* text_encoder_dtype, const std::string& spiece, bool two_experts = false) {
+                          const char* text_encoder_dtype, const std::string& spiece, bool two_experts = false,
+                          bool ti2v = false) {
   std::error_code error;
   std::vector<const char*> components = {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"};
   if (two_experts) components.push_back("transformer_2");
@@ -197,9 +223,13 @@ void write_model_skeleton(const fs::path& root, const WanConfig& transformer, co
     index["boundary_ratio"] = 0.875;  // Wan 2.2 T2V-A14B's
     index["expand_timesteps"] = false;
   }
+  if (ti2v) {
+    index["boundary_ratio"] = nullptr;
+    index["expand_timesteps"] = true;  // Wan2.2-TI2V-5B-Diffusers' per-token timesteps
+  }
   write_json(root / "model_index.json", index);
   write_json(root / "scheduler" / "scheduler_config.json",
-             {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", 3.0},
+             {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", ti2v ? 5.0 : 3.0},
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
               {"solver_type", "bh2"}, {"use_flow_sigmas", true}, {"predict_x0", true}, {"lower_order_final", true},
               {"final_sigmas_type", "zero"}, {"disable_corrector", nlohmann::json::array()}});
@@ -225,30 +255,40 @@ void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLa
   const bool two_experts = layout == TinyWanLayout::kTwoExperts;
   const std::string spiece = train_tokenizer(seed);
   const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
-  const WanVaeConfig vae = tiny_wan_vae_config();
-  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece, two_experts);
+  const bool ti2v = layout == TinyWanLayout::kTi2v;
+  const WanVaeConfig vae = ti2v ? tiny_ti2v_wan_vae_config() : tiny_wan_vae_config();
+  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece, two_experts, ti2v);
   write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
   if (two_experts) write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
   write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
   write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
 }
 
-std::vector<std::string> random_wan_model_presets() { return {"tiny", "tiny-a14b", "tiny-cuda", "wan-1.3b", "wan-14b"}; }
+std::vector<std::string> random_wan_model_presets() {
+  return {"tiny", "tiny-a14b", "tiny-cuda", "tiny-ti2v", "wan-1.3b", "wan-14b", "wan-ti2v-5b"};
+}
 
 uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed, int threads) {
-  if (preset == "tiny" || preset == "tiny-a14b" || preset == "tiny-cuda") {
-    write_tiny_wan_model(directory, seed, preset == "tiny-a14b" ? TinyWanLayout::kTwoExperts : TinyWanLayout::kOneExpert,
-                         preset == "tiny-cuda" ? tiny_cuda_wan_transformer_config() : tiny_wan_transformer_config());
+  if (preset == "tiny" || preset == "tiny-a14b" || preset == "tiny-cuda" || preset == "tiny-ti2v") {
+    const TinyWanLayout layout = preset == "tiny-a14b"   ? TinyWanLayout::kTwoExperts
+                                 : preset == "tiny-ti2v" ? TinyWanLayout::kTi2v
+                                                         : TinyWanLayout::kOneExpert;
+    const WanConfig transformer = preset == "tiny-cuda"   ? tiny_cuda_wan_transformer_config()
+                                  : preset == "tiny-ti2v" ? tiny_ti2v_wan_transformer_config()
+                                                          : tiny_wan_transformer_config();
+    write_tiny_wan_model(directory, seed, layout, transformer);
     return 0;
   }
-  if (preset != "wan-1.3b" && preset != "wan-14b")
-    fail_argument("preset", "one of tiny, tiny-a14b, tiny-cuda, wan-1.3b, wan-14b", quoted_excerpt(std::string(preset)));
+  if (preset != "wan-1.3b" && preset != "wan-14b" && preset != "wan-ti2v-5b")
+    fail_argument("preset", "one of tiny, tiny-a14b, tiny-cuda, tiny-ti2v, wan-1.3b, wan-14b, wan-ti2v-5b",
+                  quoted_excerpt(std::string(preset)));
   const fs::path root(directory);
-  const WanConfig transformer = wan_preset(preset);
-  const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 model
-  const WanVaeConfig vae;         // the Wan 2.1 VAE
+  const bool ti2v = preset == "wan-ti2v-5b";
+  const WanConfig transformer = ti2v ? wan_ti2v_5b_transformer_config() : wan_preset(preset);
+  const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 and 2.2 model
+  const WanVaeConfig vae = ti2v ? wan22_vae_config() : WanVaeConfig{};  // Wan 2.2's or Wan 2.1's VAE
   // The tiny tokenizer: the real one cannot be downloaded here, and its ids fit UMT5-XXL's vocabulary.
-  write_model_skeleton(root, transformer, text_encoder, vae, "bfloat16", train_tokenizer(seed));
+  write_model_skeleton(root, transformer, text_encoder, vae, "bfloat16", train_tokenizer(seed), false, ti2v);
 
   std::vector<RandomTensorSpec> transformer_tensors;
   for (const WeightSpec& spec : wan_weight_specs(transformer)) {

@@ -1,6 +1,7 @@
 #include "tessel/diffusion/wan_pipeline.h"
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -14,8 +15,10 @@ namespace tessel {
 namespace {
 
 constexpr int64_t kVaeTimeStride = 4;
-constexpr int64_t kVaeSpaceStride = 8;
-constexpr int64_t kPixelUnit = 16;
+// Wan 2.1's VAE and Wan 2.2's patched one (TI2V-5B).
+constexpr int64_t kVaeSpaceStrides[] = {8, 16};
+// Height and width of one transformer patch in latent pixels.
+constexpr int64_t kPatchLatentPixels = 2;
 constexpr int64_t kMaxPixels = 1 << 14;
 constexpr int64_t kMaxFrames = 4 * 1024 + 1;
 
@@ -40,16 +43,18 @@ std::unique_ptr<WanFlowPredictor> make_flow_predictor(const ExecContext& ctx, co
 void WanVideoSize::validate() const {
   if (frames < 1 || frames > kMaxFrames || (frames - 1) % kVaeTimeStride != 0)
     fail_argument("frames", detail::concat("4k + 1 frames, at most ", kMaxFrames), frames);
+  if (std::find(std::begin(kVaeSpaceStrides), std::end(kVaeSpaceStrides), vae_spatial_stride) == std::end(kVaeSpaceStrides))
+    fail_argument("vae_spatial_stride", "8 (Wan 2.1's VAE) or 16 (Wan 2.2's)", vae_spatial_stride);
+  const int64_t unit = vae_spatial_stride * kPatchLatentPixels;
   const std::pair<const char*, int64_t> sides[] = {{"height", height}, {"width", width}};
   for (const auto& [name, pixels] : sides)
-    if (pixels < kPixelUnit || pixels > kMaxPixels || pixels % kPixelUnit != 0)
-      fail_argument(name, detail::concat("a multiple of ", kPixelUnit, " in [", kPixelUnit, ", ", kMaxPixels, "]"),
-                    pixels);
+    if (pixels < unit || pixels > kMaxPixels || pixels % unit != 0)
+      fail_argument(name, detail::concat("a multiple of ", unit, " in [", unit, ", ", kMaxPixels, "]"), pixels);
 }
 
 Shape WanVideoSize::latent_shape(int64_t channels) const {
   validate();
-  return {1, channels, (frames - 1) / kVaeTimeStride + 1, height / kVaeSpaceStride, width / kVaeSpaceStride};
+  return {1, channels, (frames - 1) / kVaeTimeStride + 1, height / vae_spatial_stride, width / vae_spatial_stride};
 }
 
 Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed) {
@@ -83,11 +88,11 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler
   if (vae_->config().z_dim != config.out_channels)
     fail_argument("VAE z_dim", detail::concat("the transformer's out_channels (", config.out_channels, ")"),
                   vae_->config().z_dim);
-  // One latent frame after the first is kVaeTimeStride frames, one latent pixel kVaeSpaceStride^2.
+  // One latent frame after the first is kVaeTimeStride frames, one latent pixel one of kVaeSpaceStrides^2.
   const Shape one_step = vae_->decoded_shape({1, config.out_channels, 2, 1, 1});
-  if (one_step[1] != 3 || one_step[2] != 1 + kVaeTimeStride || one_step[3] != kVaeSpaceStride)
-    fail_argument("VAE", detail::concat("3 output channels, ", kVaeTimeStride, " frames and ", kVaeSpaceStride, " x ",
-                                        kVaeSpaceStride, " pixels per latent"),
+  if (one_step[1] != 3 || one_step[2] != 1 + kVaeTimeStride ||
+      std::find(std::begin(kVaeSpaceStrides), std::end(kVaeSpaceStrides), one_step[3]) == std::end(kVaeSpaceStrides))
+    fail_argument("VAE", detail::concat("3 output channels, ", kVaeTimeStride, " frames and 8 x 8 or 16 x 16 pixels per latent"),
                   detail::concat("a VAE decoding (1, ", config.out_channels, ", 2, 1, 1) latents to ", shape_str(one_step)));
 }
 
@@ -139,6 +144,9 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
                                           const TensorView& initial_latents) const {
   const WanConfig& config = transformer_.config();
   const Shape latent_shape = options.size.latent_shape(config.in_channels);
+  if (vae_ != nullptr && options.size.vae_spatial_stride != vae_->config().spatial_compression())
+    fail_argument("size.vae_spatial_stride", detail::concat("the VAE's ", vae_->config().spatial_compression(), " pixels per latent pixel"),
+                  options.size.vae_spatial_stride);
   const bool guided = options.guidance_scale > 1.0;
   if (!std::isfinite(options.guidance_scale)) fail_argument("guidance_scale", "a finite number", options.guidance_scale);
   const bool two_experts = low_noise_.transformer != nullptr;

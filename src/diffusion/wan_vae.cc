@@ -39,7 +39,8 @@ struct WanVae::DeviceDecoders {
 #endif
 };
 
-// AutoencoderKLWan's decoder half: post_quant_conv, then WanDecoder3d.
+// AutoencoderKLWan's decoder half: post_quant_conv, then WanDecoder3d (its up blocks WanUpBlock, or
+// WanResidualUpBlock for Wan 2.2's residual VAE).
 struct WanVae::Decoder {
   vae::SlotCounter slots;
   vae::CausalConv post_quant, conv_in, conv_out;
@@ -47,6 +48,9 @@ struct WanVae::Decoder {
   struct UpStage {
     std::vector<vae::ResidualBlock> resnets;
     std::unique_ptr<vae::Upsampler> upsampler;
+    // Residual up blocks: the input, duplicated up to the output's size, is added to the output.
+    bool duplicate_shortcut = false;
+    int64_t out_dim = 0, time_factor = 1;
   };
   std::vector<UpStage> stages;
   std::vector<float> norm_out;
@@ -63,7 +67,11 @@ struct WanVae::Decoder {
         stage.resnets.emplace_back(w, p + ".resnets." + std::to_string(r), r == 0 ? layout[i].in_dim : layout[i].out_dim,
                                    layout[i].out_dim, slots);
       if (layout[i].upsample)
-        stage.upsampler = std::make_unique<vae::Upsampler>(w, p + ".upsamplers.0", layout[i].out_dim, layout[i].temporal, slots);
+        stage.upsampler = std::make_unique<vae::Upsampler>(w, p + "." + layout[i].upsampler_name, layout[i].out_dim,
+                                                           layout[i].temporal, slots);
+      stage.duplicate_shortcut = layout[i].duplicate_shortcut;
+      stage.out_dim = layout[i].upsample_dim;
+      stage.time_factor = layout[i].temporal ? 2 : 1;
       stages.push_back(std::move(stage));
     }
     const int64_t last = layout.back().out_dim;
@@ -73,11 +81,15 @@ struct WanVae::Decoder {
   }
 
   // WanDecoder3d.forward on one chunk (one latent frame), with the cache of the chunks before it.
-  vae::FeatureFrames chunk(const ExecContext& ctx, const vae::FeatureFrames& latent, vae::FeatureCache& cache) const {
+  vae::FeatureFrames chunk(const ExecContext& ctx, const vae::FeatureFrames& latent, vae::FeatureCache& cache,
+                           bool first_chunk) const {
     vae::FeatureFrames x = mid->forward(ctx, conv_in.forward(ctx, latent, cache), cache);
     for (const UpStage& stage : stages) {
+      const vae::FeatureFrames input = stage.duplicate_shortcut ? x : vae::FeatureFrames{};
       for (const vae::ResidualBlock& block : stage.resnets) x = block.forward(ctx, x, cache);
       if (stage.upsampler) x = stage.upsampler->forward(ctx, x, cache);
+      if (stage.duplicate_shortcut)
+        vae::add_in_place(ctx, x, vae::duplicate_upsample(ctx, input, stage.out_dim, stage.time_factor, first_chunk));
     }
     vae::rms_norm(ctx, x, norm_out.data(), true);
     return conv_out.forward(ctx, x, cache);
@@ -123,8 +135,8 @@ WanVae WanVae::load(const std::string& directory) {
 Shape WanVae::decoded_shape(const Shape& latent_shape) const {
   if (latent_shape.size() != 5) fail_argument("latent shape", "(1, z_dim, frames, height, width)", shape_str(latent_shape));
   const int64_t spatial = vae::spatial_factor(config_), temporal = vae::temporal_factor(config_);
-  return {latent_shape[0], config_.out_channels, (latent_shape[2] - 1) * temporal + 1, latent_shape[3] * spatial,
-          latent_shape[4] * spatial};
+  return {latent_shape[0], config_.out_channels / (config_.patch_size * config_.patch_size), (latent_shape[2] - 1) * temporal + 1,
+          latent_shape[3] * spatial, latent_shape[4] * spatial};
 }
 
 Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents) const {
@@ -157,18 +169,21 @@ void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const Ten
   const vae::FeatureFrames quantized = decoder_->post_quant.forward(ctx, denormalized, cache);
 
   const int64_t channels = expected[1], out_frames = expected[2], out_height = expected[3], out_width = expected[4];
+  const int64_t patch = config_.patch_size;
   float* out = video.data_as<float>();
   int64_t written = 0;
   for (int64_t t = 0; t < frames; ++t) {
     vae::FeatureFrames latent(1, z, height, width);
     std::memcpy(latent.frame(0), quantized.frame(t), static_cast<size_t>(latent.frame_size()) * sizeof(float));
-    const vae::FeatureFrames decoded = decoder_->chunk(ctx, latent, cache);
+    const vae::FeatureFrames decoded = decoder_->chunk(ctx, latent, cache, t == 0);
+    // Unpatchified as diffusers' unpatchify: channel (c * patch + r) * patch + q of decoded pixel
+    // (y, x) is channel c of video pixel (y * patch + q, x * patch + r); patch 1 copies.
     for (int64_t f = 0; f < decoded.count; ++f, ++written)
       for (int64_t c = 0; c < channels; ++c)
         for (int64_t y = 0; y < out_height; ++y)
           for (int64_t x = 0; x < out_width; ++x)
-            out[((c * out_frames + written) * out_height + y) * out_width + x] =
-                std::clamp(decoded.pixel(f, y, x)[c], -1.0f, 1.0f);
+            out[((c * out_frames + written) * out_height + y) * out_width + x] = std::clamp(
+                decoded.pixel(f, y / patch, x / patch)[(c * patch + x % patch) * patch + y % patch], -1.0f, 1.0f);
   }
   if (written != out_frames) throw Error(detail::concat("Wan VAE: decoded ", written, " frames, expected ", out_frames));
 }
@@ -180,6 +195,13 @@ void WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents,
   const Shape expected = decoded_shape(latents.shape());
   if (video.dtype() != DType::kF32 || video.device() != device || !video.is_contiguous() || video.shape() != expected)
     fail_argument("video", "a contiguous fp32 tensor " + shape_str(expected) + " on " + device.str(), video.describe());
+  // The CUDA decoder is built for Wan 2.1's layout; the caller (WanPipeline) decodes a residual or
+  // patched VAE on the CPU instead.
+  if (config_.is_residual)
+    fail_argument("latents", "a CPU tensor (the CUDA VAE decoder does not have Wan 2.2's residual VAE, is_residual true)",
+                  latents.describe());
+  if (config_.patch_size != 1)
+    fail_argument("latents", "a CPU tensor (the CUDA VAE decoder does not have patched VAEs, patch_size > 1)", latents.describe());
 #ifdef TESSEL_VAE_CUDA
   const vae::cuda::CudaDecoder* decoder = nullptr;
   {

@@ -9,21 +9,27 @@
 
 namespace tessel::vae {
 
-// Frames per latent frame (after the first) and pixels per latent pixel.
+// Frames per latent frame (after the first) and pixels per latent pixel (the patch included).
 int64_t temporal_factor(const WanVaeConfig& config);
 int64_t spatial_factor(const WanVaeConfig& config);
 
 // One decoder up block: num_res_blocks + 1 residual blocks in_dim -> out_dim, then (but for the
 // last stage) an upsampler that doubles height and width (and the frame count when `temporal`)
-// and halves the channels.
+// and makes upsample_dim channels: half of out_dim in Wan 2.1's layout, out_dim in the residual
+// one, where the block also adds its input duplicated up to the output's size (`duplicate_shortcut`,
+// diffusers' DupUp3D). `prefix` names the upsampler's module: diffusers' WanUpBlock keeps it in a list
+// ("upsamplers.0"), WanResidualUpBlock as one module ("upsampler").
 struct DecoderStage {
-  int64_t in_dim = 0, out_dim = 0;
-  bool upsample = false, temporal = false;
+  int64_t in_dim = 0, out_dim = 0, upsample_dim = 0;
+  bool upsample = false, temporal = false, duplicate_shortcut = false;
+  const char* upsampler_name = "upsamplers.0";
 };
 std::vector<DecoderStage> decoder_stages(const WanVaeConfig& config);
 
 // One encoder stage: num_res_blocks residual blocks in_dim -> out_dim, then (but for the last
-// stage) a downsampler that halves height and width (and the frame count when `temporal`).
+// stage) a downsampler that halves height and width (and the frame count when `temporal`). The
+// residual layout groups them in one down block each (diffusers' WanResidualDownBlock, whose
+// AvgDown3D shortcut has no weights); Wan 2.1's is one flat list of modules.
 struct EncoderStage {
   int64_t in_dim = 0, out_dim = 0;
   bool downsample = false, temporal = false;

@@ -174,6 +174,24 @@ void upsample_nearest_2x(const ExecContext& ctx, const FeatureFrames& in, int64_
     for (int64_t x = 0; x < out.width; ++x) std::copy_n(in.pixel(t, y / 2, x / 2), c, out.pixel(out_t, y, x));
 }
 
+FeatureFrames duplicate_upsample(const ExecContext& ctx, const FeatureFrames& in, int64_t out_channels, int64_t time_factor,
+                                 bool first_chunk) {
+  const int64_t repeats = out_channels * time_factor * 4 / in.channels, dropped = first_chunk ? time_factor - 1 : 0;
+  FeatureFrames out(in.count * time_factor - dropped, out_channels, 2 * in.height, 2 * in.width);
+  for (int64_t f = 0; f < out.count; ++f) {
+    const int64_t t = (f + dropped) / time_factor, a = (f + dropped) % time_factor;
+#pragma omp parallel for schedule(static) num_threads(ctx.threads()) if (out.height * out.width * out_channels >= kParallelMinWork)
+    for (int64_t y = 0; y < out.height; ++y)
+      for (int64_t x = 0; x < out.width; ++x) {
+        const float* source = in.pixel(t, y / 2, x / 2);
+        float* target = out.pixel(f, y, x);
+        const int64_t first_value = (a * 2 + y % 2) * 2 + x % 2;  // of output channel 0
+        for (int64_t o = 0; o < out_channels; ++o) target[o] = source[(o * time_factor * 4 + first_value) / repeats];
+      }
+  }
+  return out;
+}
+
 void add_in_place(const ExecContext& ctx, FeatureFrames& x, const FeatureFrames& y) {
   const int64_t n = static_cast<int64_t>(x.data.size());
   float* a = x.data.data();

@@ -81,6 +81,15 @@ inline void rms_norm(const ExecContext& ctx, FeatureFrames& frames, const float*
 // Nearest upsampling by 2 in height and width of frame t (diffusers' "nearest-exact" at scale 2).
 void upsample_nearest_2x(const ExecContext& ctx, const FeatureFrames& in, int64_t t, FeatureFrames& out, int64_t out_t);
 
+// diffusers' DupUp3D, the shortcut of Wan 2.2's residual up blocks: `in`'s channels repeated to
+// out_channels x time_factor x 2 x 2 values per pixel, which become out_channels channels of
+// time_factor frames of 2 x 2 pixels each (value index ((o * time_factor + a) * 2 + b) * 2 + c for
+// frame a, row b, column c). On the first chunk the first time_factor - 1 frames are dropped, as the
+// temporal upsampler does not double the first frame. in.channels must divide out_channels *
+// time_factor * 4 (the config's validate() checks it).
+FeatureFrames duplicate_upsample(const ExecContext& ctx, const FeatureFrames& in, int64_t out_channels, int64_t time_factor,
+                                 bool first_chunk);
+
 // x += y over whole frames of the same shape.
 void add_in_place(const ExecContext& ctx, FeatureFrames& x, const FeatureFrames& y);
 

@@ -114,7 +114,7 @@ TEST(RandomCheckpoint, BadInputIsAnError) {
     write_random_wan_model((dir / "model").string(), "wan-7b");
     FAIL() << "an unknown preset accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("one of tiny, tiny-a14b, tiny-cuda, wan-1.3b, wan-14b"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one of tiny, tiny-a14b, tiny-cuda, tiny-ti2v, wan-1.3b, wan-14b, wan-ti2v-5b"), std::string::npos) << e.what();
   }
 }
 

@@ -15,7 +15,9 @@
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_text_encoder.h"
 #include "tessel/diffusion/wan_vae.h"
+#include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/dit/wan_weights.h"
 
 namespace tessel {
 namespace {
@@ -103,6 +105,37 @@ TEST(TinyWanModel, TheTwoExpertLayoutAddsASecondTransformer) {
   const std::string index = read_bytes(two / "model_index.json");
   EXPECT_NE(index.find("\"boundary_ratio\": 0.875"), std::string::npos) << index;
   EXPECT_EQ(read_bytes(one / "model_index.json").find("boundary_ratio"), std::string::npos);
+}
+
+// Wan 2.2 TI2V-5B's layout: expand_timesteps, flow shift 5, a residual patched VAE of 48 latent
+// channels that fits the 48-channel transformer (WanPipeline accepts the pair).
+TEST(TinyWanModel, TheTi2vLayoutHasTheResidualVaeAndPerTokenTimesteps) {
+  const fs::path dir = temp_dir("tiny_wan_ti2v");
+  write_random_wan_model(dir.string(), "tiny-ti2v", 5);
+  const std::string index = read_bytes(dir / "model_index.json");
+  EXPECT_NE(index.find("\"expand_timesteps\": true"), std::string::npos) << index;
+  EXPECT_DOUBLE_EQ(load_scheduler_config((dir / "scheduler").string()).shift, 5.0);
+  const WanTransformer transformer = WanTransformer::load((dir / "transformer").string());
+  EXPECT_EQ(transformer.config().in_channels, 48);
+  const WanVae vae = WanVae::load((dir / "vae").string());
+  EXPECT_TRUE(vae.config().is_residual);
+  EXPECT_EQ(vae.config().spatial_compression(), 16);
+  EXPECT_EQ(vae.config().latents_std, wan22_vae_config().latents_std);
+  auto scheduler = make_scheduler(SchedulerConfig{});
+  EXPECT_NO_THROW(WanPipeline(transformer, *scheduler, &vae));
+}
+
+// The wan-ti2v-5b preset's sizes, checked without writing its 24 GB: the parameter counts of
+// diffusers' WanTransformer3DModel and AutoencoderKLWan at Wan2.2-TI2V-5B-Diffusers' configs.
+TEST(TinyWanModel, TheTi2v5bConfigsHaveDiffusersParameterCounts) {
+  const auto parameters = [](const std::vector<WeightSpec>& specs) {
+    int64_t total = 0;
+    for (const WeightSpec& spec : specs) total += shape_numel(spec.shape);
+    return total;
+  };
+  EXPECT_EQ(parameters(wan_weight_specs(wan_ti2v_5b_transformer_config())), 4999787712);
+  EXPECT_EQ(parameters(wan_vae_weight_specs(wan22_vae_config())), 704688668);
+  EXPECT_EQ(wan_ti2v_5b_transformer_config().inner_dim(), 3072);
 }
 
 TEST(TinyWanModel, AnUnwritableDirectoryIsAnError) {

@@ -1,7 +1,7 @@
 // `tessel generate` on Wan 2.2's two-expert layout: a directory around the two fixture transformers
 // reaches diffusers' latents (--guidance-2 as guidance_scale_2); `init-model --preset tiny-a14b`
 // writes a directory it runs, each expert with its own sparse config and cache; a bad layout
-// (transformer_2 without boundary_ratio, a ratio outside (0, 1), TI2V's expand_timesteps) and the
+// (transformer_2 without boundary_ratio, a ratio outside (0, 1), an expand_timesteps that is no boolean) and the
 // second expert's flags on a one-expert model are errors.
 #include <gtest/gtest.h>
 
@@ -105,7 +105,7 @@ TEST(GenerateTwoExpertsCli, BadLayoutsAndSecondExpertFlagsAreErrors) {
        "boundary_ratio without transformer_2"},
       {model(make_two_expert_dir("wan22_bad_ratio", R"("transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 1.5)")),
        "boundary_ratio"},
-      {model(make_model_dir("wan22_ti2v", "WanPipeline", R"("transformer_2": null, "expand_timesteps": true)")), "expand_timesteps"},
+      {model(make_model_dir("wan22_ti2v", "WanPipeline", R"("transformer_2": null, "expand_timesteps": "yes")")), "expand_timesteps"},
       {model(one_expert) + " --guidance-2 3", "--guidance-2"},
       {model(one_expert) + " --sparse-attn-config-2 '{}'", "--sparse-attn-config-2"},
   };

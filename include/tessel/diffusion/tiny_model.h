@@ -26,6 +26,14 @@ UMT5Config tiny_umt5_config(int64_t vocab_size);
 // A Wan 2.1-layout VAE (three upsampling stages, two temporal) of base width 4, one residual block
 // per stage, the transformer's 16 latent channels and Wan 2.1's latent statistics.
 WanVaeConfig tiny_wan_vae_config();
+// Wan 2.2 TI2V-5B's layout at tiny sizes: the tiny transformer with 48 latent channels, and a
+// residual, patched VAE (Wan 2.2's structure and latent statistics) of widths 2 (encoder) and 4
+// (decoder), one residual block per stage.
+WanConfig tiny_ti2v_wan_transformer_config();
+WanVaeConfig tiny_ti2v_wan_vae_config();
+// Wan-AI/Wan2.2-TI2V-5B-Diffusers' transformer: 24 heads of 128 (width 3072), 30 layers, FFN 14336,
+// 48 latent channels.
+WanConfig wan_ti2v_5b_transformer_config();
 
 // Writes into `directory` (created when missing; files of the same names are replaced):
 //   model_index.json                 WanPipeline with its components
@@ -36,19 +44,24 @@ WanVaeConfig tiny_wan_vae_config();
 //   tokenizer/spiece.model (a unigram sentencepiece model trained here on a fixed synthetic
 //       corpus, with T5's pad 0, EOS 1, unknown 2), tokenizer_config.json, special_tokens_map.json
 // kTwoExperts adds Wan 2.2 A14B's layout: transformer_2/ (the low-noise expert, the same config,
-// other random weights) and "boundary_ratio" 0.875 in model_index.json.
+// other random weights) and "boundary_ratio" 0.875 in model_index.json. kTi2v is Wan 2.2 TI2V-5B's:
+// "expand_timesteps" true, UniPC with flow shift 5 and tiny_ti2v_wan_vae_config (pass
+// tiny_ti2v_wan_transformer_config as `transformer`).
 // The same seed gives byte-identical files. Throws Error naming the path it cannot write.
-enum class TinyWanLayout { kOneExpert, kTwoExperts };
+enum class TinyWanLayout { kOneExpert, kTwoExperts, kTi2v };
 // `transformer` replaces the tiny transformer's sizes (tiny_cuda_wan_transformer_config for CUDA).
 void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0, TinyWanLayout layout = TinyWanLayout::kOneExpert,
                           const WanConfig& transformer = tiny_wan_transformer_config());
 
-// "tiny", "tiny-a14b", "tiny-cuda", "wan-1.3b", "wan-14b": what write_random_wan_model writes.
+// "tiny", "tiny-a14b", "tiny-cuda", "tiny-ti2v", "wan-1.3b", "wan-14b", "wan-ti2v-5b": what
+// write_random_wan_model writes.
 std::vector<std::string> random_wan_model_presets();
 
 // Writes the directory of `preset`: "tiny" as write_tiny_wan_model, "tiny-a14b" in the two-expert
-// layout, "tiny-cuda" with tiny_cuda_wan_transformer_config; "wan-1.3b" and "wan-14b" at the
-// published sizes (Wan2.1-T2V transformer, UMT5-XXL text encoder, Wan 2.1 VAE) in the same layout,
+// layout, "tiny-cuda" with tiny_cuda_wan_transformer_config, "tiny-ti2v" in the kTi2v layout;
+// "wan-1.3b" and "wan-14b" at the published sizes (Wan2.1-T2V transformer, UMT5-XXL text encoder,
+// Wan 2.1 VAE) in the same layout, "wan-ti2v-5b" at Wan2.2-TI2V-5B's (wan_ti2v_5b_transformer_config,
+// UMT5-XXL, wan22_vae_config, expand_timesteps, flow shift 5),
 // with the tiny tokenizer (the real one is not downloadable; its ids are a subset of UMT5's
 // vocabulary), the transformer and the text encoder in bf16 and the VAE in fp32, sharded at 5 GiB
 // with an index as save_pretrained does. The big presets are streamed to disk a chunk at a time:

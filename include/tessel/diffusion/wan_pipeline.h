@@ -24,13 +24,17 @@
 
 namespace tessel {
 
-// Wan's VAE maps 4k + 1 frames to k + 1 latent frames and 8 x 8 pixels to one latent pixel; the
-// transformer's 2 x 2 patches make 16 pixels the unit of height and width.
+// Wan's VAE maps 4k + 1 frames to k + 1 latent frames and vae_spatial_stride x vae_spatial_stride
+// pixels to one latent pixel (8 for Wan 2.1's VAE, 16 for Wan 2.2's patched one: diffusers'
+// vae_scale_factor_spatial); the transformer's 2 x 2 patches make twice that the unit of height and
+// width (16 or 32 pixels).
 struct WanVideoSize {
   int64_t frames = 81;
   int64_t height = 480;
   int64_t width = 832;
-  // Throws Error naming the field: frames not 4k + 1, height or width not a positive multiple of 16.
+  int64_t vae_spatial_stride = 8;
+  // Throws Error naming the field: frames not 4k + 1, height or width not a positive multiple of
+  // 2 vae_spatial_stride, vae_spatial_stride not 8 or 16.
   void validate() const;
   // (1, channels, latent frames, latent height, latent width).
   Shape latent_shape(int64_t channels) const;
@@ -111,7 +115,9 @@ class WanPipeline {
   // All are borrowed for the pipeline's lifetime; the scheduler is restarted by each generate. The
   // VAE may be null: generate then returns latents only. Throws Error when the transformer's
   // in_channels and out_channels differ (no text-to-video model), or when the VAE's latent channels
-  // are not the transformer's or it does not map 4 frames and 8 x 8 pixels to one latent.
+  // are not the transformer's or it does not map 4 frames and 8 x 8 (Wan 2.1) or 16 x 16 (Wan 2.2's
+  // TI2V VAE) pixels of 3 colours to one latent. generate then wants WanVideoSize's
+  // vae_spatial_stride to be the VAE's.
   WanPipeline(const WanTransformer& transformer, Scheduler& scheduler, const WanVae* vae = nullptr);
   // The two-expert layout: `transformer` is the high-noise expert. Throws Error when the low-noise
   // expert is null, its channels or text width differ from the transformer's, or boundary_ratio is

@@ -1,5 +1,6 @@
-// The Wan video VAE, as diffusers' AutoencoderKLWan (Wan 2.1 layout) computes it, fp32 on the CPU
-// or on a CUDA device (cuDNN convolutions, TF32 allowed by default as PyTorch allows it).
+// The Wan video VAE, as diffusers' AutoencoderKLWan computes it (Wan 2.1's layout and Wan 2.2's
+// residual, patched one), fp32 on the CPU or, for Wan 2.1's layout, on a CUDA device (cuDNN
+// convolutions, TF32 allowed by default as PyTorch allows it).
 //
 // Decoding runs the way diffusers runs it: post_quant_conv over all latent frames, then the decoder
 // one latent frame at a time. Every causal 3-D convolution keeps the last two frames it was given
@@ -7,6 +8,9 @@
 // causal convolution over the whole video; each temporal upsampler skips its time convolution on
 // the first frame. The first latent frame becomes one video frame and every later one four, so
 // T latent frames give 4 (T - 1) + 1 frames of 8x the latent height and width, clamped to [-1, 1].
+// Wan 2.2's residual VAE (is_residual) adds to each up block's output its input duplicated up to the
+// output's size (diffusers' DupUp3D), and its decoder's 12 channels are 2 x 2 patches of the 3
+// colour channels (patch_size 2), unpatchified into 16x the latent height and width.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +27,8 @@
 namespace tessel {
 
 // diffusers' AutoencoderKLWan config (vae/config.json); the defaults are Wan 2.1's VAE (the latent
-// statistics those of its 16 channels). Wan 2.2's residual VAE (is_residual, patch_size) and
-// attention inside the down/up blocks (attn_scales) are rejected by the parser.
+// statistics those of its 16 channels). Attention inside the down/up blocks (attn_scales, which no
+// Wan VAE has) is rejected by the parser.
 struct WanVaeConfig {
   int64_t base_dim = 96;
   int64_t decoder_base_dim = 96;  // base_dim when the config has null
@@ -40,9 +44,22 @@ struct WanVaeConfig {
                                     3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
   int64_t in_channels = 3;
   int64_t out_channels = 3;
+  // Wan 2.2's VAE: residual down and up blocks (AvgDown3D / DupUp3D shortcuts, up blocks that keep
+  // their channels through the upsampler) and in/out channels that are patch_size x patch_size
+  // patches of the 3 colour channels (12 for patch 2). patch_size 1 is diffusers' null.
+  bool is_residual = false;
+  int64_t patch_size = 1;
+  // Pixels per latent pixel (2 per upsampling stage, times patch_size) and frames per latent frame
+  // after the first: diffusers' scale_factor_spatial and scale_factor_temporal.
+  int64_t spatial_compression() const;
+  int64_t temporal_compression() const;
   // Throws Error naming the field when a value is out of range or the lists disagree in length.
   void validate() const;
 };
+
+// Wan 2.2's VAE as Wan-AI/Wan2.2-TI2V-5B-Diffusers configures it: residual, patch 2 (12 in/out
+// channels), encoder width 160, decoder width 256, 48 latent channels with their statistics.
+WanVaeConfig wan22_vae_config();
 
 WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string& source = "config.json");
 // The config.json diffusers writes for `config` (parse_wan_vae_config reads it back).
@@ -65,7 +82,8 @@ class WanVae {
   static WanVae load(const std::string& directory);
 
   // The video shape decoded from latents of `latent_shape` (1, z_dim, T, h, w):
-  // (1, out_channels, 4 (T - 1) + 1, 8 h, 8 w) for Wan's three upsampling stages.
+  // (1, out_channels / patch_size^2, 4 (T - 1) + 1, s h, s w) for Wan's three upsampling stages,
+  // s = spatial_compression() (8 for Wan 2.1's VAE, 16 for Wan 2.2's).
   Shape decoded_shape(const Shape& latent_shape) const;
 
   // latents: (1, z_dim, T, h, w) fp32 contiguous, normalized as the denoising loop produces
@@ -77,6 +95,8 @@ class WanVae {
   // CPU context, must be that device), where the first decode uploads the decoder's weights once
   // and later decodes reuse them. A CUDA decode enqueues on ctx.stream and returns when the stream
   // has finished it; it needs cuDNN (libcudnn.so.9, opened at run time: a missing one is an Error).
+  // The CUDA decoder has Wan 2.1's layout only: a residual or patched VAE on a CUDA device is an
+  // Error naming is_residual / patch_size (WanPipeline then decodes on the CPU, with a warning).
   void decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const;
   Tensor decode(const ExecContext& ctx, const TensorView& latents) const;
 
