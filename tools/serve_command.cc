@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,7 +39,10 @@ struct ServeOptions {
   std::string model_dir;
   std::string served_model_name;
   std::string embeddings;
-  int64_t num_gpus = 1;
+  std::optional<int64_t> num_gpus;  // unset: the parallel layout's product
+  int ulysses = 1;
+  int ring = 1;
+  bool cfg_parallel = false;
   int64_t max_queue = 8;
   int64_t threads = 0;
   std::string device = "cpu";
@@ -80,6 +84,7 @@ std::pair<int64_t, int64_t> parse_default_size(const std::string& text) {
 std::string worker_config_json(SparseAttnConfig config, const ServeOptions& o, int64_t width, int64_t height) {
   const WanConfig model = load_wan_config((fs::path(o.model_dir) / "transformer").string());
   WanVideoSize size{o.frames, height, width};
+  size.vae_spatial_stride = engine::wan_vae_spatial_stride(o.model_dir);
   const Shape latent = size.latent_shape(model.in_channels);
   if (!config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
     config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
@@ -136,17 +141,30 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   runner.flow_shift = o.flow_shift;
   runner.cache = o.cache;
   runner.cache_config = o.cache_config;
+  runner.ulysses = o.ulysses;
+  runner.ring = o.ring;
+  runner.cfg_parallel = o.cfg_parallel;
+  const int64_t workers = static_cast<int64_t>(o.ulysses) * o.ring * (o.cfg_parallel ? 2 : 1);
+  if (o.num_gpus && *o.num_gpus != workers)
+    fail_argument("--num-gpus", detail::concat(workers, ": --ulysses x --ring (x 2 with --cfg-parallel), which say how the ",
+                                               "workers split a request"), *o.num_gpus);
+  if (o.cfg_parallel && o.guidance <= 1.0)
+    fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
+  if (device.is_cuda() && workers > 1 && device.index + workers > cuda_device_count())
+    fail_argument("--ulysses x --ring (x 2 with --cfg-parallel)",
+                  detail::concat("at most the ", cuda_device_count() - device.index, " GPUs from ", device.str()), workers);
 
   engine::EngineConfig config;
   config.model_dir = fs::absolute(o.model_dir).string();
   config.worker_command = {this_executable(), "engine-worker"};
-  config.num_workers = static_cast<int>(o.num_gpus);
+  config.num_workers = static_cast<int>(workers);
   config.max_queue = static_cast<size_t>(o.max_queue);
   config.runner_config_json = engine::wan_runner_config_to_json(runner);
   config.request_timeout = seconds(o.request_timeout_s);
 
   engine::WanRequestLimits limits;
   limits.cache = o.cache;
+  limits.size_multiple = 2 * engine::wan_vae_spatial_stride(config.model_dir);
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   engine::ProcessorRegistry processors;
   engine::register_wan_processors(processors, limits);
@@ -176,7 +194,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   });
   watcher.detach();
   std::printf("tessel serve: listening on http://%s:%d (model %s, %lld worker(s), queue depth %lld)\n", o.server.host.c_str(),
-              port, o.server.api.model_name.c_str(), static_cast<long long>(o.num_gpus), static_cast<long long>(o.max_queue));
+              port, o.server.api.model_name.c_str(), static_cast<long long>(workers), static_cast<long long>(o.max_queue));
   std::fflush(stdout);
   server.run();
 
@@ -211,9 +229,15 @@ CommandRegistration registration{
       app.add_option("--port", o->server.port, "port (0: any free one, printed)")->capture_default_str()->check(integer_in(0, 65535));
       app.add_option("--max-queue", o->max_queue, "requests that may wait; beyond: 429")->capture_default_str()->check(integer_in(1, 100000));
       app.add_option("--api-key", o->server.api_key, "require Authorization: Bearer KEY (all but /health)");
-      app.add_option("--num-gpus", o->num_gpus, "worker processes, one per GPU of the parallel group")
+      app.add_option("--num-gpus", o->num_gpus,
+                     "worker processes, one per GPU of the parallel group (default and only value: --ulysses x --ring, x 2 "
+                     "with --cfg-parallel)")
+          ->check(integer_in(1, 64));
+      app.add_option("--ulysses", o->ulysses, "Ulysses sequence-parallel degree of the worker group (divides the heads)")
           ->capture_default_str()
           ->check(integer_in(1, 64));
+      app.add_option("--ring", o->ring, "Ring sequence-parallel degree of the worker group")->capture_default_str()->check(integer_in(1, 64));
+      app.add_flag("--cfg-parallel", o->cfg_parallel, "the two guidance branches on two workers");
       app.add_option("--threads", o->threads, "CPU threads per worker (default: all)")->check(integer_in(1, 4096));
       app.add_option("--device", o->device,
                      "where each worker runs the transformer and the text encoder: cpu (fp32) or cuda[:N] (bf16)")

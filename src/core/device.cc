@@ -34,20 +34,22 @@ bool cuda_compiled() {
 #endif
 }
 
-bool cuda_available() {
+int cuda_device_count() {
 #ifdef TESSEL_WITH_CUDA
-  static const bool available = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+  static const int count = [] {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
       cudaGetLastError();  // clear the sticky "no driver/no device" error
-      return false;
+      return 0;
     }
-    return count > 0;
+    return devices;
   }();
-  return available;
+  return count;
 #else
-  return false;
+  return 0;
 #endif
 }
+
+bool cuda_available() { return cuda_device_count() > 0; }
 
 }  // namespace tessel

@@ -100,11 +100,8 @@ AttentionStepReport WanSequenceParallel::attend(const ExecContext& ctx, const Sp
   if (module != nullptr) {
     AttentionShape global{batch_, heads_, heads_, head_dim_, seq_, seq_, dtype_, device_};
     mask = module->adapter().executed_mask(ctx, step, global, [&] {
-      if (!device_.is_cpu())
-        fail_argument("sparse attention backend '" + module->adapter().backend()->name() + "' under sequence parallelism on " +
-                          device_.str(),
-                      "a static block mask (a pattern planned once)", "a mask estimated from q and k every step");
-      // A data-dependent mask: every rank estimates it from the whole q and k (the same on all).
+      // A data-dependent mask: every rank estimates it from the whole q and k (the same on all:
+      // the gathered tensors are bit for bit alike and the estimators are deterministic).
       const Shape whole{batch_, seq_, heads_, head_dim_};
       if (!global_q_.defined()) {
         global_q_ = Tensor::empty(whole, dtype_, device_);

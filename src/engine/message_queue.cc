@@ -11,7 +11,7 @@
 #include <ctime>
 #include <utility>
 
-#include "shm_region.h"
+#include "tessel/core/io/shm_region.h"
 #include "tessel/core/error.h"
 
 namespace tessel::engine {

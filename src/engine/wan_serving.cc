@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,8 @@
 #include "tessel/diffusion/wan_text_encoder.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/parallel/communicator.h"
+#include "tessel/parallel/parallel_config.h"
 #include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/registry.h"
 
@@ -51,8 +54,7 @@ class WanRunner final : public PipelineRunner {
       : config_(wan_runner_config_from_json(setup.config_json)), device_(parse_device(config_.device)) {
     if (device_.is_cuda() && !cuda_available())
       fail_argument("worker device", "a device present (no CUDA GPU found, or tessel built without CUDA)", device_.str());
-    if (setup.world_size != 1)
-      fail_argument("number of workers for WanPipeline", "1 (the pipeline runs on one rank)", setup.world_size);
+    join_parallel_group(setup);
     if (!config_.embeddings_file.empty()) {
       const SafetensorsFile embeddings = SafetensorsFile::open(config_.embeddings_file);
       prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
@@ -60,7 +62,9 @@ class WanRunner final : public PipelineRunner {
     } else {
       text_encoder_.emplace(WanTextEncoder::load(setup.model_dir, device_));
     }
-    if (fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
+    vae_spatial_stride_ = wan_vae_spatial_stride(setup.model_dir);
+    // Only rank 0 decodes (the others' latents are the same and nobody reads their output).
+    if (setup.rank == 0 && fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
 
     scheduler_config_ = load_scheduler_config((fs::path(setup.model_dir) / "scheduler").string());
     if (!config_.scheduler.empty()) {
@@ -84,6 +88,9 @@ class WanRunner final : public PipelineRunner {
     const WanPipeline pipeline(transformer, *scheduler, vae_ ? &*vae_ : nullptr);
     ExecContext ctx;
     ctx.num_threads = config_.num_threads;
+    // Every rank stops at the same step: a rank that stopped alone would leave the others waiting
+    // in the next step's collectives. The ranks agree before the first step and after each one.
+    std::atomic<bool> agreed_cancel{agree_on_cancel(control)};
     const auto [prompt_embeds, negative_embeds] = text_embeddings(ctx, request, guided);
     ctx.device = device_;  // the loop on the transformer's device (the embeddings are host tensors)
     RunnerOutput output;
@@ -96,11 +103,16 @@ class WanRunner final : public PipelineRunner {
       options.guidance_scale = request.guidance_scale;
       options.seed = request.seed + static_cast<uint64_t>(i);
       options.size = WanVideoSize{request.frames, request.height, request.width};
-      options.cancel = control.cancel;
+      options.size.vae_spatial_stride = vae_spatial_stride_;
+      options.cancel = &agreed_cancel;
+      options.cfg_group = groups_ ? groups_->cfg.get() : nullptr;
       const std::unique_ptr<CacheBackend> cache = make_cache_backend(cache_name(request), config_.cache_config, transformer.config());
       options.cache = cache.get();
       options.on_step = [&](const WanStepProgress& p) {
-        if (!control.on_progress) return;
+        if (!control.on_progress) {
+          agreed_cancel = agree_on_cancel(control);
+          return;
+        }
         RequestProgress progress;
         progress.step = i * steps + p.step;
         progress.total_steps = total;
@@ -110,6 +122,7 @@ class WanRunner final : public PipelineRunner {
                                static_cast<double>(total - progress.step);
         progress.attention_density = scheduled_density(transformer, p.step - 1, steps);
         control.on_progress(progress);
+        agreed_cancel = agree_on_cancel(control);
       };
       WanGenerationResult result = pipeline.generate(ctx, prompt_embeds, negative_embeds, options);
       output.steps_done += result.steps_done;
@@ -123,9 +136,45 @@ class WanRunner final : public PipelineRunner {
   }
 
  private:
+  // With more than one worker: the group's communicators (shared memory between the processes; on
+  // CUDA a NCCL world bootstrapped over it, each rank on its own GPU) and the parallel groups the
+  // transformer and the pipeline use.
+  void join_parallel_group(const RunnerSetup& setup) {
+    ParallelConfig layout;
+    layout.sp_ulysses_degree = config_.ulysses;
+    layout.sp_ring_degree = config_.ring;
+    layout.cfg_parallel_size = config_.cfg_parallel ? 2 : 1;
+    if (layout.world_size() != setup.world_size)
+      fail_argument("number of workers for WanPipeline",
+                    detail::concat("ulysses x ring (x 2 with cfg_parallel) = ", layout.world_size()), setup.world_size);
+    if (setup.world_size == 1) return;
+    if (setup.group_world.empty()) fail_argument("RunnerSetup.group_world", "the group's shared-memory world", "none");
+    host_world_ = make_shm_communicator(setup.group_world, setup.rank);
+    if (device_.is_cuda()) {
+      device_ = Device::cuda(device_.index + setup.rank);
+      ExecContext ctx;
+      ctx.device = device_;
+      device_world_ = make_nccl_communicator(ctx, *host_world_, device_);
+      groups_.emplace(initialize_parallel_groups(*device_world_, layout));
+    } else {
+      groups_.emplace(initialize_parallel_groups(*host_world_, layout));
+    }
+  }
+
+  // True on every rank when any rank's request was cancelled (its own flag: the engine sets it on
+  // all of them, but each sees it at its own time).
+  bool agree_on_cancel(const RunControl& control) const {
+    const bool mine = control.cancel != nullptr && control.cancel->load();
+    if (!host_world_) return mine;
+    float votes = mine ? 1.0f : 0.0f;
+    host_world_->all_reduce_sum(ExecContext{}, TensorView(&votes, DType::kF32, Device::cpu(), {1}));
+    return votes > 0.0f;
+  }
+
   // The transformer with the sparse-attention setting `config_json` (empty: dense attention).
   WanTransformer load_transformer(const std::string& config_json) {
     WanAttentionOptions attention;
+    attention.parallel = groups_ ? &*groups_ : nullptr;
     if (!config_json.empty()) {
       if (!registry_) {
         registry_ = make_default_registry();
@@ -197,6 +246,10 @@ class WanRunner final : public PipelineRunner {
 
   WanRunnerConfig config_;
   Device device_;
+  std::unique_ptr<Communicator> host_world_;    // the group's shared-memory world (several workers)
+  std::unique_ptr<Communicator> device_world_;  // NCCL over it, on CUDA
+  std::optional<ParallelGroups> groups_;
+  int64_t vae_spatial_stride_ = WanVideoSize{}.vae_spatial_stride;
   Tensor prompt_embeds_;
   Tensor negative_embeds_;
   SchedulerConfig scheduler_config_;
@@ -239,12 +292,18 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
 // coefficients passes them on).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
                                                 sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
-                                                cache_config, flow_shift)
+                                                cache_config, flow_shift, ulysses, ring, cfg_parallel)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }
 
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
   return nlohmann::json::parse(json_text).get<WanRunnerConfig>();
+}
+
+int64_t wan_vae_spatial_stride(const std::string& model_dir) {
+  const fs::path config = fs::path(model_dir) / "vae" / "config.json";
+  if (!fs::is_regular_file(config)) return WanVideoSize{}.vae_spatial_stride;
+  return parse_wan_vae_config(read_file_bounded(config.string(), 1 << 20, "VAE config"), config.string()).spatial_compression();
 }
 
 void register_wan_runner(RunnerRegistry& runners) {
@@ -260,8 +319,9 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
       fail_argument("negative_prompt", detail::concat("at most ", limits.max_prompt_bytes, " bytes"), r.negative_prompt.size());
     check_at_most("width", r.width, 16, limits.max_width);
     check_at_most("height", r.height, 16, limits.max_height);
-    if (r.width % 16 != 0) fail_argument("width", "a multiple of 16", r.width);
-    if (r.height % 16 != 0) fail_argument("height", "a multiple of 16", r.height);
+    const std::string multiple = detail::concat("a multiple of ", limits.size_multiple, " (the model's VAE stride x the patch)");
+    if (r.width % limits.size_multiple != 0) fail_argument("width", multiple, r.width);
+    if (r.height % limits.size_multiple != 0) fail_argument("height", multiple, r.height);
     if (r.kind == OutputKind::kImage && r.frames != 1) fail_argument("frames", "1 for an image", r.frames);
     check_at_most("frames", r.frames, 1, limits.max_frames);
     if ((r.frames - 1) % 4 != 0) fail_argument("frames", "4k + 1 (1, 5, 9, ..., 81, ...)", r.frames);

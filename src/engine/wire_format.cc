@@ -13,7 +13,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GenerationRequest, id, kind, prompt, negative
                                    num_inference_steps, guidance_scale, seed, fps, sparse_attention, cache)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestProgress, step, total_steps, step_seconds, elapsed_seconds, eta_seconds,
                                    attention_density, device_memory_used_bytes)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunnerSetup, model_dir, rank, world_size, config_json)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunnerSetup, model_dir, rank, world_size, config_json, group_world)
 
 }  // namespace tessel::engine
 

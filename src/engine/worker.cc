@@ -63,8 +63,8 @@ int64_t device_memory_used_bytes() {
 #endif
 }
 
-// Runs one generation; rank 0 sends the progress and the result.
-void serve_generation(const wire::Message& message, PipelineRunner& runner, WorkerControlBlock& control,
+// Runs one generation; rank 0 sends the progress and the result. False when the runner threw.
+bool serve_generation(const wire::Message& message, PipelineRunner& runner, WorkerControlBlock& control,
                       MessageQueue* results, int rank, pid_t parent) {
   const auto engine_gone = [parent] { return getppid() != parent; };
   const uint64_t seq = message.header.at("seq").get<uint64_t>();
@@ -81,6 +81,7 @@ void serve_generation(const wire::Message& message, PipelineRunner& runner, Work
   };
   nlohmann::json header = {{"type", "result"}, {"seq", seq}};
   std::string payload;
+  bool ran = true;
   try {
     RunnerOutput output = runner.run(request, run_control);
     header["status"] = output.cancelled ? "cancelled" : "succeeded";
@@ -91,10 +92,12 @@ void serve_generation(const wire::Message& message, PipelineRunner& runner, Work
     header["status"] = "failed";
     header["error"] = e.what();
     header["steps_done"] = 0;
+    ran = false;
   }
   if (results != nullptr && !results->send(wire::encode(header, payload), kSendTimeout, engine_gone))
     log_message(LogLevel::kError, detail::concat("worker rank ", rank, ": the engine took no result for request ",
                                                  request.id, " (result queue full or closed)"));
+  return ran;
 }
 
 }  // namespace
@@ -104,6 +107,7 @@ int run_worker(const WorkerArgs& args, const RunnerRegistry& runners) {
   ShmRegion control_region = ShmRegion::open(control_block_name(args.channel), sizeof(WorkerControlBlock), "worker control block");
   WorkerControlBlock& control = open_control(control_region);
   std::unique_ptr<PipelineRunner> runner;
+  int world_size = 1;
   MessageQueue requests;
   std::optional<MessageQueue> results;
   try {
@@ -116,6 +120,7 @@ int run_worker(const WorkerArgs& args, const RunnerRegistry& runners) {
     TESSEL_CHECK(init->type() == "init", "expected an init message first, got ", quoted_excerpt(init->type()));
     RunnerSetup setup = wire::setup_from_json(init->header.at("setup"));
     setup.rank = args.rank;
+    world_size = setup.world_size;
     runner = runners.make(init->header.at("model_type").get<std::string>(), setup);
   } catch (const std::exception& e) {
     record_startup_failure(control, args.rank, e.what());
@@ -125,7 +130,15 @@ int run_worker(const WorkerArgs& args, const RunnerRegistry& runners) {
   for (;;) {
     const std::optional<wire::Message> message = receive_while_parent_lives(requests, parent);
     if (!message || message->type() == "shutdown") return 0;
-    if (message->type() == "generate") serve_generation(*message, *runner, control, results ? &*results : nullptr, args.rank, parent);
+    if (message->type() != "generate") continue;
+    const bool ran = serve_generation(*message, *runner, control, results ? &*results : nullptr, args.rank, parent);
+    // A rank of a parallel group that failed may have left its peers waiting in a collective (or
+    // been left by them): it exits, so that their collectives fail too and the engine restarts the
+    // whole group in a known state.
+    if (!ran && world_size > 1) {
+      log_message(LogLevel::kError, detail::concat("worker rank ", args.rank, ": leaving the group after a failed request"));
+      return 3;
+    }
   }
 }
 

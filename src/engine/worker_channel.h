@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "shm_region.h"
+#include "tessel/core/io/shm_region.h"
 #include "tessel/engine/message_queue.h"
 
 namespace tessel::engine {

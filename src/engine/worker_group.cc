@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "tessel/core/error.h"
@@ -38,6 +39,7 @@ std::string describe_exit(int status) {
 
 struct WorkerGroup::Channel {
   ShmRegion control_region;
+  std::optional<ShmWorld> world;  // the ranks' communicator world, with more than one worker
   MessageQueue requests;
   MessageQueue results;
   WorkerControlBlock& control() const { return *static_cast<WorkerControlBlock*>(control_region.data()); }
@@ -65,7 +67,12 @@ void WorkerGroup::start() {
   request_ring.num_readers = static_cast<uint32_t>(config_.num_workers);
   channel->requests = MessageQueue::create(request_queue_name(prefix), request_ring);
   channel->results = MessageQueue::create(result_queue_name(prefix), kResultRing, 0);
-  const nlohmann::json init = {{"type", "init"}, {"model_type", config_.model_type}, {"setup", wire::setup_to_json(config_.setup)}};
+  RunnerSetup setup = config_.setup;
+  if (config_.num_workers > 1) {
+    channel->world.emplace(ShmWorld::create(prefix + "-world", config_.num_workers));
+    setup.group_world = channel->world->name();
+  }
+  const nlohmann::json init = {{"type", "init"}, {"model_type", config_.model_type}, {"setup", wire::setup_to_json(setup)}};
   TESSEL_CHECK(channel->requests.send(wire::encode(init), kSendTimeout), "worker group: cannot queue the init message");
   channel_ = std::move(channel);
 
@@ -221,6 +228,12 @@ WorkerOutcome WorkerGroup::execute(RunningRequest& request, const std::function<
     }
     if (!timed_out && Clock::now() > deadline) timed_out = true;
     if (request.cancel_requested.load() || timed_out) channel_->control().cancel_seq = seq;
+    if (timed_out && Clock::now() > deadline + config_.stuck_grace) {
+      outcome.error = detail::concat("timed out, and the workers did not stop within ", config_.stuck_grace.count(),
+                                     " ms of the cancellation; the group was restarted");
+      restart("request " + request.request.id + " left the workers stuck");
+      return outcome;
+    }
     if (const std::string dead = reap_dead_worker(); !dead.empty()) {
       outcome.error = dead + " while running request " + request.request.id;
       restart(dead);

@@ -3,7 +3,8 @@
 // awaited until each reports ready. Runs one request at a time on the group: broadcasts it,
 // forwards rank 0's progress, signals cancellation, and watches the processes (waitpid); a dead
 // worker fails the request it was running with the reason and the whole group is started again
-// (a parallel group cannot go on without one of its ranks).
+// (a parallel group cannot go on without one of its ranks). A group of several workers also gets a
+// shared-memory world (RunnerSetup::group_world) over which its ranks build their communicators.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +19,7 @@
 #include "tessel/engine/pipeline_runner.h"
 #include "tessel/engine/request.h"
 #include "tessel/engine/request_scheduler.h"
+#include "tessel/parallel/communicator.h"
 
 namespace tessel::engine {
 
@@ -27,6 +29,9 @@ struct WorkerGroupConfig {
   std::string model_type;
   RunnerSetup setup;  // rank and world_size filled per worker
   std::chrono::milliseconds start_timeout{120000};
+  // How long a request may go on after its deadline once cancelled: a group that has not answered
+  // by then is taken as stuck (a rank waiting in a collective for one that failed) and restarted.
+  std::chrono::milliseconds stuck_grace{30000};
   std::string channel_prefix;  // "/tessel-<pid>" unless set
 };
 

@@ -11,7 +11,10 @@
 #include "token_permutation.h"
 
 #ifdef TESSEL_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "device_estimate_state.h"
+#include "tessel/sparse/estimators/device_mask_estimation.h"
 #endif
 
 namespace tessel {
@@ -220,10 +223,27 @@ class EstimatingImpl : public Impl {
     return ForwardStats{mask.density(), estimate_ms};
   }
 
-  // The host estimator's mask (the same one forward() estimates for CPU tensors).
+  // The mask forward() would attend with: the host estimator's for CPU tensors; for CUDA tensors
+  // the device estimator's, estimated in stream order into the plan's device mask and copied to the
+  // host (this synchronizes with ctx.stream: callers that cut the mask per rank need it there).
   std::optional<BlockMask> executed_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
                                          const Metadata& metadata, const StepInfo& step) override {
-    if (!q.device().is_cpu()) return std::nullopt;
+    if (!q.device().is_cpu()) {
+#ifdef TESSEL_WITH_CUDA
+      const auto* device = dynamic_cast<const DeviceEstimateMetadata*>(&metadata);
+      if (device == nullptr) return std::nullopt;
+      check_forward_shape(metadata, q, k, k);
+      DeviceEstimatedMask& mask = device->state->mask();
+      device_estimator_.estimate(ctx, q, k, metadata.spec, step, mask);
+      const cudaError_t status = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(ctx.stream));
+      if (status != cudaSuccess) throw Error(detail::concat("estimator of backend '", name_, "': ", cudaGetErrorString(status)));
+      BlockMask host = mask.to_host();
+      check_mask_geometry(host, metadata.spec, metadata.shape, "device estimator of backend '" + name_ + "'");
+      return host;
+#else
+      return std::nullopt;
+#endif
+    }
     BlockMask mask = apply_always_keep(metadata.spec, estimator_(ctx, q, k, metadata.spec, step, metadata.shape));
     check_mask_geometry(mask, metadata.spec, metadata.shape, "estimator of backend '" + name_ + "'");
     return mask;

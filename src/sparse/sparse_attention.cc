@@ -156,7 +156,7 @@ std::optional<BlockMask> DiTSparseAttentionAdapter::executed_mask(
   this_layer.density = density;
   const auto [q, k] = global_qk();
   std::optional<BlockMask> mask = impl_->executed_mask(ctx, q, k, *metadata, this_layer);
-  if (!mask) unexposed("a mask it does not expose (plugin, or estimated on the device)");
+  if (!mask) unexposed("a mask it does not expose (a plugin's)");
   return mask;
 }
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "mpi_test_main.h"
+#include "multi_process_test_main.h"
 #include "parallel/parallel_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
@@ -27,7 +27,7 @@
 namespace tessel {
 namespace {
 
-Communicator& world() { return testing::mpi_world(); }
+Communicator& world() { return testing::test_world(); }
 
 // Outputs of one process and of several differ by the order of fp32 sums (Ring merges partial
 // results by LSE); a wrong shard, position or mask moves them by more than 1e-2.

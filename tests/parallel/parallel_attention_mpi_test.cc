@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "mpi_test_main.h"
+#include "multi_process_test_main.h"
 #include "parallel_test_util.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
@@ -28,7 +28,7 @@
 namespace tessel {
 namespace {
 
-Communicator& world() { return testing::mpi_world(); }
+Communicator& world() { return testing::test_world(); }
 
 using testing::error_of;
 
@@ -38,10 +38,10 @@ Tensor floats(std::initializer_list<int64_t> shape, float value = 0.0f) {
   return t;
 }
 
-TEST(MpiCommunicator, AllToAllAllGatherAllReduceRingAndSplit) {
+TEST(WorldCommunicator, AllToAllAllGatherAllReduceRingAndSplit) {
   const ExecContext ctx;
   const int n = world().size(), me = world().rank();
-  EXPECT_EQ(world().engine(), "mpi");
+  EXPECT_EQ(world().engine(), testing::test_world_engine());
   Tensor send = floats({n, 2}), recv = floats({n, 2});
   for (int i = 0; i < n * 2; ++i) send.data_as<float>()[i] = static_cast<float>(me * 100 + i);
   world().all_to_all(ctx, send, recv);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,31 @@ TEST(DynamicBackendsGpu, OutputMatchesTheReferenceOnTheDeviceMask) {
     const ForwardStats second = impl->forward(ExecContext{}, t.q, t.k, t.v, *metadata, StepInfo{}, out, lse);
     EXPECT_NEAR(second.density, mask.density(), 1e-12);
     EXPECT_GT(second.estimate_ms, 0.0);
+  }
+}
+
+// What sequence parallelism cuts per rank: executed_mask on CUDA tensors is the device
+// estimator's mask, on the host, the one forward() attends with (the same mask twice, since the
+// estimators are deterministic), and repeated calls give the same mask.
+TEST(DynamicBackendsGpu, ExecutedMaskIsTheMaskForwardAttendsWith) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 51;
+  for (const std::string pattern : {"dynamic_topk", "threshold"}) {
+    SCOPED_TRACE(pattern);
+    const DevicePlan p = plan_on_device(pattern, seed++);
+    const std::optional<BlockMask> executed = p.impl->executed_mask(ExecContext{}, p.t.q, p.t.k, *p.metadata, StepInfo{});
+    ASSERT_TRUE(executed.has_value());
+    EXPECT_GT(executed->density(), 0.0);
+    EXPECT_LT(executed->density(), 1.0);
+    const std::optional<BlockMask> again = p.impl->executed_mask(ExecContext{}, p.t.q, p.t.k, *p.metadata, StepInfo{});
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->indptr(), executed->indptr());
+    EXPECT_EQ(again->indices(), executed->indices());
+    Tensor out = testing::poisoned({kBatch, kSeq, kHeads, kDim}, DType::kBF16).to(Device::cuda());
+    p.impl->forward(ExecContext{}, p.t.q, p.t.k, p.t.v, *p.metadata, StepInfo{}, out, {});
+    const BlockMask attended = device_estimated_mask(*p.metadata);
+    EXPECT_EQ(attended.indptr(), executed->indptr());
+    EXPECT_EQ(attended.indices(), executed->indices());
   }
 }
 

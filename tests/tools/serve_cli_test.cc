@@ -14,6 +14,7 @@
 #include "run_tessel.h"
 #include "serve_process.h"
 #include "tessel/core/device.h"
+#include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/tiny_model.h"
 
 // Whether this test (and the server it starts, built alike) runs under a sanitizer.
@@ -322,6 +323,111 @@ TEST(ServeCli, AKilledWorkerFailsItsRequestAndTheNextSucceeds) {
   EXPECT_EQ(health["status"], "ok");
   EXPECT_EQ(health["worker_restarts"], 1);
   EXPECT_NE(health["workers"][0], worker);
+}
+
+// The latents of one image request (the embeddings server has no VAE: its images are safetensors).
+std::vector<float> served_latents(const std::vector<std::string>& extra) {
+  ServeProcess server(embeddings_server_args(extra));
+  EXPECT_NE(server.port(), 0) << server.log();
+  if (server.port() == 0) return {};
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  const auto result = client.Post("/v1/images/generations", R"({"prompt": "p", "size": "80x48", "seed": 11, "num_inference_steps": 3})",
+                                  "application/json");
+  EXPECT_TRUE(result);
+  if (!result) return {};
+  EXPECT_EQ(result->status, 200) << result->body << server.log();
+  const json health = body_of(client.Get("/health"));
+  EXPECT_EQ(health["workers"].size(), extra.empty() ? 1u : std::stoul(extra.back())) << health.dump();
+  const fs::path file = fs::path(::testing::TempDir()) / ("served_latents_" + std::to_string(getpid()) + ".safetensors");
+  std::ofstream(file, std::ios::binary) << base64_decode(body_of(result)["data"][0]["b64_json"].get<std::string>());
+  const Tensor latents = SafetensorsFile::open(file.string()).load("output_0");
+  fs::remove(file);
+  return std::vector<float>(latents.data_as<float>(), latents.data_as<float>() + latents.numel());
+}
+
+// A worker group under Ulysses, Ring, CFG-parallel and their product answers what one worker
+// answers (to fp32 rounding: Ring merges partial attention by LSE in another order), on 5 x 3
+// patches: 15 tokens, which 2 and 4 ranks split unevenly.
+TEST(ServeCli, AParallelWorkerGroupAnswersAsOneWorker) {
+  const std::vector<float> one = served_latents({});
+  ASSERT_FALSE(one.empty());
+  for (const std::vector<std::string>& layout : std::vector<std::vector<std::string>>{
+           {"--ulysses", "2", "--num-gpus", "2"},
+           {"--ring", "2", "--num-gpus", "2"},
+           {"--cfg-parallel", "--num-gpus", "2"},
+           {"--ulysses", "2", "--cfg-parallel", "--num-gpus", "4"}}) {
+    const std::vector<float> group = served_latents(layout);
+    ASSERT_EQ(group.size(), one.size()) << layout[0];
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < one.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(group[i] - one[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(one[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << layout[0] << " " << layout[1];
+    std::printf("%s %s: largest difference %.3g (scale %.3g)\n", layout[0].c_str(), layout[1].c_str(), worst, scale);
+    std::fflush(stdout);
+  }
+}
+
+TEST(ServeCli, AParallelLayoutMustMatchTheWorkersAndTheModel) {
+  const fs::path log = fs::path(::testing::TempDir()) / ("serve_layout_" + std::to_string(getpid()) + ".txt");
+  const TesselRun count = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 --ulysses 2 --num-gpus 3", log);
+  EXPECT_NE(count.status, 0);
+  EXPECT_NE(count.out.find("--num-gpus: expected 2: --ulysses x --ring"), std::string::npos) << count.out;
+  const TesselRun unguided = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 --cfg-parallel --guidance 1", log);
+  EXPECT_NE(unguided.status, 0);
+  EXPECT_NE(unguided.out.find("--cfg-parallel"), std::string::npos) << unguided.out;
+  // The tiny model has 2 heads: Ulysses 4 cannot split them; the workers say so and the server
+  // does not start.
+  const TesselRun heads = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 --threads 1 --ulysses 4", log);
+  EXPECT_NE(heads.status, 0);
+  EXPECT_NE(heads.out.find("a worker could not start"), std::string::npos) << heads.out;
+  EXPECT_NE(heads.out.find("head"), std::string::npos) << heads.out;
+}
+
+// A rank of a group killed mid-request: the request fails naming it, the whole group is started
+// again (its other rank would wait for the dead one), and the next request succeeds.
+TEST(ServeCli, AKilledRankFailsTheGroupsRequestAndTheGroupRestarts) {
+  ServeProcess server(server_args({"--ulysses", "2"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const json before = body_of(client.Get("/health"));
+  ASSERT_EQ(before["workers"].size(), 2u) << before.dump();
+  const int rank1 = before["workers"][1];
+  const std::string id = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  poll_video(client, id, [](const json& v) { return v["step"] >= 1; });
+  ASSERT_EQ(kill(rank1, SIGKILL), 0);
+  const json failed = poll_video(client, id, is_final);
+  EXPECT_EQ(failed["status"], "failed");
+  const std::string message = failed["error"]["message"].get<std::string>();
+  EXPECT_TRUE(message.find("killed by signal 9") != std::string::npos || message.find("rank 1") != std::string::npos) << message;
+  const auto next = client.Post("/v1/images/generations", R"({"prompt": "after the crash"})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
+  const json after = body_of(client.Get("/health"));
+  EXPECT_EQ(after["status"], "ok");
+  EXPECT_GE(after["worker_restarts"], 1);
+  EXPECT_NE(after["workers"][1], rank1);
+}
+
+// Wan 2.2 TI2V-5B's layout (expand_timesteps, the residual VAE of stride 16): sizes are multiples
+// of 32, and a request that is not one gets a 400 naming the field before any work.
+TEST(ServeCli, ATi2vModelServesSizesOfItsVaeStride) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("serve_ti2v_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  write_random_wan_model(dir.string(), "tiny-ti2v", 5);
+  ServeProcess server({"--model", dir.string(), "--threads", "1", "--size", "64x32", "--frames", "5", "--steps", "2"});
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const auto image = client.Post("/v1/images/generations", R"({"prompt": "a cube", "size": "64x32"})", "application/json");
+  ASSERT_TRUE(image);
+  EXPECT_EQ(image->status, 200) << image->body;
+  const auto refused = client.Post("/v1/images/generations", R"({"prompt": "a cube", "size": "48x32"})", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(body_of(refused)["error"]["param"], "width");
+  fs::remove_all(dir);
 }
 
 TEST(ServeCli, SigtermDrainsRunningWorkAndExitsZero) {

@@ -24,6 +24,8 @@ Device parse_device(std::string_view name);  // "cpu", "cuda", "cuda:N"; throws 
 
 // True when tessel was built with CUDA and at least one GPU is visible at run time.
 bool cuda_available();
+// The GPUs visible at run time (0 without CUDA, a driver or a GPU).
+int cuda_device_count();
 // True when tessel was built with CUDA support compiled in (whether or not a GPU is present).
 bool cuda_compiled();
 

@@ -16,9 +16,11 @@
 #include <string>
 #include <string_view>
 
-namespace tessel::engine {
-
+namespace tessel {
 class ShmRegion;
+}  // namespace tessel
+
+namespace tessel::engine {
 
 struct MessageQueueShape {
   uint32_t num_readers = 1;    // 1..kMaxReaders

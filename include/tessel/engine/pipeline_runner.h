@@ -44,6 +44,9 @@ struct RunnerSetup {
   int rank = 0;
   int world_size = 1;
   std::string config_json = "{}";
+  // With more than one worker: the ShmWorld the group's processes join (make_shm_communicator), made
+  // by the WorkerGroup for each start of the group; empty for one worker.
+  std::string group_world;
 };
 
 using RunnerFactory = std::function<std::unique_ptr<PipelineRunner>(const RunnerSetup& setup)>;

@@ -39,6 +39,13 @@ struct WanRunnerConfig {
   std::string cache = "none";
   CacheConfig cache_config;
   double flow_shift = 0.0;             // > 0 replaces the scheduler's shift
+  // The parallel layout of the worker group (its product is the number of workers): the Ulysses
+  // and Ring degrees of the sequence parallelism and CFG-parallel (the two guidance branches on
+  // two ranks). On CUDA, rank r runs on the GPU `device`'s index + r, over NCCL; on the CPU the
+  // ranks communicate through shared memory. Rank 0 decodes and answers.
+  int ulysses = 1;
+  int ring = 1;
+  bool cfg_parallel = false;
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text);
@@ -50,11 +57,16 @@ struct WanRequestLimits {
   int64_t max_frames = 129;
   int64_t max_steps = 100;
   int64_t max_outputs = 4;
+  int64_t size_multiple = 16;  // 2 x wan_vae_spatial_stride of the model
   size_t max_prompt_bytes = 4096;
   double max_guidance = 50.0;
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
   std::string cache = "none";  // the server's step cache: a request may name it or "none"
 };
+
+// Pixels per latent pixel of the model directory's VAE (vae/config.json: 8 for Wan 2.1's VAE, 16 for
+// Wan 2.2's; 8 without vae/): request sizes are multiples of twice this (the patch is 2 x 2).
+int64_t wan_vae_spatial_stride(const std::string& model_dir);
 
 void register_wan_runner(RunnerRegistry& runners);
 // Pre-processing: size (multiples of 16 within the limits), frames (4k + 1; 1 for an image),

@@ -1,7 +1,9 @@
 // Communicator: the collective and point-to-point operations the parallel attention strategies
-// need, over one group of processes (ranks 0 .. size()-1). Two engines implement it:
-//   MPI   for CPU tensors (make_mpi_world_communicator), launched with mpirun;
-//   NCCL  for CUDA tensors (make_nccl_communicator), bootstrapped over another communicator.
+// need, over one group of processes (ranks 0 .. size()-1). Three engines implement it:
+//   MPI            for CPU tensors (make_mpi_world_communicator), launched with mpirun;
+//   shared memory  for CPU tensors of processes on one host started by another process (the
+//                  engine's workers; make_shm_communicator), without MPI;
+//   NCCL           for CUDA tensors (make_nccl_communicator), bootstrapped over another communicator.
 // Every operation that moves data takes the execution context first: on CUDA it is enqueued on
 // ctx.stream (no host synchronization), on the CPU it has completed when the call returns.
 //
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "tessel/core/exec_context.h"
+#include "tessel/core/io/shm_region.h"
 #include "tessel/core/tensor.h"
 
 namespace tessel {
@@ -110,6 +113,35 @@ struct TcpRendezvous {
 // every rank has received it. Throws Error naming the address when a rank does not arrive within
 // the timeout or a connection fails.
 std::vector<uint8_t> tcp_broadcast(const TcpRendezvous& rendezvous, const std::vector<uint8_t>& payload);
+
+// ---- processes of one host, without MPI ------------------------------------------------------
+
+// The shared memory through which `size` processes of one host communicate (make_shm_communicator):
+// a barrier table, each rank's pid and one staging slot per rank. The process that starts the
+// others (the engine) creates it before they join and unlinks it when this object dies; processes
+// that joined keep their mapping until their communicators die.
+class ShmWorld {
+ public:
+  // `name`: '/' then up to 199 characters without '/' (an existing object of that name is
+  // replaced). `size`: 1..256 ranks. `slot_bytes`: each rank's staging buffer (rounded up to 64
+  // bytes, at least 4 KiB); a larger transfer passes through it in pieces. Throws Error naming the
+  // argument.
+  static ShmWorld create(const std::string& name, int size, size_t slot_bytes = size_t{4} << 20);
+  const std::string& name() const { return region_.name(); }
+  int size() const { return size_; }
+
+ private:
+  ShmRegion region_;
+  int size_ = 0;
+};
+
+// A communicator over the processes of the ShmWorld `name`, for CPU tensors, as rank `rank`;
+// returns once every rank has joined (Error when they have not within `join_timeout_s`). Each
+// collective moves its data through the staging slots (two barriers per piece) and waits on
+// futexes, so waiting ranks use no CPU. A member that exits while others wait for it makes their
+// call throw Error naming it instead of hanging; the world is unusable after that (start another).
+// split() gives groups within the world, as the parallel groups need.
+std::unique_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, double join_timeout_s = 120.0);
 
 // ---- NCCL ------------------------------------------------------------------------------------
 

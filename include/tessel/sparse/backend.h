@@ -138,8 +138,8 @@ class Impl {
                                const TensorView& lse) = 0;
   // For callers that run the attention themselves (sequence parallelism cuts the mask per rank):
   // the block mask forward() would execute on the global q and k with this plan and step, in the
-  // caller's token order. nullopt when the backend cannot expose it: the default (plugins), and
-  // masks estimated on the device.
+  // caller's token order. nullopt when the backend cannot expose it: the default (plugins). A mask
+  // estimated on the device is estimated there and copied to the host (synchronizing ctx.stream).
   virtual std::optional<BlockMask> executed_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
                                                  const Metadata& metadata, const StepInfo& step);
 };

@@ -101,8 +101,9 @@ class DiTSparseAttentionAdapter {
   // (sequence parallelism): the block mask forward() would execute at `step` for the global
   // tensors of `shape`, or nullopt when the layer runs dense at this step. A static pattern's mask
   // comes from the (cached) plan; a data-dependent one is estimated on the global q and k that
-  // `global_qk` returns (called only then). Throws Error when the backend cannot expose its mask
-  // (plugins, token-permuted patterns, masks estimated on the device).
+  // `global_qk` returns (called only then; on CUDA by the device estimator, then copied to the
+  // host, which synchronizes ctx.stream). Throws Error when the backend cannot expose its mask
+  // (plugins, token-permuted patterns).
   std::optional<BlockMask> executed_mask(const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape,
                                          const std::function<std::pair<TensorView, TensorView>()>& global_qk) const;
 

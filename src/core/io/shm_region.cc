@@ -1,4 +1,4 @@
-#include "shm_region.h"
+#include "tessel/core/io/shm_region.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include "tessel/core/error.h"
 
-namespace tessel::engine {
+namespace tessel {
 
 ShmRegion ShmRegion::create(const std::string& name, size_t bytes) {
   if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos || name.size() > 200)
@@ -73,4 +73,4 @@ ShmRegion::~ShmRegion() {
   owner_ = false;
 }
 
-}  // namespace tessel::engine
+}  // namespace tessel

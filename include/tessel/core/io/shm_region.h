@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-namespace tessel::engine {
+namespace tessel {
 
 class ShmRegion {
  public:
@@ -33,4 +33,4 @@ class ShmRegion {
   bool owner_ = false;
 };
 
-}  // namespace tessel::engine
+}  // namespace tessel
