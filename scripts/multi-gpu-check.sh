@@ -9,8 +9,11 @@
 #      1.3B 480p shape (32,760 tokens, 12 heads), dense and block-sparse at density 0.2;
 #   2b. the Wan transformer's CUDA forward under every layout: `tessel dit-bench --device cuda --check`
 #      (Wan 1.3B, 2 blocks, 17 frames at 240x416: 1,950 tokens) under Ulysses N, Ring N, USP 2xN/2 and
-#      CFG-parallel x Ulysses N/2, dense and radial: the whole output against one GPU's forward of the
-#      same weights, within rel-L2 2e-2 (bf16 GEMMs of other row counts round differently);
+#      CFG-parallel x Ulysses N/2, dense, radial and dynamic top-k (estimated on the device from the
+#      gathered q and k): the whole output against one GPU's forward of the same weights, within
+#      rel-L2 2e-2 (bf16 GEMMs of other row counts round differently);
+#   2c. `tessel serve --device cuda` with a worker group (Ulysses N, Ring N, USP 2 x N/2)
+#      on the tiny CUDA model: an image request answered, its time against one worker's;
 #   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs (Ulysses N), 14B 720p
 #      81 frames and 1.3B 480p, dense and sparse (radial), the memory per GPU (nvidia-smi's peak
 #      during the run), the bytes sent, and (N > 1, --check) the last step against one GPU's;
@@ -19,13 +22,16 @@
 #          --gpus "2 4" (world sizes to run; those above the visible GPU count are skipped),
 #          --launcher mpirun|env (default: mpirun when on PATH, else one process per GPU started
 #          here with TESSEL_RANK / TESSEL_WORLD_SIZE and a TCP rendezvous),
-#          --skip-correctness (1 and 2b), --skip-attention, --skip-dit, --steps N (timed steps, default 3).
+#          --skip-correctness (1, 2b and 2c), --skip-attention, --skip-dit, --steps N (timed steps, default 3),
+#          --dit-models "wan-14b wan-1.3b" (the models of 3), --skip-sp-check (1 alone), --skip-dit-check (2b alone),
+#          --run-timeout S (each multi-rank run is stopped after S seconds, default 300: a hang fails
+#          its row instead of the whole check).
 # Exit status: 1 when any correctness case fails (a mismatch, or a run that did not finish).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build-cuda/bin" OUTDIR="$PWD/multi-gpu-out" GPUS="2 4" LAUNCHER="" STEPS=3
-RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1
+RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1 RUN_SP_CHECK=1 RUN_DIT_CHECK=1 DIT_MODELS="wan-14b wan-1.3b" RUN_TIMEOUT=300
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -33,6 +39,10 @@ while [[ $# -gt 0 ]]; do
     --gpus) GPUS="$2"; shift 2 ;;
     --launcher) LAUNCHER="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
+    --dit-models) DIT_MODELS="$2"; shift 2 ;;
+    --skip-sp-check) RUN_SP_CHECK=0; shift ;;
+    --skip-dit-check) RUN_DIT_CHECK=0; shift ;;
+    --run-timeout) RUN_TIMEOUT="$2"; shift 2 ;;
     --skip-correctness) RUN_CORRECTNESS=0; shift ;;
     --skip-attention) RUN_ATTENTION=0; shift ;;
     --skip-dit) RUN_DIT=0; shift ;;
@@ -58,9 +68,9 @@ PORT=29511
 # to LOG.rankR. Returns non-zero when any rank failed.
 launch() {
   local n="$1" log="$2"; shift 2
-  if [[ "$n" -eq 1 ]]; then "$@" >"$log" 2>&1; return $?; fi
+  if [[ "$n" -eq 1 ]]; then timeout "$RUN_TIMEOUT" "$@" >"$log" 2>&1; return $?; fi
   if [[ "$LAUNCHER" == mpirun ]]; then
-    mpirun -n "$n" --oversubscribe --allow-run-as-root --output-filename "$log.ranks" -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS \
+    timeout "$RUN_TIMEOUT" mpirun -n "$n" --oversubscribe --allow-run-as-root --output-filename "$log.ranks" -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS \
       "$@" >"$log" 2>&1
     return $?
   fi
@@ -68,7 +78,7 @@ launch() {
   local pids=() status=0 r
   for ((r = 0; r < n; r++)); do
     TESSEL_RANK=$r TESSEL_WORLD_SIZE=$n TESSEL_LOCAL_RANK=$r TESSEL_MASTER_ADDR=127.0.0.1 TESSEL_MASTER_PORT=$PORT \
-      "$@" >"$log.rank$r" 2>&1 &
+      timeout "$RUN_TIMEOUT" "$@" >"$log.rank$r" 2>&1 &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do wait "${pids[$r]}" || status=1; done
@@ -112,7 +122,7 @@ mask_flags() {  # the sp-bench flags of a mask kind at the correctness shape (od
 }
 
 # ---- 1. correctness -----------------------------------------------------------------------------
-if [[ $RUN_CORRECTNESS -eq 1 ]]; then
+if [[ $RUN_CORRECTNESS -eq 1 && $RUN_SP_CHECK -eq 1 ]]; then
   for n in $GPUS; do
     [[ "$n" -le "$VISIBLE" ]] || { echo "skipping $n GPUs: $VISIBLE visible"; continue; }
     for mask in "${MASKS[@]}"; do
@@ -136,16 +146,19 @@ if [[ $RUN_CORRECTNESS -eq 1 ]]; then
 fi
 
 # ---- 2b. the Wan forward under every layout ----------------------------------------------------------
-if [[ $RUN_CORRECTNESS -eq 1 ]]; then
+if [[ $RUN_CORRECTNESS -eq 1 && $RUN_DIT_CHECK -eq 1 ]]; then
   for n in $GPUS; do
     [[ "$n" -le "$VISIBLE" ]] || continue
     layouts=("--ulysses $n" "--ring $n")
     [[ "$n" -ge 4 ]] && layouts+=("--ulysses 2 --ring $((n / 2))")
     layouts+=("--cfg-parallel --ulysses $((n / 2))")
     for layout in "${layouts[@]}"; do
-      for attn in dense radial; do
+      for attn in dense radial dynamic_topk; do
         sparse_flags=()
         [[ "$attn" == radial ]] && sparse_flags=(--sparse-attn-backend radial --sparse-attn-pattern radial)
+        # Estimated on the device from the gathered q and k, then cut per rank.
+        [[ "$attn" == dynamic_topk ]] && sparse_flags=(--sparse-attn-backend dynamic_topk --sparse-attn-pattern dynamic_topk
+                                                     --sparse-attn-topk 0.3)
         name="dit-check-n$n-${layout// /}-$attn"
         echo "== $name"
         # shellcheck disable=SC2086
@@ -159,6 +172,55 @@ if [[ $RUN_CORRECTNESS -eq 1 ]]; then
         [[ "$check" == *ok* ]] || FAILED=1
         DIT_CHECK_ROWS+=("| $n | $layout | $attn | $check |")
       done
+    done
+  done
+fi
+
+# ---- 2c. the server's worker group on GPUs ----------------------------------------------------------
+SERVE_ROWS=()
+serve_once() {  # serve_once NAME FLAGS...: start a server, time one image request, stop it; prints "status seconds"
+  local name="$1"; shift
+  "$TESSEL" serve --model "$OUTDIR/tiny-cuda-model" --device cuda --port 0 --size 64x64 --frames 5 --steps 4 "$@" \
+    >"$OUTDIR/$name.log" 2>&1 &
+  local server=$! port="" i
+  for i in $(seq 1 600); do
+    port="$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$OUTDIR/$name.log" | head -1)"
+    [[ -n "$port" ]] && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -z "$port" ]]; then echo "no-server 0"; kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; return; fi
+  python3 - "$port" <<'PYEOF'
+import json, sys, time, urllib.request
+port = sys.argv[1]
+def image():
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", method="POST",
+                                     data=json.dumps({"prompt": "a red cube", "seed": 3}).encode())
+    start = time.time()
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, time.time() - start
+    except urllib.error.HTTPError as e:
+        return e.code, time.time() - start
+image()  # the first request warms the workers (kernels, cuBLASLt heuristics)
+status, seconds = image()
+print(status, f"{seconds:.3f}")
+PYEOF
+  kill -TERM "$server" 2>/dev/null; wait "$server" 2>/dev/null
+}
+if [[ $RUN_CORRECTNESS -eq 1 ]]; then
+  "$TESSEL" init-model --preset tiny-cuda --out "$OUTDIR/tiny-cuda-model" >/dev/null 2>&1
+  read -r status one_s < <(serve_once serve-n1)
+  SERVE_ROWS+=("| 1 | one worker | $status | $one_s |")
+  for n in $GPUS; do
+    [[ "$n" -le "$VISIBLE" ]] || continue
+    layouts=("--ulysses $n" "--ring $n")
+    [[ "$n" -ge 4 ]] && layouts+=("--ulysses 2 --ring $((n / 2))")
+    for layout in "${layouts[@]}"; do
+      # shellcheck disable=SC2086
+      read -r status seconds < <(serve_once "serve-n$n-${layout// /}" $layout)
+      [[ "$status" == 200 ]] || FAILED=1
+      SERVE_ROWS+=("| $n | $layout | $status | $seconds |")
     done
   done
 fi
@@ -195,6 +257,7 @@ if [[ $RUN_DIT -eq 1 ]]; then
   else
     for model in "wan-14b|--frames 81 --height 720 --width 1280" "wan-1.3b|--frames 81 --height 480 --width 832"; do
       name_model="${model%%|*}" size="${model#*|}"
+      [[ " $DIT_MODELS " == *" $name_model "* ]] || continue
       for attn in dense "radial"; do
         sparse_flags=()
         [[ "$attn" == radial ]] && sparse_flags=(--sparse-attn-backend radial --sparse-attn-pattern radial)
@@ -248,6 +311,12 @@ fi
   echo "| GPUs | layout | attention | rel-L2 vs one GPU |"
   echo "|---|---|---|---|"
   printf '%s\n' "${DIT_CHECK_ROWS[@]}"
+  echo
+  echo "tessel serve --device cuda with a worker group (tiny CUDA model, 64x64, 4 steps, guidance 5): one image request after a warm-up one"
+  echo
+  echo "| GPUs | layout | HTTP status | seconds |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${SERVE_ROWS[@]}"
   echo
   echo "Attention (bf16; block_sparse at density 0.2): median step over $STEPS"
   echo

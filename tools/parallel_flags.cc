@@ -6,6 +6,7 @@
 #include <string>
 
 #include "option_checks.h"
+#include "tessel/core/current_device.h"
 #include "tessel/core/error.h"
 
 namespace tessel::cli {
@@ -100,7 +101,10 @@ void ParallelRun::start_nccl_groups(const ParallelConfig& config) {
     if (bootstrap_->size() != config.world_size())
       fail_argument(degrees, detail::concat("the ", bootstrap_->size(), " processes mpirun started"), asked);
   }
-  if (config.world_size() > 1) device_ = Device::cuda(local_rank());
+  if (config.world_size() > 1) {
+    device_ = Device::cuda(local_rank());
+    make_current_device(device_);  // kernels, streams and the NCCL communicator on this rank's GPU
+  }
   ExecContext ctx;
   ctx.device = device_;
   world_ = make_metered_communicator(
@@ -139,6 +143,7 @@ int ParallelRun::local_rank() const {
 }
 
 std::unique_ptr<Communicator> ParallelRun::device_world(const ExecContext& ctx, Device device) const {
+  make_current_device(device);  // the communicator, and the caller's kernels, on the GPU it names
   if (rendezvous_) {
     if (!device.is_cuda())
       fail_argument("--device", "cuda when launched without mpirun (CPU tensors move over MPI)", device.str());

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/core/current_device.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/safetensors.h"
@@ -152,6 +153,7 @@ class WanRunner final : public PipelineRunner {
     host_world_ = make_shm_communicator(setup.group_world, setup.rank);
     if (device_.is_cuda()) {
       device_ = Device::cuda(device_.index + setup.rank);
+      make_current_device(device_);  // this rank's kernels, streams and NCCL communicator on its GPU
       ExecContext ctx;
       ctx.device = device_;
       device_world_ = make_nccl_communicator(ctx, *host_world_, device_);

@@ -93,6 +93,8 @@ bool serve_generation(const wire::Message& message, PipelineRunner& runner, Work
     header["error"] = e.what();
     header["steps_done"] = 0;
     ran = false;
+    // Every rank says why (only rank 0 answers the engine): in a group the first failure may be another rank's.
+    log_message(LogLevel::kError, detail::concat("worker rank ", rank, ": request ", request.id, " failed: ", e.what()));
   }
   if (results != nullptr && !results->send(wire::encode(header, payload), kSendTimeout, engine_gone))
     log_message(LogLevel::kError, detail::concat("worker rank ", rank, ": the engine took no result for request ",
