@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMagic = 0x6d736c6573736574ULL;  // "tesselsm"
 constexpr int kMaxRanks = 256;
-constexpr int kMaxGroups = 1024;  // barrier 0 is the world's; split() takes the others in turn
+constexpr int kMaxGroups = 1024;  // barrier 0 is the world's; split() takes free ones, a group's death frees its own
 constexpr size_t kMinSlotBytes = 4096;
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free,
@@ -48,13 +48,14 @@ static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<u
 struct alignas(64) GroupBarrier {
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> generation;
+  // Members whose communicator on this barrier is alive; 0: the entry is free for the next split.
+  std::atomic<uint32_t> holders;
 };
 
 struct WorldHeader {
   uint64_t magic;
   int32_t size;
   uint64_t slot_bytes;
-  std::atomic<uint32_t> groups_allocated;
   std::atomic<int32_t> pids[kMaxRanks];
   GroupBarrier barriers[kMaxGroups];
 };
@@ -93,6 +94,12 @@ class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(std::shared_ptr<const ShmMapping> mapping, std::vector<int> members, int index, int barrier)
       : mapping_(std::move(mapping)), members_(std::move(members)), index_(index), barrier_(barrier) {}
+  // The last member of a split group to let go frees its barrier for later splits.
+  ~ShmCommunicator() override {
+    if (barrier_ != 0) mapping_->header->barriers[barrier_].holders.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  ShmCommunicator(const ShmCommunicator&) = delete;
+  ShmCommunicator& operator=(const ShmCommunicator&) = delete;
 
   int rank() const override { return index_; }
   int size() const override { return static_cast<int>(members_.size()); }
@@ -158,7 +165,7 @@ class ShmCommunicator final : public Communicator {
   void barrier(const ExecContext&) override { wait_for_group(); }
 
   // Two all-gathers over this group: every rank's (color, key), then the barrier each new group's
-  // first member took from the world's table.
+  // first member took from the world's table (a free entry, claimed for the group's members).
   std::unique_ptr<Communicator> split(int color, int key) const override {
     if (color < 0) fail_argument("color", ">= 0", color);
     auto& self = const_cast<ShmCommunicator&>(*this);  // collectives change no observable state
@@ -172,13 +179,13 @@ class ShmCommunicator final : public Communicator {
       if (all[2 * i] == color) group.push_back(i);
     std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) { return all[2 * a + 1] < all[2 * b + 1]; });
     const bool leader = group.front() == static_cast<size_t>(index_);
-    int32_t taken = leader ? static_cast<int32_t>(mapping_->header->groups_allocated.fetch_add(1) + 1) : -1;
+    int32_t taken = leader ? claim_barrier(static_cast<uint32_t>(group.size())) : -1;
     std::vector<int32_t> barriers(n);
     self.all_gather(cpu, TensorView(&taken, DType::kI32, Device::cpu(), {1}),
                     TensorView(barriers.data(), DType::kI32, Device::cpu(), {static_cast<int64_t>(n)}));
     const int32_t barrier = barriers[group.front()];
-    if (barrier >= kMaxGroups)
-      throw Error(detail::concat("shared-memory communicator: more than ", kMaxGroups - 1, " groups split from one world"));
+    if (barrier < 0)
+      throw Error(detail::concat("shared-memory communicator: more than ", kMaxGroups - 1, " groups of one world alive at once"));
     std::vector<int> world_ranks;
     int position = 0;
     for (size_t i = 0; i < group.size(); ++i) {
@@ -217,6 +224,15 @@ class ShmCommunicator final : public Communicator {
   size_t slot_bytes() const { return mapping_->header->slot_bytes; }
   uint8_t* own_slot() const { return mapping_->slot(members_[static_cast<size_t>(index_)]); }
   const uint8_t* member_slot(size_t i) const { return mapping_->slot(members_[i]); }
+
+  // A free barrier entry (not the world's), now held by `holders` members; -1 when none is free.
+  int32_t claim_barrier(uint32_t holders) const {
+    for (int i = 1; i < kMaxGroups; ++i) {
+      uint32_t free = 0;
+      if (mapping_->header->barriers[i].holders.compare_exchange_strong(free, holders, std::memory_order_acq_rel)) return i;
+    }
+    return -1;
+  }
 
   template <class Piece>
   static void for_each_piece(size_t total, size_t capacity, const Piece& piece) {

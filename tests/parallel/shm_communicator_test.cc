@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel_test_util.h"
 #include "tessel/core/error.h"
@@ -34,6 +36,19 @@ TEST(ShmCommunicator, OneRankWorldRunsEveryOperationLocally) {
   EXPECT_NE(error_of([&] { comm->all_reduce_sum(ctx, half); }).find("fp32 or fp64"), std::string::npos);
   EXPECT_NE(error_of([&] { comm->split(-1, 0); }).find("color"), std::string::npos);
   EXPECT_EQ(comm->split(3, 0)->size(), 1);
+}
+
+// A group that dies gives its barrier back: a long-lived world splits any number of times, and only
+// more than 1023 groups alive at once is an error.
+TEST(ShmCommunicator, SplitsReuseTheBarriersOfDeadGroups) {
+  const ShmWorld world = ShmWorld::create(world_name("splits"), 1);
+  const auto comm = make_shm_communicator(world.name(), 0);
+  for (int i = 0; i < 3000; ++i) comm->split(i % 5, 0)->barrier(ExecContext{});
+  std::vector<std::unique_ptr<Communicator>> alive;
+  for (int i = 0; i < 1023; ++i) alive.push_back(comm->split(0, 0));
+  EXPECT_NE(error_of([&] { comm->split(0, 0); }).find("more than 1023 groups of one world alive at once"), std::string::npos);
+  alive.pop_back();
+  EXPECT_EQ(comm->split(0, 0)->size(), 1);
 }
 
 TEST(ShmCommunicator, ARankThatExitsMakesTheWaitingRankFailNamingIt) {
