@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -79,16 +80,37 @@ std::pair<int64_t, int64_t> parse_default_size(const std::string& text) {
   }
 }
 
-// A config as the workers take it: spatial patterns get the latent layout of the default size, as
-// `tessel generate` does for its one size.
+// The estimators of dynamic_topk and threshold read q and k, not the token grid: their settings
+// serve any size. Every other pattern may lay its mask out on the latent grid.
+bool reads_latent_layout(const SparseAttnConfig& config) {
+  return config.pattern.type != PatternType::kDynamicTopk && config.pattern.type != PatternType::kThreshold;
+}
+
+// A config as the workers take it: patterns that read the latent layout get the default size's, as
+// `tessel generate` does for its one size (requests of another size are then refused, naming it).
 std::string worker_config_json(SparseAttnConfig config, const ServeOptions& o, int64_t width, int64_t height) {
   const WanConfig model = load_wan_config((fs::path(o.model_dir) / "transformer").string());
   WanVideoSize size{o.frames, height, width};
   size.vae_spatial_stride = engine::wan_vae_spatial_stride(o.model_dir);
   const Shape latent = size.latent_shape(model.in_channels);
-  if (!config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
+  if (reads_latent_layout(config) && !config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
     config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
   return config.to_json();
+}
+
+// The patch grid (frames, height, width) each setting's mask is laid out on, for the requests'
+// pre-processing: a request of another grid is refused before it reaches the workers.
+std::map<std::string, std::array<int64_t, 3>> layout_bound_settings(const engine::WanRunnerConfig& runner) {
+  std::map<std::string, std::array<int64_t, 3>> bound;
+  const auto add = [&](const std::string& name, const std::string& json) {
+    if (json.empty()) return;
+    const SparseAttnConfig config = parse_sparse_attn_json(json);
+    if (const auto& layout = config.geometry.spatial_layout)
+      bound[name] = {layout->frames, layout->grid_height(), layout->grid_width()};
+  };
+  add("default", runner.sparse_attn_config_json);
+  for (const auto& [name, json] : runner.sparse_attention_settings) add(name, json);
+  return bound;
 }
 
 // The default sparse-attention config ("" for dense).
@@ -167,6 +189,9 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   engine::WanRequestLimits limits;
   limits.cache = o.cache;
   limits.size_multiple = 2 * engine::wan_vae_spatial_stride(config.model_dir);
+  limits.vae_spatial_stride = limits.size_multiple / 2;
+  limits.patch_size = load_wan_config((fs::path(o.model_dir) / "transformer").string()).patch_size;
+  limits.layout_bound_settings = layout_bound_settings(runner);
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   engine::ProcessorRegistry processors;
   engine::register_wan_processors(processors, limits);

@@ -334,6 +334,20 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
     if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
     if (!r.cache.empty() && r.cache != "none" && r.cache != limits.cache)
       fail_argument("cache", "\"none\" or the server's \"" + limits.cache + "\"", quoted_excerpt(r.cache));
+    const std::string setting = r.sparse_attention.empty() ? "default" : r.sparse_attention;
+    if (const auto bound = limits.layout_bound_settings.find(setting); bound != limits.layout_bound_settings.end()) {
+      const auto& [pt, ph, pw] = limits.patch_size;
+      const int64_t grid[3] = {((r.frames - 1) / 4 + 1) / pt, r.height / limits.vae_spatial_stride / ph,
+                               r.width / limits.vae_spatial_stride / pw};
+      const auto& [frames, height, width] = bound->second;
+      if (grid[0] != frames || grid[1] != height || grid[2] != width)
+        fail_argument("size",
+                      detail::concat("a size and frame count of latent patch grid ", frames, " x ", height, " x ", width,
+                                     " (the sparse attention setting \"", setting, "\" is laid out on it: the server's default ",
+                                     "--size and --frames)"),
+                      detail::concat(r.width, "x", r.height, " with ", r.frames, " frames (grid ", grid[0], " x ", grid[1], " x ",
+                                     grid[2], ")"));
+    }
     if (!r.sparse_attention.empty() && r.sparse_attention != "default" &&
         std::find(limits.sparse_attention_settings.begin(), limits.sparse_attention_settings.end(), r.sparse_attention) ==
             limits.sparse_attention_settings.end()) {

@@ -386,6 +386,45 @@ TEST(ServeCli, AParallelLayoutMustMatchTheWorkersAndTheModel) {
   EXPECT_NE(heads.out.find("head"), std::string::npos) << heads.out;
 }
 
+// Cancelling a group's running video: every rank stops at the same step (they agree between
+// steps), the group stays healthy (no restart), and it serves the next request. The same with a
+// sparse pattern estimated from q and k (dynamic top-k) as the server's attention.
+TEST(ServeCli, AGroupStopsTogetherWhenItsVideoIsCancelled) {
+  ServeProcess server(server_args({"--ring", "2", "--sparse-attn-backend", "dynamic_topk", "--sparse-attn-pattern", "dynamic_topk",
+                                   "--sparse-attn-topk", "0.5"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const std::string id = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  poll_video(client, id, [](const json& v) { return v["status"] == "in_progress" && v["step"] >= 1; });
+  EXPECT_EQ(body_of(client.Delete("/v1/videos/" + id))["cancel_requested"], true);
+  const json stopped = poll_video(client, id, is_final);
+  EXPECT_EQ(stopped["status"], "cancelled") << stopped.dump();
+  EXPECT_LT(stopped["step"].get<int>(), 100);
+  const auto next = client.Post("/v1/images/generations", R"({"prompt": "after the cancel", "size": "80x48"})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body << server.log();
+  const json health = body_of(client.Get("/health"));
+  EXPECT_EQ(health["worker_restarts"], 0) << health.dump();
+  EXPECT_EQ(health["workers"].size(), 2u);
+}
+
+// A spatial pattern's mask is laid out on the default size's latent grid: other sizes get a 400
+// naming "size" (not a failed generation); the default size is served.
+TEST(ServeCli, ALayoutBoundSparseSettingRefusesOtherSizes) {
+  ServeProcess server(server_args({"--sparse-attn-backend", "radial", "--sparse-attn-pattern", "radial"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const auto other = client.Post("/v1/images/generations", R"({"prompt": "x", "size": "64x64"})", "application/json");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 400) << other->body;
+  EXPECT_EQ(body_of(other)["error"]["param"], "size") << other->body;
+  EXPECT_NE(other->body.find("laid out"), std::string::npos) << other->body;
+  const auto video = client.Post("/v1/videos", R"({"prompt": "x", "size": "32x32", "num_frames": 5})", "application/json");
+  ASSERT_TRUE(video);
+  EXPECT_EQ(video->status, 200) << video->body;
+  EXPECT_EQ(poll_video(client, body_of(video)["id"], is_final)["status"], "completed");
+}
+
 // A rank of a group killed mid-request: the request fails naming it, the whole group is started
 // again (its other rank would wait for the dead one), and the next request succeeds.
 TEST(ServeCli, AKilledRankFailsTheGroupsRequestAndTheGroupRestarts) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -58,6 +59,12 @@ struct WanRequestLimits {
   int64_t max_steps = 100;
   int64_t max_outputs = 4;
   int64_t size_multiple = 16;  // 2 x wan_vae_spatial_stride of the model
+  // Settings ("default" or an allowed name) whose mask is laid out on one latent patch grid
+  // (frames, height, width in patches: spatial patterns), with the model's patch size and VAE
+  // stride to compute a request's grid: a request of another grid is refused naming "size".
+  std::map<std::string, std::array<int64_t, 3>> layout_bound_settings;
+  std::array<int64_t, 3> patch_size{1, 2, 2};
+  int64_t vae_spatial_stride = 8;
   size_t max_prompt_bytes = 4096;
   double max_guidance = 50.0;
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
