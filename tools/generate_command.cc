@@ -61,15 +61,6 @@ struct GenerateOptions {
   std::string out;
 };
 
-// Pixels per latent pixel, as diffusers' WanPipeline takes them from vae/config.json
-// (scale_factor_spatial: 8 for Wan 2.1's VAE, 16 for Wan 2.2's); 8 for a directory without vae/.
-int64_t vae_spatial_stride(const std::string& model_dir) {
-  const fs::path config = fs::path(model_dir) / "vae" / "config.json";
-  if (!fs::is_regular_file(config)) return WanVideoSize{}.vae_spatial_stride;
-  return parse_wan_vae_config(read_file_bounded(config.string(), kMaxModelIndexBytes, "VAE config"), config.string())
-      .spatial_compression();
-}
-
 WanVideoSize parse_size(const std::string& text, int64_t frames, int64_t spatial_stride) {
   const size_t x = text.find('x');
   WanVideoSize size;
@@ -256,7 +247,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
                  bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
   const ModelExperts experts = check_model_dir(o.model_dir, prompt_set);
-  const WanVideoSize size = parse_size(o.size, o.frames, vae_spatial_stride(o.model_dir));
+  const WanVideoSize size = parse_size(o.size, o.frames, wan_model_vae_spatial_stride(o.model_dir));
   if (!experts.two && o.guidance_2)
     fail_argument("--guidance-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", *o.guidance_2);
   if (!experts.two && o.sparse_config_2)

@@ -25,6 +25,7 @@
 #include "tessel/core/log.h"
 #include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/engine/engine.h"
 #include "tessel/engine/wan_serving.h"
@@ -91,7 +92,7 @@ bool reads_latent_layout(const SparseAttnConfig& config) {
 std::string worker_config_json(SparseAttnConfig config, const ServeOptions& o, int64_t width, int64_t height) {
   const WanConfig model = load_wan_config((fs::path(o.model_dir) / "transformer").string());
   WanVideoSize size{o.frames, height, width};
-  size.vae_spatial_stride = engine::wan_vae_spatial_stride(o.model_dir);
+  size.vae_spatial_stride = wan_model_vae_spatial_stride(o.model_dir);
   const Shape latent = size.latent_shape(model.in_channels);
   if (reads_latent_layout(config) && !config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
     config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
@@ -188,7 +189,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
 
   engine::WanRequestLimits limits;
   limits.cache = o.cache;
-  limits.size_multiple = 2 * engine::wan_vae_spatial_stride(config.model_dir);
+  limits.size_multiple = 2 * wan_model_vae_spatial_stride(config.model_dir);
   limits.vae_spatial_stride = limits.size_multiple / 2;
   limits.patch_size = load_wan_config((fs::path(o.model_dir) / "transformer").string()).patch_size;
   limits.layout_bound_settings = layout_bound_settings(runner);

@@ -1,7 +1,9 @@
 // The Wan VAE's config.json and the names and shapes of its tensors.
 #include <cmath>
+#include <filesystem>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "wan_vae_layout.h"
@@ -133,6 +135,12 @@ WanVaeConfig wan22_vae_config() {
                    0.6866f, 0.4093f, 0.5709f, 0.6065f, 0.6415f, 0.4944f, 0.5726f, 1.2042f, 0.5458f, 1.6887f,
                    0.3971f, 1.0600f, 0.3943f, 0.5537f, 0.5444f, 0.4089f, 0.7468f, 0.7744f};
   return c;
+}
+
+int64_t wan_model_vae_spatial_stride(const std::string& model_dir) {
+  const std::filesystem::path config = std::filesystem::path(model_dir) / "vae" / "config.json";
+  if (!std::filesystem::is_regular_file(config)) return 8;  // no vae/: Wan 2.1's latent grid
+  return parse_wan_vae_config(read_file_bounded(config.string(), 1 << 20, "VAE config"), config.string()).spatial_compression();
 }
 
 WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string& source) {

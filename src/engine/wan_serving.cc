@@ -63,7 +63,7 @@ class WanRunner final : public PipelineRunner {
     } else {
       text_encoder_.emplace(WanTextEncoder::load(setup.model_dir, device_));
     }
-    vae_spatial_stride_ = wan_vae_spatial_stride(setup.model_dir);
+    vae_spatial_stride_ = wan_model_vae_spatial_stride(setup.model_dir);
     // Only rank 0 decodes (the others' latents are the same and nobody reads their output).
     if (setup.rank == 0 && fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
 
@@ -302,12 +302,6 @@ WanRunnerConfig wan_runner_config_from_json(const std::string& json_text) {
   return nlohmann::json::parse(json_text).get<WanRunnerConfig>();
 }
 
-int64_t wan_vae_spatial_stride(const std::string& model_dir) {
-  const fs::path config = fs::path(model_dir) / "vae" / "config.json";
-  if (!fs::is_regular_file(config)) return WanVideoSize{}.vae_spatial_stride;
-  return parse_wan_vae_config(read_file_bounded(config.string(), 1 << 20, "VAE config"), config.string()).spatial_compression();
-}
-
 void register_wan_runner(RunnerRegistry& runners) {
   runners.add(kWanModelType, [](const RunnerSetup& setup) { return std::make_unique<WanRunner>(setup); });
 }
@@ -336,9 +330,11 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
       fail_argument("cache", "\"none\" or the server's \"" + limits.cache + "\"", quoted_excerpt(r.cache));
     const std::string setting = r.sparse_attention.empty() ? "default" : r.sparse_attention;
     if (const auto bound = limits.layout_bound_settings.find(setting); bound != limits.layout_bound_settings.end()) {
-      const auto& [pt, ph, pw] = limits.patch_size;
-      const int64_t grid[3] = {((r.frames - 1) / 4 + 1) / pt, r.height / limits.vae_spatial_stride / ph,
-                               r.width / limits.vae_spatial_stride / pw};
+      WanVideoSize size{r.frames, r.height, r.width};
+      size.vae_spatial_stride = limits.vae_spatial_stride;
+      const Shape latent = size.latent_shape(1);
+      const int64_t grid[3] = {latent[2] / limits.patch_size[0], latent[3] / limits.patch_size[1],
+                               latent[4] / limits.patch_size[2]};
       const auto& [frames, height, width] = bound->second;
       if (grid[0] != frames || grid[1] != height || grid[2] != width)
         fail_argument("size",

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "tessel/core/cpu_features.h"
+#include "tessel/core/current_device.h"
+#include "tessel/core/device.h"
 #include "tessel/core/dynamic_library.h"
 #include "tessel/core/error.h"
 
@@ -53,5 +55,20 @@ TEST(CpuFeatures, TheWidestVariantIsTheOneTheLevelNames) {
   EXPECT_EQ(cpu_vector_level(), cpu_vector_level());  // read once
 }
 
+// A GPU that is not there cannot be made current: the error names it (on a machine without CUDA or
+// without that many GPUs); the CPU needs nothing.
+TEST(CurrentDevice, AnAbsentGpuIsAnErrorNamingItAndTheCpuIsANoOp) {
+  make_current_device(Device::cpu());
+  const Device absent = Device::cuda(cuda_device_count() + 3);
+  std::string error;
+  try {
+    make_current_device(absent);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find(cuda_compiled() ? absent.str() : "built without CUDA"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace tessel
+

@@ -62,6 +62,10 @@ struct WanVaeConfig {
 WanVaeConfig wan22_vae_config();
 
 WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string& source = "config.json");
+// Pixels per latent pixel of a diffusers model directory's VAE, as WanPipeline takes them from
+// vae/config.json (scale_factor_spatial: 8 for Wan 2.1's VAE, 16 for Wan 2.2's); 8 without vae/.
+// Throws Error naming the file when it is malformed.
+int64_t wan_model_vae_spatial_stride(const std::string& model_dir);
 // The config.json diffusers writes for `config` (parse_wan_vae_config reads it back).
 std::string wan_vae_config_json(const WanVaeConfig& config);
 

@@ -58,7 +58,7 @@ struct WanRequestLimits {
   int64_t max_frames = 129;
   int64_t max_steps = 100;
   int64_t max_outputs = 4;
-  int64_t size_multiple = 16;  // 2 x wan_vae_spatial_stride of the model
+  int64_t size_multiple = 16;  // 2 x the model's VAE stride (wan_model_vae_spatial_stride): the patch is 2 x 2
   // Settings ("default" or an allowed name) whose mask is laid out on one latent patch grid
   // (frames, height, width in patches: spatial patterns), with the model's patch size and VAE
   // stride to compute a request's grid: a request of another grid is refused naming "size".
@@ -70,10 +70,6 @@ struct WanRequestLimits {
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
   std::string cache = "none";  // the server's step cache: a request may name it or "none"
 };
-
-// Pixels per latent pixel of the model directory's VAE (vae/config.json: 8 for Wan 2.1's VAE, 16 for
-// Wan 2.2's; 8 without vae/): request sizes are multiples of twice this (the patch is 2 x 2).
-int64_t wan_vae_spatial_stride(const std::string& model_dir);
 
 void register_wan_runner(RunnerRegistry& runners);
 // Pre-processing: size (multiples of 16 within the limits), frames (4k + 1; 1 for an image),
