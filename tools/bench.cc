@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iomanip>
 #include <optional>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "tessel/core/random.h"
 #include "tessel/core/tensor.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/kernels/reference.h"
 #include "tessel/sparse/block_mask.h"
 
@@ -103,6 +105,37 @@ void validate(const BenchConfig& c) {
     if (!(d > 0.0 && d <= 1.0)) fail_argument("--density", "values in (0, 1]", d);
   if (c.device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", c.device.str());
   if (c.fp8 && !c.device.is_cuda()) fail_argument("--fp8", "--device cuda (FP8 attention runs on CUDA)", c.device.str());
+  if (c.fp8 && !c.kernel_variants.empty())
+    fail_argument("--kernel-variants", "no value with --fp8 (the FP8 mode has one variant)", "a list");
+  if ((c.tune || !c.kernel_variants.empty()) && !c.device.is_cuda())
+    fail_argument(c.tune ? "--tune" : "--kernel-variants", "--device cuda (the CPU has no kernel variants)", c.device.str());
+  if (!c.kernel_variants.empty()) {
+    const std::vector<std::string> offered = attention_kernel_variants(c.device, c.head_dim);
+    std::string names;
+    for (const std::string& n : offered) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& v : c.kernel_variants)
+      if (v != "all" && std::find(offered.begin(), offered.end(), v) == offered.end())
+        fail_argument("--kernel-variants",
+                      offered.empty() ? "none: this device has no kernel variants for this head dim" : "all or some of " + names, v);
+  }
+}
+
+std::vector<std::string> expanded_variants(const BenchConfig& c) {
+  std::vector<std::string> out;
+  for (const std::string& v : c.kernel_variants)
+    for (const std::string& name : v == "all" ? attention_kernel_variants(c.device, c.head_dim) : std::vector<std::string>{v})
+      if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  return out;
+}
+
+std::string tuning_note(const char* what, const AttentionTuning& t) {
+  std::ostringstream os;
+  os << "tuning " << what << ": " << (t.chosen.empty() ? std::string("no variants on this device") : "runs " + t.chosen);
+  if (t.cached) os << " (chosen before)";
+  for (size_t i = 0; i < t.median_ms.size(); ++i)
+    os << (i == 0 ? " — " : ", ") << t.median_ms[i].first << " " << std::fixed << std::setprecision(3) << t.median_ms[i].second
+       << " ms";
+  return os.str();
 }
 
 }  // namespace
@@ -128,7 +161,7 @@ nlohmann::json BenchReport::to_json() const {
                             {"tflops_dense_equiv", r.tflops_dense_equiv},
                             {"tflops_effective", r.tflops_effective},
                             {"max_rel_err", r.max_rel_err}});
-  return {{"config", config.to_json()}, {"results", results_json}};
+  return {{"config", config.to_json()}, {"results", results_json}, {"notes", notes}};
 }
 
 std::string BenchReport::to_table() const {
@@ -141,14 +174,15 @@ std::string BenchReport::to_table() const {
   if (c.device.is_cpu()) os << ", " << max_threads() << " threads";
   os << "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%-14s %8s %11s %14s %14s %12s\n", "method", "density", "ms", "TFLOP/s dense",
+  std::snprintf(line, sizeof line, "%-28s %8s %11s %14s %14s %12s\n", "method", "density", "ms", "TFLOP/s dense",
                 "TFLOP/s eff", "max_rel_err");
   os << line;
   for (const BenchResult& r : results) {
-    std::snprintf(line, sizeof line, "%-14s %8.4f %11.3f %14.4f %14.4f %12.2e\n", r.method.c_str(), r.density, r.ms,
+    std::snprintf(line, sizeof line, "%-28s %8.4f %11.3f %14.4f %14.4f %12.2e\n", r.method.c_str(), r.density, r.ms,
                   r.tflops_dense_equiv, r.tflops_effective, r.max_rel_err);
     os << line;
   }
+  for (const std::string& note : notes) os << note << "\n";
   return os.str();
 }
 
@@ -248,12 +282,67 @@ BenchReport run_bench(const BenchConfig& config) {
       methods.push_back(std::move(twin));
     }
   }
-  const std::vector<double> ms = time_medians_ms(config, ctx, runs);
-  BenchReport report{config, {}};
+  BenchReport report{config, {}, {}};
   const size_t plain_methods = config.densities.size();
-  for (size_t n = 0; n < methods.size(); ++n) {
+  // Which plain method (and so which mask) each run belongs to: an FP8 twin's or a variant's is
+  // its plain method's.
+  std::vector<size_t> plain_of(methods.size());
+  for (size_t n = 0; n < methods.size(); ++n) plain_of[n] = n % plain_methods;
+  if (config.tune) {
+    const bool any_dense = std::any_of(config.densities.begin(), config.densities.end(), [](double d) { return d >= 1.0; });
+    double sparse_sum = 0.0;
+    int sparse_count = 0;
+    for (double d : config.densities)
+      if (d < 1.0) sparse_sum += d, ++sparse_count;
+    const AttentionDims plain_dims{dims.batch, dims.seq_q, dims.seq_kv, dims.heads, dims.kv_heads, dims.head_dim};
+    if (any_dense)
+      report.notes.push_back(
+          tuning_note("dense", tune_attention(ctx, config.device, config.dtype, plain_dims, {false, 1.0, config.causal})));
+    if (sparse_count > 0)
+      report.notes.push_back(tuning_note(
+          "block-sparse", tune_attention(ctx, config.device, config.dtype, plain_dims,
+                                         {true, sparse_sum / sparse_count, config.causal})));
+  }
+  const std::vector<std::string> variants = expanded_variants(config);
+  if (!variants.empty()) {
+    // Every plain method once per variant, the variant forced around each call (interleaved
+    // rounds, so the variants see the same clocks); they replace the plain runs.
+    std::vector<Method> variant_methods;
+    std::vector<std::function<void()>> variant_runs;
+    std::vector<size_t> variant_plain_of;
+    const Device device = config.device;
+    const int64_t head_dim = config.head_dim;
+    for (const std::string& v : variants)
+      for (size_t n = 0; n < plain_methods; ++n) {
+        Method m;
+        m.result = methods[n].result;
+        m.result.method += "@" + v;
+        variant_methods.push_back(std::move(m));
+        variant_runs.push_back([device, head_dim, v, run = runs[n]] {
+          force_attention_kernel_variant(device, head_dim, v);
+          run();
+        });
+        variant_plain_of.push_back(n);
+      }
+    for (size_t n = 0; n < plain_methods; ++n) {  // the masks stay with the plain methods
+      variant_methods.push_back(std::move(methods[n]));
+      variant_methods.back().result.method.clear();
+    }
+    methods = std::move(variant_methods);
+    runs = std::move(variant_runs);
+    plain_of = std::move(variant_plain_of);
+  }
+  std::vector<double> ms;
+  try {
+    ms = time_medians_ms(config, ctx, runs);
+  } catch (...) {
+    if (!variants.empty()) force_attention_kernel_variant(config.device, config.head_dim, "");
+    throw;
+  }
+  const size_t mask_base = variants.empty() ? 0 : runs.size();  // where the plain methods (and masks) are
+  for (size_t n = 0; n < runs.size(); ++n) {
     Method& m = methods[n];
-    const Method& plain = methods[n % plain_methods];  // an FP8 twin's mask is its plain method's
+    const Method& plain = methods[mask_base + plain_of[n]];
     const BlockMask* mask = plain.mask ? &*plain.mask : nullptr;
     m.result.ms = ms[n];
     const double seconds = m.result.ms * 1e-3;
@@ -263,6 +352,7 @@ BenchReport run_bench(const BenchConfig& config) {
     m.result.max_rel_err = sampled_relative_error(config, in.q_host, in.k_host, in.v_host, mask, opt, in.out);
     report.results.push_back(m.result);
   }
+  if (!variants.empty()) force_attention_kernel_variant(config.device, config.head_dim, "");
   return report;
 }
 

@@ -30,6 +30,10 @@ struct BenchConfig {
   uint64_t seed = 0;
   int64_t check_rows = 16;  // query rows compared with the fp64 reference
   std::string save_mask_dir;  // non-empty: write every mask used there (bench_mask_export.h)
+  // Hopper kernel variants (attention_tuning.h) to time each method under, as "<method>@<variant>";
+  // "all" stands for every variant the device has. Empty: the variant the calls would run anyway.
+  std::vector<std::string> kernel_variants;
+  bool tune = false;  // tune_attention for the dense and block-sparse calls first (reported in notes)
 
   int64_t effective_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t effective_seq_kv() const { return seq_kv > 0 ? seq_kv : seq; }
@@ -48,6 +52,7 @@ struct BenchResult {
 struct BenchReport {
   BenchConfig config;
   std::vector<BenchResult> results;
+  std::vector<std::string> notes;  // the tuning's candidates and choices, printed after the table
   nlohmann::json to_json() const;
   std::string to_table() const;
 };

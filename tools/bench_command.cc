@@ -83,6 +83,13 @@ CommandRegistration registration{
                    "compute capability 9.0, head dim 128)");
       app.add_option("--save-mask", config->save_mask_dir,
                      "write each mask used (FlexAttention's kv_num_blocks/kv_indices) to this directory");
+      app.add_option("--kernel-variants", config->kernel_variants,
+                     "time every method under each of these CUDA kernel variants (comma-separated; 'all': every "
+                     "one the device has for --head-dim), reported as method@variant")
+          ->delimiter(',');
+      app.add_flag("--tune", config->tune,
+                   "tune the CUDA kernel variant for the dense and block-sparse calls first (as a plan does) and "
+                   "report the candidates' times");
       app.add_flag("--json", *json, "print one JSON object instead of a table");
       // The sparse-attention interface (bench_steps.h): --steps N runs a denoising loop through it.
       auto steps = std::make_shared<StepsConfig>();

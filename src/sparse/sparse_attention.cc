@@ -3,6 +3,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/sparse/schedule.h"
 
 namespace tessel {
@@ -104,7 +105,13 @@ size_t DiTSparseAttentionAdapter::workspace_bytes(const ExecContext& ctx, const 
   if (shape.num_qo_heads != num_heads_) fail_argument("shape.num_qo_heads", num_heads_, shape.num_qo_heads);
   if (shape.num_kv_heads != num_kv_heads_) fail_argument("shape.num_kv_heads", num_kv_heads_, shape.num_kv_heads);
   if (shape.head_dim != head_dim_) fail_argument("shape.head_dim", head_dim_, shape.head_dim);
-  if (!backend_ || density_at(step) >= 1.0) return dense_workspace_bytes(ctx, shape);
+  const double density = density_at(step);
+  // A plan-time point: the kernel variant of this shape's calls is tuned here when the process
+  // enabled tuning (attention_tuning.h; nothing happens otherwise).
+  const AttentionDims dims{shape.batch, shape.seq_q, shape.seq_kv, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim};
+  const bool sparse = backend_ && density < 1.0;
+  tune_attention_if_enabled(ctx, shape.device, shape.dtype, dims, {sparse, sparse ? density : 1.0, false, 5});
+  if (!sparse) return dense_workspace_bytes(ctx, shape);
   return plan(ctx, shape)->workspace_bytes(ctx);
 }
 

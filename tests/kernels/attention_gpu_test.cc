@@ -16,6 +16,7 @@
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/kernels/reference.h"
 #include "tessel/sparse/block_mask.h"
 
@@ -260,14 +261,13 @@ TEST_P(LongAndOddGpu, SparseMatchesReference) {
 
 // Rows of 0 to 9 kept blocks (odd counts leave half of the kernel's last 128-key stage empty),
 // kept blocks past the end of a causal row, and rows that keep nothing.
-TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
-  SKIP_WITHOUT_GPU();
-  const auto [dtype, dim] = GetParam();
-  SKIP_WITHOUT_KERNEL_FOR(dim);
+// 2 heads x 1240 tokens: 10 q blocks of 128 and 20 kv blocks of 64 (the last ones partial), the
+// rows keeping 0 to 9 blocks.
+BlockMask mask_of_every_row_length() {
   BlockMaskShape shape;
   shape.mask_heads = 2;
-  shape.seq_q = 1240;  // 10 q blocks of 128, the last partial
-  shape.seq_kv = 1240; // 20 kv blocks of 64, the last partial
+  shape.seq_q = 1240;
+  shape.seq_kv = 1240;
   std::vector<std::vector<int32_t>> rows;
   for (int h = 0; h < 2; ++h)
     for (int qb = 0; qb < 10; ++qb) {
@@ -278,7 +278,14 @@ TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
       row.erase(std::unique(row.begin(), row.end()), row.end());
       rows.push_back(row);
     }
-  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  return BlockMask::from_rows(shape, rows);
+}
+
+TEST_P(LongAndOddGpu, SparseRowsOfEveryLength) {
+  SKIP_WITHOUT_GPU();
+  const auto [dtype, dim] = GetParam();
+  SKIP_WITHOUT_KERNEL_FOR(dim);
+  const BlockMask mask = mask_of_every_row_length();
   check_case({1, 1240, 1240, 2, 1, dim, dtype, {}}, 701, &mask);
   AttentionOptions causal;
   causal.causal = true;
@@ -368,6 +375,157 @@ INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
                                            std::make_tuple(DType::kF16, int64_t{192}), std::make_tuple(DType::kBF16, int64_t{256}),
                                            std::make_tuple(DType::kF16, int64_t{256})),
                          param_name);
+
+// Every variant of the Hopper kernel (attention_tuning.h: 64-key stages with two Q buffers, the
+// consumer warpgroups' ping-pong) forced in turn, over what stresses them: odd lengths around
+// the tiles, GQA, causal and window edges, rows of every kept-block count including empty ones,
+// more items than multiprocessors (the ping-pong turns carry across items), both schedules.
+class VariantsGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+// Forces a variant for the scope; lifts it afterwards even when a check fails.
+struct ForcedVariant {
+  ForcedVariant(int64_t dim, const std::string& name) : dim(dim) { force_attention_kernel_variant(Device::cuda(), dim, name); }
+  ~ForcedVariant() { force_attention_kernel_variant(Device::cuda(), dim, ""); }
+  ForcedVariant(const ForcedVariant&) = delete;
+  ForcedVariant& operator=(const ForcedVariant&) = delete;
+  int64_t dim;
+};
+
+TEST_P(VariantsGpu, EveryVariantMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "kernel variants exist on compute capability 9.0 only";
+  const auto [dtype, dim] = GetParam();
+  const std::vector<std::string> variants = attention_kernel_variants(Device::cuda(), dim);
+  ASSERT_EQ(variants.size(), 4u);
+  AttentionOptions causal;
+  causal.causal = true;
+  AttentionOptions window;
+  window.window_left = 300;
+  window.window_right = 5;
+  const BlockMask every_length_mask = mask_of_every_row_length();
+  BlockMaskShape many;
+  many.mask_batch = 2;
+  many.mask_heads = 16;
+  many.seq_q = 1100;
+  many.seq_kv = 900;
+  many.block_kv = 128;
+  const BlockMask many_mask = BlockMask::random(many, 0.3, 907);
+  for (const std::string& variant : variants) {
+    SCOPED_TRACE("variant " + variant);
+    const ForcedVariant forced(dim, variant);
+    uint64_t seed = 901;
+    check_case({1, 1, 1, 1, 1, dim, dtype, {}}, seed++);
+    check_case({1, 63, 65, 2, 2, dim, dtype, {}}, seed++);
+    check_case({3, 255, 257, 4, 1, dim, dtype, {}}, seed++);
+    check_case({1, 2049, 1531, 1, 1, dim, dtype, {}}, seed++);
+    check_case({1, 777, 777, 4, 2, dim, dtype, causal}, seed++);
+    check_case({2, 1100, 1100, 2, 1, dim, dtype, window}, seed++);
+    check_case({2, 1100, 300, 16, 4, dim, dtype, {}}, seed++);
+    check_case({1, 1240, 1240, 2, 1, dim, dtype, {}}, seed++, &every_length_mask);
+    check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, seed++, &every_length_mask);
+    check_case({1, 1240, 1240, 2, 1, dim, dtype, causal}, seed++, &every_length_mask, Schedule::kStatic);
+    check_case({2, 1100, 900, 16, 4, dim, dtype, {}}, seed++, &many_mask);
+  }
+}
+
+// Small enough for compute-sanitizer (gpu-check.sh runs it under memcheck and racecheck): empty
+// rows, a causal edge and several items per CTA (the turns carry across items) in every variant.
+TEST_P(VariantsGpu, SmallCasesEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "kernel variants exist on compute capability 9.0 only";
+  const auto [dtype, dim] = GetParam();
+  BlockMaskShape shape;
+  shape.mask_heads = 3;
+  shape.seq_q = 300;
+  shape.seq_kv = 330;
+  std::vector<std::vector<int32_t>> rows;
+  for (int row = 0; row < 9; ++row)  // 3 heads x 3 q blocks; every third row keeps nothing
+    rows.push_back(row % 3 == 0 ? std::vector<int32_t>{} : std::vector<int32_t>{0, static_cast<int32_t>(row % 6)});
+  for (std::vector<int32_t>& row : rows) row.erase(std::unique(row.begin(), row.end()), row.end());
+  const BlockMask mask = BlockMask::from_rows(shape, rows);
+  AttentionOptions causal;
+  causal.causal = true;
+  for (const std::string& variant : attention_kernel_variants(Device::cuda(), dim)) {
+    SCOPED_TRACE("variant " + variant);
+    const ForcedVariant forced(dim, variant);
+    check_case({1, 300, 330, 3, 1, dim, dtype, {}}, 961, &mask);
+    check_case({1, 200, 200, 2, 2, dim, dtype, causal}, 962);
+    check_case({2, 260, 140, 40, 8, dim, dtype, {}}, 963);  // 240 items: most CTAs run two
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HopperVariants, VariantsGpu,
+                         ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
+                         param_name);
+
+#ifdef TESSEL_WITH_CUDA
+// tune_attention times the candidates once per class and caches the fastest; later calls of the
+// class run it (and stay correct), another length class is tuned apart, and the bad cases are
+// errors that change nothing.
+TEST(AttentionGpu, TuningChoosesOnceAndCallsRunTheChoice) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "kernel variants exist on compute capability 9.0 only";
+  clear_attention_tuning();
+  const AttentionDims dims{1, 3000, 3000, 8, 2, 128};
+  ExecContext ctx;
+  ctx.device = Device::cuda();
+  const AttentionTuning first = tune_attention(ctx, Device::cuda(), DType::kBF16, dims);
+  ASSERT_EQ(first.median_ms.size(), 4u);
+  EXPECT_FALSE(first.cached);
+  bool listed = false;
+  for (const auto& [name, ms] : first.median_ms) {
+    EXPECT_GT(ms, 0.0) << name;
+    listed = listed || name == first.chosen;
+  }
+  EXPECT_TRUE(listed) << first.chosen;
+  const AttentionTuning again = tune_attention(ctx, Device::cuda(), DType::kBF16, {1, 2500, 2500, 40, 40, 128});
+  EXPECT_TRUE(again.cached);  // 2500 and 3000 share the power of two 4096
+  EXPECT_EQ(again.chosen, first.chosen);
+  AttentionTuneOptions sparse;
+  sparse.block_sparse = true;
+  sparse.density = 0.2;
+  sparse.rounds = 3;
+  const AttentionTuning sparse_tuning = tune_attention(ctx, Device::cuda(), DType::kBF16, dims, sparse);
+  EXPECT_FALSE(sparse_tuning.cached);
+  EXPECT_EQ(sparse_tuning.median_ms.size(), 4u);
+  // Calls of the tuned classes run the choice and match the oracle.
+  check_case({1, 3000, 3000, 2, 1, 128, DType::kBF16, {}}, 951);
+  BlockMaskShape shape;
+  shape.mask_heads = 2;
+  shape.seq_q = 3000;
+  shape.seq_kv = 3000;
+  const BlockMask mask = BlockMask::random(shape, 0.2, 952);
+  check_case({1, 3000, 3000, 2, 1, 128, DType::kBF16, {}}, 953, &mask);
+  // Head dims with one variant: nothing to time.
+  const AttentionTuning single = tune_attention(ctx, Device::cuda(), DType::kBF16, {1, 500, 500, 4, 4, 96});
+  EXPECT_EQ(single.chosen, "wide");
+  EXPECT_TRUE(single.median_ms.empty());
+  // Errors.
+  AttentionTuneOptions bad;
+  bad.density = 0.0;
+  expect_error_naming([&] { tune_attention(ctx, Device::cuda(), DType::kBF16, dims, bad); }, "options.density");
+  bad = {};
+  bad.rounds = 0;
+  expect_error_naming([&] { tune_attention(ctx, Device::cuda(), DType::kBF16, dims, bad); }, "options.rounds");
+  expect_error_naming([&] { tune_attention(ctx, Device::cuda(), DType::kBF16, {1, 300, 300, 6, 4, 128}); }, "dims");
+  expect_error_naming([&] { tune_attention(ctx, Device::cuda(), DType::kF32, dims); }, "dtype");
+  expect_error_naming([] { force_attention_kernel_variant(Device::cuda(), 128, "tall"); }, "variant");
+  expect_error_naming([] { force_attention_kernel_variant(Device::cuda(), 96, "narrow"); }, "variant");
+  // Inside a graph capture tuning would time nothing real: an Error naming the stream.
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ExecContext capturing = ctx;
+  capturing.stream = stream;
+  clear_attention_tuning();
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  expect_error_naming([&] { tune_attention(capturing, Device::cuda(), DType::kBF16, dims); }, "ctx.stream");
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  clear_attention_tuning();
+}
+#endif
 
 TEST(AttentionGpu, StridedViewsOfPackedQkv) {
   SKIP_WITHOUT_GPU();

@@ -8,6 +8,7 @@
 
 #include "cuda/attention_cuda.h"
 #include "cuda/flash_params.h"
+#include "cuda/attention_tuning_cuda.h"
 #include "cuda/hopper/flash_forward_hopper.h"
 #include "cuda/hopper/fp8_operands.h"
 #include "cuda/hopper/work_order.h"
@@ -143,6 +144,12 @@ detail::Fp8Operands fp8_operands_in_workspace(const ExecContext& ctx, const Tens
   return detail::take_fp8_operands(slicer.rest(), fp8_shape_of(dims));
 }
 
+// The Hopper kernel variant this call's class was tuned to (attention_tuning.h).
+detail::HopperVariant chosen_variant(const TensorView& q, const TensorView& k, const detail::FlashParams& p, bool sparse) {
+  return detail::chosen_hopper_variant(detail::CallClass{q.device().index, static_cast<int>(q.size(3)), q.dtype(), sparse,
+                                                         p.has_hi || p.has_lo, q.size(1), k.size(1)});
+}
+
 }  // namespace
 
 size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims) {
@@ -167,7 +174,7 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
                                             ctx.stream);
   else if (detail::flash_forward_hopper_fits(head_dim, false, 0))
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)), {},
-                                        ctx.stream);
+                                        chosen_variant(q, k, p, false), ctx.stream);
   else
     detail::launch_flash_forward_dense(p, q.dtype(), head_dim, batch, ctx.stream);
   check_launch("attention_forward");
@@ -211,7 +218,7 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   } else if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,
-                                        ctx.stream);
+                                        chosen_variant(q, k, p, true), ctx.stream);
   } else {
     const int block_m = mask.block_q % 128 == 0 ? 128 : 64;
     detail::launch_flash_forward_sparse(p, q.dtype(), head_dim, block_m, batch, ctx.stream);

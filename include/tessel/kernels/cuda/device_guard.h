@@ -14,7 +14,7 @@ class DeviceGuard {
     if (previous_ == device) return;
     const cudaError_t status = cudaSetDevice(device);
     if (status != cudaSuccess)
-      throw Error(detail::concat("cudaSetDevice(", device, ") failed: ", cudaGetErrorString(status)));
+      throw Error(tessel::detail::concat("cudaSetDevice(", device, ") failed: ", cudaGetErrorString(status)));
     restore_ = true;
   }
   ~DeviceGuard() {

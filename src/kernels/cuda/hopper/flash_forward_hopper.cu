@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "cuda/hopper/device_support.h"
 #include "cuda/hopper/flash_forward_hopper_launch.h"
@@ -86,13 +88,13 @@ namespace {
 
 template <typename T>
 void launch_for_head_dim(const FlashParams& params, int head_dim, bool sparse, int batch, int heads_kv, DType dtype,
-                         const WorkOrder& order, cudaStream_t stream) {
+                         const WorkOrder& order, const HopperVariant& v, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_flash_forward_hopper_typed<T, 64>(params, sparse, batch, heads_kv, dtype, order, stream);
-    case 96: return launch_flash_forward_hopper_typed<T, 96>(params, sparse, batch, heads_kv, dtype, order, stream);
-    case 128: return launch_flash_forward_hopper_typed<T, 128>(params, sparse, batch, heads_kv, dtype, order, stream);
-    case 192: return launch_flash_forward_hopper_typed<T, 192>(params, sparse, batch, heads_kv, dtype, order, stream);
-    case 256: return launch_flash_forward_hopper_typed<T, 256>(params, sparse, batch, heads_kv, dtype, order, stream);
+    case 64: return launch_flash_forward_hopper_typed<T, 64>(params, sparse, batch, heads_kv, dtype, order, v, stream);
+    case 96: return launch_flash_forward_hopper_typed<T, 96>(params, sparse, batch, heads_kv, dtype, order, v, stream);
+    case 128: return launch_flash_forward_hopper_typed<T, 128>(params, sparse, batch, heads_kv, dtype, order, v, stream);
+    case 192: return launch_flash_forward_hopper_typed<T, 192>(params, sparse, batch, heads_kv, dtype, order, v, stream);
+    case 256: return launch_flash_forward_hopper_typed<T, 256>(params, sparse, batch, heads_kv, dtype, order, v, stream);
     default: throw Error(tessel::detail::concat("Hopper attention kernel: head dim ", head_dim, " has no instantiation"));
   }
 }
@@ -106,11 +108,20 @@ bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q) {
 }
 
 void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
-                                 int heads_kv, const WorkOrder& order, cudaStream_t stream) {
+                                 int heads_kv, const WorkOrder& order, const HopperVariant& variant, cudaStream_t stream) {
   if (dtype == DType::kBF16)
-    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
+    launch_for_head_dim<__nv_bfloat16>(params, head_dim, sparse, batch, heads_kv, dtype, order, variant, stream);
   else
-    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, order, stream);
+    launch_for_head_dim<__half>(params, head_dim, sparse, batch, heads_kv, dtype, order, variant, stream);
+}
+
+std::string hopper_variant_name(const HopperVariant& variant) {
+  return std::string(variant.narrow ? "narrow" : "wide") + (variant.ping_pong ? "+pingpong" : "");
+}
+
+std::vector<HopperVariant> hopper_variants_for(int head_dim) {
+  if (head_dim != 64 && head_dim != 128) return {HopperVariant{}};
+  return {HopperVariant{false, false}, HopperVariant{false, true}, HopperVariant{true, false}, HopperVariant{true, true}};
 }
 
 void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,

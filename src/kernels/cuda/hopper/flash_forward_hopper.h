@@ -7,6 +7,7 @@
 
 #include "cuda/flash_params.h"
 #include "cuda/hopper/fp8_operands.h"
+#include "cuda/hopper/kernel_variant.h"
 #include "cuda/hopper/work_items.h"
 #include "tessel/core/dtype.h"
 
@@ -20,8 +21,9 @@ bool flash_forward_hopper_fits(int head_dim, bool sparse, int block_q);
 // Launches on `stream`; params as for launch_flash_forward_dense/_sparse (flash_params.h), dtype
 // kBF16 or kF16. batch and heads_kv complete the shapes the tensor maps describe. A block mask's
 // items run longest first when `order` has memory (work_order.h), in a static order otherwise.
+// `variant` (kernel_variant.h) picks the tile shape and ping-pong where the head dim has them.
 void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int head_dim, bool sparse, int batch,
-                                 int heads_kv, const WorkOrder& order, cudaStream_t stream);
+                                 int heads_kv, const WorkOrder& order, const HopperVariant& variant, cudaStream_t stream);
 
 // The FP8 mode (AttentionPrecision::kFp8; head dim 128, dtype kBF16 or kF16 in and out): quantizes
 // params.q/k/v into `operands` (fp8_operands.h), then runs the kernel on them, both on `stream`.

@@ -94,13 +94,17 @@ struct StageInfo {
 //    per warpgroup (128 registers a thread at 256) beside S of 64 x 64 (32) and P (16).
 //  - FP8 (D = 128 only): Q, K rows are 128 bytes (one box wide), a V stage is 128 channels x 128
 //    key bytes: 16 KB Q tiles and 32 KB stages, so four stages and two Q buffers fit.
-template <int kPaddedD, bool kFp8 = false>
+//  - kNarrow (D <= 128, a tile shape the plan-time tuning may pick): stages of one 64-key sub-tile,
+//    half the bytes, so up to five of them and two Q buffers fit: the next item's Q loads during the
+//    current one and more K/V loads are in flight, for the price of S products half as wide.
+template <int kPaddedD, bool kFp8 = false, bool kNarrow = false>
 struct HopperConfig {
   static_assert(kPaddedD % 64 == 0 && kPaddedD >= 64 && kPaddedD <= 256, "head dims up to 256");
   static_assert(!kFp8 || kPaddedD == 128, "the FP8 mode has head dim 128");
+  static_assert(!kNarrow || (!kFp8 && kPaddedD <= 128), "narrow stages: 16-bit operands, head dims up to 128");
   static constexpr int kBoxColumns = kFp8 ? 128 : 64;  // elements of a 128-byte box row
   static constexpr int kHalves = kPaddedD / kBoxColumns;  // 128-byte column boxes of a Q or K row
-  static constexpr int kBlockN = kPaddedD <= 128 ? 128 : 64;  // keys per stage
+  static constexpr int kBlockN = kPaddedD <= 128 && !kNarrow ? 128 : 64;  // keys per stage
   static constexpr int kSubTiles = kBlockN / kSubTile;
   static constexpr uint32_t kQTileBytes = kHalves * kQHalfBytes;  // 128 rows x D columns
   static constexpr uint32_t kStageHalfBytes = kBlockN * 128;      // kBlockN keys x one column box
@@ -115,7 +119,7 @@ struct HopperConfig {
   static constexpr bool fits(int q_buffers, int stages) {
     return bytes_with(q_buffers, stages) + kAlignmentSlack <= kMaxSharedBytes;
   }
-  static constexpr int kStages = kFp8 && fits(2, 4) ? 4 : fits(1, 3) ? 3 : 2;
+  static constexpr int kStages = kNarrow ? (fits(2, 5) ? 5 : fits(2, 4) ? 4 : 3) : kFp8 && fits(2, 4) ? 4 : fits(1, 3) ? 3 : 2;
   static constexpr int kQBuffers = fits(2, kStages) ? 2 : 1;
   static_assert(fits(1, kStages), "Q and two stages exceed shared memory");
 
@@ -141,7 +145,11 @@ struct HopperConfig {
 
 }  // namespace hopper
 
-template <typename T, int D, bool kSparse, bool kFp8 = false>
+// kPingPong: the two consumer warpgroups take turns issuing their GEMMs (two named barriers, as
+// FlashAttention-3 schedules its warpgroups), so one warpgroup's softmax, first product of an item
+// and epilogue run while the other's GEMMs hold the tensor cores; without it both issue at once and
+// their softmaxes coincide. Whether that pays depends on the shape: the plan-time tuning decides.
+template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count,
@@ -151,7 +159,8 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
   constexpr int kPaddedD = (D + 63) / 64 * 64;
   static_assert(D % 16 == 0 && kPaddedD <= 256, "head dims 64, 96, 128, 192 and 256");
-  using SharedLayout = hopper::HopperConfig<kPaddedD, kFp8>;
+  using SharedLayout = hopper::HopperConfig<kPaddedD, kFp8, kNarrow>;
+  static_assert(!kPingPong || !kFp8, "ping-pong: 16-bit operands");
   constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
   constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
   constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
@@ -325,6 +334,18 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   const int ctid = tid - 128 * warpgroup;
   const int warp = ctid >> 5, lane = ctid & 31;
   const int group = lane >> 2, quad = lane & 3;
+  // Ping-pong turns: named barrier kTurnBarrier + w is warpgroup w's turn to issue; it waits there
+  // (bar.sync) for the other warpgroup's arrival (bar.arrive) after that one's GEMMs were issued.
+  // Both warpgroups take a turn at every stage of every item, so the turns alternate for the whole
+  // kernel; warpgroup 1 first gives warpgroup 0 its first turn.
+  constexpr int kTurnBarrier = 1;  // 0 is __syncthreads'
+  auto wait_turn = [&] {
+    if constexpr (kPingPong) asm volatile("bar.sync %0, %1;\n" ::"r"(kTurnBarrier + consumer), "n"(kConsumerThreads));
+  };
+  auto pass_turn = [&] {
+    if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBarrier + (consumer ^ 1)), "n"(kConsumerThreads));
+  };
+  if (consumer == 1) pass_turn();
   // The current item's rows: [wg_row0, wg_row0 + 63] for this warpgroup; keys in
   // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
   int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
@@ -523,7 +544,9 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       const int q_buffer = q_loads % kQBuffers;
       mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
       q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
+      wait_turn();
       issue_scores(iteration % kStages);
+      pass_turn();
       load_k_factors(info.n0, info.n1);
       wgmma_wait<0>();
       wgmma_fence_operands(s_acc);
@@ -537,8 +560,10 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       while (!info.last) {
         info = wait_stage(++iteration);
         const int stage = iteration % kStages;
+        wait_turn();
         issue_scores(stage);
         issue_values(held);
+        pass_turn();
         load_k_factors(info.n0, info.n1);
         wgmma_wait<1>();
         wgmma_fence_operands(s_acc);
@@ -560,7 +585,9 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         pack_probabilities();
         held = stage;
       }
+      wait_turn();
       issue_values(held);
+      pass_turn();
       wgmma_wait<0>();
 #pragma unroll
       for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);

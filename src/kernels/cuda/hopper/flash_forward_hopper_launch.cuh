@@ -16,13 +16,14 @@ namespace tessel::cuda::detail {
 
 // kFp8: the maps read the e4m3 operands of `fp8` (quantized before, in stream order) and the
 // kernel their scales; otherwise q, k, v of `p` directly.
-template <typename T, int D, bool kSparse, bool kFp8 = false>
+template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false>
 void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
                           cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
   constexpr int kPaddedD = (D + 63) / 64 * 64;
-  constexpr int kSmem = static_cast<int>(hopper::HopperConfig<kPaddedD, kFp8>::bytes(kSparse) + hopper::kAlignmentSlack);
+  constexpr int kSmem =
+      static_cast<int>(hopper::HopperConfig<kPaddedD, kFp8, kNarrow>::bytes(kSparse) + hopper::kAlignmentSlack);
   static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
-  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8>;
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -54,11 +55,32 @@ void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType d
   kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, params, batch, used);
 }
 
+// Defined and instantiated in flash_forward_hopper_d{64,128}_narrow.cu (TESSEL_INSTANTIATE_HOPPER_NARROW).
+template <typename T, int D, bool kPingPong>
+void launch_flash_forward_hopper_narrow(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                                        const WorkOrder& order, cudaStream_t stream);
+
+template <typename T, int D, bool kNarrow, bool kPingPong>
+void launch_hopper_variant(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                           const WorkOrder& order, cudaStream_t stream) {
+  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong>(params, batch, heads_kv, dtype, order, stream)
+         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong>(params, batch, heads_kv, dtype, order, stream);
+}
+
+// Head dims 64 and 128 have every variant (kernel_variant.h), each in its own file so that they
+// compile in parallel; the others have the default only.
 template <typename T, int D>
 void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
-                                       const WorkOrder& order, cudaStream_t stream) {
-  sparse ? launch_hopper_kernel<T, D, true>(params, batch, heads_kv, dtype, order, stream)
-         : launch_hopper_kernel<T, D, false>(params, batch, heads_kv, dtype, order, stream);
+                                       const WorkOrder& order, const HopperVariant& variant, cudaStream_t stream) {
+  if constexpr (D == 64 || D == 128) {
+    if (variant.narrow)
+      return variant.ping_pong
+                 ? launch_flash_forward_hopper_narrow<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
+                 : launch_flash_forward_hopper_narrow<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
+    if (variant.ping_pong)
+      return launch_hopper_variant<T, D, false, true>(params, sparse, batch, heads_kv, dtype, order, stream);
+  }
+  launch_hopper_variant<T, D, false, false>(params, sparse, batch, heads_kv, dtype, order, stream);
 }
 
 }  // namespace tessel::cuda::detail
@@ -66,6 +88,23 @@ void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, i
 // The explicit instantiations of one head dim's file (both element types).
 #define TESSEL_INSTANTIATE_HOPPER_LAUNCH(D)                                                                     \
   template void tessel::cuda::detail::launch_flash_forward_hopper_typed<__nv_bfloat16, D>(                     \
-      const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t);                                \
+      const FlashParams&, bool, int, int, DType, const WorkOrder&, const HopperVariant&, cudaStream_t);          \
   template void tessel::cuda::detail::launch_flash_forward_hopper_typed<__half, D>(                            \
-      const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t)
+      const FlashParams&, bool, int, int, DType, const WorkOrder&, const HopperVariant&, cudaStream_t)
+
+// The narrow-stage variants of one head dim (flash_forward_hopper_d*_narrow.cu, inside the
+// namespace): the definition of launch_flash_forward_hopper_narrow and its instantiations.
+#define TESSEL_INSTANTIATE_HOPPER_NARROW(D)                                                                           \
+  template <typename T, int kD, bool kPingPong>                                                                      \
+  void launch_flash_forward_hopper_narrow(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, \
+                                          const WorkOrder& order, cudaStream_t stream) {                             \
+    launch_hopper_variant<T, kD, true, kPingPong>(params, sparse, batch, heads_kv, dtype, order, stream);            \
+  }                                                                                                                  \
+  template void launch_flash_forward_hopper_narrow<__nv_bfloat16, D, false>(const FlashParams&, bool, int, int, DType, \
+                                                                            const WorkOrder&, cudaStream_t);         \
+  template void launch_flash_forward_hopper_narrow<__nv_bfloat16, D, true>(const FlashParams&, bool, int, int, DType,  \
+                                                                           const WorkOrder&, cudaStream_t);          \
+  template void launch_flash_forward_hopper_narrow<__half, D, false>(const FlashParams&, bool, int, int, DType,        \
+                                                                     const WorkOrder&, cudaStream_t);                \
+  template void launch_flash_forward_hopper_narrow<__half, D, true>(const FlashParams&, bool, int, int, DType,         \
+                                                                    const WorkOrder&, cudaStream_t)

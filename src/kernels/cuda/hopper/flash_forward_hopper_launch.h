@@ -8,6 +8,7 @@
 
 #include "cuda/flash_params.h"
 #include "cuda/hopper/fp8_operands.h"
+#include "cuda/hopper/kernel_variant.h"
 #include "cuda/hopper/work_items.h"
 #include "tessel/core/dtype.h"
 
@@ -24,11 +25,12 @@ CUtensorMap make_bshd_map(const void* data, DType dtype, int head_dim, int seq, 
 CUtensorMap make_fp8_token_map(const uint8_t* data, int head_dim, int seq, int heads, int batch);
 CUtensorMap make_fp8_transposed_map(const uint8_t* data, int head_dim, int seq_padded, int heads, int batch);
 
-// Launches the kernel for element type T (__nv_bfloat16 or __half) and head dim D; explicitly
-// instantiated in flash_forward_hopper_d<D>.cu.
+// Launches the kernel for element type T (__nv_bfloat16 or __half), head dim D and a variant
+// (ignored where the head dim has only the default); explicitly instantiated in
+// flash_forward_hopper_d<D>.cu.
 template <typename T, int D>
 void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
-                                       const WorkOrder& order, cudaStream_t stream);
+                                       const WorkOrder& order, const HopperVariant& variant, cudaStream_t stream);
 
 // The FP8 mode's launch (head dim 128, output type T), instantiated in flash_forward_hopper_fp8.cu.
 template <typename T>
