@@ -195,13 +195,6 @@ void WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents,
   const Shape expected = decoded_shape(latents.shape());
   if (video.dtype() != DType::kF32 || video.device() != device || !video.is_contiguous() || video.shape() != expected)
     fail_argument("video", "a contiguous fp32 tensor " + shape_str(expected) + " on " + device.str(), video.describe());
-  // The CUDA decoder is built for Wan 2.1's layout; the caller (WanPipeline) decodes a residual or
-  // patched VAE on the CPU instead.
-  if (config_.is_residual)
-    fail_argument("latents", "a CPU tensor (the CUDA VAE decoder does not have Wan 2.2's residual VAE, is_residual true)",
-                  latents.describe());
-  if (config_.patch_size != 1)
-    fail_argument("latents", "a CPU tensor (the CUDA VAE decoder does not have patched VAEs, patch_size > 1)", latents.describe());
 #ifdef TESSEL_VAE_CUDA
   const vae::cuda::CudaDecoder* decoder = nullptr;
   {

@@ -1,6 +1,8 @@
-// The Wan VAE decoder on CUDA against diffusers' AutoencoderKLWan (the fixture of wan_vae_test.cc:
-// a tiny random model, its float64 decode of 3 latent frames of 5 x 7 into 9 frames of 40 x 56)
-// and against the CPU decoder on random weights and latents of odd sizes. Skips without a GPU.
+// The Wan VAE decoder on CUDA against diffusers' AutoencoderKLWan (the fixtures of wan_vae_test.cc:
+// a tiny random Wan 2.1 model, its float64 decode of 3 latent frames of 5 x 7 into 9 frames of
+// 40 x 56, and Wan 2.2's residual, patched layout decoding 3 latent frames of 2 x 3 into 9 frames of
+// 32 x 48) and against the CPU decoder on random weights and latents of odd sizes. Skips without a
+// GPU.
 //
 // Tolerances. With TF32 off every product is fp32, as on the CPU, but cuDNN may pick Winograd or
 // FFT algorithms whose transforms round differently from a direct sum: the CUDA decode is held to
@@ -37,6 +39,7 @@ namespace {
 
 // The checkout's fixture, also when the binary was built elsewhere (TESSEL_SOURCE_DIR in the environment).
 const std::string kDir = (test_support::source_dir() / "tests/fixtures/diffusion/vae").string();
+const std::string kResidualDir = (test_support::source_dir() / "tests/fixtures/diffusion/vae_residual").string();
 
 // A device tensor of `shape` filled with NaN, so any value the decode does not write shows.
 Tensor poisoned_on_device(const Shape& shape) {
@@ -88,10 +91,10 @@ struct Fixture {
   WanVae vae;
   Tensor latents, expected;
 };
-Fixture load_fixture(bool tf32) {
-  WanVae vae = WanVae::load(kDir);
+Fixture load_fixture(bool tf32, const std::string& dir = kDir) {
+  WanVae vae = WanVae::load(dir);
   vae.set_cuda_tf32(tf32);
-  const SafetensorsFile io = SafetensorsFile::open(kDir + "/io.safetensors");
+  const SafetensorsFile io = SafetensorsFile::open(dir + "/io.safetensors");
   return Fixture{std::move(vae), io.load("latents"), io.load("video")};
 }
 
@@ -155,6 +158,85 @@ TEST(WanVaeGpu, RandomOddSizesMatchTheCpu) {
     expect_in_range(gpu);
     const double error = rel_l2(gpu.data_as<float>(), cpu.data_as<float>(), cpu.numel());
     std::printf("latents %s: CUDA vs CPU rel-L2 %.3g\n", shape_str(shape).c_str(), error);
+    EXPECT_LE(error, 1e-4) << shape_str(shape);
+  }
+}
+
+// Wan 2.2's residual, patched VAE (TI2V-5B's layout at small widths): the duplicated input of each
+// up block added after its upsampler, and the 12 decoded channels unpatchified into 2 x 2 pixels.
+TEST(WanResidualVaeGpu, DecodeMatchesDiffusersAndTheCpuInFp32) {
+  SKIP_WITHOUT_GPU();
+  const auto [vae, latents, expected] = load_fixture(false, kResidualDir);
+  ASSERT_TRUE(vae.config().is_residual);
+  ASSERT_EQ(vae.config().patch_size, 2);
+  const Tensor video = decode_on_gpu(vae, latents);
+  ASSERT_EQ(video.shape(), (Shape{1, 3, 9, 32, 48}));
+  ASSERT_EQ(video.shape(), expected.shape());
+  expect_in_range(video);
+  int64_t clamped = 0;
+  for (int64_t i = 0; i < video.numel(); ++i) clamped += std::abs(video.data_as<float>()[i]) == 1.0f;
+  EXPECT_GT(clamped, 0);  // the fixture reaches the clamp, so the comparison covers it
+  const double vs_diffusers = rel_l2(video.data_as<float>(), expected.data_as<float>(), expected.numel());
+  const Tensor cpu = vae.decode(ExecContext{}, latents);
+  const double vs_cpu = rel_l2(video.data_as<float>(), cpu.data_as<float>(), cpu.numel());
+  std::printf("Wan 2.2 residual VAE CUDA decode (fp32) rel-L2: %.3g vs diffusers float64, %.3g vs the CPU decode\n", vs_diffusers,
+              vs_cpu);
+  EXPECT_LE(vs_diffusers, 1e-4);
+  EXPECT_LE(vs_cpu, 1e-4);
+}
+
+TEST(WanResidualVaeGpu, DecodeWithTf32MatchesDiffusers) {
+  SKIP_WITHOUT_GPU();
+  const auto [vae, latents, expected] = load_fixture(true, kResidualDir);
+  const Tensor video = decode_on_gpu(vae, latents);
+  expect_in_range(video);
+  const double error = rel_l2(video.data_as<float>(), expected.data_as<float>(), expected.numel());
+  std::printf("Wan 2.2 residual VAE CUDA decode (TF32 convolutions) rel-L2 vs diffusers float64: %.3g\n", error);
+  EXPECT_LE(error, 1e-2);
+}
+
+// The shortcut drops its doubled first frame on the first chunk only: one latent frame gives the
+// first video frame and two the first five, on the device as on the CPU; a decode after decodes of
+// other sizes gives what it gave before.
+TEST(WanResidualVaeGpu, FewerLatentFramesGiveTheLeadingFramesAndRedecodingIsIdentical) {
+  SKIP_WITHOUT_GPU();
+  const auto [vae, latents, expected] = load_fixture(false, kResidualDir);
+  const Tensor first = decode_on_gpu(vae, latents);
+  for (int64_t kept : {1, 2}) {
+    const Tensor head = leading_frames(latents, kept);
+    const Tensor video = decode_on_gpu(vae, head);
+    const int64_t out_frames = 4 * (kept - 1) + 1;
+    ASSERT_EQ(video.shape(), (Shape{1, 3, out_frames, 32, 48}));
+    expect_in_range(video);
+    EXPECT_LE(leading_rel_l2(video, expected, out_frames), 1e-4) << kept << " latent frames vs diffusers";
+    const Tensor cpu = vae.decode(ExecContext{}, head);
+    EXPECT_LE(rel_l2(video.data_as<float>(), cpu.data_as<float>(), cpu.numel()), 1e-4) << kept << " latent frames vs the CPU";
+  }
+  const Tensor again = decode_on_gpu(vae, latents);
+  EXPECT_EQ(std::memcmp(first.data_as<float>(), again.data_as<float>(), first.nbytes()), 0);
+}
+
+// Random weights of the tiny TI2V preset's VAE (48 latent channels, Wan 2.2's residual layout at
+// decoder width 4), latents of odd sizes and 1 to 3 frames: CUDA (fp32) against the CPU decode.
+TEST(WanResidualVaeGpu, RandomTi2vWeightsAtOddSizesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const WanVaeConfig config = tiny_ti2v_wan_vae_config();
+  ASSERT_TRUE(config.is_residual);
+  uint64_t seed = 23;
+  const std::map<std::string, Tensor> weights = random_model_weights(wan_vae_weight_specs(config), seed++);
+  WanVae vae(config, weights);
+  vae.set_cuda_tf32(false);
+  const Shape sizes[] = {{1, config.z_dim, 1, 3, 5}, {1, config.z_dim, 2, 5, 3}, {1, config.z_dim, 3, 1, 7}};
+  for (const Shape& shape : sizes) {
+    Tensor latents = Tensor::empty(shape, DType::kF32);
+    fill_normal(latents.view(), seed++);
+    const Tensor cpu = vae.decode(ExecContext{}, latents);
+    const Tensor gpu = decode_on_gpu(vae, latents);
+    ASSERT_EQ(gpu.shape(), cpu.shape());
+    ASSERT_EQ(gpu.shape(), (Shape{1, 3, 4 * (shape[2] - 1) + 1, 16 * shape[3], 16 * shape[4]}));
+    expect_in_range(gpu);
+    const double error = rel_l2(gpu.data_as<float>(), cpu.data_as<float>(), cpu.numel());
+    std::printf("residual VAE latents %s: CUDA vs CPU rel-L2 %.3g\n", shape_str(shape).c_str(), error);
     EXPECT_LE(error, 1e-4) << shape_str(shape);
   }
 }

@@ -275,15 +275,16 @@ TEST(WanResidualVae, BadResidualConfigsAreErrorsNamingTheKey) {
     EXPECT_NE(message.find("vae/config.json"), std::string::npos) << message;
     EXPECT_NE(message.find(key), std::string::npos) << key << ": " << message;
   }
-  // The CUDA decoder has Wan 2.1's layout only: latents on a CUDA device are refused naming
-  // is_residual before any device work (WanPipeline then decodes on the CPU). Views that only claim
-  // the device reach that check on a machine without a GPU: nothing is read through them.
+  // Latents on a CUDA device go to the CUDA decoder, which checks the video against the patched
+  // shape (16x the latent size) before any device work. Views that only claim the device reach that
+  // check on a machine without a GPU: nothing is read through them.
   const WanVae vae = WanVae::load(kResidualDir);
-  std::vector<float> latents(8 * 2 * 3), video(3 * 32 * 48);
+  std::vector<float> latents(8 * 2 * 3), video(3 * 16 * 24);
   const TensorView device_latents(latents.data(), DType::kF32, Device::cuda(0), {1, 8, 1, 2, 3});
-  const TensorView device_video(video.data(), DType::kF32, Device::cuda(0), {1, 3, 1, 32, 48});
-  const std::string device_error = error_of([&] { vae.decode(ExecContext{}, device_latents, device_video); });
-  EXPECT_NE(device_error.find("is_residual"), std::string::npos) << device_error;
+  const TensorView unpatched_video(video.data(), DType::kF32, Device::cuda(0), {1, 3, 1, 16, 24});
+  const std::string device_error = error_of([&] { vae.decode(ExecContext{}, device_latents, unpatched_video); });
+  EXPECT_NE(device_error.find("video"), std::string::npos) << device_error;
+  EXPECT_NE(device_error.find("(1, 3, 1, 32, 48)"), std::string::npos) << device_error;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The Wan video VAE, as diffusers' AutoencoderKLWan computes it (Wan 2.1's layout and Wan 2.2's
-// residual, patched one), fp32 on the CPU or, for Wan 2.1's layout, on a CUDA device (cuDNN
-// convolutions, TF32 allowed by default as PyTorch allows it).
+// residual, patched one), fp32 on the CPU or on a CUDA device (cuDNN convolutions, TF32 allowed by
+// default as PyTorch allows it).
 //
 // Decoding runs the way diffusers runs it: post_quant_conv over all latent frames, then the decoder
 // one latent frame at a time. Every causal 3-D convolution keeps the last two frames it was given
@@ -98,9 +98,8 @@ class WanVae {
   // Runs where the latents are: on the CPU, or on a CUDA device (ctx.device, when not the default
   // CPU context, must be that device), where the first decode uploads the decoder's weights once
   // and later decodes reuse them. A CUDA decode enqueues on ctx.stream and returns when the stream
-  // has finished it; it needs cuDNN (libcudnn.so.9, opened at run time: a missing one is an Error).
-  // The CUDA decoder has Wan 2.1's layout only: a residual or patched VAE on a CUDA device is an
-  // Error naming is_residual / patch_size (WanPipeline then decodes on the CPU, with a warning).
+  // has finished it; it needs cuDNN (libcudnn.so.9, opened at run time: a missing one is an Error,
+  // and WanPipeline then decodes on the CPU, with a warning).
   void decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const;
   Tensor decode(const ExecContext& ctx, const TensorView& latents) const;
 

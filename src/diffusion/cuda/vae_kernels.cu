@@ -111,12 +111,28 @@ __global__ void softmax_columns_kernel(float* scores, int64_t keys, int64_t quer
   }
 }
 
-__global__ void clamp_into_kernel(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
-                                  int64_t first, int64_t plane) {
-  const int64_t per_channel = frames * plane;
+__global__ void add_duplicate_upsample_kernel(const float* in, int64_t in_frames, int64_t height, int64_t width, float* x,
+                                              int64_t out_channels, int64_t out_frames, int64_t time_factor, int64_t dropped,
+                                              int64_t repeats) {
+  const int64_t out_width = 2 * width, out_plane = 4 * height * width;
+  TESSEL_GRID_STRIDE(i, out_channels * out_frames * out_plane) {
+    const int64_t o = i / (out_frames * out_plane), rest = i % (out_frames * out_plane);
+    const int64_t frame = rest / out_plane + dropped, pixel = rest % out_plane, y = pixel / out_width, x_out = pixel % out_width;
+    const int64_t t = frame / time_factor, a = frame % time_factor;
+    const int64_t channel = (o * time_factor * 4 + (a * 2 + y % 2) * 2 + x_out % 2) / repeats;
+    x[i] += in[((channel * in_frames + t) * height + y / 2) * width + x_out / 2];
+  }
+}
+
+__global__ void unpatchify_clamp_into_kernel(const float* decoded, float* video, int64_t channels, int64_t frames,
+                                             int64_t video_frames, int64_t first, int64_t height, int64_t width, int64_t patch) {
+  const int64_t out_width = patch * width, out_plane = patch * height * out_width, per_channel = frames * out_plane;
   TESSEL_GRID_STRIDE(i, channels * per_channel) {
-    const int64_t c = i / per_channel, rest = i % per_channel;
-    video[(c * video_frames + first) * plane + rest] = fminf(fmaxf(decoded[i], -1.0f), 1.0f);
+    const int64_t c = i / per_channel, rest = i % per_channel, f = rest / out_plane, pixel = rest % out_plane;
+    const int64_t y = pixel / out_width, x = pixel % out_width;
+    const int64_t source = (c * patch + x % patch) * patch + y % patch;
+    const float v = decoded[((source * frames + f) * height + y / patch) * width + x / patch];
+    video[(c * video_frames + first) * out_plane + rest] = fminf(fmaxf(v, -1.0f), 1.0f);
   }
 }
 
@@ -164,10 +180,18 @@ void launch_softmax_columns(float* scores, int64_t keys, int64_t queries, float 
   softmax_columns_kernel<<<grid, kSoftmaxThreads, 0, stream>>>(scores, keys, queries, scale);
 }
 
-void launch_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
-                       int64_t first, int64_t plane, cudaStream_t stream) {
-  clamp_into_kernel<<<blocks_for(channels * frames * plane), kThreads, 0, stream>>>(decoded, video, channels, frames, video_frames,
-                                                                                   first, plane);
+void launch_add_duplicate_upsample(const float* in, int64_t in_channels, int64_t in_frames, int64_t height, int64_t width, float* x,
+                                   int64_t out_channels, int64_t time_factor, bool first_chunk, cudaStream_t stream) {
+  const int64_t dropped = first_chunk ? time_factor - 1 : 0, out_frames = in_frames * time_factor - dropped;
+  const int64_t repeats = out_channels * time_factor * 4 / in_channels;
+  add_duplicate_upsample_kernel<<<blocks_for(out_channels * out_frames * 4 * height * width), kThreads, 0, stream>>>(
+      in, in_frames, height, width, x, out_channels, out_frames, time_factor, dropped, repeats);
+}
+
+void launch_unpatchify_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
+                                  int64_t first, int64_t height, int64_t width, int64_t patch, cudaStream_t stream) {
+  unpatchify_clamp_into_kernel<<<blocks_for(channels * frames * patch * patch * height * width), kThreads, 0, stream>>>(
+      decoded, video, channels, frames, video_frames, first, height, width, patch);
 }
 
 void check_launch(const char* what) {

@@ -42,10 +42,22 @@ void launch_transpose(const float* in, float* out, int64_t rows, int64_t cols, c
 // scale * score, in place.
 void launch_softmax_columns(float* scores, int64_t keys, int64_t queries, float scale, cudaStream_t stream);
 
-// video[c, first + f] = clamp(decoded[c, f], -1, 1) for f < frames; decoded (channels, frames,
-// plane), video (channels, video_frames, plane).
-void launch_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
-                       int64_t first, int64_t plane, cudaStream_t stream);
+// The residual up block's shortcut (diffusers' DupUp3D) added into x, as vae::duplicate_upsample
+// and add_in_place compute it on the CPU: x (out_channels, out_frames, 2 height, 2 width) +=
+// in (in_channels, in_frames, height, width) with each input channel spread over a block of
+// out_channels * time_factor * 4 / in_channels consecutive values of the (out_channels,
+// time_factor, 2, 2) grid of each input pixel. On the first chunk the first time_factor - 1 of
+// those frames are dropped (the upsampler made one frame there, not time_factor), so out_frames is
+// in_frames * time_factor - (first_chunk ? time_factor - 1 : 0).
+void launch_add_duplicate_upsample(const float* in, int64_t in_channels, int64_t in_frames, int64_t height, int64_t width, float* x,
+                                   int64_t out_channels, int64_t time_factor, bool first_chunk, cudaStream_t stream);
+
+// video[c, first + f, Y, X] = clamp(decoded[(c patch + X % patch) patch + Y % patch, f, Y / patch,
+// X / patch], -1, 1) for f < frames: diffusers' unpatchify, then the clamp. decoded is
+// (channels patch^2, frames, height, width), video (channels, video_frames, patch height,
+// patch width); patch 1 is a clamped copy of decoded's frames.
+void launch_unpatchify_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
+                                  int64_t first, int64_t height, int64_t width, int64_t patch, cudaStream_t stream);
 
 // Throws Error naming `what` when the last launch failed.
 void check_launch(const char* what);

@@ -7,7 +7,8 @@
 
 namespace tessel::vae::cuda {
 
-CudaDecoder::CudaDecoder(const WanVaeConfig& config, const WeightMap& weights, Device device) : device_(device), z_dim_(config.z_dim) {
+CudaDecoder::CudaDecoder(const WanVaeConfig& config, const WeightMap& weights, Device device)
+    : device_(device), z_dim_(config.z_dim), patch_(config.patch_size) {
   const tessel::cuda::DeviceGuard guard(device.index);
   convolutions_ = std::make_unique<CudnnConvolutions>();  // opens cuDNN first: no upload when it is missing
   std::vector<float> inverse_std(config.latents_std.size());
@@ -32,7 +33,11 @@ CudaDecoder::CudaDecoder(const WanVaeConfig& config, const WeightMap& weights, D
       stage.resnets.emplace_back(weights, prefix + ".resnets." + std::to_string(r), r == 0 ? layout[i].in_dim : layout[i].out_dim,
                                  layout[i].out_dim, slots, device);
     if (layout[i].upsample)
-      stage.upsampler = std::make_unique<DeviceUpsampler>(weights, prefix + ".upsamplers.0", layout[i].temporal, slots, device);
+      stage.upsampler = std::make_unique<DeviceUpsampler>(weights, prefix + "." + layout[i].upsampler_name, layout[i].temporal,
+                                                          slots, device);
+    stage.duplicate_shortcut = layout[i].duplicate_shortcut;
+    stage.out_dim = layout[i].upsample_dim;
+    stage.time_factor = layout[i].temporal ? 2 : 1;
     stages_.push_back(std::move(stage));
   }
   norm_out_ = upload(weights, "decoder.norm_out.gamma", device);
@@ -67,14 +72,36 @@ void CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t fram
       launch_copy_frames(quantized.data(), frames, t, x.data(), 1, 0, 1, z_dim_, height * width, stream);
       x = mid_->forward(dc, conv_in_.forward(dc, x, cache), cache);
       for (const UpStage& stage : stages_) {
-        for (const DeviceResidualBlock& block : stage.resnets) x = block.forward(dc, x, cache);
+        // Only a residual up block reads its input after its blocks: elsewhere the input's buffer
+        // goes back to the pool as soon as the first block has read it.
+        DeviceFrames input;
+        if (stage.duplicate_shortcut) input = std::move(x);
+        const DeviceFrames* block_input = stage.duplicate_shortcut ? &input : &x;
+        for (const DeviceResidualBlock& block : stage.resnets) {
+          x = block.forward(dc, *block_input, cache);
+          block_input = &x;
+        }
         if (stage.upsampler) x = stage.upsampler->forward(dc, x, cache);
+        if (stage.duplicate_shortcut) {
+          // The kernel reads the input at positions derived from the output's shape: shapes that
+          // disagree would read past the input.
+          const int64_t dropped = t == 0 ? stage.time_factor - 1 : 0;
+          if (x.channels != stage.out_dim || x.frames != input.frames * stage.time_factor - dropped || x.height != 2 * input.height ||
+              x.width != 2 * input.width)
+            throw Error(detail::concat("Wan VAE CUDA decode: an up block made (", x.channels, ", ", x.frames, ", ", x.height, ", ",
+                                       x.width, ") from (", input.channels, ", ", input.frames, ", ", input.height, ", ",
+                                       input.width, "), which its duplicated input does not match"));
+          launch_add_duplicate_upsample(input.data(), input.channels, input.frames, input.height, input.width, x.data(),
+                                        stage.out_dim, stage.time_factor, t == 0, stream);
+          check_launch("duplicate upsampling");
+        }
       }
       launch_rms_norm(x.data(), x.data(), norm_out_.data_as<const float>(), x.channels, x.frames * x.plane(), true, stream);
       const DeviceFrames decoded = conv_out_.forward(dc, x, cache);
       if (written + decoded.frames > video_frames)
         throw Error(detail::concat("Wan VAE CUDA decode: chunk ", t, " decoded ", decoded.frames, " frames past the video's ", video_frames));
-      launch_clamp_into(decoded.data(), video, decoded.channels, decoded.frames, video_frames, written, decoded.plane(), stream);
+      launch_unpatchify_clamp_into(decoded.data(), video, decoded.channels / (patch_ * patch_), decoded.frames, video_frames, written,
+                                   decoded.height, decoded.width, patch_, stream);
       check_launch("output");
       written += decoded.frames;
     }

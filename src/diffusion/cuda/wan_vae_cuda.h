@@ -29,8 +29,9 @@ class CudaDecoder {
   CudaDecoder(const WanVaeConfig& config, const WeightMap& weights, Device device);
   ~CudaDecoder();
 
-  // latents (1, z_dim, frames, height, width) and video (1, out_channels, 4 (frames - 1) + 1,
-  // 8 height, 8 width), fp32 contiguous on this decoder's device (shapes checked by the caller).
+  // latents (1, z_dim, frames, height, width) and video (WanVae::decoded_shape: 3 colour channels,
+  // 4 (frames - 1) + 1 frames of spatial_compression() times the latent height and width), fp32
+  // contiguous on this decoder's device (shapes checked by the caller).
   // Enqueues on `stream` and waits for it: the decoder's buffers are reused by the next decode,
   // which may come on another stream.
   void decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
@@ -42,9 +43,13 @@ class CudaDecoder {
   struct UpStage {
     std::vector<DeviceResidualBlock> resnets;
     std::unique_ptr<DeviceUpsampler> upsampler;
+    // Residual up blocks (Wan 2.2): the stage's input, duplicated up to the output's size
+    // (out_dim channels, time_factor frames per frame), is added to the output.
+    bool duplicate_shortcut = false;
+    int64_t out_dim = 0, time_factor = 1;
   };
   Device device_;
-  int64_t z_dim_ = 0, slots_ = 0;
+  int64_t z_dim_ = 0, slots_ = 0, patch_ = 1;
   Tensor mean_, inverse_std_;
   DeviceConv post_quant_, conv_in_, conv_out_;
   std::unique_ptr<DeviceMidBlock> mid_;
