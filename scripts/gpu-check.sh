@@ -9,7 +9,8 @@
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
 #      `tessel bench --device cuda` at the benchmark shapes (B=1, H=40, D=128, bf16,
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1; head dims 64, 96, 192, 256 at S=6630;
-#      FP8 against bf16 with --fp8 at every S) and the peers of bench/peer_attention.py
+#      FP8 against bf16 with --fp8 at every S; every Hopper kernel variant with the plan-time
+#      tuning's choice at every S and at short lengths, D=64/128) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
 #      per-head calibration on the device (`tessel calibrate --device cuda`, synthetic video data,
@@ -23,10 +24,12 @@
 #      diffusers' AutoencoderKLWan.decode on the same shape, and tessel's video against diffusers' on
 #      the same random weights and latents (bench/diffusers_vae_decode.py --parity);
 #   7. end to end Wan 1.3B text-to-video (bench/diffusers_wan_pipeline.py, when diffusers imports):
-#      diffusers' WanPipeline against `tessel generate --device cuda` (dense, dynamic_topk 0.2,
-#      + TeaCache) on one random model directory from the same embeddings and latents: per-step time,
-#      peak memory, frames PSNR; --wan-pipeline-args "..." replaces its size/steps (default a short
-#      run: --frames 21 --steps 4; the issue's run is --frames 81 --steps 10);
+#      diffusers' WanPipeline against `tessel generate --device cuda` (dense, dynamic_topk 0.2 and
+#      + TeaCache, radial, XAttention threshold 0.9, dense + TeaCache, dense + DBCache, and dense with
+#      tessel's own UMT5 on the prompts) on one random model directory from the same embeddings and
+#      latents: per-step time, peak memory, frames PSNR, cache skips, text encoders side by side;
+#      --wan-pipeline-args "..." replaces its size/steps or adds --variants (default a short run:
+#      --frames 21 --steps 4; the issue's run is --frames 81 --steps 10);
 #   8. print the side-by-side table last.
 # cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
 # put on LD_LIBRARY_PATH when that wheel is installed.
@@ -140,7 +143,7 @@ if [[ $RUN_TESTS == 1 ]]; then
 fi
 
 if [[ $RUN_SANITIZER == 1 ]] && command -v compute-sanitizer >/dev/null; then
-  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D96:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D256:*FullMaskEqualsDense/fp16_D192:*FullMaskEqualsDense/fp16_D128:*ManyItemsPerMultiprocessor/bf16_D64:*MergeWithEmptyParts*:*StridedViews*'
+  SMALL='*EmptyRowsGiveZeroAndMinusInfinity/bf16_D128:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D96:*EmptyRowsGiveZeroAndMinusInfinity/bf16_D256:*FullMaskEqualsDense/fp16_D192:*FullMaskEqualsDense/fp16_D128:*ManyItemsPerMultiprocessor/bf16_D64:*MergeWithEmptyParts*:*StridedViews*:*SmallCasesEveryVariant/bf16_D128:*SmallCasesEveryVariant/fp16_D64'
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     if compute-sanitizer --tool "$tool" --error-exitcode 3 "$GPU_TEST" --gtest_filter="$SMALL" >"$OUTDIR/$tool.log" 2>&1 &&
@@ -186,6 +189,26 @@ if [[ $RUN_BENCH == 1 ]]; then
     echo "== tessel bench --fp8 S=$s"
     "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim 128 --seq "$s" \
       --density 1,0.2 --fp8 --iters "$ITERS" --warmup 3 >>"$OUTDIR/fp8.txt" 2>&1 || echo "bench --fp8 S=$s FAILED" >>"$OUTDIR/fp8.txt"
+  done
+  # The Hopper kernel's variants (64-key stages, ping-pong) side by side in one run per shape, each
+  # with the plan-time tuning's own choice, and short sequences against SDPA at the same shapes.
+  : >"$OUTDIR/variants.txt"
+  for s in $SEQS; do
+    echo "== tessel bench --kernel-variants all S=$s"
+    "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim 128 --seq "$s" --density 1,0.5,0.2,0.1 \
+      --kernel-variants all --tune --iters "$ITERS" --warmup 3 >>"$OUTDIR/variants.txt" 2>&1 ||
+      echo "bench --kernel-variants S=$s FAILED" >>"$OUTDIR/variants.txt"
+  done
+  for shape in "64 40 6630" "64 24 1024" "64 24 2048" "128 24 1024" "128 24 2048"; do
+    read -r d h s <<<"$shape"
+    echo "== tessel bench --kernel-variants all D=$d H=$h S=$s"
+    "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads "$h" --head-dim "$d" --seq "$s" --density 1,0.2 \
+      --kernel-variants all --tune --iters "$ITERS" --warmup 3 >>"$OUTDIR/variants.txt" 2>&1 ||
+      echo "bench --kernel-variants D=$d S=$s FAILED" >>"$OUTDIR/variants.txt"
+    if [[ $RUN_PEERS == 1 ]]; then
+      PYTHONUNBUFFERED=1 python3 "$ROOT/bench/peer_attention.py" --seq "$s" --heads "$h" --dim "$d" --reps "$ITERS" --no-flex \
+        2>&1 | grep -E "^sdpa_|^torch" | sed "s/^/  peer D=$d H=$h: /" >>"$OUTDIR/variants.txt" || true
+    fi
   done
 fi
 
@@ -249,6 +272,7 @@ if [[ $RUN_WAN_PIPELINE == 1 ]]; then
     echo "== Wan text-to-video end to end: diffusers WanPipeline vs tessel generate --device cuda ($WAN_PIPELINE_ARGS)"
     # shellcheck disable=SC2086  # the arguments are a list on purpose
     PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_wan_pipeline.py" --tessel "$TESSEL" --model "${WAN_MODEL:-$OUTDIR/wan-1.3b-random}" \
+      --variants dense,topk,topk+teacache,radial,threshold,dense+teacache,dense+dbcache,dense+text \
       --out "$OUTDIR/wan_pipeline" --json "$OUTDIR/wan_pipeline.json" $WAN_PIPELINE_ARGS >"$OUTDIR/wan_pipeline.log" 2>&1 ||
       echo "diffusers_wan_pipeline FAILED" >>"$OUTDIR/wan_pipeline.log"
   else
@@ -276,6 +300,7 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
 [[ -s "$OUTDIR/vae_decode.txt" ]] && { sed -n '/== side by side/,$p' "$OUTDIR/vae_decode.txt"; grep -E "^Wan VAE|FAILED|Error" "$OUTDIR/vae_decode.txt" || true; }
 [[ -s "$OUTDIR/fp8.txt" ]] && cat "$OUTDIR/fp8.txt"
+[[ -s "$OUTDIR/variants.txt" ]] && cat "$OUTDIR/variants.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
 elif [[ $RUN_BENCH == 1 ]]; then

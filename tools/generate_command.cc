@@ -147,12 +147,23 @@ Tensor load_named(const SafetensorsFile& file, const std::string& name, const st
 
 // The conditional and (with guidance) unconditional text embeddings, from --prompt through the
 // model's tokenizer and text encoder, or read from --embeddings.
+// `encode_seconds` gets the time of the encoder's forward alone (tokenizing included, loading the
+// weights not); it stays 0 for --embeddings.
 std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx,
-                                          Device device) {
+                                          Device device, double& encode_seconds) {
   if (prompt_set) {
     const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir, device);
-    if (!guided) return {encoder.encode(ctx, {o.prompt}), Tensor{}};
+    const auto encode_start = std::chrono::steady_clock::now();
+    const auto encode_seconds_now = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_start).count();
+    };
+    if (!guided) {
+      Tensor prompt = encoder.encode(ctx, {o.prompt});
+      encode_seconds = encode_seconds_now();
+      return {std::move(prompt), Tensor{}};
+    }
     const Tensor both = encoder.encode(ctx, {o.prompt, o.negative_prompt});
+    encode_seconds = encode_seconds_now();
     const int64_t length = both.size(1), width = both.size(2);
     Tensor prompt = Tensor::empty({1, length, width}, DType::kF32), negative = Tensor::empty({1, length, width}, DType::kF32);
     std::copy_n(both.data_as<float>(), length * width, prompt.data_as<float>());
@@ -172,6 +183,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // Where a generation's time went, and the device memory it held at the step boundaries.
 struct GenerateTimings {
   double text_seconds = 0.0;      // tokenizer and text encoder (or reading --embeddings)
+  double text_encode_seconds = 0.0;  // of which the encoder's forward (0 with --embeddings)
   double generate_seconds = 0.0;  // the denoising loop and the VAE decode
   std::vector<double> step_seconds;
   double scheduler_seconds = 0.0;
@@ -193,6 +205,8 @@ void print_timings(const GenerateTimings& t, Device device, const std::optional<
                            {"dtype", device.is_cuda() ? "bf16" : "fp32"},
                            {"steps", steps_done},
                            {"text_encoder_s", t.text_seconds},
+                           {"text_encoder_load_s", t.text_seconds - t.text_encode_seconds},
+                           {"text_encode_s", t.text_encode_seconds},
                            {"denoise_s", denoise},
                            {"step_s", t.step_seconds},
                            {"scheduler_s", t.scheduler_seconds},
@@ -275,7 +289,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   GenerateTimings timings;
   const std::optional<DeviceMemory> memory_at_start = device_memory(device);
   const auto text_start = std::chrono::steady_clock::now();
-  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx, device);
+  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx, device, timings.text_encode_seconds);
   timings.text_seconds = seconds_since(text_start);
   const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
   Tensor noise;
