@@ -10,10 +10,14 @@
 // The branches run as one batch, so the middle blocks run for both when either cannot reuse (both
 // then keep fresh buffers, as cache-dit does for a computed step). Counting consecutive skips is
 // cache-dit's steady-state behaviour: at most max_continuous skips in a row, then one computed step.
+// The decisions are made here, on the host, for every device; both residuals live where the hidden
+// states do (branch_residuals.h: host vectors, or device buffers whose change is reduced on the
+// device and read back, one small copy per branch compared).
 #include <array>
 #include <cmath>
-#include <vector>
+#include <memory>
 
+#include "branch_residuals.h"
 #include "cache_backend_kinds.h"
 #include "tessel/core/error.h"
 #include "tessel/diffusion/cache_backend.h"
@@ -33,10 +37,15 @@ class DBCache final : public CacheBackend, public WanBlockCache {
         max_consecutive_(config.dbcache_max_consecutive_cached_steps) {}
 
   std::string_view name() const override { return "dbcache"; }
-  void refresh(int64_t) override { branches_ = {}; }
+  void refresh(int64_t) override {
+    branches_ = {};
+    first_residuals_->clear();
+    middle_residuals_->clear();
+  }
   WanBlockCache* block_cache() override { return this; }
   int64_t leading_blocks() const override { return first_; }
   int64_t trailing_blocks() const override { return last_; }
+  bool handles_device(Device device) const override { return device.is_cpu() || (device.is_cuda() && cuda_compiled()); }
 
   CacheStats stats() const override {
     CacheStats stats;
@@ -56,26 +65,25 @@ class DBCache final : public CacheBackend, public WanBlockCache {
     // Each rank would judge its own shard and could decide otherwise than the others.
     if (input.sequence_sharded)
       fail_argument("dbcache", "an unsharded sequence (the residual change is not reduced across ranks)", "sequence parallelism");
+    if (input.embeddings == nullptr) fail_argument("dbcache embeddings", "the patch embeddings block 0 got", "none");
     const size_t size = static_cast<size_t>(input.tokens * input.dim);
-    std::array<std::vector<float>, 2> residuals;
+    use_residuals_on(input.device);
+    // One branch that cannot reuse makes the batch run: the others are not compared.
     bool run = false;
-    for (int64_t b = 0; b < input.batch; ++b) {
-      std::vector<float>& residual = residuals[static_cast<size_t>(b)];
-      keep_span_residual(residual, hidden, input.embeddings, b, size);
-      Branch& branch = branches_[cache_branch(input, b)];
-      // The branch's own forwards count the warm-up, as a cache-dit context counts its transformer's
-      // steps: a second expert (Wan 2.2) warms up from its first step.
-      run = run || !can_reuse(branch, branch.computed + branch.skipped, residual);
+    for (int64_t b = 0; b < input.batch && !run; ++b) {
+      const size_t offset = static_cast<size_t>(b) * size;
+      run = !can_reuse(cache_branch(input, b), input.embeddings + offset, hidden + offset, size, input.stream);
     }
     for (int64_t b = 0; b < input.batch; ++b) {
-      Branch& branch = branches_[cache_branch(input, b)];
+      const size_t index = cache_branch(input, b), offset = static_cast<size_t>(b) * size;
+      Branch& branch = branches_[index];
       if (run) {
-        branch.first_residual = std::move(residuals[static_cast<size_t>(b)]);
+        first_residuals_->store(index, input.embeddings + offset, hidden + offset, size, input.stream);
         branch.consecutive = 0;
         ++branch.computed;
         continue;
       }
-      add_span_residual(hidden, b, branch.middle_residual);
+      middle_residuals_->add_to(index, hidden + offset, size, input.stream);
       ++branch.consecutive;
       ++branch.skipped;
     }
@@ -84,39 +92,52 @@ class DBCache final : public CacheBackend, public WanBlockCache {
 
   void after_blocks(const WanBlockCacheInput& input, const float* blocks_input, const float* hidden) override {
     const size_t size = static_cast<size_t>(input.tokens * input.dim);
-    for (int64_t b = 0; b < input.batch; ++b)
-      keep_span_residual(branches_[cache_branch(input, b)].middle_residual, hidden, blocks_input, b, size);
+    use_residuals_on(input.device);
+    for (int64_t b = 0; b < input.batch; ++b) {
+      const size_t offset = static_cast<size_t>(b) * size;
+      middle_residuals_->store(cache_branch(input, b), blocks_input + offset, hidden + offset, size, input.stream);
+    }
   }
 
  private:
   struct Branch {
-    std::vector<float> first_residual;   // R of the last computed forward
-    std::vector<float> middle_residual;  // what the middle blocks added in it
     int64_t computed = 0;
     int64_t skipped = 0;
     int64_t consecutive = 0;  // skips since the last computed forward
   };
 
-  bool can_reuse(const Branch& branch, int64_t step, const std::vector<float>& residual) const {
-    if (step < warmup_ || thresh_ <= 0.0) return false;
+  // Whether branch `index` may reuse, given the Fn output `hidden` and the `embeddings` of its row
+  // (`size` values each, on the residuals' device).
+  bool can_reuse(size_t index, const float* embeddings, const float* hidden, size_t size, StreamHandle stream) const {
+    const Branch& branch = branches_[index];
+    // The branch's own forwards count the warm-up, as a cache-dit context counts its transformer's
+    // steps: a second expert (Wan 2.2) warms up from its first step.
+    if (branch.computed + branch.skipped < warmup_ || thresh_ <= 0.0) return false;
     if (max_cached_ >= 0 && branch.skipped >= max_cached_) return false;
     if (max_consecutive_ >= 0 && branch.consecutive >= max_consecutive_) return false;
-    if (branch.first_residual.size() != residual.size() || branch.middle_residual.size() != residual.size()) return false;
+    if (!first_residuals_->has(index, size) || !middle_residuals_->has(index, size)) return false;
     if (thresh_ >= 1.0) return true;  // cache-dit: a threshold of 1 or more means always similar
-    double change = 0.0, magnitude = 0.0;
-    for (size_t i = 0; i < residual.size(); ++i) {
-      const double previous = branch.first_residual[i];
-      change += std::abs(previous - static_cast<double>(residual[i]));
-      magnitude += std::abs(previous);
-    }
+    const L1Change sums = first_residuals_->l1_change(index, embeddings, hidden, size, stream);
     // A zero previous residual gives no relative change to judge (NaN or infinity): compute.
-    return magnitude > 0.0 && change / magnitude < thresh_;
+    return sums.magnitude > 0.0 && sums.change / sums.magnitude < thresh_;
+  }
+
+  // The residuals live where the transformer's hidden states do; a forward on another device than
+  // the last one starts them afresh.
+  void use_residuals_on(Device device) {
+    if (first_residuals_->device() == device) return;
+    first_residuals_ = make_branch_residuals(device, "dbcache");
+    middle_residuals_ = make_branch_residuals(device, "dbcache");
   }
 
   int64_t first_, last_, middle_;
   double thresh_;
   int64_t warmup_, max_cached_, max_consecutive_;
   std::array<Branch, 2> branches_;
+  // Per branch, of its last computed forward: R, what the first blocks added to the embeddings, and
+  // what the middle blocks added.
+  std::unique_ptr<BranchResiduals> first_residuals_ = make_host_residuals();
+  std::unique_ptr<BranchResiduals> middle_residuals_ = make_host_residuals();
 };
 
 }  // namespace

@@ -110,15 +110,7 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
   // The residuals live where the transformer's hidden states do; a forward on another device than
   // the last one starts them afresh.
   void use_residuals_on(Device device) {
-    if (residuals_->device() == device) return;
-#ifdef TESSEL_WITH_CUDA
-    if (device.is_cuda()) {
-      residuals_ = make_cuda_residuals(device);
-      return;
-    }
-#endif
-    if (!device.is_cpu()) fail_argument("teacache hidden states device", "cpu (tessel was built without CUDA)", device.str());
-    residuals_ = make_host_residuals();
+    if (residuals_->device() != device) residuals_ = make_branch_residuals(device, "teacache");
   }
 
   struct Branch {

@@ -96,11 +96,14 @@ struct WanBlockCacheInput {
   int64_t dim = 0;     // the transformer's inner width
   const float* time_embedding = nullptr;    // (batch, dim): temb, before the SiLU
   const float* time_projection = nullptr;   // (batch, 6 * dim): what every block's modulation adds
-  const float* embeddings = nullptr;        // (batch, tokens, dim): the patch embeddings block 0 got
+  // (batch, tokens, dim): the patch embeddings block 0 got, where `hidden` lives. A CUDA forward
+  // keeps them in the buffer that later holds the span's input: they are valid in before_blocks
+  // only (null in after_blocks).
+  const float* embeddings = nullptr;
   bool sequence_sharded = false;            // `tokens` is one rank's shard of the sequence
-  // Where `hidden` and `blocks_input` live, and the forward's stream for device work. The
-  // conditioning vectors are host memory on every device (a CUDA forward copies them down, a few
-  // kilobytes, and waits for them); a CUDA forward passes no `embeddings`.
+  // Where `hidden`, `embeddings` and `blocks_input` live, and the forward's stream for device work.
+  // The conditioning vectors are host memory on every device (a CUDA forward copies them down, a
+  // few kilobytes, and waits for them).
   Device device = Device::cpu();
   StreamHandle stream = nullptr;
 };

@@ -50,7 +50,9 @@ struct Activations {
   // rank's per-token timesteps.
   bf16* all_patches;
   float *all_out_patches, *shard_timestep;
-  float* blocks_input;  // with a step cache: the hidden states entering its span of blocks
+  // With a step cache: the patch embeddings until its hook has judged them, then the hidden states
+  // entering its span of blocks (one buffer: the hook needs the embeddings only before the span).
+  float* blocks_input;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
 };
@@ -90,7 +92,7 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
     a.all_out_patches = taker.take<float>(s.batch * seq * c.out_channels * c.patch_volume(), "output patches of every shard");
     if (s.per_token_timestep) a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
   }
-  a.blocks_input = s.block_cache ? taker.take<float>(rows * dim, "blocks input (step cache)") : nullptr;
+  a.blocks_input = s.block_cache ? taker.take<float>(rows * dim, "embeddings, then blocks input (step cache)") : nullptr;
   return a;
 }
 
@@ -293,7 +295,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   timeline.charge(&WanForwardProfile::gemm_s);
 
   // A step cache stands in for its span [span_first, span_last) of the blocks when it says so,
-  // deciding on the host from the conditioning (copied down once).
+  // deciding on the host from the conditioning (copied down once) and from the device's hidden
+  // states against the patch embeddings, kept here until its hook has seen them.
   const int64_t span_first = block_cache ? block_cache->leading_blocks() : 0;
   const int64_t span_last = block_cache ? c.num_layers - block_cache->trailing_blocks() : c.num_layers;
   if (block_cache && (span_first < 0 || span_last > c.num_layers || span_first > span_last))
@@ -305,6 +308,12 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   cache_input.sequence_sharded = sequence_parallel != nullptr;
   cache_input.device = device_;
   cache_input.stream = ctx.stream;
+  if (block_cache) {
+    check_cuda(cudaMemcpyAsync(a.blocks_input, a.hidden, static_cast<size_t>(rows * dim) * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+               "embeddings copy");
+    cache_input.embeddings = a.blocks_input;
+    timeline.charge(&WanForwardProfile::other_s);
+  }
   const auto begin_span = [&] {
     host_temb.resize(static_cast<size_t>(groups * dim));
     host_projection.resize(static_cast<size_t>(groups * 6 * dim));
@@ -316,7 +325,9 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     cache_input.time_embedding = host_temb.data();
     cache_input.time_projection = host_projection.data();
     const bool run = block_cache->before_blocks(cache_input, a.hidden);
-    if (run)
+    // The buffer now takes the span's input (with no leading blocks the embeddings are that input).
+    cache_input.embeddings = nullptr;
+    if (run && span_first > 0)
       check_cuda(cudaMemcpyAsync(a.blocks_input, a.hidden, static_cast<size_t>(rows * dim) * sizeof(float), cudaMemcpyDeviceToDevice, stream),
                  "span input copy");
     timeline.charge(&WanForwardProfile::other_s);

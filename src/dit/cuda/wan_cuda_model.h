@@ -51,7 +51,9 @@ struct WanForwardShape {
   // Under sequence parallelism (WanSequenceParallel): this rank's token rows per batch entry and
   // the number of shards; 0 and 1 when this process runs every token.
   int64_t shard_tokens = 0, shards = 1;
-  bool block_cache = false;  // a step cache's hooks run: the skippable span's input is kept
+  // A step cache's hooks run: the patch embeddings (what the hook judges the leading blocks by) and
+  // then the skippable span's input are kept, one after the other in one buffer.
+  bool block_cache = false;
 };
 
 class WanCudaModel {
@@ -74,8 +76,8 @@ class WanCudaModel {
   // sequence_parallel: null, or the shards of shape.shard_tokens rows the blocks run on (the
   // forward is then collective over its sequence group; every rank gets the whole output).
   // block_cache (with shape.block_cache): asked before its span of blocks whether to run it, with
-  // host copies of the conditioning (the forward waits for them: one small copy per forward) and
-  // the device's hidden states (this rank's rows).
+  // host copies of the conditioning (the forward waits for them: one small copy per forward), the
+  // device's hidden states and the patch embeddings (this rank's rows).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, float* out,
                const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
