@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <map>
 #include <mutex>
@@ -38,6 +39,9 @@ ClassKey key_of(const detail::CallClass& c) {
 }
 
 struct Table {
+  // Whether anything was ever tuned or forced: until then every call runs the default without
+  // taking the lock (the lookup sits on every attention call's path).
+  std::atomic<bool> any_choice{false};
   std::mutex mutex;
   std::map<ClassKey, detail::HopperVariant> tuned;
   std::map<std::pair<int, int>, detail::HopperVariant> forced;  // (device, head dim)
@@ -135,6 +139,7 @@ namespace detail {
 HopperVariant chosen_hopper_variant(const CallClass& call) {
   if (trial_variant) return *trial_variant;
   Table& t = table();
+  if (!t.any_choice.load(std::memory_order_acquire)) return HopperVariant{};
   const std::lock_guard lock(t.mutex);
   if (const auto f = t.forced.find({call.device, call.head_dim}); f != t.forced.end()) return f->second;
   if (const auto found = t.tuned.find(key_of(call)); found != t.tuned.end()) return found->second;
@@ -171,6 +176,7 @@ void force_attention_kernel_variant(Device device, int64_t head_dim, const std::
   }
   const std::lock_guard lock(t.mutex);
   t.forced[{device.index, static_cast<int>(head_dim)}] = *v;
+  t.any_choice.store(true, std::memory_order_release);
 }
 
 void tune_attention_unless_capturing(const ExecContext& ctx, Device device, DType dtype, const AttentionDims& dims,
@@ -278,6 +284,7 @@ AttentionTuning tune_attention(const ExecContext& ctx, Device device, DType dtyp
   Table& t = table();
   const std::lock_guard lock(t.mutex);
   t.tuned[key_of(call)] = candidates[best];
+  t.any_choice.store(true, std::memory_order_release);
   return result;
 }
 
