@@ -203,6 +203,8 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
       {"--heads not a multiple of --kv-heads", with(kPrefill, "--heads 3"), {"--heads", "a multiple of --kv-heads 2"}},
       {"--density nan", with(kBench, "--density 1,nan"), {"--density", "finite"}},
       {"--layers without --steps", with(kBench, "--layers 0"), {"--layers"}},
+      {"--kernel-variants on the CPU", with(kBench, "--kernel-variants all"), {"--kernel-variants", "--device cuda"}},
+      {"--tune on the CPU", with(kBench, "--tune"), {"--tune", "--device cuda"}},
   });
   // A plugin path entry that is a file: the command runs, and says so.
   const std::string file = (test_dir() / "plugins.txt").string();
