@@ -3,7 +3,7 @@
 #   1. correctness on 2 and 4 GPUs: `tessel sp-bench --check` runs every layout of the ranks
 #      (Ulysses N, Ring N, USP 2x2; and with --cfg-parallel the two CFG groups of N/2 ranks) in bf16,
 #      dense and sparse (random block-sparse, radial, dynamic top-k masks), on an odd sequence with
-#      GQA, and compares the gathered output with one GPU's and with fp32 attention on the CPU: a
+#      GQA and batch 2 (a padded ring shard's rows are then a strided token range of each buffer), and compares the gathered output with one GPU's and with fp32 attention on the CPU: a
 #      layout passes when its error against fp32 is at most 2x one GPU's (bf16 rounding);
 #   2. attention scaling: sp-bench at a Wan 14B 720p shape (75,600 tokens, 40 heads of 128) and a
 #      1.3B 480p shape (32,760 tokens, 12 heads), dense and block-sparse at density 0.2;
@@ -130,7 +130,7 @@ if [[ $RUN_CORRECTNESS -eq 1 && $RUN_SP_CHECK -eq 1 ]]; then
         name="check-n$n-$mask${cfg:+-cfg}"
         echo "== $name"
         # shellcheck disable=SC2046
-        if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 --heads 8 --kv-heads 4 --head-dim 128 \
+        if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 --batch 2 --heads 8 --kv-heads 4 --head-dim 128 \
              $(mask_flags "$mask") --steps 1 --warmup 0 --check --json $cfg; then
           FAILED=1
           CORRECTNESS_ROWS+=("| $n | $mask | ${cfg:+cfg-parallel} | run failed (see $name.log) | | | | | |")

@@ -8,6 +8,8 @@
 #include "option_checks.h"
 #include "tessel/core/current_device.h"
 #include "tessel/core/error.h"
+#include "tessel/core/sync_trace.h"
+#include "tessel/parallel/traced_communicator.h"
 
 namespace tessel::cli {
 
@@ -58,11 +60,23 @@ std::optional<TcpRendezvous> rendezvous_from_env() {
   return r;
 }
 
+// TESSEL_TRACE_SYNC=1: every collective and every device-wide wait of this process is logged
+// (tessel/core/sync_trace.h), to find which call a hung rank sits in.
+void trace_sync_from_env() {
+  if (const std::optional<int> on = env_int("TESSEL_TRACE_SYNC", 0, 1)) set_sync_trace(*on == 1);
+}
+
 }  // namespace
+
+// Every communicator of a run: traced (written only under TESSEL_TRACE_SYNC=1), then metered.
+std::unique_ptr<Communicator> ParallelRun::wrap(std::unique_ptr<Communicator> inner, const char* label) const {
+  return make_metered_communicator(make_traced_communicator(std::move(inner), label), meter_);
+}
 
 ParallelRun::ParallelRun(const ParallelFlags& flags) : ParallelRun(flags, Device::cpu()) {}
 
 ParallelRun::ParallelRun(const ParallelFlags& flags, Device device) : device_(device) {
+  trace_sync_from_env();
   const ParallelConfig config = flags.config();
   if (device.is_cuda()) {
     start_nccl_groups(config);
@@ -74,7 +88,7 @@ ParallelRun::ParallelRun(const ParallelFlags& flags, Device device) : device_(de
   if (!mpi_compiled())
     fail_argument("--ulysses / --ring / --cfg-parallel", "1 rank (tessel was built without MPI)", flags.describe());
   mpi_ = std::make_unique<MpiSession>();
-  world_ = make_metered_communicator(make_mpi_world_communicator(), meter_);
+  world_ = wrap(make_mpi_world_communicator(), "mpi-world");
   if (world_->size() != config.world_size())
     fail_argument("--ulysses x --ring (x 2 with --cfg-parallel)",
                   detail::concat("the ", world_->size(), " processes mpirun started"),
@@ -107,28 +121,32 @@ void ParallelRun::start_nccl_groups(const ParallelConfig& config) {
   }
   ExecContext ctx;
   ctx.device = device_;
-  world_ = make_metered_communicator(
-      rendezvous_ ? make_nccl_communicator(ctx, *rendezvous_, device_) : make_nccl_communicator(ctx, *bootstrap_, device_), meter_);
+  world_ = wrap(rendezvous_ ? make_nccl_communicator(ctx, *rendezvous_, device_) : make_nccl_communicator(ctx, *bootstrap_, device_),
+                "nccl-world");
   groups_ = initialize_parallel_groups(*world_, config);
   meter_->reset();
 }
 
 ParallelRun::ParallelRun(WholeWorld) {
+  trace_sync_from_env();
   rendezvous_ = rendezvous_from_env();
   if (rendezvous_) return;
   if (!mpi_compiled()) {
-    world_ = make_metered_communicator(make_single_rank_communicator(Device::cpu()), meter_);
+    world_ = wrap(make_single_rank_communicator(Device::cpu()), "single-rank");
     return;
   }
   mpi_ = std::make_unique<MpiSession>();
-  world_ = make_metered_communicator(make_mpi_world_communicator(), meter_);
+  world_ = wrap(make_mpi_world_communicator(), "mpi-world");
 }
 
 ParallelRun::~ParallelRun() {
   // Leaving by an error while other ranks may wait in a collective: MPI_Finalize (the session's
-  // destructor) would wait for them forever. Leave MPI unfinalized instead; the error reaches the
-  // user, the process exits, and mpirun ends the job's other processes.
-  if (std::uncaught_exceptions() > 0 && mpi_ && world_size() > 1) {
+  // destructor) and ncclCommDestroy (which waits for the operations in flight, some of them paired
+  // with a peer's that will never come) would wait forever, and the error would never be printed:
+  // on 2 H200s a Ring rank that failed sat in ncclCommDestroy while its peer spun in its NCCL
+  // kernel. Leave the communicators as they are instead; the error reaches the user, the process
+  // exits, and the launcher (mpirun, or the timeout around the TESSEL_* ranks) ends the others.
+  if (std::uncaught_exceptions() > 0 && world_size() > 1) {
     new std::optional<ParallelGroups>(std::move(groups_));  // never freed: no collective on the way out
     static_cast<void>(world_.release());
     static_cast<void>(bootstrap_.release());
@@ -147,11 +165,11 @@ std::unique_ptr<Communicator> ParallelRun::device_world(const ExecContext& ctx, 
   if (rendezvous_) {
     if (!device.is_cuda())
       fail_argument("--device", "cuda when launched without mpirun (CPU tensors move over MPI)", device.str());
-    return make_metered_communicator(make_nccl_communicator(ctx, *rendezvous_, device), meter_);
+    return wrap(make_nccl_communicator(ctx, *rendezvous_, device), "nccl-device-world");
   }
   if (!world_) fail_argument("parallel run", "a world of processes (sp-bench's)", "one process without a world");
   if (device.is_cpu()) return world_->split(0, world_->rank());
-  return make_metered_communicator(make_nccl_communicator(ctx, *world_, device), meter_);
+  return wrap(make_nccl_communicator(ctx, *world_, device), "nccl-device-world");
 }
 
 void ParallelRun::barrier() const {

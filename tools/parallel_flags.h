@@ -72,6 +72,7 @@ class ParallelRun {
 
  private:
   void start_nccl_groups(const ParallelConfig& config);
+  std::unique_ptr<Communicator> wrap(std::unique_ptr<Communicator> inner, const char* label) const;
 
   Device device_ = Device::cpu();
   std::unique_ptr<MpiSession> mpi_;

@@ -50,6 +50,7 @@ struct SpBenchOptions {
   std::string dtype = "fp32";
   int64_t steps = 5, warmup = 1, threads = 0, seed = 0;
   bool check = false, json = false;
+  bool all_rank_phases = false;  // every rank prints its own phase breakdown (stderr)
 };
 
 double median(std::vector<double> values) {
@@ -249,17 +250,37 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
     const std::shared_ptr<const ParallelMaskPlan> plan = in.mask ? attention.plan_mask(*in.mask) : nullptr;
     std::vector<double> step_s;
     double comm_s = 0.0, comm_bytes = 0.0;
-    for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
+    // Phase by phase (host enqueue time and device time) in one extra step after the timed ones,
+    // so that the events do not weigh on the timed steps.
+    PhaseTimeline timeline(device);
+    for (int64_t step = 0; step < o.warmup + o.steps + 1; ++step) {
+      const bool profiled = step == o.warmup + o.steps;
+      attention.set_timeline(profiled ? &timeline : nullptr);
       world->barrier(ctx);
       run.meter().reset();
       const auto start = std::chrono::steady_clock::now();
+      if (profiled) timeline.begin(ctx);
       attention.forward(ctx, q_shard, k_shard, v_shard, out_shard, plan.get());
       const CommunicationMeter during = run.meter();
       world->barrier(ctx);
-      if (step < o.warmup) continue;
+      if (step < o.warmup || profiled) continue;
       step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       comm_s += during.seconds;
       comm_bytes += during.bytes;
+    }
+    attention.set_timeline(nullptr);
+    nlohmann::json phases = nlohmann::json::array();
+    double exposed_comm_ms = 0.0;
+    for (const PhaseTimeline::Phase& phase : timeline.phases()) {
+      phases.push_back({{"phase", phase.name}, {"host_ms", phase.host_ms}, {"device_ms", phase.device_ms}});
+      if (phase.name == "ulysses all_to_all" || phase.name == "ring exchange wait") exposed_comm_ms += phase.device_ms;
+    }
+    if (o.all_rank_phases) {
+      std::string line = detail::concat("sp-bench rank ", run.world_rank(), " (ulysses ", config.sp_ulysses_degree, " ring ",
+                                        config.sp_ring_degree, " cfg ", config.cfg_parallel_size, ") phases:");
+      for (const auto& phase : phases)
+        line += detail::concat(" ", phase["phase"].get<std::string>(), " ", fixed(phase["device_ms"].get<double>(), 3), " ms;");
+      std::fprintf(stderr, "%s\n", line.c_str());
     }
     const double step = median(step_s), steps = static_cast<double>(o.steps);
     nlohmann::json row = {{"ulysses", config.sp_ulysses_degree},
@@ -269,9 +290,12 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
                           {"step_ms", 1e3 * step},
                           {"one_rank_ms", 1e3 * one_rank_time},
                           {"speedup", step > 0 ? one_rank_time / step : 0.0},
-                          {"comm_ms", device.is_cpu() ? nlohmann::json(1e3 * comm_s / steps) : nlohmann::json()},
-                          {"comm_share", device.is_cpu() && step > 0 ? nlohmann::json(comm_s / steps / step) : nlohmann::json()},
-                          {"sent_mb", comm_bytes / steps / 1e6}};
+                          // CPU: host time blocked in calls; CUDA: the all-to-alls' and the exposed ring
+                          // exchanges' device time in the profiled step.
+                          {"comm_ms", device.is_cpu() ? 1e3 * comm_s / steps : exposed_comm_ms},
+                          {"comm_share", step > 0 ? (device.is_cpu() ? comm_s / steps : 1e-3 * exposed_comm_ms) / step : 0.0},
+                          {"sent_mb", comm_bytes / steps / 1e6},
+                          {"phases", phases}};
     if (o.check) {
       // The whole output of each branch: the sequence shards gathered, then the CFG branches.
       Tensor gathered = Tensor::empty(q_shape, dtype, device);
@@ -331,6 +355,11 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
         std::printf("  %.2e  %.2e (%.2e)  %s", row["rel_l2_vs_one_rank"].get<double>(), row["rel_l2_vs_fp32"].get<double>(),
                     row["one_rank_rel_l2_vs_fp32"].get<double>(), row["pass"].get<bool>() ? "ok" : "FAIL");
       std::printf("\n");
+      std::string breakdown;
+      for (const auto& phase : row["phases"])
+        breakdown += detail::concat(breakdown.empty() ? "" : " | ", phase["phase"].get<std::string>(), " ",
+                                    fixed(phase["device_ms"].get<double>(), 3), " ms (host ", fixed(phase["host_ms"].get<double>(), 3), ")");
+      if (!breakdown.empty()) std::printf("    phases: %s\n", breakdown.c_str());
     }
   }
   return all_pass ? 0 : 1;
@@ -364,6 +393,8 @@ CommandRegistration registration{
       app.add_option("--seed", options->seed, "seed of q, k, v and the random mask")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--check", options->check, "compare every layout's output with one rank's and with fp32 on the CPU (exit 1 on a mismatch)");
       app.add_flag("--json", options->json, "print one JSON object instead of a table");
+      app.add_flag("--all-rank-phases", options->all_rank_phases,
+                   "every rank prints its own phase breakdown to stderr (load imbalance between ranks)");
       add_parallel_flags(app, *flags);
       return CommandRunner([options, flags] { return run_sp_bench(*options, *flags); });
     }};

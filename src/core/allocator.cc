@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "tessel/core/error.h"
+#include "tessel/core/sync_trace.h"
 
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
@@ -58,7 +59,11 @@ std::shared_ptr<void> allocate(size_t bytes, MemoryKind kind, int device_index) 
         if (status != cudaSuccess)
           throw Error(detail::concat("allocate: cudaMalloc of ", bytes, " bytes on cuda:", device_index,
                                      " failed: ", cudaGetErrorString(status)));
-        return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+        return std::shared_ptr<void>(p, [bytes](void* q) {
+          // cudaFree waits for the whole device: under NCCL a hang's usual suspect.
+          const SyncTraceScope trace(sync_trace_enabled() ? detail::concat("cudaFree ", bytes, " bytes") : std::string());
+          cudaFree(q);
+        });
       }
 #endif
       throw Error(detail::concat("allocate: device memory requested (", bytes,
@@ -74,6 +79,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     return;
   }
 #ifdef TESSEL_WITH_CUDA
+  const SyncTraceScope trace(sync_trace_enabled() ? detail::concat("cudaMemcpy ", bytes, " bytes ", src_device.str(), " -> ", dst_device.str())
+                                                  : std::string());
   const cudaError_t status = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
   if (status != cudaSuccess)
     throw Error(detail::concat("copy_bytes: cudaMemcpy of ", bytes, " bytes from ", src_device.str(), " to ",

@@ -74,17 +74,35 @@ void check_bshd_arg(const TensorView& t, const Shape& shape, DType dtype, Device
   if (t.data() == nullptr && t.numel() > 0) fail_argument(name, "a tensor with data", "a null data pointer");
 }
 
-// One all-to-all over `comm`: piece u of the source (source(u)) goes to rank u, and what rank u
-// sent lands in target(u). send and recv are (U, ...) staging buffers of one piece per rank.
-template <typename Source, typename Target>
-void exchange_pieces(const ExecContext& ctx, Communicator& comm, const TensorView& send, const TensorView& recv,
-                     Source&& source, Target&& target) {
-  for (int64_t u = 0; u < send.size(0); ++u) copy_rows(ctx, source(u), select_first(send, u));
-  comm.all_to_all(ctx, send, recv);
-  for (int64_t u = 0; u < recv.size(0); ++u) copy_rows(ctx, select_first(recv, u), target(u));
+// (U, B, L, H/U, D) views of a shard (B, L, H, D) and of its gathered form (B, U*L, H/U, D) in the
+// order of the all-to-all's staging buffers: index u is head group u of the shard and sequence
+// shard u of the gathered tensor. Each side of the exchange is then one strided copy (one kernel on
+// CUDA) between such a view and a contiguous staging buffer.
+TensorView shard_by_head_group(const TensorView& shard, int64_t groups) {
+  const int64_t heads = shard.size(2) / groups;
+  return TensorView(shard.data(), shard.dtype(), shard.device(), {groups, shard.size(0), shard.size(1), heads, shard.size(3)},
+                    {heads * shard.stride(2), shard.stride(0), shard.stride(1), shard.stride(2), shard.stride(3)});
+}
+TensorView gathered_by_shard(const TensorView& gathered, int64_t groups) {
+  const int64_t length = gathered.size(1) / groups;
+  return TensorView(gathered.data(), gathered.dtype(), gathered.device(),
+                    {groups, gathered.size(0), length, gathered.size(2), gathered.size(3)},
+                    {length * gathered.stride(1), gathered.stride(0), gathered.stride(1), gathered.stride(2), gathered.stride(3)});
 }
 
 }  // namespace
+
+// One all-to-all over the Ulysses group: `source` (U, ...) is packed into `send` (piece u goes to
+// rank u), and what rank u sent is unpacked from `recv` into target[u].
+void ParallelAttention::exchange_pieces(const ExecContext& ctx, const TensorView& send, const TensorView& recv,
+                                        const TensorView& source, const TensorView& target) {
+  copy_rows(ctx, source, send);
+  mark(ctx, "ulysses pack");
+  ulysses_.all_to_all(ctx, send, recv);
+  mark(ctx, "ulysses all_to_all");
+  copy_rows(ctx, recv, target);
+  mark(ctx, "ulysses unpack");
+}
 
 ParallelAttention::ParallelAttention(const ParallelGroups& groups, const ParallelAttentionShape& shape,
                                      const AttentionOptions& options)
@@ -197,17 +215,15 @@ std::pair<TensorView, TensorView> ParallelAttention::ulysses_staging(const Tenso
 // receive buffer is the sequence shard of Ulysses rank u.
 void ParallelAttention::ulysses_to_heads(const ExecContext& ctx, const TensorView& shard, const TensorView& gathered) {
   const auto [send, recv] = ulysses_staging(shard, gathered);
-  const int64_t L = send.size(2), H = send.size(3);
-  exchange_pieces(ctx, ulysses_, send, recv, [&](int64_t u) { return narrow(shard, 2, u * H, H); },
-                  [&](int64_t u) { return narrow(gathered, 1, u * L, L); });
+  const int64_t U = ulysses_.size();
+  exchange_pieces(ctx, send, recv, shard_by_head_group(shard, U), gathered_by_shard(gathered, U));
 }
 
 // The inverse: (B, U*L, H/U, D) -> (B, L, H, D).
 void ParallelAttention::ulysses_to_sequence(const ExecContext& ctx, const TensorView& gathered, const TensorView& shard) {
   const auto [send, recv] = ulysses_staging(shard, gathered);
-  const int64_t L = send.size(2), H = send.size(3);
-  exchange_pieces(ctx, ulysses_, send, recv, [&](int64_t u) { return narrow(gathered, 1, u * L, L); },
-                  [&](int64_t u) { return narrow(shard, 2, u * H, H); });
+  const int64_t U = ulysses_.size();
+  exchange_pieces(ctx, send, recv, gathered_by_shard(gathered, U), shard_by_head_group(shard, U));
 }
 
 // q, out (B, chunk, H, D) of this ring position; k, v (B, chunk, H_kv, D). With one ring rank this
@@ -233,6 +249,7 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
   if (ring > 1) {
     copy_rows(ctx, k, select_first(kv_ring_[0], 0));
     copy_rows(ctx, v, select_first(kv_ring_[0], 1));
+    mark(ctx, "ring staging");
   }
   // The running result between merges: `out` itself in fp32; an fp32 buffer otherwise, so that
   // fp16/bf16 round once at the end rather than once per ring step. The first step writes
@@ -261,14 +278,19 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
                                        target_out, target_lse, options_);
       else
         attention_forward(ctx, q_real, k_real, v_real, target_out, target_lse, options_);
+      mark(ctx, "attention");
       if (attended > 0) {
         const TensorView merged_so_far = attended == 1 ? first_out : running;
         const TensorView merged = attended + 1 == attending ? out_real : running;
         merge_attention_states(ctx, merged_so_far, lse, partial_out, partial_lse, merged, lse);
+        mark(ctx, "ring merge");
       }
       ++attended;
     }
-    if (pending) pending->wait(ctx);
+    if (pending) {
+      pending->wait(ctx);
+      mark(ctx, "ring exchange wait");  // the exchange time the attention did not hide
+    }
   }
 }
 

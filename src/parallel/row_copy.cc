@@ -1,4 +1,5 @@
-// Row copies for the CPU (memcpy per row) and CUDA (one 2-D async copy per matrix of rows).
+// Row copies for the CPU (memcpy per row) and CUDA (one strided-copy kernel per call, whatever the
+// number of rows: cuda/strided_copy.h says why).
 #include "row_copy.h"
 
 #include <cstring>
@@ -6,7 +7,7 @@
 #include "tessel/core/error.h"
 
 #ifdef TESSEL_WITH_CUDA
-#include <cuda_runtime.h>
+#include "cuda/strided_copy.h"
 #endif
 
 namespace tessel::parallel_detail {
@@ -38,8 +39,17 @@ Matrix matrix_of(const TensorView& t) {
 }
 
 #ifdef TESSEL_WITH_CUDA
-void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) throw Error(detail::concat(call, " failed: ", cudaGetErrorString(status)));
+cuda::StridedLayout strided_layout(const TensorView& dst, const TensorView* src) {
+  if (dst.dim() > cuda::kMaxStridedRank)
+    fail_argument("dst", detail::concat("a view of rank <= ", cuda::kMaxStridedRank, " on CUDA"), dst.describe());
+  cuda::StridedLayout layout;
+  layout.rank = dst.dim();
+  for (int d = 0; d < dst.dim(); ++d) {
+    layout.sizes[d] = dst.size(d);
+    layout.dst_strides[d] = d + 1 == dst.dim() ? 1 : dst.stride(d);
+    layout.src_strides[d] = src == nullptr || d + 1 == dst.dim() ? 1 : src->stride(d);
+  }
+  return layout;
 }
 #endif
 
@@ -53,23 +63,20 @@ void copy_rows(const ExecContext& ctx, const TensorView& src, const TensorView& 
   check_device(dst, src.device(), "dst");
   if (src.numel() == 0) return;
   const size_t element = dtype_size(src.dtype()), row_bytes = static_cast<size_t>(src.size(-1)) * element;
+  if (!src.device().is_cpu()) {
+#ifdef TESSEL_WITH_CUDA
+    cuda::copy_strided(ctx.stream, src.data(), dst.data(), strided_layout(dst, &src), static_cast<int>(element));
+    return;
+#else
+    fail_argument("src.device", "cpu (tessel was built without CUDA)", src.device().str());
+#endif
+  }
   const Matrix s = matrix_of(src), d = matrix_of(dst);
   for_each_matrix(src, dst, 0, 0, 0, [&](int64_t src_offset, int64_t dst_offset) {
     const auto* from = static_cast<const char*>(src.data()) + src_offset * static_cast<int64_t>(element);
     auto* to = static_cast<char*>(dst.data()) + dst_offset * static_cast<int64_t>(element);
-    if (src.device().is_cpu()) {
-      for (int64_t r = 0; r < s.rows; ++r)
-        std::memcpy(to + r * d.row_stride * static_cast<int64_t>(element), from + r * s.row_stride * static_cast<int64_t>(element), row_bytes);
-      return;
-    }
-#ifdef TESSEL_WITH_CUDA
-    check_cuda(cudaMemcpy2DAsync(to, static_cast<size_t>(d.row_stride) * element, from,
-                                 static_cast<size_t>(s.row_stride) * element, row_bytes, static_cast<size_t>(s.rows),
-                                 cudaMemcpyDeviceToDevice, reinterpret_cast<cudaStream_t>(ctx.stream)),
-               "cudaMemcpy2DAsync");
-#else
-    fail_argument("src.device", "cpu (tessel was built without CUDA)", src.device().str());
-#endif
+    for (int64_t r = 0; r < s.rows; ++r)
+      std::memcpy(to + r * d.row_stride * static_cast<int64_t>(element), from + r * s.row_stride * static_cast<int64_t>(element), row_bytes);
   });
 }
 
@@ -77,20 +84,18 @@ void zero_rows(const ExecContext& ctx, const TensorView& dst) {
   check_rows(dst, "dst");
   if (dst.numel() == 0) return;
   const size_t element = dtype_size(dst.dtype()), row_bytes = static_cast<size_t>(dst.size(-1)) * element;
-  const Matrix d = matrix_of(dst);
-  for_each_matrix(dst, dst, 0, 0, 0, [&](int64_t offset, int64_t) {
-    auto* to = static_cast<char*>(dst.data()) + offset * static_cast<int64_t>(element);
-    if (dst.device().is_cpu()) {
-      for (int64_t r = 0; r < d.rows; ++r) std::memset(to + r * d.row_stride * static_cast<int64_t>(element), 0, row_bytes);
-      return;
-    }
+  if (!dst.device().is_cpu()) {
 #ifdef TESSEL_WITH_CUDA
-    check_cuda(cudaMemset2DAsync(to, static_cast<size_t>(d.row_stride) * element, 0, row_bytes, static_cast<size_t>(d.rows),
-                                 reinterpret_cast<cudaStream_t>(ctx.stream)),
-               "cudaMemset2DAsync");
+    cuda::zero_strided(ctx.stream, dst.data(), strided_layout(dst, nullptr), static_cast<int>(element));
+    return;
 #else
     fail_argument("dst.device", "cpu (tessel was built without CUDA)", dst.device().str());
 #endif
+  }
+  const Matrix d = matrix_of(dst);
+  for_each_matrix(dst, dst, 0, 0, 0, [&](int64_t offset, int64_t) {
+    auto* to = static_cast<char*>(dst.data()) + offset * static_cast<int64_t>(element);
+    for (int64_t r = 0; r < d.rows; ++r) std::memset(to + r * d.row_stride * static_cast<int64_t>(element), 0, row_bytes);
   });
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/attention_test_util.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
+#include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/attention_tuning.h"
 #include "tessel/kernels/reference.h"
@@ -585,6 +586,43 @@ TEST(AttentionGpu, MergeOfTwoKeyHalvesEqualsWhole) {
       EXPECT_LE(in_place.lse, 2e-3);
     }
   }
+}
+
+// A ring step merges a token range of batched (B, chunk, H, D) buffers (the real rows of a padded
+// shard): strided views give the same bits as contiguous copies of them.
+TEST(AttentionGpu, MergeOfTokenRangesOfBatchedBuffersEqualsContiguous) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda();
+  const int64_t batch = 2, chunk = 160, rows = 143, heads = 3, dim = 64;
+  const Qkv a = testing::random_qkv(batch, chunk, chunk, heads, heads, dim, DType::kBF16, 31);
+  const Qkv b = testing::random_qkv(batch, chunk, chunk, heads, heads, dim, DType::kBF16, 32);
+  auto range = [&](const Tensor& t) {
+    return TensorView(t.data(), t.dtype(), t.device(), {batch, rows, heads, dim}, t.view().strides());
+  };
+  auto contiguous = [&](const Tensor& t) {
+    Tensor c = Tensor::empty({batch, rows, heads, dim}, t.dtype());
+    const Tensor host = t.to(Device::cpu());
+    const int64_t row_bytes = rows * heads * dim * static_cast<int64_t>(dtype_size(t.dtype()));
+    for (int64_t i = 0; i < batch; ++i)
+      std::memcpy(static_cast<char*>(c.data()) + i * row_bytes,
+                  static_cast<const char*>(host.data()) + i * (host.nbytes() / batch), static_cast<size_t>(row_bytes));
+    return c.to(gpu);
+  };
+  const Tensor out_a = a.q.to(gpu), out_b = b.q.to(gpu);
+  Tensor lse_a = Tensor::empty({batch, heads, rows}, DType::kF32), lse_b = Tensor::empty({batch, heads, rows}, DType::kF32);
+  fill_normal(lse_a, 33);
+  fill_normal(lse_b, 34);
+  const Tensor lse_a_gpu = lse_a.to(gpu), lse_b_gpu = lse_b.to(gpu);
+  Tensor strided_out = testing::poisoned({batch, chunk, heads, dim}, DType::kBF16).to(gpu);
+  Tensor lse = Tensor::empty({batch, heads, rows}, DType::kF32, gpu);
+  merge_attention_states(ExecContext{}, range(out_a), lse_a_gpu, range(out_b), lse_b_gpu, range(strided_out), lse);
+  Tensor expected = Tensor::empty({batch, rows, heads, dim}, DType::kBF16, gpu);
+  merge_attention_states(ExecContext{}, contiguous(out_a), lse_a_gpu, contiguous(out_b), lse_b_gpu, expected, lse);
+  const Tensor got = contiguous(strided_out).to(Device::cpu()), want = expected.to(Device::cpu());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.nbytes()), 0);
+  // The padding rows were not written: still the poison.
+  const Tensor whole = strided_out.to(Device::cpu());
+  EXPECT_TRUE(std::isnan(element_as_double(whole, rows * heads * dim)));
 }
 
 TEST(AttentionGpu, MergeWithEmptyPartsGivesZeroAndMinusInfinity) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "multi_process_test_main.h"
 #include "parallel_test_util.h"
@@ -23,6 +24,9 @@
 #include "tessel/parallel/parallel_attention.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/parallel/sequence_sharding.h"
+#include "tessel/parallel/traced_communicator.h"
+#include "tessel/core/log.h"
+#include "tessel/core/sync_trace.h"
 #include "tessel/sparse/planners/static_patterns.h"
 
 namespace tessel {
@@ -267,6 +271,59 @@ TEST(ParallelAttention, Bf16DenseAndBlockSparseMatchSingleProcess) {
       c.dtype = DType::kBF16;
       expect_matches_single_process(c);
     }
+  }
+}
+
+// Uneven work per rank (the Ring + sparse deadlock on two GPUs): a mask whose first query blocks
+// see only the first keys, so that under Ring some ranks skip steps that others attend, with batch
+// 2 and a padded last shard (its real rows a strided token range of each buffer). Every rank must
+// still make the same collectives in the same order (counted through a traced, metered copy of
+// the world, the counts then compared across ranks), and the result must equal one process's.
+TEST(ParallelAttention, UnevenPerRankWorkKeepsTheCollectivesInStep) {
+  const ExecContext ctx;
+  for (const ParallelConfig& config : layouts()) {
+    if (config.sp_ring_degree == 1) continue;
+    Case c = case_of_45_tokens(config, /*sparse=*/true);
+    SCOPED_TRACE(describe(c));
+    const auto meter = std::make_shared<CommunicationMeter>();
+    std::vector<std::string> trace;
+    const LogSink previous = set_log_sink([&](LogLevel, std::string_view line) { trace.emplace_back(line); });
+    set_sync_trace(true);
+    const std::unique_ptr<Communicator> counted =
+        make_metered_communicator(make_traced_communicator(world().split(0, world().rank()), "test-world"), meter);
+    const ParallelGroups groups = initialize_parallel_groups(*counted, c.config);
+    const Inputs in = make_inputs(c, cfg_branch(*groups.cfg));
+    const BlockMaskShape shape{1, 1, c.seq, c.seq, c.block_q, c.block_kv};
+    std::vector<uint8_t> dense(static_cast<size_t>(shape.q_blocks() * shape.kv_blocks()), 1);
+    for (int64_t row = 0; row < shape.q_blocks() / 2; ++row)  // the first half of the queries: first two key blocks only
+      for (int64_t col = 2; col < shape.kv_blocks(); ++col) dense[static_cast<size_t>(row * shape.kv_blocks() + col)] = 0;
+    const BlockMask mask = BlockMask::from_dense(shape, dense);
+    ParallelAttention attention(groups, {c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.dtype, Device::cpu(), c.block_q, c.block_kv});
+    const SequenceSharding& sharding = attention.sharding();
+    const int64_t L = sharding.shard_length, part = groups.coordinates.sequence;
+    Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype), out = Tensor::empty(q.shape(), c.dtype);
+    Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype), v = Tensor::empty(k.shape(), c.dtype);
+    fill(out, std::nan(""));
+    take_shard(ctx, sharding, part, in.q, q);
+    take_shard(ctx, sharding, part, in.k, k);
+    take_shard(ctx, sharding, part, in.v, v);
+    meter->reset();
+    attention.forward(ctx, q, k, v, out, attention.plan_mask(mask).get());
+    const int64_t calls = meter->calls;
+    set_sync_trace(false);
+    set_log_sink(previous);
+
+    Tensor expected = Tensor::empty(in.q.shape(), c.dtype), expected_shard = Tensor::empty(out.shape(), c.dtype);
+    block_sparse_attention_forward(ctx, in.q, in.k, in.v, mask.view(), expected, TensorView{});
+    take_shard(ctx, sharding, part, expected, expected_shard);
+    EXPECT_LE(max_abs_difference(out, expected_shard), c.tolerance()) << "shard " << part;
+    // Every call was traced, start and done (ring exchanges also their wait), with this rank's name.
+    EXPECT_GE(static_cast<int64_t>(trace.size()), 2 * calls);
+    for (const std::string& line : trace) EXPECT_NE(line.find("sync-trace "), std::string::npos) << line;
+    // The same number of collectives on every rank.
+    Tensor mine = floats({1}, static_cast<float>(calls)), all = floats({world().size()});
+    world().all_gather(ctx, mine, all);
+    for (int r = 0; r < world().size(); ++r) EXPECT_EQ(all.data_as<float>()[r], static_cast<float>(calls)) << "rank " << r;
   }
 }
 

@@ -23,6 +23,7 @@
 
 #include "tessel/kernels/attention.h"
 #include "tessel/parallel/parallel_config.h"
+#include "tessel/parallel/phase_timeline.h"
 #include "tessel/parallel/sequence_sharding.h"
 #include "tessel/sparse/block_mask.h"
 
@@ -80,10 +81,19 @@ class ParallelAttention {
   void forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const ParallelMaskPlan* mask = nullptr);
 
+  // Benchmarks: forward() marks its phases (Ulysses pack / all-to-all / unpack, Ring K/V staging,
+  // attention, merge, exchange wait) on `timeline` after the caller's begin(); null stops it.
+  void set_timeline(PhaseTimeline* timeline) { timeline_ = timeline; }
+
  private:
   std::pair<TensorView, TensorView> ulysses_staging(const TensorView& shard, const TensorView& gathered) const;
   void ulysses_to_heads(const ExecContext& ctx, const TensorView& shard, const TensorView& gathered);
   void ulysses_to_sequence(const ExecContext& ctx, const TensorView& gathered, const TensorView& shard);
+  void mark(const ExecContext& ctx, std::string_view phase) {
+    if (timeline_ != nullptr) timeline_->mark(ctx, phase);
+  }
+  void exchange_pieces(const ExecContext& ctx, const TensorView& send, const TensorView& recv, const TensorView& source,
+                       const TensorView& target);
   void ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const ParallelMaskPlan* mask);
 
@@ -101,6 +111,7 @@ class ParallelAttention {
   Tensor kv_ring_[2];                               // (2, B, chunk, H_kv/U, D): K and V travelling together
   Tensor partial_out_, partial_lse_, lse_;          // one ring step's result, and the running LSE
   Tensor first_out_, running_out_;                  // fp16/bf16 only: the first step's result, the fp32 running one
+  PhaseTimeline* timeline_ = nullptr;
 };
 
 }  // namespace tessel

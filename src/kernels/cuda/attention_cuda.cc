@@ -235,7 +235,10 @@ void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, con
   for (const auto& o : operands) {
     if (o.t->empty() && o.t == &lse) continue;
     check_on_cuda(*o.t, o.name);
-    if (!o.t->is_contiguous()) fail_argument(o.name, "a contiguous tensor on CUDA", o.t->describe());
+    const bool is_lse = o.t == &lse_a || o.t == &lse_b || o.t == &lse;
+    // Outputs may be token ranges of batched buffers (a ring step's rows); each row of D contiguous.
+    if (is_lse ? !o.t->is_contiguous() : (o.t->dim() != 4 || (o.t->size(3) > 1 && o.t->stride(3) != 1)))
+      fail_argument(o.name, is_lse ? "a contiguous tensor on CUDA" : "a (B, S, H, D) view with D contiguous on CUDA", o.t->describe());
     if (o.t->device() != out_a.device())
       fail_argument(o.name, "the device of out_a (" + out_a.device().str() + ")", o.t->device().str());
   }
@@ -260,6 +263,11 @@ void merge_attention_states(const ExecContext& ctx, const TensorView& out_a, con
   p.seq = out_a.size(1);
   p.heads = out_a.size(2);
   p.head_dim = out_a.size(3);
+  for (int axis = 0; axis < 3; ++axis) {
+    p.strides_a[axis] = out_a.stride(axis);
+    p.strides_b[axis] = out_b.stride(axis);
+    p.strides_out[axis] = out.stride(axis);
+  }
   detail::launch_merge_attention_states(p, ctx.stream);
   check_launch("merge_attention_states");
 }

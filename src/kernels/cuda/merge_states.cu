@@ -1,4 +1,5 @@
-// merge_attention_states on the device: one warp per (batch, token, head) row. The warp reads
+// merge_attention_states on the device: one warp per (batch, token, head) row of strided (B, S, H, D)
+// views. The warp reads
 // both LSEs before any lane writes, so out/lse may alias either input.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -48,11 +49,13 @@ __global__ void merge_states_kernel(const MergeParams p) {
     wb /= total;
   }
   __syncwarp();
-  const int64_t base = row * p.head_dim;
+  const int64_t base_a = b * p.strides_a[0] + s * p.strides_a[1] + h * p.strides_a[2];
+  const int64_t base_b = b * p.strides_b[0] + s * p.strides_b[1] + h * p.strides_b[2];
+  const int64_t base_out = b * p.strides_out[0] + s * p.strides_out[1] + h * p.strides_out[2];
   for (int64_t d = lane; d < p.head_dim; d += 32) {
-    const float a = wa == 0.f ? 0.f : wa * load_as_float(p.out_a, p.dtype_a, base + d);
-    const float bv = wb == 0.f ? 0.f : wb * load_as_float(p.out_b, p.dtype_b, base + d);
-    store_from_float(p.out, p.dtype_out, base + d, a + bv);
+    const float a = wa == 0.f ? 0.f : wa * load_as_float(p.out_a, p.dtype_a, base_a + d);
+    const float bv = wb == 0.f ? 0.f : wb * load_as_float(p.out_b, p.dtype_b, base_b + d);
+    store_from_float(p.out, p.dtype_out, base_out + d, a + bv);
   }
   if (p.lse != nullptr && lane == 0) p.lse[lse_index] = lse;
 }
