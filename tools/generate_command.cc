@@ -26,17 +26,14 @@
 #include "tessel/core/io/limited_json.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
-#include "tessel/diffusion/wan_text_encoder.h"
-#include "tessel/diffusion/wan_vae.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr uint64_t kMaxModelIndexBytes = 1 << 20;
 
 struct GenerateOptions {
   std::string model_dir;
@@ -83,97 +80,10 @@ WanVideoSize parse_size(const std::string& text, int64_t frames, int64_t spatial
   return size;
 }
 
-// What model_index.json says about the experts: Wan 2.2's A14B layout names `transformer_2` (the
-// low-noise expert) and `boundary_ratio`.
-struct ModelExperts {
-  bool two = false;
-  double boundary_ratio = 0.0;
-};
-
-bool component_set(const nlohmann::json& index, const char* name) {
-  const auto entry = index.find(name);
-  // Absent, null or diffusers' [null, null] for a component the pipeline runs without.
-  return entry != index.end() && !entry->is_null() && !(entry->is_array() && !entry->empty() && (*entry)[0].is_null());
-}
-
-// The parts of a diffusers WanPipeline directory the denoising loop needs, checked before any
-// weight is read.
-ModelExperts check_model_dir(const std::string& dir, bool needs_text_encoder) {
-  const fs::path root(dir);
-  const std::string index_path = (root / "model_index.json").string();
-  if (!fs::is_regular_file(index_path))
-    fail_argument("--model", "a diffusers model directory with model_index.json", quoted_excerpt(dir));
-  const nlohmann::json index =
-      parse_json_limited(read_file_bounded(index_path, kMaxModelIndexBytes, "model_index.json"), JsonLimits{}, index_path);
-  if (!index.is_object()) fail_argument(index_path, "a JSON object", json_excerpt(index));
-  const auto class_name = index.find("_class_name");
-  if (class_name == index.end() || *class_name != "WanPipeline")
-    fail_argument(index_path + ": _class_name", "\"WanPipeline\" (text-to-video)",
-                  class_name == index.end() ? std::string("none") : json_excerpt(*class_name));
-  // Wan 2.2 TI2V-5B sets expand_timesteps: diffusers then hands the transformer one timestep per
-  // token, (mask[0][0][:, ::2, ::2] * t).flatten(). For text to video the mask is all ones, so every
-  // token gets t and the per-token time embeddings and modulation equal the scalar ones: the loop
-  // runs unchanged (tests/diffusion/wan_ti2v_pipeline_test.cc checks it against diffusers).
-  const auto expand = index.find("expand_timesteps");
-  if (expand != index.end() && !expand->is_null() && !expand->is_boolean())
-    fail_argument(index_path + ": expand_timesteps", "true or false", json_excerpt(*expand));
-  ModelExperts experts;
-  experts.two = component_set(index, "transformer_2");
-  const auto boundary = index.find("boundary_ratio");
-  const bool boundary_set = boundary != index.end() && !boundary->is_null();
-  if (experts.two != boundary_set)
-    fail_argument(index_path + ": transformer_2 and boundary_ratio", "both set (Wan 2.2's two experts) or neither",
-                  experts.two ? "transformer_2 without boundary_ratio" : "boundary_ratio without transformer_2");
-  if (boundary_set) {
-    if (!boundary->is_number() || !(boundary->get<double>() > 0.0 && boundary->get<double>() < 1.0))
-      fail_argument(index_path + ": boundary_ratio", "a number in (0, 1)", json_excerpt(*boundary));
-    experts.boundary_ratio = boundary->get<double>();
-  }
-  std::vector<const char*> components = {"transformer", "scheduler"};
-  if (experts.two) components.push_back("transformer_2");
-  if (needs_text_encoder) components.insert(components.end(), {"tokenizer", "text_encoder"});
-  for (const char* component : components)
-    if (!fs::is_directory(root / component))
-      fail_argument("--model", detail::concat("a directory with ", component, "/", needs_text_encoder ? " (for --prompt)" : ""),
-                    quoted_excerpt(dir));
-  return experts;
-}
-
 Tensor load_named(const SafetensorsFile& file, const std::string& name, const std::string& flag) {
   if (!file.find(name)) fail_argument(flag, "a safetensors file with a tensor \"" + name + "\"", quoted_excerpt(file.path()));
   Tensor tensor = file.load(name);
   return tensor.dtype() == DType::kF32 ? tensor : tensor.to(DType::kF32);
-}
-
-// The conditional and (with guidance) unconditional text embeddings, from --prompt through the
-// model's tokenizer and text encoder, or read from --embeddings.
-// `encode_seconds` gets the time of the encoder's forward alone (tokenizing included, loading the
-// weights not); it stays 0 for --embeddings.
-std::pair<Tensor, Tensor> text_embeddings(const GenerateOptions& o, bool prompt_set, bool guided, const ExecContext& ctx,
-                                          Device device, double& encode_seconds) {
-  if (prompt_set) {
-    const WanTextEncoder encoder = WanTextEncoder::load(o.model_dir, device);
-    const auto encode_start = std::chrono::steady_clock::now();
-    const auto encode_seconds_now = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_start).count();
-    };
-    if (!guided) {
-      Tensor prompt = encoder.encode(ctx, {o.prompt});
-      encode_seconds = encode_seconds_now();
-      return {std::move(prompt), Tensor{}};
-    }
-    const Tensor both = encoder.encode(ctx, {o.prompt, o.negative_prompt});
-    encode_seconds = encode_seconds_now();
-    const int64_t length = both.size(1), width = both.size(2);
-    Tensor prompt = Tensor::empty({1, length, width}, DType::kF32), negative = Tensor::empty({1, length, width}, DType::kF32);
-    std::copy_n(both.data_as<float>(), length * width, prompt.data_as<float>());
-    std::copy_n(both.data_as<float>() + length * width, length * width, negative.data_as<float>());
-    return {std::move(prompt), std::move(negative)};
-  }
-  const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
-  Tensor prompt = load_named(embeddings, "prompt_embeds", "--embeddings");
-  Tensor negative = guided ? load_named(embeddings, "negative_prompt_embeds", "--embeddings") : Tensor{};
-  return {std::move(prompt), std::move(negative)};
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -182,8 +92,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 // Where a generation's time went, and the device memory it held at the step boundaries.
 struct GenerateTimings {
-  double text_seconds = 0.0;      // tokenizer and text encoder (or reading --embeddings)
-  double text_encode_seconds = 0.0;  // of which the encoder's forward (0 with --embeddings)
+  // Loading every component the run needs (WanGenerator::load: transformers, text encoder, VAE),
+  // then the text encoder's forward (0 with --embeddings); text_seconds is both, as the
+  // generate-timings keys text_encoder_s / text_encoder_load_s / text_encode_s report them.
+  double load_seconds = 0.0;
+  double text_encode_seconds = 0.0;
+  double text_seconds = 0.0;
   double generate_seconds = 0.0;  // the denoising loop and the VAE decode
   std::vector<double> step_seconds;
   double scheduler_seconds = 0.0;
@@ -212,7 +126,7 @@ void print_timings(const GenerateTimings& t, Device device, const std::optional<
                            {"scheduler_s", t.scheduler_seconds},
                            {"decode_and_setup_s", t.generate_seconds - denoise},
                            {"total_s", t.text_seconds + t.generate_seconds}};
-  std::printf("%s: text encoder %.2f s, %lld steps in %.2f s (%.3f s/step, scheduler %.2f ms/step), decode and setup %.2f s",
+  std::printf("%s: load and text encoder %.2f s, %lld steps in %.2f s (%.3f s/step, scheduler %.2f ms/step), decode and setup %.2f s",
               device.str().c_str(), t.text_seconds, static_cast<long long>(steps_done), denoise,
               steps_done ? denoise / static_cast<double>(steps_done) : 0.0,
               steps_done ? t.scheduler_seconds * 1000.0 / static_cast<double>(steps_done) : 0.0, t.generate_seconds - denoise);
@@ -260,22 +174,18 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
 int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
                  bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
-  const ModelExperts experts = check_model_dir(o.model_dir, prompt_set);
-  const WanVideoSize size = parse_size(o.size, o.frames, wan_model_vae_spatial_stride(o.model_dir));
-  if (!experts.two && o.guidance_2)
+  // The model directory, read once by the library's door; the flags are checked against it
+  // before any weight is read.
+  const WanModelDir model = WanModelDir::open(o.model_dir);
+  if (prompt_set && !model.has_text_encoder)
+    fail_argument("--model", "a directory with tokenizer/ (for --prompt) and text_encoder/", quoted_excerpt(o.model_dir));
+  const WanVideoSize size = parse_size(o.size, o.frames, model.vae_spatial_stride);
+  if (!model.two_experts && o.guidance_2)
     fail_argument("--guidance-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", *o.guidance_2);
-  if (!experts.two && o.sparse_config_2)
+  if (!model.two_experts && o.sparse_config_2)
     fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
   const GenerateOutput output = check_generate_output(o.out, o.model_dir);
-  SchedulerConfig scheduler_config = load_scheduler_config((fs::path(o.model_dir) / "scheduler").string());
-  if (!o.scheduler.empty()) {
-    const SchedulerConfig model_config = scheduler_config;
-    scheduler_config = SchedulerConfig{};
-    scheduler_config.kind = scheduler_kind_from_name(o.scheduler);
-    scheduler_config.num_train_timesteps = model_config.num_train_timesteps;
-    scheduler_config.shift = model_config.shift;
-  }
-  if (o.flow_shift > 0.0) scheduler_config.shift = o.flow_shift;
+  if (!o.scheduler.empty()) scheduler_kind_from_name(o.scheduler);
   const bool guided = o.guidance > 1.0;
   if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
   if (parallel.cfg_parallel && transformer_device(o).is_cuda())
@@ -288,97 +198,86 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   ctx.num_threads = static_cast<int>(o.threads);
   GenerateTimings timings;
   const std::optional<DeviceMemory> memory_at_start = device_memory(device);
-  const auto text_start = std::chrono::steady_clock::now();
-  const auto [prompt, negative] = text_embeddings(o, prompt_set, guided, ctx, device, timings.text_encode_seconds);
-  timings.text_seconds = seconds_since(text_start);
-  const std::string transformer_dir = (fs::path(o.model_dir) / "transformer").string();
-  Tensor noise;
-  if (!o.noise.empty()) {
-    noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
-    const Shape latent = size.latent_shape(load_wan_config(transformer_dir).in_channels);
-    if (noise.shape() != latent)
-      fail_argument("--noise", "a \"noise\" tensor of the latent shape " + shape_str(latent) + " (from --size and --frames)",
-                    noise.view().describe());
+
+  WanRequest request;
+  if (prompt_set) {
+    request.prompt = o.prompt;
+    request.negative_prompt = o.negative_prompt;
+  } else {
+    const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
+    request.prompt_embeds = load_named(embeddings, "prompt_embeds", "--embeddings");
+    if (guided) request.negative_prompt_embeds = load_named(embeddings, "negative_prompt_embeds", "--embeddings");
   }
+  if (!o.noise.empty()) {
+    request.noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
+    const Shape latent = size.latent_shape(model.transformer.in_channels);
+    if (request.noise.shape() != latent)
+      fail_argument("--noise", "a \"noise\" tensor of the latent shape " + shape_str(latent) + " (from --size and --frames)",
+                    request.noise.view().describe());
+  }
+  request.frames = size.frames;
+  request.height = size.height;
+  request.width = size.width;
+  request.steps = o.steps;
+  request.guidance = o.guidance;
+  request.guidance_2 = o.guidance_2;
+  request.seed = static_cast<uint64_t>(o.seed);
 
   // Each expert's sparse config: the flags' (absent: dense), the low-noise one's JSON over it.
   const SparseAttnEnv& env = process_sparse_attn_env();
-  std::optional<SparseAttnConfig> sparse, sparse_2;
-  if (sparse_attn_requested(flags, env)) sparse = sparse_attn_config_from(flags, env);
-  sparse_2 = sparse;
+  WanLoadOptions load;
+  load.device = device;
+  if (sparse_attn_requested(flags, env)) load.sparse.config = sparse_attn_config_from(flags, env);
   if (o.sparse_config_2) {
     try {
-      sparse_2 = parse_sparse_attn_config_arg(*o.sparse_config_2, "--sparse-attn-config-2", sparse.value_or(SparseAttnConfig{}));
+      load.sparse.config_2 =
+          parse_sparse_attn_config_arg(*o.sparse_config_2, "--sparse-attn-config-2", load.sparse.config.value_or(SparseAttnConfig{}));
     } catch (const Error& e) {
       throw Error(std::string("--sparse-attn-config-2: ") + e.what());
     }
   }
-  const std::unique_ptr<BackendRegistry> registry = sparse || sparse_2 ? make_cli_registry() : nullptr;
-  const auto attention_for = [&](const std::optional<SparseAttnConfig>& config, const std::string& transformer_dir) {
-    WanAttentionOptions attention;
-    attention.parallel = run.groups();
-    if (!config) return attention;
-    attention.registry = registry.get();
-    attention.config = *config;
-    attention.backend_override = backend_override(env);
-    const WanConfig model = load_wan_config(transformer_dir);
-    const Shape latent = size.latent_shape(model.in_channels);
-    if (!attention.config.geometry.spatial_layout && model.patch_size[1] == model.patch_size[2])
-      attention.config.geometry.spatial_layout = wan_spatial_layout(model, latent[2], latent[3], latent[4]);
-    return attention;
-  };
-  const std::string transformer_2_dir = (fs::path(o.model_dir) / "transformer_2").string();
-  const WanTransformer transformer = WanTransformer::load(transformer_dir, attention_for(sparse, transformer_dir), device);
-  const std::unique_ptr<const WanTransformer> transformer_2 =
-      experts.two ? std::make_unique<const WanTransformer>(WanTransformer::load(transformer_2_dir, attention_for(sparse_2, transformer_2_dir), device))
-                  : nullptr;
-  auto scheduler = make_scheduler(scheduler_config);
-  const std::unique_ptr<const WanVae> vae =
-      output == GenerateOutput::kLatents ? nullptr : std::make_unique<const WanVae>(WanVae::load((fs::path(o.model_dir) / "vae").string()));
-  const WanPipeline pipeline =
-      experts.two ? WanPipeline(transformer, WanLowNoiseExpert{transformer_2.get(), experts.boundary_ratio, scheduler_config.num_train_timesteps},
-                                *scheduler, vae.get())
-                  : WanPipeline(transformer, *scheduler, vae.get());
-  const CacheConfig& cache_config = o.cache_config;
-  // One cache per expert: each keeps the residuals of its own blocks.
-  const std::unique_ptr<CacheBackend> cache = make_cache_backend(o.cache, cache_config, transformer.config());
-  const std::unique_ptr<CacheBackend> cache_2 = transformer_2 ? make_cache_backend(o.cache, cache_config, transformer_2->config()) : nullptr;
+  const std::unique_ptr<BackendRegistry> registry = load.sparse.config || load.sparse.config_2 ? make_cli_registry() : nullptr;
+  load.registry = registry.get();
+  load.backend_override = backend_override(env);
+  load.layout_size = size;  // spatial patterns on this run's latent grid
+  load.scheduler = o.scheduler;
+  load.flow_shift = o.flow_shift;
+  load.cache = o.cache;
+  load.cache_config = o.cache_config;
+  load.parallel = run.groups();
+  load.load_text_encoder = prompt_set;
+  load.load_vae = output != GenerateOutput::kLatents;
+  const auto load_start = std::chrono::steady_clock::now();
+  WanGenerator generator = WanGenerator::load(ctx, o.model_dir, load);
+  timings.load_seconds = seconds_since(load_start);
 
-  WanGenerationOptions options;
-  options.num_inference_steps = o.steps;
-  options.guidance_scale = o.guidance;
-  options.guidance_scale_2 = o.guidance_2;
-  options.seed = static_cast<uint64_t>(o.seed);
-  options.size = size;
-  options.cache = cache.get();
-  options.cache_2 = cache_2.get();
-  options.cfg_group = run.cfg_group();
   if (run.is_root()) {  // every rank steps the same latents; one reports
-    options.on_step = [&timings, device](const WanStepProgress& p) {
+    request.on_step = [&timings, device](const WanStepProgress& p) {
       timings.record_step(p, device);
       std::fprintf(stderr, "step %lld/%lld  t=%g  %.3f s/step (scheduler %.1f ms)  elapsed %.1f s  eta %.1f s\n",
                    static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
                    p.scheduler_seconds * 1000.0, p.elapsed_seconds, p.eta_seconds);
     };
   }
-  // The text encoder above took its tokens from and gave its embeddings to the host; the denoising
-  // loop runs on the transformer's device.
-  ExecContext run_ctx = ctx;
-  run_ctx.device = device;
   const auto generate_start = std::chrono::steady_clock::now();
-  const WanGenerationResult result = pipeline.generate(run_ctx, prompt, negative, options, noise);
-  timings.generate_seconds = seconds_since(generate_start);
+  const WanGeneratorResult generated = generator.generate(ctx, request);
+  const WanGenerationResult& result = generated.generation;
+  timings.text_encode_seconds = generated.text_encode_seconds;
+  timings.text_seconds = timings.load_seconds + timings.text_encode_seconds;
+  timings.generate_seconds = seconds_since(generate_start) - generated.text_encode_seconds;
   if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done);
   if (!run.is_root()) return 0;
-  if (transformer_2) {
+  if (model.two_experts) {
     const auto low = std::count(result.experts.begin(), result.experts.end(), 1);
     std::printf("experts: %lld steps on transformer (high noise), %lld on transformer_2 (low noise), boundary timestep %g\n",
                 static_cast<long long>(result.experts.size()) - static_cast<long long>(low), static_cast<long long>(low),
-                experts.boundary_ratio * static_cast<double>(scheduler_config.num_train_timesteps));
+                model.boundary_ratio * static_cast<double>(model.scheduler.num_train_timesteps));
   }
-  if (cache) print_cache_stats(result.cache_stats, guided, transformer_2 ? " (transformer)" : "");
-  if (cache_2) print_cache_stats(result.cache_stats_2, guided, " (transformer_2)");
-  write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_config.kind)));
+  const bool cached = o.cache != "none";
+  if (cached) print_cache_stats(result.cache_stats, guided, model.two_experts ? " (transformer)" : "");
+  if (cached && model.two_experts) print_cache_stats(result.cache_stats_2, guided, " (transformer_2)");
+  const SchedulerKind scheduler_kind = o.scheduler.empty() ? model.scheduler.kind : scheduler_kind_from_name(o.scheduler);
+  write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_kind)));
   return 0;
 }
 

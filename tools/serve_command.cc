@@ -24,6 +24,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/diffusion/cache_backend.h"
+#include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
@@ -41,6 +42,7 @@ struct ServeOptions {
   std::string model_dir;
   std::string served_model_name;
   std::string embeddings;
+  std::optional<std::string> sparse_config_2;  // the low-noise expert's sparse config over the first's
   std::optional<int64_t> num_gpus;  // unset: the parallel layout's product
   int ulysses = 1;
   int ring = 1;
@@ -149,6 +151,10 @@ sigset_t shutdown_signals() {
 
 int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   const auto [width, height] = parse_default_size(o.size);
+  // The model directory, read and checked once (the workers' generator reads it again).
+  const WanModelDir model = WanModelDir::open(o.model_dir);
+  if (!model.two_experts && o.sparse_config_2)
+    fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
   engine::WanRunnerConfig runner;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
   runner.num_threads = static_cast<int>(o.threads);
@@ -157,6 +163,12 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
   runner.device = device.str();
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
+  if (o.sparse_config_2) {
+    const SparseAttnEnv& env = process_sparse_attn_env();
+    const SparseAttnConfig first = sparse_attn_requested(flags, env) ? sparse_attn_config_from(flags, env) : SparseAttnConfig{};
+    runner.sparse_attn_config_2_json =
+        worker_config_json(parse_sparse_attn_config_arg(*o.sparse_config_2, "--sparse-attn-config-2", first), o, width, height);
+  }
   runner.sparse_attention_settings = allowed_settings(o, width, height);
   runner.backend_override = backend_override(process_sparse_attn_env());
   runner.plugin_dirs = process_sparse_attn_env().plugin_dirs;
@@ -189,9 +201,10 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
 
   engine::WanRequestLimits limits;
   limits.cache = o.cache;
-  limits.size_multiple = 2 * wan_model_vae_spatial_stride(config.model_dir);
-  limits.vae_spatial_stride = limits.size_multiple / 2;
-  limits.patch_size = load_wan_config((fs::path(o.model_dir) / "transformer").string()).patch_size;
+  limits.size_multiple = 2 * model.vae_spatial_stride;
+  limits.vae_spatial_stride = model.vae_spatial_stride;
+  limits.patch_size = model.transformer.patch_size;
+  limits.two_experts = model.two_experts;
   limits.layout_bound_settings = layout_bound_settings(runner);
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   engine::ProcessorRegistry processors;
@@ -251,6 +264,9 @@ CommandRegistration registration{
       auto flags = std::make_shared<SparseAttnFlags>();
       app.add_option("--model", o->model_dir, "diffusers WanPipeline directory (model_index.json, transformer/, scheduler/)")
           ->required();
+      app.add_option("--sparse-attn-config-2", o->sparse_config_2,
+                     "Wan 2.2 two-expert models: the low-noise expert's (transformer_2) sparse config, JSON or @file.json, "
+                     "over the first expert's (default: the same)");
       app.add_option("--embeddings", o->embeddings,
                      "safetensors with prompt_embeds (and negative_prompt_embeds): the text conditioning of every request");
       app.add_option("--host", o->server.host, "address to listen on")->capture_default_str();

@@ -138,10 +138,53 @@ VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latent
   return video_frames_from_tensor(vae_->decode(ctx, latents));
 }
 
+struct WanDenoiseState::Impl {
+  WanGenerationOptions options;
+  std::unique_ptr<Scheduler> owned_scheduler;
+  Scheduler* scheduler = nullptr;
+  Tensor prompt, negative;  // the embeddings the predictors' views point into
+  Tensor latents;
+  float boundary = 0.0f;
+  double guidance_2 = 0.0;
+  WanFlowRequest request;
+  std::unique_ptr<WanFlowPredictor> predictors[2];
+  WanGenerationResult result;
+  int64_t steps = 0;
+  std::chrono::steady_clock::time_point start;
+  bool spent = false;
+};
+
+WanDenoiseState::WanDenoiseState(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WanDenoiseState::~WanDenoiseState() = default;
+int64_t WanDenoiseState::steps_done() const { return impl_->result.steps_done; }
+int64_t WanDenoiseState::total_steps() const { return impl_->steps; }
+bool WanDenoiseState::done() const { return impl_->result.cancelled || impl_->result.steps_done >= impl_->steps; }
+bool WanDenoiseState::cancelled() const { return impl_->result.cancelled; }
+
+namespace {
+
+Tensor host_copy(const TensorView& view) {
+  Tensor copy = Tensor::empty(view.shape(), DType::kF32);
+  if (view.numel() > 0) std::memcpy(copy.data(), view.data(), view.nbytes());
+  return copy;
+}
+
+}  // namespace
+
 WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorView& prompt_embeds,
                                           const TensorView& negative_prompt_embeds,
                                           const WanGenerationOptions& options,
                                           const TensorView& initial_latents) const {
+  const std::unique_ptr<WanDenoiseState> state = begin(ctx, prompt_embeds, negative_prompt_embeds, options, initial_latents);
+  WanDenoiseState* const one[] = {state.get()};
+  while (!state->done()) step(ctx, one);
+  return finish(ctx, *state);
+}
+
+std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, const TensorView& prompt_embeds,
+                                                    const TensorView& negative_prompt_embeds,
+                                                    const WanGenerationOptions& options, const TensorView& initial_latents,
+                                                    std::unique_ptr<Scheduler> scheduler) const {
   const WanConfig& config = transformer_.config();
   const Shape latent_shape = options.size.latent_shape(config.in_channels);
   if (vae_ != nullptr && options.size.vae_spatial_stride != vae_->config().spatial_compression())
@@ -158,8 +201,8 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
   if (!std::isfinite(guidance_2)) fail_argument("guidance_scale_2", "a finite number", guidance_2);
   if (options.cache && options.cache == options.cache_2)
     fail_argument("cache_2", "another backend than cache (each expert keeps its own residuals)", "the same");
-  // diffusers compares its timestep tensor (int64 or float32) with the boundary in float32.
-  const float boundary = static_cast<float>(low_noise_.boundary_ratio * static_cast<double>(low_noise_.num_train_timesteps));
+  if (options.cfg_group != nullptr && options.cfg_group->size() > 2)
+    fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
 
   require_cpu_f32(prompt_embeds, "prompt_embeds");
   if (prompt_embeds.dim() != 3 || prompt_embeds.size(0) != 1 || prompt_embeds.size(2) != config.text_dim)
@@ -170,76 +213,91 @@ WanGenerationResult WanPipeline::generate(const ExecContext& ctx, const TensorVi
       fail_argument("negative_prompt_embeds", "the shape of prompt_embeds " + shape_str(prompt_embeds.shape()),
                     negative_prompt_embeds.describe());
   }
-  Tensor latents;
+  auto impl = std::make_unique<WanDenoiseState::Impl>();
   if (initial_latents.empty()) {
-    latents = wan_initial_noise(latent_shape, options.seed);
+    impl->latents = wan_initial_noise(latent_shape, options.seed);
   } else {
     require_cpu_f32(initial_latents, "initial_latents");
     if (initial_latents.shape() != latent_shape)
       fail_argument("initial_latents", "the latent shape " + shape_str(latent_shape), initial_latents.describe());
-    latents = Tensor::empty(latent_shape, DType::kF32);
-    std::memcpy(latents.data(), initial_latents.data(), initial_latents.nbytes());
+    impl->latents = host_copy(initial_latents);
   }
-
-  scheduler_.set_timesteps(options.num_inference_steps);
-  const int64_t steps = scheduler_.num_inference_steps();
-  if (options.cfg_group != nullptr && options.cfg_group->size() > 2)
-    fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
-  // One predictor per expert, each with its transformer, its guidance scale and its cache.
-  WanFlowRequest request;
-  request.prompt_embeds = prompt_embeds;
-  request.negative_prompt_embeds = negative_prompt_embeds;
-  request.latent_shape = latent_shape;
-  request.guided = guided;
-  request.cfg_group = options.cfg_group;
-  std::unique_ptr<WanFlowPredictor> predictors[2];
-  const auto predictor_for = [&](int expert) -> WanFlowPredictor& {
-    if (!predictors[expert]) {
-      WanFlowRequest r = request;
-      r.transformer = expert == 1 ? low_noise_.transformer : &transformer_;
-      r.guidance_scale = expert == 1 ? guidance_2 : options.guidance_scale;
-      CacheBackend* cache = expert == 1 ? options.cache_2 : options.cache;
-      r.block_cache = cache ? cache->block_cache() : nullptr;
-      predictors[expert] = make_flow_predictor(ctx, r);
-    }
-    return *predictors[expert];
-  };
-
-  WanGenerationResult result;
+  impl->options = options;
+  impl->owned_scheduler = std::move(scheduler);
+  impl->scheduler = impl->owned_scheduler ? impl->owned_scheduler.get() : &scheduler_;
+  impl->scheduler->set_timesteps(options.num_inference_steps);
+  impl->steps = impl->scheduler->num_inference_steps();
+  // diffusers compares its timestep tensor (int64 or float32) with the boundary in float32.
+  impl->boundary = static_cast<float>(low_noise_.boundary_ratio * static_cast<double>(low_noise_.num_train_timesteps));
+  impl->guidance_2 = guidance_2;
+  impl->prompt = host_copy(prompt_embeds);
+  if (guided) impl->negative = host_copy(negative_prompt_embeds);
+  impl->request.prompt_embeds = impl->prompt.view();
+  impl->request.negative_prompt_embeds = guided ? impl->negative.view() : TensorView{};
+  impl->request.latent_shape = latent_shape;
+  impl->request.guided = guided;
+  impl->request.cfg_group = options.cfg_group;
   for (CacheBackend* cache : {options.cache, options.cache_2})
-    if (cache) cache->refresh(steps);
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < steps; ++step) {
-    if (options.cancel && options.cancel->load()) {
-      result.cancelled = true;
-      break;
+    if (cache) cache->refresh(impl->steps);
+  impl->start = std::chrono::steady_clock::now();
+  return std::unique_ptr<WanDenoiseState>(new WanDenoiseState(std::move(impl)));
+}
+
+void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const> states) const {
+  const bool two_experts = low_noise_.transformer != nullptr;
+  for (WanDenoiseState* state : states) {
+    if (state == nullptr) fail_argument("states", "non-null states from begin", "a null one");
+    WanDenoiseState::Impl& s = *state->impl_;
+    if (s.spent) fail_argument("states", "states not yet finished", "a finished one");
+    if (state->done()) continue;
+    if (s.options.cancel && s.options.cancel->load()) {
+      s.result.cancelled = true;
+      continue;
     }
+    const int64_t step = s.result.steps_done;
     const auto step_start = std::chrono::steady_clock::now();
-    const double t = scheduler_.timesteps()[static_cast<size_t>(step)];
-    const int expert = two_experts && static_cast<float>(t) < boundary ? 1 : 0;
-    result.experts.push_back(expert);
-    const TensorView flow = predictor_for(expert).predict(ctx, step, steps, latents.view(), t);
+    const double t = s.scheduler->timesteps()[static_cast<size_t>(step)];
+    const int expert = two_experts && static_cast<float>(t) < s.boundary ? 1 : 0;
+    s.result.experts.push_back(expert);
+    // One predictor per expert, each with its transformer, its guidance scale and its cache.
+    if (!s.predictors[expert]) {
+      WanFlowRequest r = s.request;
+      r.transformer = expert == 1 ? low_noise_.transformer : &transformer_;
+      r.guidance_scale = expert == 1 ? s.guidance_2 : s.options.guidance_scale;
+      CacheBackend* cache = expert == 1 ? s.options.cache_2 : s.options.cache;
+      r.block_cache = cache ? cache->block_cache() : nullptr;
+      s.predictors[expert] = make_flow_predictor(ctx, r);
+    }
+    const TensorView flow = s.predictors[expert]->predict(ctx, step, s.steps, s.latents.view(), t);
     const auto scheduler_start = std::chrono::steady_clock::now();
-    scheduler_.step(flow, latents, latents);
-    result.steps_done = step + 1;
-    if (options.on_step) {
+    s.scheduler->step(flow, s.latents, s.latents);
+    s.result.steps_done = step + 1;
+    if (s.options.on_step) {
       const auto now = std::chrono::steady_clock::now();
       WanStepProgress progress;
       progress.step = step + 1;
-      progress.total_steps = steps;
+      progress.total_steps = s.steps;
       progress.timestep = t;
       progress.step_seconds = std::chrono::duration<double>(now - step_start).count();
       progress.scheduler_seconds = std::chrono::duration<double>(now - scheduler_start).count();
-      progress.elapsed_seconds = std::chrono::duration<double>(now - start).count();
-      progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(step + 1) * static_cast<double>(steps - step - 1);
-      progress.latents = latents.view();
-      options.on_step(progress);
+      progress.elapsed_seconds = std::chrono::duration<double>(now - s.start).count();
+      progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(step + 1) * static_cast<double>(s.steps - step - 1);
+      progress.latents = s.latents.view();
+      s.options.on_step(progress);
     }
   }
-  if (vae_ != nullptr && !result.cancelled) result.frames = decode_on(ctx, latents);
-  result.latents = std::move(latents);
-  if (options.cache) result.cache_stats = options.cache->stats();
-  if (options.cache_2) result.cache_stats_2 = options.cache_2->stats();
+}
+
+WanGenerationResult WanPipeline::finish(const ExecContext& ctx, WanDenoiseState& state) const {
+  WanDenoiseState::Impl& s = *state.impl_;
+  if (s.spent) fail_argument("state", "a state not yet finished", "a finished one");
+  s.spent = true;
+  for (auto& predictor : s.predictors) predictor.reset();  // the device buffers go before the decode's
+  WanGenerationResult result = std::move(s.result);
+  if (vae_ != nullptr && !result.cancelled) result.frames = decode_on(ctx, s.latents);
+  result.latents = std::move(s.latents);
+  if (s.options.cache) result.cache_stats = s.options.cache->stats();
+  if (s.options.cache_2) result.cache_stats_2 = s.options.cache_2->stats();
   return result;
 }
 

@@ -19,9 +19,8 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/video_frames.h"
 #include "tessel/diffusion/video_io.h"
+#include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
-#include "tessel/diffusion/wan_text_encoder.h"
-#include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/parallel/communicator.h"
 #include "tessel/parallel/parallel_config.h"
@@ -60,56 +59,71 @@ class WanRunner final : public PipelineRunner {
       const SafetensorsFile embeddings = SafetensorsFile::open(config_.embeddings_file);
       prompt_embeds_ = load_embedding(embeddings, "prompt_embeds");
       if (embeddings.find("negative_prompt_embeds")) negative_embeds_ = load_embedding(embeddings, "negative_prompt_embeds");
-    } else {
-      text_encoder_.emplace(WanTextEncoder::load(setup.model_dir, device_));
     }
-    vae_spatial_stride_ = wan_model_vae_spatial_stride(setup.model_dir);
-    // Only rank 0 decodes (the others' latents are the same and nobody reads their output).
-    if (setup.rank == 0 && fs::is_directory(fs::path(setup.model_dir) / "vae")) vae_.emplace(WanVae::load((fs::path(setup.model_dir) / "vae").string()));
-
-    scheduler_config_ = load_scheduler_config((fs::path(setup.model_dir) / "scheduler").string());
-    if (!config_.scheduler.empty()) {
-      SchedulerConfig replacement;
-      replacement.kind = scheduler_kind_from_name(config_.scheduler);
-      replacement.num_train_timesteps = scheduler_config_.num_train_timesteps;
-      replacement.shift = scheduler_config_.shift;
-      scheduler_config_ = replacement;
+    // The library's one door: the same generator `tessel generate` runs (both experts of Wan
+    // 2.2's A14B layout, its own cache per expert, the scheduler override).
+    WanLoadOptions load;
+    load.device = device_;
+    if (!config_.sparse_attn_config_json.empty()) load.sparse.config = parse_sparse_attn_json(config_.sparse_attn_config_json);
+    if (!config_.sparse_attn_config_2_json.empty()) load.sparse.config_2 = parse_sparse_attn_json(config_.sparse_attn_config_2_json);
+    for (const auto& [name, json] : config_.sparse_attention_settings) {
+      WanSparseSetting setting;
+      if (!json.empty()) setting.config = parse_sparse_attn_json(json);
+      load.named_sparse.emplace(name, std::move(setting));
     }
-    if (config_.flow_shift > 0.0) scheduler_config_.shift = config_.flow_shift;
-
-    transformer_dir_ = (fs::path(setup.model_dir) / "transformer").string();
-    make_cache_backend(config_.cache, config_.cache_config, load_wan_config(transformer_dir_));  // a bad name fails at start
-    transformers_.emplace("default", load_transformer(config_.sparse_attn_config_json));
+    const bool sparse = load.sparse.config || load.sparse.config_2 ||
+                        std::any_of(load.named_sparse.begin(), load.named_sparse.end(),
+                                    [](const auto& entry) { return entry.second.config.has_value(); });
+    if (sparse) {
+      registry_ = make_default_registry();
+      registry_->set_plugin_dirs(config_.plugin_dirs);
+    }
+    load.registry = registry_.get();
+    load.backend_override = config_.backend_override;
+    load.scheduler = config_.scheduler;
+    load.flow_shift = config_.flow_shift;
+    load.cache = config_.cache;
+    load.cache_config = config_.cache_config;
+    load.parallel = groups_ ? &*groups_ : nullptr;
+    load.load_text_encoder = config_.embeddings_file.empty();
+    load.load_vae = setup.rank == 0;  // only rank 0 decodes: the others' latents are the same and nobody reads them
+    generator_.emplace(WanGenerator::load(ExecContext{}, setup.model_dir, load));
   }
 
   RunnerOutput run(const GenerationRequest& request, const RunControl& control) override {
     const bool guided = request.guidance_scale > 1.0;
-    const WanTransformer& transformer = transformer_for(request);
-    auto scheduler = make_scheduler(scheduler_config_);
-    const WanPipeline pipeline(transformer, *scheduler, vae_ ? &*vae_ : nullptr);
     ExecContext ctx;
     ctx.num_threads = config_.num_threads;
     // Every rank stops at the same step: a rank that stopped alone would leave the others waiting
     // in the next step's collectives. The ranks agree before the first step and after each one.
     std::atomic<bool> agreed_cancel{agree_on_cancel(control)};
-    const auto [prompt_embeds, negative_embeds] = text_embeddings(ctx, request, guided);
-    ctx.device = device_;  // the loop on the transformer's device (the embeddings are host tensors)
+    const WanTransformer& transformer = generator_->transformer(setting_name(request));
     RunnerOutput output;
     const auto started = std::chrono::steady_clock::now();
     const int64_t steps = request.num_inference_steps;
     const int64_t total = steps * request.num_outputs;
     for (int64_t i = 0; i < request.num_outputs; ++i) {
-      WanGenerationOptions options;
-      options.num_inference_steps = steps;
-      options.guidance_scale = request.guidance_scale;
-      options.seed = request.seed + static_cast<uint64_t>(i);
-      options.size = WanVideoSize{request.frames, request.height, request.width};
-      options.size.vae_spatial_stride = vae_spatial_stride_;
-      options.cancel = &agreed_cancel;
-      options.cfg_group = groups_ ? groups_->cfg.get() : nullptr;
-      const std::unique_ptr<CacheBackend> cache = make_cache_backend(cache_name(request), config_.cache_config, transformer.config());
-      options.cache = cache.get();
-      options.on_step = [&](const WanStepProgress& p) {
+      WanRequest w;
+      if (config_.embeddings_file.empty()) {
+        w.prompt = request.prompt;
+        w.negative_prompt = request.negative_prompt;
+      } else {
+        if (guided && !negative_embeds_.defined())
+          fail_argument("guidance_scale", "<= 1 (the embeddings file has no negative_prompt_embeds)", request.guidance_scale);
+        w.prompt_embeds = prompt_embeds_;
+        if (guided) w.negative_prompt_embeds = negative_embeds_;
+      }
+      w.frames = request.frames;
+      w.height = request.height;
+      w.width = request.width;
+      w.steps = steps;
+      w.guidance = request.guidance_scale;
+      if (request.guidance_scale_2 >= 0.0) w.guidance_2 = request.guidance_scale_2;
+      w.seed = request.seed + static_cast<uint64_t>(i);
+      w.sparse_setting = setting_name(request);
+      if (!request.cache.empty()) w.cache = request.cache;
+      w.cancel = &agreed_cancel;
+      w.on_step = [&](const WanStepProgress& p) {
         if (!control.on_progress) {
           agreed_cancel = agree_on_cancel(control);
           return;
@@ -125,18 +139,22 @@ class WanRunner final : public PipelineRunner {
         control.on_progress(progress);
         agreed_cancel = agree_on_cancel(control);
       };
-      WanGenerationResult result = pipeline.generate(ctx, prompt_embeds, negative_embeds, options);
+      WanGenerationResult result = generator_->generate(ctx, w).generation;
       output.steps_done += result.steps_done;
       if (result.cancelled) {
         output.cancelled = true;
         return output;
       }
-      output.outputs.push_back(vae_ ? frames_tensor(result.frames) : std::move(result.latents));
+      output.outputs.push_back(result.frames.count > 0 ? frames_tensor(result.frames) : std::move(result.latents));
     }
     return output;
   }
 
  private:
+  static std::string setting_name(const GenerationRequest& request) {
+    return request.sparse_attention.empty() ? "default" : request.sparse_attention;
+  }
+
   // With more than one worker: the group's communicators (shared memory between the processes; on
   // CUDA a NCCL world bootstrapped over it, each rank on its own GPU) and the parallel groups the
   // transformer and the pipeline use.
@@ -173,58 +191,6 @@ class WanRunner final : public PipelineRunner {
     return votes > 0.0f;
   }
 
-  // The transformer with the sparse-attention setting `config_json` (empty: dense attention).
-  WanTransformer load_transformer(const std::string& config_json) {
-    WanAttentionOptions attention;
-    attention.parallel = groups_ ? &*groups_ : nullptr;
-    if (!config_json.empty()) {
-      if (!registry_) {
-        registry_ = make_default_registry();
-        registry_->set_plugin_dirs(config_.plugin_dirs);
-      }
-      attention.registry = registry_.get();
-      attention.config = parse_sparse_attn_json(config_json);
-      attention.backend_override = config_.backend_override;
-    }
-    return WanTransformer::load(transformer_dir_, attention, device_);
-  }
-
-  // The request's sparse-attention setting: the server's default, or one the server allows, loaded
-  // the first time a request names it (another copy of the weights).
-  const WanTransformer& transformer_for(const GenerationRequest& request) {
-    const std::string name = request.sparse_attention.empty() ? "default" : request.sparse_attention;
-    if (const auto it = transformers_.find(name); it != transformers_.end()) return it->second;
-    const auto allowed = config_.sparse_attention_settings.find(name);
-    if (allowed == config_.sparse_attention_settings.end())
-      fail_argument("sparse_attention", "\"default\" or a setting the server allows", quoted_excerpt(name));
-    return transformers_.emplace(name, load_transformer(allowed->second)).first->second;
-  }
-
-  std::string cache_name(const GenerationRequest& request) const {
-    if (request.cache.empty()) return config_.cache;
-    if (request.cache != "none" && request.cache != config_.cache)
-      fail_argument("cache", "\"none\" or the server's \"" + config_.cache + "\"", quoted_excerpt(request.cache));
-    return request.cache;
-  }
-
-  // The conditional and (with guidance) unconditional embeddings: the fixed ones of the embeddings
-  // file, or the prompt and negative prompt through the model's tokenizer and text encoder.
-  std::pair<Tensor, Tensor> text_embeddings(const ExecContext& ctx, const GenerationRequest& request, bool guided) const {
-    if (!text_encoder_) {
-      if (guided && !negative_embeds_.defined())
-        fail_argument("guidance_scale", "<= 1 (the embeddings file has no negative_prompt_embeds)", request.guidance_scale);
-      return {prompt_embeds_, guided ? negative_embeds_ : Tensor{}};
-    }
-    if (!guided) return {text_encoder_->encode(ctx, {request.prompt}), Tensor{}};
-    const Tensor both = text_encoder_->encode(ctx, {request.prompt, request.negative_prompt});
-    const int64_t row = both.size(1) * both.size(2);
-    Tensor prompt = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
-    Tensor negative = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
-    std::copy_n(both.data_as<float>(), row, prompt.data_as<float>());
-    std::copy_n(both.data_as<float>() + row, row, negative.data_as<float>());
-    return {std::move(prompt), std::move(negative)};
-  }
-
   // The decoded video as a tensor of 8-bit RGB frames (frames, height, width, 3): a quarter of
   // the fp32 bytes to send to the engine.
   static Tensor frames_tensor(const VideoFrames& frames) {
@@ -251,15 +217,10 @@ class WanRunner final : public PipelineRunner {
   std::unique_ptr<Communicator> host_world_;    // the group's shared-memory world (several workers)
   std::unique_ptr<Communicator> device_world_;  // NCCL over it, on CUDA
   std::optional<ParallelGroups> groups_;
-  int64_t vae_spatial_stride_ = WanVideoSize{}.vae_spatial_stride;
   Tensor prompt_embeds_;
   Tensor negative_embeds_;
-  SchedulerConfig scheduler_config_;
-  std::optional<WanTextEncoder> text_encoder_;
-  std::optional<WanVae> vae_;
   std::unique_ptr<BackendRegistry> registry_;
-  std::string transformer_dir_;
-  std::map<std::string, WanTransformer> transformers_;  // by sparse-attention setting
+  std::optional<WanGenerator> generator_;
 };
 
 VideoFrames frames_of(const Tensor& rgb, double fps) {
@@ -293,7 +254,7 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
 // step cache's settings too, its rescaling polynomial included, so a server given custom TeaCache
 // coefficients passes them on).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
-                                                sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
+                                                sparse_attn_config_2_json, sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
                                                 cache_config, flow_shift, ulysses, ring, cfg_parallel)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }
@@ -325,6 +286,10 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
     check_at_most("n", r.num_outputs, 1, limits.max_outputs);
     if (!(r.guidance_scale >= 0.0 && r.guidance_scale <= limits.max_guidance))
       fail_argument("guidance_scale", detail::concat("0..", limits.max_guidance), r.guidance_scale);
+    if (r.guidance_scale_2 >= 0.0 && !limits.two_experts)
+      fail_argument("guidance_scale_2", "absent: the model has one expert (no transformer_2)", r.guidance_scale_2);
+    if (r.guidance_scale_2 > limits.max_guidance)
+      fail_argument("guidance_scale_2", detail::concat("0..", limits.max_guidance), r.guidance_scale_2);
     if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
     if (!r.cache.empty() && r.cache != "none" && r.cache != limits.cache)
       fail_argument("cache", "\"none\" or the server's \"" + limits.cache + "\"", quoted_excerpt(r.cache));

@@ -469,6 +469,60 @@ TEST(ServeCli, ATi2vModelServesSizesOfItsVaeStride) {
   fs::remove_all(dir);
 }
 
+// The server and `tessel generate` go through the library's one door (WanGenerator): the same
+// request gives the same PNG, byte for byte, on the one-expert model, on Wan 2.2's two-expert
+// A14B layout (transformer_2 used, guidance_scale_2 reaching the low-noise expert, a low-noise
+// sparse setting) and on TI2V-5B's. A request's guidance_scale_2 is refused for one expert.
+TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
+  struct Layout {
+    const char* preset;
+    std::vector<std::string> serve_flags;
+    std::string generate_flags;
+    std::string request_extra;
+  };
+  const std::string second = R"({"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.25}, "geometry": {"block_q": 2, "block_kv": 2}})";
+  const std::vector<Layout> layouts = {
+      {"tiny", {}, "", ""},
+      {"tiny-a14b", {"--sparse-attn-config-2", second}, "--guidance-2 2.5 --sparse-attn-config-2 '" + second + "'",
+       R"(, "guidance_scale_2": 2.5)"},
+      {"tiny-ti2v", {}, "", ""}};
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.preset);
+    const fs::path dir = fs::path(::testing::TempDir()) / (std::string("serve_door_") + layout.preset + "_" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    write_random_wan_model((dir / "model").string(), layout.preset, 11);
+    std::vector<std::string> args = {"--model", (dir / "model").string(), "--threads", "1", "--size", "64x64", "--frames", "1", "--steps", "4"};
+    args.insert(args.end(), layout.serve_flags.begin(), layout.serve_flags.end());
+    ServeProcess server(args);
+    ASSERT_NE(server.port(), 0) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    const auto served = client.Post("/v1/images/generations",
+                                    R"({"prompt": "a red cube", "seed": 3, "guidance_scale": 5.0)" + layout.request_extra + "}",
+                                    "application/json");
+    ASSERT_TRUE(served);
+    ASSERT_EQ(served->status, 200) << served->body;
+    const std::string png = base64_decode(body_of(served)["data"][0]["b64_json"].get<std::string>());
+    const TesselRun generated = run_tessel_binary(
+        "generate --model '" + (dir / "model").string() + "' --prompt 'a red cube' --seed 3 --guidance 5 --size 64x64 --frames 1 --steps 4 --threads 1 " +
+            layout.generate_flags + " --out '" + (dir / "image.png").string() + "'",
+        dir / "generate.log");
+    ASSERT_EQ(generated.status, 0) << generated.out;
+    std::ifstream in(dir / "image.png", std::ios::binary);  // one frame: the path itself
+    const std::string expected((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(expected.empty()) << generated.out;
+    EXPECT_TRUE(png == expected) << "the served image differs from tessel generate's";
+    if (std::string(layout.preset) == "tiny") {
+      const auto refused = client.Post("/v1/images/generations", R"({"prompt": "a cube", "guidance_scale_2": 2.0})", "application/json");
+      ASSERT_TRUE(refused);
+      EXPECT_EQ(refused->status, 400) << refused->body;
+      EXPECT_EQ(body_of(refused)["error"]["param"], "guidance_scale_2");
+    }
+    fs::remove_all(dir);
+  }
+}
+
 TEST(ServeCli, SigtermDrainsRunningWorkAndExitsZero) {
   ServeProcess server(server_args());
   ASSERT_NE(server.port(), 0) << server.log();

@@ -94,6 +94,9 @@ void parse_common(const nlohmann::json& body, GenerationRequest& request, const 
   request.negative_prompt = string_field(body, "negative_prompt", "");
   request.num_inference_steps = integer_field(body, "num_inference_steps", defaults.default_steps, 1, 1000000);
   request.guidance_scale = number_field(body, "guidance_scale", defaults.default_guidance, 0.0, 1e6);
+  // Wan 2.2's low-noise expert's scale; absent: guidance_scale (the engine refuses it for one expert).
+  if (const auto second = body.find("guidance_scale_2"); second != body.end() && !second->is_null())
+    request.guidance_scale_2 = number_field(body, "guidance_scale_2", 0.0, 0.0, 1e6);
   const auto seed = body.find("seed");
   if (seed == body.end() || seed->is_null()) {
     request.seed = std::random_device{}() & 0x7fffffff;
@@ -114,7 +117,7 @@ int64_t unix_seconds(std::chrono::system_clock::time_point at) {
 GenerationRequest parse_image_request(const std::string& body_text, const ApiDefaults& defaults) {
   const nlohmann::json body = parse_body(body_text);
   check_fields(body, {"prompt", "model", "n", "size", "response_format", "quality", "style", "user", "negative_prompt",
-                      "num_inference_steps", "guidance_scale", "seed", "sparse_attention", "cache"});
+                      "num_inference_steps", "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache"});
   GenerationRequest request;
   request.kind = OutputKind::kImage;
   request.frames = 1;
@@ -128,7 +131,7 @@ GenerationRequest parse_image_request(const std::string& body_text, const ApiDef
 GenerationRequest parse_video_request(const std::string& body_text, const ApiDefaults& defaults) {
   const nlohmann::json body = parse_body(body_text);
   check_fields(body, {"prompt", "model", "size", "seconds", "num_frames", "fps", "negative_prompt", "num_inference_steps",
-                      "guidance_scale", "seed", "sparse_attention", "cache", "user"});
+                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "user"});
   GenerationRequest request;
   request.kind = OutputKind::kVideo;
   parse_common(body, request, defaults);

@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "tessel/core/exec_context.h"
@@ -110,6 +112,29 @@ Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed);
 Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder, const TensorView& input_ids,
                              const TensorView& attention_mask);
 
+// One generation in flight through WanPipeline's step-level door: its latents, its scheduler, its
+// predictors (one per expert, each holding the generation's inputs on the transformer's device),
+// its options and what it has produced so far. Made by WanPipeline::begin, advanced by step, ended
+// by finish; not copyable. Opaque but for what a caller that interleaves generations needs.
+class WanDenoiseState {
+ public:
+  ~WanDenoiseState();
+  WanDenoiseState(const WanDenoiseState&) = delete;
+  WanDenoiseState& operator=(const WanDenoiseState&) = delete;
+
+  int64_t steps_done() const;
+  int64_t total_steps() const;
+  // Every step ran, or the options' cancel flag was seen set before a step.
+  bool done() const;
+  bool cancelled() const;
+
+ private:
+  friend class WanPipeline;
+  struct Impl;
+  explicit WanDenoiseState(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 class WanPipeline {
  public:
   // All are borrowed for the pipeline's lifetime; the scheduler is restarted by each generate. The
@@ -137,9 +162,24 @@ class WanPipeline {
   // device (the CPU, with a warning, when the CUDA decoder is unavailable). The
   // noise of a seed is the same on every device. CFG-parallel needs a CPU transformer (tessel generate
   // and tessel serve refuse --cfg-parallel with a CUDA device before loading anything).
+  // generate() is begin, step until done, finish.
   WanGenerationResult generate(const ExecContext& ctx, const TensorView& prompt_embeds,
                                const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,
                                const TensorView& initial_latents = {}) const;
+
+  // The step-level door (the serving engine interleaves generations step by step). begin checks
+  // everything generate checks and prepares a generation without running a step; the state keeps
+  // copies of the embeddings and latents, and `scheduler` (owned) when given, else the
+  // pipeline's own scheduler (then one generation at a time: set_timesteps restarts it). step runs
+  // the next denoising step of each state that is not done (checking its cancel flag first and
+  // calling its on_step after). finish decodes (when the pipeline has a VAE and the state was not
+  // cancelled) and returns the result; the state is spent after it.
+  std::unique_ptr<WanDenoiseState> begin(const ExecContext& ctx, const TensorView& prompt_embeds,
+                                         const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,
+                                         const TensorView& initial_latents = {},
+                                         std::unique_ptr<Scheduler> scheduler = nullptr) const;
+  void step(const ExecContext& ctx, std::span<WanDenoiseState* const> states) const;
+  WanGenerationResult finish(const ExecContext& ctx, WanDenoiseState& state) const;
 
   // The frames of the loop's latents (1, channels, frames, height, width) through the VAE, as
   // WanPipeline's output_type "pil" gives them. Throws Error when the pipeline has no VAE, or naming

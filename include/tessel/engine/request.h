@@ -26,6 +26,8 @@ struct GenerationRequest {
   int64_t num_outputs = 1;   // images per request (the OpenAI `n`), each its own seed (seed + i)
   int64_t num_inference_steps = 50;
   double guidance_scale = 5.0;
+  // Wan 2.2's two experts: the low-noise expert's guidance scale; negative: unset (guidance_scale).
+  double guidance_scale_2 = -1.0;
   uint64_t seed = 0;
   double fps = 16.0;         // video frame rate of the encoded output
   // The name of a sparse-attention setting the server offers (empty: the server's default).

@@ -1,6 +1,6 @@
-// The Wan text-to-video model type ("WanPipeline") for the engine: the worker-side runner (a
-// WanPipeline over the model directory's transformer/ and scheduler/, its tokenizer/ and
-// text_encoder/ for prompts, its vae/ when present), the engine-side request checks, and the
+// The Wan text-to-video model type ("WanPipeline") for the engine: the worker-side runner (the
+// library's WanGenerator over the model directory: both experts of Wan 2.2's A14B layout, its
+// tokenizer/ and text_encoder/ for prompts, its vae/ when present), the engine-side request checks, and the
 // encoding of its outputs.
 #pragma once
 
@@ -25,10 +25,13 @@ struct WanRunnerConfig {
   // request's prompt through the model's tokenizer/ and text_encoder/.
   std::string embeddings_file;
   int num_threads = 0;                 // CPU threads (0: the OpenMP default)
-  // Where the transformer and the text encoder run: "cpu" (fp32) or "cuda[:N]" (bf16), as
-  // `tessel generate --device`; the VAE decodes on the CPU either way.
+  // Where the transformers, the text encoder and the VAE run: "cpu" (fp32) or "cuda[:N]" (bf16
+  // transformers, the VAE on the GPU through cuDNN), as `tessel generate --device`.
   std::string device = "cpu";
   std::string sparse_attn_config_json;  // the default setting: a SparseAttnConfig's JSON; empty: dense
+  // Wan 2.2's two experts: the low-noise expert's (transformer_2) config JSON of the default
+  // setting; empty: the first expert's. A model with one expert refuses it at start.
+  std::string sparse_attn_config_2_json;
   // Other settings a request may name in `sparse_attention` (name -> config JSON, empty: dense);
   // each is loaded the first time a request names it (another copy of the transformer's weights).
   std::map<std::string, std::string> sparse_attention_settings;
@@ -67,6 +70,7 @@ struct WanRequestLimits {
   int64_t vae_spatial_stride = 8;
   size_t max_prompt_bytes = 4096;
   double max_guidance = 50.0;
+  bool two_experts = false;  // the model has transformer_2: requests may set guidance_scale_2
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
   std::string cache = "none";  // the server's step cache: a request may name it or "none"
 };

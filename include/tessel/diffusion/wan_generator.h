@@ -1,0 +1,165 @@
+// The one door to Wan generation: a diffusers model directory opened and checked once
+// (WanModelDir), its components loaded once (WanGenerator::load), and requests turned into videos
+// or latents, whole (generate) or step by step (begin / step / finish) so that a server can
+// interleave requests. `tessel generate`, the serving engine's runner and the Python pipeline class
+// adapt this door; none of them assembles a pipeline of its own (docs/architecture.md).
+//
+// The shape of the step-level door is frozen: the serving (batching), image-to-video and weights
+// (LoRA, FP8) work adds fields to WanLoadOptions and WanRequest, not new doors.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "tessel/core/exec_context.h"
+#include "tessel/core/tensor.h"
+#include "tessel/diffusion/cache_backend.h"
+#include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/dit/wan_config.h"
+#include "tessel/parallel/parallel_config.h"
+#include "tessel/sparse/config.h"
+
+namespace tessel {
+
+class BackendRegistry;
+
+enum class WanTask {
+  kTextToVideo,       // WanPipeline (Wan 2.1 T2V, Wan 2.2 T2V-A14B)
+  kTextImageToVideo,  // WanPipeline with expand_timesteps (Wan 2.2 TI2V-5B): text to video runs
+  kImageToVideo,      // WanImageToVideoPipeline (Wan 2.1 I2V, Wan 2.2 I2V-A14B)
+};
+std::string_view wan_task_name(WanTask task);  // "t2v", "ti2v", "i2v"
+
+// What a diffusers Wan model directory holds, read and validated once: model_index.json (class,
+// experts and boundary_ratio, expand_timesteps), every present component's config, and which
+// optional components exist. Throws Error naming the file and field that is wrong.
+struct WanModelDir {
+  std::string path;
+  WanTask task = WanTask::kTextToVideo;
+  bool two_experts = false;
+  double boundary_ratio = 0.0;  // two experts only
+  WanConfig transformer;
+  std::optional<WanConfig> transformer_2;
+  SchedulerConfig scheduler;
+  int64_t vae_spatial_stride = 8;  // 8 (Wan 2.1's VAE), 16 (Wan 2.2's patched one); 8 without a vae/
+  bool has_vae = false;
+  bool has_text_encoder = false;  // tokenizer/ and text_encoder/ both present
+
+  static WanModelDir open(const std::string& dir);
+  std::string component(const char* name) const;  // path/name
+};
+
+// A sparse-attention setting: each expert's config (unset: dense). With one expert the second is
+// ignored; with two, an unset second takes the first's.
+struct WanSparseSetting {
+  std::optional<SparseAttnConfig> config;
+  std::optional<SparseAttnConfig> config_2;
+};
+
+struct WanLoadOptions {
+  Device device = Device::cpu();  // the transformers and the text encoder; cuda[:N] runs bf16
+  WanSparseSetting sparse;        // the default setting
+  // More settings a request may name (WanRequest::sparse_setting); each is loaded the first time a
+  // request names it (another copy of the transformers' weights).
+  std::map<std::string, WanSparseSetting> named_sparse;
+  // Spatial patterns without a spatial_layout of their own are laid out on this size's latent grid
+  // (requests of another grid are then the caller's to refuse). Unset: left as configured.
+  std::optional<WanVideoSize> layout_size;
+  BackendRegistry* registry = nullptr;  // for sparse settings; not owned, outlives the generator
+  std::string backend_override;         // the application's backend override (its environment)
+  std::string scheduler;                // "unipc" or "euler" replaces the model's scheduler; empty: keep
+  double flow_shift = 0.0;              // > 0 replaces the scheduler's shift
+  std::string cache = "none";           // make_cache_backend's name: none, teacache, dbcache
+  CacheConfig cache_config;
+  // Sequence parallelism and CFG-parallel (not owned; outlive the generator). Null: one process.
+  const ParallelGroups* parallel = nullptr;
+  bool load_text_encoder = true;  // false: requests bring embeddings
+  bool load_vae = true;           // false: results are latents only
+};
+
+// One request. Validated by begin(), once, where it becomes a generation.
+struct WanRequest {
+  // The text: a prompt (through the model's tokenizer and text encoder) or embeddings
+  // (1, L, text_dim) fp32 CPU, the negative ones with guidance.
+  std::string prompt;
+  std::string negative_prompt;  // WanPipeline's default: empty
+  Tensor prompt_embeds, negative_prompt_embeds;
+  int64_t frames = 81, height = 480, width = 832;  // the VAE stride comes from the model
+  int64_t steps = 50;
+  double guidance = 5.0;
+  std::optional<double> guidance_2;  // two experts: the low-noise expert's (default: guidance)
+  uint64_t seed = 0;
+  Tensor noise;                // the starting latents (fp32 CPU, latent shape) instead of the seed's
+  std::string sparse_setting;  // empty or "default": the load's; else a name of named_sparse
+  std::optional<std::string> cache;  // "none" or the load's cache name; unset: the load's
+  const std::atomic<bool>* cancel = nullptr;
+  std::function<void(const WanStepProgress&)> on_step;
+};
+
+struct WanGeneratorResult {
+  WanGenerationResult generation;  // latents, frames (with a VAE), experts, cache statistics
+  double text_encode_seconds = 0.0;
+};
+
+// One request in flight (begin .. finish).
+class WanGenerationState {
+ public:
+  ~WanGenerationState();
+  WanGenerationState(const WanGenerationState&) = delete;
+  WanGenerationState& operator=(const WanGenerationState&) = delete;
+  bool done() const;
+  int64_t steps_done() const;
+  int64_t total_steps() const;
+
+ private:
+  friend class WanGenerator;
+  struct Impl;
+  explicit WanGenerationState(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class WanGenerator {
+ public:
+  // Opens `dir` (WanModelDir::open) and loads what requests need: the transformer(s) on
+  // options.device with the default sparse setting, the text encoder (unless load_text_encoder is
+  // false or the directory has none), the VAE (unless load_vae is false or there is none). Throws
+  // Error naming the option or file: an image-to-video directory (not built yet), a sparse setting
+  // for transformer_2 of a one-expert model, a bad cache or scheduler name.
+  static WanGenerator load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options);
+  ~WanGenerator();
+  WanGenerator(WanGenerator&&) noexcept;
+  WanGenerator& operator=(WanGenerator&&) noexcept;
+
+  const WanModelDir& model() const;
+  const WanLoadOptions& options() const;
+  // The video size of a request (frames, height, width and the model's VAE stride), validated.
+  WanVideoSize size_of(const WanRequest& request) const;
+  // The transformer (expert 0 or 1) of a sparse setting; loads the setting when it is new.
+  const WanTransformer& transformer(const std::string& sparse_setting = "", int expert = 0);
+
+  // Validates the request (an Error naming its field), encodes its text and prepares its latents,
+  // scheduler and caches; runs no step.
+  std::unique_ptr<WanGenerationState> begin(const ExecContext& ctx, const WanRequest& request);
+  // The next denoising step of every state that is not done (states of any size; each runs its
+  // own forwards today: batching states of one shape into one forward is the serving engine's).
+  void step(const ExecContext& ctx, std::span<WanGenerationState* const> states);
+  // Decodes (with a VAE, unless cancelled) and returns the result; the state is spent.
+  WanGeneratorResult finish(const ExecContext& ctx, WanGenerationState& state);
+  // begin, step until done, finish.
+  WanGeneratorResult generate(const ExecContext& ctx, const WanRequest& request);
+
+ private:
+  struct Impl;
+  explicit WanGenerator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessel

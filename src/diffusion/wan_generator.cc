@@ -1,0 +1,336 @@
+// The Wan generation door (see wan_generator.h): the model directory read once, the components
+// loaded once, requests through WanPipeline's step-level door.
+#include "tessel/diffusion/wan_generator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
+#include "tessel/core/io/limited_json.h"
+#include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/diffusion/wan_vae.h"
+#include "tessel/dit/wan_model.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMaxModelIndexBytes = 1 << 20;
+
+bool component_set(const nlohmann::json& index, const char* name) {
+  const auto entry = index.find(name);
+  // Absent, null or diffusers' [null, null] for a component the pipeline runs without.
+  return entry != index.end() && !entry->is_null() && !(entry->is_array() && !entry->empty() && (*entry)[0].is_null());
+}
+
+}  // namespace
+
+std::string_view wan_task_name(WanTask task) {
+  switch (task) {
+    case WanTask::kTextToVideo: return "t2v";
+    case WanTask::kTextImageToVideo: return "ti2v";
+    case WanTask::kImageToVideo: return "i2v";
+  }
+  return "?";
+}
+
+std::string WanModelDir::component(const char* name) const { return (fs::path(path) / name).string(); }
+
+WanModelDir WanModelDir::open(const std::string& dir) {
+  const fs::path root(dir);
+  const std::string index_path = (root / "model_index.json").string();
+  if (dir.empty() || !fs::is_regular_file(index_path))
+    fail_argument("model directory", "a diffusers model directory with model_index.json", quoted_excerpt(dir));
+  const nlohmann::json index =
+      parse_json_limited(read_file_bounded(index_path, kMaxModelIndexBytes, "model_index.json"), JsonLimits{}, index_path);
+  if (!index.is_object()) fail_argument(index_path, "a JSON object", json_excerpt(index));
+  WanModelDir model;
+  model.path = dir;
+  const auto class_name = index.find("_class_name");
+  if (class_name != index.end() && *class_name == "WanPipeline") {
+    model.task = WanTask::kTextToVideo;
+  } else if (class_name != index.end() && *class_name == "WanImageToVideoPipeline") {
+    model.task = WanTask::kImageToVideo;
+  } else {
+    fail_argument(index_path + ": _class_name", "\"WanPipeline\" or \"WanImageToVideoPipeline\"",
+                  class_name == index.end() ? std::string("none") : json_excerpt(*class_name));
+  }
+  // Wan 2.2 TI2V-5B sets expand_timesteps: diffusers then hands the transformer one timestep per
+  // token, (mask[0][0][:, ::2, ::2] * t).flatten(). For text to video the mask is all ones, so every
+  // token gets t and the per-token time embeddings and modulation equal the scalar ones: the loop
+  // runs unchanged (tests/diffusion/wan_ti2v_pipeline_test.cc checks it against diffusers).
+  const auto expand = index.find("expand_timesteps");
+  if (expand != index.end() && !expand->is_null() && !expand->is_boolean())
+    fail_argument(index_path + ": expand_timesteps", "true or false", json_excerpt(*expand));
+  if (expand != index.end() && expand->is_boolean() && expand->get<bool>() && model.task == WanTask::kTextToVideo)
+    model.task = WanTask::kTextImageToVideo;
+  model.two_experts = component_set(index, "transformer_2");
+  const auto boundary = index.find("boundary_ratio");
+  const bool boundary_set = boundary != index.end() && !boundary->is_null();
+  if (model.two_experts != boundary_set)
+    fail_argument(index_path + ": transformer_2 and boundary_ratio", "both set (Wan 2.2's two experts) or neither",
+                  model.two_experts ? "transformer_2 without boundary_ratio" : "boundary_ratio without transformer_2");
+  if (boundary_set) {
+    if (!boundary->is_number() || !(boundary->get<double>() > 0.0 && boundary->get<double>() < 1.0))
+      fail_argument(index_path + ": boundary_ratio", "a number in (0, 1)", json_excerpt(*boundary));
+    model.boundary_ratio = boundary->get<double>();
+  }
+  std::vector<const char*> components = {"transformer", "scheduler"};
+  if (model.two_experts) components.push_back("transformer_2");
+  for (const char* component : components)
+    if (!fs::is_directory(root / component))
+      fail_argument("model directory", detail::concat("a directory with ", component, "/"), quoted_excerpt(dir));
+  model.transformer = load_wan_config(model.component("transformer"));
+  if (model.two_experts) {
+    model.transformer_2 = load_wan_config(model.component("transformer_2"));
+    const std::pair<const char*, std::pair<int64_t, int64_t>> shared[] = {
+        {"in_channels", {model.transformer.in_channels, model.transformer_2->in_channels}},
+        {"out_channels", {model.transformer.out_channels, model.transformer_2->out_channels}},
+        {"text_dim", {model.transformer.text_dim, model.transformer_2->text_dim}}};
+    for (const auto& [name, values] : shared)
+      if (values.first != values.second)
+        fail_argument(model.component("transformer_2") + "/config.json: " + name,
+                      detail::concat("transformer's ", values.first), values.second);
+  }
+  model.scheduler = load_scheduler_config(model.component("scheduler"));
+  model.has_vae = fs::is_directory(root / "vae");
+  model.vae_spatial_stride = wan_model_vae_spatial_stride(dir);
+  model.has_text_encoder = fs::is_directory(root / "tokenizer") && fs::is_directory(root / "text_encoder");
+  return model;
+}
+
+struct WanGenerator::Impl {
+  WanModelDir model;
+  WanLoadOptions options;
+  SchedulerConfig scheduler;
+  std::optional<WanTextEncoder> text_encoder;
+  std::optional<WanVae> vae;
+  struct Experts {
+    std::unique_ptr<WanTransformer> high, low;
+    std::unique_ptr<WanPipeline> pipeline;
+  };
+  std::map<std::string, Experts> settings;  // by sparse setting name ("default" first)
+
+  WanAttentionOptions attention_for(const std::optional<SparseAttnConfig>& config, const WanConfig& transformer) const {
+    WanAttentionOptions attention;
+    attention.parallel = options.parallel;
+    if (!config) return attention;
+    if (options.registry == nullptr)
+      fail_argument("WanLoadOptions.registry", "a backend registry (a sparse setting is configured)", "none");
+    attention.registry = options.registry;
+    attention.config = *config;
+    attention.backend_override = options.backend_override;
+    if (options.layout_size && !attention.config.geometry.spatial_layout && transformer.patch_size[1] == transformer.patch_size[2]) {
+      const Shape latent = options.layout_size->latent_shape(transformer.in_channels);
+      attention.config.geometry.spatial_layout = wan_spatial_layout(transformer, latent[2], latent[3], latent[4]);
+    }
+    return attention;
+  }
+
+  Experts& experts_for(const std::string& requested) {
+    const std::string name = requested.empty() ? "default" : requested;
+    if (const auto found = settings.find(name); found != settings.end()) return found->second;
+    const WanSparseSetting* setting = &options.sparse;
+    if (name != "default") {
+      const auto named = options.named_sparse.find(name);
+      if (named == options.named_sparse.end()) {
+        std::string names = "\"default\"";
+        for (const auto& [known, unused] : options.named_sparse) names += ", \"" + known + "\"";
+        fail_argument("sparse_setting", "one of " + names, quoted_excerpt(name));
+      }
+      setting = &named->second;
+    }
+    if (!model.two_experts && setting->config_2)
+      fail_argument("sparse setting \"" + name + "\" for transformer_2", "none: the model has one expert", "a config");
+    Experts experts;
+    experts.high = std::make_unique<WanTransformer>(
+        WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device));
+    const WanVae* decoder = vae ? &*vae : nullptr;
+    if (model.two_experts) {
+      const std::optional<SparseAttnConfig>& low = setting->config_2 ? setting->config_2 : setting->config;
+      experts.low = std::make_unique<WanTransformer>(
+          WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device));
+      // The pipeline's own scheduler is never used: every generation brings its own.
+      experts.pipeline = std::make_unique<WanPipeline>(
+          *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps},
+          unused_scheduler(), decoder);
+    } else {
+      experts.pipeline = std::make_unique<WanPipeline>(*experts.high, unused_scheduler(), decoder);
+    }
+    return settings.emplace(name, std::move(experts)).first->second;
+  }
+
+  Scheduler& unused_scheduler() {
+    if (!shared_scheduler) shared_scheduler = make_scheduler(scheduler);
+    return *shared_scheduler;
+  }
+  std::unique_ptr<Scheduler> shared_scheduler;
+};
+
+struct WanGenerationState::Impl {
+  WanPipeline* pipeline = nullptr;
+  std::unique_ptr<CacheBackend> cache, cache_2;
+  std::unique_ptr<WanDenoiseState> denoise;
+  double text_encode_seconds = 0.0;
+};
+
+WanGenerationState::WanGenerationState(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WanGenerationState::~WanGenerationState() = default;
+bool WanGenerationState::done() const { return impl_->denoise->done(); }
+int64_t WanGenerationState::steps_done() const { return impl_->denoise->steps_done(); }
+int64_t WanGenerationState::total_steps() const { return impl_->denoise->total_steps(); }
+
+WanGenerator::WanGenerator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WanGenerator::~WanGenerator() = default;
+WanGenerator::WanGenerator(WanGenerator&&) noexcept = default;
+WanGenerator& WanGenerator::operator=(WanGenerator&&) noexcept = default;
+const WanModelDir& WanGenerator::model() const { return impl_->model; }
+const WanLoadOptions& WanGenerator::options() const { return impl_->options; }
+
+WanGenerator WanGenerator::load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->model = WanModelDir::open(dir);
+  impl->options = options;
+  if (impl->model.task == WanTask::kImageToVideo)
+    fail_argument(impl->model.path + "/model_index.json: _class_name",
+                  "\"WanPipeline\" (text to video: image-to-video conditioning is not built in this version)",
+                  "\"WanImageToVideoPipeline\"");
+  if (!impl->model.two_experts) {
+    if (options.sparse.config_2)
+      fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");
+  }
+  impl->scheduler = impl->model.scheduler;
+  if (!options.scheduler.empty()) {
+    SchedulerConfig replacement;
+    replacement.kind = scheduler_kind_from_name(options.scheduler);
+    replacement.num_train_timesteps = impl->scheduler.num_train_timesteps;
+    replacement.shift = impl->scheduler.shift;
+    impl->scheduler = replacement;
+  }
+  if (options.flow_shift < 0.0 || !std::isfinite(options.flow_shift))
+    fail_argument("flow_shift", "a finite number >= 0 (0: the scheduler config's)", options.flow_shift);
+  if (options.flow_shift > 0.0) impl->scheduler.shift = options.flow_shift;
+  make_cache_backend(options.cache, options.cache_config, impl->model.transformer);  // a bad name fails here
+  if (options.load_text_encoder && impl->model.has_text_encoder)
+    impl->text_encoder.emplace(WanTextEncoder::load(dir, options.device));
+  if (options.load_vae && impl->model.has_vae) impl->vae.emplace(WanVae::load(impl->model.component("vae")));
+  static_cast<void>(ctx);
+  WanGenerator generator(std::move(impl));
+  generator.impl_->experts_for("default");
+  return generator;
+}
+
+WanVideoSize WanGenerator::size_of(const WanRequest& request) const {
+  WanVideoSize size{request.frames, request.height, request.width, impl_->model.vae_spatial_stride};
+  size.validate();
+  return size;
+}
+
+const WanTransformer& WanGenerator::transformer(const std::string& sparse_setting, int expert) {
+  Impl::Experts& experts = impl_->experts_for(sparse_setting);
+  if (expert == 1 && !experts.low) fail_argument("expert", "0 (the model has one expert)", expert);
+  return expert == 1 ? *experts.low : *experts.high;
+}
+
+std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, const WanRequest& request) {
+  Impl& g = *impl_;
+  const WanVideoSize size = size_of(request);
+  if (request.steps < 1) fail_argument("steps", ">= 1", request.steps);
+  if (!std::isfinite(request.guidance) || request.guidance < 0.0) fail_argument("guidance", "a finite number >= 0", request.guidance);
+  if (request.guidance_2 && !g.model.two_experts)
+    fail_argument("guidance_2", "unset: the model has one expert (no transformer_2)", *request.guidance_2);
+  const bool guided = request.guidance > 1.0;
+  const std::string cache_name = request.cache.value_or(g.options.cache);
+  if (cache_name != "none" && cache_name != g.options.cache)
+    fail_argument("cache", "\"none\" or the loaded \"" + g.options.cache + "\"", quoted_excerpt(cache_name));
+  Impl::Experts& experts = g.experts_for(request.sparse_setting);
+
+  auto state = std::make_unique<WanGenerationState::Impl>();
+  state->pipeline = experts.pipeline.get();
+  // The text: the request's embeddings, or its prompts through the text encoder (on the host).
+  Tensor prompt = request.prompt_embeds, negative = request.negative_prompt_embeds;
+  if (!prompt.defined()) {
+    if (request.prompt.empty()) fail_argument("prompt", "a non-empty prompt, or prompt embeddings", "neither");
+    if (!g.text_encoder)
+      fail_argument("prompt", "embeddings (the generator has no text encoder: none in the model directory, or not loaded)",
+                    quoted_excerpt(request.prompt));
+    // The encoder runs on its own device; tokens and embeddings are host tensors.
+    const auto start = std::chrono::steady_clock::now();
+    if (!guided) {
+      prompt = g.text_encoder->encode(ctx, {request.prompt});
+    } else {
+      const Tensor both = g.text_encoder->encode(ctx, {request.prompt, request.negative_prompt});
+      const int64_t row = both.size(1) * both.size(2);
+      prompt = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+      negative = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+      std::copy_n(both.data_as<float>(), row, prompt.data_as<float>());
+      std::copy_n(both.data_as<float>() + row, row, negative.data_as<float>());
+    }
+    state->text_encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } else if (!request.prompt.empty() || !request.negative_prompt.empty()) {
+    fail_argument("prompt / prompt_embeds", "one of them", "both");
+  } else if (guided && !negative.defined()) {
+    fail_argument("negative_prompt_embeds", "given with guidance above 1", "none");
+  }
+  if (request.noise.defined()) {
+    const Shape latent = size.latent_shape(g.model.transformer.in_channels);
+    if (request.noise.shape() != latent)
+      fail_argument("noise", "the latent shape " + shape_str(latent) + " (from the size and frames)", request.noise.view().describe());
+  }
+  // One cache per expert: each keeps the residuals of its own blocks.
+  state->cache = make_cache_backend(cache_name, g.options.cache_config, experts.high->config());
+  if (experts.low) state->cache_2 = make_cache_backend(cache_name, g.options.cache_config, experts.low->config());
+
+  WanGenerationOptions options;
+  options.num_inference_steps = request.steps;
+  options.guidance_scale = request.guidance;
+  options.guidance_scale_2 = request.guidance_2;
+  options.seed = request.seed;
+  options.size = size;
+  options.cancel = request.cancel;
+  options.on_step = request.on_step;
+  options.cache = state->cache.get();
+  options.cache_2 = state->cache_2.get();
+  options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
+  ExecContext run_ctx = ctx;
+  run_ctx.device = g.options.device;
+  state->denoise = experts.pipeline->begin(run_ctx, prompt, guided ? negative.view() : TensorView{}, options,
+                                           request.noise.defined() ? request.noise.view() : TensorView{},
+                                           make_scheduler(g.scheduler));
+  return std::unique_ptr<WanGenerationState>(new WanGenerationState(std::move(state)));
+}
+
+void WanGenerator::step(const ExecContext& ctx, std::span<WanGenerationState* const> states) {
+  ExecContext run_ctx = ctx;
+  run_ctx.device = impl_->options.device;
+  for (WanGenerationState* state : states) {
+    if (state == nullptr) fail_argument("states", "states from begin", "a null one");
+    WanDenoiseState* const one[] = {state->impl_->denoise.get()};
+    state->impl_->pipeline->step(run_ctx, one);
+  }
+}
+
+WanGeneratorResult WanGenerator::finish(const ExecContext& ctx, WanGenerationState& state) {
+  ExecContext run_ctx = ctx;
+  run_ctx.device = impl_->options.device;
+  WanGeneratorResult result;
+  result.generation = state.impl_->pipeline->finish(run_ctx, *state.impl_->denoise);
+  result.text_encode_seconds = state.impl_->text_encode_seconds;
+  return result;
+}
+
+WanGeneratorResult WanGenerator::generate(const ExecContext& ctx, const WanRequest& request) {
+  const std::unique_ptr<WanGenerationState> state = begin(ctx, request);
+  WanGenerationState* const one[] = {state.get()};
+  while (!state->done()) step(ctx, one);
+  return finish(ctx, *state);
+}
+
+}  // namespace tessel
