@@ -1,11 +1,13 @@
 // The `tessel` command-line tool: dispatches to the registered sub-commands.
 #include <cstdlib>
+#include <string_view>
 #include <iostream>
 #include <map>
 
 #include "command.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -17,7 +19,13 @@ std::vector<Command>& command_list() {
 
 namespace {
 
-// The library reads no environment; the CLI reads TESSEL_LOG_LEVEL once, here.
+// The library reads no environment; the CLI reads TESSEL_LOG_LEVEL and TESSEL_ATTENTION_TUNING once,
+// here (TESSEL_TRACE_SYNC with the parallel flags, the sparse-attention variables with theirs).
+void apply_attention_tuning_from_environment() {
+  const char* value = std::getenv("TESSEL_ATTENTION_TUNING");
+  if (value != nullptr && std::string_view(value) == "1") tessel::set_attention_tuning_enabled(true);
+}
+
 void apply_log_level_from_environment() {
   const char* value = std::getenv("TESSEL_LOG_LEVEL");
   if (value == nullptr || *value == '\0') return;
@@ -33,6 +41,7 @@ void apply_log_level_from_environment() {
 int main(int argc, char** argv) {
   using namespace tessel::cli;
   apply_log_level_from_environment();
+  apply_attention_tuning_from_environment();
   CLI::App app{"tessel: sparse attention for diffusion transformers and long-context prefill"};
   app.require_subcommand(1);
   std::map<CLI::App*, CommandRunner> runners;

@@ -25,24 +25,16 @@ AttentionTuning tune_attention(const ExecContext& ctx, Device device, DType dtyp
 
 namespace {
 
-std::atomic<int>& tuning_switch() {  // -1: not yet read from the environment
-  static std::atomic<int> state{-1};
+std::atomic<bool>& tuning_switch() {  // the library reads no environment: apps set it
+  static std::atomic<bool> state{false};
   return state;
 }
 
 }  // namespace
 
-bool attention_tuning_enabled() {
-  std::atomic<int>& state = tuning_switch();
-  if (state.load() < 0) {
-    const char* env = std::getenv("TESSEL_ATTENTION_TUNING");
-    int expected = -1;
-    state.compare_exchange_strong(expected, env != nullptr && std::string_view(env) == "1" ? 1 : 0);
-  }
-  return state.load() == 1;
-}
+bool attention_tuning_enabled() { return tuning_switch().load(); }
 
-void set_attention_tuning_enabled(bool enabled) { tuning_switch().store(enabled ? 1 : 0); }
+void set_attention_tuning_enabled(bool enabled) { tuning_switch().store(enabled); }
 
 void tune_attention_if_enabled(const ExecContext& ctx, Device device, DType dtype, const AttentionDims& dims,
                                const AttentionTuneOptions& options) {

@@ -39,8 +39,8 @@ struct AttentionTuning {
 AttentionTuning tune_attention(const ExecContext& ctx, Device device, DType dtype, const AttentionDims& dims,
                                const AttentionTuneOptions& options = {});
 
-// Whether plans tune (tune_attention_if_enabled): off unless the environment variable
-// TESSEL_ATTENTION_TUNING is 1 (read once) or set_attention_tuning_enabled(true) was called. Off by
+// Whether plans tune (tune_attention_if_enabled): off unless set_attention_tuning_enabled(true) was
+// called (the CLI does when the environment variable TESSEL_ATTENTION_TUNING is 1). Off by
 // default because variants differ in the last bits (their stages split the keys differently) and
 // the fastest one can differ between runs, so a tuned process is not bit-reproducible across runs,
 // as cuDNN's benchmark mode is not.
