@@ -428,7 +428,8 @@ CommandRegistration registration{
                                     "safetensors file with the forward's inputs (hidden_states (B, C, F, H, W), timestep (B), "
                                     "encoder_hidden_states (B, L, text_dim)) instead of random ones; every step uses them");
       for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens"}) app.get_option(shaped)->excludes(inputs);
-      app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file");
+      app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file")
+          ->check(output_path());
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       app.add_flag("--check", options->check,

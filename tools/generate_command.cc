@@ -22,6 +22,7 @@
 #include "parallel_flags.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
 #include "tessel/core/io/safetensors.h"
@@ -206,10 +207,15 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   } else {
     const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
     request.prompt_embeds = load_named(embeddings, "prompt_embeds", "--embeddings");
-    if (guided) request.negative_prompt_embeds = load_named(embeddings, "negative_prompt_embeds", "--embeddings");
+    check_finite(request.prompt_embeds, "--embeddings: prompt_embeds");
+    if (guided) {
+      request.negative_prompt_embeds = load_named(embeddings, "negative_prompt_embeds", "--embeddings");
+      check_finite(request.negative_prompt_embeds, "--embeddings: negative_prompt_embeds");
+    }
   }
   if (!o.noise.empty()) {
     request.noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
+    check_finite(request.noise, "--noise");
     const Shape latent = size.latent_shape(model.transformer.in_channels);
     if (request.noise.shape() != latent)
       fail_argument("--noise", "a \"noise\" tensor of the latent shape " + shape_str(latent) + " (from --size and --frames)",

@@ -89,6 +89,11 @@ CLI::Validator device_name() {
   return parsed_by("cpu, cuda or cuda:N", [](const std::string& text) { parse_device(text); });
 }
 
+CLI::Validator output_path() {
+  return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "expected a non-empty path, got ''" : ""; },
+                        "a non-empty path", "OUTPUT_PATH");
+}
+
 CLI::Validator attention_dtype_name() {
   return one_of({"fp32", "fp16", "bf16", "float32", "float16", "bfloat16", "f32", "f16", "half"});
 }

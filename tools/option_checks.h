@@ -29,6 +29,8 @@ CLI::Validator parsed_by(const std::string& description, std::function<void(cons
 // (fp32, fp16, bf16 and their long names).
 CLI::Validator device_name();
 CLI::Validator attention_dtype_name();
+// An output path: not empty (an empty one would write into the working directory or be ignored).
+CLI::Validator output_path();
 
 // Common ranges, so that commands agree on them.
 constexpr int64_t kMaxHeads = 1024;

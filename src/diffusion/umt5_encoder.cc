@@ -8,6 +8,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/parallel.h"
 
@@ -208,13 +209,18 @@ UMT5Encoder UMT5Encoder::load(const std::string& directory, Device device) {
     encoder.cuda_ = std::make_shared<const diffusion::cuda::UMT5CudaEncoder>(config, device, [&](const WeightSpec& spec) {
       const auto found = stored.find(spec.name);
       if (found == stored.end()) fail_argument("UMT5 weights", "a tensor named " + spec.name, "none");
-      return shards[found->second.first].load(found->second.second);
+      Tensor weight = shards[found->second.first].load(found->second.second);
+      check_finite(weight, directory + ": tensor \"" + spec.name + "\"", "the checkpoint is damaged or was saved with overflowed values");
+      return weight;
     });
 #endif
     return encoder;
   }
   std::map<std::string, Tensor> weights;
-  for (const auto& [name, where] : stored) weights[name] = shards[where.first].load(where.second);
+  for (const auto& [name, where] : stored) {
+    weights[name] = shards[where.first].load(where.second);
+    check_finite(weights[name], directory + ": tensor \"" + name + "\"", "the checkpoint is damaged or was saved with overflowed values");
+  }
   return UMT5Encoder(config, weights);
 }
 

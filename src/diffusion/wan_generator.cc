@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
 #include "tessel/diffusion/wan_text_encoder.h"
@@ -283,6 +284,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
     const Shape latent = size.latent_shape(g.model.transformer.in_channels);
     if (request.noise.shape() != latent)
       fail_argument("noise", "the latent shape " + shape_str(latent) + " (from the size and frames)", request.noise.view().describe());
+    check_finite(request.noise, "noise");
   }
   // One cache per expert: each keeps the residuals of its own blocks.
   state->cache = make_cache_backend(cache_name, g.options.cache_config, experts.high->config());

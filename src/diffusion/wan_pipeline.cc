@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/random.h"
 #include "tessel/sparse/backend.h"
 #include "wan_flow_predictor.h"
@@ -36,6 +37,12 @@ std::unique_ptr<WanFlowPredictor> make_flow_predictor(const ExecContext& ctx, co
   // A CUDA transformer cannot be built without CUDA; this names the build should one appear.
   fail_argument("transformer device", "cpu (tessel was built without CUDA)", request.transformer->device().str());
 #endif
+}
+
+// 8-bit frames of the VAE's output, refusing NaN and infinities (they would become black pixels).
+VideoFrames frames_of_decoded(const Tensor& decoded) {
+  check_finite(decoded, "the VAE's decoded video", "the final latents were finite: the VAE's weights or its arithmetic overflowed");
+  return video_frames_from_tensor(decoded);
 }
 
 }  // namespace
@@ -121,11 +128,13 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExp
 // back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning.
 VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents) const {
   if (!ctx.device.is_cuda()) return decode(ctx, host_latents);
+  Tensor decoded;
   try {
-    return video_frames_from_tensor(vae_->decode(ctx, host_latents.to(ctx.device)).to(Device::cpu()));
+    decoded = vae_->decode(ctx, host_latents.to(ctx.device)).to(Device::cpu());
   } catch (const Error& e) {
     ctx.log(LogLevel::kWarning, std::string("the VAE decodes on the CPU: the CUDA decoder failed: ") + e.what());
   }
+  if (decoded.defined()) return frames_of_decoded(decoded);
   ExecContext cpu_ctx = ctx;
   cpu_ctx.device = Device::cpu();
   cpu_ctx.stream = nullptr;
@@ -135,7 +144,7 @@ VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_la
 
 VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latents) const {
   if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
-  return video_frames_from_tensor(vae_->decode(ctx, latents));
+  return frames_of_decoded(vae_->decode(ctx, latents));
 }
 
 struct WanDenoiseState::Impl {
@@ -213,6 +222,8 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
       fail_argument("negative_prompt_embeds", "the shape of prompt_embeds " + shape_str(prompt_embeds.shape()),
                     negative_prompt_embeds.describe());
   }
+  check_finite(prompt_embeds, "prompt_embeds");
+  if (guided) check_finite(negative_prompt_embeds, "negative_prompt_embeds");
   auto impl = std::make_unique<WanDenoiseState::Impl>();
   if (initial_latents.empty()) {
     impl->latents = wan_initial_noise(latent_shape, options.seed);
@@ -220,6 +231,7 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
     require_cpu_f32(initial_latents, "initial_latents");
     if (initial_latents.shape() != latent_shape)
       fail_argument("initial_latents", "the latent shape " + shape_str(latent_shape), initial_latents.describe());
+    check_finite(initial_latents, "initial_latents");
     impl->latents = host_copy(initial_latents);
   }
   impl->options = options;
@@ -227,6 +239,9 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   impl->scheduler = impl->owned_scheduler ? impl->owned_scheduler.get() : &scheduler_;
   impl->scheduler->set_timesteps(options.num_inference_steps);
   impl->steps = impl->scheduler->num_inference_steps();
+  for (const double t : impl->scheduler->timesteps())
+    if (!std::isfinite(t))
+      fail_argument("scheduler timesteps", "finite values (check the scheduler config's shift and num_train_timesteps)", t);
   // diffusers compares its timestep tensor (int64 or float32) with the boundary in float32.
   impl->boundary = static_cast<float>(low_noise_.boundary_ratio * static_cast<double>(low_noise_.num_train_timesteps));
   impl->guidance_2 = guidance_2;
@@ -269,8 +284,14 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
       s.predictors[expert] = make_flow_predictor(ctx, r);
     }
     const TensorView flow = s.predictors[expert]->predict(ctx, step, s.steps, s.latents.view(), t);
+    // Non-finite values never pass silently (they end as a black video): named by where they
+    // first appear, the expert's guided prediction or the scheduler's update.
+    const char* expert_name = expert == 1 ? "transformer_2" : "transformer";
+    check_finite(flow, detail::concat("the guided noise prediction of ", expert_name, " at step ", step + 1, " of ", s.steps, " (t=", t, ")"),
+                 "the inputs were finite: the model's weights or its arithmetic overflowed");
     const auto scheduler_start = std::chrono::steady_clock::now();
     s.scheduler->step(flow, s.latents, s.latents);
+    check_finite(s.latents, detail::concat("the latents after the scheduler's step ", step + 1, " of ", s.steps, " (t=", t, ")"));
     s.result.steps_done = step + 1;
     if (s.options.on_step) {
       const auto now = std::chrono::steady_clock::now();

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
 
@@ -196,6 +197,9 @@ std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const s
       convert_to_f32(stored, converted.data_as<float>());
     else
       copy_convert(stored, converted.view());
+    // NaN or infinity in a weight would surface steps later as a black or noisy video: refuse it
+    // here, naming the file and the tensor (the check counts exponent bits over the cores).
+    check_finite(converted, checkpoint.directory() + ": tensor \"" + spec.name + "\"", "the checkpoint is damaged or was saved with overflowed values");
     weights.emplace(spec.name, std::move(converted));
   }
   return weights;

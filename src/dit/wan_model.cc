@@ -9,6 +9,7 @@
 
 #include "ops.h"
 #include "tessel/core/error.h"
+#include "tessel/core/finite_check.h"
 #include "tessel/core/random.h"
 #include "tessel/dit/checkpoint.h"
 #include "tessel/dit/wan_weights.h"
@@ -286,7 +287,12 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
   impl->config = config;
   impl->device = device;
   impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device,
-                                                         [&](const WeightSpec& spec) { return checkpoint.view(spec.name); });
+                                                         [&](const WeightSpec& spec) {
+                                                           const TensorView stored = checkpoint.view(spec.name);
+                                                           check_finite(stored, checkpoint_dir + ": tensor \"" + spec.name + "\"",
+                                                                        "the checkpoint is damaged or was saved with overflowed values");
+                                                           return stored;
+                                                         });
   return WanTransformer(std::move(impl), attention);
 #else
   fail_without_cuda(device);

@@ -205,6 +205,10 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
       {"--layers without --steps", with(kBench, "--layers 0"), {"--layers"}},
       {"--kernel-variants on the CPU", with(kBench, "--kernel-variants all"), {"--kernel-variants", "--device cuda"}},
       {"--tune on the CPU", with(kBench, "--tune"), {"--tune", "--device cuda"}},
+      {"init-model --out ''", "init-model --preset tiny --out ''", {"--out", "a non-empty path"}},
+      {"dit-bench --save-output ''", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1 --save-output ''",
+       {"--save-output", "a non-empty path"}},
+      {"calibrate --out ''", "calibrate --out ''", {"--out", "a non-empty path"}},
   });
   // A plugin path entry that is a file: the command runs, and says so.
   const std::string file = (test_dir() / "plugins.txt").string();

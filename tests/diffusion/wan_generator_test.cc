@@ -1,0 +1,200 @@
+// The generation door on the tiny random models: generate equals begin / step / finish, states
+// interleave without changing each other's result, the model directory is read and checked once
+// (errors name the file and field), and every source of non-finite values is refused naming it:
+// embeddings, noise, a weight at load (transformer, VAE), a prediction that overflows. (A decoded
+// video is checked too, but the VAE clamps to [-1, 1], so only a NaN there would be refused, and
+// random weights give no way to make one that is not already refused at load.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/tiny_model.h"
+#include "tessel/diffusion/wan_generator.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_of(const std::string& preset, const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("generator_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  write_random_wan_model(dir.string(), preset, 17, 1);
+  return dir.string();
+}
+
+WanRequest small_request() {
+  WanRequest r;
+  r.prompt = "a red cube";
+  r.frames = 5;
+  r.height = 32;
+  r.width = 32;
+  r.steps = 3;
+  r.seed = 9;
+  return r;
+}
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// Rewrites one tensor of a safetensors file through `change` (fp32 tensors).
+void rewrite_tensor(const std::string& path, const std::string& name, const std::function<void(float*, int64_t)>& change) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const SafetensorsEntry& entry : file.entries()) tensors.emplace_back(entry.name, file.load(entry.name));
+  bool found = false;
+  for (auto& [tensor_name, tensor] : tensors)
+    if (tensor_name == name) {
+      ASSERT_EQ(tensor.dtype(), DType::kF32);
+      change(tensor.data_as<float>(), tensor.numel());
+      found = true;
+    }
+  ASSERT_TRUE(found) << name;
+  std::vector<std::pair<std::string, TensorView>> views;
+  for (auto& [tensor_name, tensor] : tensors) views.emplace_back(tensor_name, tensor.view());
+  write_safetensors(path, views);
+}
+
+TEST(WanGenerator, GenerateEqualsBeginStepFinishAndStatesInterleave) {
+  const std::string dir = model_of("tiny-a14b", "steps");
+  WanLoadOptions options;
+  options.load_vae = false;
+  WanGenerator generator = WanGenerator::load(ExecContext{}, dir, options);
+  EXPECT_TRUE(generator.model().two_experts);
+  EXPECT_EQ(generator.model().task, WanTask::kTextToVideo);
+  WanRequest a = small_request(), b = small_request();
+  b.seed = 10;
+  b.steps = 5;
+  b.guidance_2 = 2.0;
+  const Tensor whole_a = generator.generate(ExecContext{}, a).generation.latents;
+  const Tensor whole_b = generator.generate(ExecContext{}, b).generation.latents;
+  EXPECT_FALSE(same_bits(whole_a, whole_b));
+  // Two requests in flight, stepped together until both are done: each gets its own result.
+  auto state_a = generator.begin(ExecContext{}, a);
+  auto state_b = generator.begin(ExecContext{}, b);
+  WanGenerationState* const both[] = {state_a.get(), state_b.get()};
+  int rounds = 0;
+  while (!state_a->done() || !state_b->done()) {
+    generator.step(ExecContext{}, both);
+    ++rounds;
+  }
+  EXPECT_EQ(rounds, 5);
+  EXPECT_EQ(state_a->steps_done(), 3);
+  const WanGeneratorResult result_a = generator.finish(ExecContext{}, *state_a);
+  const WanGeneratorResult result_b = generator.finish(ExecContext{}, *state_b);
+  EXPECT_TRUE(same_bits(result_a.generation.latents, whole_a));
+  EXPECT_TRUE(same_bits(result_b.generation.latents, whole_b));
+  EXPECT_EQ(result_b.generation.experts.size(), 5u);
+  EXPECT_NE(error_of([&] { generator.finish(ExecContext{}, *state_a); }).find("finished"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(WanGenerator, RequestsAndDirectoriesAreCheckedNamingTheField) {
+  const std::string dir = model_of("tiny", "checks");
+  WanGenerator generator = WanGenerator::load(ExecContext{}, dir, WanLoadOptions{});
+  const std::pair<std::function<void(WanRequest&)>, std::string> cases[] = {
+      {[](WanRequest& r) { r.width = 40; }, "width"},
+      {[](WanRequest& r) { r.frames = 6; }, "frames"},
+      {[](WanRequest& r) { r.steps = 0; }, "steps"},
+      {[](WanRequest& r) { r.guidance = std::nan(""); }, "guidance"},
+      {[](WanRequest& r) { r.guidance_2 = 2.0; }, "guidance_2"},
+      {[](WanRequest& r) { r.prompt.clear(); }, "prompt"},
+      {[](WanRequest& r) { r.cache = "teacache"; }, "cache"},
+      {[](WanRequest& r) { r.sparse_setting = "fast"; }, "sparse_setting"},
+      {[](WanRequest& r) { r.noise = Tensor::empty({1, 2, 3}, DType::kF32); }, "noise"},
+  };
+  for (const auto& [change, field] : cases) {
+    WanRequest r = small_request();
+    change(r);
+    const std::string message = error_of([&] { generator.begin(ExecContext{}, r); });
+    EXPECT_EQ(message.rfind(field, 0), 0u) << field << ": " << message;
+  }
+  EXPECT_NE(error_of([] { WanModelDir::open("/nonexistent/model"); }).find("model_index.json"), std::string::npos);
+  std::ofstream(fs::path(dir) / "model_index.json") << R"({"_class_name": "WanPipeline", "boundary_ratio": 0.9})";
+  EXPECT_NE(error_of([&] { WanModelDir::open(dir); }).find("transformer_2 and boundary_ratio"), std::string::npos);
+  std::ofstream(fs::path(dir) / "model_index.json") << R"({"_class_name": "WanImageToVideoPipeline"})";
+  EXPECT_EQ(WanModelDir::open(dir).task, WanTask::kImageToVideo);
+  EXPECT_NE(error_of([&] { WanGenerator::load(ExecContext{}, dir, WanLoadOptions{}); }).find("WanImageToVideoPipeline"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(WanGenerator, NonFiniteInputsAndWeightsAreRefusedNamingTheSource) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  {
+    const std::string dir = model_of("tiny", "nonfinite_inputs");
+    WanGenerator generator = WanGenerator::load(ExecContext{}, dir, WanLoadOptions{});
+    const int64_t text_dim = generator.model().transformer.text_dim;
+    WanRequest r = small_request();
+    r.prompt.clear();
+    r.prompt_embeds = Tensor::empty({1, 8, text_dim}, DType::kF32);
+    r.negative_prompt_embeds = Tensor::empty({1, 8, text_dim}, DType::kF32);
+    std::fill_n(r.prompt_embeds.data_as<float>(), r.prompt_embeds.numel(), 0.5f);
+    std::fill_n(r.negative_prompt_embeds.data_as<float>(), r.negative_prompt_embeds.numel(), 0.25f);
+    r.prompt_embeds.data_as<float>()[7] = nan;
+    EXPECT_EQ(error_of([&] { generator.begin(ExecContext{}, r); }).rfind("prompt_embeds: expected finite values", 0), 0u);
+    r.prompt_embeds.data_as<float>()[7] = 0.5f;
+    r.negative_prompt_embeds.data_as<float>()[3] = inf;
+    EXPECT_EQ(error_of([&] { generator.begin(ExecContext{}, r); }).rfind("negative_prompt_embeds", 0), 0u);
+    r.negative_prompt_embeds.data_as<float>()[3] = 0.25f;
+    const WanVideoSize size = generator.size_of(r);
+    r.noise = Tensor::empty(size.latent_shape(generator.model().transformer.in_channels), DType::kF32);
+    std::fill_n(r.noise.data_as<float>(), r.noise.numel(), 0.0f);
+    r.noise.data_as<float>()[11] = -inf;
+    EXPECT_EQ(error_of([&] { generator.begin(ExecContext{}, r); }).rfind("noise", 0), 0u);
+    fs::remove_all(dir);
+  }
+  {  // A NaN weight: refused at load, naming the file and the tensor (transformer, VAE, text encoder).
+    const std::string dir = model_of("tiny", "nonfinite_weights");
+    const std::pair<std::string, std::string> poisoned[] = {
+        {"transformer/diffusion_pytorch_model.safetensors", "proj_out.weight"},
+        {"vae/diffusion_pytorch_model.safetensors", "decoder.conv_out.weight"},
+    };
+    for (const auto& [file, tensor] : poisoned) {
+      const std::string path = (fs::path(dir) / file).string();
+      const std::string backup = path + ".bak";
+      fs::copy_file(path, backup, fs::copy_options::overwrite_existing);
+      rewrite_tensor(path, tensor, [&](float* data, int64_t) { data[1] = nan; });
+      const std::string message = error_of([&] { WanGenerator::load(ExecContext{}, dir, WanLoadOptions{}); });
+      EXPECT_NE(message.find(tensor), std::string::npos) << message;
+      EXPECT_NE(message.find("expected finite values"), std::string::npos) << message;
+      fs::rename(backup, path);
+    }
+    fs::remove_all(dir);
+  }
+  {  // Finite weights whose arithmetic overflows: the prediction is refused, naming the expert and step.
+    const std::string dir = model_of("tiny", "overflow");
+    const std::string transformer = (fs::path(dir) / "transformer/diffusion_pytorch_model.safetensors").string();
+    const std::string backup = transformer + ".bak";
+    fs::copy_file(transformer, backup);
+    rewrite_tensor(transformer, "proj_out.weight", [](float* data, int64_t n) { std::fill_n(data, n, 3e38f); });
+    {
+      WanGenerator generator = WanGenerator::load(ExecContext{}, dir, WanLoadOptions{});
+      const std::string message = error_of([&] { generator.generate(ExecContext{}, small_request()); });
+      EXPECT_EQ(message.rfind("the guided noise prediction of transformer at step 1 of 3", 0), 0u) << message;
+    }
+    fs::rename(backup, transformer);
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+}  // namespace tessel
