@@ -1,13 +1,15 @@
 """tessel: sparse attention for diffusion transformers and long-context prefill.
 
 Importing tessel needs no GPU: CUDA kernels are used when the build has them and the tensors are
-on a GPU. With torch installed, the ops are also registered as torch.ops.tessel.*.
+on a GPU. With torch installed, the ops are also registered as torch.ops.tessel.*. WanPipeline
+generates Wan videos from a diffusers model directory (tessel.testing writes tiny random ones).
 """
 from ._tessel import TesselError, cuda_available, cuda_compiled
 from . import planners
 from .block_mask import BlockMask
 from .estimators import estimate_threshold, estimate_topk
 from .functional import attention, block_sparse_attention, merge_states
+from .pipeline import WanPipeline
 from .planners import plan_arrow, plan_local, plan_radial, plan_sliding_window_3d
 
 try:
@@ -21,6 +23,7 @@ if _torch is not None:
 __all__ = [
     "BlockMask",
     "TesselError",
+    "WanPipeline",
     "attention",
     "block_sparse_attention",
     "cuda_available",

@@ -96,6 +96,42 @@ AttentionStepReport WanSequenceParallel::attend(const ExecContext& ctx, const Sp
   if (module != nullptr && shards() == 1)
     return module->forward(ctx, step, heads(q, tokens), heads(k, tokens), heads(v, tokens), heads(out, tokens));
   AttentionStepReport report;
+  // Ulysses alone and a mask estimated from q and k: after the all-to-all each rank holds every
+  // token of its heads and runs the module on them as on one device (per-head estimators: the
+  // same rows as the whole mask), the mask estimated and used on the device, instead of gathering
+  // the whole q and k to every rank and copying the mask through the host.
+  if (module != nullptr && attention_->strategy() == ParallelStrategy::kUlysses && module->adapter().backend()) {
+    const PatternType type = module->adapter().config().pattern().type;
+    if (type == PatternType::kDynamicTopk || type == PatternType::kThreshold) {
+      attention_->forward_with_local_attention(
+          ctx, heads(q, tokens), heads(k, tokens), heads(v, tokens), heads(out, tokens),
+          [&](const TensorView& q_heads, const TensorView& k_heads, const TensorView& v_heads, const TensorView& out_heads) {
+            if (q_heads.is_contiguous()) {
+              report = module->forward(ctx, step, q_heads, k_heads, v_heads, out_heads);
+              return;
+            }
+            // Padded shards (the sequence does not divide): the mask from the module on these
+            // views, the kernels on the strided rows.
+            const AttentionShape local = AttentionShape::of(q_heads, k_heads, v_heads);
+            const std::optional<BlockMask> mask =
+                module->adapter().executed_mask(ctx, step, local, [&] { return std::pair{q_heads, k_heads}; });
+            if (!mask) {
+              attention_forward(ctx, q_heads, k_heads, v_heads, out_heads, TensorView{});
+              return;
+            }
+            report.backend = module->adapter().backend()->name();
+            report.dense = false;
+            report.density = mask->density();
+            if (device_.is_cuda()) {
+              const BlockMask::DeviceCopy copy = mask->to_device(device_);
+              block_sparse_attention_forward(ctx, q_heads, k_heads, v_heads, copy.view(), out_heads, TensorView{});
+            } else {
+              block_sparse_attention_forward(ctx, q_heads, k_heads, v_heads, mask->view(), out_heads, TensorView{});
+            }
+          });
+      return report;
+    }
+  }
   std::optional<BlockMask> mask;
   if (module != nullptr) {
     AttentionShape global{batch_, heads_, heads_, head_dim_, seq_, seq_, dtype_, device_};

@@ -185,13 +185,33 @@ std::shared_ptr<const ParallelMaskPlan> ParallelAttention::plan_mask(const Block
   return plan;
 }
 
-void ParallelAttention::forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& out, const ParallelMaskPlan* mask) {
+void ParallelAttention::check_forward_args(const TensorView& q, const TensorView& k, const TensorView& v,
+                                           const TensorView& out) const {
   const int64_t B = shape_.batch, L = sharding_.shard_length, D = shape_.head_dim;
   check_bshd_arg(q, {B, L, shape_.heads, D}, shape_.dtype, shape_.device, "q");
   check_bshd_arg(k, {B, L, shape_.kv_heads, D}, shape_.dtype, shape_.device, "k");
   check_bshd_arg(v, {B, L, shape_.kv_heads, D}, shape_.dtype, shape_.device, "v");
   check_bshd_arg(out, {B, L, shape_.heads, D}, shape_.dtype, shape_.device, "out");
+}
+
+void ParallelAttention::forward_with_local_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                                     const TensorView& v, const TensorView& out, const LocalAttentionFn& attend) {
+  if (strategy_ != ParallelStrategy::kUlysses)
+    fail_argument("strategy", "ulysses (every token of a head on one rank)", parallel_strategy_name(strategy_));
+  check_forward_args(q, k, v, out);
+  ulysses_to_heads(ctx, q, q_heads_);
+  ulysses_to_heads(ctx, k, k_heads_);
+  ulysses_to_heads(ctx, v, v_heads_);
+  const int64_t seq = shape_.seq;
+  zero_rows(ctx, narrow(out_heads_, 1, seq, chunk_ - seq));  // padding rows come out as zeros
+  attend(narrow(q_heads_, 1, 0, seq), narrow(k_heads_, 1, 0, seq), narrow(v_heads_, 1, 0, seq), narrow(out_heads_, 1, 0, seq));
+  mark(ctx, "attention");
+  ulysses_to_sequence(ctx, out_heads_, out);
+}
+
+void ParallelAttention::forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const ParallelMaskPlan* mask) {
+  check_forward_args(q, k, v, out);
   if (mask != nullptr && mask->steps().size() != static_cast<size_t>(ring_.size()))
     fail_argument("mask", detail::concat("a plan of ", ring_.size(), " ring steps (from this attention's plan_mask)"),
                   mask->steps().size());

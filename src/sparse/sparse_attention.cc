@@ -95,6 +95,17 @@ size_t dense_workspace_bytes(const ExecContext& ctx, const AttentionShape& shape
 
 }  // namespace
 
+// Every head, or one rank's group of them under Ulysses (the same ratio of query to kv heads): the
+// patterns and estimators work per head, so a group's mask is the same rows of the whole one.
+void DiTSparseAttentionAdapter::check_heads(const AttentionShape& shape, const char* what) const {
+  const bool group = shape.num_qo_heads > 0 && shape.num_kv_heads > 0 && num_heads_ % shape.num_qo_heads == 0 &&
+                     num_kv_heads_ % shape.num_kv_heads == 0 && num_heads_ / shape.num_qo_heads == num_kv_heads_ / shape.num_kv_heads;
+  if (!group)
+    fail_argument(detail::concat(what, " heads (q / kv)"), detail::concat(num_heads_, " / ", num_kv_heads_, " or a group of them"),
+                  detail::concat(shape.num_qo_heads, " / ", shape.num_kv_heads));
+  if (shape.head_dim != head_dim_) fail_argument(detail::concat(what, " head_dim"), head_dim_, shape.head_dim);
+}
+
 std::shared_ptr<const Metadata> DiTSparseAttentionAdapter::plan(const ExecContext& ctx, const AttentionShape& shape) const {
   const PlanCache::Key key = PlanCache::make_key(shape, backend_->name(), module_, config_.json());
   return plan_cache_->get_or_plan(key, [&] { return builder_->plan(ctx, config_.pattern(), module_, shape); });
@@ -102,9 +113,7 @@ std::shared_ptr<const Metadata> DiTSparseAttentionAdapter::plan(const ExecContex
 
 size_t DiTSparseAttentionAdapter::workspace_bytes(const ExecContext& ctx, const StepInfo& step,
                                                   const AttentionShape& shape) const {
-  if (shape.num_qo_heads != num_heads_) fail_argument("shape.num_qo_heads", num_heads_, shape.num_qo_heads);
-  if (shape.num_kv_heads != num_kv_heads_) fail_argument("shape.num_kv_heads", num_kv_heads_, shape.num_kv_heads);
-  if (shape.head_dim != head_dim_) fail_argument("shape.head_dim", head_dim_, shape.head_dim);
+  check_heads(shape, "shape");
   const double density = density_at(step);
   // A plan-time point: the kernel variant of this shape's calls is tuned here when the process
   // enabled tuning (attention_tuning.h; nothing happens otherwise).
@@ -119,9 +128,7 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, c
                                                        const TensorView& q, const TensorView& k, const TensorView& v,
                                                        const TensorView& out, const TensorView& lse) const {
   const AttentionShape shape = AttentionShape::of(q, k, v);
-  if (shape.num_qo_heads != num_heads_) fail_argument("q heads", num_heads_, shape.num_qo_heads);
-  if (shape.num_kv_heads != num_kv_heads_) fail_argument("k/v heads", num_kv_heads_, shape.num_kv_heads);
-  if (shape.head_dim != head_dim_) fail_argument("head_dim", head_dim_, shape.head_dim);
+  check_heads(shape, "q/k/v");
 
   const double density = density_at(step);  // validates the step
   AttentionStepReport report;
@@ -146,9 +153,7 @@ AttentionStepReport DiTSparseAttentionAdapter::forward(const ExecContext& ctx, c
 std::optional<BlockMask> DiTSparseAttentionAdapter::executed_mask(
     const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape,
     const std::function<std::pair<TensorView, TensorView>()>& global_qk) const {
-  if (shape.num_qo_heads != num_heads_) fail_argument("shape.num_qo_heads", num_heads_, shape.num_qo_heads);
-  if (shape.num_kv_heads != num_kv_heads_) fail_argument("shape.num_kv_heads", num_kv_heads_, shape.num_kv_heads);
-  if (shape.head_dim != head_dim_) fail_argument("shape.head_dim", head_dim_, shape.head_dim);
+  check_heads(shape, "shape");
   const double density = density_at(step);  // validates the step
   if (!backend_ || density >= 1.0) return std::nullopt;
   const std::shared_ptr<const Metadata> metadata = plan(ctx, shape);

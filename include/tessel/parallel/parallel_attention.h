@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -81,6 +82,17 @@ class ParallelAttention {
   void forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const ParallelMaskPlan* mask = nullptr);
 
+  // Ulysses alone (no ring): after the all-to-all this rank holds every token of its H/U heads, so
+  // attention whose mask is estimated from q and k can run there as on one device, on those heads,
+  // instead of estimating on q and k gathered from every rank. `attend` gets this rank's q, k, v
+  // and out (B, seq, H/U, D) (the real tokens; views into this object's buffers, contiguous when
+  // the shards have no padding) and writes out. Otherwise as forward(). Throws Error naming the
+  // strategy for Ring and USP.
+  using LocalAttentionFn =
+      std::function<void(const TensorView& q_heads, const TensorView& k_heads, const TensorView& v_heads, const TensorView& out_heads)>;
+  void forward_with_local_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const LocalAttentionFn& attend);
+
   // Benchmarks: forward() marks its phases (Ulysses pack / all-to-all / unpack, Ring K/V staging,
   // attention, merge, exchange wait) on `timeline` after the caller's begin(); null stops it.
   void set_timeline(PhaseTimeline* timeline) { timeline_ = timeline; }
@@ -92,6 +104,7 @@ class ParallelAttention {
   void mark(const ExecContext& ctx, std::string_view phase) {
     if (timeline_ != nullptr) timeline_->mark(ctx, phase);
   }
+  void check_forward_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) const;
   void exchange_pieces(const ExecContext& ctx, const TensorView& send, const TensorView& recv, const TensorView& source,
                        const TensorView& target);
   void ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -115,6 +115,7 @@ class DiTSparseAttentionAdapter {
   const ResolvedSparseAttnConfig& config() const { return config_; }
 
  private:
+  void check_heads(const AttentionShape& shape, const char* what) const;
   // This shape's plan, from the plan cache (planned on a miss).
   std::shared_ptr<const Metadata> plan(const ExecContext& ctx, const AttentionShape& shape) const;
 
