@@ -12,8 +12,10 @@
 #      CFG-parallel x Ulysses N/2, dense, radial and dynamic top-k (estimated on the device from the
 #      gathered q and k): the whole output against one GPU's forward of the same weights, within
 #      rel-L2 2e-2 (bf16 GEMMs of other row counts round differently);
-#   2c. `tessel serve --device cuda` with a worker group (Ulysses N, Ring N, USP 2 x N/2)
+#   2c. `tessel serve --device cuda` with a worker group (Ulysses N, Ring N, USP 2 x N/2, CFG-parallel)
 #      on the tiny CUDA model: an image request answered, its time against one worker's;
+#   2d. `tessel generate --device cuda --cfg-parallel` on 2 GPUs (one guidance branch per GPU) against
+#      one GPU's latents on the tiny CUDA model (pass: rel-L2 <= 2e-2, bf16 GEMMs of batch 1 and 2);
 #   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs (Ulysses N), 14B 720p
 #      81 frames and 1.3B 480p, dense and sparse (radial), the memory per GPU (nvidia-smi's peak
 #      during the run), the bytes sent, and (N > 1, --check) the last step against one GPU's;
@@ -214,7 +216,7 @@ if [[ $RUN_CORRECTNESS -eq 1 ]]; then
   SERVE_ROWS+=("| 1 | one worker | $status | $one_s |")
   for n in $GPUS; do
     [[ "$n" -le "$VISIBLE" ]] || continue
-    layouts=("--ulysses $n" "--ring $n")
+    layouts=("--ulysses $n" "--ring $n" "--cfg-parallel --ulysses $((n / 2))")
     [[ "$n" -ge 4 ]] && layouts+=("--ulysses 2 --ring $((n / 2))")
     for layout in "${layouts[@]}"; do
       # shellcheck disable=SC2086
@@ -223,6 +225,35 @@ if [[ $RUN_CORRECTNESS -eq 1 ]]; then
       SERVE_ROWS+=("| $n | $layout | $status | $seconds |")
     done
   done
+fi
+
+# ---- 2d. CFG-parallel in the CUDA pipeline ------------------------------------------------------------
+CFG_ROWS=()
+if [[ $RUN_CORRECTNESS -eq 1 && "$VISIBLE" -ge 2 ]]; then
+  gen=(generate --model "$OUTDIR/tiny-cuda-model" --device cuda --prompt "a red cube" --size 64x64 --frames 5 --steps 4 --seed 1 --guidance 5)
+  "$TESSEL" "${gen[@]}" --out "$OUTDIR/cfg-one.safetensors" >"$OUTDIR/cfg-one.log" 2>&1
+  if launch 2 "$OUTDIR/cfg-two.log" "$TESSEL" "${gen[@]}" --cfg-parallel --out "$OUTDIR/cfg-two.safetensors"; then
+    check="$(python3 - "$OUTDIR/cfg-one.safetensors" "$OUTDIR/cfg-two.safetensors" <<'PYEOF'
+import json, struct, sys
+import numpy as np
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        name, entry = next((k, v) for k, v in header.items() if k != "__metadata__")
+        f.seek(8 + n + entry["data_offsets"][0])
+        return np.frombuffer(f.read(entry["data_offsets"][1] - entry["data_offsets"][0]), dtype=np.float32).astype(np.float64)
+a, b = load(sys.argv[1]), load(sys.argv[2])
+error = np.linalg.norm(a - b) / np.linalg.norm(a)
+print(f"{error:.2e} {'ok' if np.isfinite(b).all() and error <= 2e-2 else 'FAIL'}")
+PYEOF
+)"
+    [[ "$check" == *ok* ]] || FAILED=1
+    CFG_ROWS+=("| 2 | generate --cfg-parallel (tiny CUDA model, 4 steps) | $check |")
+  else
+    FAILED=1
+    CFG_ROWS+=("| 2 | generate --cfg-parallel | run failed (see cfg-two.log) |")
+  fi
 fi
 
 # ---- 2. attention scaling -------------------------------------------------------------------------
@@ -317,6 +348,12 @@ fi
   echo "| GPUs | layout | HTTP status | seconds |"
   echo "|---|---|---|---|"
   printf '%s\n' "${SERVE_ROWS[@]}"
+  echo
+  echo "CFG-parallel in the CUDA pipeline: the latents against one GPU's (rel-L2, pass <= 2e-2)"
+  echo
+  echo "| GPUs | run | rel-L2 vs one GPU |"
+  echo "|---|---|---|"
+  printf '%s\n' "${CFG_ROWS[@]}"
   echo
   echo "Attention (bf16; block_sparse at density 0.2): median step over $STEPS"
   echo

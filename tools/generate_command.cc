@@ -189,9 +189,6 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   if (!o.scheduler.empty()) scheduler_kind_from_name(o.scheduler);
   const bool guided = o.guidance > 1.0;
   if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
-  if (parallel.cfg_parallel && transformer_device(o).is_cuda())
-    fail_argument("--cfg-parallel", "--device cpu (the CUDA pipeline runs both guidance branches as one batch)",
-                  transformer_device(o).str());
   // A CUDA run over several ranks puts each rank on its local GPU (run.device()).
   ParallelRun run(parallel, transformer_device(o));
   const Device device = run.device();

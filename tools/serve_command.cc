@@ -183,8 +183,6 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
   if (o.num_gpus && *o.num_gpus != workers)
     fail_argument("--num-gpus", detail::concat(workers, ": --ulysses x --ring (x 2 with --cfg-parallel), which say how the ",
                                                "workers split a request"), *o.num_gpus);
-  if (o.cfg_parallel && device.is_cuda())
-    fail_argument("--cfg-parallel", "--device cpu (the CUDA pipeline runs both guidance branches as one batch)", device.str());
   if (o.cfg_parallel && o.guidance <= 1.0)
     fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
   if (device.is_cuda() && workers > 1 && device.index + workers > cuda_device_count())

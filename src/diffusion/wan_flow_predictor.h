@@ -43,8 +43,8 @@ class WanFlowPredictor {
 
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request);
 #ifdef TESSEL_WITH_CUDA
-// For a transformer on a CUDA device. Throws Error for CFG-parallel (the CUDA loop runs both
-// branches as one batch).
+// For a transformer on a CUDA device; under CFG-parallel the group must be a NCCL communicator of
+// that device.
 std::unique_ptr<WanFlowPredictor> make_cuda_flow_predictor(const ExecContext& ctx, const WanFlowRequest& request);
 #endif
 

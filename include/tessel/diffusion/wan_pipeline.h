@@ -160,8 +160,8 @@ class WanPipeline {
   // step uploads the latents and downloads the guided flow once, and the scheduler steps the
   // latents on the host (WanStepProgress::scheduler_seconds). The VAE then decodes on the context's
   // device (the CPU, with a warning, when the CUDA decoder is unavailable). The
-  // noise of a seed is the same on every device. CFG-parallel needs a CPU transformer (tessel generate
-  // and tessel serve refuse --cfg-parallel with a CUDA device before loading anything).
+  // noise of a seed is the same on every device. Under CFG-parallel on CUDA each rank's GPU runs its
+  // branch at batch 1 and the predictions are gathered over the group's NCCL communicator.
   // generate() is begin, step until done, finish.
   WanGenerationResult generate(const ExecContext& ctx, const TensorView& prompt_embeds,
                                const TensorView& negative_prompt_embeds, const WanGenerationOptions& options,

@@ -1,6 +1,8 @@
 // The CUDA flow predictor of the Wan denoising loop (see wan_flow_predictor.h): the transformer's
 // inputs and outputs stay on the device; one upload of the latents and one download of the guided
-// flow per step, through pinned host buffers so both copies run at the bus's speed.
+// flow per step, through pinned host buffers so both copies run at the bus's speed. Under
+// CFG-parallel (a group of two ranks, one GPU each) each rank runs its guidance branch at batch 1
+// and the two predictions are gathered over NCCL before the guidance kernel.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -10,6 +12,7 @@
 #include "tessel/core/error.h"
 #include "tessel/kernels/cuda/device_guard.h"
 #include "tessel/kernels/cuda/launch_check.h"
+#include "tessel/parallel/cfg_parallel.h"
 #include "wan_flow_predictor.h"
 
 namespace tessel {
@@ -25,12 +28,13 @@ class CudaFlowPredictor final : public WanFlowPredictor {
       : request_(request),
         device_(request.transformer->device()),
         guided_(request.guided),
-        batch_(guided_ ? 2 : 1),
+        cfg_parallel_(guided_ && request.cfg_group != nullptr && request.cfg_group->size() == 2),
+        branch_(cfg_parallel_ ? cfg_branch(*request.cfg_group) : 0),
+        batch_(guided_ && !cfg_parallel_ ? 2 : 1),
         count_(shape_numel(request.latent_shape)),
         workspace_(device_) {
-    if (guided_ && request.cfg_group != nullptr && request.cfg_group->size() > 1)
-      fail_argument("cfg_group", "none or a group of one with a CUDA transformer (its loop runs both branches as one batch)",
-                    detail::concat("a group of ", request.cfg_group->size()));
+    if (cfg_parallel_ && !(request.cfg_group->device() == device_))
+      fail_argument("cfg_group", "a communicator of " + device_.str() + " tensors (NCCL)", request.cfg_group->device().str());
     if (ctx.device.is_cuda() && ctx.device != device_)
       fail_argument("ctx.device", "the transformer's device " + device_.str(), ctx.device.str());
     const tessel::cuda::DeviceGuard guard(device_.index);
@@ -38,13 +42,16 @@ class CudaFlowPredictor final : public WanFlowPredictor {
     text_len_ = prompt.size(1);
     const size_t branch_bytes = static_cast<size_t>(count_) * sizeof(float);
     text_ = allocate(prompt.nbytes() * static_cast<size_t>(batch_), MemoryKind::kDevice, device_.index);
-    copy_bytes(text_.get(), device_, prompt.data(), Device::cpu(), prompt.nbytes());
-    if (guided_)
+    // This rank's branch (CFG-parallel), else the conditional one first and the unconditional second.
+    const TensorView& first = cfg_parallel_ && branch_ == 1 ? request.negative_prompt_embeds : prompt;
+    copy_bytes(text_.get(), device_, first.data(), Device::cpu(), prompt.nbytes());
+    if (batch_ == 2)
       copy_bytes(static_cast<char*>(text_.get()) + prompt.nbytes(), device_, request.negative_prompt_embeds.data(), Device::cpu(),
                  prompt.nbytes());
     model_input_ = allocate(branch_bytes * static_cast<size_t>(batch_), MemoryKind::kDevice, device_.index);
     prediction_ = allocate(branch_bytes * static_cast<size_t>(batch_), MemoryKind::kDevice, device_.index);
     guided_flow_ = allocate(branch_bytes, MemoryKind::kDevice, device_.index);
+    if (cfg_parallel_) branches_ = allocate(2 * branch_bytes, MemoryKind::kDevice, device_.index);
     timestep_ = allocate(sizeof(float) * static_cast<size_t>(batch_), MemoryKind::kDevice, device_.index);
     host_latents_ = allocate(branch_bytes, MemoryKind::kPinnedHost);
     host_flow_ = allocate(branch_bytes, MemoryKind::kPinnedHost);
@@ -74,11 +81,19 @@ class CudaFlowPredictor final : public WanFlowPredictor {
     batch_shape[0] = batch_;
     const Shape text_shape{batch_, text_len_, request_.prompt_embeds.size(2)};
     const ExecContext run_ctx = device_context(ctx);
-    request_.transformer->forward(run_ctx, StepInfo::at(step, total_steps), TensorView(input, DType::kF32, device_, batch_shape),
+    request_.transformer->forward(run_ctx, StepInfo::at(step, total_steps, 0, branch_),
+                                  TensorView(input, DType::kF32, device_, batch_shape),
                                   TensorView(timestep_.get(), DType::kF32, device_, {batch_}),
                                   TensorView(text_.get(), DType::kF32, device_, text_shape),
                                   TensorView(prediction_.get(), DType::kF32, device_, batch_shape), nullptr, request_.block_cache);
     const auto* prediction = static_cast<const float*>(prediction_.get());
+    if (cfg_parallel_) {  // both branches on both ranks, in branch order
+      Shape both = batch_shape;
+      both.insert(both.begin(), 2);
+      gather_cfg_branches(run_ctx, *request_.cfg_group, TensorView(prediction_.get(), DType::kF32, device_, batch_shape),
+                          TensorView(branches_.get(), DType::kF32, device_, both));
+      prediction = static_cast<const float*>(branches_.get());
+    }
     const float* flow = prediction;  // without guidance: the conditional branch
     if (guided_) {
       diffusion::cuda::launch_cfg_guidance(prediction, prediction + count_, static_cast<float>(request_.guidance_scale),
@@ -101,10 +116,11 @@ class CudaFlowPredictor final : public WanFlowPredictor {
 
   WanFlowRequest request_;
   Device device_;
-  bool guided_;
+  bool guided_, cfg_parallel_;
+  int branch_;
   int64_t batch_, count_, text_len_ = 0;
   Workspace workspace_;
-  std::shared_ptr<void> text_, model_input_, prediction_, guided_flow_, timestep_;
+  std::shared_ptr<void> text_, model_input_, prediction_, guided_flow_, timestep_, branches_;
   std::shared_ptr<void> host_latents_, host_flow_, host_timestep_;
 };
 
