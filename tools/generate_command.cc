@@ -2,6 +2,8 @@
 // transformer/, scheduler/, tokenizer/ with text_encoder/ for a prompt, vae/ for frames; Wan 2.2's
 // transformer_2/ and boundary_ratio for two experts, its expand_timesteps for TI2V-5B) on a prompt or
 // on given text embeddings and writes an MP4 video, PNG frames or the final latents.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -254,16 +256,30 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   WanGenerator generator = WanGenerator::load(ctx, o.model_dir, load);
   timings.load_seconds = seconds_since(load_start);
 
-  if (run.is_root()) {  // every rank steps the same latents; one reports
-    request.on_step = [&timings, device](const WanStepProgress& p) {
+  // Progress on stderr (rank 0 alone: every rank steps the same latents): one line that updates
+  // in place on a terminal (phase, step, time per step, ETA), a line per event in a log.
+  const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  const auto progress_line = [terminal](const std::string& text) {
+    std::fprintf(stderr, terminal ? "\r\033[K%s" : "%s\n", text.c_str());
+    std::fflush(stderr);
+  };
+  if (run.is_root()) {
+    request.on_phase = [&](std::string_view phase) { progress_line(detail::concat(phase, "...")); };
+    request.on_step = [&timings, device, &progress_line](const WanStepProgress& p) {
       timings.record_step(p, device);
-      std::fprintf(stderr, "step %lld/%lld  t=%g  %.3f s/step (scheduler %.1f ms)  elapsed %.1f s  eta %.1f s\n",
-                   static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
-                   p.scheduler_seconds * 1000.0, p.elapsed_seconds, p.eta_seconds);
+      char line[256];
+      std::snprintf(line, sizeof(line), "denoising: step %lld/%lld  t=%g  %.3f s/step (scheduler %.1f ms)  elapsed %.1f s  eta %.1f s",
+                    static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.timestep, p.step_seconds,
+                    p.scheduler_seconds * 1000.0, p.elapsed_seconds, p.eta_seconds);
+      progress_line(line);
+    };
+    request.on_decode_chunk = [&progress_line](int64_t done, int64_t chunks) {
+      progress_line(detail::concat("decoding: latent frame ", done, "/", chunks));
     };
   }
   const auto generate_start = std::chrono::steady_clock::now();
   const WanGeneratorResult generated = generator.generate(ctx, request);
+  if (run.is_root() && terminal) std::fputc('\n', stderr);
   const WanGenerationResult& result = generated.generation;
   timings.text_encode_seconds = generated.text_encode_seconds;
   timings.text_seconds = timings.load_seconds + timings.text_encode_seconds;
@@ -280,6 +296,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   if (cached) print_cache_stats(result.cache_stats, guided, model.two_experts ? " (transformer)" : "");
   if (cached && model.two_experts) print_cache_stats(result.cache_stats_2, guided, " (transformer_2)");
   const SchedulerKind scheduler_kind = o.scheduler.empty() ? model.scheduler.kind : scheduler_kind_from_name(o.scheduler);
+  progress_line("writing " + o.out + "...");
   write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_kind)));
   return 0;
 }

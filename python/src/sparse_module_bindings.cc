@@ -21,6 +21,7 @@
 #include "tessel/plugin/plugin_loader.h"
 #include "tessel/sparse/config.h"
 #include "tessel/sparse/registry.h"
+#include "tessel/sparse/schedule.h"
 #include "tessel/sparse/sparse_attention.h"
 
 namespace nb = nanobind;
@@ -107,6 +108,22 @@ void bind_sparse_module(nb::module_& m) {
                      return std::string(resolution_source_name(module.resolution().source));
                    })
       .def_prop_ro("config_json", [](const SparseAttention& module) { return module.adapter().config().json(); });
+
+  // The config schema's codec for tessel.SparseAttentionConfig: the C++ parser, validation and
+  // writer are the one definition of the fields, their defaults and their ranges.
+  m.def(
+      "canonical_sparse_config",
+      [](const std::string& json_text) {
+        const SparseAttnConfig config = parse_sparse_attn_json(json_text);
+        config.validate();
+        return config.to_json();
+      },
+      "json_text"_a,
+      "parse_sparse_attn_json (nested or flat keys) then validate, written back as the nested JSON "
+      "with every field; raises TesselError naming the key path of a bad field");
+  m.def("default_sparse_config", [] { return SparseAttnConfig{}.to_json(); },
+        "SparseAttnConfig{}'s nested JSON: every field at its default");
+  m.def("sparsity_schedule_names", &sparsity_schedule_names, "the registered sparsity schedules");
 
   m.def("set_plugin_dirs", [](const std::vector<std::string>& dirs) { registry().set_plugin_dirs(dirs); }, "dirs"_a);
   m.def("backend_names", [] {

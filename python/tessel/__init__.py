@@ -11,6 +11,7 @@ from .estimators import estimate_threshold, estimate_topk
 from .functional import attention, block_sparse_attention, merge_states
 from .pipeline import WanPipeline
 from .planners import plan_arrow, plan_local, plan_radial, plan_sliding_window_3d
+from .sparse_config import SparseAttentionConfig
 
 try:
     import torch as _torch  # noqa: F401
@@ -36,4 +37,5 @@ __all__ = [
     "plan_radial",
     "plan_sliding_window_3d",
     "planners",
+    "SparseAttentionConfig",
 ]

@@ -1,7 +1,13 @@
-"""One sparse-attention call per (step, layer) under a SparseAttentionConfig: dense, a static
-pattern planned once per grid (cached), or a dynamic mask estimated from q and k every call by the
-library's dynamic_topk / threshold backend (through tessel.SparseAttention: host estimation for CPU
-tensors, device estimation on torch's stream for CUDA tensors)."""
+"""One sparse-attention call per (step, layer) under a SparseAttentionConfig (the C++ schema): dense,
+a static pattern planned once per grid (cached), or a dynamic mask estimated from q and k every call
+by the library's dynamic_topk / threshold backend (through tessel.SparseAttention: host estimation
+for CPU tensors, device estimation on torch's stream for CUDA tensors).
+
+The fields read: pattern.type (dense, dynamic_topk, threshold, radial, local, sliding_window on the
+latent grid), pattern.decay_factor / local_window_size / spatial_radius, options frame_radius /
+height_radius / width_radius (sliding_window, as the C++ static pattern reads them) and frame0_sink
+(radial), geometry.block_q / block_kv, selection.keep_diagonal / sink_blocks, warmup.dense_steps /
+dense_layers and backend "none" (dense)."""
 from __future__ import annotations
 
 import json
@@ -10,11 +16,39 @@ from . import planners
 from .functional import attention, block_sparse_attention
 from .sparse_config import SparseAttentionConfig
 
+DYNAMIC_PATTERNS = ("dynamic_topk", "threshold")
+STATIC_PATTERNS = ("radial", "local", "sliding_window")
+SUPPORTED_PATTERNS = ("dense",) + DYNAMIC_PATTERNS + STATIC_PATTERNS
+
+
+def _option_int(config: SparseAttentionConfig, key: str, default: int) -> int:
+    value = config.options.get(key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"sparse_attn.options.{key}: expected an integer, got {value!r}") from None
+
+
+def _static_pattern(c: SparseAttentionConfig):
+    if c.pattern.type == "radial":
+        frame0_sink = str(c.options.get("frame0_sink", "true")).lower() not in ("false", "0")
+        return planners.radial(c.pattern.decay_factor, frame0_sink)
+    if c.pattern.type == "local":
+        return planners.local(c.pattern.local_window_size)
+    radius = c.pattern.spatial_radius if c.pattern.spatial_radius is not None else 4
+    return planners.sliding_window_3d(_option_int(c, "frame_radius", 1), _option_int(c, "height_radius", radius),
+                                      _option_int(c, "width_radius", radius))
+
 
 class SparseAttentionRunner:
     """Holds the config, the latent grid of the current call and the static plan cache."""
 
     def __init__(self, config: SparseAttentionConfig):
+        if config.pattern.type not in SUPPORTED_PATTERNS:
+            raise ValueError(f"sparse_attn.pattern.type: this integration runs {', '.join(SUPPORTED_PATTERNS)}, "
+                             f"got {config.pattern.type!r}")
         self.config = config
         self.grid = None  # (frames, height, width) of latent patches, set by the integration
         self.step = 0
@@ -25,30 +59,27 @@ class SparseAttentionRunner:
 
     def _static_mask(self, seq: int):
         c = self.config
+        kind = c.pattern.type
         if self.grid is None:
-            raise RuntimeError(f"pattern {c.pattern}: the latent grid is unknown (no transformer forward seen)")
+            raise RuntimeError(f"pattern {kind}: the latent grid is unknown (no transformer forward seen)")
         frames, height, width = self.grid
         if frames * height * width != seq:
-            raise ValueError(f"pattern {c.pattern}: grid {self.grid} has {frames * height * width} tokens, "
+            raise ValueError(f"pattern {kind}: grid {self.grid} has {frames * height * width} tokens, "
                              f"the sequence has {seq}")
-        key = (c.pattern, self.grid)
-        if key not in self._static_masks:
-            pattern = {
-                "radial": lambda: planners.radial(c.decay_factor),
-                "local": lambda: planners.local(c.local_window_size),
-                "sliding_window_3d": lambda: planners.sliding_window_3d(*c.window_3d),
-            }[c.pattern]()
-            self._static_masks[key] = planners.plan(pattern, self.grid, block_q=c.block_size_q,
-                                                    block_kv=c.block_size_kv, keep_diagonal=c.keep_diagonal)
-        return self._static_masks[key]
+        if self.grid not in self._static_masks:
+            self._static_masks[self.grid] = planners.plan(
+                _static_pattern(c), self.grid, block_q=c.geometry.block_q, block_kv=c.geometry.block_kv,
+                keep_diagonal=c.selection.keep_diagonal, sink_blocks=c.selection.sink_blocks)
+        return self._static_masks[self.grid]
 
     def _library_config(self) -> str:
-        c = self.config
-        return json.dumps({"backend": c.pattern, "pattern_type": c.pattern, "block_size_q": c.block_size_q,
-                           "block_size_kv": c.block_size_kv, "topk_ratio": c.topk_ratio, "threshold": c.threshold,
-                           "stride": c.stride, "keep_diagonal": c.keep_diagonal,
-                           "options": {"cdf": str(c.cdf_threshold),
-                                       "similarity_threshold": str(c.similarity_threshold)}})
+        # The config as is, except: the backend is the pattern's own when "auto", and no warm-up
+        # (decided here, per step and layer).
+        values = self.config.to_dict()
+        if values["backend"] == "auto":
+            values["backend"] = self.config.pattern.type
+        values["warmup"] = {"dense_steps": 0, "dense_layers": 0}
+        return json.dumps(values)
 
     def _dynamic(self, q, k, v):
         # One library module per (shape, dtype, device), sharing one plan cache; warm-up is decided
@@ -71,6 +102,6 @@ class SparseAttentionRunner:
         """q, k, v (B, S, H, D) self-attention of layer `layer` at the current step."""
         if self.config.is_dense_at(self.step, layer):
             return attention(q, k, v)
-        if self.config.pattern in ("dynamic_topk", "threshold"):
+        if self.config.pattern.type in DYNAMIC_PATTERNS:
             return self._dynamic(q, k, v)
         return block_sparse_attention(q, k, v, self._static_mask(q.shape[1]))

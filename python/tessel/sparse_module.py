@@ -1,13 +1,15 @@
 """tessel.SparseAttention: the library's drop-in sparse-attention module as a torch nn.Module.
 
-The config is the C++ one (JSON text, a .json file, a dict in its nested or flat keys, or an
-object with the fields of vLLM-Omni's DiffusionSparseAttnConfig): backend resolution (env
-TESSEL_SPARSE_ATTN_BACKEND or DIFFUSION_SPARSE_ATTN_BACKEND > config > auto > none), step
-schedules, dense warm-up steps and layers, and a plan cache that layers of one shape share.
-The denoising step reaches forward through `denoising_step(step, total_steps)`:
+The config is the C++ SparseAttnConfig (include/tessel/sparse/config.h): a tessel.SparseAttentionConfig,
+JSON text, a .json file, a dict in its nested (or flat) keys, or an object with the fields of
+vLLM-Omni's DiffusionSparseAttnConfig. Backend resolution (env TESSEL_SPARSE_ATTN_BACKEND or
+DIFFUSION_SPARSE_ATTN_BACKEND > config > auto > none), step schedules, dense warm-up steps and layers
+(warmup.dense_steps / dense_layers), and a plan cache that layers of one shape share. The denoising
+step reaches forward through `denoising_step(step, total_steps)`:
 
-    layers = [tessel.SparseAttention(40, 128, config={"pattern_type": "dynamic_topk",
-              "topk_ratio": 0.2, "dense_timesteps": 10}, layer_index=i, plan_cache=cache)
+    config = {"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.2},
+              "warmup": {"dense_steps": 10}}
+    layers = [tessel.SparseAttention(40, 128, config=config, layer_index=i, plan_cache=cache)
               for i in range(30)]
     with tessel.denoising_step(step, total_steps=50):
         out = layers[i](q, k, v)
@@ -26,6 +28,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from . import _tessel
+from .sparse_config import SparseAttentionConfig, translate_legacy_names
 from .torch_ops import check_forward_only
 
 _step_info = contextvars.ContextVar("tessel_step_info", default=None)
@@ -46,9 +49,13 @@ def denoising_step(step: int, total_steps: int, cfg_branch: int = 0):
 
 
 def config_json(config) -> str:
-    """JSON text of a config given as None, JSON text, a path to a .json file, a dict or a dataclass."""
+    """JSON text of a config given as None, a SparseAttentionConfig, JSON text, a path to a .json file,
+    a dict (the C++ keys, nested or flat; the older Python names warn and are mapped) or a dataclass
+    with the C++ flat fields (vLLM-Omni's DiffusionSparseAttnConfig). The library parses and checks it."""
     if config is None:
         return "{}"
+    if isinstance(config, SparseAttentionConfig):
+        return config.to_json()
     if isinstance(config, str):
         if config.lstrip().startswith("{"):
             return config
@@ -57,8 +64,9 @@ def config_json(config) -> str:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = dataclasses.asdict(config)
     if isinstance(config, dict):
-        return json.dumps({key: value for key, value in config.items() if value is not None})
-    raise TypeError(f"config: expected None, JSON text, a file path, a dict or a dataclass, got {type(config).__name__}")
+        return json.dumps(translate_legacy_names({key: value for key, value in config.items() if value is not None}))
+    raise TypeError(f"config: expected None, a SparseAttentionConfig, JSON text, a file path, a dict or a dataclass, "
+                    f"got {type(config).__name__}")
 
 
 def _backend_override() -> str:

@@ -90,3 +90,16 @@ def test_config_errors_name_the_field():
     with pytest.raises(tessel.TesselError):
         with tessel.denoising_step(10, 10):
             module(q, k, v)
+
+
+def test_python_config_is_the_module_config():
+    config = tessel.SparseAttentionConfig.from_dict(WINDOW)
+    assert (config.pattern.window_size, config.geometry.block_q, config.warmup.dense_steps) == (32, 32, 2)
+    module = tessel.SparseAttention(4, 32, config=config, dtype=torch.float32)
+    assert module.backend == "sliding_window"
+    assert json.loads(module._module.config_json) == config.to_dict()
+    nested = {"backend": "sliding_window", "pattern": {"type": "sliding_window", "window_size": 32},
+              "geometry": {"block_q": 32, "block_kv": 32}, "warmup": {"dense_steps": 2}}
+    assert tessel.SparseAttentionConfig.from_dict(nested) == config
+    assert json.loads(tessel.SparseAttention(4, 32, config=nested, dtype=torch.float32)._module.config_json) == \
+        config.to_dict()

@@ -177,6 +177,7 @@ struct WanGenerator::Impl {
 
 struct WanGenerationState::Impl {
   WanPipeline* pipeline = nullptr;
+  std::function<void(std::string_view)> on_phase;
   std::unique_ptr<CacheBackend> cache, cache_2;
   std::unique_ptr<WanDenoiseState> denoise;
   double text_encode_seconds = 0.0;
@@ -263,6 +264,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
       fail_argument("prompt", "embeddings (the generator has no text encoder: none in the model directory, or not loaded)",
                     quoted_excerpt(request.prompt));
     // The encoder runs on its own device; tokens and embeddings are host tensors.
+    if (request.on_phase) request.on_phase("text encoding");
     const auto start = std::chrono::steady_clock::now();
     if (!guided) {
       prompt = g.text_encoder->encode(ctx, {request.prompt});
@@ -298,6 +300,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   options.size = size;
   options.cancel = request.cancel;
   options.on_step = request.on_step;
+  options.on_decode_chunk = request.on_decode_chunk;
   options.cache = state->cache.get();
   options.cache_2 = state->cache_2.get();
   options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
@@ -306,6 +309,8 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   state->denoise = experts.pipeline->begin(run_ctx, prompt, guided ? negative.view() : TensorView{}, options,
                                            request.noise.defined() ? request.noise.view() : TensorView{},
                                            make_scheduler(g.scheduler));
+  state->on_phase = request.on_phase;
+  if (request.on_phase) request.on_phase("denoising");
   return std::unique_ptr<WanGenerationState>(new WanGenerationState(std::move(state)));
 }
 
@@ -323,6 +328,7 @@ WanGeneratorResult WanGenerator::finish(const ExecContext& ctx, WanGenerationSta
   ExecContext run_ctx = ctx;
   run_ctx.device = impl_->options.device;
   WanGeneratorResult result;
+  if (state.impl_->on_phase && impl_->vae && !state.impl_->denoise->cancelled()) state.impl_->on_phase("decoding");
   result.generation = state.impl_->pipeline->finish(run_ctx, *state.impl_->denoise);
   result.text_encode_seconds = state.impl_->text_encode_seconds;
   return result;

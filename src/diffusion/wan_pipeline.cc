@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
@@ -126,20 +127,23 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExp
 
 // On a CUDA context the VAE decodes on that device (the final latents go up once, the video comes
 // back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning.
-VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents) const {
-  if (!ctx.device.is_cuda()) return decode(ctx, host_latents);
-  Tensor decoded;
-  try {
-    decoded = vae_->decode(ctx, host_latents.to(ctx.device)).to(Device::cpu());
-  } catch (const Error& e) {
-    ctx.log(LogLevel::kWarning, std::string("the VAE decodes on the CPU: the CUDA decoder failed: ") + e.what());
+VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control) const {
+  if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
+  if (ctx.device.is_cuda()) {
+    std::optional<Tensor> decoded;
+    try {
+      decoded = vae_->decode(ctx, host_latents.to(ctx.device), control);
+    } catch (const Error& e) {
+      ctx.log(LogLevel::kWarning, std::string("the VAE decodes on the CPU: the CUDA decoder failed: ") + e.what());
+    }
+    if (decoded) return decoded->defined() ? frames_of_decoded(decoded->to(Device::cpu())) : VideoFrames{};
   }
-  if (decoded.defined()) return frames_of_decoded(decoded);
   ExecContext cpu_ctx = ctx;
   cpu_ctx.device = Device::cpu();
   cpu_ctx.stream = nullptr;
   cpu_ctx.workspace = nullptr;
-  return decode(cpu_ctx, host_latents);
+  const Tensor decoded = vae_->decode(cpu_ctx, host_latents, control);
+  return decoded.defined() ? frames_of_decoded(decoded) : VideoFrames{};
 }
 
 VideoFrames WanPipeline::decode(const ExecContext& ctx, const TensorView& latents) const {
@@ -315,7 +319,11 @@ WanGenerationResult WanPipeline::finish(const ExecContext& ctx, WanDenoiseState&
   s.spent = true;
   for (auto& predictor : s.predictors) predictor.reset();  // the device buffers go before the decode's
   WanGenerationResult result = std::move(s.result);
-  if (vae_ != nullptr && !result.cancelled) result.frames = decode_on(ctx, s.latents);
+  if (vae_ != nullptr && !result.cancelled) {
+    const WanDecodeControl control{s.options.on_decode_chunk, s.options.cancel};
+    result.frames = decode_on(ctx, s.latents, &control);
+    result.cancelled = control.cancelled() && result.frames.count == 0;
+  }
   result.latents = std::move(s.latents);
   if (s.options.cache) result.cache_stats = s.options.cache->stats();
   if (s.options.cache_2) result.cache_stats_2 = s.options.cache_2->stats();

@@ -139,16 +139,16 @@ Shape WanVae::decoded_shape(const Shape& latent_shape) const {
           latent_shape[3] * spatial, latent_shape[4] * spatial};
 }
 
-Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents) const {
+Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control) const {
   check_latents(latents, config_);
   Tensor video = Tensor::empty(decoded_shape(latents.shape()), DType::kF32, latents.device());
-  decode(ctx, latents, video.view());
+  if (!decode(ctx, latents, video.view(), control)) return Tensor();
   return video;
 }
 
-void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const {
+bool WanVae::decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video, const WanDecodeControl* control) const {
   check_latents(latents, config_);
-  if (latents.device().is_cuda()) return decode_on_device(ctx, latents, video);
+  if (latents.device().is_cuda()) return decode_on_device(ctx, latents, video, control);
   if (ctx.device.is_cuda()) fail_argument("latents", "a tensor on the context's device " + ctx.device.str(), latents.describe());
   const Shape expected = decoded_shape(latents.shape());
   if (video.dtype() != DType::kF32 || !video.device().is_cpu() || !video.is_contiguous() || video.shape() != expected)
@@ -173,6 +173,7 @@ void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const Ten
   float* out = video.data_as<float>();
   int64_t written = 0;
   for (int64_t t = 0; t < frames; ++t) {
+    if (control != nullptr && control->cancelled()) return false;
     vae::FeatureFrames latent(1, z, height, width);
     std::memcpy(latent.frame(0), quantized.frame(t), static_cast<size_t>(latent.frame_size()) * sizeof(float));
     const vae::FeatureFrames decoded = decoder_->chunk(ctx, latent, cache, t == 0);
@@ -184,11 +185,14 @@ void WanVae::decode(const ExecContext& ctx, const TensorView& latents, const Ten
           for (int64_t x = 0; x < out_width; ++x)
             out[((c * out_frames + written) * out_height + y) * out_width + x] = std::clamp(
                 decoded.pixel(f, y / patch, x / patch)[(c * patch + x % patch) * patch + y % patch], -1.0f, 1.0f);
+    if (control != nullptr && control->on_chunk) control->on_chunk(t + 1, frames);
   }
   if (written != out_frames) throw Error(detail::concat("Wan VAE: decoded ", written, " frames, expected ", out_frames));
+  return true;
 }
 
-void WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const {
+bool WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
+                              const WanDecodeControl* control) const {
   const Device device = latents.device();
   if (ctx.device.is_cuda() && ctx.device != device)
     fail_argument("latents", "a tensor on the context's device " + ctx.device.str(), latents.describe());
@@ -203,8 +207,8 @@ void WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents,
     if (!slot) slot = std::make_unique<const vae::cuda::CudaDecoder>(config_, device_decoders_->weights, device);
     decoder = slot.get();
   }
-  decoder->decode(reinterpret_cast<cudaStream_t>(ctx.stream), latents.data_as<const float>(), latents.size(2), latents.size(3),
-                  latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_);
+  return decoder->decode(reinterpret_cast<cudaStream_t>(ctx.stream), latents.data_as<const float>(), latents.size(2),
+                         latents.size(3), latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_, control);
 #elif defined(TESSEL_WITH_CUDA)
   fail_argument("latents", "a CPU tensor (tessel was built without cuDNN's headers, so the VAE decodes on the CPU only)",
                 latents.describe());

@@ -92,6 +92,7 @@ GenerationOutput Engine::run_one(RunningRequest& running) {
       running,
       [&](const RequestProgress& progress) {
         scheduler_.report_progress(id, progress);
+        if (!progress.step_finished) return;  // a phase or a decode chunk: the job's status only
         std::lock_guard lock(state_->stats_mutex);
         ++state_->steps_total;
         state_->step_seconds_total += progress.step_seconds;

@@ -123,20 +123,37 @@ class WanRunner final : public PipelineRunner {
       w.sparse_setting = setting_name(request);
       if (!request.cache.empty()) w.cache = request.cache;
       w.cancel = &agreed_cancel;
-      w.on_step = [&](const WanStepProgress& p) {
-        if (!control.on_progress) {
-          agreed_cancel = agree_on_cancel(control);
-          return;
-        }
+      std::string phase;
+      const int64_t steps_before = i * steps;
+      // The phases and the decode's chunks reach the job's status; only rank 0 decodes, so during
+      // the decode it reads its own cancel flag (no collective: the other ranks are done).
+      // One status update: a finished step (with its time and the schedule's density), or a phase
+      // change or decode chunk (step_finished false: no step is counted).
+      const auto report = [&](int64_t step_done, double step_seconds, bool step_finished, double density) {
+        if (!control.on_progress) return;
         RequestProgress progress;
-        progress.step = i * steps + p.step;
+        progress.phase = phase;
+        progress.step_finished = step_finished;
+        progress.step = step_done;
         progress.total_steps = total;
-        progress.step_seconds = p.step_seconds;
+        progress.step_seconds = step_seconds;
         progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(progress.step) *
-                               static_cast<double>(total - progress.step);
-        progress.attention_density = scheduled_density(transformer, p.step - 1, steps);
+        progress.eta_seconds =
+            step_done > 0 ? progress.elapsed_seconds / static_cast<double>(step_done) * static_cast<double>(total - step_done) : 0.0;
+        progress.attention_density = density;
         control.on_progress(progress);
+      };
+      w.on_phase = [&](std::string_view name) {
+        phase = name;
+        report(steps_before, 0.0, false, 1.0);
+      };
+      w.on_decode_chunk = [&](int64_t done, int64_t chunks) {
+        phase = detail::concat("decoding ", done, "/", chunks);
+        report(steps_before + steps, 0.0, false, 1.0);
+        if (control.cancel != nullptr && control.cancel->load()) agreed_cancel = true;
+      };
+      w.on_step = [&](const WanStepProgress& p) {
+        report(steps_before + p.step, p.step_seconds, true, scheduled_density(transformer, p.step - 1, steps));
         agreed_cancel = agree_on_cancel(control);
       };
       WanGenerationResult result = generator_->generate(ctx, w).generation;

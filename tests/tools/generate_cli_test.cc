@@ -169,6 +169,13 @@ TEST(GenerateCli, PromptToMp4AndPngOnTheTinyModel) {
   }
   const TesselRun run = generate(common + " --frames 1 --out '" + (dir / "cat.png").string() + "'");
   ASSERT_EQ(run.status, 0) << run.out;
+  // Every phase is reported, in order (one line each when stderr is not a terminal).
+  size_t at = 0;
+  for (const char* phase : {"text encoding...", "denoising...", "denoising: step 3/3", "decoding...", "decoding: latent frame 1/1", "writing "}) {
+    const size_t found = run.out.find(phase, at);
+    EXPECT_NE(found, std::string::npos) << phase << "\n" << run.out;
+    if (found != std::string::npos) at = found;
+  }
   const VideoFrames image = read_png((dir / "cat.png").string());
   EXPECT_EQ(image.width, 48);
   EXPECT_EQ(image.height, 32);

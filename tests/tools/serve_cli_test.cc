@@ -159,6 +159,8 @@ TEST(ServeCli, EveryEndpointAnswers) {
   ASSERT_EQ(video["status"], "completed") << video.dump();
   EXPECT_EQ(video["progress"], 100);
   EXPECT_EQ(video["step"], 2);
+  // The last phase the worker reported: the VAE's last latent frame (5 frames: 2 latent frames).
+  EXPECT_EQ(video["phase"], "decoding 2/2") << video.dump();
   EXPECT_GT(video["run_seconds"].get<double>(), 0.0);
   const auto content = client.Get("/v1/videos/" + id + "/content");
   ASSERT_EQ(content->status, 200);

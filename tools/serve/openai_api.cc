@@ -190,6 +190,7 @@ nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::
                            {"num_frames", r.frames},
                            {"fps", r.fps},
                            {"seed", r.seed},
+                           {"phase", p.phase},
                            {"step", p.step},
                            {"total_steps", p.total_steps != 0 ? p.total_steps : r.num_inference_steps},
                            {"eta_seconds", p.eta_seconds}};

@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "tessel/core/exec_context.h"
@@ -100,8 +101,13 @@ struct WanRequest {
   Tensor noise;                // the starting latents (fp32 CPU, latent shape) instead of the seed's
   std::string sparse_setting;  // empty or "default": the load's; else a name of named_sparse
   std::optional<std::string> cache;  // "none" or the load's cache name; unset: the load's
+  // Read between steps and between the decode's chunks: set, the generation stops (result cancelled).
   const std::atomic<bool>* cancel = nullptr;
+  // Progress: each phase as it starts ("text encoding", "denoising", "decoding"), every step, and
+  // every latent frame the VAE decoded.
+  std::function<void(std::string_view phase)> on_phase;
   std::function<void(const WanStepProgress&)> on_step;
+  std::function<void(int64_t chunks_done, int64_t chunks)> on_decode_chunk;
 };
 
 struct WanGeneratorResult {

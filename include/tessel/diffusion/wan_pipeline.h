@@ -62,6 +62,9 @@ struct WanGenerationOptions {
   uint64_t seed = 0;  // the starting noise when no initial latents are given
   WanVideoSize size;
   std::function<void(const WanStepProgress&)> on_step;  // after every step, when set
+  // During the VAE decode, after each latent frame (chunk) the device finished; `cancel` is also
+  // read between chunks (a cancelled decode returns no frames and result.cancelled).
+  std::function<void(int64_t chunks_done, int64_t chunks)> on_decode_chunk;
   // Checked before every step; when it reads true the loop stops and returns what it has.
   const std::atomic<bool>* cancel = nullptr;
   // Wan 2.2's two experts: the low-noise expert's guidance scale (diffusers' guidance_scale_2);
@@ -187,7 +190,8 @@ class WanPipeline {
   VideoFrames decode(const ExecContext& ctx, const TensorView& latents) const;
 
  private:
-  VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents) const;
+  // Empty frames when `control` cancelled the decode.
+  VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control = nullptr) const;
   const WanTransformer& transformer_;
   Scheduler& scheduler_;
   const WanVae* vae_;

@@ -13,6 +13,9 @@
 // colour channels (patch_size 2), unpatchified into 16x the latent height and width.
 #pragma once
 
+#include <atomic>
+#include <functional>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -73,6 +76,13 @@ std::string wan_vae_config_json(const WanVaeConfig& config);
 // decoder), with diffusers' names and shapes.
 std::vector<WeightSpec> wan_vae_weight_specs(const WanVaeConfig& config);
 
+// Progress and cancellation of a decode, checked between latent frames (see WanVae::decode).
+struct WanDecodeControl {
+  std::function<void(int64_t chunks_done, int64_t chunks)> on_chunk;
+  const std::atomic<bool>* cancel = nullptr;
+  bool cancelled() const { return cancel != nullptr && cancel->load(); }
+};
+
 class WanVae {
  public:
   // `weights` holds exactly the tensors of wan_vae_weight_specs(config), any float dtype.
@@ -100,8 +110,14 @@ class WanVae {
   // and later decodes reuse them. A CUDA decode enqueues on ctx.stream and returns when the stream
   // has finished it; it needs cuDNN (libcudnn.so.9, opened at run time: a missing one is an Error,
   // and WanPipeline then decodes on the CPU, with a warning).
-  void decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const;
-  Tensor decode(const ExecContext& ctx, const TensorView& latents) const;
+  //
+  // `control` (optional): the decoder runs one latent frame (chunk) at a time and, between chunks,
+  // reads control->cancel (set: the decode stops and returns false, the video incomplete; the
+  // Tensor form returns an empty tensor) and calls control->on_chunk(chunks done, chunks). With a
+  // callback a CUDA decode waits for each chunk, so that the count is what the device finished.
+  bool decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
+              const WanDecodeControl* control = nullptr) const;
+  Tensor decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control = nullptr) const;
 
   // Whether the CUDA decoder's convolutions may use TF32 tensor cores (default true, PyTorch's
   // torch.backends.cudnn.allow_tf32 default, so diffusers' fp32 decode does too); false keeps every
@@ -113,7 +129,8 @@ class WanVae {
  private:
   struct Decoder;
   struct DeviceDecoders;  // the CUDA decoders, one per device, made by its first decode
-  void decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video) const;
+  bool decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
+                        const WanDecodeControl* control) const;
   WanVaeConfig config_;
   std::unique_ptr<Decoder> decoder_;
   std::unique_ptr<DeviceDecoders> device_decoders_;

@@ -41,6 +41,8 @@ std::string_view request_status_name(RequestStatus status);  // "queued", "runni
 inline bool is_final(RequestStatus status) { return status >= RequestStatus::kSucceeded; }
 
 struct RequestProgress {
+  std::string phase;  // "text encoding", "denoising", "decoding i/n" (the runner's phases); empty: unknown
+  bool step_finished = true;  // false: a phase change or a decode chunk, not a denoising step
   int64_t step = 0;  // denoising steps finished over all outputs of the request
   int64_t total_steps = 0;
   double step_seconds = 0.0;  // the last step's time

@@ -1,7 +1,7 @@
 """diffusers integration: tessel attention in the self-attention of Wan transformers.
 
     from tessel.integrations import diffusers as tessel_diffusers
-    tessel_diffusers.enable(pipe, {"pattern": "radial", "dense_warmup_steps": 10})
+    tessel_diffusers.enable(pipe, {"pattern": {"type": "radial"}, "warmup": {"dense_steps": 10}})
     video = pipe(...)
     tessel_diffusers.disable(pipe)
 
@@ -11,6 +11,12 @@ cross-attention dense (the original processor runs it), reads the latent grid fr
 transformer forward, and follows the denoising step through the pipeline's scheduler
 (`set_timesteps` resets it, each `step` advances it). Given a transformer alone, the step stays
 where `set_step` puts it. `disable` restores the original processors and the scheduler.
+
+The config is tessel.SparseAttentionConfig, the C++ SparseAttnConfig schema (a dict of its nested or
+flat keys works too): pattern.type is dense, dynamic_topk, threshold (the library's estimators),
+radial, local or sliding_window (static patterns on the latent grid); warmup.dense_steps and
+warmup.dense_layers keep the first steps and layers dense; selection.keep_diagonal and sink_blocks
+widen the static masks; geometry.block_q / block_kv set the blocks.
 """
 from __future__ import annotations
 
@@ -122,8 +128,8 @@ def _transformers_of(pipe_or_transformer):
 
 
 def enable(pipe_or_transformer, config=None):
-    """Installs tessel attention (see the module doc). `config`: SparseAttentionConfig, dict or None
-    (dense). Calling it again replaces the previous installation."""
+    """Installs tessel attention (see the module doc). `config`: SparseAttentionConfig, a dict of the C++
+    keys, JSON text, or None (dense). Calling it again replaces the previous installation."""
     disable(pipe_or_transformer)
     config = SparseAttentionConfig.from_any(config)
     transformers, scheduler = _transformers_of(pipe_or_transformer)

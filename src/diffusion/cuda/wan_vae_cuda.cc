@@ -50,8 +50,8 @@ CudaDecoder::~CudaDecoder() {
   buffers_.free_kept();
 }
 
-void CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
-                         int64_t video_frames, bool tf32) const {
+bool CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
+                         int64_t video_frames, bool tf32, const WanDecodeControl* control) const {
   const std::lock_guard lock(mutex_);
   const tessel::cuda::DeviceGuard guard(device_.index);
   // Buffers kept for another latent size would not be asked for again: give them back first.
@@ -68,6 +68,10 @@ void CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t fram
     denormalized = DeviceFrames();
     int64_t written = 0;
     for (int64_t t = 0; t < frames; ++t) {
+      if (control != nullptr && control->cancelled()) {
+        check_cuda(cudaStreamSynchronize(stream), "the decode on the device");
+        return false;
+      }
       DeviceFrames x = dc.frames(z_dim_, 1, height, width);
       launch_copy_frames(quantized.data(), frames, t, x.data(), 1, 0, 1, z_dim_, height * width, stream);
       x = mid_->forward(dc, conv_in_.forward(dc, x, cache), cache);
@@ -104,11 +108,16 @@ void CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t fram
                                    decoded.height, decoded.width, patch_, stream);
       check_launch("output");
       written += decoded.frames;
+      if (control != nullptr && control->on_chunk) {
+        check_cuda(cudaStreamSynchronize(stream), "a chunk of the decode");
+        control->on_chunk(t + 1, frames);
+      }
     }
     if (written != video_frames)
       throw Error(detail::concat("Wan VAE CUDA decode: decoded ", written, " frames, expected ", video_frames));
   }
   check_cuda(cudaStreamSynchronize(stream), "the decode on the device");
+  return true;
 }
 
 }  // namespace tessel::vae::cuda

@@ -33,9 +33,9 @@ class CudaDecoder {
   // 4 (frames - 1) + 1 frames of spatial_compression() times the latent height and width), fp32
   // contiguous on this decoder's device (shapes checked by the caller).
   // Enqueues on `stream` and waits for it: the decoder's buffers are reused by the next decode,
-  // which may come on another stream.
-  void decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
-              int64_t video_frames, bool tf32) const;
+  // which may come on another stream. `control` as WanVae::decode's: false when cancelled.
+  bool decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
+              int64_t video_frames, bool tf32, const WanDecodeControl* control = nullptr) const;
 
   Device device() const { return device_; }
 
