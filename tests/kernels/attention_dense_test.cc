@@ -2,7 +2,10 @@
 // window settings. Tolerance: 2x the error of the plain same-dtype reference plus a few ulps.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "kernels/attention_test_util.h"
 #include "tessel/core/parallel.h"
@@ -115,6 +118,67 @@ TEST(DenseAttention, SameBitsForAnyThreadCount) {
   attention_forward(ExecContext{}, t.q, t.k, t.v, two, TensorView{}, opt);
   set_num_threads(0);
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
+}
+
+}  // namespace
+}  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// NaN propagates as in FlashAttention and the CUDA kernels: a NaN in q makes that query row's
+// output and LSE NaN (it used to come out a zero row); a NaN in k makes every row of the heads
+// reading that kv head NaN; the other rows stay finite. Dense and block-sparse, fp32 and bf16,
+// several lengths (tiles of every size and a partial one).
+TEST(DenseAttention, NaNInQOrKPropagatesToTheRowsThatReadIt) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const DType dtype : {DType::kF32, DType::kBF16})
+    for (const int64_t seq : {7, 130, 300}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " seq " << seq);
+      const int64_t heads = 4, kv_heads = 2, dim = 64;
+      auto t = random_qkv(1, seq, seq, heads, kv_heads, dim, DType::kF32, 41);
+      const int64_t bad_row = seq / 2, bad_head = 1;
+      t.q.data_as<float>()[(bad_row * heads + bad_head) * dim + 3] = nan;
+      const auto run = [&](const Tensor& q, const Tensor& k, bool sparse) {
+        const Tensor qd = q.to(dtype), kd = k.to(dtype), vd = t.v.to(dtype);
+        Tensor out = poisoned(q.shape(), dtype), lse = poisoned({1, heads, seq}, DType::kF32);
+        if (sparse) {  // every block kept, through the block-sparse path
+          const int64_t blocks = (seq + 63) / 64;
+          std::vector<int32_t> indptr, indices;
+          for (int64_t row = 0; row <= blocks; ++row) indptr.push_back(static_cast<int32_t>(row * blocks));
+          for (int64_t row = 0; row < blocks; ++row)
+            for (int64_t col = 0; col < blocks; ++col) indices.push_back(static_cast<int32_t>(col));
+          BlockMaskView mask;
+          mask.indptr = indptr.data();
+          mask.indices = indices.data();
+          mask.q_blocks = mask.kv_blocks = blocks;
+          mask.block_q = mask.block_kv = 64;
+          mask.seq_q = mask.seq_kv = seq;
+          block_sparse_attention_forward(ExecContext{}, qd, kd, vd, mask, out, lse);
+        } else {
+          attention_forward(ExecContext{}, qd, kd, vd, out, lse);
+        }
+        return std::pair{out.to(DType::kF32), lse};
+      };
+      for (const bool sparse : {false, true}) {
+        const auto [out, lse] = run(t.q, t.k, sparse);
+        for (int64_t i = 0; i < seq; ++i)
+          for (int64_t h = 0; h < heads; ++h) {
+            const bool bad = i == bad_row && h == bad_head;
+            const double value = element_as_double(out, (i * heads + h) * dim);
+            EXPECT_EQ(std::isnan(value), bad) << "row " << i << " head " << h << (sparse ? " sparse" : " dense");
+            EXPECT_EQ(std::isnan(element_as_double(lse, h * seq + i)), bad) << "lse row " << i << " head " << h;
+          }
+      }
+      // A NaN in k (kv head 0): every query row of heads 0 and 1 (GQA) comes out NaN.
+      Tensor k = t.k.to(DType::kF32);
+      t.q.data_as<float>()[(bad_row * heads + bad_head) * dim + 3] = 0.5f;
+      k.data_as<float>()[((seq - 1) * kv_heads + 0) * dim + 5] = nan;
+      const auto [out, lse] = run(t.q, k, false);
+      for (int64_t i = 0; i < seq; ++i)
+        for (int64_t h = 0; h < heads; ++h)
+          EXPECT_EQ(std::isnan(element_as_double(out, (i * heads + h) * dim)), h < 2) << "row " << i << " head " << h;
+    }
 }
 
 }  // namespace

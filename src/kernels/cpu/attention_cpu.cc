@@ -275,12 +275,14 @@ void process_item(const Problem& p, const PackedKv& kv, int64_t b, int64_t h0, i
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = g * rows + r;
       const float sum = ws.row_sum[row];
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row with no key gets 0
+      // A row with no key gets 0 and LSE -inf; a NaN (from a NaN in q or k) stays NaN, as in
+      // FlashAttention and the CUDA kernels.
+      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
       row_from_fp32(p.dtype, ws.o + row * dp, p.head_dim, inv,
                     const_cast<char*>(p.out.row(b, i0 + r, h0 + g)));
       if (p.lse)
         p.lse[((b * p.heads) + h0 + g) * p.seq_q + i0 + r] =
-            sum > 0.0f ? (ws.row_max[row] + std::log2(sum)) * kLn2 : kNegInf;
+            sum == 0.0f ? kNegInf : (ws.row_max[row] + std::log2(sum)) * kLn2;
     }
 }
 

@@ -59,7 +59,9 @@ struct Simd {
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   // 2^x; x = -inf gives 0. scalef(p, n) = p * 2^n handles the exponent (and underflow) exactly.
   static V exp2(V x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+    // The clamp's operands in this order: maxps returns its second operand when either is NaN,
+    // so a NaN score stays NaN (FlashAttention's propagation) instead of becoming 2^-200.
+    x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
     const V n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm512_sub_ps(x, n);
     V p = _mm512_set1_ps(kExp2Coefficients[7]);
@@ -99,7 +101,7 @@ struct Simd {
   }
   // 2^x; inputs below -127 give 0 (the exponent field built from n = -127 is 0).
   static V exp2(V x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // NaN stays NaN (see the AVX-512 exp2)
     const V n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm256_sub_ps(x, n);
     V p = _mm256_set1_ps(kExp2Coefficients[7]);

@@ -7,6 +7,7 @@
 // picks one at run time.
 #include "cpu/tile_kernels.h"
 
+#include <cmath>
 #include <limits>
 
 #include "cpu/simd.h"
@@ -211,7 +212,11 @@ void tile_softmax(float* s, int64_t m, int64_t ld, int64_t n, int64_t cols, floa
     for (int64_t c = n; c < cols; ++c) sr[c] = kNegInf;
     V vmax = Simd::load(sr);
     for (int64_t c = kLanes; c < cols; c += kLanes) vmax = Simd::max(vmax, Simd::load(sr + c));
-    alpha[r] = std::max(row_max[r], Simd::reduce_max(vmax));
+    // NaN propagates as in FlashAttention: a NaN score (from a NaN in q or k) makes the row's max
+    // NaN, and a NaN max stays NaN, so the row's output and LSE come out NaN, never a zero row.
+    const float tile_max = Simd::reduce_max(vmax);
+    alpha[r] = std::isnan(tile_max) || std::isnan(row_max[r]) ? std::numeric_limits<float>::quiet_NaN()
+                                                               : std::max(row_max[r], tile_max);
   }
   int64_t r = 0;
   for (; r + kLanes <= m; r += kLanes) {
