@@ -6,6 +6,7 @@
 // random weights give no way to make one that is not already refused at load.)
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -105,6 +106,40 @@ TEST(WanGenerator, GenerateEqualsBeginStepFinishAndStatesInterleave) {
   EXPECT_TRUE(same_bits(result_b.generation.latents, whole_b));
   EXPECT_EQ(result_b.generation.experts.size(), 5u);
   EXPECT_NE(error_of([&] { generator.finish(ExecContext{}, *state_a); }).find("finished"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// Progress: the phases in order, every step, every latent frame of the decode; and a cancel seen
+// during the decode stops it there (no frames, the result says cancelled).
+TEST(WanGenerator, ReportsPhasesStepsAndDecodeChunksAndCancelsDuringTheDecode) {
+  const std::string dir = model_of("tiny", "progress");
+  WanGenerator generator = WanGenerator::load(ExecContext{}, dir, WanLoadOptions{});
+  WanRequest r = small_request();  // 5 frames: 2 latent frames to decode
+  std::vector<std::string> events;
+  r.on_phase = [&](std::string_view phase) { events.emplace_back(phase); };
+  r.on_step = [&](const WanStepProgress& p) { events.push_back(detail::concat("step ", p.step, "/", p.total_steps)); };
+  r.on_decode_chunk = [&](int64_t done, int64_t chunks) { events.push_back(detail::concat("chunk ", done, "/", chunks)); };
+  const WanGeneratorResult whole = generator.generate(ExecContext{}, r);
+  const std::vector<std::string> expected = {"text encoding", "denoising", "step 1/3", "step 2/3", "step 3/3",
+                                             "decoding", "chunk 1/2", "chunk 2/2"};
+  EXPECT_EQ(events, expected);
+  EXPECT_EQ(whole.generation.frames.count, 5);
+  EXPECT_FALSE(whole.generation.cancelled);
+
+  std::atomic<bool> cancel{false};
+  r.cancel = &cancel;
+  int chunks_seen = 0;
+  r.on_phase = nullptr;
+  r.on_step = nullptr;
+  r.on_decode_chunk = [&](int64_t, int64_t) {
+    ++chunks_seen;
+    cancel = true;  // after the first latent frame
+  };
+  const WanGeneratorResult stopped = generator.generate(ExecContext{}, r);
+  EXPECT_EQ(chunks_seen, 1);
+  EXPECT_TRUE(stopped.generation.cancelled);
+  EXPECT_EQ(stopped.generation.frames.count, 0);
+  EXPECT_EQ(stopped.generation.steps_done, 3);
   fs::remove_all(dir);
 }
 

@@ -525,6 +525,35 @@ TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
   }
 }
 
+// A transformer whose arithmetic overflows: the request fails with a 500 that names where the
+// non-finite values appeared, never a black image answered as a success.
+TEST(ServeCli, NonFiniteResultsAreA500NamingTheSource) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("serve_nonfinite_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  write_random_wan_model(dir.string(), "tiny", 13);
+  const std::string weights = (dir / "transformer" / "diffusion_pytorch_model.safetensors").string();
+  {
+    const SafetensorsFile file = SafetensorsFile::open(weights);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const SafetensorsEntry& entry : file.entries()) tensors.emplace_back(entry.name, file.load(entry.name));
+    std::vector<std::pair<std::string, TensorView>> views;
+    for (auto& [name, tensor] : tensors) {
+      if (name == "proj_out.weight") std::fill_n(tensor.data_as<float>(), tensor.numel(), 3e38f);
+      views.emplace_back(name, tensor.view());
+    }
+    write_safetensors(weights, views);
+  }
+  ServeProcess server({"--model", dir.string(), "--threads", "1", "--size", "32x32", "--frames", "1", "--steps", "2"});
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  const auto result = client.Post("/v1/images/generations", R"({"prompt": "a cube", "seed": 1})", "application/json");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 500) << result->body;
+  EXPECT_NE(result->body.find("guided noise prediction of transformer at step 1"), std::string::npos) << result->body;
+  fs::remove_all(dir);
+}
+
 TEST(ServeCli, SigtermDrainsRunningWorkAndExitsZero) {
   ServeProcess server(server_args());
   ASSERT_NE(server.port(), 0) << server.log();
