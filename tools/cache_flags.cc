@@ -5,7 +5,7 @@
 namespace tessel::cli {
 
 void add_cache_flags(CLI::App& app, std::string& cache, CacheConfig& c, const std::string& what) {
-  app.add_option("--cache", cache,
+  CLI::Option* cache_option = app.add_option("--cache", cache,
                  "step cache: none, teacache (skips the blocks while the time conditioning barely changes) or dbcache "
                  "(skips the middle blocks while the first blocks' residual barely changes)" + what)
       ->capture_default_str()
@@ -34,6 +34,19 @@ void add_cache_flags(CLI::App& app, std::string& cache, CacheConfig& c, const st
                  "DBCache: most steps reused in a row before one computes (-1: no limit)")
       ->capture_default_str()
       ->check(integer_in(-1, 100000));
+  // A setting of the cache that does not run would be silently ignored: refuse it, naming both.
+  static_cast<void>(cache_option);
+  app.parse_complete_callback([&app, &cache] {
+    for (const CLI::Option* option : app.get_options()) {
+      const std::string name = option->get_name();
+      const bool teacache_setting = name == "--teacache-thresh";
+      const bool dbcache_setting = name.rfind("--dbcache-", 0) == 0;
+      if (option->count() == 0 || !(teacache_setting || dbcache_setting)) continue;
+      const std::string needed = teacache_setting ? "teacache" : "dbcache";
+      if (cache != needed)
+        throw CLI::ValidationError(name, "applies to --cache " + needed + " only, got --cache " + cache);
+    }
+  });
 }
 
 }  // namespace tessel::cli

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,19 +63,10 @@ struct GenerateOptions {
 };
 
 WanVideoSize parse_size(const std::string& text, int64_t frames, int64_t spatial_stride) {
-  const size_t x = text.find('x');
   WanVideoSize size;
   size.frames = frames;
   size.vae_spatial_stride = spatial_stride;
-  try {
-    if (x == std::string::npos) throw std::invalid_argument("no x");
-    size_t width_end = 0, height_end = 0;
-    size.width = std::stoll(text.substr(0, x), &width_end);
-    size.height = std::stoll(text.substr(x + 1), &height_end);
-    if (width_end != x || height_end != text.size() - x - 1) throw std::invalid_argument("trailing text");
-  } catch (const std::logic_error&) {
-    fail_argument("--size", "WIDTHxHEIGHT in pixels, e.g. 832x480", quoted_excerpt(text));
-  }
+  std::tie(size.width, size.height) = parse_width_height(text, "--size");
   try {
     size.validate();
   } catch (const Error& e) {
@@ -322,7 +314,8 @@ CommandRegistration registration{
           ->check(one_of({"fp32", "bf16"}));
       app.add_option("--noise", options->noise, "safetensors whose \"noise\" tensor is the starting latent (default: from --seed)");
       app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16 (32 with Wan 2.2's TI2V VAE)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(width_height());
       app.add_option("--frames", options->frames, "video frames, 4k + 1")->capture_default_str()->check(integer_in(1, 1 << 16));
       app.add_option("--steps", options->steps, "denoising steps")->capture_default_str()->check(integer_in(1, 100000));
       app.add_option("--guidance", options->guidance, "classifier-free guidance scale (1: none)")

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "command.h"
+#include "option_checks.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/kernels/attention_tuning.h"
@@ -69,7 +70,10 @@ int main(int argc, char** argv) {
   }
   try {
     for (auto& [sub, run] : runners)
-      if (sub->parsed()) return run();
+      if (sub->parsed()) {
+        check_list_values(*sub, argc, argv);
+        return run();
+      }
   } catch (const tessel::Error& e) {
     std::cerr << "tessel: error: " << e.what() << "\n";
     return 2;

@@ -94,6 +94,49 @@ CLI::Validator output_path() {
                         "a non-empty path", "OUTPUT_PATH");
 }
 
+std::pair<int64_t, int64_t> parse_width_height(const std::string& text, const std::string& flag) {
+  const size_t x = text.find('x');
+  const auto number = [](const std::string& part) -> int64_t {
+    if (part.empty() || part.size() > 9 || part.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(part);
+  };
+  const int64_t width = x == std::string::npos ? -1 : number(text.substr(0, x));
+  const int64_t height = x == std::string::npos ? -1 : number(text.substr(x + 1));
+  if (width < 1 || height < 1) fail_argument(flag, "WIDTHxHEIGHT in pixels, two positive integers, e.g. 832x480", quoted_excerpt(text));
+  return {width, height};
+}
+
+CLI::Validator width_height() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          parse_width_height(text, "size");
+        } catch (const Error&) {
+          return "expected WIDTHxHEIGHT in pixels, two positive integers, e.g. 832x480, got " + echo(text);
+        }
+        return "";
+      },
+      "WIDTHxHEIGHT", "WIDTH_HEIGHT");
+}
+
+void check_list_values(const CLI::App& command, int argc, char** argv) {
+  for (const CLI::Option* option : command.get_options()) {
+    if (option->get_delimiter() != ',') continue;
+    for (const std::string& name : option->get_lnames()) {
+      const std::string flag = "--" + name;
+      for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        std::string value;
+        if (arg == flag && i + 1 < argc) value = argv[i + 1];
+        else if (arg.rfind(flag + "=", 0) == 0) value = arg.substr(flag.size() + 1);
+        else continue;
+        if (value.find(",,") != std::string::npos || value.front() == ',' || value.back() == ',')
+          fail_argument(flag, "a comma-separated list without empty elements", quoted_excerpt(value));
+      }
+    }
+  }
+}
+
 CLI::Validator attention_dtype_name() {
   return one_of({"fp32", "fp16", "bf16", "float32", "float16", "bfloat16", "f32", "f16", "half"});
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -31,6 +32,17 @@ CLI::Validator device_name();
 CLI::Validator attention_dtype_name();
 // An output path: not empty (an empty one would write into the working directory or be ignored).
 CLI::Validator output_path();
+
+// The one parser of "WIDTHxHEIGHT" (both positive integers, nothing before, between or after them):
+// throws Error naming `flag`.
+std::pair<int64_t, int64_t> parse_width_height(const std::string& text, const std::string& flag);
+// The same check as a CLI11 validator (the value refused while the command line is parsed).
+CLI::Validator width_height();
+
+// Comma lists (options with a ',' delimiter): CLI11 drops empty elements, so "0.1,,0.2" would be
+// read as two values. Checks the raw command line of the subcommand about to run and throws
+// Error naming the flag when a list value has an empty element (",,", a leading or trailing comma).
+void check_list_values(const CLI::App& command, int argc, char** argv);
 
 // Common ranges, so that commands agree on them.
 constexpr int64_t kMaxHeads = 1024;

@@ -73,16 +73,6 @@ std::string this_executable() {
   return path.string();
 }
 
-std::pair<int64_t, int64_t> parse_default_size(const std::string& text) {
-  const size_t x = text.find('x');
-  try {
-    if (x == std::string::npos) throw std::invalid_argument("no x");
-    return {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
-  } catch (const std::logic_error&) {
-    fail_argument("--size", "WIDTHxHEIGHT in pixels, e.g. 832x480", quoted_excerpt(text));
-  }
-}
-
 // The estimators of dynamic_topk and threshold read q and k, not the token grid: their settings
 // serve any size. Every other pattern may lay its mask out on the latent grid.
 bool reads_latent_layout(const SparseAttnConfig& config) {
@@ -150,7 +140,7 @@ sigset_t shutdown_signals() {
 }
 
 int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
-  const auto [width, height] = parse_default_size(o.size);
+  const auto [width, height] = parse_width_height(o.size, "--size");
   // The model directory, read and checked once (the workers' generator reads it again).
   const WanModelDir model = WanModelDir::open(o.model_dir);
   if (!model.two_experts && o.sparse_config_2)
@@ -286,7 +276,8 @@ CommandRegistration registration{
           ->capture_default_str()
           ->check(device_name());
       app.add_option("--served-model-name", o->served_model_name, "the model id of /v1/models (default: the directory's name)");
-      app.add_option("--size", o->size, "default WIDTHxHEIGHT of a request")->capture_default_str();
+      app.add_option("--size", o->size, "default WIDTHxHEIGHT of a request")->capture_default_str()
+          ->check(width_height());
       app.add_option("--frames", o->frames, "default video frames (4k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));
       app.add_option("--steps", o->steps, "default denoising steps")->capture_default_str()->check(integer_in(1, 100000));
       app.add_option("--guidance", o->guidance, "default guidance scale")->capture_default_str()->check(number_in(0.0, 1000.0));

@@ -36,6 +36,7 @@
 #include "tessel/parallel/sequence_sharding.h"
 #include "tessel/sparse/estimators/topk_estimator.h"
 #include "tessel/sparse/planners/static_patterns.h"
+#include "tessel/sparse/planners/token_layout.h"
 
 namespace tessel::cli {
 namespace {
@@ -74,17 +75,10 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
-// The patch grid of --grid "FxHxW".
+// The patch grid of --grid "FxHxW" (the one grid parser: nothing after the last number).
 TokenGrid parse_grid(const std::string& text) {
-  TokenGrid grid;
-  long long f = 0, h = 0, w = 0;
-  char x1 = 0, x2 = 0;
-  if (std::sscanf(text.c_str(), "%lld%c%lld%c%lld", &f, &x1, &h, &x2, &w) != 5 || x1 != 'x' || x2 != 'x' || f < 1 || h < 1 || w < 1)
-    fail_argument("--grid", "FxHxW patches, each >= 1", quoted_excerpt(text));
-  grid.frames = f;
-  grid.height = h;
-  grid.width = w;
-  return grid;
+  if (std::count(text.begin(), text.end(), 'x') != 2) fail_argument("--grid", "FxHxW patches, each >= 1", quoted_excerpt(text));
+  return parse_token_grid(text, "--grid");
 }
 
 // The global mask every rank builds alike (empty for dense). q and k: fp32 host copies.

@@ -209,6 +209,21 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
       {"dit-bench --save-output ''", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1 --save-output ''",
        {"--save-output", "a non-empty path"}},
       {"calibrate --out ''", "calibrate --out ''", {"--out", "a non-empty path"}},
+      // One parser for sizes, grids and lists: nothing after the last number, no empty element.
+      {"eval --topk 0.1,,0.2", with(kEval, "--topk 0.1,,0.2"), {"--topk", "without empty elements", "'0.1,,0.2'"}},
+      {"eval --topk 0.1,", with(kEval, "--topk=0.1,"), {"--topk", "without empty elements"}},
+      {"bench --density ,0.5", with(kBench, "--density ,0.5"), {"--density", "without empty elements"}},
+      {"sp-bench --grid 2x4x4junk", "sp-bench --mask radial --grid 2x4x4junk --steps 1", {"--grid", "'2x4x4junk'"}},
+      {"sp-bench --grid 4x4", "sp-bench --mask radial --grid 4x4 --steps 1", {"--grid", "FxHxW"}},
+      {"serve --size 64x64junk", "serve --model /nonexistent --size 64x64junk", {"--size", "'64x64junk'"}},
+      {"serve --size 64x+64", "serve --model /nonexistent --size 64x+64", {"--size", "two positive integers"}},
+      {"generate --size 64x64junk", "generate --model /nonexistent --prompt x --size 64x64junk --out x.png", {"--size", "'64x64junk'"}},
+      // A setting of a step cache that does not run.
+      {"--teacache-thresh without the cache", "generate --model /nonexistent --prompt x --teacache-thresh 0.2 --out x.png",
+       {"--teacache-thresh", "--cache teacache only"}},
+      {"--dbcache-fn with --cache teacache", "generate --model /nonexistent --prompt x --cache teacache --dbcache-fn 2 --out x.png",
+       {"--dbcache-fn", "--cache dbcache only"}},
+      {"serve --dbcache-thresh without the cache", "serve --model /nonexistent --dbcache-thresh 0.1", {"--dbcache-thresh", "--cache dbcache"}},
   });
   // A plugin path entry that is a file: the command runs, and says so.
   const std::string file = (test_dir() / "plugins.txt").string();
