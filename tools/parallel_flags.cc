@@ -49,7 +49,13 @@ std::optional<int> env_int(const char* name, int low, int high) {
 // The rendezvous of a job launched without mpirun, when TESSEL_WORLD_SIZE says there is one.
 std::optional<TcpRendezvous> rendezvous_from_env() {
   const std::optional<int> size = env_int("TESSEL_WORLD_SIZE", 1, 1 << 20);
-  if (!size) return std::nullopt;
+  if (!size) {
+    // A rank without a world would run as one process, silently: refuse it as every command does.
+    for (const char* name : {"TESSEL_RANK", "TESSEL_LOCAL_RANK"})
+      if (const char* value = std::getenv(name); value != nullptr && *value != '\0')
+        fail_argument(std::string("environment variable ") + name, "set together with TESSEL_WORLD_SIZE", "TESSEL_WORLD_SIZE unset");
+    return std::nullopt;
+  }
   TcpRendezvous r;
   r.size = *size;
   const std::optional<int> rank = env_int("TESSEL_RANK", 0, *size - 1);
@@ -82,9 +88,11 @@ ParallelRun::ParallelRun(const ParallelFlags& flags, Device device) : device_(de
     start_nccl_groups(config);
     return;
   }
-  if (config.world_size() == 1) return;
+  // The environment is checked whatever the degrees: a rank or world set for a CPU run is an error,
+  // not one process that silently ignores it.
   if (rendezvous_from_env())
     fail_argument("TESSEL_WORLD_SIZE", "unset: the model's CPU tensors move over MPI (launch with mpirun)", "set");
+  if (config.world_size() == 1) return;
   if (!mpi_compiled())
     fail_argument("--ulysses / --ring / --cfg-parallel", "1 rank (tessel was built without MPI)", flags.describe());
   mpi_ = std::make_unique<MpiSession>();

@@ -225,6 +225,13 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
        {"--dbcache-fn", "--cache dbcache only"}},
       {"serve --dbcache-thresh without the cache", "serve --model /nonexistent --dbcache-thresh 0.1", {"--dbcache-thresh", "--cache dbcache"}},
   });
+  // A rank without a world: refused by every parallel command, naming both variables.
+  for (const std::string command : {"sp-bench --seq 64 --heads 2 --steps 1", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1"}) {
+    const CommandOutput rank_alone = run_tessel(command, "TESSEL_RANK=1");
+    EXPECT_NE(rank_alone.status, 0) << command << "\n" << rank_alone.out;
+    EXPECT_NE(rank_alone.out.find("TESSEL_RANK"), std::string::npos) << rank_alone.out;
+    EXPECT_NE(rank_alone.out.find("TESSEL_WORLD_SIZE"), std::string::npos) << rank_alone.out;
+  }
   // A plugin path entry that is a file: the command runs, and says so.
   const std::string file = (test_dir() / "plugins.txt").string();
   std::ofstream(file) << "not a folder";
