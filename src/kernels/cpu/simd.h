@@ -56,6 +56,8 @@ struct Simd {
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  // Whether any lane is NaN (reduce_max may drop NaN: clang lowers it to an fmax reduction).
+  static bool any_nan(V v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   // 2^x; x = -inf gives 0. scalef(p, n) = p * 2^n handles the exponent (and underflow) exactly.
   static V exp2(V x) {
@@ -85,6 +87,7 @@ struct Simd {
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static bool any_nan(V v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static float reduce_max(V v) {
@@ -126,6 +129,7 @@ struct Simd {
   static V fma(V a, V b, V c) { return std::fma(a, b, c); }
   static V mul(V a, V b) { return a * b; }
   static V max(V a, V b) { return std::max(a, b); }
+  static bool any_nan(V v) { return std::isnan(v); }
   static V add(V a, V b) { return a + b; }
   static V sub(V a, V b) { return a - b; }
   static float reduce_max(V v) { return v; }

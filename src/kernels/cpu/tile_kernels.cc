@@ -211,12 +211,18 @@ void tile_softmax(float* s, int64_t m, int64_t ld, int64_t n, int64_t cols, floa
     float* sr = s + r * ld;
     for (int64_t c = n; c < cols; ++c) sr[c] = kNegInf;
     V vmax = Simd::load(sr);
-    for (int64_t c = kLanes; c < cols; c += kLanes) vmax = Simd::max(vmax, Simd::load(sr + c));
+    bool nan = Simd::any_nan(vmax);
+    for (int64_t c = kLanes; c < cols; c += kLanes) {
+      const V x = Simd::load(sr + c);
+      vmax = Simd::max(vmax, x);
+      nan = nan || Simd::any_nan(x);
+    }
     // NaN propagates as in FlashAttention: a NaN score (from a NaN in q or k) makes the row's max
     // NaN, and a NaN max stays NaN, so the row's output and LSE come out NaN, never a zero row.
+    // (Checked apart from the max: reductions may drop NaN, as clang's fmax reduction does.)
     const float tile_max = Simd::reduce_max(vmax);
-    alpha[r] = std::isnan(tile_max) || std::isnan(row_max[r]) ? std::numeric_limits<float>::quiet_NaN()
-                                                               : std::max(row_max[r], tile_max);
+    alpha[r] = nan || std::isnan(tile_max) || std::isnan(row_max[r]) ? std::numeric_limits<float>::quiet_NaN()
+                                                                      : std::max(row_max[r], tile_max);
   }
   int64_t r = 0;
   for (; r + kLanes <= m; r += kLanes) {
