@@ -216,8 +216,9 @@ if [[ $RUN_CORRECTNESS -eq 1 ]]; then
   SERVE_ROWS+=("| 1 | one worker | $status | $one_s |")
   for n in $GPUS; do
     [[ "$n" -le "$VISIBLE" ]] || continue
-    layouts=("--ulysses $n" "--ring $n" "--cfg-parallel --ulysses $((n / 2))")
-    [[ "$n" -ge 4 ]] && layouts+=("--ulysses 2 --ring $((n / 2))")
+    # The tiny model has 2 heads: Ulysses degree 2 at most (a larger one is refused at start-up).
+    layouts=("--ring $n" "--cfg-parallel --ulysses $((n / 2 < 2 ? n / 2 : 2)) --ring $((n / 2 > 2 ? n / 4 : 1))")
+    if [[ "$n" -ge 4 ]]; then layouts+=("--ulysses 2 --ring $((n / 2))"); else layouts=("--ulysses $n" "${layouts[@]}"); fi
     for layout in "${layouts[@]}"; do
       # shellcheck disable=SC2086
       read -r status seconds < <(serve_once "serve-n$n-${layout// /}" $layout)

@@ -1,9 +1,11 @@
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
 #include "tessel/core/random.h"
 #include "tessel/core/tensor.h"
 
@@ -81,6 +83,37 @@ TEST(Tensor, ConvertAndRandomFillAreDeterministic) {
     EXPECT_EQ(h.data_as<uint16_t>()[i], float_to_bf16(a.data_as<float>()[i]));
   Tensor back = h.to(DType::kF32);
   for (int i = 0; i < 64; ++i) EXPECT_NEAR(back.data_as<float>()[i], a.data_as<float>()[i], 1e-2 * std::abs(a.data_as<float>()[i]) + 1e-6);
+}
+
+// The fills run in parallel chunks, each jumping the generator ahead to its first element: the
+// values must be those of one serial walk of the generator, for every thread count and across
+// chunk boundaries (a length of several chunks plus a partial one), contiguous and strided alike.
+TEST(Tensor, ParallelRandomFillsEqualTheSerialWalk) {
+  const int64_t n = 3 * (int64_t{1} << 16) + 4097;
+  SplitMix64 rng{7};
+  std::vector<double> normal(static_cast<size_t>(n)), uniform(static_cast<size_t>(n));
+  for (double& v : normal) {
+    const double u1 = 1.0 - rng.uniform01(), u2 = rng.uniform01();
+    v = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
+  rng = SplitMix64{7};
+  for (double& v : uniform) v = -1.0 + 2.0 * rng.uniform01();
+  for (const int threads : {1, 3}) {
+    set_num_threads(threads);
+    Tensor a = Tensor::empty({n}, DType::kF32), b = Tensor::empty({n}, DType::kF32);
+    fill_normal(a.view(), 7);
+    fill_uniform(b.view(), 7);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(a.data_as<float>()[i], static_cast<float>(normal[static_cast<size_t>(i)])) << "element " << i << ", " << threads << " threads";
+      ASSERT_EQ(b.data_as<float>()[i], static_cast<float>(uniform[static_cast<size_t>(i)])) << "element " << i << ", " << threads << " threads";
+    }
+  }
+  set_num_threads(0);
+  // A strided view takes the serial path: the same values in its own element order.
+  Tensor wide = Tensor::empty({4, 2}, DType::kF32);
+  const TensorView column(wide.data(), DType::kF32, Device::cpu(), {4}, {2});
+  fill_uniform(column, 7);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(wide.data_as<float>()[2 * i], static_cast<float>(uniform[static_cast<size_t>(i)]));
 }
 
 TEST(Tensor, CheckHelpersNameTheArgument) {
