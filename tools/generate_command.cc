@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache_flags.h"
+#include "lora_flags.h"
 #include "command.h"
 #include "device_memory.h"
 #include "generate_output.h"
@@ -166,8 +167,8 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
   std::printf("\n");
 }
 
-int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel, bool prompt_set,
-                 bool negative_prompt_set) {
+int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const LoraFlags& lora, const ParallelFlags& parallel,
+                 bool prompt_set, bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
   // The model directory, read once by the library's door; the flags are checked against it
   // before any weight is read.
@@ -179,6 +180,10 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
     fail_argument("--guidance-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", *o.guidance_2);
   if (!model.two_experts && o.sparse_config_2)
     fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
+  if (!model.two_experts && !lora.loras_2.empty())
+    fail_argument("--lora-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(lora.loras_2[0]));
+  if (lora.ignore_unmatched && lora.loras.empty() && lora.loras_2.empty())
+    fail_argument("--lora-ignore-unmatched", "a --lora or --lora-2 to apply it to", "none");
   const GenerateOutput output = check_generate_output(o.out, o.model_dir);
   if (!o.scheduler.empty()) scheduler_kind_from_name(o.scheduler);
   const bool guided = o.guidance > 1.0;
@@ -242,11 +247,16 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const P
   load.cache = o.cache;
   load.cache_config = o.cache_config;
   load.parallel = run.groups();
+  load.loras = lora_files(lora.loras, "--lora");
+  load.loras_2 = lora_files(lora.loras_2, "--lora-2");
+  load.lora_ignore_unmatched = lora.ignore_unmatched;
   load.load_text_encoder = prompt_set;
   load.load_vae = output != GenerateOutput::kLatents;
   const auto load_start = std::chrono::steady_clock::now();
   WanGenerator generator = WanGenerator::load(ctx, o.model_dir, load);
   timings.load_seconds = seconds_since(load_start);
+  if (run.is_root())
+    for (const std::string& line : generator.lora_summary()) std::fprintf(stderr, "lora: %s\n", line.c_str());
 
   // Progress on stderr (rank 0 alone: every rank steps the same latents): one line that updates
   // in place on a terminal (phase, step, time per step, ETA), a line per event in a log.
@@ -338,10 +348,12 @@ CommandRegistration registration{
                      "output: video.mp4, frames.png (one file per frame: frames_00000.png, ...) or latents.safetensors")
           ->required();
       add_sparse_attn_flags(app, *flags);
+      auto lora = std::make_shared<LoraFlags>();
+      add_lora_flags(app, *lora);
       auto parallel = std::make_shared<ParallelFlags>();
       add_parallel_flags(app, *parallel);
-      return CommandRunner([options, flags, parallel, prompt, negative_prompt] {
-        return run_generate(*options, *flags, *parallel, prompt->count() > 0, negative_prompt->count() > 0);
+      return CommandRunner([options, flags, lora, parallel, prompt, negative_prompt] {
+        return run_generate(*options, *flags, *lora, *parallel, prompt->count() > 0, negative_prompt->count() > 0);
       });
     }};
 

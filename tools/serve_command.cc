@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cache_flags.h"
+#include "lora_flags.h"
 #include "command.h"
 #include "option_checks.h"
 #include "serve/http_server.h"
@@ -139,13 +140,21 @@ sigset_t shutdown_signals() {
   return set;
 }
 
-int run_serve(ServeOptions o, const SparseAttnFlags& flags) {
+int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lora) {
   const auto [width, height] = parse_width_height(o.size, "--size");
   // The model directory, read and checked once (the workers' generator reads it again).
   const WanModelDir model = WanModelDir::open(o.model_dir);
   if (!model.two_experts && o.sparse_config_2)
     fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
+  if (!model.two_experts && !lora.loras_2.empty())
+    fail_argument("--lora-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(lora.loras_2[0]));
+  if (lora.ignore_unmatched && lora.loras.empty() && lora.loras_2.empty())
+    fail_argument("--lora-ignore-unmatched", "a --lora or --lora-2 to apply it to", "none");
   engine::WanRunnerConfig runner;
+  // Checked here (paths and scales), read and matched by every worker's generator at start-up.
+  for (const LoraFile& file : lora_files(lora.loras, "--lora")) runner.loras.push_back({fs::absolute(file.path).string(), file.scale});
+  for (const LoraFile& file : lora_files(lora.loras_2, "--lora-2")) runner.loras_2.push_back({fs::absolute(file.path).string(), file.scale});
+  runner.lora_ignore_unmatched = lora.ignore_unmatched;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
   runner.num_threads = static_cast<int>(o.threads);
   const Device device = parse_device(o.device);
@@ -302,7 +311,9 @@ CommandRegistration registration{
       add_cache_flags(app, o->cache, o->cache_config, " (a request may ask for none)");
       app.add_option("--sparse-attn-allow", o->sparse_attention_allowed,
                      "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
-      return CommandRunner([o, flags] { return run_serve(*o, *flags); });
+      auto lora = std::make_shared<LoraFlags>();
+      add_lora_flags(app, *lora);
+      return CommandRunner([o, flags, lora] { return run_serve(*o, *flags, *lora); });
     }};
 
 }  // namespace

@@ -113,6 +113,7 @@ struct WanGenerator::Impl {
   SchedulerConfig scheduler;
   std::optional<WanTextEncoder> text_encoder;
   std::optional<WanVae> vae;
+  WanLora lora, lora_2;  // merged into each expert's weights as it loads
   struct Experts {
     std::unique_ptr<WanTransformer> high, low;
     std::unique_ptr<WanPipeline> pipeline;
@@ -152,12 +153,14 @@ struct WanGenerator::Impl {
       fail_argument("sparse setting \"" + name + "\" for transformer_2", "none: the model has one expert", "a config");
     Experts experts;
     experts.high = std::make_unique<WanTransformer>(
-        WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device));
+        WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device,
+                             &lora));
     const WanVae* decoder = vae ? &*vae : nullptr;
     if (model.two_experts) {
       const std::optional<SparseAttnConfig>& low = setting->config_2 ? setting->config_2 : setting->config;
       experts.low = std::make_unique<WanTransformer>(
-          WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device));
+          WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device,
+                               &lora_2));
       // The pipeline's own scheduler is never used: every generation brings its own.
       experts.pipeline = std::make_unique<WanPipeline>(
           *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps},
@@ -195,6 +198,12 @@ WanGenerator::WanGenerator(WanGenerator&&) noexcept = default;
 WanGenerator& WanGenerator::operator=(WanGenerator&&) noexcept = default;
 const WanModelDir& WanGenerator::model() const { return impl_->model; }
 const WanLoadOptions& WanGenerator::options() const { return impl_->options; }
+std::vector<std::string> WanGenerator::lora_summary() const {
+  std::vector<std::string> lines;
+  for (const std::string& line : impl_->lora.summary()) lines.push_back("transformer: " + line);
+  for (const std::string& line : impl_->lora_2.summary()) lines.push_back("transformer_2: " + line);
+  return lines;
+}
 
 WanGenerator WanGenerator::load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options) {
   auto impl = std::make_unique<Impl>();
@@ -208,6 +217,12 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, const std::string& dir, 
     if (options.sparse.config_2)
       fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");
   }
+  if (!impl->model.two_experts && !options.loras_2.empty())
+    fail_argument("loras_2 (--lora-2)", "none: the model has one expert (no transformer_2)", options.loras_2[0].path);
+  // Read and checked against the transformers' configs before any weight loads.
+  impl->lora = WanLora::load(options.loras, impl->model.transformer, options.lora_ignore_unmatched);
+  if (impl->model.two_experts)
+    impl->lora_2 = WanLora::load(options.loras_2, *impl->model.transformer_2, options.lora_ignore_unmatched);
   impl->scheduler = impl->model.scheduler;
   if (!options.scheduler.empty()) {
     SchedulerConfig replacement;

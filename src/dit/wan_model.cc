@@ -1,5 +1,6 @@
 // The Wan transformer forward over the dit ops (see wan_model.h for the data flow).
 #include "tessel/dit/wan_model.h"
+#include "tessel/dit/wan_lora.h"
 
 #include <algorithm>
 #include <chrono>
@@ -277,12 +278,21 @@ WanTransformer::~WanTransformer() = default;
 WanTransformer::WanTransformer(WanTransformer&&) noexcept = default;
 WanTransformer& WanTransformer::operator=(WanTransformer&&) noexcept = default;
 
-WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention, Device device) {
+WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention, Device device,
+                                   const WanLora* lora) {
   const WanConfig config = load_wan_config(checkpoint_dir);
   const Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
-  if (!device.is_cuda()) return WanTransformer(config, load_weights(checkpoint, wan_weight_specs(config), DType::kF32), attention);
+  if (lora != nullptr && lora->empty()) lora = nullptr;
+  if (!device.is_cuda()) {
+    std::map<std::string, Tensor> weights = load_weights(checkpoint, wan_weight_specs(config), DType::kF32);
+    if (lora != nullptr)
+      for (auto& [name, tensor] : weights)
+        if (lora->changes(name)) tensor = lora->merged(name, tensor.view());
+    return WanTransformer(config, weights, attention);
+  }
 #ifdef TESSEL_WITH_CUDA
   check_checkpoint(checkpoint, wan_weight_specs(config));
+  Tensor merged;
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->device = device;
@@ -291,7 +301,9 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
                                                            const TensorView stored = checkpoint.view(spec.name);
                                                            check_finite(stored, checkpoint_dir + ": tensor \"" + spec.name + "\"",
                                                                         "the checkpoint is damaged or was saved with overflowed values");
-                                                           return stored;
+                                                           if (lora == nullptr || !lora->changes(spec.name)) return stored;
+                                                           merged = lora->merged(spec.name, stored);  // used before the next call
+                                                           return merged.view();
                                                          });
   return WanTransformer(std::move(impl), attention);
 #else

@@ -34,6 +34,7 @@ NLOHMANN_JSON_SERIALIZE_ENUM(TeaCacheInput, {{TeaCacheInput::kTimeProjection, "t
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CacheConfig, teacache_thresh, teacache_input, teacache_coefficients,
                                                 dbcache_first_blocks, dbcache_last_blocks, dbcache_thresh, dbcache_warmup_steps,
                                                 dbcache_max_cached_steps, dbcache_max_consecutive_cached_steps)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(LoraFile, path, scale)
 
 }  // namespace tessel
 
@@ -85,6 +86,9 @@ class WanRunner final : public PipelineRunner {
     load.cache = config_.cache;
     load.cache_config = config_.cache_config;
     load.parallel = groups_ ? &*groups_ : nullptr;
+    load.loras = config_.loras;
+    load.loras_2 = config_.loras_2;
+    load.lora_ignore_unmatched = config_.lora_ignore_unmatched;
     load.load_text_encoder = config_.embeddings_file.empty();
     load.load_vae = setup.rank == 0;  // only rank 0 decodes: the others' latents are the same and nobody reads them
     generator_.emplace(WanGenerator::load(ExecContext{}, setup.model_dir, load));
@@ -272,7 +276,8 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
 // coefficients passes them on).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
                                                 sparse_attn_config_2_json, sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
-                                                cache_config, flow_shift, ulysses, ring, cfg_parallel)
+                                                cache_config, flow_shift, ulysses, ring, cfg_parallel, loras, loras_2,
+                                                lora_ignore_unmatched)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }
 

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/tiny_model.h"
@@ -44,14 +45,7 @@ WanRequest small_request() {
   return r;
 }
 
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/kv/policy_backend.h"
 #include "tessel/sparse/builtin_backends.h"
@@ -12,14 +13,7 @@
 namespace tessel::kv {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using tessel::testing::error_of;
 
 TEST(PolicyBackend, BuiltinsResolveByNameWithTheirPhases) {
   BackendRegistry registry(/*discover_plugins=*/false);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "multi_process_test_main.h"
-#include "parallel_test_util.h"
+#include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"

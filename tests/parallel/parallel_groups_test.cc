@@ -9,7 +9,7 @@
 #include <string>
 
 #include "block_mask_slicing.h"
-#include "parallel_test_util.h"
+#include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel_test_util.h"
+#include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/parallel/communicator.h"
 

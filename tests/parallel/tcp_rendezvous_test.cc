@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "parallel_test_util.h"
+#include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/parallel/communicator.h"
 

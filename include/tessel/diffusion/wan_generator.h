@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
@@ -25,6 +26,7 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/dit/wan_config.h"
+#include "tessel/dit/wan_lora.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/sparse/config.h"
 
@@ -82,6 +84,12 @@ struct WanLoadOptions {
   CacheConfig cache_config;
   // Sequence parallelism and CFG-parallel (not owned; outlive the generator). Null: one process.
   const ParallelGroups* parallel = nullptr;
+  // LoRA adapters and weight diffs merged into the transformers' weights at load (WanLora: the
+  // formats and the merge). `loras` change `transformer` (Wan 2.2's high-noise expert), `loras_2`
+  // the low-noise `transformer_2` (as diffusers' load_into_transformer_2; Wan 2.2's distilled LoRAs
+  // come as one file per expert). Unmatched keys are an Error unless lora_ignore_unmatched.
+  std::vector<LoraFile> loras, loras_2;
+  bool lora_ignore_unmatched = false;
   bool load_text_encoder = true;  // false: requests bring embeddings
   bool load_vae = true;           // false: results are latents only
 };
@@ -146,6 +154,8 @@ class WanGenerator {
 
   const WanModelDir& model() const;
   const WanLoadOptions& options() const;
+  // A line per LoRA file merged at load: the expert, the file, its format and the modules it changed.
+  std::vector<std::string> lora_summary() const;
   // The video size of a request (frames, height, width and the model's VAE stride), validated.
   WanVideoSize size_of(const WanRequest& request) const;
   // The transformer (expert 0 or 1) of a sparse setting; loads the setting when it is new.

@@ -42,6 +42,8 @@
 
 namespace tessel {
 
+class WanLora;
+
 class BackendRegistry;
 
 // How the self-attention of every block runs.
@@ -146,9 +148,11 @@ class WanTransformer {
   WanTransformer& operator=(WanTransformer&&) noexcept;
 
   // Reads config.json and the (sharded) safetensors of a diffusers checkpoint directory.
-  // On CUDA the tensors go from the mapped shards to the device one at a time.
+  // On CUDA the tensors go from the mapped shards to the device one at a time. `lora`, when given
+  // (loaded for this checkpoint's config), is merged into the tensors it changes on the way, in fp32
+  // before they take their device dtype.
   static WanTransformer load(const std::string& checkpoint_dir, const WanAttentionOptions& attention = {},
-                             Device device = Device::cpu());
+                             Device device = Device::cpu(), const WanLora* lora = nullptr);
   // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`. On
   // CUDA they are drawn on the device (another stream of numbers than the CPU's for one seed).
   static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {},

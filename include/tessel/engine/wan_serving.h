@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tessel/diffusion/cache_backend.h"
+#include "tessel/dit/wan_lora.h"
 #include "tessel/engine/pipeline_runner.h"
 #include "tessel/engine/processing.h"
 
@@ -50,6 +51,9 @@ struct WanRunnerConfig {
   int ulysses = 1;
   int ring = 1;
   bool cfg_parallel = false;
+  // LoRAs merged into every request's transformers at start-up (WanLoadOptions::loras / loras_2).
+  std::vector<LoraFile> loras, loras_2;
+  bool lora_ignore_unmatched = false;
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text);

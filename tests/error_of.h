@@ -1,4 +1,4 @@
-// Helpers shared by the parallel layer's tests.
+// The message of the tessel::Error a call throws: what the tests of every layer check error texts with.
 #pragma once
 
 #include <functional>

@@ -1,0 +1,26 @@
+#include "lora_flags.h"
+
+namespace tessel::cli {
+
+void add_lora_flags(CLI::App& app, LoraFlags& flags) {
+  app.add_option("--lora", flags.loras,
+                 "PATH[:SCALE] (repeatable): a LoRA or weight-diff safetensors (diffusers/PEFT, kohya/musubi, ComfyUI or "
+                 "LightX2V keys) merged into the transformer at load, times SCALE (default 1); on Wan 2.2's two experts, "
+                 "the high-noise one")
+      ->take_all()
+      ->allow_extra_args(false);
+  app.add_option("--lora-2", flags.loras_2,
+                 "PATH[:SCALE] (repeatable): Wan 2.2 two-expert models: a LoRA for the low-noise expert (transformer_2)")
+      ->take_all()
+      ->allow_extra_args(false);
+  app.add_flag("--lora-ignore-unmatched", flags.ignore_unmatched,
+               "skip LoRA keys that match no module of the model (default: an error naming them)");
+}
+
+std::vector<LoraFile> lora_files(const std::vector<std::string>& arguments, const std::string& flag) {
+  std::vector<LoraFile> files;
+  for (const std::string& argument : arguments) files.push_back(parse_lora_file(argument, flag));
+  return files;
+}
+
+}  // namespace tessel::cli
