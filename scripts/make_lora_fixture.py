@@ -16,9 +16,10 @@ the forms people publish for Wan:
                                   carry the "transformer." prefix ("transformer.r", "transformer.lora_alpha")
   peft/adapter_config.json        the LoraConfig as PEFT writes it (r, lora_alpha, target_modules, peft_type)
   kohya.safetensors               kohya/musubi form, bf16: lora_unet_<Wan module, dots as underscores>
-                                  .lora_down.weight (= lora_A), .lora_up.weight (= lora_B), .alpha (0-d fp32, 8)
-  comfy.safetensors               ComfyUI form, fp16: diffusion_model.<Wan module>.lora_A.weight / .lora_B.weight,
-                                  .alpha (0-d fp16, 8)
+                                  .lora_down.weight (= lora_A), .lora_up.weight (= lora_B),
+                                  .alpha (0-d fp32, 8)
+  comfy.safetensors               ComfyUI form, fp16: diffusion_model.<Wan module>.lora_A.weight,
+                                  .lora_B.weight, .alpha (0-d fp16, 8)
   diff.safetensors                LightX2V-style full deltas, fp32, for blocks 0 and 1:
                                   diffusion_model.blocks.{i}.self_attn.q.diff / .diff_b   (attn1.to_q weight / bias)
                                   diffusion_model.blocks.{i}.ffn.2.diff / .diff_b          (ffn.net.2 weight / bias)
@@ -142,7 +143,7 @@ DIFF_TARGETS = {
     "modulation.diff": "scale_shift_table",
 }
 DIFF_EPS = 0.03
-# Why diffusers 0.42.1's converters refuse the LoRA files (they are right to hold these adapters).
+# Why diffusers 0.42.1 refuses the kohya and comfy files: its converters cover less than the files hold.
 REFUSALS = {
     "kohya": "_convert_musubi_wan_lora_to_diffusers takes blocks_ modules only",
     "comfy": "_convert_non_diffusers_wan_lora_to_diffusers reads no .alpha outside the blocks",

@@ -103,6 +103,7 @@ struct Format {
 struct FileAlpha {
   std::optional<double> alpha;
   std::optional<int64_t> rank;
+  bool rank_stabilized = false;  // PEFT's use_rslora: alpha / sqrt(rank) instead of alpha / rank
 };
 
 std::optional<double> json_number(const nlohmann::json& json, const std::string& key) {
@@ -132,7 +133,14 @@ FileAlpha file_alpha(const SafetensorsFile& file, const std::string& path) {
       if (found != config.end() && !found->is_null() && !found->empty())
         fail_argument(source + ": " + name, "empty (per-module ranks or alphas are not supported)", json_excerpt(*found));
     }
+  const auto flag = [&](const std::string& key) {
+    for (const std::string& name : {key, "transformer." + key})
+      if (const auto found = config.find(name); found != config.end() && found->is_boolean() && found->get<bool>()) return true;
+    return false;
+  };
+  if (flag("use_dora")) fail_argument(source + ": use_dora", "false (DoRA adapters are not supported)", "true");
   FileAlpha result;
+  result.rank_stabilized = flag("use_rslora");
   result.alpha = json_number(config, "lora_alpha");
   if (const auto rank = json_number(config, "r")) result.rank = static_cast<int64_t>(*rank);
   if (result.alpha && !(std::isfinite(*result.alpha) && *result.alpha > 0))
@@ -257,8 +265,8 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
         unmatched.push_back(key);
         continue;
       }
-      const bool low_rank = suffix->part == Part::kDown || suffix->part == Part::kUp || suffix->part == Part::kUpBias;
-      (low_rank ? format.low_rank : format.diffs) = true;
+      const bool full_diff = suffix->part == Part::kDiff || suffix->part == Part::kDiffBias;
+      (full_diff ? format.diffs : format.low_rank) = true;
       if (!modules[*module].keys.emplace(suffix->part, key).second)
         fail_argument(path + ": \"" + key + "\"", "one tensor per module and part", "a second spelling of " + *module);
     }
@@ -312,7 +320,7 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
         } else if (file_wide.alpha) {
           if (*file_wide.rank != rank)
             fail_argument(path + ": \"" + *down_key + "\" rank", detail::concat(*file_wide.rank, " (the adapter's r)"), rank);
-          scale *= *file_wide.alpha / static_cast<double>(rank);
+          scale *= *file_wide.alpha / (file_wide.rank_stabilized ? std::sqrt(static_cast<double>(rank)) : static_cast<double>(rank));
         }
         LoraDelta delta;
         delta.low_rank = true;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -212,6 +213,51 @@ TEST(WanLora, BadFilesAreErrorsNamingTheKey) {
   write(dir.path() / "badrank.safetensors", {{a, down}, {b, up}}, {{"lora_adapter_metadata", R"({"r": 8, "lora_alpha": 8})"}});
   EXPECT_NE(load_error("badrank.safetensors").find("adapter's r"), std::string::npos);
   EXPECT_NE(load_error("missing.safetensors").find("missing.safetensors"), std::string::npos);
+}
+
+// The committed fixture (scripts/make_lora_fixture.py): one rank-4 adapter (alpha 8) on every
+// linear layer of the tiny Wan, saved as PEFT writes it (alpha in lora_adapter_metadata), as PEFT's
+// adapter directory (adapter_config.json), as kohya (bf16, .alpha) and as ComfyUI (fp16, .alpha),
+// and LightX2V-style full diffs of weights, biases, a norm and the modulation tables; each file's
+// reference is the float64 forward of the weights merged from the values as stored, checked by the
+// script against diffusers' own LoRA loading where diffusers loads the format. The fp32 forward's
+// bound is wan_parity_test's (4e-6: ~16x diffusers' own fp32 error; a LoRA merged at the wrong
+// scale or into the wrong module moves the output by more than 1e-2).
+TEST(WanLora, MergedForwardMatchesDiffusersInEveryFormat) {
+  const std::filesystem::path dir = test_support::source_dir() / "tests/fixtures/wan_lora";
+  std::map<std::string, Tensor> io, expected;
+  const SafetensorsFile io_file = SafetensorsFile::open((wan_fixture_dir() / "io.safetensors").string());
+  for (const SafetensorsEntry& entry : io_file.entries()) io.emplace(entry.name, io_file.load(entry.name));
+  const SafetensorsFile expected_file = SafetensorsFile::open((dir / "expected.safetensors").string());
+  for (const SafetensorsEntry& entry : expected_file.entries()) expected.emplace(entry.name, expected_file.load(entry.name));
+  const double lora_scale = std::stod(expected_file.metadata().at("lora_scale"));
+  const auto forward = [&](const std::vector<LoraFile>& files) {
+    const WanConfig config = fixture_config();
+    const WanLora lora = WanLora::load(files, config);
+    const WanTransformer model = WanTransformer::load((wan_fixture_dir() / "checkpoint").string(), {}, Device::cpu(), &lora);
+    Tensor out = Tensor::empty(expected.at("output_base").shape(), DType::kF32);
+    fill(out.view(), std::nan(""));
+    ExecContext ctx;
+    ctx.num_threads = 1;
+    model.forward(ctx, {}, io.at("hidden_states"), io.at("timestep"), io.at("encoder_hidden_states"), out);
+    return out;
+  };
+  const std::string peft = (dir / "peft" / "adapter_model.safetensors").string();
+  const std::string diff = (dir / "diff.safetensors").string();
+  const std::vector<std::pair<std::string, std::vector<LoraFile>>> cases = {
+      {"output_base", {}},
+      {"output_peft", {{peft, lora_scale}}},
+      {"output_kohya", {{(dir / "kohya.safetensors").string(), lora_scale}}},
+      {"output_comfy", {{(dir / "comfy.safetensors").string(), lora_scale}}},
+      {"output_diff", {{diff, std::stod(expected_file.metadata().at("diff_scale"))}}},
+      {"output_peft_and_diff", {{peft, lora_scale}, {diff, 1.0}}}};
+  for (const auto& [name, files] : cases) {
+    const Tensor out = forward(files);
+    const double error = rel_l2(out, expected.at(name));
+    std::printf("%s: rel-L2 %.2e against the float64 reference\n", name.c_str(), error);
+    EXPECT_LT(error, 4e-6) << name;
+    if (name != "output_base") EXPECT_GT(rel_l2(expected.at(name), expected.at("output_base")), 1e-2) << name << " changes the output";
+  }
 }
 
 TEST(WanLora, PathAndScaleArguments) {

@@ -272,5 +272,38 @@ TEST(GenerateCli, BadTextArgumentsAreErrors) {
   EXPECT_NE(run.out.find("prompts[0]: expected UTF-8 text"), std::string::npos) << run.out;
 }
 
+// --lora merges an adapter at load (the merge itself is tested against diffusers in
+// wan_lora_test): the run names the file, its format and modules, and its latents differ from the
+// plain run's; a LoRA flag the model or the other flags cannot use is an error naming it.
+TEST(GenerateCli, LoraFlagsMergeTheAdapterAndBadOnesAreErrors) {
+  const fs::path dir = make_model_dir("wan_model_lora");
+  const std::string common = "--model '" + dir.string() + "' --embeddings '" + kPipelineFixture + "' --noise '" + kPipelineFixture +
+                             "' --size 48x80 --frames 9 --steps 2 --guidance 5 --threads 1 --out '";
+  const std::string kohya = kFixtures + "/wan_lora/kohya.safetensors";
+  ASSERT_EQ(generate(common + (dir / "plain.safetensors").string() + "'").status, 0);
+  const TesselRun run = generate(common + (dir / "lora.safetensors").string() + "' --lora '" + kohya + ":0.75'");
+  ASSERT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("lora: transformer: " + kohya + " (scale 0.75): kohya/musubi, low-rank, 26 modules"), std::string::npos)
+      << run.out;
+  const Tensor plain = SafetensorsFile::open((dir / "plain.safetensors").string()).load("latents");
+  const Tensor merged = SafetensorsFile::open((dir / "lora.safetensors").string()).load("latents");
+  ASSERT_EQ(plain.numel(), merged.numel());
+  double diff = 0.0;
+  for (int64_t i = 0; i < plain.numel(); ++i) diff += std::abs(plain.data_as<float>()[i] - merged.data_as<float>()[i]);
+  EXPECT_GT(diff / static_cast<double>(plain.numel()), 1e-4);
+
+  const auto error = [&](const std::string& flags, const std::string& expected) {
+    const TesselRun bad = generate(common + (dir / "bad.safetensors").string() + "' " + flags);
+    EXPECT_NE(bad.status, 0) << flags;
+    EXPECT_NE(bad.out.find(expected), std::string::npos) << flags << ": " << bad.out;
+    EXPECT_FALSE(fs::exists(dir / "bad.safetensors")) << flags;
+  };
+  error("--lora-2 '" + kohya + "'", "--lora-2");
+  error("--lora-ignore-unmatched", "--lora-ignore-unmatched");
+  error("--lora '" + kohya + ":nan'", "--lora");
+  error("--lora '" + (dir / "absent.safetensors").string() + "'", "absent.safetensors");
+  error("--lora '" + kPipelineFixture + "'", "no key matched");
+}
+
 }  // namespace
 }  // namespace tessel

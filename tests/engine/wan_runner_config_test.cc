@@ -1,0 +1,58 @@
+// The worker configuration the server hands its engine workers as JSON: every field survives the
+// trip (a field dropped here would silently run the workers without it, as the second expert once
+// was), a missing field takes its default.
+#include <gtest/gtest.h>
+
+#include "tessel/engine/wan_serving.h"
+
+namespace tessel::engine {
+namespace {
+
+TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
+  WanRunnerConfig config;
+  config.embeddings_file = "/e.safetensors";
+  config.num_threads = 3;
+  config.device = "cuda:1";
+  config.sparse_attn_config_json = R"({"pattern":"radial"})";
+  config.sparse_attn_config_2_json = R"({"pattern":"dense"})";
+  config.sparse_attention_settings = {{"fast", R"({"pattern":"local"})"}};
+  config.scheduler = "euler";
+  config.cache = "teacache";
+  config.cache_config.teacache_thresh = 0.25;
+  config.flow_shift = 5.0;
+  config.ulysses = 2;
+  config.ring = 2;
+  config.cfg_parallel = true;
+  config.loras = {{"/a.safetensors", 0.75}, {"/b.safetensors", -1.0}};
+  config.loras_2 = {{"/c.safetensors", 1.0}};
+  config.lora_ignore_unmatched = true;
+  const WanRunnerConfig back = wan_runner_config_from_json(wan_runner_config_to_json(config));
+  EXPECT_EQ(back.embeddings_file, config.embeddings_file);
+  EXPECT_EQ(back.num_threads, 3);
+  EXPECT_EQ(back.device, "cuda:1");
+  EXPECT_EQ(back.sparse_attn_config_json, config.sparse_attn_config_json);
+  EXPECT_EQ(back.sparse_attn_config_2_json, config.sparse_attn_config_2_json);
+  EXPECT_EQ(back.sparse_attention_settings, config.sparse_attention_settings);
+  EXPECT_EQ(back.scheduler, "euler");
+  EXPECT_EQ(back.cache, "teacache");
+  EXPECT_EQ(back.cache_config.teacache_thresh, 0.25);
+  EXPECT_EQ(back.flow_shift, 5.0);
+  EXPECT_EQ(back.ulysses, 2);
+  EXPECT_EQ(back.ring, 2);
+  EXPECT_TRUE(back.cfg_parallel);
+  ASSERT_EQ(back.loras.size(), 2u);
+  EXPECT_EQ(back.loras[0].path, "/a.safetensors");
+  EXPECT_EQ(back.loras[0].scale, 0.75);
+  EXPECT_EQ(back.loras[1].scale, -1.0);
+  ASSERT_EQ(back.loras_2.size(), 1u);
+  EXPECT_EQ(back.loras_2[0].path, "/c.safetensors");
+  EXPECT_TRUE(back.lora_ignore_unmatched);
+
+  const WanRunnerConfig defaults = wan_runner_config_from_json("{}");
+  EXPECT_TRUE(defaults.loras.empty());
+  EXPECT_FALSE(defaults.lora_ignore_unmatched);
+  EXPECT_EQ(defaults.device, "cpu");
+}
+
+}  // namespace
+}  // namespace tessel::engine
