@@ -253,7 +253,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   load.load_text_encoder = prompt_set;
   load.load_vae = output != GenerateOutput::kLatents;
   const auto load_start = std::chrono::steady_clock::now();
-  WanGenerator generator = WanGenerator::load(ctx, o.model_dir, load);
+  WanGenerator generator = WanGenerator::load(ctx, model, load);
   timings.load_seconds = seconds_since(load_start);
   if (run.is_root())
     for (const std::string& line : generator.lora_summary()) std::fprintf(stderr, "lora: %s\n", line.c_str());

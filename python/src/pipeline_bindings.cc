@@ -17,6 +17,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -63,6 +64,8 @@ struct LoadArguments {
   std::optional<std::tuple<int64_t, int64_t, int64_t>> layout_size;  // (frames, height, width)
   bool load_text_encoder = true;
   bool load_vae = true;
+  std::vector<std::pair<std::string, double>> loras, loras_2;  // (path, scale)
+  bool lora_ignore_unmatched = false;
 };
 
 Device checked_device(const std::string& name) {
@@ -108,18 +111,21 @@ std::unique_ptr<LoadedWanGenerator> load_generator(const LoadArguments& a) {
   options.cache = a.cache;
   options.load_text_encoder = a.load_text_encoder;
   options.load_vae = a.load_vae;
+  for (const auto& [path, scale] : a.loras) options.loras.push_back({path, scale});
+  for (const auto& [path, scale] : a.loras_2) options.loras_2.push_back({path, scale});
+  options.lora_ignore_unmatched = a.lora_ignore_unmatched;
   ExecContext ctx;
   ctx.num_threads = loaded->num_threads;
+  WanModelDir model = WanModelDir::open(a.directory);
   if (options.layout_size) {
-    // The stride is the model's: read the directory once more (cheap) before the weights load.
-    options.layout_size->vae_spatial_stride = WanModelDir::open(a.directory).vae_spatial_stride;
+    options.layout_size->vae_spatial_stride = model.vae_spatial_stride;
     try {
       options.layout_size->validate();
     } catch (const Error& e) {
       throw Error(std::string("sparse_layout_size: ") + e.what());
     }
   }
-  loaded->generator.emplace(WanGenerator::load(ctx, a.directory, options));
+  loaded->generator.emplace(WanGenerator::load(ctx, std::move(model), options));
   return loaded;
 }
 
@@ -161,8 +167,10 @@ nb::object numpy_of(Tensor tensor) {
 nb::dict generate(LoadedWanGenerator& loaded, std::optional<std::string> prompt, std::optional<std::string> negative_prompt,
                   const std::optional<ReadOnlyArray>& prompt_embeds, const std::optional<ReadOnlyArray>& negative_prompt_embeds,
                   int64_t num_frames, int64_t height, int64_t width, int64_t num_inference_steps, double guidance_scale,
-                  std::optional<double> guidance_scale_2, uint64_t seed, const std::optional<ReadOnlyArray>& noise) {
+                  std::optional<double> guidance_scale_2, uint64_t seed, const std::optional<ReadOnlyArray>& noise,
+                  bool decode) {
   WanRequest request;
+  request.decode = decode;
   request.prompt = prompt.value_or("");
   request.negative_prompt = negative_prompt.value_or("");
   request.prompt_embeds = host_f32(prompt_embeds, "prompt_embeds");
@@ -243,22 +251,26 @@ void bind_pipeline(nb::module_& m) {
              std::optional<std::string> sparse_json_2, const std::string& scheduler, double flow_shift,
              const std::string& cache, int num_threads, const std::string& backend_override,
              const std::vector<std::string>& plugin_dirs,
-             std::optional<std::tuple<int64_t, int64_t, int64_t>> layout_size, bool load_text_encoder, bool load_vae) {
+             std::optional<std::tuple<int64_t, int64_t, int64_t>> layout_size, bool load_text_encoder, bool load_vae,
+             std::vector<std::pair<std::string, double>> loras, std::vector<std::pair<std::string, double>> loras_2,
+             bool lora_ignore_unmatched) {
             LoadArguments a{directory,        device,      std::move(sparse_json), std::move(sparse_json_2),
                             scheduler,        flow_shift,  cache,                  num_threads,
                             backend_override, plugin_dirs, layout_size,            load_text_encoder,
-                            load_vae};
+                            load_vae,         std::move(loras), std::move(loras_2), lora_ignore_unmatched};
             nb::gil_scoped_release release;
             return load_generator(a);
           },
           "directory"_a, "device"_a = "cpu", "sparse_json"_a.none() = nb::none(), "sparse_json_2"_a.none() = nb::none(),
           "scheduler"_a = "", "flow_shift"_a = 0.0, "cache"_a = "none", "num_threads"_a = 0, "backend_override"_a = "",
           "plugin_dirs"_a = std::vector<std::string>{}, "layout_size"_a.none() = nb::none(), "load_text_encoder"_a = true,
-          "load_vae"_a = true)
+          "load_vae"_a = true, "loras"_a = std::vector<std::pair<std::string, double>>{},
+          "loras_2"_a = std::vector<std::pair<std::string, double>>{}, "lora_ignore_unmatched"_a = false)
       .def("generate", &generate, "prompt"_a.none(), "negative_prompt"_a.none(), "prompt_embeds"_a.none(),
            "negative_prompt_embeds"_a.none(), "num_frames"_a, "height"_a, "width"_a, "num_inference_steps"_a,
-           "guidance_scale"_a, "guidance_scale_2"_a.none(), "seed"_a, "noise"_a.none())
+           "guidance_scale"_a, "guidance_scale_2"_a.none(), "seed"_a, "noise"_a.none(), "decode"_a = true)
       .def_prop_ro("path", [](const LoadedWanGenerator& g) { return model_of(g).path; })
+      .def_prop_ro("lora_summary", [](const LoadedWanGenerator& g) { return g.generator->lora_summary(); })
       .def_prop_ro("task", [](const LoadedWanGenerator& g) { return std::string(wan_task_name(model_of(g).task)); })
       .def_prop_ro("two_experts", [](const LoadedWanGenerator& g) { return model_of(g).two_experts; })
       .def_prop_ro("boundary_ratio",

@@ -59,19 +59,36 @@ def _backend_override() -> str:
     return os.environ.get("TESSEL_SPARSE_ATTN_BACKEND") or os.environ.get("DIFFUSION_SPARSE_ATTN_BACKEND") or ""
 
 
+def _lora_pairs(loras, argument: str) -> list[tuple[str, float]]:
+    """[(path, scale)] from paths and (path, scale) pairs."""
+    if isinstance(loras, (str, os.PathLike)):
+        raise TypeError(f"{argument}: expected a list of paths or (path, scale) pairs, got one path {loras!r}")
+    pairs = []
+    for entry in loras:
+        if isinstance(entry, (str, os.PathLike)):
+            pairs.append((os.fspath(entry), 1.0))
+        elif isinstance(entry, (tuple, list)) and len(entry) == 2:
+            pairs.append((os.fspath(entry[0]), float(entry[1])))
+        else:
+            raise TypeError(f"{argument}: expected a path or a (path, scale) pair, got {entry!r}")
+    return pairs
+
+
 class WanPipeline:
     """A Wan text-to-video pipeline (Wan 2.1 T2V, Wan 2.2 T2V-A14B's two experts, Wan 2.2 TI2V-5B's
     text to video) loaded once from a diffusers model directory; make one with from_pretrained."""
 
     def __init__(self, generator: _tessel.WanGenerator):
         self._generator = generator
+        self._load_arguments: dict | None = None  # from_pretrained's, for load_lora's reload
         self.last_info: dict | None = None
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, device="cpu", *, sparse_attention=None,
                         sparse_attention_2=None, scheduler: str | None = None, flow_shift: float | None = None,
                         cache: str = "none", num_threads: int | None = None, sparse_layout_size=None,
-                        load_text_encoder: bool = True, load_vae: bool = True) -> "WanPipeline":
+                        load_text_encoder: bool = True, load_vae: bool = True, loras=(), loras_2=(),
+                        lora_ignore_unmatched: bool = False) -> "WanPipeline":
         """Loads the transformer(s), the text encoder and the VAE of a local diffusers Wan directory.
 
         device: "cpu" (fp32), "cuda" or "cuda:N" (bf16 weights and GEMMs; needs a CUDA build).
@@ -84,6 +101,10 @@ class WanPipeline:
             without a spatial_layout of their own are laid out on (None: as configured).
         load_text_encoder / load_vae: False skips loading them (calls then bring prompt_embeds /
             ask for output_type="latent").
+        loras: LoRA or weight-diff safetensors merged into the transformer at load, each a path or a
+            (path, scale) pair (diffusers/PEFT, kohya/musubi, ComfyUI or LightX2V keys; as
+            `tessel generate --lora`); loras_2: Wan 2.2's low-noise expert (transformer_2).
+            lora_ignore_unmatched: skip keys that match no module instead of raising.
         The environment's TESSEL_SPARSE_ATTN_BACKEND (or DIFFUSION_SPARSE_ATTN_BACKEND) overrides the
         sparse backend and TESSEL_PLUGIN_PATH adds plugin folders, as for `tessel generate`.
         """
@@ -93,14 +114,43 @@ class WanPipeline:
             layout = tuple(int(v) for v in sparse_layout_size)
             if len(layout) != 3:
                 raise ValueError(f"sparse_layout_size: expected (num_frames, height, width), got {sparse_layout_size!r}")
+        arguments = dict(
+            pretrained_model_name_or_path=pretrained_model_name_or_path, device=device, sparse_attention=sparse_attention,
+            sparse_attention_2=sparse_attention_2, scheduler=scheduler, flow_shift=flow_shift, cache=cache,
+            num_threads=num_threads, sparse_layout_size=sparse_layout_size, load_text_encoder=load_text_encoder,
+            load_vae=load_vae, loras=tuple(loras), loras_2=tuple(loras_2), lora_ignore_unmatched=lora_ignore_unmatched)
         generator = _tessel.WanGenerator.load(
             os.fspath(pretrained_model_name_or_path), device=device,
             sparse_json=_config_json(sparse_attention, "sparse_attention"),
             sparse_json_2=_config_json(sparse_attention_2, "sparse_attention_2"),
             scheduler=scheduler or "", flow_shift=float(flow_shift or 0.0), cache=cache or "none",
             num_threads=int(num_threads or 0), backend_override=_backend_override(), plugin_dirs=_plugin_dirs(),
-            layout_size=layout, load_text_encoder=bool(load_text_encoder), load_vae=bool(load_vae))
-        return cls(generator)
+            layout_size=layout, load_text_encoder=bool(load_text_encoder), load_vae=bool(load_vae),
+            loras=_lora_pairs(loras, "loras"), loras_2=_lora_pairs(loras_2, "loras_2"),
+            lora_ignore_unmatched=bool(lora_ignore_unmatched))
+        pipeline = cls(generator)
+        pipeline._load_arguments = arguments
+        return pipeline
+
+    def load_lora(self, path, scale: float = 1.0, *, expert: int = 0) -> None:
+        """Merges one more LoRA (or weight-diff file) into the weights, times `scale`; expert 1 is
+        Wan 2.2's low-noise transformer_2. The merge happens at load, so this reloads the
+        transformer(s) with every LoRA given so far (the text encoder and VAE too); on error the
+        pipeline is left as it was."""
+        if expert not in (0, 1):
+            raise ValueError(f"expert: expected 0 (transformer) or 1 (transformer_2), got {expert!r}")
+        if self._load_arguments is None:
+            raise RuntimeError("load_lora: this pipeline was not made by from_pretrained (nothing to reload)")
+        arguments = dict(self._load_arguments)
+        key = "loras_2" if expert == 1 else "loras"
+        arguments[key] = arguments[key] + ((os.fspath(path), float(scale)),)
+        replacement = WanPipeline.from_pretrained(**arguments)
+        self._generator, self._load_arguments = replacement._generator, replacement._load_arguments
+
+    @property
+    def lora_summary(self) -> list[str]:
+        """A line per merged LoRA file: the expert, the file, its format and the modules it changed."""
+        return list(self._generator.lora_summary)
 
     @property
     def task(self) -> str:
@@ -164,6 +214,6 @@ class WanPipeline:
             num_frames=int(num_frames), height=int(height), width=int(width),
             num_inference_steps=int(num_inference_steps), guidance_scale=float(guidance_scale),
             guidance_scale_2=None if guidance_scale_2 is None else float(guidance_scale_2),
-            seed=int(seed), noise=_host_f32(noise, "noise"))
+            seed=int(seed), noise=_host_f32(noise, "noise"), decode=output_type != "latent")
         self.last_info = {key: value for key, value in result.items() if key not in ("latents", "frames")}
         return result["latents"] if output_type == "latent" else result["frames"]

@@ -138,3 +138,51 @@ def test_errors_name_the_argument(pipe, models, tmp_path):
         tessel.WanPipeline.from_pretrained(models["tiny"], cache="nope")
     with pytest.raises(tessel.TesselError, match="device"):
         tessel.WanPipeline.from_pretrained(models["tiny"], device="tpu")
+
+
+def write_diff_lora(model: Path, path: Path, scale: float = 0.05) -> None:
+    """A LightX2V-style weight diff of the first block's self-attention query and a kohya-style
+    low-rank pair on its FFN output, sized from the model's config.json."""
+    config = json.loads((model / "transformer" / "config.json").read_text())
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    rng = np.random.default_rng(5)
+    tensors = {
+        "diffusion_model.blocks.0.self_attn.q.diff": scale * rng.standard_normal((dim, dim), dtype=np.float32),
+        "lora_unet_blocks_0_ffn_2.lora_down.weight": rng.standard_normal((2, config["ffn_dim"]), dtype=np.float32),
+        "lora_unet_blocks_0_ffn_2.lora_up.weight": scale * rng.standard_normal((dim, 2), dtype=np.float32),
+    }
+    header, offset, blobs = {}, 0, []
+    for name, array in tensors.items():
+        blob = np.ascontiguousarray(array).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_loras_merge_at_load_and_load_lora_reloads(pipe, models, tmp_path):
+    lora = tmp_path / "lora.safetensors"
+    write_diff_lora(models["tiny"], lora)
+    call = dict(num_frames=1, seed=3, output_type="latent", **SMALL)
+    plain = pipe("a red cube", **call)
+    merged_pipe = tessel.WanPipeline.from_pretrained(models["tiny"], num_threads=1, load_vae=False, loras=[(lora, 0.5)])
+    merged = merged_pipe("a red cube", **call)
+    assert not np.array_equal(plain, merged)
+    assert len(merged_pipe.lora_summary) == 1 and "2 modules" in merged_pipe.lora_summary[0]
+    reloaded = tessel.WanPipeline.from_pretrained(models["tiny"], num_threads=1, load_vae=False)
+    reloaded.load_lora(lora, 0.5)
+    assert reloaded("a red cube", **call).tobytes() == merged.tobytes()
+    if CLI.is_file():  # the CLI's --lora is the same door
+        expected = run_cli_generate(models["tiny"], tmp_path / "cli.safetensors", ["--lora", f"{lora}:0.5"])
+        assert expected.tobytes() == merged.tobytes()
+    with pytest.raises(TypeError, match="loras"):
+        tessel.WanPipeline.from_pretrained(models["tiny"], loras=str(lora))
+    with pytest.raises(tessel.TesselError, match="loras_2"):
+        tessel.WanPipeline.from_pretrained(models["tiny"], loras_2=[lora])
+    other = tmp_path / "other.safetensors"  # a safetensors file of something else
+    text = json.dumps({"latents": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    other.write_bytes(struct.pack("<Q", len(text)) + text + b"\0\0\0\0")
+    with pytest.raises(tessel.TesselError, match="no key matched"):
+        reloaded.load_lora(other)
+    assert reloaded("a red cube", **call).tobytes() == merged.tobytes()  # a failed load_lora left it as it was

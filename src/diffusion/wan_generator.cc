@@ -181,6 +181,7 @@ struct WanGenerator::Impl {
 struct WanGenerationState::Impl {
   WanPipeline* pipeline = nullptr;
   std::function<void(std::string_view)> on_phase;
+  bool decode = true;
   std::unique_ptr<CacheBackend> cache, cache_2;
   std::unique_ptr<WanDenoiseState> denoise;
   double text_encode_seconds = 0.0;
@@ -206,8 +207,13 @@ std::vector<std::string> WanGenerator::lora_summary() const {
 }
 
 WanGenerator WanGenerator::load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options) {
+  return load(ctx, WanModelDir::open(dir), options);
+}
+
+WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const WanLoadOptions& options) {
   auto impl = std::make_unique<Impl>();
-  impl->model = WanModelDir::open(dir);
+  impl->model = std::move(model);
+  const std::string& dir = impl->model.path;
   impl->options = options;
   if (impl->model.task == WanTask::kImageToVideo)
     fail_argument(impl->model.path + "/model_index.json: _class_name",
@@ -316,6 +322,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   options.cancel = request.cancel;
   options.on_step = request.on_step;
   options.on_decode_chunk = request.on_decode_chunk;
+  options.decode = request.decode;
   options.cache = state->cache.get();
   options.cache_2 = state->cache_2.get();
   options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
@@ -325,6 +332,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
                                            request.noise.defined() ? request.noise.view() : TensorView{},
                                            make_scheduler(g.scheduler));
   state->on_phase = request.on_phase;
+  state->decode = request.decode;
   if (request.on_phase) request.on_phase("denoising");
   return std::unique_ptr<WanGenerationState>(new WanGenerationState(std::move(state)));
 }
@@ -343,7 +351,8 @@ WanGeneratorResult WanGenerator::finish(const ExecContext& ctx, WanGenerationSta
   ExecContext run_ctx = ctx;
   run_ctx.device = impl_->options.device;
   WanGeneratorResult result;
-  if (state.impl_->on_phase && impl_->vae && !state.impl_->denoise->cancelled()) state.impl_->on_phase("decoding");
+  if (state.impl_->on_phase && impl_->vae && state.impl_->decode && !state.impl_->denoise->cancelled())
+    state.impl_->on_phase("decoding");
   result.generation = state.impl_->pipeline->finish(run_ctx, *state.impl_->denoise);
   result.text_encode_seconds = state.impl_->text_encode_seconds;
   return result;

@@ -319,7 +319,7 @@ WanGenerationResult WanPipeline::finish(const ExecContext& ctx, WanDenoiseState&
   s.spent = true;
   for (auto& predictor : s.predictors) predictor.reset();  // the device buffers go before the decode's
   WanGenerationResult result = std::move(s.result);
-  if (vae_ != nullptr && !result.cancelled) {
+  if (vae_ != nullptr && s.options.decode && !result.cancelled) {
     const WanDecodeControl control{s.options.on_decode_chunk, s.options.cancel};
     result.frames = decode_on(ctx, s.latents, &control);
     result.cancelled = control.cancelled() && result.frames.count == 0;

@@ -120,6 +120,16 @@ TEST(WanGenerator, ReportsPhasesStepsAndDecodeChunksAndCancelsDuringTheDecode) {
   EXPECT_EQ(whole.generation.frames.count, 5);
   EXPECT_FALSE(whole.generation.cancelled);
 
+  // decode = false (output_type="latent"): the same latents, no decode phase, no frames.
+  events.clear();
+  r.decode = false;
+  const WanGeneratorResult latents_only = generator.generate(ExecContext{}, r);
+  EXPECT_EQ(events, std::vector<std::string>(expected.begin(), expected.begin() + 5));
+  EXPECT_EQ(latents_only.generation.frames.count, 0);
+  ASSERT_EQ(latents_only.generation.latents.numel(), whole.generation.latents.numel());
+  EXPECT_EQ(std::memcmp(latents_only.generation.latents.data(), whole.generation.latents.data(), whole.generation.latents.nbytes()), 0);
+  r.decode = true;
+
   std::atomic<bool> cancel{false};
   r.cancel = &cancel;
   int chunks_seen = 0;

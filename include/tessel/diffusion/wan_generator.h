@@ -109,6 +109,7 @@ struct WanRequest {
   Tensor noise;                // the starting latents (fp32 CPU, latent shape) instead of the seed's
   std::string sparse_setting;  // empty or "default": the load's; else a name of named_sparse
   std::optional<std::string> cache;  // "none" or the load's cache name; unset: the load's
+  bool decode = true;  // false: the result holds the latents only (no VAE decode, as output_type="latent")
   // Read between steps and between the decode's chunks: set, the generation stops (result cancelled).
   const std::atomic<bool>* cancel = nullptr;
   // Progress: each phase as it starts ("text encoding", "denoising", "decoding"), every step, and
@@ -148,6 +149,9 @@ class WanGenerator {
   // Error naming the option or file: an image-to-video directory (not built yet), a sparse setting
   // for transformer_2 of a one-expert model, a bad cache or scheduler name.
   static WanGenerator load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options);
+  // The same from a directory the caller has opened already (its flags checked against it), so
+  // model_index.json and the components' configs are read once.
+  static WanGenerator load(const ExecContext& ctx, WanModelDir model, const WanLoadOptions& options);
   ~WanGenerator();
   WanGenerator(WanGenerator&&) noexcept;
   WanGenerator& operator=(WanGenerator&&) noexcept;

@@ -77,6 +77,8 @@ struct WanGenerationOptions {
   // residuals mean nothing to the other) the low-noise one; a null one computes every step.
   CacheBackend* cache = nullptr;
   CacheBackend* cache_2 = nullptr;
+  // false: finish returns the latents only, without the VAE decode (diffusers' output_type="latent").
+  bool decode = true;
   // CFG-parallel (not owned): with guidance and a group of two ranks, CFG rank 0 runs the
   // conditional branch and rank 1 the unconditional one (the transformer at batch 1, StepInfo's
   // cfg_branch set), and the two noise predictions are gathered on both; every rank passes the same
