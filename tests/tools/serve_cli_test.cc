@@ -15,7 +15,9 @@
 #include "serve_process.h"
 #include "tessel/core/device.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/core/random.h"
 #include "tessel/diffusion/tiny_model.h"
+#include "tessel/dit/wan_config.h"
 
 // Whether this test (and the server it starts, built alike) runs under a sanitizer.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -481,13 +483,15 @@ TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
     std::vector<std::string> serve_flags;
     std::string generate_flags;
     std::string request_extra;
+    bool lora = false;  // both doors merge the same LoRA (a diff of the first block's query) at load
   };
   const std::string second = R"({"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.25}, "geometry": {"block_q": 2, "block_kv": 2}})";
   const std::vector<Layout> layouts = {
       {"tiny", {}, "", ""},
       {"tiny-a14b", {"--sparse-attn-config-2", second}, "--guidance-2 2.5 --sparse-attn-config-2 '" + second + "'",
        R"(, "guidance_scale_2": 2.5)"},
-      {"tiny-ti2v", {}, "", ""}};
+      {"tiny-ti2v", {}, "", ""},
+      {"tiny", {}, "", "", true}};
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.preset);
     const fs::path dir = fs::path(::testing::TempDir()) / (std::string("serve_door_") + layout.preset + "_" + std::to_string(getpid()));
@@ -496,6 +500,16 @@ TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
     write_random_wan_model((dir / "model").string(), layout.preset, 11);
     std::vector<std::string> args = {"--model", (dir / "model").string(), "--threads", "1", "--size", "64x64", "--frames", "1", "--steps", "4"};
     args.insert(args.end(), layout.serve_flags.begin(), layout.serve_flags.end());
+    std::string generate_flags = layout.generate_flags;
+    if (layout.lora) {
+      const WanConfig config = load_wan_config((dir / "model" / "transformer").string());
+      Tensor diff = Tensor::empty({config.inner_dim(), config.inner_dim()}, DType::kF32);
+      fill_uniform(diff.view(), 5, -0.05, 0.05);
+      const std::string lora = (dir / "lora.safetensors").string();
+      write_safetensors(lora, {{"diffusion_model.blocks.0.self_attn.q.diff", diff.view()}});
+      args.insert(args.end(), {"--lora", lora + ":0.5"});
+      generate_flags += " --lora '" + lora + ":0.5'";
+    }
     ServeProcess server(args);
     ASSERT_NE(server.port(), 0) << server.log();
     httplib::Client client("127.0.0.1", server.port());
@@ -508,7 +522,7 @@ TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
     const std::string png = base64_decode(body_of(served)["data"][0]["b64_json"].get<std::string>());
     const TesselRun generated = run_tessel_binary(
         "generate --model '" + (dir / "model").string() + "' --prompt 'a red cube' --seed 3 --guidance 5 --size 64x64 --frames 1 --steps 4 --threads 1 " +
-            layout.generate_flags + " --out '" + (dir / "image.png").string() + "'",
+            generate_flags + " --out '" + (dir / "image.png").string() + "'",
         dir / "generate.log");
     ASSERT_EQ(generated.status, 0) << generated.out;
     std::ifstream in(dir / "image.png", std::ios::binary);  // one frame: the path itself
