@@ -14,6 +14,7 @@
 
 #include "command.h"
 #include "option_checks.h"
+#include "work_budget.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
@@ -42,7 +43,47 @@ struct CalibrateArgs {
   std::string device = "cpu";  // cpu, or cuda[:N]: samples in bf16 there, estimated and attended on the GPU
   bool json = false;
   bool compare_global = false;
+  BudgetFlags budget;
 };
+
+// Memory and work of a calibration, from the flags and the captures' headers. Per layer (the
+// layers go one at a time; --compare-global keeps them all) the calibration steps hold q, k, v and
+// two outputs, plus the held-out steps' while they are checked; the work is a dense reference per
+// step and, per bisection halving, one estimate and one block-sparse attention over every head
+// (counted dense: an upper bound).
+WorkEstimate calibration_estimate(const CalibrateArgs& a, const Device& device) {
+  CaptureShape shape;
+  if (!a.grid.empty()) {
+    const TokenGrid grid = parse_token_grid(a.grid, "--grid");
+    shape = {1, grid.numel(), grid.numel(), a.heads, a.heads, a.head_dim};
+  } else {
+    shape = capture_shape(a.layers.front(), "--layer");
+  }
+  const bool synthetic = !a.grid.empty();
+  const double layers = synthetic ? static_cast<double>(a.synthetic_layers) : static_cast<double>(a.layers.size());
+  const double steps = synthetic ? static_cast<double>(a.synthetic_steps)
+                                 : static_cast<double>(split_capture_files(a.layers.front()).size());
+  const double heldout = synthetic ? static_cast<double>(a.synthetic_heldout)
+                                   : a.heldout.empty() ? 0.0 : static_cast<double>(split_capture_files(a.heldout.front()).size());
+  const double element = device.is_cuda() ? 2.0 : 4.0;
+  const double q_bytes = static_cast<double>(shape.batch * shape.tokens * shape.heads * shape.head_dim) * element;
+  const double kv_bytes = static_cast<double>(shape.batch * shape.kv_tokens * shape.kv_heads * shape.head_dim) * element;
+  const double step_bytes = 3.0 * q_bytes + 2.0 * kv_bytes;  // q, k, v, the dense and the sparse output
+  const double resident_layers = a.compare_global ? layers : 1.0;
+  const double samples = resident_layers * steps + heldout;
+  WorkEstimate e;
+  // On the CPU the samples are the host memory; on CUDA they are on the device and the host holds
+  // a layer's q, k, v in bf16 while they are made or read.
+  e.device_bytes = device.is_cuda() ? samples * step_bytes : 0.0;
+  e.host_bytes = device.is_cuda() ? resident_layers * steps * (q_bytes + 2.0 * kv_bytes) : samples * step_bytes;
+  const double attention = 4.0 * static_cast<double>(shape.batch * shape.tokens) * static_cast<double>(shape.kv_tokens) *
+                           static_cast<double>(shape.heads * shape.head_dim);
+  // The sparse evaluations counted at density 0.5 (bisection visits both sides of the target's density).
+  const double sparse = 0.5;
+  e.flop = layers * (steps * (1.0 + sparse * (a.options.iterations + 1)) + heldout * (1.0 + sparse)) * attention *
+           (a.compare_global ? 1.5 : 1.0);
+  return e;
+}
 
 struct LayerReport {
   LayerCalibration calibration;
@@ -53,7 +94,7 @@ struct LayerReport {
 
 int run_calibrate(CalibrateArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
-  parse_device(a.device);  // a bad --device fails before any work
+  present_device(a.device, "--device");  // a bad or absent --device fails before any work
   a.options.method = parse_calibration_method(a.method);
   a.options.metric = parse_calibration_metric(a.metric);
   if (a.options.method == CalibrationMethod::kThreshold) {
@@ -71,26 +112,38 @@ int run_calibrate(CalibrateArgs a) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   const size_t layer_count = synthetic ? static_cast<size_t>(a.synthetic_layers) : a.layers.size();
-  const Device device = parse_device(a.device);
-  std::vector<std::vector<CalibrationSample>> all_samples, synthetic_heldout;
-  if (synthetic) {
-    const SyntheticCaptureOptions captures{a.grid, a.synthetic_layers, a.heads, a.head_dim};
-    all_samples = synthetic_layer_captures(captures, 0, a.synthetic_steps, device);
-    if (a.synthetic_heldout > 0)
-      synthetic_heldout = synthetic_layer_captures(captures, kSyntheticHeldoutSeedOffset, a.synthetic_heldout, device);
-  } else {
-    for (size_t layer = 0; layer < layer_count; ++layer) all_samples.push_back(load_capture_files(a.layers[layer], "--layer", device));
-  }
+  const Device device = present_device(a.device, "--device");
+  const std::string shape_flags = synthetic ? detail::concat("--grid ", a.grid, " --synthetic-layers ", a.synthetic_layers,
+                                                             " --synthetic-steps ", a.synthetic_steps, " --heads ", a.heads,
+                                                             " --head-dim ", a.head_dim)
+                                            : detail::concat("--layer (", a.layers.size(), " layers of captures)");
+  check_work_budget(calibration_estimate(a, device), a.budget, device, a.threads, shape_flags, "calibrate");
+  // One layer's captures at a time (all of them only for --compare-global, which ranks them together).
+  const SyntheticCaptureOptions captures{a.grid, a.synthetic_layers, a.heads, a.head_dim};
+  const auto layer_samples = [&](size_t layer) {
+    return synthetic ? std::move(synthetic_layer_captures(captures, 0, a.synthetic_steps, device, static_cast<int64_t>(layer), 1).front())
+                     : load_capture_files(a.layers[layer], "--layer", device);
+  };
+  std::vector<std::vector<CalibrationSample>> all_samples(layer_count);
+  if (a.compare_global)
+    for (size_t layer = 0; layer < layer_count; ++layer) all_samples[layer] = layer_samples(layer);
   const double capture_seconds = seconds_since(start);
   const auto calibration_start = std::chrono::steady_clock::now();
   std::vector<LayerReport> reports;
+  Shape captured_q, captured_k;  // the captures' shape, for the config file
   for (size_t layer = 0; layer < layer_count; ++layer) {
-    std::vector<CalibrationSample>& samples = all_samples[layer];
+    std::vector<CalibrationSample> streamed;
+    std::vector<CalibrationSample>& samples = a.compare_global ? all_samples[layer] : (streamed = layer_samples(layer));
+    if (layer == 0) captured_q = samples.front().q.shape(), captured_k = samples.front().k.shape();
     LayerReport report{calibrate_layer(ctx, samples, a.options)};
+    streamed.clear();  // this layer's captures go before its held-out steps and the next layer's
     const bool has_heldout = synthetic ? a.synthetic_heldout > 0 : !a.heldout.empty();
     if (has_heldout) {
       std::vector<CalibrationSample> held =
-          synthetic ? std::move(synthetic_heldout[layer]) : load_capture_files(a.heldout[layer], "--heldout", device);
+          synthetic ? std::move(synthetic_layer_captures(captures, kSyntheticHeldoutSeedOffset, a.synthetic_heldout, device,
+                                                         static_cast<int64_t>(layer), 1)
+                                    .front())
+                    : load_capture_files(a.heldout[layer], "--heldout", device);
       const StepsEvaluation e = evaluate_steps(ctx, held, report.calibration.per_head, a.options);
       report.heldout_error = e.error;
       report.heldout_head_error = *std::max_element(e.head_error.begin(), e.head_error.end());
@@ -105,9 +158,7 @@ int run_calibrate(CalibrateArgs a) {
   out["target"] = a.options.target;
   out["margin"] = a.options.margin;
   // The captures' shape: `tessel eval --config` makes synthetic held-out steps of the same shape.
-  const Tensor& first_q = all_samples.front().front().q;
-  out["shape"] = {{"tokens", first_q.size(1)}, {"heads", first_q.size(2)}, {"kv_heads", all_samples.front().front().k.size(2)},
-                  {"head_dim", first_q.size(3)}};
+  out["shape"] = {{"tokens", captured_q[1]}, {"heads", captured_q[2]}, {"kv_heads", captured_k[2]}, {"head_dim", captured_q[3]}};
   out["layers"] = nlohmann::json::array();
   double mean_density = 0.0;
   for (size_t layer = 0; layer < reports.size(); ++layer) {
@@ -210,6 +261,7 @@ CommandRegistration registration{
       app.add_flag("--compare-global", a->compare_global,
                    "Also find the one value that meets the target on every head of every layer, and its density");
       app.add_flag("--json", a->json, "Print the JSON instead of the table");
+      add_budget_flags(app, a->budget);
       return CommandRunner([a] { return run_calibrate(*a); });
     }};
 

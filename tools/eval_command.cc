@@ -319,6 +319,9 @@ CommandRegistration registration{
       app.add_option("--target", c->target, "--config: largest allowed error per head and step (default: the config's)")
           ->check(number_in(0.0, 10.0, Bounds::kOpenLow));
       app.add_flag("--report-only", c->report_only, "--config: report a missed target without failing (exit status 0)");
+      app.add_option("--max-memory", c->budget.max_memory,
+                     "--config: host memory budget, e.g. 64G (default: half of this machine's memory)");
+      app.add_flag("--force", c->budget.force, "--config: run even when the estimated memory or time is over its budget");
       CLI::Option* heads = app.get_option("--heads");
       CLI::Option* head_dim = app.get_option("--head-dim");
       return CommandRunner([a, c, heads, head_dim] {

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "option_checks.h"
 #include "quality/calibration.h"
 #include "quality/captures.h"
 #include "tessel/core/device.h"
@@ -71,19 +72,45 @@ CalibratedFile read_calibrated_file(const std::string& path) {
 
 // The captured steps of every layer: files per layer (as many --layer as the config has layers),
 // or synthetic held-out captures for each of its layers.
-std::vector<std::vector<CalibrationSample>> held_out_steps(const EvalConfigArgs& a, const CalibratedFile& file, const Device& device) {
-  const size_t layers = file.layers.size();
+void check_held_out_source(const EvalConfigArgs& a, const CalibratedFile& file) {
   const bool synthetic = !a.grid.empty();
   if (synthetic == !a.layers.empty()) fail_argument("--layer / --grid (with --config)", "exactly one of them", synthetic ? "both" : "neither");
-  if (synthetic) {
-    const SyntheticCaptureOptions o{a.grid, static_cast<int64_t>(layers), a.heads.value_or(file.heads), a.head_dim.value_or(file.head_dim)};
-    return synthetic_layer_captures(o, kSyntheticHeldoutSeedOffset + a.seed, a.synthetic_steps, device);
+  if (!synthetic && a.layers.size() != file.layers.size())
+    fail_argument("--layer", detail::concat(file.layers.size(), " values (one per layer of --config ", a.config, ")"), a.layers.size());
+}
+
+// One layer's held-out steps (the layers are checked one at a time: a 40-layer config at Wan 14B's
+// 720p shape would not fit all at once).
+std::vector<CalibrationSample> held_out_steps(const EvalConfigArgs& a, const CalibratedFile& file, const Device& device, size_t layer) {
+  if (a.grid.empty()) return load_capture_files(a.layers[layer], "--layer", device);
+  const SyntheticCaptureOptions o{a.grid, static_cast<int64_t>(file.layers.size()), a.heads.value_or(file.heads),
+                                  a.head_dim.value_or(file.head_dim)};
+  return std::move(
+      synthetic_layer_captures(o, kSyntheticHeldoutSeedOffset + a.seed, a.synthetic_steps, device, static_cast<int64_t>(layer), 1).front());
+}
+
+// Memory and work of the check: one layer's steps (q, k, v, the dense and the sparse output) at a
+// time; a dense reference and one block-sparse pass (counted at density 0.5) per step and layer.
+WorkEstimate eval_config_estimate(const EvalConfigArgs& a, const CalibratedFile& file, const Device& device) {
+  CaptureShape shape;
+  double steps = static_cast<double>(a.synthetic_steps);
+  if (!a.grid.empty()) {
+    const TokenGrid grid = parse_token_grid(a.grid, "--grid");
+    const int64_t heads = a.heads.value_or(file.heads), head_dim = a.head_dim.value_or(file.head_dim);
+    shape = {1, grid.numel(), grid.numel(), heads, heads, head_dim};
+  } else {
+    shape = capture_shape(a.layers.front(), "--layer");
+    steps = static_cast<double>(split_capture_files(a.layers.front()).size());
   }
-  if (a.layers.size() != layers)
-    fail_argument("--layer", detail::concat(layers, " values (one per layer of --config ", a.config, ")"), a.layers.size());
-  std::vector<std::vector<CalibrationSample>> steps;
-  for (const std::string& files : a.layers) steps.push_back(load_capture_files(files, "--layer", device));
-  return steps;
+  const double element = device.is_cuda() ? 2.0 : 4.0;
+  const double q_bytes = static_cast<double>(shape.batch * shape.tokens * shape.heads * shape.head_dim) * element;
+  const double kv_bytes = static_cast<double>(shape.batch * shape.kv_tokens * shape.kv_heads * shape.head_dim) * element;
+  WorkEstimate e;
+  e.device_bytes = device.is_cuda() ? steps * (3.0 * q_bytes + 2.0 * kv_bytes) : 0.0;
+  e.host_bytes = device.is_cuda() ? steps * (q_bytes + 2.0 * kv_bytes) : steps * (3.0 * q_bytes + 2.0 * kv_bytes);
+  e.flop = static_cast<double>(file.layers.size()) * steps * 1.5 * 4.0 * static_cast<double>(shape.batch * shape.tokens) *
+           static_cast<double>(shape.kv_tokens) * static_cast<double>(shape.heads * shape.head_dim);
+  return e;
 }
 
 struct LayerResult {
@@ -138,7 +165,7 @@ void print_table(const EvalConfigArgs& a, const std::vector<LayerResult>& result
 }  // namespace
 
 int run_eval_config(const EvalConfigArgs& a) {
-  const Device device = parse_device(a.device);
+  const Device device = present_device(a.device, "--device");
   const CalibratedFile file = read_calibrated_file(a.config);
   // --metric and --target override the file's (a config may be checked against a stricter target).
   const std::string metric_name = !a.metric.empty() ? a.metric : !file.metric.empty() ? file.metric : std::string("rel_l2");
@@ -151,19 +178,24 @@ int run_eval_config(const EvalConfigArgs& a) {
   const double target = a.target > 0.0 ? a.target : file.target;
   if (!(target > 0.0)) fail_argument("--target", "a number > 0 (the config file has none)", target);
 
-  std::vector<std::vector<CalibrationSample>> steps = held_out_steps(a, file, device);
+  check_held_out_source(a, file);
+  const std::string shape_flags =
+      !a.grid.empty() ? detail::concat("--grid ", a.grid, " --synthetic-heldout ", a.synthetic_steps, " (", file.layers.size(), " layers of --config)")
+                      : detail::concat("--layer (", a.layers.size(), " layers of captures)");
+  check_work_budget(eval_config_estimate(a, file, device), a.budget, device, 0, shape_flags, "eval --config");
   const ExecContext ctx;
   std::vector<LayerResult> results;
   std::vector<Miss> misses;
   double mean_density = 0.0;
   for (size_t layer = 0; layer < file.layers.size(); ++layer) {
-    const int64_t heads = steps[layer].front().q.size(2);
+    std::vector<CalibrationSample> steps = held_out_steps(a, file, device, layer);
+    const int64_t heads = steps.front().q.size(2);
     LayerResult r{calibrated_setting(file.layers[layer], heads, detail::concat("--config ", a.config, " layers[", layer, "].sparse_attn")),
                   {}};
     r.setting.options.metric = metric;
     r.setting.options.target = target;
-    r.eval = evaluate_steps(ctx, steps[layer], r.setting.per_head, r.setting.options);
-    steps[layer].clear();  // the layer's captures (and their outputs) go before the next layer's work
+    r.eval = evaluate_steps(ctx, steps, r.setting.per_head, r.setting.options);
+    steps.clear();  // the layer's captures (and their outputs) go before the next layer's work
     for (size_t s = 0; s < r.eval.steps.size(); ++s)
       for (size_t h = 0; h < r.eval.steps[s].head_error.size(); ++h)
         if (!(r.eval.steps[s].head_error[h] <= target)) misses.push_back({layer, h, s, r.eval.steps[s].head_error[h]});

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "work_budget.h"
+
 namespace tessel::cli {
 
 struct EvalConfigArgs {
@@ -24,6 +26,7 @@ struct EvalConfigArgs {
   std::string device = "cpu";
   bool report_only = false;         // a missed target is reported, the exit status stays 0
   bool json = false;
+  BudgetFlags budget;  // --max-memory / --force
 };
 
 // Prints the per-layer report (the per-head one too with json); returns 0 when every head of every

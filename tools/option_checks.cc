@@ -146,6 +146,13 @@ void require_multiple(const std::string& option, int64_t value, const std::strin
     fail_argument(option, detail::concat("a multiple of ", of_option, " ", of_value), value);
 }
 
+Device present_device(const std::string& text, const std::string& flag) {
+  const Device device = parse_device(text);
+  if (device.is_cuda() && !cuda_compiled()) fail_argument(flag, "cpu (tessel was built without CUDA)", device.str());
+  if (device.is_cuda() && !cuda_available()) fail_argument(flag, "a device present (no CUDA GPU found)", device.str());
+  return device;
+}
+
 uint64_t memory_budget_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page_size <= 0) return 8ull << 30;  // unknown machine: a conservative 8 GiB

@@ -14,6 +14,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tessel/core/device.h"
+
 namespace tessel::cli {
 
 // An integer in [low, high].
@@ -57,6 +59,11 @@ void require_multiple(const std::string& option, int64_t value, const std::strin
 
 // The memory a command may plan to use: half of this machine's physical memory.
 uint64_t memory_budget_bytes();
+
+// The device `text` names (`flag`'s value), present on this machine: an Error naming the flag when
+// it is a CUDA device and tessel was built without CUDA or no GPU is visible (not the driver's
+// message from the first CUDA call).
+Device present_device(const std::string& text, const std::string& flag);
 // Throws Error naming `option` and its value when `bytes` (what `what` needs) exceed the budget.
 void check_memory_budget(const std::string& option, const std::string& value, double bytes, const std::string& what);
 // Bytes as "12.3 GiB".

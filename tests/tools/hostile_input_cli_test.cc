@@ -224,6 +224,14 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
       {"--dbcache-fn with --cache teacache", "generate --model /nonexistent --prompt x --cache teacache --dbcache-fn 2 --out x.png",
        {"--dbcache-fn", "--cache dbcache only"}},
       {"serve --dbcache-thresh without the cache", "serve --model /nonexistent --dbcache-thresh 0.1", {"--dbcache-thresh", "--cache dbcache"}},
+      // Budgets: calibrate and eval --config estimate memory and work from their flags first.
+      {"calibrate past the hour", "calibrate --grid 21x45x80 --synthetic-layers 40 --heads 40 --head-dim 128 --max-memory 1T",
+       {"--grid 21x45x80 --synthetic-layers 40", "TFLOP", "over the hour", "--force"}},
+      {"calibrate past --max-memory", "calibrate --grid 2x8x8 --synthetic-layers 2 --heads 2 --head-dim 16 --max-memory 64K",
+       {"--grid 2x8x8", "MiB of host memory", "--max-memory"}},
+      {"calibrate --max-memory 12Q", "calibrate --grid 2x8x8 --synthetic-layers 2 --heads 2 --head-dim 16 --max-memory 12Q",
+       {"--max-memory", "K, M, G or T"}},
+      {"calibrate on an absent GPU", "calibrate --grid 2x8x8 --synthetic-layers 1 --device cuda", {"--device", "cuda:0"}},
   });
   // A rank without a world: refused by every parallel command, naming both variables.
   for (const std::string command : {"sp-bench --seq 64 --heads 2 --steps 1", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1"}) {

@@ -1,10 +1,12 @@
 #include "quality/captures.h"
 
+
 #include <exception>
 
 #include "quality/qkv_file.h"
 #include "quality/synthetic_video.h"
 #include "tessel/core/error.h"
+#include "tessel/core/io/safetensors.h"
 #include "tessel/core/parallel.h"
 
 namespace tessel {
@@ -45,13 +47,16 @@ std::vector<CalibrationSample> load_capture_files(const std::string& files, cons
 }
 
 std::vector<std::vector<CalibrationSample>> synthetic_layer_captures(const SyntheticCaptureOptions& o, uint64_t seed_offset,
-                                                                     int64_t steps, const Device& device) {
+                                                                     int64_t steps, const Device& device, int64_t first_layer,
+                                                                     int64_t count) {
   const int64_t layers = o.layers;
+  if (first_layer < 0 || first_layer > layers) fail_argument("first_layer", detail::concat("in [0, ", layers, "]"), first_layer);
+  if (count < 0 || first_layer + count > layers) count = layers - first_layer;
   const TokenGrid grid = parse_token_grid(o.grid, "--grid");
-  std::vector<SyntheticQkv> made(static_cast<size_t>(layers * steps));
+  std::vector<SyntheticQkv> made(static_cast<size_t>(count * steps));
   std::vector<std::exception_ptr> failed(made.size());  // an exception must not leave a parallel task
-  parallel_for(layers * steps, [&](int64_t i) {
-    const int64_t layer = i / steps;
+  parallel_for(count * steps, [&](int64_t i) {
+    const int64_t layer = first_layer + i / steps;
     SyntheticVideoOptions s;
     s.grid = grid;
     s.heads = o.heads;
@@ -67,13 +72,24 @@ std::vector<std::vector<CalibrationSample>> synthetic_layer_captures(const Synth
   });
   for (const std::exception_ptr& e : failed)
     if (e) std::rethrow_exception(e);
-  std::vector<std::vector<CalibrationSample>> samples(static_cast<size_t>(layers));
-  for (int64_t i = 0; i < layers * steps; ++i) {
+  std::vector<std::vector<CalibrationSample>> samples(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count * steps; ++i) {
     SyntheticQkv& d = made[static_cast<size_t>(i)];
     samples[static_cast<size_t>(i / steps)].push_back(capture_on_device(d.q, d.k, d.v, device));
     d = SyntheticQkv{};  // the host copy goes as soon as the sample is placed
   }
   return samples;
+}
+
+CaptureShape capture_shape(const std::string& files, const std::string& option) {
+  const std::vector<std::string> paths = split_capture_files(files);
+  if (paths.empty()) fail_argument(option, "one or more capture files, comma-separated", files);
+  const SafetensorsFile file = SafetensorsFile::open(paths.front());
+  const SafetensorsEntry* q = file.find("q");
+  const SafetensorsEntry* k = file.find("k");
+  if (q == nullptr || k == nullptr || q->shape.size() != 4 || k->shape.size() != 4)
+    fail_argument(option + " " + paths.front(), "q (B, S, H, D) and k (B, S_kv, H_kv, D) tensors", "others");
+  return {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3]};
 }
 
 }  // namespace tessel

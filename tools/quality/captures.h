@@ -33,7 +33,17 @@ struct SyntheticCaptureOptions {
 // Synthetic video captures, per layer: `steps` steps with seeds 1000 · layer + seed_offset + [0, steps).
 // The layers differ in sharpness (0.6 for the first to 1.4 for the last) as a model's do with depth;
 // the steps of a layer differ in content noise.
+// first_layer / count (count < 0: to the last) make only those layers, with the values they have
+// in the whole set: the commands make and drop one layer at a time.
 std::vector<std::vector<CalibrationSample>> synthetic_layer_captures(const SyntheticCaptureOptions& options, uint64_t seed_offset,
-                                                                     int64_t steps, const Device& device);
+                                                                     int64_t steps, const Device& device, int64_t first_layer = 0,
+                                                                     int64_t count = -1);
+
+// The shape of the first of comma-separated capture files, from its header (q (B, S, H, D), k
+// (B, S_kv, H_kv, D)), for the budget estimates before anything loads. Throws Error naming `option`.
+struct CaptureShape {
+  int64_t batch = 1, tokens = 0, kv_tokens = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+CaptureShape capture_shape(const std::string& files, const std::string& option);
 
 }  // namespace tessel

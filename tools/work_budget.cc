@@ -1,0 +1,73 @@
+#include "work_budget.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "device_memory.h"
+#include "option_checks.h"
+#include "tessel/core/error.h"
+#include "tessel/core/parallel.h"
+
+namespace tessel::cli {
+namespace {
+constexpr double kMaxSeconds = 3600.0;  // beyond: --force
+constexpr double kAnnounceSeconds = 10.0;
+}  // namespace
+
+void add_budget_flags(CLI::App& app, BudgetFlags& flags) {
+  app.add_option("--max-memory", flags.max_memory,
+                 "host memory budget, e.g. 64G or 512M (default: half of this machine's memory); runs estimated over it are refused");
+  app.add_flag("--force", flags.force, "run even when the estimated memory or time is over its budget");
+}
+
+double parse_memory_size(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double number = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+  double scale = 1.0;
+  if (end != nullptr && *end != '\0') {
+    const std::string suffix(end);
+    if (suffix == "K" || suffix == "k") scale = 1024.0;
+    else if (suffix == "M" || suffix == "m") scale = 1024.0 * 1024.0;
+    else if (suffix == "G" || suffix == "g") scale = 1024.0 * 1024.0 * 1024.0;
+    else if (suffix == "T" || suffix == "t") scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
+    else scale = NAN;
+  }
+  const double bytes = number * scale;
+  if (errno != 0 || !std::isfinite(bytes) || bytes <= 0.0)
+    fail_argument("--max-memory", "a size > 0: a number with an optional K, M, G or T suffix (e.g. 64G)", text);
+  return bytes;
+}
+
+double estimated_seconds(double flop, const Device& device, int threads) {
+  const double rate = device.is_cuda() ? 300e12 : 50e9 * std::max(1, threads > 0 ? threads : max_threads());
+  return flop / rate;
+}
+
+void check_work_budget(const WorkEstimate& estimate, const BudgetFlags& budget, const Device& device, int threads,
+                       const std::string& flags, const std::string& what) {
+  const double host_budget = budget.max_memory.empty() ? static_cast<double>(memory_budget_bytes()) : parse_memory_size(budget.max_memory);
+  const double seconds = estimated_seconds(estimate.flop, device, threads);
+  const std::string summary = "about " + format_bytes(estimate.host_bytes) + " of host memory" +
+                              (device.is_cuda() ? ", " + format_bytes(estimate.device_bytes) + " on " + device.str() : "") + " and " +
+                              detail::concat(std::round(estimate.flop / 1e9) / 1e3) + " TFLOP (~" +
+                              detail::concat(std::round(seconds)) + " s on " + (device.is_cuda() ? "the GPU" : "this CPU") + ")";
+  if (!budget.force) {
+    const auto refuse = [&](const std::string& over) {
+      throw Error(flags + ": " + what + " needs " + summary + ", " + over + "; ask for less, or pass --force" +
+                  (budget.max_memory.empty() ? " (or raise the host budget with --max-memory)" : ""));
+    };
+    if (estimate.host_bytes > host_budget)
+      refuse("over the host memory budget of " + format_bytes(host_budget) +
+             (budget.max_memory.empty() ? " (half of this machine's memory)" : " (--max-memory)"));
+    if (device.is_cuda())
+      if (const auto memory = device_memory(device); memory && estimate.device_bytes > static_cast<double>(memory->total))
+        refuse("more than " + device.str() + "'s " + format_bytes(static_cast<double>(memory->total)));
+    if (seconds > kMaxSeconds) refuse("over the hour a run may take without --force");
+  }
+  if (seconds > kAnnounceSeconds) std::fprintf(stderr, "%s: %s\n", what.c_str(), summary.c_str());
+}
+
+}  // namespace tessel::cli
