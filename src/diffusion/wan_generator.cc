@@ -161,21 +161,15 @@ struct WanGenerator::Impl {
       experts.low = std::make_unique<WanTransformer>(
           WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device,
                                &lora_2));
-      // The pipeline's own scheduler is never used: every generation brings its own.
+      // No scheduler of the pipeline's own: every generation brings its own (begin).
       experts.pipeline = std::make_unique<WanPipeline>(
-          *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps},
-          unused_scheduler(), decoder);
+          *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps}, decoder);
     } else {
-      experts.pipeline = std::make_unique<WanPipeline>(*experts.high, unused_scheduler(), decoder);
+      experts.pipeline = std::make_unique<WanPipeline>(*experts.high, decoder);
     }
     return settings.emplace(name, std::move(experts)).first->second;
   }
 
-  Scheduler& unused_scheduler() {
-    if (!shared_scheduler) shared_scheduler = make_scheduler(scheduler);
-    return *shared_scheduler;
-  }
-  std::unique_ptr<Scheduler> shared_scheduler;
 };
 
 struct WanGenerationState::Impl {

@@ -86,7 +86,17 @@ Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder,
 }
 
 WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler, const WanVae* vae)
-    : transformer_(transformer), scheduler_(scheduler), vae_(vae) {
+    : WanPipeline(transformer, vae) {
+  scheduler_ = &scheduler;
+}
+
+WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, Scheduler& scheduler,
+                         const WanVae* vae)
+    : WanPipeline(transformer, low_noise, vae) {
+  scheduler_ = &scheduler;
+}
+
+WanPipeline::WanPipeline(const WanTransformer& transformer, const WanVae* vae) : transformer_(transformer), vae_(vae) {
   const WanConfig& config = transformer.config();
   if (config.in_channels != config.out_channels)
     fail_argument("transformer out_channels", detail::concat("in_channels (", config.in_channels,
@@ -104,9 +114,8 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, Scheduler& scheduler
                   detail::concat("a VAE decoding (1, ", config.out_channels, ", 2, 1, 1) latents to ", shape_str(one_step)));
 }
 
-WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, Scheduler& scheduler,
-                         const WanVae* vae)
-    : WanPipeline(transformer, scheduler, vae) {
+WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, const WanVae* vae)
+    : WanPipeline(transformer, vae) {
   if (low_noise.transformer == nullptr) fail_argument("low-noise expert (transformer_2)", "a transformer", "none");
   const WanConfig& high = transformer.config();
   const WanConfig& low = low_noise.transformer->config();
@@ -240,7 +249,9 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   }
   impl->options = options;
   impl->owned_scheduler = std::move(scheduler);
-  impl->scheduler = impl->owned_scheduler ? impl->owned_scheduler.get() : &scheduler_;
+  impl->scheduler = impl->owned_scheduler ? impl->owned_scheduler.get() : scheduler_;
+  if (impl->scheduler == nullptr)
+    fail_argument("scheduler", "one for this generation (the pipeline was made without its own)", "none");
   impl->scheduler->set_timesteps(options.num_inference_steps);
   impl->steps = impl->scheduler->num_inference_steps();
   for (const double t : impl->scheduler->timesteps())

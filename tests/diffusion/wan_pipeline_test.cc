@@ -106,6 +106,32 @@ TEST_F(WanPipelineTest, SameSeedSameLatentsAndCancellationBetweenSteps) {
   EXPECT_EQ(result.latents.shape(), (Shape{1, 16, 3, 10, 6}));
 }
 
+// A pipeline made without a scheduler of its own runs generations that bring one (begin's), and
+// refuses, naming the scheduler, one that does not.
+TEST_F(WanPipelineTest, WithoutItsOwnSchedulerEveryGenerationBringsOne) {
+  auto scheduler = make_scheduler(wan_unipc());
+  WanPipeline with_own(*transformer_, *scheduler);
+  const WanPipeline without_own(*transformer_, nullptr);
+  const Tensor prompt = fixture_->load("prompt_embeds");
+  WanGenerationOptions options;
+  options.num_inference_steps = 2;
+  options.guidance_scale = 1.0;
+  options.size = fixture_size();
+  const WanGenerationResult expected = with_own.generate(ExecContext{}, prompt, {}, options);
+  auto state = without_own.begin(ExecContext{}, prompt, {}, options, {}, make_scheduler(wan_unipc()));
+  WanDenoiseState* const one[] = {state.get()};
+  while (!state->done()) without_own.step(ExecContext{}, one);
+  const WanGenerationResult result = without_own.finish(ExecContext{}, *state);
+  ASSERT_EQ(result.latents.numel(), expected.latents.numel());
+  EXPECT_EQ(std::memcmp(result.latents.data(), expected.latents.data(), expected.latents.nbytes()), 0);
+  try {
+    without_own.generate(ExecContext{}, prompt, {}, options);
+    ADD_FAILURE() << "a generation without a scheduler was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scheduler"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(WanPipelineTest, BadInputsAreErrorsNamingTheArgument) {
   auto scheduler = make_scheduler(wan_unipc());
   WanPipeline pipeline(*transformer_, *scheduler);

@@ -154,6 +154,10 @@ class WanPipeline {
   // not in (0, 1) or num_train_timesteps not positive.
   WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, Scheduler& scheduler,
               const WanVae* vae = nullptr);
+  // Without a scheduler of its own, for callers that give every generation its own (begin's
+  // `scheduler`; WanGenerator does): generate, and begin without one, are then an Error.
+  WanPipeline(const WanTransformer& transformer, const WanVae* vae);
+  WanPipeline(const WanTransformer& transformer, const WanLowNoiseExpert& low_noise, const WanVae* vae);
 
   // prompt_embeds and negative_prompt_embeds: (1, L, text_dim) fp32 CPU contiguous, the same L
   // (they run as one batch); the negative may be empty without guidance. initial_latents: the
@@ -195,7 +199,7 @@ class WanPipeline {
   // Empty frames when `control` cancelled the decode.
   VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control = nullptr) const;
   const WanTransformer& transformer_;
-  Scheduler& scheduler_;
+  Scheduler* scheduler_ = nullptr;  // borrowed; null: every begin brings one
   const WanVae* vae_;
   WanLowNoiseExpert low_noise_;  // transformer null: one expert
 };
