@@ -33,8 +33,9 @@ std::string RequestScheduler::submit(GenerationRequest request, const std::strin
     ++counts_.rejected_queue_full;
     throw QueueFullError(detail::concat("the queue is full (", max_queue_, " requests waiting); retry later"));
   }
-  request.id = detail::concat(id_prefix, "-", next_id_++);
   Entry entry;
+  entry.sequence = next_id_;
+  request.id = detail::concat(id_prefix, "-", next_id_++);
   entry.state.request = std::move(request);
   entry.state.status = RequestStatus::kQueued;
   entry.state.created_at = std::chrono::system_clock::now();
@@ -124,6 +125,21 @@ std::optional<RequestSnapshot> RequestScheduler::snapshot(const std::string& id)
   const auto it = entries_.find(id);
   if (it == entries_.end()) return std::nullopt;
   return snapshot_locked(it->second);
+}
+
+std::vector<RequestSnapshot> RequestScheduler::list(OutputKind kind) const {
+  std::vector<std::pair<uint64_t, RequestSnapshot>> found;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [id, entry] : entries_)
+      if (entry.state.request.kind == kind) found.emplace_back(entry.sequence, snapshot_locked(entry));
+  }
+  // The map orders ids as text ("video-10" before "video-2"): the submission order is the sequence.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<RequestSnapshot> snapshots;
+  snapshots.reserve(found.size());
+  for (auto& [sequence, snapshot] : found) snapshots.push_back(std::move(snapshot));
+  return snapshots;
 }
 
 std::optional<RequestSnapshot> RequestScheduler::wait(const std::string& id, std::chrono::milliseconds timeout) const {

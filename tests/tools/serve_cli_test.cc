@@ -180,6 +180,68 @@ TEST(ServeCli, EveryEndpointAnswers) {
   EXPECT_EQ(client.Get("/v1/videos/" + id)->status, 404);
 }
 
+// The rest of the OpenAI SDK's video surface: videos.create as multipart/form-data (numbers as
+// text), videos.list with limit / after / order / has_more, POST /v1/videos/sync answering the
+// media itself, and what is not built refused naming the field (input_reference, images.edit).
+TEST(ServeCli, TheVideoApiTakesFormsListsPagesAndAnswersSync) {
+  ServeProcess server(server_args());
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(120, 0);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    const httplib::MultipartFormDataItems form = {{"prompt", "a rolling ball", "", ""},
+                                                  {"size", "32x32", "", ""},
+                                                  {"num_frames", "5", "", ""},
+                                                  {"seed", std::to_string(i), "", ""},
+                                                  {"guidance_scale", "4.5", "", ""}};
+    const auto created = client.Post("/v1/videos", form);
+    ASSERT_TRUE(created);
+    ASSERT_EQ(created->status, 200) << created->body;
+    EXPECT_EQ(body_of(created)["seed"], i);
+    ids.push_back(body_of(created)["id"]);
+  }
+  for (const std::string& id : ids) ASSERT_EQ(poll_video(client, id, is_final)["status"], "completed");
+
+  const json newest = body_of(client.Get("/v1/videos?limit=2"));
+  ASSERT_EQ(newest["data"].size(), 2u) << newest.dump();
+  EXPECT_EQ(newest["data"][0]["id"], ids[2]);
+  EXPECT_EQ(newest["data"][1]["id"], ids[1]);
+  EXPECT_EQ(newest["has_more"], true);
+  const json rest = body_of(client.Get("/v1/videos?limit=2&after=" + newest["last_id"].get<std::string>()));
+  ASSERT_EQ(rest["data"].size(), 1u) << rest.dump();
+  EXPECT_EQ(rest["data"][0]["id"], ids[0]);
+  EXPECT_EQ(rest["has_more"], false);
+  EXPECT_EQ(body_of(client.Get("/v1/videos?order=asc&limit=1"))["data"][0]["id"], ids[0]);
+  for (const char* query : {"/v1/videos?limit=0", "/v1/videos?limit=abc", "/v1/videos?order=up", "/v1/videos?after=video-999"}) {
+    const auto refused = client.Get(query);
+    EXPECT_GE(refused->status, 400) << query;
+    EXPECT_LT(refused->status, 500) << query;
+  }
+
+  const auto sync = client.Post("/v1/videos/sync", R"({"prompt": "a rolling ball", "size": "32x32", "num_frames": 5, "seed": 0, "guidance_scale": 4.5})",
+                                "application/json");
+  ASSERT_TRUE(sync);
+  ASSERT_EQ(sync->status, 200) << sync->body;
+  const auto first = client.Get("/v1/videos/" + ids[0] + "/content");
+  EXPECT_EQ(sync->get_header_value("Content-Type"), first->get_header_value("Content-Type"));
+  EXPECT_TRUE(sync->body == first->body) << "the same request (seed 0) through /sync and through a job differ";
+
+  const httplib::MultipartFormDataItems with_reference = {{"prompt", "a ball", "", ""},
+                                                          {"input_reference", "\x89PNG", "ref.png", "image/png"}};
+  const auto reference = client.Post("/v1/videos", with_reference);
+  EXPECT_EQ(reference->status, 400);
+  EXPECT_EQ(body_of(reference)["error"]["param"], "input_reference");
+  const httplib::MultipartFormDataItems bad_number = {{"prompt", "a ball", "", ""}, {"num_inference_steps", "2x", "", ""}};
+  const auto bad = client.Post("/v1/videos", bad_number);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(body_of(bad)["error"]["param"], "num_inference_steps");
+  const httplib::MultipartFormDataItems edit = {{"prompt", "a ball", "", ""}, {"image", "\x89PNG", "in.png", "image/png"}};
+  const auto edited = client.Post("/v1/images/edits", edit);
+  EXPECT_EQ(edited->status, 400);
+  EXPECT_EQ(body_of(edited)["error"]["param"], "image");
+}
+
 TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
   ServeProcess server(server_args({"--max-body-bytes", "2048", "--sparse-attn-allow", "plain=dense", "--cache", "teacache"}));
   ASSERT_NE(server.port(), 0) << server.log();

@@ -65,9 +65,9 @@ struct HttpServer::Impl {
     return "";
   }
 
-  void images(const httplib::Request& req, httplib::Response& res) {
-    const std::string id = submit(parse_image_request(req.body, options.api), "img", res);
-    if (id.empty()) return;
+  // Waits (up to --image-timeout) for a request answered in its own response (images,
+  // /v1/videos/sync) and forgets it; the successful snapshot, or nullopt with `res` filled.
+  std::optional<engine::RequestSnapshot> wait_answer(const std::string& id, const char* what, httplib::Response& res) {
     const auto deadline = std::chrono::steady_clock::now() + options.image_timeout;
     std::optional<engine::RequestSnapshot> snapshot;
     for (;;) {
@@ -77,21 +77,68 @@ struct HttpServer::Impl {
         engine.scheduler().cancel(id);
         snapshot = engine.scheduler().wait(id, std::chrono::milliseconds(60000));
         engine.scheduler().forget(id);
-        send_error(res, 504, detail::concat("no images within ", options.image_timeout.count(), " s; the request was cancelled"));
-        return;
+        send_error(res, 504, detail::concat("no ", what, " within ", options.image_timeout.count(), " s; the request was cancelled"));
+        return std::nullopt;
       }
     }
     engine.scheduler().forget(id);
-    if (!snapshot) return send_error(res, 500, "the request's state was lost");
-    if (snapshot->status == RequestStatus::kSucceeded) return send_json(res, 200, image_response(*snapshot->output));
-    if (snapshot->status == RequestStatus::kCancelled) return send_error(res, 503, snapshot->output->error);
-    send_error(res, 500, "generation failed: " + snapshot->output->error);
+    if (!snapshot) send_error(res, 500, "the request's state was lost");
+    else if (snapshot->status == RequestStatus::kCancelled) send_error(res, 503, snapshot->output->error);
+    else if (snapshot->status != RequestStatus::kSucceeded) send_error(res, 500, "generation failed: " + snapshot->output->error);
+    else return snapshot;
+    return std::nullopt;
+  }
+
+  void images(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = submit(parse_image_request(req.body, options.api), "img", res);
+    if (id.empty()) return;
+    if (const auto snapshot = wait_answer(id, "images", res)) send_json(res, 200, image_response(*snapshot->output));
+  }
+
+  // A video request as JSON, or as multipart/form-data (the OpenAI SDK's form; a file part is the
+  // image-to-video reference, which parse_video_request refuses).
+  engine::GenerationRequest video_request(const httplib::Request& req) {
+    if (!req.is_multipart_form_data()) return parse_video_request(req.body, options.api);
+    std::vector<std::pair<std::string, std::string>> fields;
+    bool reference = false;
+    for (const auto& [name, part] : req.files) {
+      if (name == "input_reference" || !part.filename.empty()) reference = true;
+      else fields.emplace_back(name, part.content);
+    }
+    nlohmann::json body = video_form_to_json(fields);
+    if (reference) body["input_reference"] = "(a file part)";
+    return parse_video_request(body, options.api);
   }
 
   void create_video(const httplib::Request& req, httplib::Response& res) {
-    const std::string id = submit(parse_video_request(req.body, options.api), "video", res);
+    const std::string id = submit(video_request(req), "video", res);
     if (id.empty()) return;
     send_json(res, 200, video_object(*engine.scheduler().snapshot(id), options.api.model_name));
+  }
+
+  // POST /v1/videos/sync (as vLLM-Omni serves it): the MP4 in the response.
+  void create_video_sync(const httplib::Request& req, httplib::Response& res) {
+    const std::string id = submit(video_request(req), "video", res);
+    if (id.empty()) return;
+    if (const auto snapshot = wait_answer(id, "video", res)) {
+      const engine::EncodedMedia& media = snapshot->output->media.at(0);
+      res.status = 200;
+      res.set_content(media.bytes, media.mime_type.c_str());
+    }
+  }
+
+  void list_videos(const httplib::Request& req, httplib::Response& res) {
+    const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
+    if (order != "asc" && order != "desc") throw ApiError(400, "order", "order: expected \"asc\" or \"desc\", got " + quoted_excerpt(order));
+    int64_t limit = 20;
+    if (req.has_param("limit")) {
+      const std::string text = req.get_param_value("limit");
+      const bool digits = !text.empty() && text.size() <= 3 && text.find_first_not_of("0123456789") == std::string::npos;
+      limit = digits ? std::stoll(text) : 0;
+      if (limit < 1 || limit > 100) throw ApiError(400, "limit", "limit: expected an integer in 1..100, got " + quoted_excerpt(text));
+    }
+    const std::string after = req.has_param("after") ? req.get_param_value("after") : "";
+    send_json(res, 200, video_list(engine.scheduler().list(engine::OutputKind::kVideo), options.api.model_name, after, limit, order == "desc"));
   }
 
   std::optional<engine::RequestSnapshot> find_video(const std::string& id, httplib::Response& res) {
@@ -227,6 +274,12 @@ struct HttpServer::Impl {
     });
     http.Post("/v1/images/generations", guarded([this](const auto& req, auto& res) { images(req, res); }));
     http.Post("/v1/videos", guarded([this](const auto& req, auto& res) { create_video(req, res); }));
+    http.Post("/v1/videos/sync", guarded([this](const auto& req, auto& res) { create_video_sync(req, res); }));
+    http.Get("/v1/videos", guarded([this](const auto& req, auto& res) { list_videos(req, res); }));
+    for (const char* path : {"/v1/images/edits", "/v1/images/variations"})
+      http.Post(path, [path](const auto&, auto& res) {
+        send_error(res, 400, std::string(path) + ": not supported (this server generates from text: POST /v1/images/generations)", "image");
+      });
     http.Get(R"(/v1/videos/([A-Za-z0-9_-]+))", guarded([this](const auto& req, auto& res) { video_status(req, res); }));
     http.Get(R"(/v1/videos/([A-Za-z0-9_-]+)/content)", guarded([this](const auto& req, auto& res) { video_content(req, res); }));
     http.Delete(R"(/v1/videos/([A-Za-z0-9_-]+))", guarded([this](const auto& req, auto& res) { delete_video(req, res); }));

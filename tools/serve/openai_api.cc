@@ -1,5 +1,6 @@
 #include "openai_api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -129,9 +130,16 @@ GenerationRequest parse_image_request(const std::string& body_text, const ApiDef
 }
 
 GenerationRequest parse_video_request(const std::string& body_text, const ApiDefaults& defaults) {
-  const nlohmann::json body = parse_body(body_text);
+  return parse_video_request(parse_body(body_text), defaults);
+}
+
+GenerationRequest parse_video_request(const nlohmann::json& body, const ApiDefaults& defaults) {
+  if (!body.is_object()) bad_field("body", "a JSON object", json_excerpt(body));
   check_fields(body, {"prompt", "model", "size", "seconds", "num_frames", "fps", "negative_prompt", "num_inference_steps",
-                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "user"});
+                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "user", "input_reference"});
+  if (body.contains("input_reference") && !body["input_reference"].is_null())
+    throw ApiError(400, "input_reference",
+                   "input_reference: image-to-video is not built in this version (text-to-video models only); send no reference");
   GenerationRequest request;
   request.kind = OutputKind::kVideo;
   parse_common(body, request, defaults);
@@ -202,6 +210,56 @@ nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::
       object["error"] = {{"code", status}, {"message", snapshot.output->error}};
   }
   return object;
+}
+
+nlohmann::json video_form_to_json(const std::vector<std::pair<std::string, std::string>>& fields) {
+  // The SDK sends every form field as text; these are numbers in the JSON form of the request.
+  static const std::set<std::string> kIntegers = {"num_inference_steps", "num_frames", "seed"};
+  static const std::set<std::string> kNumbers = {"guidance_scale", "guidance_scale_2", "fps"};
+  nlohmann::json body = nlohmann::json::object();
+  for (const auto& [name, value] : fields) {
+    if (body.contains(name)) bad_field(name, "one value", "the field twice");
+    if (kIntegers.count(name) || kNumbers.count(name)) {
+      size_t end = 0;
+      try {
+        if (kIntegers.count(name)) {
+          const long long number = std::stoll(value, &end);
+          if (end == value.size()) body[name] = number;
+        } else {
+          const double number = std::stod(value, &end);
+          if (end == value.size()) body[name] = number;
+        }
+      } catch (const std::logic_error&) {
+        end = 0;
+      }
+      if (!body.contains(name)) bad_field(name, kIntegers.count(name) ? "an integer" : "a number", quoted_excerpt(value));
+      continue;
+    }
+    body[name] = value;
+  }
+  return body;
+}
+
+nlohmann::json video_list(const std::vector<engine::RequestSnapshot>& oldest_first, const std::string& model_name,
+                          const std::string& after, int64_t limit, bool newest_first) {
+  std::vector<const engine::RequestSnapshot*> ordered;
+  for (const engine::RequestSnapshot& snapshot : oldest_first) ordered.push_back(&snapshot);
+  if (newest_first) std::reverse(ordered.begin(), ordered.end());
+  size_t start = 0;
+  if (!after.empty()) {
+    const auto found = std::find_if(ordered.begin(), ordered.end(), [&](const auto* s) { return s->request.id == after; });
+    if (found == ordered.end()) throw ApiError(404, "after", "after: no video " + quoted_excerpt(after));
+    start = static_cast<size_t>(found - ordered.begin()) + 1;
+  }
+  nlohmann::json data = nlohmann::json::array();
+  for (size_t i = start; i < ordered.size() && static_cast<int64_t>(data.size()) < limit; ++i)
+    data.push_back(video_object(*ordered[i], model_name));
+  const bool more = start + data.size() < ordered.size();
+  return {{"object", "list"},
+          {"data", data},
+          {"first_id", data.empty() ? nlohmann::json() : data.front()["id"]},
+          {"last_id", data.empty() ? nlohmann::json() : data.back()["id"]},
+          {"has_more", more}};
 }
 
 nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param) {

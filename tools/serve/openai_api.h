@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,7 +48,18 @@ struct ApiDefaults {
 engine::GenerationRequest parse_image_request(const std::string& body, const ApiDefaults& defaults);
 // POST /v1/videos: prompt (required), model, size "WxH", seconds or num_frames, fps, and the
 // same extras.
+// input_reference (image to video) is refused naming it: not built in this version.
 engine::GenerationRequest parse_video_request(const std::string& body, const ApiDefaults& defaults);
+engine::GenerationRequest parse_video_request(const nlohmann::json& body, const ApiDefaults& defaults);
+// A multipart/form-data video request (as the OpenAI SDK's videos.create sends it) as the JSON
+// body it stands for: the numeric fields (num_inference_steps, num_frames, seed, guidance_scale,
+// guidance_scale_2, fps) parsed from their text, an unparsable one or a repeated field an ApiError.
+nlohmann::json video_form_to_json(const std::vector<std::pair<std::string, std::string>>& fields);
+// GET /v1/videos: {"object": "list", "data": [video objects], "first_id", "last_id", "has_more"},
+// newest first unless `newest_first` is false, the page after the video `after` (404 when unknown),
+// at most `limit` entries.
+nlohmann::json video_list(const std::vector<engine::RequestSnapshot>& oldest_first, const std::string& model_name,
+                          const std::string& after, int64_t limit, bool newest_first);
 
 // {"created": unix time, "data": [{"b64_json": ...}, ...]}
 nlohmann::json image_response(const engine::GenerationOutput& output);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/engine/request.h"
@@ -82,6 +83,9 @@ class RequestScheduler {
   std::optional<RequestSnapshot> wait(const std::string& id, std::chrono::milliseconds timeout) const;
   // Drops a final request's state (answered: its output is not needed any more).
   void forget(const std::string& id);
+  // Every request of `kind` the scheduler knows (queued, running, or final and not forgotten),
+  // oldest first.
+  std::vector<RequestSnapshot> list(OutputKind kind) const;
 
   // Later submits throw NotAcceptingError; queued requests stay and still run.
   void stop_accepting();
@@ -97,6 +101,7 @@ class RequestScheduler {
 
  private:
   struct Entry {
+    uint64_t sequence = 0;  // submission order
     RequestSnapshot state;
     std::shared_ptr<RunningRequest> running;
   };
