@@ -597,25 +597,30 @@ def build_cases(fx: dict[str, str], out_dir: Path) -> list[Case]:
     return cases
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def sweep_parser(description: str) -> argparse.ArgumentParser:
+    """The flags every sweep takes: --tessel, --timeout, --jobs, --only, --list, --verbose, --json."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tessel", required=True, help="path of the tessel binary")
-    parser.add_argument("--build-dir", help="build folder (for the plugins); default: the binary's ../")
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", help="run only cases whose name contains this")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--verbose", action="store_true", help="print every case, not only failures")
     parser.add_argument("--json", help="write every outcome to this JSON file")
-    args = parser.parse_args()
+    return parser
 
+
+def run_sweep(args: argparse.Namespace, make_fixtures: Callable[[Path], dict[str, str]],
+              build_cases: Callable[[dict[str, str], Path], list[Case]]) -> int:
+    """Makes the fixtures (make_fixtures(folder)) and the cases (build_cases(fixtures, workdir)) in a
+    temporary folder, runs them (or lists them with --list) and prints every failure and the counts.
+    Returns the exit status: 0 when every case is clear_error or correct, 1 otherwise."""
     tessel = str(Path(args.tessel).resolve())
-    build_dir = Path(args.build_dir).resolve() if args.build_dir else Path(tessel).parent.parent
     with tempfile.TemporaryDirectory(prefix="tessel_hostile_") as tmp:
         root = Path(tmp)
         fixtures = root / "fixtures"
         fixtures.mkdir()
-        fx = make_fixtures(fixtures, build_dir)
+        fx = make_fixtures(fixtures)
         cases = build_cases(fx, root)
         if args.only:
             cases = [c for c in cases if args.only in c.name]
@@ -640,6 +645,15 @@ def main() -> int:
              "cases": [{"name": o.case.name, "class": o.klass, "returncode": o.returncode, "message": o.message}
                        for o in outcomes]}, indent=1))
     return 0 if counts["clear_error"] + counts["correct"] == len(outcomes) else 1
+
+
+def main() -> int:
+    parser = sweep_parser(__doc__)
+    parser.add_argument("--build-dir", help="build folder (for the plugins); default: the binary's ../")
+    args = parser.parse_args()
+    tessel = Path(args.tessel).resolve()
+    build_dir = Path(args.build_dir).resolve() if args.build_dir else tessel.parent.parent
+    return run_sweep(args, lambda root: make_fixtures(root, build_dir), build_cases)
 
 
 if __name__ == "__main__":
