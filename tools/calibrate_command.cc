@@ -62,9 +62,9 @@ WorkEstimate calibration_estimate(const CalibrateArgs& a, const Device& device) 
   const bool synthetic = !a.grid.empty();
   const double layers = synthetic ? static_cast<double>(a.synthetic_layers) : static_cast<double>(a.layers.size());
   const double steps = synthetic ? static_cast<double>(a.synthetic_steps)
-                                 : static_cast<double>(split_capture_files(a.layers.front()).size());
+                                 : static_cast<double>(split_capture_files(a.layers.front(), "--layer").size());
   const double heldout = synthetic ? static_cast<double>(a.synthetic_heldout)
-                                   : a.heldout.empty() ? 0.0 : static_cast<double>(split_capture_files(a.heldout.front()).size());
+                                   : a.heldout.empty() ? 0.0 : static_cast<double>(split_capture_files(a.heldout.front(), "--heldout").size());
   const double element = device.is_cuda() ? 2.0 : 4.0;
   const double q_bytes = static_cast<double>(shape.batch * shape.tokens * shape.heads * shape.head_dim) * element;
   const double kv_bytes = static_cast<double>(shape.batch * shape.kv_tokens * shape.kv_heads * shape.head_dim) * element;
@@ -117,6 +117,8 @@ int run_calibrate(CalibrateArgs a) {
                                                              " --synthetic-steps ", a.synthetic_steps, " --heads ", a.heads,
                                                              " --head-dim ", a.head_dim)
                                             : detail::concat("--layer (", a.layers.size(), " layers of captures)");
+  for (const std::string& files : a.layers) split_capture_files(files, "--layer");  // every list checked before any work
+  for (const std::string& files : a.heldout) split_capture_files(files, "--heldout");
   check_work_budget(calibration_estimate(a, device), a.budget, device, a.threads, shape_flags, "calibrate");
   // One layer's captures at a time (all of them only for --compare-global, which ranks them together).
   const SyntheticCaptureOptions captures{a.grid, a.synthetic_layers, a.heads, a.head_dim};
@@ -134,7 +136,8 @@ int run_calibrate(CalibrateArgs a) {
   for (size_t layer = 0; layer < layer_count; ++layer) {
     std::vector<CalibrationSample> streamed;
     std::vector<CalibrationSample>& samples = a.compare_global ? all_samples[layer] : (streamed = layer_samples(layer));
-    if (layer == 0) captured_q = samples.front().q.shape(), captured_k = samples.front().k.shape();
+    const Shape layer_q = samples.front().q.shape(), layer_k = samples.front().k.shape();
+    if (layer == 0) captured_q = layer_q, captured_k = layer_k;
     LayerReport report{calibrate_layer(ctx, samples, a.options)};
     streamed.clear();  // this layer's captures go before its held-out steps and the next layer's
     const bool has_heldout = synthetic ? a.synthetic_heldout > 0 : !a.heldout.empty();
@@ -144,6 +147,10 @@ int run_calibrate(CalibrateArgs a) {
                                                          static_cast<int64_t>(layer), 1)
                                     .front())
                     : load_capture_files(a.heldout[layer], "--heldout", device);
+      if (!synthetic && (held.front().q.shape() != layer_q || held.front().k.shape() != layer_k))
+        fail_argument("--heldout " + quoted_excerpt(a.heldout[layer]),
+                      "captures of the shape of the layer's --layer files (q " + shape_str(layer_q) + ", k " + shape_str(layer_k) + ")",
+                      "q " + shape_str(held.front().q.shape()) + ", k " + shape_str(held.front().k.shape()));
       const StepsEvaluation e = evaluate_steps(ctx, held, report.calibration.per_head, a.options);
       report.heldout_error = e.error;
       report.heldout_head_error = *std::max_element(e.head_error.begin(), e.head_error.end());
@@ -230,12 +237,12 @@ CommandRegistration registration{
       app.add_option("--layer", a->layers, "One layer's capture files (safetensors q, k, v), comma-separated; repeat per layer");
       app.add_option("--grid", a->grid, "Synthetic video captures on this FxHxW token grid instead of --layer files")
           ->check(parsed_by("FxHxW or HxW with positive integers", [](const std::string& text) { parse_token_grid(text, "--grid"); }));
-      app.add_option("--synthetic-layers", a->synthetic_layers, "Synthetic: layers (sharpness 0.6 to 1.4 from first to last)")
+      CLI::Option* synthetic_layers_option = app.add_option("--synthetic-layers", a->synthetic_layers, "Synthetic: layers (sharpness 0.6 to 1.4 from first to last)")
           ->check(integer_in(1, 1000));
-      app.add_option("--synthetic-steps", a->synthetic_steps, "Synthetic: calibration steps per layer")->capture_default_str()->check(integer_in(1, 1000));
-      app.add_option("--synthetic-heldout", a->synthetic_heldout, "Synthetic: held-out steps per layer")->capture_default_str()->check(integer_in(0, 1000));
-      app.add_option("--heads", a->heads, "Synthetic: heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
-      app.add_option("--head-dim", a->head_dim, "Synthetic: head dimension (even, >= 6)")->capture_default_str()->check(integer_in(6, kMaxHeadDim));
+      CLI::Option* synthetic_steps_option = app.add_option("--synthetic-steps", a->synthetic_steps, "Synthetic: calibration steps per layer")->capture_default_str()->check(integer_in(1, 1000));
+      CLI::Option* synthetic_heldout_option = app.add_option("--synthetic-heldout", a->synthetic_heldout, "Synthetic: held-out steps per layer")->capture_default_str()->check(integer_in(0, 1000));
+      CLI::Option* heads_option = app.add_option("--heads", a->heads, "Synthetic: heads")->capture_default_str()->check(integer_in(1, kMaxHeads));
+      CLI::Option* head_dim_option = app.add_option("--head-dim", a->head_dim, "Synthetic: head dimension (even, >= 6)")->capture_default_str()->check(even_integer_in(6, kMaxHeadDim));
       app.add_option("--heldout", a->heldout, "Held-out capture files per layer (comma-separated; one --heldout per --layer)");
       app.add_option("--method", a->method, "topk (SpargeAttn ratio), cdf (SpargeAttn cdf) or threshold (XAttention tau)")
           ->check(one_of({"topk", "cdf", "threshold"}));
@@ -250,8 +257,8 @@ CommandRegistration registration{
       app.add_option("--iterations", a->options.iterations, "Bisection halvings per head")->capture_default_str()->check(integer_in(1, 30));
       app.add_option("--block-q", a->options.block_q, "Query block size")->check(integer_in(1, kMaxBlockTokens));
       app.add_option("--block-kv", a->options.block_kv, "Key block size")->check(integer_in(1, kMaxBlockTokens));
-      app.add_option("--stride", a->options.stride, "threshold: antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}));
-      app.add_option("--similarity-threshold", a->options.similarity_threshold, "topk / cdf: self-similarity threshold in [-1, 1]")
+      CLI::Option* stride_option = app.add_option("--stride", a->options.stride, "threshold: antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}));
+      CLI::Option* similarity_option = app.add_option("--similarity-threshold", a->options.similarity_threshold, "topk / cdf: self-similarity threshold in [-1, 1]")
           ->check(number_in(-1.0, 1.0));
       app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file")->check(output_path());
       app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
@@ -262,7 +269,14 @@ CommandRegistration registration{
                    "Also find the one value that meets the target on every head of every layer, and its density");
       app.add_flag("--json", a->json, "Print the JSON instead of the table");
       add_budget_flags(app, a->budget);
-      return CommandRunner([a] { return run_calibrate(*a); });
+      return CommandRunner([=] {
+        for (const CLI::Option* synthetic : {synthetic_layers_option, synthetic_steps_option, synthetic_heldout_option, heads_option,
+                                             head_dim_option})
+          check_applies(synthetic, !a->grid.empty(), "--grid (synthetic captures)");
+        check_applies(stride_option, a->method == "threshold", "--method threshold");
+        check_applies(similarity_option, a->method != "threshold", "--method topk or cdf");
+        return run_calibrate(*a);
+      });
     }};
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "tessel/dit/wan_weights.h"
 #include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/registry.h"
+#include "tessel/core/finite_check.h"
 
 namespace tessel::cli {
 namespace {
@@ -125,7 +126,9 @@ BenchInputs bench_inputs(const DitBenchOptions& o, const WanConfig& config) {
   const SafetensorsFile file = SafetensorsFile::open(o.inputs);
   const auto load = [&](const char* name) {
     if (file.find(name) == nullptr) fail_argument("--inputs", detail::concat("a tensor named ", name), "none in " + quoted_excerpt(o.inputs));
-    return file.load(name).to(DType::kF32);
+    Tensor tensor = file.load(name).to(DType::kF32);
+    check_finite(tensor, "--inputs " + quoted_excerpt(o.inputs) + ": tensor " + name);
+    return tensor;
   };
   in.latents = load("hidden_states");
   in.timestep = load("timestep");
@@ -402,6 +405,7 @@ CommandRegistration registration{
           ->check(device_name());
       auto* model = app.add_option("--model", options->model, "named size with random weights")->capture_default_str()->check(one_of(presets));
       app.add_option("--from-dir", options->from_dir, "a diffusers WanTransformer3DModel checkpoint directory instead of --model")
+          ->check(input_path())
           ->excludes(model);
       app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")
           ->capture_default_str()

@@ -308,7 +308,8 @@ CommandRegistration registration{
           ->check(number_in(0.0, 1e9, Bounds::kOpenLow));
       app.add_flag("--json", a->json, "Print JSON {config, results} (with --config: the per-layer and per-head report)");
       auto c = std::make_shared<EvalConfigArgs>();
-      app.add_option("--config", c->config, "Check this config of `tessel calibrate --out` on held-out steps (--layer files or --grid)");
+      app.add_option("--config", c->config, "Check this config of `tessel calibrate --out` on held-out steps (--layer files or --grid)")
+          ->check(input_path());
       app.add_option("--layer", c->layers, "--config: one layer's held-out capture files (safetensors q, k, v), comma-separated; one per layer");
       app.add_option("--synthetic-heldout", c->synthetic_steps, "--config with --grid: synthetic held-out steps per layer")
           ->capture_default_str()
@@ -324,7 +325,14 @@ CommandRegistration registration{
       app.add_flag("--force", c->budget.force, "--config: run even when the estimated memory or time is over its budget");
       CLI::Option* heads = app.get_option("--heads");
       CLI::Option* head_dim = app.get_option("--head-dim");
-      return CommandRunner([a, c, heads, head_dim] {
+      std::vector<const CLI::Option*> config_only, plain_only;
+      for (const char* name : {"--synthetic-heldout", "--device", "--metric", "--target", "--report-only", "--max-memory", "--force"})
+        config_only.push_back(app.get_option(name));
+      for (const char* name : {"--methods", "--topk", "--threshold", "--cdf", "--ordering", "--repeats", "--max-tflop"})
+        plain_only.push_back(app.get_option(name));
+      return CommandRunner([a, c, heads, head_dim, config_only, plain_only] {
+        for (const CLI::Option* option : config_only) check_applies(option, !c->config.empty(), "--config");
+        for (const CLI::Option* option : plain_only) check_applies(option, c->config.empty(), "eval without --config");
         if (c->config.empty()) {
           if (!c->layers.empty()) fail_argument("--layer", "given with --config", "without it");
           return run_eval(*a);

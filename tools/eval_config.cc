@@ -100,7 +100,7 @@ WorkEstimate eval_config_estimate(const EvalConfigArgs& a, const CalibratedFile&
     shape = {1, grid.numel(), grid.numel(), heads, heads, head_dim};
   } else {
     shape = capture_shape(a.layers.front(), "--layer");
-    steps = static_cast<double>(split_capture_files(a.layers.front()).size());
+    steps = static_cast<double>(split_capture_files(a.layers.front(), "--layer").size());
   }
   const double element = device.is_cuda() ? 2.0 : 4.0;
   const double q_bytes = static_cast<double>(shape.batch * shape.tokens * shape.heads * shape.head_dim) * element;
@@ -179,6 +179,7 @@ int run_eval_config(const EvalConfigArgs& a) {
   if (!(target > 0.0)) fail_argument("--target", "a number > 0 (the config file has none)", target);
 
   check_held_out_source(a, file);
+  for (const std::string& files : a.layers) split_capture_files(files, "--layer");  // every list checked before any work
   const std::string shape_flags =
       !a.grid.empty() ? detail::concat("--grid ", a.grid, " --synthetic-heldout ", a.synthetic_steps, " (", file.layers.size(), " layers of --config)")
                       : detail::concat("--layer (", a.layers.size(), " layers of captures)");

@@ -63,19 +63,6 @@ struct GenerateOptions {
   std::string out;
 };
 
-WanVideoSize parse_size(const std::string& text, int64_t frames, int64_t spatial_stride) {
-  WanVideoSize size;
-  size.frames = frames;
-  size.vae_spatial_stride = spatial_stride;
-  std::tie(size.width, size.height) = parse_width_height(text, "--size");
-  try {
-    size.validate();
-  } catch (const Error& e) {
-    throw Error(std::string(e.what()) + (std::string(e.what()).rfind("frames", 0) == 0 ? " (--frames)" : " (--size)"));
-  }
-  return size;
-}
-
 Tensor load_named(const SafetensorsFile& file, const std::string& name, const std::string& flag) {
   if (!file.find(name)) fail_argument(flag, "a safetensors file with a tensor \"" + name + "\"", quoted_excerpt(file.path()));
   Tensor tensor = file.load(name);
@@ -175,7 +162,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   const WanModelDir model = WanModelDir::open(o.model_dir);
   if (prompt_set && !model.has_text_encoder)
     fail_argument("--model", "a directory with tokenizer/ (for --prompt) and text_encoder/", quoted_excerpt(o.model_dir));
-  const WanVideoSize size = parse_size(o.size, o.frames, model.vae_spatial_stride);
+  const WanVideoSize size = parse_video_size(o.size, o.frames, model.vae_spatial_stride);
   if (!model.two_experts && o.guidance_2)
     fail_argument("--guidance-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", *o.guidance_2);
   if (!model.two_experts && o.sparse_config_2)

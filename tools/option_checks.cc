@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <tuple>
 
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
@@ -92,6 +93,38 @@ CLI::Validator device_name() {
 CLI::Validator output_path() {
   return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "expected a non-empty path, got ''" : ""; },
                         "a non-empty path", "OUTPUT_PATH");
+}
+
+WanVideoSize parse_video_size(const std::string& text, int64_t frames, int64_t vae_spatial_stride) {
+  WanVideoSize size;
+  size.frames = frames;
+  size.vae_spatial_stride = vae_spatial_stride;
+  std::tie(size.width, size.height) = parse_width_height(text, "--size");
+  try {
+    size.validate();
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + (std::string(e.what()).rfind("frames", 0) == 0 ? " (--frames)" : " (--size)"));
+  }
+  return size;
+}
+
+void check_applies(const CLI::Option* option, bool applies, const std::string& when) {
+  if (option != nullptr && option->count() > 0 && !applies) throw Error(option->get_name() + ": applies to " + when + " only");
+}
+
+CLI::Validator input_path() {
+  return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "expected a non-empty path, got ''" : ""; },
+                        "a non-empty path", "PATH");
+}
+
+CLI::Validator even_integer_in(int64_t low, int64_t high) {
+  return CLI::Validator(
+      [low, high](std::string& text) -> std::string {
+        const std::string range = integer_in(low, high)(text);
+        if (!range.empty()) return range;
+        return std::stoll(text) % 2 == 0 ? "" : "expected an even integer, got " + text;
+      },
+      detail::concat("an even integer in [", low, ", ", high, "]"), "EVEN");
 }
 
 std::pair<int64_t, int64_t> parse_width_height(const std::string& text, const std::string& flag) {

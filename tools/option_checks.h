@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "tessel/core/device.h"
+#include "tessel/diffusion/wan_pipeline.h"
 
 namespace tessel::cli {
 
@@ -34,10 +35,20 @@ CLI::Validator device_name();
 CLI::Validator attention_dtype_name();
 // An output path: not empty (an empty one would write into the working directory or be ignored).
 CLI::Validator output_path();
+// An option that only matters with another setting, given without it: an Error
+// "<flag>: applies to <when> only" (silently ignoring it would hide the user's mistake).
+void check_applies(const CLI::Option* option, bool applies, const std::string& when);
+// An input path given: not empty (an empty one would read as "not given" and run something else).
+CLI::Validator input_path();
+// An even integer in [low, high].
+CLI::Validator even_integer_in(int64_t low, int64_t high);
 
 // The one parser of "WIDTHxHEIGHT" (both positive integers, nothing before, between or after them):
 // throws Error naming `flag`.
 std::pair<int64_t, int64_t> parse_width_height(const std::string& text, const std::string& flag);
+// --size WIDTHxHEIGHT and --frames as a video the model makes (sizes a multiple of twice the VAE's
+// stride, frames 4k + 1): an Error naming the flag at fault.
+WanVideoSize parse_video_size(const std::string& size, int64_t frames, int64_t vae_spatial_stride);
 // The same check as a CLI11 validator (the value refused while the command line is parsed).
 CLI::Validator width_height();
 

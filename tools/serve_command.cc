@@ -31,6 +31,8 @@
 #include "tessel/dit/wan_model.h"
 #include "tessel/engine/engine.h"
 #include "tessel/engine/wan_serving.h"
+#include "tessel/core/finite_check.h"
+#include "tessel/core/io/safetensors.h"
 
 namespace tessel::cli {
 namespace {
@@ -125,7 +127,11 @@ std::map<std::string, std::string> allowed_settings(const ServeOptions& o, int64
       fail_argument("--sparse-attn-allow", "NAME=dense|'<json>'|@file.json with NAME of letters, digits, _ and - (not default)",
                     quoted_excerpt(entry));
     const std::string value = entry.substr(equals + 1);
-    settings[name] = value == "dense" ? "" : worker_config_json(parse_sparse_attn_config_arg(value, "--sparse-attn-allow"), o, width, height);
+    try {
+      settings[name] = value == "dense" ? "" : worker_config_json(parse_sparse_attn_config_arg(value, "--sparse-attn-allow"), o, width, height);
+    } catch (const Error& e) {
+      throw Error("--sparse-attn-allow " + name + ": " + e.what());
+    }
   }
   return settings;
 }
@@ -144,6 +150,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   const auto [width, height] = parse_width_height(o.size, "--size");
   // The model directory, read and checked once (the workers' generator reads it again).
   const WanModelDir model = WanModelDir::open(o.model_dir);
+  // The defaults every request without its own size and frames gets: a model's size, checked now.
+  parse_video_size(o.size, o.frames, model.vae_spatial_stride);
   if (!model.two_experts && o.sparse_config_2)
     fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
   if (!model.two_experts && !lora.loras_2.empty())
@@ -156,6 +164,17 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   for (const LoraFile& file : lora_files(lora.loras_2, "--lora-2")) runner.loras_2.push_back({fs::absolute(file.path).string(), file.scale});
   runner.lora_ignore_unmatched = lora.ignore_unmatched;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
+  if (!o.embeddings.empty()) {  // read once here so a bad file fails the start, not every request
+    const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
+    for (const char* name : {"prompt_embeds", "negative_prompt_embeds"}) {
+      if (!embeddings.find(name)) {
+        if (std::string(name) == "prompt_embeds")
+          fail_argument("--embeddings", "a safetensors file with a tensor \"prompt_embeds\"", quoted_excerpt(o.embeddings));
+        continue;
+      }
+      check_finite(embeddings.load(name), "--embeddings " + quoted_excerpt(o.embeddings) + ": " + name);
+    }
+  }
   runner.num_threads = static_cast<int>(o.threads);
   const Device device = parse_device(o.device);
   if (device.is_cuda() && !cuda_compiled()) fail_argument("--device", "cpu (tessel was built without CUDA)", device.str());
@@ -265,8 +284,12 @@ CommandRegistration registration{
                      "Wan 2.2 two-expert models: the low-noise expert's (transformer_2) sparse config, JSON or @file.json, "
                      "over the first expert's (default: the same)");
       app.add_option("--embeddings", o->embeddings,
-                     "safetensors with prompt_embeds (and negative_prompt_embeds): the text conditioning of every request");
-      app.add_option("--host", o->server.host, "address to listen on")->capture_default_str();
+                     "safetensors with prompt_embeds (and negative_prompt_embeds): the text conditioning of every request")
+          ->check(input_path());
+      app.add_option("--host", o->server.host, "address to listen on")
+          ->capture_default_str()
+          ->check(CLI::Validator([](std::string& text) { return text.empty() ? std::string("expected an address, got ''") : std::string(); },
+                                 "an address", "HOST"));
       app.add_option("--port", o->server.port, "port (0: any free one, printed)")->capture_default_str()->check(integer_in(0, 65535));
       app.add_option("--max-queue", o->max_queue, "requests that may wait; beyond: 429")->capture_default_str()->check(integer_in(1, 100000));
       app.add_option("--api-key", o->server.api_key, "require Authorization: Bearer KEY (all but /health)");

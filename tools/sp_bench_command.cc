@@ -112,7 +112,14 @@ void whole_attention(const ExecContext& ctx, const Tensor& q, const Tensor& k, c
 }
 
 std::vector<ParallelConfig> layouts_of(const SpBenchOptions& o, const ParallelFlags& flags, int world) {
-  if (flags.ulysses * flags.ring > 1) return {flags.config()};
+  if (flags.ulysses * flags.ring > 1) {
+    const ParallelConfig config = flags.config();
+    if (config.world_size() != world)
+      fail_argument("--ulysses x --ring (x 2 with --cfg-parallel)",
+                    detail::concat("the ", world, " ranks of this run (launch them with mpirun or TESSEL_WORLD_SIZE)"),
+                    detail::concat(config.world_size(), " (", flags.describe(), ")"));
+    return {config};
+  }
   const int cfg = flags.cfg_parallel ? 2 : 1;
   if (world % cfg != 0) fail_argument("--cfg-parallel", "an even number of ranks", world);
   std::vector<ParallelConfig> all;
@@ -179,7 +186,7 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
   const DType dtype = parse_dtype(o.dtype);
   ParallelRun run{ParallelRun::kWholeWorld};
   // GPUs: each process on its local GPU (mpirun's or TESSEL_LOCAL_RANK), unless --device names one.
-  Device device = parse_device(o.device);
+  Device device = present_device(o.device, "--device");
   if (device.is_cuda() && o.device == "cuda") device = Device::cuda(run.local_rank());
   if (device.is_cpu() && dtype != DType::kF32) fail_argument("--dtype", "fp32 on the CPU", o.dtype);
   ExecContext ctx;
@@ -372,10 +379,10 @@ CommandRegistration registration{
       app.add_option("--mask", options->mask, "dense, block_sparse (random blocks), radial (needs --grid) or dynamic_topk")
           ->capture_default_str()
           ->check(one_of({"dense", "block_sparse", "radial", "dynamic_topk"}));
-      app.add_option("--density", options->density, "block_sparse: kept fraction; dynamic_topk: top-k ratio")
+      CLI::Option* density = app.add_option("--density", options->density, "block_sparse: kept fraction; dynamic_topk: top-k ratio")
           ->capture_default_str()
           ->check(number_in(0.0, 1.0, Bounds::kOpenLow));
-      app.add_option("--grid", options->grid, "radial: the latent patch grid FxHxW (sets --seq)");
+      CLI::Option* grid = app.add_option("--grid", options->grid, "radial: the latent patch grid FxHxW (sets --seq)");
       app.add_option("--block-q", options->block_q, "query block of the masks")->capture_default_str()->check(integer_in(1, 4096));
       app.add_option("--block-kv", options->block_kv, "key block of the masks")->capture_default_str()->check(integer_in(1, 4096));
       app.add_option("--device", options->device, "cpu (MPI), cuda (NCCL; rank r of a node on its local GPU r) or cuda:N")
@@ -390,7 +397,11 @@ CommandRegistration registration{
       app.add_flag("--all-rank-phases", options->all_rank_phases,
                    "every rank prints its own phase breakdown to stderr (load imbalance between ranks)");
       add_parallel_flags(app, *flags);
-      return CommandRunner([options, flags] { return run_sp_bench(*options, *flags); });
+      return CommandRunner([options, flags, grid, density] {
+        check_applies(grid, options->mask == "radial", "--mask radial");
+        check_applies(density, options->mask == "block_sparse" || options->mask == "dynamic_topk", "--mask block_sparse or dynamic_topk");
+        return run_sp_bench(*options, *flags);
+      });
     }};
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "tessel/core/random.h"
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_vae.h"
+#include "tessel/core/finite_check.h"
 
 namespace tessel::cli {
 namespace {
@@ -41,7 +42,11 @@ struct VaeBenchOptions {
 
 // The latents to decode: the file's, or seeded random ones of the video size asked for.
 Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
-  if (!o.latents.empty()) return SafetensorsFile::open(o.latents).load("latents");
+  if (!o.latents.empty()) {
+    Tensor latents = SafetensorsFile::open(o.latents).load("latents");
+    check_finite(latents, "--latents " + quoted_excerpt(o.latents) + ": tensor latents");
+    return latents;
+  }
   require_multiple("--height", o.height, "the VAE's spatial factor", 8);
   require_multiple("--width", o.width, "the VAE's spatial factor", 8);
   if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the VAE's temporal factor is 4)", o.frames);
@@ -51,7 +56,7 @@ Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
 }
 
 int run_vae_bench(const VaeBenchOptions& o) {
-  const Device device = parse_device(o.device);
+  const Device device = present_device(o.device, "--device");
   ExecContext ctx;
   ctx.device = device;
   ctx.num_threads = static_cast<int>(o.threads);
@@ -120,7 +125,8 @@ CommandRegistration registration{
       app.add_option("--from-dir", options->from_dir, "a diffusers AutoencoderKLWan directory (vae/) instead of --preset")->excludes(preset);
       auto* latents = app.add_option("--latents", options->latents,
                                      "safetensors file with the tensor 'latents' (1, z_dim, T, h, w) to decode instead of random ones");
-      app.add_option("--save-video", options->save_video, "write the last decode's video (fp32, tensor 'video') to this safetensors file");
+      app.add_option("--save-video", options->save_video, "write the last decode's video (fp32, tensor 'video') to this safetensors file")
+          ->check(output_path());
       app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));
       app.add_option("--height", options->height, "video height in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
       app.add_option("--width", options->width, "video width in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
@@ -130,9 +136,12 @@ CommandRegistration registration{
           ->capture_default_str()
           ->check(integer_in(0, kMaxRepeats));
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
-      app.add_flag("--no-tf32", options->no_tf32, "keep every product of the CUDA convolutions in fp32 (no TF32)");
+      CLI::Option* no_tf32 = app.add_flag("--no-tf32", options->no_tf32, "keep every product of the CUDA convolutions in fp32 (no TF32)");
       app.add_flag("--json", options->json, "print one JSON object instead of a line");
-      return CommandRunner([options] { return run_vae_bench(*options); });
+      return CommandRunner([options, no_tf32] {
+        check_applies(no_tf32, options->device.rfind("cuda", 0) == 0, "--device cuda");
+        return run_vae_bench(*options);
+      });
     }};
 
 }  // namespace

@@ -45,10 +45,22 @@ std::string_view wan_task_name(WanTask task) {
 std::string WanModelDir::component(const char* name) const { return (fs::path(path) / name).string(); }
 
 WanModelDir WanModelDir::open(const std::string& dir) {
+  try {
+    return open_checked(dir);
+  } catch (const fs::filesystem_error& e) {
+    // A symlink loop, a permission or an I/O error while the directory is walked.
+    fail_argument("model directory " + quoted_excerpt(dir), "a readable diffusers model directory", e.code().message());
+  }
+}
+
+WanModelDir WanModelDir::open_checked(const std::string& dir) {
   const fs::path root(dir);
   const std::string index_path = (root / "model_index.json").string();
-  if (dir.empty() || !fs::is_regular_file(index_path))
-    fail_argument("model directory", "a diffusers model directory with model_index.json", quoted_excerpt(dir));
+  std::error_code status_error;
+  const bool index_exists = !dir.empty() && fs::is_regular_file(index_path, status_error);
+  if (status_error && status_error != std::errc::no_such_file_or_directory)
+    fail_argument("model directory " + quoted_excerpt(dir), "a readable diffusers model directory", status_error.message());
+  if (!index_exists) fail_argument("model directory", "a diffusers model directory with model_index.json", quoted_excerpt(dir));
   const nlohmann::json index =
       parse_json_limited(read_file_bounded(index_path, kMaxModelIndexBytes, "model_index.json"), JsonLimits{}, index_path);
   if (!index.is_object()) fail_argument(index_path, "a JSON object", json_excerpt(index));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -171,7 +172,8 @@ LoraFile parse_lora_file(std::string_view text, const std::string& what) {
     errno = 0;
     const double scale = number.empty() ? NAN : std::strtod(number.c_str(), &end);
     if (!number.empty() && end == number.c_str() + number.size() && errno == 0) {
-      if (!std::isfinite(scale)) fail_argument(what, "path[:scale] with a finite scale", std::string(text));
+      if (!std::isfinite(scale) || std::abs(scale) > std::numeric_limits<float>::max())
+        fail_argument(what, "path[:scale] with a finite scale (within fp32's range)", std::string(text));
       file = {std::string(text.substr(0, colon)), scale};
     }
   }
@@ -226,7 +228,8 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
   WanLora lora;
   for (const LoraFile& source : files) {
     const std::string& path = source.path;
-    if (!std::isfinite(source.scale)) fail_argument(path + ": scale", "a finite number", source.scale);
+    if (!std::isfinite(source.scale) || std::abs(source.scale) > std::numeric_limits<float>::max())
+      fail_argument(path + ": scale", "a finite number within fp32's range", source.scale);
     require_regular_file(path, "LoRA file");
     const SafetensorsFile file = SafetensorsFile::open(path);
     const FileAlpha file_wide = file_alpha(file, path);
@@ -393,6 +396,9 @@ Tensor WanLora::merged(const std::string& tensor, const TensorView& stored) cons
       for (int64_t j = 0; j < rest; ++j) target[j] = static_cast<float>(target[j] + delta.scale * sum[static_cast<size_t>(j)]);
     });
   }
+  // A scale or delta large enough to overflow fp32 is the LoRA's fault: say so here, not as a
+  // non-finite noise prediction after the first step.
+  check_finite(out.view(), "tensor \"" + tensor + "\" after merging its LoRA deltas", "lower the LoRA's scale");
   return out;
 }
 

@@ -11,11 +11,13 @@
 
 namespace tessel {
 
-std::vector<std::string> split_capture_files(const std::string& text) {
+std::vector<std::string> split_capture_files(const std::string& text, const std::string& option) {
   std::vector<std::string> files;
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = std::min(text.find(',', start), text.size());
+    if (comma == start && !text.empty())
+      fail_argument(option, "comma-separated capture files without empty elements", quoted_excerpt(text));
     if (comma > start) files.push_back(text.substr(start, comma - start));
     start = comma + 1;
   }
@@ -38,7 +40,7 @@ CalibrationSample capture_on_device(const Tensor& q, const Tensor& k, const Tens
 
 std::vector<CalibrationSample> load_capture_files(const std::string& files, const std::string& option, const Device& device) {
   std::vector<CalibrationSample> samples;
-  for (const std::string& path : split_capture_files(files)) {
+  for (const std::string& path : split_capture_files(files, option)) {
     QkvTensors t = load_qkv_safetensors(path);
     samples.push_back(capture_on_device(t.q, t.k, t.v, device));
   }
@@ -82,7 +84,7 @@ std::vector<std::vector<CalibrationSample>> synthetic_layer_captures(const Synth
 }
 
 CaptureShape capture_shape(const std::string& files, const std::string& option) {
-  const std::vector<std::string> paths = split_capture_files(files);
+  const std::vector<std::string> paths = split_capture_files(files, option);
   if (paths.empty()) fail_argument(option, "one or more capture files, comma-separated", files);
   const SafetensorsFile file = SafetensorsFile::open(paths.front());
   const SafetensorsEntry* q = file.find("q");

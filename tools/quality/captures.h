@@ -15,8 +15,9 @@ namespace tessel {
 // Synthetic held-out steps use seeds from this offset, so they never repeat a calibration step.
 inline constexpr uint64_t kSyntheticHeldoutSeedOffset = 500;
 
-// "a.safetensors,b.safetensors" -> its non-empty items.
-std::vector<std::string> split_capture_files(const std::string& text);
+// "a.safetensors,b.safetensors" -> its items; an empty item ("a,,b", "a,") is an Error naming
+// `option` (a dropped step would change the calibration silently).
+std::vector<std::string> split_capture_files(const std::string& text, const std::string& option);
 
 // One captured step on `device`: fp32 on the CPU, bf16 on CUDA.
 CalibrationSample capture_on_device(const Tensor& q, const Tensor& k, const Tensor& v, const Device& device);

@@ -58,6 +58,9 @@ struct WanModelDir {
 
   static WanModelDir open(const std::string& dir);
   std::string component(const char* name) const;  // path/name
+
+ private:
+  static WanModelDir open_checked(const std::string& dir);  // open's work; filesystem errors escape it
 };
 
 // A sparse-attention setting: each expert's config (unset: dense). With one expert the second is
