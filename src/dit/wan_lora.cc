@@ -285,7 +285,10 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
 
     // Check every module's parts, then keep its deltas.
     std::map<std::string, std::vector<LoraDelta>> deltas;
-    for (const auto& [module, parts] : modules) {
+    for (const auto& entry : modules) {
+      // Named, not structured bindings: the lambdas below capture them (clang 15 refuses bindings).
+      const std::string& module = entry.first;
+      const ModuleParts& parts = entry.second;
       const auto key_of = [&](Part part) -> const std::string* {
         const auto found = parts.keys.find(part);
         return found == parts.keys.end() ? nullptr : &found->second;
