@@ -16,16 +16,22 @@
 #      on the tiny CUDA model: an image request answered, its time against one worker's;
 #   2d. `tessel generate --device cuda --cfg-parallel` on 2 GPUs (one guidance branch per GPU) against
 #      one GPU's latents on the tiny CUDA model (pass: rel-L2 <= 2e-2, bf16 GEMMs of batch 1 and 2);
-#   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs (Ulysses N), 14B 720p
-#      81 frames and 1.3B 480p, dense and sparse (radial), the memory per GPU (nvidia-smi's peak
-#      during the run), the bytes sent, and (N > 1, --check) the last step against one GPU's;
+#   2e. (--serve-bar) `tessel serve --device cuda` on the Wan 1.3B random model (init-model --preset
+#      wan-1.3b, ~14 GB on disk): one 480p 81-frame 50-step video (POST /v1/videos/sync) with one
+#      worker and with --ulysses 2, after a 1-step warm-up request each (bar: Ulysses 2 <= 0.65x);
+#   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs, 14B 720p 81 frames and
+#      1.3B 480p, for each attention of --dit-attn (dense, radial, dynamic_topk: top-k 0.2, every row
+#      ranked) under each layout of --dit-layouts (ulysses: Ulysses N; ring: Ring N; cfg: CFG-parallel
+#      x Ulysses N/2), the memory per GPU (nvidia-smi's peak during the run), the bytes sent, and
+#      (N > 1, --check) the last step against one GPU's;
 #   4. prints the table last (also written to OUT/table.md).
 # Options: --bin DIR (holding `tessel`; default build-cuda/bin), --out DIR (default ./multi-gpu-out),
 #          --gpus "2 4" (world sizes to run; those above the visible GPU count are skipped),
 #          --launcher mpirun|env (default: mpirun when on PATH, else one process per GPU started
 #          here with TESSEL_RANK / TESSEL_WORLD_SIZE and a TCP rendezvous),
 #          --skip-correctness (1, 2b and 2c), --skip-attention, --skip-dit, --steps N (timed steps, default 3),
-#          --dit-models "wan-14b wan-1.3b" (the models of 3), --skip-sp-check (1 alone), --skip-dit-check (2b alone),
+#          --dit-models "wan-14b wan-1.3b" (the models of 3), --dit-attn "dense radial" (its attentions),
+#          --dit-layouts "ulysses" (its layouts: ulysses ring cfg), --serve-bar (2e), --skip-sp-check (1 alone), --skip-dit-check (2b alone),
 #          --run-timeout S (each multi-rank run is stopped after S seconds, default 300: a hang fails
 #          its row instead of the whole check).
 # Exit status: 1 when any correctness case fails (a mismatch, or a run that did not finish).
@@ -34,6 +40,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build-cuda/bin" OUTDIR="$PWD/multi-gpu-out" GPUS="2 4" LAUNCHER="" STEPS=3
 RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1 RUN_SP_CHECK=1 RUN_DIT_CHECK=1 DIT_MODELS="wan-14b wan-1.3b" RUN_TIMEOUT=300
+DIT_ATTN="dense radial" DIT_LAYOUTS="ulysses" RUN_SERVE_BAR=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) BIN="$2"; shift 2 ;;
@@ -42,6 +49,9 @@ while [[ $# -gt 0 ]]; do
     --launcher) LAUNCHER="$2"; shift 2 ;;
     --steps) STEPS="$2"; shift 2 ;;
     --dit-models) DIT_MODELS="$2"; shift 2 ;;
+    --dit-attn) DIT_ATTN="$2"; shift 2 ;;
+    --dit-layouts) DIT_LAYOUTS="$2"; shift 2 ;;
+    --serve-bar) RUN_SERVE_BAR=1; shift ;;
     --skip-sp-check) RUN_SP_CHECK=0; shift ;;
     --skip-dit-check) RUN_DIT_CHECK=0; shift ;;
     --run-timeout) RUN_TIMEOUT="$2"; shift 2 ;;
@@ -180,35 +190,43 @@ fi
 
 # ---- 2c. the server's worker group on GPUs ----------------------------------------------------------
 SERVE_ROWS=()
-serve_once() {  # serve_once NAME FLAGS...: start a server, time one image request, stop it; prints "status seconds"
-  local name="$1"; shift
-  "$TESSEL" serve --model "$OUTDIR/tiny-cuda-model" --device cuda --port 0 --size 64x64 --frames 5 --steps 4 "$@" \
-    >"$OUTDIR/$name.log" 2>&1 &
-  local server=$! port="" i
-  for i in $(seq 1 600); do
+# timed_serve NAME WAIT_S PATH BODY FLAGS...: start `tessel serve FLAGS`, POST BODY (JSON) to PATH twice
+# (the first warms the workers: kernels, cuBLASLt heuristics; "steps" in BODY is set to 1 for it),
+# time the second, stop the server; prints "status seconds". WAIT_S bounds the start-up.
+timed_serve() {
+  local name="$1" wait_s="$2" path="$3" body="$4"; shift 4
+  "$TESSEL" serve --device cuda --port 0 "$@" >"$OUTDIR/$name.log" 2>&1 &
+  local server=$! port=""
+  for _ in $(seq 1 $((wait_s * 10))); do
     port="$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$OUTDIR/$name.log" | head -1)"
     [[ -n "$port" ]] && break
     kill -0 "$server" 2>/dev/null || break
     sleep 0.1
   done
   if [[ -z "$port" ]]; then echo "no-server 0"; kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; return; fi
-  python3 - "$port" <<'PYEOF'
+  python3 - "$port" "$path" "$body" <<'PYEOF'
 import json, sys, time, urllib.request
-port = sys.argv[1]
-def image():
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/images/generations", method="POST",
-                                     data=json.dumps({"prompt": "a red cube", "seed": 3}).encode())
+port, path, body = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def post(fields):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST", data=json.dumps(fields).encode(),
+                                     headers={"Content-Type": "application/json"})
     start = time.time()
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=900) as response:
+            response.read()
             return response.status, time.time() - start
     except urllib.error.HTTPError as e:
         return e.code, time.time() - start
-image()  # the first request warms the workers (kernels, cuBLASLt heuristics)
-status, seconds = image()
+post(dict(body, num_inference_steps=1))
+status, seconds = post(body)
 print(status, f"{seconds:.3f}")
 PYEOF
   kill -TERM "$server" 2>/dev/null; wait "$server" 2>/dev/null
+}
+serve_once() {  # serve_once NAME FLAGS...: one image request of the tiny CUDA model; prints "status seconds"
+  local name="$1"; shift
+  timed_serve "$name" 60 /v1/images/generations '{"prompt": "a red cube", "seed": 3, "num_inference_steps": 4}' \
+    --model "$OUTDIR/tiny-cuda-model" --size 64x64 --frames 5 --steps 4 "$@"
 }
 if [[ $RUN_CORRECTNESS -eq 1 ]]; then
   "$TESSEL" init-model --preset tiny-cuda --out "$OUTDIR/tiny-cuda-model" >/dev/null 2>&1
@@ -257,6 +275,26 @@ PYEOF
   fi
 fi
 
+# ---- 2e. the server at a real shape: Wan 1.3B 480p 81 frames, 50 steps, one worker against Ulysses 2 ----------
+SERVE_BAR_ROWS=()
+if [[ $RUN_SERVE_BAR -eq 1 && "$VISIBLE" -ge 2 ]]; then
+  [[ -f "$OUTDIR/wan-1.3b-model/model_index.json" ]] ||
+    "$TESSEL" init-model --preset wan-1.3b --out "$OUTDIR/wan-1.3b-model" >"$OUTDIR/init-wan-1.3b.log" 2>&1
+  video='{"prompt": "a red cube on a table", "seed": 5, "size": "832x480", "num_frames": 81, "num_inference_steps": 50}'
+  one_s=""
+  for layout in "" "--ulysses 2"; do
+    # shellcheck disable=SC2086
+    read -r status seconds < <(timed_serve "serve-bar${layout:+-${layout//[ -]/}}" 600 /v1/videos/sync "$video" \
+      --model "$OUTDIR/wan-1.3b-model" --size 832x480 --frames 81 --steps 50 $layout)
+    [[ "$status" == 200 ]] || FAILED=1
+    ratio=""
+    if [[ -z "$layout" ]]; then one_s="$seconds"; elif [[ -n "$one_s" && "$status" == 200 ]]; then
+      ratio="$(python3 -c "r = $seconds / $one_s; print(f'{r:.2f}x one worker ({\"met\" if r <= 0.65 else \"NOT met\"}: bar 0.65x)')")"
+    fi
+    SERVE_BAR_ROWS+=("| ${layout:-one worker} | $status | $seconds | $ratio |")
+  done
+fi
+
 # ---- 2. attention scaling -------------------------------------------------------------------------
 if [[ $RUN_ATTENTION -eq 1 ]]; then
   for shape in "14b-720p|--seq 75600 --heads 40 --head-dim 128" "1.3b-480p|--seq 32760 --heads 12 --head-dim 128"; do
@@ -285,24 +323,36 @@ fi
 peak_memory_file="$OUTDIR/memory.samples"
 if [[ $RUN_DIT -eq 1 ]]; then
   if ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--device"; then
-    DIT_ROWS+=("| all | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | | |")
+    DIT_ROWS+=("| all | | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | | |")
   else
     for model in "wan-14b|--frames 81 --height 720 --width 1280" "wan-1.3b|--frames 81 --height 480 --width 832"; do
       name_model="${model%%|*}" size="${model#*|}"
       [[ " $DIT_MODELS " == *" $name_model "* ]] || continue
-      for attn in dense "radial"; do
+      for attn in $DIT_ATTN; do
         sparse_flags=()
         [[ "$attn" == radial ]] && sparse_flags=(--sparse-attn-backend radial --sparse-attn-pattern radial)
+        # Random weights make blocks whose tokens are not alike: rank every block (no similarity guard).
+        [[ "$attn" == dynamic_topk ]] && sparse_flags=(--sparse-attn-config
+          '{"backend": "dynamic_topk", "pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.2}, "options": {"similarity_threshold": "-2"}}')
         base_s=""
-        for n in 1 $GPUS; do
+        runs=("1|")
+        for n in $GPUS; do
+          for layout in $DIT_LAYOUTS; do
+            case "$layout" in
+              ulysses) runs+=("$n|--ulysses $n") ;;
+              ring) runs+=("$n|--ring $n") ;;
+              cfg) runs+=("$n|--cfg-parallel$([[ $n -gt 2 ]] && echo " --ulysses $((n / 2))")") ;;
+              *) echo "multi-gpu-check: unknown --dit-layouts entry $layout" >&2; exit 2 ;;
+            esac
+          done
+        done
+        for run in "${runs[@]}"; do
+          n="${run%%|*}" layout="${run#*|}"
           [[ "$n" -le "$VISIBLE" ]] || continue
-          if [[ "$n" -gt 1 ]] && ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--ulysses"; then
-            DIT_ROWS+=("| $name_model | $attn | $n | this tessel's dit-bench has no --ulysses: not run | | | | |")
-            continue
-          fi
           parallel_flags=()
-          [[ "$n" -gt 1 ]] && parallel_flags=(--ulysses "$n" --check)
-          name="dit-$name_model-$attn-n$n"
+          # shellcheck disable=SC2206
+          [[ "$n" -gt 1 ]] && parallel_flags=($layout --check)
+          name="dit-$name_model-$attn-n$n${layout:+-${layout//[ -]/}}"
           echo "== $name"
           (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >>"$peak_memory_file"; sleep 1; done) &
           sampler=$!
@@ -314,14 +364,14 @@ if [[ $RUN_DIT -eq 1 ]]; then
           kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
           peak="$(sort -n "$peak_memory_file" | tail -1)"
           if [[ $status -ne 0 ]]; then
-            DIT_ROWS+=("| $name_model | $attn | $n | run failed or FAIL (see $name.log) | | | | |")
+            DIT_ROWS+=("| $name_model | $attn | $n | $layout | run failed or FAIL (see $name.log) | | | | |")
             continue
           fi
           IFS='|' read -r step density sent check < <(json_rows "$OUTDIR/$name.log" dit)
           [[ "$n" -eq 1 ]] && base_s="$step"
           efficiency=""
           [[ -n "$base_s" && -n "$step" ]] && efficiency="$(python3 -c "print(f'{$base_s / $step:.2f}x, {$base_s / $step / $n:.2f}')")"
-          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | $step | $efficiency | ${peak:-?} MiB | $sent | $check |")
+          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | ${layout:-one GPU} | $step | $efficiency | ${peak:-?} MiB | $sent | $check |")
         done
       done
     done
@@ -350,6 +400,14 @@ fi
   echo "|---|---|---|---|"
   printf '%s\n' "${SERVE_ROWS[@]}"
   echo
+  if [[ ${#SERVE_BAR_ROWS[@]} -gt 0 ]]; then
+    echo "tessel serve --device cuda, Wan 1.3B random weights: one 480p 81-frame 50-step video (POST /v1/videos/sync, after a 1-step warm-up)"
+    echo
+    echo "| workers | HTTP status | seconds | against one worker |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${SERVE_BAR_ROWS[@]}"
+    echo
+  fi
   echo "CFG-parallel in the CUDA pipeline: the latents against one GPU's (rel-L2, pass <= 2e-2)"
   echo
   echo "| GPUs | run | rel-L2 vs one GPU |"
@@ -362,10 +420,10 @@ fi
   echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${ATTENTION_ROWS[@]}"
   echo
-  echo "Wan denoising step (dit-bench, batch 2, random weights; Ulysses N)"
+  echo "Wan denoising step (dit-bench, batch 2, random weights)"
   echo
-  echo "| model | attention | GPUs | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) | vs one GPU |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| model | attention | GPUs | layout | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) | vs one GPU |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${DIT_ROWS[@]}"
 } | tee "$TABLE"
 [[ $FAILED -eq 0 ]] || echo "multi-gpu-check: correctness FAILED (see the table and the logs)"
