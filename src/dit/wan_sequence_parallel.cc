@@ -132,6 +132,47 @@ AttentionStepReport WanSequenceParallel::attend(const ExecContext& ctx, const Sp
       return report;
     }
   }
+  // Ring alone and a top-k mask on CUDA: a row's estimate reads its own queries and every key, so
+  // each rank estimates the rows of its query shard on the device from its q and the gathered k
+  // (q is not gathered), and the mask is cut per ring step on the device: nothing goes through the
+  // host. The threshold estimator (its strided query sampling and chunk padding are not shown to be
+  // free of the rows' position) and USP keep the gathered path below.
+  if (module != nullptr && device_.is_cuda() && attention_->strategy() == ParallelStrategy::kRing &&
+      module->adapter().backend() && module->adapter().config().pattern().type == PatternType::kDynamicTopk &&
+      !module->adapter().config().pattern().keep_diagonal) {
+    if (!global_k_.defined()) global_k_ = Tensor::empty({batch_, seq_, heads_, head_dim_}, dtype_, device_);
+    const int64_t row = heads_ * head_dim_;
+    const TensorView q_rows(q, dtype_, device_, {batch_, valid_tokens(), heads_, head_dim_},
+                            {tokens * row, row, head_dim_, 1});
+    std::optional<DeviceMaskEstimate> rows;
+    if (module->adapter().density_at(step) < 1.0) {  // the same on every rank: the gather is collective
+      gather_rows(ctx, k, dtype_, row, global_k_.data());
+      if (valid_tokens() > 0) {
+        rows = module->adapter().estimate_rows_on_device(ctx, step, q_rows, heads(global_k_.data(), seq_));
+      } else {  // a shard of padding only (fewer tokens than ranks): no rows, nothing to estimate
+        const PatternSpec& spec = module->adapter().config().pattern();
+        BlockMaskView none;
+        none.mask_batch = batch_;
+        none.mask_heads = heads_;
+        none.block_q = spec.block_q;
+        none.block_kv = spec.block_kv;
+        none.seq_kv = seq_;
+        none.kv_blocks = (seq_ + spec.block_kv - 1) / spec.block_kv;
+        none.device = device_;
+        rows = DeviceMaskEstimate{none, ForwardStats{0.0, 0.0}};
+      }
+    }
+    if (!rows) {
+      attention_->forward(ctx, heads(q, tokens), heads(k, tokens), heads(v, tokens), heads(out, tokens));
+      return report;
+    }
+    report.backend = module->adapter().backend()->name();
+    report.dense = false;
+    report.density = rows->stats.density;
+    attention_->forward_with_rows_mask(ctx, heads(q, tokens), heads(k, tokens), heads(v, tokens), heads(out, tokens),
+                                       rows->view);
+    return report;
+  }
   std::optional<BlockMask> mask;
   if (module != nullptr) {
     AttentionShape global{batch_, heads_, heads_, head_dim_, seq_, seq_, dtype_, device_};

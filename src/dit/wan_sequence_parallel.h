@@ -78,7 +78,7 @@ class WanSequenceParallel {
   int64_t mask_block_kv_ = 0;
   std::unique_ptr<ParallelAttention> attention_;
   mutable Tensor staging_;                  // gather_shards' scratch, grown to the largest gather
-  Tensor global_q_, global_k_;              // data-dependent masks only (CPU)
+  Tensor global_q_, global_k_;              // data-dependent masks: the gathered q and k (k alone: Ring's device top-k)
   struct PlannedMask {
     BlockMask mask;
     std::shared_ptr<const ParallelMaskPlan> plan;

@@ -8,6 +8,9 @@
 #include "block_mask_slicing.h"
 #include "row_copy.h"
 #include "tessel/core/error.h"
+#ifdef TESSEL_WITH_CUDA
+#include "cuda/ring_mask_slicing.h"
+#endif
 
 namespace tessel {
 
@@ -175,6 +178,7 @@ std::shared_ptr<const ParallelMaskPlan> ParallelAttention::plan_mask(const Block
     if (queries == 0 || keys == 0) continue;
     ParallelMaskPlan::Step& slot = plan->steps_[static_cast<size_t>(step)];
     slot.mask = slice_block_mask(global_mask, heads, {ring_rank_ * chunk_, queries}, {source * chunk_, keys});
+    slot.has_blocks = slot.mask.nnz() > 0;
     if (shape_.device.is_cuda()) {
       slot.copy = slot.mask.to_device(shape_.device);
       slot.view = slot.copy.view();
@@ -223,6 +227,90 @@ void ParallelAttention::forward(const ExecContext& ctx, const TensorView& q, con
   ulysses_to_sequence(ctx, out_heads_, out);
 }
 
+void ParallelAttention::forward_with_rows_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                               const TensorView& v, const TensorView& out, const BlockMaskView& rows) {
+  if (strategy_ != ParallelStrategy::kRing)
+    fail_argument("strategy", "ring (the query rows split over ranks, every head on each)", parallel_strategy_name(strategy_));
+  check_forward_args(q, k, v, out);
+  const int ring = ring_.size();
+  const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
+  if (rows.block_q != shape_.mask_block_q || rows.block_kv != shape_.mask_block_kv)
+    fail_argument("rows mask blocks", detail::concat(shape_.mask_block_q, "x", shape_.mask_block_kv, " (as planned)"),
+                  detail::concat(rows.block_q, "x", rows.block_kv));
+  if (rows.seq_q != queries || rows.seq_kv != shape_.seq)
+    fail_argument("rows mask sequences", detail::concat(queries, " queries (this rank's) and ", shape_.seq, " keys"),
+                  detail::concat(rows.seq_q, " queries, ", rows.seq_kv, " keys"));
+  if (rows.mask_batch != 1 && rows.mask_batch != shape_.batch)
+    fail_argument("rows mask batch", detail::concat("1 or ", shape_.batch), rows.mask_batch);
+  if (rows.mask_heads != 1 && rows.mask_heads != shape_.kv_heads && rows.mask_heads != shape_.heads)
+    fail_argument("rows mask heads", detail::concat("1, ", shape_.kv_heads, " or ", shape_.heads), rows.mask_heads);
+  if (rows.device != shape_.device) fail_argument("rows mask device", shape_.device.str(), rows.device.str());
+  ParallelMaskPlan plan;
+  plan.steps_.resize(static_cast<size_t>(ring));
+  if (shape_.device.is_cpu()) {
+    const int64_t row_count = rows.num_rows();
+    const BlockMaskShape whole{rows.mask_batch, rows.mask_heads, rows.seq_q, rows.seq_kv, rows.block_q, rows.block_kv};
+    const BlockMask mask = BlockMask::from_csr(whole, std::vector<int32_t>(rows.indptr, rows.indptr + row_count + 1),
+                                               std::vector<int32_t>(rows.indices, rows.indices + rows.indptr[row_count]));
+    for (int step = 0; step < ring; ++step) {
+      const int source = (ring_rank_ - step + ring) % ring;
+      const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
+      if (queries == 0 || keys == 0) continue;
+      ParallelMaskPlan::Step& slot = plan.steps_[static_cast<size_t>(step)];
+      slot.mask = slice_block_mask(mask, {0, rows.mask_heads}, {0, queries}, {source * chunk_, keys});
+      slot.has_blocks = slot.mask.nnz() > 0;
+      slot.view = slot.mask.view();
+    }
+  } else {
+    cut_rows_mask_on_device(ctx, rows, queries, plan);
+  }
+  ring_attention(ctx, q, k, v, out, &plan);
+}
+
+// The per-step CSRs of `rows` cut by two kernels into ring_mask_slices_ (grown to the largest
+// mask seen; the steps' views point into it). Every step with keys may attend: how many blocks a
+// slice keeps is known on the device only, and a row without blocks gives lse -inf, which the
+// merge ignores.
+void ParallelAttention::cut_rows_mask_on_device(const ExecContext& ctx, const BlockMaskView& rows, int64_t queries,
+                                                ParallelMaskPlan& plan) {
+#ifdef TESSEL_WITH_CUDA
+  const int ring = ring_.size();
+  const int64_t row_count = rows.num_rows(), chunk_blocks = chunk_ / rows.block_kv;
+  const int64_t capacity = row_count * chunk_blocks, needed = ring * (row_count + 1 + capacity);
+  if (!ring_mask_slices_.defined() || ring_mask_slices_.numel() < needed)
+    ring_mask_slices_ = Tensor::empty({needed}, DType::kI32, shape_.device);
+  auto* base = static_cast<int32_t*>(ring_mask_slices_.data());
+  parallel_detail::cuda::RingMaskSlices slices;
+  slices.indptr = rows.indptr;
+  slices.indices = rows.indices;
+  slices.rows = row_count;
+  slices.kv_blocks = rows.kv_blocks;
+  slices.chunk_blocks = chunk_blocks;
+  slices.ring = ring;
+  slices.rank = ring_rank_;
+  slices.out_indptr = base;
+  slices.out_indices = base + ring * (row_count + 1);
+  slices.capacity = capacity;
+  parallel_detail::cuda::slice_ring_mask(ctx.stream, slices);
+  mark(ctx, "ring mask slicing");
+  for (int step = 0; step < ring; ++step) {
+    const int source = (ring_rank_ - step + ring) % ring;
+    const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
+    if (queries == 0 || keys == 0) continue;
+    ParallelMaskPlan::Step& slot = plan.steps_[static_cast<size_t>(step)];
+    slot.has_blocks = true;
+    slot.view = rows;
+    slot.view.indptr = slices.out_indptr + step * (row_count + 1);
+    slot.view.indices = slices.out_indices + step * capacity;
+    slot.view.seq_kv = keys;
+    slot.view.kv_blocks = (keys + rows.block_kv - 1) / rows.block_kv;
+  }
+#else
+  (void)ctx, (void)rows, (void)queries, (void)plan;
+  fail_argument("device", "cpu (tessel was built without CUDA)", shape_.device.str());
+#endif
+}
+
 // The all-to-all send and receive buffers as (U, B, L, H/U, D) for a shard (B, L, H, D) and its
 // gathered form (B, U*L, H/U, D).
 std::pair<TensorView, TensorView> ParallelAttention::ulysses_staging(const TensorView& shard,
@@ -261,7 +349,7 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
   int attending = 0;
   for (int step = 0; step < ring; ++step) {
     const int64_t keys = chunk_valid(shape_.seq, chunk_, (ring_rank_ - step + ring) % ring);
-    const bool has_blocks = mask == nullptr || mask->steps()[static_cast<size_t>(step)].mask.nnz() > 0;
+    const bool has_blocks = mask == nullptr || mask->steps()[static_cast<size_t>(step)].has_blocks;
     attends[static_cast<size_t>(step)] = queries > 0 && keys > 0 && has_blocks;
     attending += attends[static_cast<size_t>(step)];
   }

@@ -106,6 +106,10 @@ std::optional<BlockMask> Impl::executed_mask(const ExecContext&, const TensorVie
                                              const StepInfo&) {
   return std::nullopt;
 }
+std::optional<DeviceMaskEstimate> Impl::estimate_on_device(const ExecContext&, const TensorView&, const TensorView&,
+                                                           const Metadata&, const StepInfo&) {
+  return std::nullopt;
+}
 Backend::~Backend() = default;
 
 void Backend::validate_config(const ResolvedSparseAttnConfig&) const {}

@@ -249,6 +249,24 @@ class EstimatingImpl : public Impl {
     return mask;
   }
 
+  std::optional<DeviceMaskEstimate> estimate_on_device(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                                       const Metadata& metadata, const StepInfo& step) override {
+#ifdef TESSEL_WITH_CUDA
+    const auto* device = dynamic_cast<const DeviceEstimateMetadata*>(&metadata);
+    if (device == nullptr) return std::nullopt;
+    check_forward_shape(metadata, q, k, k);
+    detail::DeviceEstimateState& state = *device->state;
+    const std::optional<ForwardStats> measured = state.finished(ctx.stream);
+    state.begin(ctx.stream);
+    device_estimator_.estimate(ctx, q, k, metadata.spec, step, state.mask());
+    state.end(ctx.stream);
+    return DeviceMaskEstimate{state.mask().view(), measured.value_or(ForwardStats{metadata.planned_density(), 0.0})};
+#else
+    (void)ctx, (void)q, (void)k, (void)metadata, (void)step;
+    return std::nullopt;
+#endif
+  }
+
  private:
   // Estimate into the plan's device mask and attend with it, all in stream order (no host sync).
   ForwardStats forward_device(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -172,6 +172,29 @@ std::optional<BlockMask> DiTSparseAttentionAdapter::executed_mask(
   return mask;
 }
 
+std::optional<DeviceMaskEstimate> DiTSparseAttentionAdapter::estimate_rows_on_device(const ExecContext& ctx,
+                                                                                    const StepInfo& step,
+                                                                                    const TensorView& q,
+                                                                                    const TensorView& k) const {
+  const AttentionShape shape = AttentionShape::of(q, k, k);
+  check_heads(shape, "q/k");
+  const double density = density_at(step);  // validates the step
+  if (!backend_ || density >= 1.0) return std::nullopt;
+  if (config_.pattern().keep_diagonal)
+    fail_argument("sparse attention keep_diagonal with the query rows split over ranks", "false (a row's diagonal block depends on its position)",
+                  "true");
+  const std::shared_ptr<const Metadata> metadata = plan(ctx, shape);
+  StepInfo this_layer = step;
+  this_layer.layer = layer_index_;
+  this_layer.density = density;
+  std::optional<DeviceMaskEstimate> mask = impl_->estimate_on_device(ctx, q, k, *metadata, this_layer);
+  if (!mask)
+    fail_argument("sparse attention backend '" + backend_->name() + "' with the query rows split over ranks",
+                  "a backend that estimates its mask on the device (dynamic_topk, threshold on CUDA)",
+                  detail::concat("none for this plan on ", shape.device.str()));
+  return mask;
+}
+
 // ---- SparseAttention -------------------------------------------------------------------------
 
 namespace {

@@ -6,6 +6,7 @@
 // itself, so nothing but the parallel path crosses ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "block_mask_slicing.h"
 #include "multi_process_test_main.h"
 #include "error_of.h"
 #include "tessel/core/error.h"
@@ -172,6 +174,23 @@ void expect_matches_single_process(const Case& c) {
   Tensor expected_shard = Tensor::empty(out.shape(), c.dtype);
   take_shard(ctx, sharding, part, expected, expected_shard);
   EXPECT_LE(max_abs_difference(out, expected_shard), c.tolerance()) << "shard " << part;
+
+  if (c.block_q > 0 && attention.strategy() == ParallelStrategy::kRing) {
+    // The same mask given as this rank's query rows only, as a rank that estimated them alone has
+    // it (forward_with_rows_mask cuts it per ring step itself): the same output.
+    const int64_t begin = std::min(part * L, c.seq), queries = std::min(L, c.seq - begin);
+    BlockMask rows;
+    if (queries > 0) {
+      rows = parallel_detail::slice_block_mask(in.mask, {0, c.mask_heads}, {begin, queries}, {0, c.seq});
+    } else {
+      const BlockMaskShape none{c.mask_batch, c.mask_heads, 0, c.seq, c.block_q, c.block_kv};
+      rows = BlockMask::from_csr(none, {0}, {});
+    }
+    Tensor out_from_rows = Tensor::empty(out.shape(), c.dtype);
+    fill(out_from_rows, std::nan(""));
+    attention.forward_with_rows_mask(ctx, q, k, v, out_from_rows, rows.view());
+    EXPECT_LE(max_abs_difference(out_from_rows, expected_shard), c.tolerance()) << "shard " << part << " from its rows";
+  }
   Tensor gathered = Tensor::empty(expected.shape(), c.dtype);
   Tensor staging = Tensor::empty({static_cast<int64_t>(gather_staging_bytes(sharding, out))}, DType::kU8);
   gather_shards(ctx, *groups.sequence, sharding, out, staging, gathered);

@@ -49,9 +49,10 @@ struct ParallelAttentionShape {
 class ParallelMaskPlan {
  public:
   struct Step {
-    BlockMask mask;              // empty when the step attends to nothing
+    BlockMask mask;              // the slice, on the host (empty for a slice cut on the device)
     BlockMask::DeviceCopy copy;  // CUDA attention only
     BlockMaskView view;
+    bool has_blocks = false;     // false: the step attends to nothing and is skipped
   };
   const std::vector<Step>& steps() const { return steps_; }
 
@@ -93,6 +94,15 @@ class ParallelAttention {
   void forward_with_local_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                                     const TensorView& out, const LocalAttentionFn& attend);
 
+  // Ring alone (no Ulysses) with a mask of this rank's query rows only: `rows` is the global mask's
+  // rows of this rank's query shard against every key (mask_batch 1 or B, mask heads 1, H_kv or H,
+  // seq_q this rank's real tokens, seq_kv shape.seq, the planned block sizes), for instance
+  // estimated on the device by this rank alone. On CUDA it is cut per ring step on the device (no
+  // copy to the host, no synchronization); on the CPU with slice_block_mask. Otherwise as forward().
+  // Throws Error naming the strategy for Ulysses and USP, and naming the field of a mismatched mask.
+  void forward_with_rows_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const BlockMaskView& rows);
+
   // Benchmarks: forward() marks its phases (Ulysses pack / all-to-all / unpack, Ring K/V staging,
   // attention, merge, exchange wait) on `timeline` after the caller's begin(); null stops it.
   void set_timeline(PhaseTimeline* timeline) { timeline_ = timeline; }
@@ -107,6 +117,7 @@ class ParallelAttention {
   void check_forward_args(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) const;
   void exchange_pieces(const ExecContext& ctx, const TensorView& send, const TensorView& recv, const TensorView& source,
                        const TensorView& target);
+  void cut_rows_mask_on_device(const ExecContext& ctx, const BlockMaskView& rows, int64_t queries, ParallelMaskPlan& plan);
   void ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const ParallelMaskPlan* mask);
 
@@ -124,6 +135,7 @@ class ParallelAttention {
   Tensor kv_ring_[2];                               // (2, B, chunk, H_kv/U, D): K and V travelling together
   Tensor partial_out_, partial_lse_, lse_;          // one ring step's result, and the running LSE
   Tensor first_out_, running_out_;                  // fp16/bf16 only: the first step's result, the fp32 running one
+  Tensor ring_mask_slices_;                         // int32: forward_with_rows_mask's per-step CSRs on CUDA
   PhaseTimeline* timeline_ = nullptr;
 };
 

@@ -112,6 +112,13 @@ struct ForwardStats {
   double estimate_ms = 0.0;  // time spent choosing blocks inside forward
 };
 
+// A mask estimated on the device for the caller to attend with (Impl::estimate_on_device): a view
+// of the plan's device mask, valid in stream order until the next estimate of the plan.
+struct DeviceMaskEstimate {
+  BlockMaskView view;
+  ForwardStats stats;  // of the latest estimate of this plan that has finished (not always this one)
+};
+
 class MetadataBuilder {
  public:
   virtual ~MetadataBuilder();
@@ -142,6 +149,13 @@ class Impl {
   // estimated on the device is estimated there and copied to the host (synchronizing ctx.stream).
   virtual std::optional<BlockMask> executed_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
                                                  const Metadata& metadata, const StepInfo& step);
+  // For callers that split the queries over ranks and attend to each key shard themselves (Ring):
+  // the mask forward() would execute for these q rows against these k, estimated on the device into
+  // the plan's mask and left there (stream order, no host synchronization). nullopt when the plan
+  // has no device estimate: the default (host estimators, static masks, plugins).
+  virtual std::optional<DeviceMaskEstimate> estimate_on_device(const ExecContext& ctx, const TensorView& q,
+                                                               const TensorView& k, const Metadata& metadata,
+                                                               const StepInfo& step);
 };
 
 class Backend {

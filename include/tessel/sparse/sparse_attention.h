@@ -107,6 +107,17 @@ class DiTSparseAttentionAdapter {
   std::optional<BlockMask> executed_mask(const ExecContext& ctx, const StepInfo& step, const AttentionShape& shape,
                                          const std::function<std::pair<TensorView, TensorView>()>& global_qk) const;
 
+  // For callers that split the queries over ranks and attend to each key shard themselves (Ring):
+  // the mask forward() would execute at `step` for this rank's query rows q (B, S_q, H, D) against
+  // every key k (B, S_kv, H_kv, D), estimated on the device and left there (stream order, no host
+  // synchronization). These are the rows of the whole sequence's mask when q's first token starts
+  // a query block of the sequence, because the estimate of a row reads only its own queries and
+  // every key (keep_diagonal, which reads the row's position, is refused). nullopt when the layer
+  // runs dense at this step. Throws Error naming what is missing when the backend has no device
+  // estimator for this shape, or for keep_diagonal.
+  std::optional<DeviceMaskEstimate> estimate_rows_on_device(const ExecContext& ctx, const StepInfo& step,
+                                                            const TensorView& q, const TensorView& k) const;
+
   int64_t layer_index() const { return layer_index_; }
   // The density the schedule gives this layer at `step` (1 = dense).
   double density_at(const StepInfo& step) const;
