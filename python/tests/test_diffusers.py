@@ -138,6 +138,8 @@ def test_config_errors(model):
         tessel_diffusers.enable(model, {"selection": {"topk_ratio": 0}})
     with pytest.raises(ValueError, match="pattern.type"):  # a C++ pattern this integration does not run
         tessel_diffusers.enable(model, {"pattern": {"type": "spatial_aware"}})
-    with pytest.raises(TypeError, match="WanTransformer3DModel"):
+    with pytest.raises(TypeError, match="Linear has no diffusers attention modules"):
         tessel_diffusers.enable(types.SimpleNamespace(transformer=torch.nn.Linear(2, 2)))
+    with pytest.raises(TypeError, match="expected a diffusers transformer"):
+        tessel_diffusers.enable(types.SimpleNamespace(unet=torch.nn.Linear(2, 2)))
     assert not any(isinstance(b.attn1.processor, tessel_diffusers.TesselWanAttnProcessor) for b in model.blocks)

@@ -1,4 +1,6 @@
-"""diffusers integration: tessel attention in the self-attention of Wan transformers.
+"""diffusers integration: tessel attention in any diffusers transformer (Wan's self-attention with
+every pattern; Flux, SD3, HunyuanVideo, Qwen-Image, CogVideoX, LTX and the rest through a scoped
+dispatch hook: diffusers_dispatch).
 
     from tessel.integrations import diffusers as tessel_diffusers
     tessel_diffusers.enable(pipe, {"pattern": {"type": "radial"}, "warmup": {"dense_steps": 10}})
@@ -23,6 +25,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel, _get_qkv_projections
 
+from . import diffusers_dispatch
 from ..sparse_attention import SparseAttentionRunner
 from ..sparse_config import SparseAttentionConfig
 
@@ -117,24 +120,47 @@ class _SchedulerTracker:
 
 
 def _transformers_of(pipe_or_transformer):
-    if isinstance(pipe_or_transformer, WanTransformer3DModel):
+    if isinstance(pipe_or_transformer, torch.nn.Module):
         return [pipe_or_transformer], None
     found = [getattr(pipe_or_transformer, name, None) for name in ("transformer", "transformer_2")]
-    found = [t for t in found if t is not None]
-    if not found or not all(isinstance(t, WanTransformer3DModel) for t in found):
-        raise TypeError("pipe_or_transformer: expected a WanTransformer3DModel or a pipeline holding one as "
-                        f".transformer, got {type(pipe_or_transformer).__name__}")
+    found = [t for t in found if isinstance(t, torch.nn.Module)]
+    if not found:
+        raise TypeError("pipe_or_transformer: expected a diffusers transformer (torch.nn.Module) or a pipeline holding "
+                        f"one as .transformer, got {type(pipe_or_transformer).__name__}")
     return found, getattr(pipe_or_transformer, "scheduler", None)
+
+
+class _DispatchState:
+    """A non-Wan transformer under the scoped dispatch hook (diffusers_dispatch)."""
+
+    def __init__(self, transformer, config):
+        self.model = diffusers_dispatch.enable_model(transformer, config)
+        self.runner = self.model  # the scheduler tracker advances .step
+
+    def restore(self):
+        diffusers_dispatch.disable_model(self.model)
 
 
 def enable(pipe_or_transformer, config=None):
     """Installs tessel attention (see the module doc). `config`: SparseAttentionConfig, a dict of the C++
-    keys, JSON text, or None (dense). Calling it again replaces the previous installation."""
+    keys, JSON text, or None (dense). Calling it again replaces the previous installation. Wan
+    transformers get tessel's Wan processor (every pattern); any other diffusers transformer goes
+    through the scoped dispatch hook (diffusers_dispatch: dense, dynamic_topk and threshold)."""
     disable(pipe_or_transformer)
     config = SparseAttentionConfig.from_any(config)
     transformers, scheduler = _transformers_of(pipe_or_transformer)
-    runners = [SparseAttentionRunner(config) for _ in transformers]
-    states = [_TransformerState(t, r) for t, r in zip(transformers, runners)]
+    states = []
+    try:
+        for transformer in transformers:
+            if isinstance(transformer, WanTransformer3DModel):
+                states.append(_TransformerState(transformer, SparseAttentionRunner(config)))
+            else:
+                states.append(_DispatchState(transformer, config))
+    except BaseException:
+        for state in states:
+            state.restore()
+        raise
+    runners = [state.runner for state in states]
     tracker = _SchedulerTracker(scheduler, runners) if scheduler is not None else None
     setattr(pipe_or_transformer, _STATE_ATTRIBUTE, (states, tracker))
     return pipe_or_transformer

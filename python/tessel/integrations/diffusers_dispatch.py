@@ -1,0 +1,260 @@
+"""Any diffusers DiT: tessel attention through a scoped hook on torch's scaled_dot_product_attention.
+
+diffusers' attention backends are a closed enum (`set_attention_backend` refuses other names), its
+newer processors call `dispatch_attention_fn`, whose native backend calls
+`torch.nn.functional.scaled_dot_product_attention`, and older ones (CogVideoX's, SD3's joint
+processor) call that function directly. So the one point every processor reaches is that function.
+`enable` wraps each attention module's processor (the public `processor` / `set_processor`) in a
+scope: while an enabled model's processor runs, the hooked function sends its attention to tessel;
+outside a scope (other models, other code) it is torch's own, untouched. The hook is installed while
+at least one model is enabled and removed with the last.
+
+What runs where:
+- every call is tessel attention (dense, with the call's scale and causal flag) unless the config
+  makes the layer sparse at this step;
+- sparse (dynamic_topk or threshold: estimated from q and k) only in self-shaped calls (as many
+  keys as queries) of models whose token layout is known (TOKEN_LAYOUTS): in joint text+image
+  attention (Flux, SD3, HunyuanVideo, Qwen-Image, CogVideoX) the text rows and columns stay dense and
+  image x image is sparse (the MMDiT arrow); cross-attention (fewer keys than queries) stays dense;
+- key-padding masks (boolean, or additive 0 / -inf, the same for every query: what HunyuanVideo and
+  sequence-parallel padding send) are honoured by attending to each batch entry's kept keys; other
+  masks, dropout in training, another attention backend set on the model, and diffusers' own
+  context parallelism are refused with an error naming them.
+"""
+from __future__ import annotations
+
+import contextvars
+import inspect
+import math
+
+import torch
+
+from ._masks import attend_kept_keys, key_padding
+from ..block_mask import BlockMask
+from ..estimators import estimate_threshold, estimate_topk
+from ..functional import attention, block_sparse_attention
+from ..sparse_attention import SparseAttentionRunner
+from ..sparse_config import SparseAttentionConfig
+
+# Where each known model puts its text tokens in its self-shaped attention calls: "text_first" /
+# "text_last" (joint text+image attention), or "image_only" (the text reaches the image through
+# cross-attention). Models not listed run dense only (their layout is not known).
+TOKEN_LAYOUTS = {
+    "FluxTransformer2DModel": "text_first",
+    "Flux2Transformer2DModel": "text_first",
+    "QwenImageTransformer2DModel": "text_first",
+    "CogVideoXTransformer3DModel": "text_first",
+    "SD3Transformer2DModel": "text_last",
+    "HunyuanVideoTransformer3DModel": "text_last",
+    "LTXVideoTransformer3DModel": "image_only",
+    "WanTransformer3DModel": "image_only",
+    "WanVACETransformer3DModel": "image_only",
+}
+SPARSE_PATTERNS = ("dynamic_topk", "threshold")
+
+_scope = contextvars.ContextVar("tessel_diffusers_scope", default=None)
+_torch_sdpa = None  # torch's function while the hook is installed
+_enabled_models = 0
+
+
+def _hooked_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    scope = _scope.get()
+    if scope is None:
+        return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                           scale=scale, enable_gqa=enable_gqa)
+    return scope.model.attend(scope.layer, query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _install_hook():
+    global _torch_sdpa, _enabled_models
+    if _enabled_models == 0:
+        _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = _hooked_sdpa
+    _enabled_models += 1
+
+
+def _remove_hook():
+    global _torch_sdpa, _enabled_models
+    _enabled_models -= 1
+    if _enabled_models == 0:
+        torch.nn.functional.scaled_dot_product_attention = _torch_sdpa
+        _torch_sdpa = None
+
+
+class _Scope:
+    def __init__(self, model: "_ModelState", layer: int):
+        self.model = model
+        self.layer = layer
+
+
+class ScopedAttnProcessor:
+    """Runs the processor it wraps with this model's attention calls going to tessel. Made per
+    processor class by _scoped (its __call__ keeps the original's signature: diffusers passes a
+    processor only the keyword arguments its signature names)."""
+
+    def __init__(self, original, model: "_ModelState", layer: int):
+        self.original = original
+        self.model = model
+        self.layer = layer
+
+    def __getattr__(self, name):  # attributes diffusers reads from processors (_attention_backend, ...)
+        original = self.__dict__.get("original")
+        if original is None:
+            raise AttributeError(name)
+        return getattr(original, name)
+
+    def _run(self, *args, **kwargs):
+        calls = self.model.calls
+        token = _scope.set(_Scope(self.model, self.layer))
+        try:
+            result = self.original(*args, **kwargs)
+        finally:
+            _scope.reset(token)
+        if self.model.calls == calls:
+            raise RuntimeError(f"tessel: the attention of {type(self.original).__name__} did not reach torch's "
+                               "scaled_dot_product_attention (the model uses another attention backend): call "
+                               "model.reset_attention_backend() or set_attention_backend('native') before enable")
+        return result
+
+
+def _scoped(original, model: "_ModelState", layer: int) -> ScopedAttnProcessor:
+    base = type(original)
+    scoped = _scoped_classes.get(base)
+    if scoped is None:
+        def __call__(self, *args, **kwargs):
+            return self._run(*args, **kwargs)
+
+        __call__.__signature__ = inspect.signature(base.__call__)
+        scoped = type(f"TesselScoped{base.__name__}", (ScopedAttnProcessor,), {"__call__": __call__})
+        _scoped_classes[base] = scoped
+    return scoped(original, model, layer)
+
+
+_scoped_classes = {}
+
+
+def _text_blocks_kept(mask: BlockMask, text: range, block_q: int, block_kv: int) -> BlockMask:
+    """The mask with every block overlapping a text token kept: text rows and columns dense."""
+    dense = mask.to_dense().copy()
+    dense[:, :, text.start // block_q:(text.stop - 1) // block_q + 1, :] = 1
+    dense[:, :, :, text.start // block_kv:(text.stop - 1) // block_kv + 1] = 1
+    seq_q, seq_kv = mask.geometry()[2:4]
+    return BlockMask.from_dense(dense, seq_q=seq_q, seq_kv=seq_kv, block_q=block_q, block_kv=block_kv)
+
+
+class _ModelState:
+    """One enabled transformer: its config, step, text-token count of the current forward, and the
+    wrapped processors."""
+
+    def __init__(self, transformer, config: SparseAttentionConfig):
+        self.config = config
+        self.step = 0
+        self.calls = 0
+        self.torch_calls = 0  # calls left to torch's attention (text-only masked self-attention)
+        self.text_tokens = 0
+        self.layout = TOKEN_LAYOUTS.get(type(transformer).__name__)
+        self.last_density = None  # of the latest sparse call
+        self.runner = SparseAttentionRunner(config)  # the library's dynamic modules (no text tokens)
+        modules = [m for m in transformer.modules() if _is_attention(m)]
+        if not modules:
+            raise TypeError(f"pipe_or_transformer: {type(transformer).__name__} has no diffusers attention modules")
+        # Checked before anything changes: a refused model is left as it was.
+        if any(getattr(m.processor, "_parallel_config", None) is not None for m in modules):
+            raise ValueError("tessel: the model runs diffusers' own context parallelism (enable_parallelism); "
+                             "tessel's sequence parallelism is separate")
+        self.processors = [(m, m.processor) for m in modules]
+        for layer, (module, original) in enumerate(self.processors):
+            module.set_processor(_scoped(original, self, layer))
+        self.hook = transformer.register_forward_pre_hook(self._read_text, with_kwargs=True)
+
+    def _read_text(self, module, args, kwargs):
+        text = kwargs.get("encoder_hidden_states")
+        self.text_tokens = text.shape[1] if isinstance(text, torch.Tensor) and text.dim() == 3 else 0
+
+    def restore(self):
+        self.hook.remove()
+        for module, original in self.processors:
+            module.set_processor(original)
+
+    # ---- the attention call -------------------------------------------------------------------
+    def attend(self, layer, query, key, value, attn_mask, dropout_p, is_causal, scale):
+        self.calls += 1
+        if dropout_p and torch.is_grad_enabled():
+            raise ValueError(f"tessel: attention dropout {dropout_p} in training is not supported (tessel is forward only)")
+        q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, S, D) -> (B, S, H, D) views
+        try:
+            keep = None if attn_mask is None else key_padding(attn_mask, q.shape[0], q.shape[1], k.shape[1])
+        except ValueError:
+            # A mask per query over text tokens alone (HunyuanVideo's token refiner): a few hundred
+            # tokens where tessel adds nothing, so torch's own attention runs it, as without tessel.
+            if q.shape[1] != k.shape[1] or q.shape[1] > self.text_tokens:
+                raise
+            self.torch_calls += 1
+            return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                               scale=scale)
+        if keep is None:
+            out = self._attention(layer, q, k, v, is_causal, scale)
+        else:  # each batch entry attends to its kept keys
+            out = attend_kept_keys(lambda q, k, v: self._attention(layer, q, k, v, is_causal, scale), q, k, v, keep)
+        return out.transpose(1, 2)
+
+    def _attention(self, layer, q, k, v, causal, scale):
+        def dense():
+            return attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, softmax_scale=scale)
+
+        seq = q.shape[1]
+        default_scale = scale is None or math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6)
+        text = self.text_tokens if self.layout in ("text_first", "text_last") else 0
+        if (self.config.pattern.type not in SPARSE_PATTERNS or causal or not default_scale or k.shape[1] != seq
+                or text >= seq or self.config.is_dense_at(self.step, layer)):
+            return dense()
+        c = self.config
+        if text == 0:  # the library's module: estimated on the device for CUDA tensors
+            out = self.runner._dynamic(q.contiguous(), k.contiguous(), v.contiguous())
+            self.last_density = getattr(self.runner.last_report, "density", None)
+            return out
+        # Joint attention: the estimate on the host (the device estimators do not keep text blocks),
+        # then the text blocks kept whole.
+        text_range = range(0, text) if self.layout == "text_first" else range(seq - text, seq)
+        host_q, host_k = q.detach().float().cpu(), k.detach().float().cpu()
+        if c.pattern.type == "dynamic_topk":
+            similarity = float(c.options.get("similarity_threshold", 0.1))
+            mask = estimate_topk(host_q, host_k, topk_ratio=c.selection.topk_ratio, similarity_threshold=similarity,
+                                 block_q=c.geometry.block_q, block_kv=c.geometry.block_kv,
+                                 keep_diagonal=c.selection.keep_diagonal, sink_blocks=c.selection.sink_blocks)
+        else:
+            mask = estimate_threshold(host_q, host_k, threshold=c.selection.threshold,
+                                      stride=int(c.options.get("stride", 8)), block_q=c.geometry.block_q,
+                                      block_kv=c.geometry.block_kv)
+        if text > 0:
+            mask = _text_blocks_kept(mask, text_range, c.geometry.block_q, c.geometry.block_kv)
+        self.last_density = mask.density()
+        return block_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask)
+
+
+def _is_attention(module) -> bool:
+    return hasattr(module, "processor") and callable(getattr(module, "set_processor", None))
+
+
+def enable_model(transformer, config: SparseAttentionConfig) -> _ModelState:
+    """Wraps the transformer's attention processors (see the module doc); the caller keeps the state
+    and calls disable_model with it."""
+    if config.pattern.type not in ("dense",) + SPARSE_PATTERNS:
+        raise ValueError(f"sparse_attn.pattern.type: on {type(transformer).__name__} this integration runs dense, "
+                         f"{', '.join(SPARSE_PATTERNS)} (static patterns need the latent grid: Wan's only), got "
+                         f"{config.pattern.type!r}")
+    if config.pattern.type != "dense" and type(transformer).__name__ not in TOKEN_LAYOUTS:
+        raise ValueError(f"sparse_attn.pattern.type {config.pattern.type!r}: the token layout of "
+                         f"{type(transformer).__name__} is not known to tessel (sparse patterns run on "
+                         f"{', '.join(sorted(TOKEN_LAYOUTS))}); dense runs on any model")
+    state = _ModelState(transformer, config)
+    _install_hook()
+    return state
+
+
+def disable_model(state: _ModelState) -> None:
+    state.restore()
+    _remove_hook()
+
+
+__all__ = ["TOKEN_LAYOUTS", "ScopedAttnProcessor", "enable_model", "disable_model"]

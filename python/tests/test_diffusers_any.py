@@ -1,0 +1,217 @@
+"""tessel in diffusers transformers other than Wan, through the scoped dispatch hook
+(tessel.integrations.diffusers_dispatch), on small random-weight models built from their configs
+(CPU, fp32): dense output against diffusers' own SDPA for Flux, SD3, CogVideoX, HunyuanVideo (its
+text padding mask), Qwen-Image and LTX; disable restores the original processors and torch's
+function, bit for bit; joint attention keeps the text rows and columns dense while image x image
+is sparse; key-padding masks are honoured; what cannot run is refused with an error naming it."""
+import pytest
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+from tessel.functional import attention  # noqa: E402
+from tessel.integrations import diffusers as tessel_diffusers  # noqa: E402
+from tessel.integrations import diffusers_dispatch  # noqa: E402
+from tessel.sparse_config import SparseAttentionConfig  # noqa: E402
+
+TEXT = 7
+
+
+def _randn(generator, *shape):
+    return torch.randn(*shape, generator=generator)
+
+
+def flux():
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                             pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(12.0), torch.arange(10.0), indexing="ij"), -1)
+    return model, dict(hidden_states=_randn(g, 1, 120, 8), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       pooled_projections=_randn(g, 1, 16), timestep=torch.tensor([0.5]), img_ids=ids.reshape(-1, 3),
+                       txt_ids=torch.zeros(TEXT, 3))
+
+
+def sd3():
+    model = diffusers.SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
+                                            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                            caption_projection_dim=32, pooled_projection_dim=16, out_channels=4)
+    g = torch.Generator().manual_seed(2)
+    return model, dict(hidden_states=_randn(g, 1, 4, 16, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       pooled_projections=_randn(g, 1, 16), timestep=torch.tensor([500]))
+
+
+def cogvideox():
+    model = diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                                  out_channels=4, time_embed_dim=8, text_embed_dim=32, num_layers=2,
+                                                  sample_width=16, sample_height=16, sample_frames=9, patch_size=2,
+                                                  temporal_compression_ratio=4, max_text_seq_length=TEXT)
+    g = torch.Generator().manual_seed(3)
+    return model, dict(hidden_states=_randn(g, 1, 3, 4, 16, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       timestep=torch.tensor([500]))
+
+
+def hunyuan_video():
+    model = diffusers.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                     attention_head_dim=16, num_layers=1, num_single_layers=1,
+                                                     num_refiner_layers=1, patch_size=1, patch_size_t=1,
+                                                     text_embed_dim=32, pooled_projection_dim=16,
+                                                     rope_axes_dim=(4, 6, 6))
+    g = torch.Generator().manual_seed(4)
+    padding = torch.ones(1, TEXT, dtype=torch.bool)
+    padding[:, 5:] = False  # two padded text tokens: the model masks them as keys
+    return model, dict(hidden_states=_randn(g, 1, 4, 3, 8, 8), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       encoder_attention_mask=padding, pooled_projections=_randn(g, 1, 16),
+                       timestep=torch.tensor([500]), guidance=torch.tensor([3500.0]))
+
+
+def qwen_image():
+    model = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                                  attention_head_dim=16, num_attention_heads=2,
+                                                  joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+    g = torch.Generator().manual_seed(5)
+    return model, dict(hidden_states=_randn(g, 1, 48, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       encoder_hidden_states_mask=torch.ones(1, TEXT), timestep=torch.tensor([0.5]),
+                       img_shapes=[(1, 6, 8)])
+
+
+def ltx():
+    model = diffusers.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
+                                                 num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                                                 num_layers=1, caption_channels=16)
+    g = torch.Generator().manual_seed(6)
+    return model, dict(hidden_states=_randn(g, 1, 3 * 8 * 8, 8), encoder_hidden_states=_randn(g, 1, TEXT, 16),
+                       timestep=torch.tensor([500]), encoder_attention_mask=torch.ones(1, TEXT), num_frames=3,
+                       height=8, width=8)
+
+
+MODELS = {"flux": flux, "sd3": sd3, "cogvideox": cogvideox, "hunyuan_video": hunyuan_video, "qwen_image": qwen_image,
+          "ltx": ltx}
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_dense_matches_sdpa_and_disable_restores_bit_for_bit(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.eval()
+    torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+    reference = run(model, inputs)
+    tessel_diffusers.enable(model)
+    assert torch.nn.functional.scaled_dot_product_attention is not torch_sdpa
+    calls_before = getattr(model, "_tessel_sparse_attention")[0][0].model.calls
+    out = run(model, inputs)
+    assert getattr(model, "_tessel_sparse_attention")[0][0].model.calls > calls_before  # tessel ran them
+    # fp32 on both sides: summation order only.
+    torch.testing.assert_close(out, reference, atol=5e-5, rtol=1e-4)
+    tessel_diffusers.disable(model)
+    assert torch.nn.functional.scaled_dot_product_attention is torch_sdpa
+    assert torch.equal(run(model, inputs), reference)
+
+
+def _state_of(model):
+    return getattr(model, "_tessel_sparse_attention")[0][0].model
+
+
+def test_joint_attention_keeps_text_rows_and_columns_dense_and_image_sparse():
+    torch.manual_seed(0)
+    model, _ = flux()
+    config = SparseAttentionConfig.from_any({"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.25},
+                                             "geometry": {"block_q": 16, "block_kv": 16},
+                                             "options": {"similarity_threshold": "-2"}})
+    state = diffusers_dispatch.enable_model(model, config)
+    try:
+        state.text_tokens = 20  # text first: tokens 0..19 (the second block is half text)
+        g = torch.Generator().manual_seed(9)
+        q, k, v = (torch.randn(1, 260, 2, 16, generator=g) for _ in range(3))
+        out = state._attention(0, q, k, v, False, None)
+        dense = attention(q, k, v)
+        assert 0.2 < state.last_density < 0.8
+        # Text queries see every key: their rows equal dense attention's.
+        torch.testing.assert_close(out[:, :20], dense[:, :20], atol=2e-6, rtol=1e-5)
+        assert not torch.allclose(out[:, 32:], dense[:, 32:], atol=1e-3)  # image rows are sparse
+        # Text keys stay in every image row: removing them changes every image row's output.
+        v_no_text = v.clone()
+        v_no_text[:, :20] = 0
+        assert (state._attention(0, q, k, v_no_text, False, None)[:, 32:] - out[:, 32:]).abs().amax(-1).amin() > 0
+    finally:
+        diffusers_dispatch.disable_model(state)
+
+
+def test_key_padding_masks_are_honoured_per_batch_entry():
+    model, _ = flux()
+    state = diffusers_dispatch.enable_model(model, SparseAttentionConfig.from_any(None))
+    try:
+        g = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(3))  # (B, H, S, D) as torch's function
+        keep = torch.ones(2, 1, 1, 40, dtype=torch.bool)
+        keep[0, ..., 31:] = False
+        keep[1, ..., ::3] = False
+        additive = torch.zeros(2, 1, 1, 40).masked_fill(~keep, float("-inf"))
+        for mask in (keep, additive, keep[:, 0, 0, :]):
+            expected = diffusers_dispatch._torch_sdpa(q, k, v, attn_mask=mask if mask.dim() == 4 else mask[:, None, None])
+            torch.testing.assert_close(state.attend(0, q, k, v, mask, 0.0, False, None), expected, atol=2e-6, rtol=1e-5)
+        bias = torch.randn(2, 1, 1, 40, generator=g)
+        with pytest.raises(ValueError, match="attn_mask with bias values"):
+            state.attend(0, q, k, v, bias, 0.0, False, None)
+        per_query = torch.rand(2, 1, 40, 40, generator=g) > 0.5
+        with pytest.raises(ValueError, match="differs between queries"):
+            state.attend(0, q, k, v, per_query, 0.0, False, None)
+    finally:
+        diffusers_dispatch.disable_model(state)
+
+
+def test_refusals_name_what_cannot_run():
+    model, _ = ltx()
+    with pytest.raises(ValueError, match="static patterns need the latent grid"):
+        tessel_diffusers.enable(model, {"pattern": {"type": "radial"}})
+    unknown, _ = ltx()
+    unknown.__class__ = type("SomeOtherTransformer", (type(unknown),), {})
+    with pytest.raises(ValueError, match="token layout of SomeOtherTransformer is not known"):
+        tessel_diffusers.enable(unknown, {"pattern": {"type": "dynamic_topk"}})
+    tessel_diffusers.enable(unknown)  # dense runs on any model
+    tessel_diffusers.disable(unknown)
+    # diffusers' own context parallelism on a processor: refused, nothing left installed.
+    torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+    blocks = [m for m in model.modules() if diffusers_dispatch._is_attention(m)]
+    blocks[-1].processor._parallel_config = object()
+    with pytest.raises(ValueError, match="context parallelism"):
+        tessel_diffusers.enable(model)
+    del blocks[-1].processor._parallel_config
+    assert torch.nn.functional.scaled_dot_product_attention is torch_sdpa
+    assert not any(isinstance(m.processor, diffusers_dispatch.ScopedAttnProcessor) for m in blocks)
+
+
+def test_a_processor_that_bypasses_torch_attention_is_reported():
+    model, inputs = ltx()
+    attn = next(m for m in model.modules() if diffusers_dispatch._is_attention(m))
+
+    class ManualAttention:  # computes attention itself (as another backend would): tessel never sees it
+        def __init__(self, original):
+            self.original = original
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+            with diffusers_dispatch_scope_off():
+                return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+    attn.set_processor(ManualAttention(attn.processor))
+    tessel_diffusers.enable(model)
+    try:
+        with pytest.raises(RuntimeError, match="did not reach torch's scaled_dot_product_attention"):
+            run(model.eval(), inputs)
+    finally:
+        tessel_diffusers.disable(model)
+
+
+class diffusers_dispatch_scope_off:
+    """Runs its body outside tessel's scope, as a processor calling another attention backend does."""
+
+    def __enter__(self):
+        self.token = diffusers_dispatch._scope.set(None)
+
+    def __exit__(self, *exc):
+        diffusers_dispatch._scope.reset(self.token)

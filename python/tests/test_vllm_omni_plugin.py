@@ -1,0 +1,135 @@
+"""vLLM-Omni's current plugin contract (its SPARSE_ATTN dispatcher): the `tessel` entry point of the
+`vllm_omni.sparse_attn` group is one callable with capabilities. Driven through a stand-in of the
+dispatcher written from its description (resolve the entry by name, merge static < per-forward <
+extra params dropping None, refuse an attn_mask or full_attn_spans the plugin does not advertise,
+call fn(q, k, v, params, is_causal=..., softmax_scale=...)); vLLM-Omni itself is not installed here.
+Results against tessel's own ops and torch's attention."""
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tessel.functional import attention  # noqa: E402
+from tessel.integrations import vllm_omni_plugin  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def entry_point_target() -> str:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return project["project"]["entry-points"]["vllm_omni.sparse_attn"]["tessel"]
+
+
+def load_entry():
+    module, attribute = entry_point_target().split(":")
+    return getattr(__import__(module, fromlist=[attribute]), attribute)
+
+
+class StandInDispatcher:
+    """What vLLM-Omni's _SparseAttentionImpl does with a plugin, reduced to its contract."""
+
+    def __init__(self, static_params, causal=False, softmax_scale=None):
+        self.fn = load_entry()
+        caps = getattr(self.fn, "capabilities", None)
+        caps = caps if isinstance(caps, dict) else {}
+        self.supports_mask = bool(caps.get("supports_attention_mask", False))
+        self.supports_spans = bool(caps.get("supports_full_attn_spans", False))
+        self.static_params, self.causal, self.softmax_scale = static_params, causal, softmax_scale
+
+    def forward(self, q, k, v, per_forward=None, extra=None, attn_mask=None, full_attn_spans=None):
+        merged = {**(self.static_params or {}), **(per_forward or {}), **(extra or {})}
+        params = {key: value for key, value in merged.items() if value is not None}
+        if attn_mask is not None:
+            if not self.supports_mask:
+                raise ValueError("plugin does not advertise supports_attention_mask")
+            params["attn_mask"] = attn_mask
+        if full_attn_spans is not None:
+            if not self.supports_spans:
+                raise ValueError("plugin does not advertise supports_full_attn_spans")
+            params["full_attn_spans"] = full_attn_spans
+        scale = self.softmax_scale if self.softmax_scale is not None else q.shape[-1] ** -0.5
+        return self.fn(q, k, v, params, is_causal=self.causal, softmax_scale=scale)
+
+
+def qkv(batch=1, seq=300, heads=2, dim=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, seq, heads, dim, generator=g) for _ in range(3))
+
+
+def torch_attention(q, k, v, mask=None, causal=False, scale=None):
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           attn_mask=mask, is_causal=causal, scale=scale)
+    return out.transpose(1, 2)
+
+
+def test_the_entry_point_is_a_callable_with_capabilities_and_the_rfc_interface():
+    fn = load_entry()
+    assert callable(fn) and fn is vllm_omni_plugin.sparse_attn
+    assert fn.capabilities == {"supports_attention_mask": True, "supports_full_attn_spans": False}
+    # The seed RFC's backend interface is still there for dispatchers of that contract.
+    assert fn.get_name() == "tessel"
+    assert fn.get_impl_cls().__name__ == "TesselSparseImpl"
+
+
+def test_dense_equals_torch_attention_with_scale_and_causal():
+    q, k, v = qkv()
+    torch.testing.assert_close(StandInDispatcher({}).forward(q, k, v), torch_attention(q, k, v), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(StandInDispatcher({"pattern": "dynamic_topk"}, causal=True).forward(q, k, v),
+                               torch_attention(q, k, v, causal=True), atol=2e-6, rtol=1e-5)
+    scaled = StandInDispatcher({"pattern": "dynamic_topk"}, softmax_scale=0.05).forward(q, k, v)
+    torch.testing.assert_close(scaled, torch_attention(q, k, v, scale=0.05), atol=2e-6, rtol=1e-5)
+
+
+def test_sparse_follows_the_step_from_per_forward_state():
+    q, k, v = qkv(seq=512)
+    dispatcher = StandInDispatcher({"pattern": "dynamic_topk", "topk_ratio": 0.25, "block_q": 64, "block_kv": 64,
+                                    "similarity_threshold": -2, "dense_steps": 2})
+    dense = attention(q, k, v)
+    step = lambda i: {"denoise_step_idx": torch.tensor([i]), "total_denoise_steps": torch.tensor([10])}  # noqa: E731
+    torch.testing.assert_close(dispatcher.forward(q, k, v, per_forward=step(1)), dense)  # warm-up: dense
+    sparse = dispatcher.forward(q, k, v, per_forward=step(5))
+    assert (sparse - dense).abs().max() > 1e-3
+    # The call's extras win over the static config (the dispatcher's third tier).
+    torch.testing.assert_close(dispatcher.forward(q, k, v, per_forward=step(5), extra={"topk_ratio": 1.0}), dense,
+                               atol=2e-6, rtol=1e-5)
+
+
+def test_static_patterns_read_the_latent_grid():
+    q, k, v = qkv(seq=4 * 8 * 10)
+    dispatcher = StandInDispatcher({"config": {"pattern": {"type": "radial"}, "geometry": {"block_q": 16, "block_kv": 16}}})
+    geometry = {"latent_shape": torch.tensor([[4, 16, 20]]), "patch_size": torch.tensor([[1, 2, 2]])}
+    out = dispatcher.forward(q, k, v, per_forward=geometry)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="grid"):
+        dispatcher.forward(q, k, v, per_forward={"latent_shape": torch.tensor([[4, 16, 22]]),
+                                                 "patch_size": torch.tensor([[1, 2, 2]])})
+
+
+def test_key_padding_masks_are_honoured():
+    q, k, v = qkv(batch=2, seq=96)
+    keep = torch.ones(2, 96, dtype=torch.bool)
+    keep[0, 80:] = False  # sequence-parallel auto-padding: the last keys are padding
+    out = StandInDispatcher({"pattern": "dynamic_topk"}).forward(q, k, v, attn_mask=keep)
+    torch.testing.assert_close(out, torch_attention(q, k, v, mask=keep[:, None, None, :]), atol=2e-6, rtol=1e-5)
+
+
+def test_bad_params_are_refused_naming_them():
+    q, k, v = qkv(seq=64)
+    with pytest.raises(ValueError, match="supports_full_attn_spans"):
+        StandInDispatcher({}).forward(q, k, v, full_attn_spans=[[(0, 4)]])
+    with pytest.raises(ValueError, match="sparse_attn.pattern.type.*'spiral'"):
+        StandInDispatcher({"pattern": "spiral"}).forward(q, k, v)
+    with pytest.raises(ValueError, match="pattern 'spatial_aware' is not one of"):
+        StandInDispatcher({"pattern": "spatial_aware"}).forward(q, k, v)
+    with pytest.raises(ValueError, match="both 'config' and"):
+        StandInDispatcher({"config": {}, "topk_ratio": 0.3}).forward(q, k, v)
+    with pytest.raises(ValueError, match="topk_ratio"):
+        StandInDispatcher({"pattern": "dynamic_topk", "topk_ratio": 0}).forward(q, k, v)
+    with pytest.raises(ValueError, match="denoise_step_idx"):
+        StandInDispatcher({}).forward(q, k, v, per_forward={"denoise_step_idx": "three"})
+    with pytest.raises(ValueError, match="attn_mask with bias"):
+        StandInDispatcher({}).forward(q, k, v, attn_mask=torch.randn(1, 64))
+    assert math.isfinite(float(StandInDispatcher({}).forward(q, k, v).sum()))
