@@ -81,7 +81,7 @@ class SparseAttentionRunner:
         values["warmup"] = {"dense_steps": 0, "dense_layers": 0}
         return json.dumps(values)
 
-    def _dynamic(self, q, k, v):
+    def _dynamic(self, q, k, v, return_lse: bool = False):
         # One library module per (shape, dtype, device), sharing one plan cache; warm-up is decided
         # here, so the module runs without a step (the config's topk_ratio / threshold every call).
         from .sparse_module import PlanCache, SparseAttention
@@ -94,7 +94,7 @@ class SparseAttentionRunner:
                                                          config=self._library_config(), dtype=q.dtype,
                                                          device=q.device, plan_cache=self._plan_cache)
         module = self._library_modules[key]
-        out = module(q, k, v)
+        out = module(q, k, v, return_lse=return_lse)
         self.last_report = module.last_report
         return out
 

@@ -106,14 +106,18 @@ class SparseAttention(torch.nn.Module):
         """Where the backend came from: env, config, auto or none."""
         return self._module.resolution_source
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False):
+        """out (B, S_q, H, D); with return_lse, (out, lse) with lse (B, H, S_q) fp32, for merging with
+        attention over other keys (tessel.functional.merge_states)."""
         check_forward_only("SparseAttention", q, k, v)
         step, total_steps, cfg_branch = _step_info.get() or (None, 0, 0)
         out = q.new_empty(q.shape)
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) if return_lse else None
         stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
-        self.last_report = self._module.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out), None, step,
-                                                total_steps, self.layer_index, cfg_branch, stream)
-        return out
+        self.last_report = self._module.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(out),
+                                                None if lse is None else to_dlpack(lse), step, total_steps,
+                                                self.layer_index, cfg_branch, stream)
+        return (out, lse) if return_lse else out
 
     def extra_repr(self) -> str:
         return f"layer_index={self.layer_index}, backend={self.backend}, source={self.resolution_source}"

@@ -130,7 +130,7 @@ def test_joint_attention_keeps_text_rows_and_columns_dense_and_image_sparse():
         q, k, v = (torch.randn(1, 260, 2, 16, generator=g) for _ in range(3))
         out = state._attention(0, q, k, v, False, None)
         dense = attention(q, k, v)
-        assert 0.2 < state.last_density < 0.8
+        assert 0.1 < state.last_density < 0.8  # the image x image mask (3 of 15 kv blocks a row)
         # Text queries see every key: their rows equal dense attention's.
         torch.testing.assert_close(out[:, :20], dense[:, :20], atol=2e-6, rtol=1e-5)
         assert not torch.allclose(out[:, 32:], dense[:, 32:], atol=1e-3)  # image rows are sparse

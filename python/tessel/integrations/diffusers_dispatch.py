@@ -15,7 +15,8 @@ What runs where:
 - sparse (dynamic_topk or threshold: estimated from q and k) only in self-shaped calls (as many
   keys as queries) of models whose token layout is known (TOKEN_LAYOUTS): in joint text+image
   attention (Flux, SD3, HunyuanVideo, Qwen-Image, CogVideoX) the text rows and columns stay dense and
-  image x image is sparse (the MMDiT arrow); cross-attention (fewer keys than queries) stays dense;
+  image x image is sparse (the MMDiT arrow, exactly: two attentions merged by their LSE, the mask
+  estimated on the image tokens, on the device for CUDA tensors); cross-attention stays dense;
 - key-padding masks (boolean, or additive 0 / -inf, the same for every query: what HunyuanVideo and
   sequence-parallel padding send) are honoured by attending to each batch entry's kept keys; other
   masks, dropout in training, another attention backend set on the model, and diffusers' own
@@ -30,9 +31,7 @@ import math
 import torch
 
 from ._masks import attend_kept_keys, key_padding
-from ..block_mask import BlockMask
-from ..estimators import estimate_threshold, estimate_topk
-from ..functional import attention, block_sparse_attention
+from ..functional import attention, merge_states
 from ..sparse_attention import SparseAttentionRunner
 from ..sparse_config import SparseAttentionConfig
 
@@ -133,15 +132,6 @@ def _scoped(original, model: "_ModelState", layer: int) -> ScopedAttnProcessor:
 _scoped_classes = {}
 
 
-def _text_blocks_kept(mask: BlockMask, text: range, block_q: int, block_kv: int) -> BlockMask:
-    """The mask with every block overlapping a text token kept: text rows and columns dense."""
-    dense = mask.to_dense().copy()
-    dense[:, :, text.start // block_q:(text.stop - 1) // block_q + 1, :] = 1
-    dense[:, :, :, text.start // block_kv:(text.stop - 1) // block_kv + 1] = 1
-    seq_q, seq_kv = mask.geometry()[2:4]
-    return BlockMask.from_dense(dense, seq_q=seq_q, seq_kv=seq_kv, block_q=block_q, block_kv=block_kv)
-
-
 class _ModelState:
     """One enabled transformer: its config, step, text-token count of the current forward, and the
     wrapped processors."""
@@ -208,28 +198,25 @@ class _ModelState:
         if (self.config.pattern.type not in SPARSE_PATTERNS or causal or not default_scale or k.shape[1] != seq
                 or text >= seq or self.config.is_dense_at(self.step, layer)):
             return dense()
-        c = self.config
         if text == 0:  # the library's module: estimated on the device for CUDA tensors
             out = self.runner._dynamic(q.contiguous(), k.contiguous(), v.contiguous())
-            self.last_density = getattr(self.runner.last_report, "density", None)
+            self.last_density = (self.runner.last_report or {}).get("density")
             return out
-        # Joint attention: the estimate on the host (the device estimators do not keep text blocks),
-        # then the text blocks kept whole.
-        text_range = range(0, text) if self.layout == "text_first" else range(seq - text, seq)
-        host_q, host_k = q.detach().float().cpu(), k.detach().float().cpu()
-        if c.pattern.type == "dynamic_topk":
-            similarity = float(c.options.get("similarity_threshold", 0.1))
-            mask = estimate_topk(host_q, host_k, topk_ratio=c.selection.topk_ratio, similarity_threshold=similarity,
-                                 block_q=c.geometry.block_q, block_kv=c.geometry.block_kv,
-                                 keep_diagonal=c.selection.keep_diagonal, sink_blocks=c.selection.sink_blocks)
-        else:
-            mask = estimate_threshold(host_q, host_k, threshold=c.selection.threshold,
-                                      stride=int(c.options.get("stride", 8)), block_q=c.geometry.block_q,
-                                      block_kv=c.geometry.block_kv)
-        if text > 0:
-            mask = _text_blocks_kept(mask, text_range, c.geometry.block_q, c.geometry.block_kv)
-        self.last_density = mask.density()
-        return block_sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask)
+        # Joint attention, the MMDiT arrow, exactly: text queries attend to every key; image queries
+        # to the text keys densely and to the image keys through the sparse module (estimated on
+        # the image tokens alone, on the device for CUDA tensors), the two merged by their LSE.
+        text_part = slice(0, text) if self.layout == "text_first" else slice(seq - text, seq)
+        image_part = slice(text, seq) if self.layout == "text_first" else slice(0, seq - text)
+        q_text, q_image = q[:, text_part].contiguous(), q[:, image_part].contiguous()
+        k_text, k_image = k[:, text_part].contiguous(), k[:, image_part].contiguous()
+        v_text, v_image = v[:, text_part].contiguous(), v[:, image_part].contiguous()
+        out_text = attention(q_text, k.contiguous(), v.contiguous())
+        to_text, lse_text = attention(q_image, k_text, v_text, return_lse=True)
+        to_image, lse_image = self.runner._dynamic(q_image, k_image, v_image, return_lse=True)
+        self.last_density = (self.runner.last_report or {}).get("density")
+        out_image, _ = merge_states(to_text, lse_text, to_image, lse_image)
+        parts = (out_text, out_image) if self.layout == "text_first" else (out_image, out_text)
+        return torch.cat(parts, dim=1)
 
 
 def _is_attention(module) -> bool:
