@@ -24,3 +24,10 @@ if "$tessel" version | grep -q "mp4 output: no"; then video="$build_dir/demo-tin
 "$tessel" generate --model "$model_dir" --prompt "a cat walking through a neon city at night" --size 64x64 \
   --frames 9 --steps 4 --threads 1 --cache teacache --out "$video"
 echo "demo: $video was generated from RANDOM weights (tessel init-model): expect noise, not a cat"
+cat <<NEXT
+Next, with real weights (README.md, "Real Wan weights"): on a machine with network,
+  pip install -U "huggingface_hub[cli]" && hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --local-dir Wan2.1-T2V-1.3B-Diffusers
+then
+  $tessel generate --model Wan2.1-T2V-1.3B-Diffusers --device cuda --prompt "a cat walking through a neon city at night" \\
+      --size 832x480 --frames 81 --steps 50 --out cat.mp4
+NEXT
