@@ -10,6 +10,7 @@
 
 #include "bench_mask_export.h"
 #include "bench_timer.h"
+#include "option_checks.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
 #include "tessel/core/random.h"
@@ -103,7 +104,7 @@ void validate(const BenchConfig& c) {
   if (c.densities.empty()) fail_argument("--density", "at least one value", "none");
   for (double d : c.densities)
     if (!(d > 0.0 && d <= 1.0)) fail_argument("--density", "values in (0, 1]", d);
-  if (c.device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", c.device.str());
+  present_device(c.device, "--device");
   if (c.fp8 && !c.device.is_cuda()) fail_argument("--fp8", "--device cuda (FP8 attention runs on CUDA)", c.device.str());
   if (c.fp8 && !c.kernel_variants.empty())
     fail_argument("--kernel-variants", "no value with --fp8 (the FP8 mode has one variant)", "a list");

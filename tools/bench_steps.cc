@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bench_timer.h"
+#include "option_checks.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
@@ -19,7 +20,7 @@ StepsReport run_denoising_steps(const BenchConfig& c, const StepsConfig& s) {
   if (s.layers < 1) fail_argument("--layers", ">= 1", s.layers);
   if (c.iters < 1) fail_argument("--iters", ">= 1", c.iters);
   if (c.warmup < 0) fail_argument("--warmup", ">= 0", c.warmup);
-  if (c.device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", c.device.str());
+  present_device(c.device, "--device");
   s.sparse.validate();
   if (c.threads > 0) set_num_threads(c.threads);
 

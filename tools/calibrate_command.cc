@@ -51,7 +51,8 @@ struct CalibrateArgs {
 // two outputs, plus the held-out steps' while they are checked; the work is a dense reference per
 // step and, per bisection halving, one estimate and one block-sparse attention over every head
 // (counted dense: an upper bound).
-WorkEstimate calibration_estimate(const CalibrateArgs& a, const Device& device) {
+// steps / heldout: capture files per layer (from the checked --layer / --heldout lists).
+WorkEstimate calibration_estimate(const CalibrateArgs& a, const Device& device, size_t capture_steps, size_t capture_heldout) {
   CaptureShape shape;
   if (!a.grid.empty()) {
     const TokenGrid grid = parse_token_grid(a.grid, "--grid");
@@ -61,13 +62,10 @@ WorkEstimate calibration_estimate(const CalibrateArgs& a, const Device& device) 
   }
   const bool synthetic = !a.grid.empty();
   const double layers = synthetic ? static_cast<double>(a.synthetic_layers) : static_cast<double>(a.layers.size());
-  const double steps = synthetic ? static_cast<double>(a.synthetic_steps)
-                                 : static_cast<double>(split_capture_files(a.layers.front(), "--layer").size());
-  const double heldout = synthetic ? static_cast<double>(a.synthetic_heldout)
-                                   : a.heldout.empty() ? 0.0 : static_cast<double>(split_capture_files(a.heldout.front(), "--heldout").size());
-  const double element = device.is_cuda() ? 2.0 : 4.0;
-  const double q_bytes = static_cast<double>(shape.batch * shape.tokens * shape.heads * shape.head_dim) * element;
-  const double kv_bytes = static_cast<double>(shape.batch * shape.kv_tokens * shape.kv_heads * shape.head_dim) * element;
+  const double steps = static_cast<double>(synthetic ? static_cast<size_t>(a.synthetic_steps) : capture_steps);
+  const double heldout = static_cast<double>(synthetic ? static_cast<size_t>(a.synthetic_heldout) : capture_heldout);
+  const CaptureSizes sizes = capture_sizes(shape, device.is_cuda() ? 2.0 : 4.0);
+  const double q_bytes = sizes.q_bytes, kv_bytes = sizes.kv_bytes;
   const double step_bytes = 3.0 * q_bytes + 2.0 * kv_bytes;  // q, k, v, the dense and the sparse output
   const double resident_layers = a.compare_global ? layers : 1.0;
   const double samples = resident_layers * steps + heldout;
@@ -76,8 +74,7 @@ WorkEstimate calibration_estimate(const CalibrateArgs& a, const Device& device) 
   // a layer's q, k, v in bf16 while they are made or read.
   e.device_bytes = device.is_cuda() ? samples * step_bytes : 0.0;
   e.host_bytes = device.is_cuda() ? resident_layers * steps * (q_bytes + 2.0 * kv_bytes) : samples * step_bytes;
-  const double attention = 4.0 * static_cast<double>(shape.batch * shape.tokens) * static_cast<double>(shape.kv_tokens) *
-                           static_cast<double>(shape.heads * shape.head_dim);
+  const double attention = sizes.attention_flop;
   // The sparse evaluations counted at density 0.5 (bisection visits both sides of the target's density).
   const double sparse = 0.5;
   e.flop = layers * (steps * (1.0 + sparse * (a.options.iterations + 1)) + heldout * (1.0 + sparse)) * attention *
@@ -94,7 +91,7 @@ struct LayerReport {
 
 int run_calibrate(CalibrateArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
-  present_device(a.device, "--device");  // a bad or absent --device fails before any work
+  const Device device = present_device(a.device, "--device");  // a bad or absent --device fails before any work
   a.options.method = parse_calibration_method(a.method);
   a.options.metric = parse_calibration_metric(a.metric);
   if (a.options.method == CalibrationMethod::kThreshold) {
@@ -112,14 +109,22 @@ int run_calibrate(CalibrateArgs a) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   const size_t layer_count = synthetic ? static_cast<size_t>(a.synthetic_layers) : a.layers.size();
-  const Device device = present_device(a.device, "--device");
   const std::string shape_flags = synthetic ? detail::concat("--grid ", a.grid, " --synthetic-layers ", a.synthetic_layers,
                                                              " --synthetic-steps ", a.synthetic_steps, " --heads ", a.heads,
                                                              " --head-dim ", a.head_dim)
                                             : detail::concat("--layer (", a.layers.size(), " layers of captures)");
-  for (const std::string& files : a.layers) split_capture_files(files, "--layer");  // every list checked before any work
-  for (const std::string& files : a.heldout) split_capture_files(files, "--heldout");
-  check_work_budget(calibration_estimate(a, device), a.budget, device, a.threads, shape_flags, "calibrate");
+  // Every list checked before any work; the first one's length is what the estimate counts.
+  size_t capture_steps = 0, capture_heldout = 0;
+  for (const std::string& files : a.layers) {
+    const size_t count = split_capture_files(files, "--layer").size();
+    if (capture_steps == 0) capture_steps = count;
+  }
+  for (const std::string& files : a.heldout) {
+    const size_t count = split_capture_files(files, "--heldout").size();
+    if (capture_heldout == 0) capture_heldout = count;
+  }
+  check_work_budget(calibration_estimate(a, device, capture_steps, capture_heldout), a.budget, device, a.threads, shape_flags,
+                    "calibrate");
   // One layer's captures at a time (all of them only for --compare-global, which ranks them together).
   const SyntheticCaptureOptions captures{a.grid, a.synthetic_layers, a.heads, a.head_dim};
   const auto layer_samples = [&](size_t layer) {
@@ -260,7 +265,7 @@ CommandRegistration registration{
       CLI::Option* stride_option = app.add_option("--stride", a->options.stride, "threshold: antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}));
       CLI::Option* similarity_option = app.add_option("--similarity-threshold", a->options.similarity_threshold, "topk / cdf: self-similarity threshold in [-1, 1]")
           ->check(number_in(-1.0, 1.0));
-      app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file")->check(output_path());
+      app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file")->check(non_empty_path());
       app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
       app.add_option("--device", a->device,
                      "cpu (fp32), or cuda / cuda:N: the samples in bf16 on the GPU, estimates and attention there")

@@ -183,8 +183,7 @@ double median(std::vector<double> values) {
 }
 
 int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel) {
-  const Device asked = parse_device(o.device);
-  if (asked.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", asked.str());
+  const Device asked = present_device(o.device, "--device");
   const SparseAttnEnv& env = process_sparse_attn_env();
   const bool sparse = sparse_attn_requested(flags, env);
   if (!o.layer_configs.empty() && !sparse)
@@ -405,7 +404,7 @@ CommandRegistration registration{
           ->check(device_name());
       auto* model = app.add_option("--model", options->model, "named size with random weights")->capture_default_str()->check(one_of(presets));
       app.add_option("--from-dir", options->from_dir, "a diffusers WanTransformer3DModel checkpoint directory instead of --model")
-          ->check(input_path())
+          ->check(non_empty_path())
           ->excludes(model);
       app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")
           ->capture_default_str()
@@ -433,7 +432,7 @@ CommandRegistration registration{
                                     "encoder_hidden_states (B, L, text_dim)) instead of random ones; every step uses them");
       for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens"}) app.get_option(shaped)->excludes(inputs);
       app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file")
-          ->check(output_path());
+          ->check(non_empty_path());
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       app.add_flag("--check", options->check,

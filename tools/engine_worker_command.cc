@@ -15,7 +15,7 @@ namespace {
 CommandRegistration registration{
     "engine-worker", "(started by `tessel serve`) one worker process of the serving engine", [](CLI::App& app) {
       auto args = std::make_shared<engine::WorkerArgs>();
-      app.add_option("--channel", args->channel, "the engine's shared-memory channel")->required()->check(input_path());
+      app.add_option("--channel", args->channel, "the engine's shared-memory channel")->required()->check(non_empty_path());
       app.add_option("--rank", args->rank, "this worker's rank")->required()->check(integer_in(0, 63));
       return CommandRunner([args] {
         engine::RunnerRegistry runners;

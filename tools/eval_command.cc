@@ -309,7 +309,7 @@ CommandRegistration registration{
       app.add_flag("--json", a->json, "Print JSON {config, results} (with --config: the per-layer and per-head report)");
       auto c = std::make_shared<EvalConfigArgs>();
       app.add_option("--config", c->config, "Check this config of `tessel calibrate --out` on held-out steps (--layer files or --grid)")
-          ->check(input_path());
+          ->check(non_empty_path());
       app.add_option("--layer", c->layers, "--config: one layer's held-out capture files (safetensors q, k, v), comma-separated; one per layer");
       app.add_option("--synthetic-heldout", c->synthetic_steps, "--config with --grid: synthetic held-out steps per layer")
           ->capture_default_str()

@@ -91,7 +91,8 @@ std::vector<CalibrationSample> held_out_steps(const EvalConfigArgs& a, const Cal
 
 // Memory and work of the check: one layer's steps (q, k, v, the dense and the sparse output) at a
 // time; a dense reference and one block-sparse pass (counted at density 0.5) per step and layer.
-WorkEstimate eval_config_estimate(const EvalConfigArgs& a, const CalibratedFile& file, const Device& device) {
+// capture_steps: capture files per layer (from the checked --layer lists).
+WorkEstimate eval_config_estimate(const EvalConfigArgs& a, const CalibratedFile& file, const Device& device, size_t capture_steps) {
   CaptureShape shape;
   double steps = static_cast<double>(a.synthetic_steps);
   if (!a.grid.empty()) {
@@ -100,16 +101,14 @@ WorkEstimate eval_config_estimate(const EvalConfigArgs& a, const CalibratedFile&
     shape = {1, grid.numel(), grid.numel(), heads, heads, head_dim};
   } else {
     shape = capture_shape(a.layers.front(), "--layer");
-    steps = static_cast<double>(split_capture_files(a.layers.front(), "--layer").size());
+    steps = static_cast<double>(capture_steps);
   }
-  const double element = device.is_cuda() ? 2.0 : 4.0;
-  const double q_bytes = static_cast<double>(shape.batch * shape.tokens * shape.heads * shape.head_dim) * element;
-  const double kv_bytes = static_cast<double>(shape.batch * shape.kv_tokens * shape.kv_heads * shape.head_dim) * element;
+  const CaptureSizes sizes = capture_sizes(shape, device.is_cuda() ? 2.0 : 4.0);
+  const double q_bytes = sizes.q_bytes, kv_bytes = sizes.kv_bytes;
   WorkEstimate e;
   e.device_bytes = device.is_cuda() ? steps * (3.0 * q_bytes + 2.0 * kv_bytes) : 0.0;
   e.host_bytes = device.is_cuda() ? steps * (q_bytes + 2.0 * kv_bytes) : steps * (3.0 * q_bytes + 2.0 * kv_bytes);
-  e.flop = static_cast<double>(file.layers.size()) * steps * 1.5 * 4.0 * static_cast<double>(shape.batch * shape.tokens) *
-           static_cast<double>(shape.kv_tokens) * static_cast<double>(shape.heads * shape.head_dim);
+  e.flop = static_cast<double>(file.layers.size()) * steps * 1.5 * sizes.attention_flop;
   return e;
 }
 
@@ -179,11 +178,15 @@ int run_eval_config(const EvalConfigArgs& a) {
   if (!(target > 0.0)) fail_argument("--target", "a number > 0 (the config file has none)", target);
 
   check_held_out_source(a, file);
-  for (const std::string& files : a.layers) split_capture_files(files, "--layer");  // every list checked before any work
+  size_t capture_steps = 0;  // every list checked before any work; the first one's length is what the estimate counts
+  for (const std::string& files : a.layers) {
+    const size_t count = split_capture_files(files, "--layer").size();
+    if (capture_steps == 0) capture_steps = count;
+  }
   const std::string shape_flags =
       !a.grid.empty() ? detail::concat("--grid ", a.grid, " --synthetic-heldout ", a.synthetic_steps, " (", file.layers.size(), " layers of --config)")
                       : detail::concat("--layer (", a.layers.size(), " layers of captures)");
-  check_work_budget(eval_config_estimate(a, file, device), a.budget, device, 0, shape_flags, "eval --config");
+  check_work_budget(eval_config_estimate(a, file, device, capture_steps), a.budget, device, 0, shape_flags, "eval --config");
   const ExecContext ctx;
   std::vector<LayerResult> results;
   std::vector<Miss> misses;

@@ -124,10 +124,7 @@ void print_timings(const GenerateTimings& t, Device device, const std::optional<
 // The transformer's device from --device and --dtype: the CPU transformer computes in fp32, the
 // CUDA one in bf16 (fp32 residual stream), and each dtype is accepted only where it is what runs.
 Device transformer_device(const GenerateOptions& o) {
-  const Device device = parse_device(o.device);
-  if (device.is_cuda() && !cuda_compiled())
-    fail_argument("--device", "cpu (tessel was built without CUDA)", device.str());
-  if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
+  const Device device = present_device(o.device, "--device");
   const std::string runs = device.is_cuda() ? "bf16" : "fp32";
   if (!o.dtype.empty() && o.dtype != runs)
     fail_argument("--dtype", detail::concat(runs, " on ", device.is_cuda() ? "CUDA" : "the CPU"), o.dtype);

@@ -31,7 +31,7 @@ CommandRegistration registration{
                      "Wan2.2-TI2V-5B's sizes with UMT5-XXL and the Wan 2.2 VAE; bf16 (VAE fp32)")
           ->capture_default_str()
           ->check(one_of(random_wan_model_presets()));
-      app.add_option("--out", options->out, "the directory to write (created when missing)")->required()->check(output_path());
+      app.add_option("--out", options->out, "the directory to write (created when missing)")->required()->check(non_empty_path());
       app.add_option("--seed", options->seed, "seed of the random weights")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_option("--threads", options->threads, "threads drawing the weights (default: all)")->check(integer_in(1, 4096));
       return CommandRunner([options] {

@@ -90,9 +90,9 @@ CLI::Validator device_name() {
   return parsed_by("cpu, cuda or cuda:N", [](const std::string& text) { parse_device(text); });
 }
 
-CLI::Validator output_path() {
+CLI::Validator non_empty_path() {
   return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "expected a non-empty path, got ''" : ""; },
-                        "a non-empty path", "OUTPUT_PATH");
+                        "a non-empty path", "PATH");
 }
 
 WanVideoSize parse_video_size(const std::string& text, int64_t frames, int64_t vae_spatial_stride) {
@@ -110,11 +110,6 @@ WanVideoSize parse_video_size(const std::string& text, int64_t frames, int64_t v
 
 void check_applies(const CLI::Option* option, bool applies, const std::string& when) {
   if (option != nullptr && option->count() > 0 && !applies) throw Error(option->get_name() + ": applies to " + when + " only");
-}
-
-CLI::Validator input_path() {
-  return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "expected a non-empty path, got ''" : ""; },
-                        "a non-empty path", "PATH");
 }
 
 CLI::Validator even_integer_in(int64_t low, int64_t high) {
@@ -179,8 +174,9 @@ void require_multiple(const std::string& option, int64_t value, const std::strin
     fail_argument(option, detail::concat("a multiple of ", of_option, " ", of_value), value);
 }
 
-Device present_device(const std::string& text, const std::string& flag) {
-  const Device device = parse_device(text);
+Device present_device(const std::string& text, const std::string& flag) { return present_device(parse_device(text), flag); }
+
+Device present_device(Device device, const std::string& flag) {
   if (device.is_cuda() && !cuda_compiled()) fail_argument(flag, "cpu (tessel was built without CUDA)", device.str());
   if (device.is_cuda() && !cuda_available()) fail_argument(flag, "a device present (no CUDA GPU found)", device.str());
   return device;

@@ -33,13 +33,12 @@ CLI::Validator parsed_by(const std::string& description, std::function<void(cons
 // (fp32, fp16, bf16 and their long names).
 CLI::Validator device_name();
 CLI::Validator attention_dtype_name();
-// An output path: not empty (an empty one would write into the working directory or be ignored).
-CLI::Validator output_path();
+// A path given: not empty (an empty output path would write into the working directory or be
+// ignored; an empty input path would read as "not given" and run something else).
+CLI::Validator non_empty_path();
 // An option that only matters with another setting, given without it: an Error
 // "<flag>: applies to <when> only" (silently ignoring it would hide the user's mistake).
 void check_applies(const CLI::Option* option, bool applies, const std::string& when);
-// An input path given: not empty (an empty one would read as "not given" and run something else).
-CLI::Validator input_path();
 // An even integer in [low, high].
 CLI::Validator even_integer_in(int64_t low, int64_t high);
 
@@ -75,6 +74,7 @@ uint64_t memory_budget_bytes();
 // it is a CUDA device and tessel was built without CUDA or no GPU is visible (not the driver's
 // message from the first CUDA call).
 Device present_device(const std::string& text, const std::string& flag);
+Device present_device(Device device, const std::string& flag);
 // Throws Error naming `option` and its value when `bytes` (what `what` needs) exceed the budget.
 void check_memory_budget(const std::string& option, const std::string& value, double bytes, const std::string& what);
 // Bytes as "12.3 GiB".

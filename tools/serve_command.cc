@@ -176,9 +176,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
     }
   }
   runner.num_threads = static_cast<int>(o.threads);
-  const Device device = parse_device(o.device);
-  if (device.is_cuda() && !cuda_compiled()) fail_argument("--device", "cpu (tessel was built without CUDA)", device.str());
-  if (device.is_cuda() && !cuda_available()) fail_argument("--device", "a device present (no CUDA GPU found)", device.str());
+  const Device device = present_device(o.device, "--device");
   runner.device = device.str();
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
   if (o.sparse_config_2) {
@@ -285,7 +283,7 @@ CommandRegistration registration{
                      "over the first expert's (default: the same)");
       app.add_option("--embeddings", o->embeddings,
                      "safetensors with prompt_embeds (and negative_prompt_embeds): the text conditioning of every request")
-          ->check(input_path());
+          ->check(non_empty_path());
       app.add_option("--host", o->server.host, "address to listen on")
           ->capture_default_str()
           ->check(CLI::Validator([](std::string& text) { return text.empty() ? std::string("expected an address, got ''") : std::string(); },

@@ -126,7 +126,7 @@ CommandRegistration registration{
       auto* latents = app.add_option("--latents", options->latents,
                                      "safetensors file with the tensor 'latents' (1, z_dim, T, h, w) to decode instead of random ones");
       app.add_option("--save-video", options->save_video, "write the last decode's video (fp32, tensor 'video') to this safetensors file")
-          ->check(output_path());
+          ->check(non_empty_path());
       app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));
       app.add_option("--height", options->height, "video height in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
       app.add_option("--width", options->width, "video width in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));

@@ -162,6 +162,13 @@ std::string shape_text(const Shape& shape) {
   return text + ")";
 }
 
+// One rule for a LoRA's weight wherever it becomes a LoraFile (parsed from text, or given whole):
+// finite and within fp32's range, the precision the merge computes in.
+void check_lora_scale(double scale, const std::string& what, const std::string& given) {
+  if (!std::isfinite(scale) || std::abs(scale) > std::numeric_limits<float>::max())
+    fail_argument(what, "a finite scale within fp32's range", given);
+}
+
 }  // namespace
 
 LoraFile parse_lora_file(std::string_view text, const std::string& what) {
@@ -172,8 +179,7 @@ LoraFile parse_lora_file(std::string_view text, const std::string& what) {
     errno = 0;
     const double scale = number.empty() ? NAN : std::strtod(number.c_str(), &end);
     if (!number.empty() && end == number.c_str() + number.size() && errno == 0) {
-      if (!std::isfinite(scale) || std::abs(scale) > std::numeric_limits<float>::max())
-        fail_argument(what, "path[:scale] with a finite scale (within fp32's range)", std::string(text));
+      check_lora_scale(scale, what, std::string(text));
       file = {std::string(text.substr(0, colon)), scale};
     }
   }
@@ -228,8 +234,7 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
   WanLora lora;
   for (const LoraFile& source : files) {
     const std::string& path = source.path;
-    if (!std::isfinite(source.scale) || std::abs(source.scale) > std::numeric_limits<float>::max())
-      fail_argument(path + ": scale", "a finite number within fp32's range", source.scale);
+    check_lora_scale(source.scale, path + ": scale", detail::concat(source.scale));
     require_regular_file(path, "LoRA file");
     const SafetensorsFile file = SafetensorsFile::open(path);
     const FileAlpha file_wide = file_alpha(file, path);

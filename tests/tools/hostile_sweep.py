@@ -151,14 +151,20 @@ def nested(depth: int, opener: str = "[", closer: str = "]", inner: str = "1") -
     return opener * depth + inner + closer * depth
 
 
-def make_fixtures(root: Path, build_dir: Path) -> dict[str, str]:
-    fx: dict[str, str] = {}
-
+def fixture_writer(root: Path, fx: dict[str, str]) -> Callable[[str, "bytes | str"], str]:
+    """put(name, content): writes root/name, records it in fx under its name, returns its path."""
     def put(name: str, content: bytes | str) -> str:
         path = root / name
         path.write_bytes(content.encode() if isinstance(content, str) else content)
         fx[name] = str(path)
         return str(path)
+
+    return put
+
+
+def make_fixtures(root: Path, build_dir: Path) -> dict[str, str]:
+    fx: dict[str, str] = {}
+    put = fixture_writer(root, fx)
 
     qkv_file(root / "good.safetensors")
     fx["good.safetensors"] = str(root / "good.safetensors")

@@ -130,12 +130,7 @@ LATENT_SHAPE = [1, 16, 1, 8, 8]  # generate_args' latents (64x64 pixels / 8, one
 
 def make_fixtures(root: Path, tessel: str) -> dict[str, str]:
     fx: dict[str, str] = {}
-
-    def put(name: str, content: bytes | str) -> str:
-        path = root / name
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-        fx[name] = str(path)
-        return str(path)
+    put = hs.fixture_writer(root, fx)
 
     def tessel_run(*args: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TESSEL_") and not k.startswith("DIFFUSION_")}

@@ -94,4 +94,13 @@ CaptureShape capture_shape(const std::string& files, const std::string& option) 
   return {q->shape[0], q->shape[1], k->shape[1], q->shape[2], k->shape[2], q->shape[3]};
 }
 
+CaptureSizes capture_sizes(const CaptureShape& s, double element_bytes) {
+  CaptureSizes sizes;
+  sizes.q_bytes = static_cast<double>(s.batch * s.tokens * s.heads * s.head_dim) * element_bytes;
+  sizes.kv_bytes = static_cast<double>(s.batch * s.kv_tokens * s.kv_heads * s.head_dim) * element_bytes;
+  sizes.attention_flop =
+      4.0 * static_cast<double>(s.batch * s.tokens) * static_cast<double>(s.kv_tokens) * static_cast<double>(s.heads * s.head_dim);
+  return sizes;
+}
+
 }  // namespace tessel

@@ -47,4 +47,11 @@ struct CaptureShape {
 };
 CaptureShape capture_shape(const std::string& files, const std::string& option);
 
+// One step of that shape at `element_bytes` per value: the bytes of q and of k (v is the same), and
+// one dense attention's arithmetic (4 B S S_kv H D): what the budget estimates count.
+struct CaptureSizes {
+  double q_bytes = 0.0, kv_bytes = 0.0, attention_flop = 0.0;
+};
+CaptureSizes capture_sizes(const CaptureShape& shape, double element_bytes);
+
 }  // namespace tessel
