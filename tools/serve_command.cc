@@ -67,6 +67,7 @@ struct ServeOptions {
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
   int64_t image_timeout_s = 3600;
+  int64_t keep_alive_s = 5;
 };
 
 std::string this_executable() {
@@ -233,6 +234,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   o.server.api.default_frames = o.frames;
   o.server.api.default_fps = o.fps;
   o.server.image_timeout = seconds(o.image_timeout_s);
+  o.server.keep_alive_timeout = seconds(o.keep_alive_s);
 
   const sigset_t signals = shutdown_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
@@ -327,7 +329,13 @@ CommandRegistration registration{
       app.add_option("--max-body-bytes", o->server.max_body_bytes, "largest request body (beyond: 413)")
           ->capture_default_str()
           ->check(integer_in(1024, 1 << 30));
-      app.add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str()->check(integer_in(1, 1024));
+      app.add_option("--max-connections", o->server.max_connections,
+                     "HTTP connections served at once, each on its own thread (the next 64: 503 at once)")
+          ->capture_default_str()
+          ->check(integer_in(16, 65536));
+      app.add_option("--keep-alive-timeout", o->keep_alive_s, "seconds an idle keep-alive connection stays open")
+          ->capture_default_str()
+          ->check(integer_in(1, 3600));
       add_sparse_attn_flags(app, *flags);
       add_cache_flags(app, o->cache, o->cache_config, " (a request may ask for none)");
       app.add_option("--sparse-attn-allow", o->sparse_attention_allowed,

@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <cstring>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <regex>
 #include <sstream>
 
+#include "connection_threads.h"
 #include "tessel/core/log.h"
 
 namespace tessel::serve {
@@ -21,6 +23,7 @@ using engine::CancelOutcome;
 using engine::RequestStatus;
 
 constexpr int kListenBacklog = 1024;
+constexpr size_t kOverflowConnections = 64;  // past max_connections: answered 503 at once
 
 void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
   res.status = status;
@@ -43,6 +46,7 @@ struct HttpServer::Impl {
   ServerOptions options;
   httplib::Server http;
   socket_t listening_socket = -1;  // httplib's socket type
+  std::atomic<ConnectionThreads*> connections{nullptr};  // owned by httplib, made when it listens
   std::mutex counts_mutex;
   std::map<int, int64_t> responses_by_code;
 
@@ -55,7 +59,8 @@ struct HttpServer::Impl {
     } catch (const engine::QueueFullError& e) {
       res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
       send_error(res, 429, e.what());
-    } catch (const engine::NotAcceptingError& e) {
+    } catch (const engine::NotAcceptingError& e) {  // draining: another instance (or this one restarted) may take it
+      res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
       send_error(res, 503, e.what());
     } catch (const Error& e) {
       // The model type's pre-processing names the field first ("width: expected ...").
@@ -231,6 +236,10 @@ struct HttpServer::Impl {
       metric("tessel_gpu_memory_used_bytes", "gauge", "Device memory in use on rank 0's GPU at its last step.");
       out << "tessel_gpu_memory_used_bytes " << stats.device_memory_used_bytes << '\n';
     }
+    if (const ConnectionThreads* queue = connections.load()) {
+      metric("tessel_http_connections", "gauge", "Open HTTP connections (each on its own thread).");
+      out << "tessel_http_connections " << queue->active() << '\n';
+    }
     metric("tessel_http_responses_total", "counter", "HTTP responses by status code.");
     {
       std::lock_guard lock(counts_mutex);
@@ -263,9 +272,20 @@ struct HttpServer::Impl {
     http.set_read_timeout(options.io_timeout);
     http.set_write_timeout(options.io_timeout);
     http.set_keep_alive_max_count(100);
-    const int threads = options.http_threads;
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    http.set_keep_alive_timeout(options.keep_alive_timeout.count());
+    http.new_task_queue = [this] {
+      auto* queue = new ConnectionThreads(static_cast<size_t>(options.max_connections), kOverflowConnections);
+      connections = queue;
+      return queue;
+    };
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (ConnectionThreads::overloaded()) {
+        res.set_header("Retry-After", std::to_string(options.retry_after_seconds));
+        res.set_header("Connection", "close");
+        send_error(res, 503, detail::concat("too many connections (more than ", options.max_connections,
+                                            " at once: --max-connections); retry shortly"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + options.api_key) return httplib::Server::HandlerResponse::Unhandled;
       res.set_header("WWW-Authenticate", "Bearer");

@@ -17,9 +17,13 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (the chosen one is printed)
   std::string api_key;  // empty: no authentication
-  size_t max_body_bytes = 1 << 20;
-  int http_threads = 16;
-  std::chrono::seconds io_timeout{30};  // reading a request, writing a response
+  // Admits a 720p PNG or JPEG reference image as base64 in JSON or as a multipart part.
+  size_t max_body_bytes = 16 << 20;
+  // Connections served at once, each on its own thread (connection_threads.h); the next 64 are
+  // answered 503 at once.
+  int max_connections = 1024;
+  std::chrono::seconds io_timeout{30};  // each read of a request and each write of a response
+  std::chrono::seconds keep_alive_timeout{5};  // an idle keep-alive connection is closed after this
   // How long POST /v1/images/generations waits for its images before cancelling them (504).
   std::chrono::seconds image_timeout{3600};
   int retry_after_seconds = 1;  // the Retry-After of a 429
