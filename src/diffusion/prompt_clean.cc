@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "tessel/core/error.h"
-#include "utf8.h"
+#include "tessel/core/utf8.h"
 
 namespace tessel {
 namespace {

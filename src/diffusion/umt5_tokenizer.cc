@@ -9,7 +9,7 @@
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/log.h"
 #include "tessel/diffusion/prompt_clean.h"
-#include "utf8.h"
+#include "tessel/core/utf8.h"
 
 namespace tessel {
 

@@ -266,6 +266,10 @@ TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
       {R"({"prompt": "x", "sparse_attention": "fast"})", "sparse_attention"},
       {R"({"prompt": "x", "promt": "typo"})", "promt"},
       {R"({"prompt": "x", "cache": "deepcache"})", "cache"},
+      // Invalid UTF-8 anywhere (it used to be a 500 from the JSON writer, or a job that failed later).
+      {"{\"prompt\": \"a \xff\xfe cube\"}", "prompt"},
+      {"{\"prompt\": \"x\", \"negative_prompt\": \"\xc3\x28\"}", "negative_prompt"},
+      {"{\"prompt\": \"x\", \"\xed\xa0\x80\": 1}", "a field name"},
   };
   for (const auto& [body, field] : bad_images) {
     const auto result = client.Post("/v1/images/generations", body, "application/json");
@@ -276,6 +280,11 @@ TEST(ServeCli, BadRequestsAreRefusedNamingTheField) {
     EXPECT_EQ(error["type"], "invalid_request_error");
   }
   EXPECT_EQ(client.Post("/v1/videos", R"({"prompt": "x", "num_frames": 6})", "application/json")->status, 400);
+  httplib::MultipartFormDataItems form = {{"prompt", "bad \xff text", "", ""}, {"seconds", "1", "", ""}};
+  const auto bad_form = client.Post("/v1/videos", form);
+  ASSERT_TRUE(bad_form);
+  EXPECT_EQ(bad_form->status, 400) << bad_form->body;
+  EXPECT_EQ(body_of(bad_form)["error"]["param"], "prompt") << bad_form->body;
   EXPECT_EQ(client.Post("/v1/videos", R"({"prompt": "x", "seconds": "forever"})", "application/json")->status, 400);
   EXPECT_EQ(client.Post("/v1/images/generations", R"({"prompt": "x", "model": "other"})", "application/json")->status, 404);
   EXPECT_EQ(client.Get("/v1/nothing")->status, 404);

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <set>
+#include <string_view>
 
 #include "tessel/core/io/limited_json.h"
+#include "tessel/core/utf8.h"
 
 namespace tessel::serve {
 namespace {
@@ -19,7 +22,46 @@ using engine::RequestStatus;
   throw ApiError(400, field, detail::concat(field, ": expected ", expected, ", got ", actual));
 }
 
+// Where a body's text is not UTF-8: it reaches the tokenizer and the workers' wire format, where an
+// invalid byte would surface as a 500 (the JSON writer refuses it) or a job failing later. A 400 naming
+// the field instead (its path: "prompt", "extra.name", "items[2]"; "a field name" for a name).
+constexpr std::string_view kInvalidMark = "\xEE\x80\x80";  // U+E000, standing in for each invalid byte
+
+std::optional<std::string> field_with_mark(const nlohmann::json& value, const std::string& field) {
+  const auto marked = [](const std::string& text) { return text.find(kInvalidMark) != std::string::npos; };
+  if (value.is_string()) return marked(value.get_ref<const std::string&>()) ? std::optional(field) : std::nullopt;
+  if (value.is_object()) {
+    for (const auto& [name, member] : value.items()) {
+      if (marked(name)) return field.empty() ? std::string("a field name") : "a field name in " + field;
+      if (auto found = field_with_mark(member, field.empty() ? name : field + "." + name)) return found;
+    }
+  }
+  if (value.is_array())
+    for (size_t i = 0; i < value.size(); ++i)
+      if (auto found = field_with_mark(value[i], detail::concat(field.empty() ? "body" : field, "[", i, "]"))) return found;
+  return std::nullopt;
+}
+
+// `text` (a body, or a form field's value named `field`) as UTF-8, or a 400 naming where it is not.
+void check_utf8(const std::string& text, const std::string& field) {
+  try {
+    utf8_check(text, field.empty() ? "request body" : field);
+    return;
+  } catch (const Error& e) {
+    if (!field.empty()) throw ApiError(400, field, e.what());
+    // A JSON body: the field that holds the byte, found in the body with each invalid byte marked.
+    std::optional<std::string> where;
+    try {
+      where = field_with_mark(parse_json_limited(utf8_replace_invalid(text, kInvalidMark), JsonLimits{1 << 20, 8}, "request body"), "");
+    } catch (const Error&) {
+    }
+    const std::string what = std::string(e.what()).substr(std::string("request body: ").size());
+    throw ApiError(400, where.value_or(""), where ? *where + ": " + what + " of the request body" : std::string(e.what()));
+  }
+}
+
 nlohmann::json parse_body(const std::string& body) {
+  check_utf8(body, "");  // before the parser, whose errors quote the text
   nlohmann::json json;
   try {
     json = parse_json_limited(body, JsonLimits{1 << 20, 8}, "request body");
@@ -218,6 +260,8 @@ nlohmann::json video_form_to_json(const std::vector<std::pair<std::string, std::
   static const std::set<std::string> kNumbers = {"guidance_scale", "guidance_scale_2", "fps"};
   nlohmann::json body = nlohmann::json::object();
   for (const auto& [name, value] : fields) {
+    check_utf8(name, "a field name");  // before any message quotes them
+    check_utf8(value, name);
     if (body.contains(name)) bad_field(name, "one value", "the field twice");
     if (kIntegers.count(name) || kNumbers.count(name)) {
       size_t end = 0;
