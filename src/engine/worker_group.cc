@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/shm_region.h"
 #include "tessel/core/log.h"
 #include "wire_format.h"
 #include "worker_channel.h"
@@ -49,7 +51,16 @@ WorkerGroup::WorkerGroup(WorkerGroupConfig config) : config_(std::move(config)) 
   if (config_.worker_command.empty()) fail_argument("WorkerGroupConfig.worker_command", "a program and its arguments", "nothing");
   if (config_.num_workers < 1 || config_.num_workers > static_cast<int>(MessageQueue::kMaxReaders))
     fail_argument("WorkerGroupConfig.num_workers", detail::concat("1..", MessageQueue::kMaxReaders), config_.num_workers);
-  if (config_.channel_prefix.empty()) config_.channel_prefix = detail::concat("/tessel-", getpid());
+  if (config_.channel_prefix.empty()) {
+    config_.channel_prefix = detail::concat("/tessel-", getpid());
+    // A server killed by a signal left its channels ("/tessel-<its pid>-...") in /dev/shm: those of
+    // exited processes go, once per process.
+    static std::once_flag swept;
+    std::call_once(swept, [] {
+      if (const size_t removed = remove_stale_shm_regions("tessel-"))
+        log_message(LogLevel::kInfo, detail::concat("removed ", removed, " shared-memory channel(s) left by exited tessel processes"));
+    });
+  }
   config_.setup.world_size = config_.num_workers;
 }
 

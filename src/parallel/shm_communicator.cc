@@ -66,15 +66,6 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
 
-// False once `pid` has exited (gone, or a zombie its parent has not reaped yet).
-bool process_alive(pid_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
-  const size_t close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || (line[close + 2] != 'Z' && line[close + 2] != 'X');
-}
 
 // The world's mapping, shared by the communicators split from it.
 struct ShmMapping {

@@ -5,8 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include "tessel/core/error.h"
@@ -71,6 +76,31 @@ ShmRegion::~ShmRegion() {
   if (owner_) shm_unlink(name_.c_str());
   data_ = nullptr;
   owner_ = false;
+}
+
+bool process_alive(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || (line[close + 2] != 'Z' && line[close + 2] != 'X');
+}
+
+size_t remove_stale_shm_regions(const std::string& stem) {
+  std::error_code error;
+  size_t removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(stem, 0) != 0) continue;
+    size_t digits = stem.size();
+    while (digits < name.size() && std::isdigit(static_cast<unsigned char>(name[digits]))) ++digits;
+    if (digits == stem.size() || digits >= name.size() || name[digits] != '-' || digits - stem.size() > 9) continue;
+    const int pid = std::stoi(name.substr(stem.size(), digits - stem.size()));
+    if (pid <= 0 || pid == getpid() || process_alive(pid)) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace tessel

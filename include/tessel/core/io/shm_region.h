@@ -33,4 +33,12 @@ class ShmRegion {
   bool owner_ = false;
 };
 
+// False once `pid` has exited (gone, or a zombie its parent has not reaped yet).
+bool process_alive(int pid);
+
+// A process killed by a signal leaves its shared-memory objects behind (their owners never ran
+// their destructors). Objects named "/<stem><pid>-..." whose pid has exited are removed; others'
+// (live processes', other names) are left. Linux (/dev/shm); returns how many were removed.
+size_t remove_stale_shm_regions(const std::string& stem);
+
 }  // namespace tessel
