@@ -68,6 +68,7 @@ struct ServeOptions {
   serve::ServerOptions server;
   int64_t image_timeout_s = 3600;
   int64_t keep_alive_s = 5;
+  int64_t worker_stall_s = 10;
 };
 
 std::string this_executable() {
@@ -213,6 +214,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   config.max_queue = static_cast<size_t>(o.max_queue);
   config.runner_config_json = engine::wan_runner_config_to_json(runner);
   config.request_timeout = seconds(o.request_timeout_s);
+  config.worker_stall_timeout = seconds(o.worker_stall_s);
 
   engine::WanRequestLimits limits;
   limits.cache = o.cache;
@@ -323,6 +325,10 @@ CommandRegistration registration{
       app.add_option("--image-timeout", o->image_timeout_s, "seconds an images request waits for its images (then 504)")
           ->capture_default_str()
           ->check(integer_in(1, 1 << 24));
+      app.add_option("--worker-stall-timeout", o->worker_stall_s,
+                     "seconds a worker may go without a heartbeat (stopped, hung) before its request fails and the workers restart")
+          ->capture_default_str()
+          ->check(integer_in(2, 86400));
       app.add_option("--drain-timeout", o->drain_timeout_s, "seconds queued work may take after SIGTERM before it is cancelled")
           ->capture_default_str()
           ->check(integer_in(0, 1 << 24));

@@ -55,6 +55,7 @@ Engine::Engine(EngineConfig config, ProcessorRegistry processors)
   group.setup.model_dir = config_.model_dir;
   group.setup.config_json = config_.runner_config_json;
   group.start_timeout = config_.worker_start_timeout;
+  group.stall_timeout = config_.worker_stall_timeout;
   group.channel_prefix = config_.channel_prefix;
   state_->workers = std::make_unique<WorkerGroup>(std::move(group));
   state_->workers->start();

@@ -3,9 +3,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #if TESSEL_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -108,6 +111,23 @@ int run_worker(const WorkerArgs& args, const RunnerRegistry& runners) {
   const pid_t parent = getppid();
   ShmRegion control_region = ShmRegion::open(control_block_name(args.channel), sizeof(WorkerControlBlock), "worker control block");
   WorkerControlBlock& control = open_control(control_region);
+  // The heartbeat runs from the start (loading a model can take minutes) until this function returns.
+  std::atomic<bool> done{false};
+  const int heartbeat_rank = std::clamp(args.rank, 0, static_cast<int>(MessageQueue::kMaxReaders) - 1);
+  std::thread heartbeat([&] {
+    while (!done.load()) {
+      control.heartbeat_ms[heartbeat_rank] = heartbeat_now_ms();
+      std::this_thread::sleep_for(kHeartbeatPeriod);
+    }
+  });
+  struct JoinOnExit {
+    std::atomic<bool>& done;
+    std::thread& thread;
+    ~JoinOnExit() {
+      done = true;
+      thread.join();
+    }
+  } join_heartbeat{done, heartbeat};
   std::unique_ptr<PipelineRunner> runner;
   int world_size = 1;
   MessageQueue requests;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -21,7 +22,16 @@ struct WorkerControlBlock {
   std::atomic<uint32_t> ready[MessageQueue::kMaxReaders];  // 1 once rank r loaded its model
   std::atomic<uint32_t> startup_failed;                     // 1 once a rank failed to start
   char startup_error[2048];                                 // that rank's error, NUL-terminated
+  // Each rank's heartbeat: the steady clock (CLOCK_MONOTONIC, one clock for every process of the
+  // machine) in ms, written every kHeartbeatPeriod by a thread of its own, whatever the rank is
+  // doing. A rank whose heartbeat stops (stopped by a signal, swapped out, the process hung as a
+  // whole) is found by the engine within the stall timeout, even in the middle of a long step.
+  std::atomic<int64_t> heartbeat_ms[MessageQueue::kMaxReaders];
 };
+inline constexpr std::chrono::milliseconds kHeartbeatPeriod{250};
+inline int64_t heartbeat_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the control block needs lock-free atomics across processes");
 
 inline std::string request_queue_name(const std::string& prefix) { return prefix + "-requests"; }

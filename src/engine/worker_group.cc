@@ -161,6 +161,20 @@ std::string WorkerGroup::reap_dead_worker() {
   return "";
 }
 
+std::string WorkerGroup::stalled_worker() const {
+  if (!channel_) return "";
+  const int64_t now = heartbeat_now_ms();
+  for (size_t rank = 0; rank < pids_.size(); ++rank) {
+    if (pids_[rank] <= 0) continue;
+    const int64_t silent = now - channel_->control().heartbeat_ms[rank].load();
+    if (silent > config_.stall_timeout.count())
+      return detail::concat("worker rank ", rank, " (pid ", pids_[rank], ") made no progress for ", silent,
+                            " ms (its heartbeat stopped: stopped by a signal, or hung; the stall timeout is ",
+                            config_.stall_timeout.count(), " ms)");
+  }
+  return "";
+}
+
 void WorkerGroup::kill_all() {
   for (pid_t& pid : pids_) {
     if (pid <= 0) continue;
@@ -193,8 +207,9 @@ void WorkerGroup::restart(const std::string& reason) {
 bool WorkerGroup::check_health() {
   if (healthy_) {
     const std::string dead = reap_dead_worker();
-    if (dead.empty()) return true;
-    restart(dead + " while idle");
+    const std::string stalled = dead.empty() ? stalled_worker() : "";
+    if (dead.empty() && stalled.empty()) return true;
+    restart((dead.empty() ? stalled : dead) + " while idle");
   } else if (!config_.worker_command.empty()) {
     restart(last_error_);
   }
@@ -248,6 +263,11 @@ WorkerOutcome WorkerGroup::execute(RunningRequest& request, const std::function<
     if (const std::string dead = reap_dead_worker(); !dead.empty()) {
       outcome.error = dead + " while running request " + request.request.id;
       restart(dead);
+      return outcome;
+    }
+    if (const std::string stalled = stalled_worker(); !stalled.empty()) {
+      outcome.error = stalled + " while running request " + request.request.id + "; the group was restarted";
+      restart(stalled);
       return outcome;
     }
   }

@@ -32,6 +32,9 @@ struct WorkerGroupConfig {
   // How long a request may go on after its deadline once cancelled: a group that has not answered
   // by then is taken as stuck (a rank waiting in a collective for one that failed) and restarted.
   std::chrono::milliseconds stuck_grace{30000};
+  // A rank whose heartbeat (worker_channel.h) is older than this is taken as stalled (stopped by a
+  // signal, or hung as a whole): its request fails and the group is restarted.
+  std::chrono::milliseconds stall_timeout{10000};
   std::string channel_prefix;  // "/tessel-<pid>" unless set
 };
 
@@ -70,6 +73,9 @@ class WorkerGroup {
   struct Channel;
   // The first rank that exited, with its status described ("" when all live); reaps it.
   std::string reap_dead_worker();
+  // "worker rank R (pid P) made no progress for N ms ..." for a live rank whose heartbeat is older
+  // than config_.stall_timeout; "" otherwise.
+  std::string stalled_worker() const;
   void restart(const std::string& reason);
   void kill_all();
 

@@ -705,6 +705,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     opts("serve", vbase_serve, "--ring", ["0"])
     opts("serve", vbase_serve, "--max-connections", ["0", "15", "65537"])
     opts("serve", vbase_serve, "--keep-alive-timeout", ["0", "3601"])
+    opts("serve", vbase_serve, "--worker-stall-timeout", ["1", "86401", "ten"])
     opts("serve", vbase_serve, "--max-body-bytes", ["100", "-1", "1073741825"])
     opts("serve", vbase_serve, "--request-timeout", ["-1", "abc"])
     opts("serve", vbase_serve, "--image-timeout", ["0"])

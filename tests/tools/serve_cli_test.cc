@@ -6,6 +6,7 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -466,6 +467,19 @@ TEST(ServeCli, AFullQueueAnswers429AndVideosCancel) {
   EXPECT_NE(metrics.find("tessel_requests_total{status=\"rejected\"} 1"), std::string::npos) << metrics;
 }
 
+// After a worker was lost: the group was restarted (once, unless `once` is false: a group's ranks
+// may each be found gone), rank `rank`'s `old_worker` replaced, and a request is served.
+void expect_replaced_and_serving(httplib::Client& client, int old_worker, int rank = 0, bool once = true) {
+  const auto next = client.Post("/v1/images/generations", R"({"prompt": "after the loss"})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
+  const json health = body_of(client.Get("/health"));
+  EXPECT_EQ(health["status"], "ok");
+  if (once) EXPECT_EQ(health["worker_restarts"], 1);
+  else EXPECT_GE(health["worker_restarts"], 1);
+  EXPECT_NE(health["workers"][rank], old_worker);
+}
+
 TEST(ServeCli, AKilledWorkerFailsItsRequestAndTheNextSucceeds) {
   ServeProcess server(server_args());
   ASSERT_NE(server.port(), 0) << server.log();
@@ -477,13 +491,46 @@ TEST(ServeCli, AKilledWorkerFailsItsRequestAndTheNextSucceeds) {
   const json failed = poll_video(client, id, is_final);
   EXPECT_EQ(failed["status"], "failed");
   EXPECT_NE(failed["error"]["message"].get<std::string>().find("killed by signal 9"), std::string::npos) << failed.dump();
-  const auto next = client.Post("/v1/images/generations", R"({"prompt": "after the crash"})", "application/json");
-  ASSERT_TRUE(next);
-  EXPECT_EQ(next->status, 200) << next->body;
-  const json health = body_of(client.Get("/health"));
-  EXPECT_EQ(health["status"], "ok");
-  EXPECT_EQ(health["worker_restarts"], 1);
-  EXPECT_NE(health["workers"][0], worker);
+  expect_replaced_and_serving(client, worker);
+}
+
+// A worker stopped by SIGSTOP (alive, but making no progress) is found by its silent heartbeat
+// within --worker-stall-timeout even in the middle of a step: its request fails naming the stall,
+// the group restarts, /health says unhealthy until it has, and the next request is served.
+TEST(ServeCli, AStoppedWorkerIsFoundByItsHeartbeatAndReplaced) {
+  ServeProcess server(server_args({"--worker-stall-timeout", "2"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const int worker = body_of(client.Get("/health"))["workers"][0];
+  const std::string id = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  poll_video(client, id, [](const json& v) { return v["step"] >= 1; });
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  const json failed = poll_video(client, id, is_final);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  EXPECT_EQ(failed["status"], "failed") << failed.dump();
+  EXPECT_NE(failed["error"]["message"].get<std::string>().find("made no progress"), std::string::npos) << failed.dump();
+  EXPECT_LT(seconds, 10.0) << "the stall was found after " << seconds << " s (timeout 2 s)";
+  expect_replaced_and_serving(client, worker);
+  int status = 0;  // the stopped worker was killed and reaped by the server, not left behind
+  EXPECT_EQ(waitpid(worker, &status, WNOHANG), -1);
+}
+
+// A worker stopped while idle is replaced before the next request reaches it.
+TEST(ServeCli, AWorkerStoppedWhileIdleIsReplacedBeforeTheNextRequest) {
+  ServeProcess server(server_args({"--worker-stall-timeout", "2"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  const int worker = body_of(client.Get("/health"))["workers"][0];
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  json health;
+  for (int i = 0; i < 200; ++i) {  // the idle check runs every 100 ms
+    health = body_of(client.Get("/health"));
+    if (health["worker_restarts"] == 1 && health["status"] == "ok") break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(health["worker_restarts"], 1) << health.dump();
+  expect_replaced_and_serving(client, worker);
 }
 
 // The latents of one image request (the embeddings server has no VAE: its images are safetensors).
@@ -602,13 +649,7 @@ TEST(ServeCli, AKilledRankFailsTheGroupsRequestAndTheGroupRestarts) {
   EXPECT_EQ(failed["status"], "failed");
   const std::string message = failed["error"]["message"].get<std::string>();
   EXPECT_TRUE(message.find("killed by signal 9") != std::string::npos || message.find("rank 1") != std::string::npos) << message;
-  const auto next = client.Post("/v1/images/generations", R"({"prompt": "after the crash"})", "application/json");
-  ASSERT_TRUE(next);
-  EXPECT_EQ(next->status, 200) << next->body;
-  const json after = body_of(client.Get("/health"));
-  EXPECT_EQ(after["status"], "ok");
-  EXPECT_GE(after["worker_restarts"], 1);
-  EXPECT_NE(after["workers"][1], rank1);
+  expect_replaced_and_serving(client, rank1, 1, /*once=*/false);
 }
 
 // Wan 2.2 TI2V-5B's layout (expand_timesteps, the residual VAE of stride 16): sizes are multiples

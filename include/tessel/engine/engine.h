@@ -32,6 +32,9 @@ struct EngineConfig {
   std::string runner_config_json = "{}";  // handed unchanged to every worker's runner factory
   std::chrono::milliseconds worker_start_timeout{120000};
   std::chrono::milliseconds request_timeout{0};  // a running request past it is stopped and fails; 0: none
+  // A worker whose heartbeat stops for this long (stopped by a signal, hung) fails its request and
+  // the group is restarted; /health reports the group unhealthy meanwhile.
+  std::chrono::milliseconds worker_stall_timeout{10000};
   std::string channel_prefix;  // shared-memory names; "/tessel-<pid>" when empty
 };
 
