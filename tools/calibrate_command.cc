@@ -265,7 +265,7 @@ CommandRegistration registration{
       CLI::Option* stride_option = app.add_option("--stride", a->options.stride, "threshold: antidiagonal stride (8 or 16)")->check(one_of({"8", "16"}));
       CLI::Option* similarity_option = app.add_option("--similarity-threshold", a->options.similarity_threshold, "topk / cdf: self-similarity threshold in [-1, 1]")
           ->check(number_in(-1.0, 1.0));
-      app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file")->check(non_empty_path());
+      app.add_option("--out", a->out, "Write the calibrated configs (JSON) to this file")->check(writable_file_path());
       app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
       app.add_option("--device", a->device,
                      "cpu (fp32), or cuda / cuda:N: the samples in bf16 on the GPU, estimates and attention there")

@@ -432,7 +432,7 @@ CommandRegistration registration{
                                     "encoder_hidden_states (B, L, text_dim)) instead of random ones; every step uses them");
       for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens"}) app.get_option(shaped)->excludes(inputs);
       app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file")
-          ->check(non_empty_path());
+          ->check(writable_file_path());
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       app.add_flag("--check", options->check,

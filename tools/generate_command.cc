@@ -330,7 +330,8 @@ CommandRegistration registration{
       add_cache_flags(app, options->cache, options->cache_config);
       app.add_option("--out", options->out,
                      "output: video.mp4, frames.png (one file per frame: frames_00000.png, ...) or latents.safetensors")
-          ->required();
+          ->required()
+          ->check(writable_file_path());
       add_sparse_attn_flags(app, *flags);
       auto lora = std::make_shared<LoraFlags>();
       add_lora_flags(app, *lora);

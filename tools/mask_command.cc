@@ -193,13 +193,7 @@ CommandRegistration registration{"mask", "Render a pattern's block mask to a PNG
   app.add_option("--seed", a->seed, "Synthetic data seed")->check(integer_in(0, INT64_MAX));
   app.add_option("--head", a->head, "Mask head to draw (-1 = mean over heads)")->check(integer_in(-1, kMaxHeads));
   app.add_option("--pixels-per-block", a->pixels_per_block, "Pixels per block side (0 = automatic)")->check(integer_in(0, 256));
-  app.add_option("--png", a->png, "Output PNG path")->required()->check(parsed_by("a writable file path", [](const std::string& path) {
-    const std::filesystem::path file(path);
-    std::error_code error;
-    if (path.empty() || std::filesystem::is_directory(file, error)) throw Error("not a file name");
-    const std::filesystem::path parent = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
-    if (!std::filesystem::is_directory(parent, error)) throw Error("no directory " + quoted_excerpt(parent.string(), 200));
-  }));
+  app.add_option("--png", a->png, "Output PNG path")->required()->check(writable_file_path());
   return CommandRunner([a] { return run_mask(*a); });
 }};
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <tuple>
 
@@ -84,6 +85,18 @@ CLI::Validator parsed_by(const std::string& description, std::function<void(cons
         return "";
       },
       description, "PARSED_BY");
+}
+
+CLI::Validator writable_file_path() {
+  return parsed_by("a file path in a writable directory", [](const std::string& path) {
+    if (path.empty()) throw Error("an empty path");
+    const std::filesystem::path file(path);
+    std::error_code error;
+    if (std::filesystem::is_directory(file, error)) throw Error(quoted_excerpt(path, 200) + " is a directory, not a file");
+    const std::filesystem::path parent = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
+    if (!std::filesystem::is_directory(parent, error)) throw Error("no directory " + quoted_excerpt(parent.string(), 200));
+    if (::access(parent.c_str(), W_OK) != 0) throw Error("the directory " + quoted_excerpt(parent.string(), 200) + " is not writable");
+  });
 }
 
 CLI::Validator device_name() {

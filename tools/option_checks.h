@@ -36,6 +36,10 @@ CLI::Validator attention_dtype_name();
 // A path given: not empty (an empty output path would write into the working directory or be
 // ignored; an empty input path would read as "not given" and run something else).
 CLI::Validator non_empty_path();
+// A file to write: not empty, not a directory, in a directory that exists and this process may
+// write to. Checked when the flag is parsed, so a bad path fails before any work (not after a
+// generation or a calibration of minutes).
+CLI::Validator writable_file_path();
 // An option that only matters with another setting, given without it: an Error
 // "<flag>: applies to <when> only" (silently ignoring it would hide the user's mistake).
 void check_applies(const CLI::Option* option, bool applies, const std::string& when);

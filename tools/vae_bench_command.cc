@@ -44,6 +44,9 @@ struct VaeBenchOptions {
 Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
   if (!o.latents.empty()) {
     Tensor latents = SafetensorsFile::open(o.latents).load("latents");
+    if (latents.shape().size() != 5 || latents.size(0) != 1 || latents.size(1) != config.z_dim)
+      fail_argument("--latents " + quoted_excerpt(o.latents) + ": tensor latents",
+                    detail::concat("(1, ", config.z_dim, " (the VAE's z_dim), T, h, w)"), shape_str(latents.shape()));
     check_finite(latents, "--latents " + quoted_excerpt(o.latents) + ": tensor latents");
     return latents;
   }

@@ -207,8 +207,8 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
       {"--tune on the CPU", with(kBench, "--tune"), {"--tune", "--device cuda"}},
       {"init-model --out ''", "init-model --preset tiny --out ''", {"--out", "a non-empty path"}},
       {"dit-bench --save-output ''", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1 --save-output ''",
-       {"--save-output", "a non-empty path"}},
-      {"calibrate --out ''", "calibrate --out ''", {"--out", "a non-empty path"}},
+       {"--save-output", "an empty path"}},
+      {"calibrate --out ''", "calibrate --out ''", {"--out", "an empty path"}},
       // One parser for sizes, grids and lists: nothing after the last number, no empty element.
       {"eval --topk 0.1,,0.2", with(kEval, "--topk 0.1,,0.2"), {"--topk", "without empty elements", "'0.1,,0.2'"}},
       {"eval --topk 0.1,", with(kEval, "--topk=0.1,"), {"--topk", "without empty elements"}},

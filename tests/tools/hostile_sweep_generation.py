@@ -412,6 +412,9 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     args, path = gen(extra=["--frames", "5"], suffix=".mp4")
     either("generate mp4 (needs libav)", args, ["--out", "mp4"], files_check([path], b""))
 
+    # an output path that cannot be written fails before any work, naming --out
+    opts("generate", gbase, "--out", [str(root / "no-such-dir" / "x.safetensors"), str(root)])
+
     # numbers
     for opt in ("--steps", "--frames", "--threads"):
         opts("generate", gbase, opt, bad_int)
@@ -572,6 +575,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     ok("dit-bench save output", dit(["--save-output", str(save)]), files_check([save], b""))
     for opt in ("--frames", "--height", "--width", "--batch", "--text-tokens", "--layers", "--steps"):
         opts("dit-bench", dbase, opt, ["0", "-1", "abc"])
+    opts("dit-bench", dbase, "--save-output", [str(root / "no-such-dir" / "o.safetensors")])
     opts("dit-bench", dbase, "--frames", ["2", "1.5"], ["--frames", "frames"])
     opts("dit-bench", dbase, "--height", ["60", "65"], ["--height", "height"])
     opts("dit-bench", dbase, "--width", ["8"], ["--width", "width"])
