@@ -227,8 +227,9 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
     fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
 
   require_cpu_f32(prompt_embeds, "prompt_embeds");
-  if (prompt_embeds.dim() != 3 || prompt_embeds.size(0) != 1 || prompt_embeds.size(2) != config.text_dim)
-    fail_argument("prompt_embeds", detail::concat("(1, L, ", config.text_dim, ")"), prompt_embeds.describe());
+  // L >= 1: an empty text used to pass here and fail in the first step.
+  if (prompt_embeds.dim() != 3 || prompt_embeds.size(0) != 1 || prompt_embeds.size(1) < 1 || prompt_embeds.size(2) != config.text_dim)
+    fail_argument("prompt_embeds", detail::concat("(1, L >= 1, ", config.text_dim, ")"), prompt_embeds.describe());
   if (guided) {
     require_cpu_f32(negative_prompt_embeds, "negative_prompt_embeds");
     if (negative_prompt_embeds.shape() != prompt_embeds.shape())

@@ -160,6 +160,12 @@ TEST(WanGenerator, RequestsAndDirectoriesAreCheckedNamingTheField) {
       {[](WanRequest& r) { r.cache = "teacache"; }, "cache"},
       {[](WanRequest& r) { r.sparse_setting = "fast"; }, "sparse_setting"},
       {[](WanRequest& r) { r.noise = Tensor::empty({1, 2, 3}, DType::kF32); }, "noise"},
+      {[](WanRequest& r) {  // no text tokens at all
+         r.prompt.clear();
+         r.prompt_embeds = Tensor::empty({1, 0, 32}, DType::kF32);
+         r.negative_prompt_embeds = Tensor::empty({1, 0, 32}, DType::kF32);
+       },
+       "prompt_embeds"},
   };
   for (const auto& [change, field] : cases) {
     WanRequest r = small_request();
