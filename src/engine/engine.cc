@@ -21,6 +21,8 @@ struct Engine::State {
   std::atomic<bool> stopping{false};
   std::mutex shutdown_mutex;
   mutable std::mutex stats_mutex;
+  int64_t requests_started = 0;
+  double queue_seconds_total = 0.0;
   int64_t steps_total = 0;
   double step_seconds_total = 0.0;
   double last_attention_density = 1.0;
@@ -78,6 +80,8 @@ EngineStats Engine::stats() const {
   stats.last_worker_error = state_->last_worker_error;
   stats.worker_restarts = state_->worker_restarts;
   stats.worker_pids = state_->worker_pids;
+  stats.requests_started = state_->requests_started;
+  stats.queue_seconds_total = state_->queue_seconds_total;
   stats.steps_total = state_->steps_total;
   stats.step_seconds_total = state_->step_seconds_total;
   stats.last_attention_density = state_->last_attention_density;
@@ -87,6 +91,11 @@ EngineStats Engine::stats() const {
 
 GenerationOutput Engine::run_one(RunningRequest& running) {
   const auto started = Clock::now();
+  {
+    std::lock_guard lock(state_->stats_mutex);
+    ++state_->requests_started;
+    state_->queue_seconds_total += running.queued_seconds;
+  }
   const auto deadline = config_.request_timeout.count() > 0 ? started + config_.request_timeout : Clock::time_point::max();
   const std::string& id = running.request.id;
   WorkerOutcome outcome = state_->workers->execute(

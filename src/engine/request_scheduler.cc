@@ -39,6 +39,7 @@ std::string RequestScheduler::submit(GenerationRequest request, const std::strin
   entry.state.request = std::move(request);
   entry.state.status = RequestStatus::kQueued;
   entry.state.created_at = std::chrono::system_clock::now();
+  entry.queued_at = std::chrono::steady_clock::now();
   const std::string id = entry.state.request.id;
   entries_.emplace(id, std::move(entry));
   queue_.push_back(id);
@@ -56,6 +57,7 @@ std::shared_ptr<RunningRequest> RequestScheduler::next(std::chrono::milliseconds
   entry.running = std::make_shared<RunningRequest>();
   entry.running->request = entry.state.request;
   entry.running->started_at = std::chrono::steady_clock::now();
+  entry.running->queued_seconds = std::chrono::duration<double>(entry.running->started_at - entry.queued_at).count();
   changed_.notify_all();
   return entry.running;
 }

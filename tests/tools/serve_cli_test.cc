@@ -177,6 +177,7 @@ TEST(ServeCli, EveryEndpointAnswers) {
   const auto metrics = client.Get("/metrics");
   ASSERT_EQ(metrics->status, 200);
   for (const char* line : {"tessel_queue_depth 0", "tessel_requests_total{status=\"succeeded\"} 2", "tessel_step_seconds_count 6",
+                           "tessel_queue_seconds_count 2",
                            "tessel_attention_density 1", "tessel_workers_healthy 1", "tessel_http_responses_total{code=\"200\"}"})
     EXPECT_NE(metrics->body.find(line), std::string::npos) << line << "\n" << metrics->body;
 
@@ -412,6 +413,7 @@ TEST(ServeCli, IdleAndSlowConnectionsDoNotStopTheServer) {
   const auto metrics = client.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("tessel_http_connections "), std::string::npos);
+  EXPECT_NE(metrics->body.find("tessel_queue_seconds_count 1\n"), std::string::npos) << metrics->body;
 }
 
 // Past --max-connections the next connections are answered 503 at once (Retry-After), and the

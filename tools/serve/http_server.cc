@@ -224,6 +224,8 @@ struct HttpServer::Impl {
         << "tessel_requests_total{status=\"failed\"} " << stats.counts.failed << '\n'
         << "tessel_requests_total{status=\"cancelled\"} " << stats.counts.cancelled << '\n'
         << "tessel_requests_total{status=\"rejected\"} " << stats.counts.rejected_queue_full << '\n';
+    metric("tessel_queue_seconds", "summary", "Time a request waited in the queue before the workers took it.");
+    out << "tessel_queue_seconds_sum " << stats.queue_seconds_total << "\ntessel_queue_seconds_count " << stats.requests_started << '\n';
     metric("tessel_step_seconds", "summary", "Time of one denoising step.");
     out << "tessel_step_seconds_sum " << stats.step_seconds_total << "\ntessel_step_seconds_count " << stats.steps_total << '\n';
     metric("tessel_attention_density", "gauge", "Mean self-attention density the sparse schedule gave the last step (1: dense).");

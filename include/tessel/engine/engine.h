@@ -49,6 +49,8 @@ struct EngineStats {
   std::string last_worker_error;
   int64_t worker_restarts = 0;
   std::vector<int> worker_pids;
+  int64_t requests_started = 0;      // requests taken from the queue to the workers
+  double queue_seconds_total = 0.0;  // their summed time in the queue
   int64_t steps_total = 0;           // denoising steps reported over all requests
   double step_seconds_total = 0.0;   // their summed time
   double last_attention_density = 1.0;

@@ -47,6 +47,7 @@ struct RunningRequest {
   GenerationRequest request;
   std::atomic<bool> cancel_requested{false};
   std::chrono::steady_clock::time_point started_at;
+  double queued_seconds = 0.0;  // from submission to started_at
 };
 
 enum class CancelOutcome : uint8_t { kNotFound, kCancelledWhileQueued, kCancelRequested, kAlreadyFinished };
@@ -102,6 +103,7 @@ class RequestScheduler {
  private:
   struct Entry {
     uint64_t sequence = 0;  // submission order
+    std::chrono::steady_clock::time_point queued_at;  // for the queue time
     RequestSnapshot state;
     std::shared_ptr<RunningRequest> running;
   };
