@@ -117,7 +117,9 @@ else:
     check = ""
     if "check_pass" in report:
         check = f"{report['rel_l2_vs_one_process']:.2e} {'ok' if report['check_pass'] else 'FAIL'}"
-    print(f"{report['step_s_median']:.3f}|{report['self_attention_density']:.3f}|{report.get('sent_mb_per_step', 0):.0f}|{check}")
+    comm = report.get("comm_s_per_step")
+    share = f"{comm:.3f} s ({100 * comm / report['step_s_median']:.1f} %)" if comm is not None and report["step_s_median"] > 0 else ""
+    print(f"{report['step_s_median']:.3f}|{report['self_attention_density']:.3f}|{report.get('sent_mb_per_step', 0):.0f}|{check}|{share}")
 EOF
 }
 
@@ -180,7 +182,7 @@ if [[ $RUN_CORRECTNESS -eq 1 && $RUN_DIT_CHECK -eq 1 ]]; then
           DIT_CHECK_ROWS+=("| $n | $layout | $attn | run failed or FAIL (see $name.log) |")
           continue
         fi
-        IFS='|' read -r step density sent check < <(json_rows "$OUTDIR/$name.log" dit)
+        IFS='|' read -r step density sent check share < <(json_rows "$OUTDIR/$name.log" dit)
         [[ "$check" == *ok* ]] || FAILED=1
         DIT_CHECK_ROWS+=("| $n | $layout | $attn | $check |")
       done
@@ -323,7 +325,7 @@ fi
 peak_memory_file="$OUTDIR/memory.samples"
 if [[ $RUN_DIT -eq 1 ]]; then
   if ! "$TESSEL" dit-bench --help 2>/dev/null | grep -q -- "--device"; then
-    DIT_ROWS+=("| all | | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | | |")
+    DIT_ROWS+=("| all | | | | | this tessel's dit-bench has no --device (no CUDA Wan path): not run | | | | |")
   else
     for model in "wan-14b|--frames 81 --height 720 --width 1280" "wan-1.3b|--frames 81 --height 480 --width 832"; do
       name_model="${model%%|*}" size="${model#*|}"
@@ -364,14 +366,14 @@ if [[ $RUN_DIT -eq 1 ]]; then
           kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
           peak="$(sort -n "$peak_memory_file" | tail -1)"
           if [[ $status -ne 0 ]]; then
-            DIT_ROWS+=("| $name_model | $attn | $n | $layout | run failed or FAIL (see $name.log) | | | | |")
+            DIT_ROWS+=("| $name_model | $attn | $n | $layout | run failed or FAIL (see $name.log) | | | | | |")
             continue
           fi
-          IFS='|' read -r step density sent check < <(json_rows "$OUTDIR/$name.log" dit)
+          IFS='|' read -r step density sent check share < <(json_rows "$OUTDIR/$name.log" dit)
           [[ "$n" -eq 1 ]] && base_s="$step"
           efficiency=""
           [[ -n "$base_s" && -n "$step" ]] && efficiency="$(python3 -c "print(f'{$base_s / $step:.2f}x, {$base_s / $step / $n:.2f}')")"
-          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | ${layout:-one GPU} | $step | $efficiency | ${peak:-?} MiB | $sent | $check |")
+          DIT_ROWS+=("| $name_model | $attn (density $density) | $n | ${layout:-one GPU} | $step | $efficiency | ${peak:-?} MiB | $sent | ${share:-} | $check |")
         done
       done
     done
@@ -422,8 +424,8 @@ fi
   echo
   echo "Wan denoising step (dit-bench, batch 2, random weights)"
   echo
-  echo "| model | attention | GPUs | layout | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) | vs one GPU |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| model | attention | GPUs | layout | step s | speedup, efficiency | peak memory per GPU | MB sent per step (rank 0) | attention exchanges per step (share) | vs one GPU |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${DIT_ROWS[@]}"
 } | tee "$TABLE"
 [[ $FAILED -eq 0 ]] || echo "multi-gpu-check: correctness FAILED (see the table and the logs)"

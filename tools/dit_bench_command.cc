@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -267,6 +268,14 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   WanForwardProfile profile;
   std::vector<double> step_s;
   CommunicationMeter communication;
+  // CUDA under sequence parallelism: the device time of the all-to-alls and of the ring exchanges
+  // the attention did not hide, from events at the phase boundaries of every block's attention.
+  std::optional<PhaseTimeline> timeline;
+  double exchange_ms = 0.0;
+  if (device.is_cuda() && groups != nullptr) {
+    timeline.emplace(device);
+    model.set_phase_timeline(&*timeline);
+  }
   for (int64_t step = 0; step < total_steps; ++step) {
     const Tensor host_timestep = step_timestep(in, in.batch, step, total_steps);
     timestep = (cfg_split ? batch_entry(host_timestep, branch) : host_timestep).to(device);
@@ -274,6 +283,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     run.barrier();  // the ranks start a step together
     run.meter().reset();
     timer->start();
+    if (timeline) timeline->begin(ctx);
     model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
     if (cfg_split) gather_cfg_branches(ctx, *groups->cfg, out, branches);
     const double ms = timer->stop_ms();
@@ -282,7 +292,11 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     communication.seconds += run.meter().seconds;
     communication.bytes += run.meter().bytes;
     communication.calls += run.meter().calls;
+    if (timeline)
+      for (const PhaseTimeline::Phase& phase : timeline->phases())
+        if (phase.name == "ulysses all_to_all" || phase.name == "ring exchange wait") exchange_ms += phase.device_ms;
   }
+  if (timeline) model.set_phase_timeline(nullptr);
   if (!run.is_root()) return 0;  // the other ranks' outputs are the root's
   const std::optional<DeviceMemory> memory_after = device_memory(device);
   if (!o.save_output.empty()) {
@@ -339,9 +353,11 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       {"ulysses", parallel.ulysses},
       {"ring", parallel.ring},
       {"cfg", cfg_split ? 2 : 1},
-      // CPU: the seconds a rank was blocked in communication; on CUDA the calls enqueue and only
-      // the bytes mean something.
-      {"comm_s_per_step", device.is_cpu() ? nlohmann::json(communication.seconds / n) : nlohmann::json()},
+      // CPU: the seconds a rank was blocked in communication; CUDA: the device time of the
+      // attention's all-to-alls and unhidden ring exchanges (waiting for slower ranks included).
+      {"comm_s_per_step", device.is_cpu() ? nlohmann::json(communication.seconds / n)
+                          : timeline      ? nlohmann::json(exchange_ms / 1000.0 / n)
+                                          : nlohmann::json()},
       {"sent_mb_per_step", communication.bytes / n / 1e6},
       {"weights_bytes", model.weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
@@ -383,6 +399,11 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     std::printf("parallel: %d ranks, %s; sent %.2f MB per step per rank", run.world_size(), parallel.describe().c_str(),
                 communication.bytes / n / 1e6);
     if (device.is_cpu()) std::printf(", %.4f s per step blocked in communication", communication.seconds / n);
+    if (timeline) {
+      const double step_median = median(step_s);
+      std::printf(", %.4f s per step in the attention's exchanges (%.1f %% of the step)", exchange_ms / 1000.0 / n,
+                  step_median > 0.0 ? 100.0 * exchange_ms / 1000.0 / n / step_median : 0.0);
+    }
     std::printf("\n");
   }
   if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);

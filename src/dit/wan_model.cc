@@ -154,6 +154,7 @@ struct WanTransformer::Impl {
   // kept across forwards (a CUDA one allocates device buffers). Forwards under sequence
   // parallelism are collective, so their caller runs them one at a time.
   mutable std::shared_ptr<WanSequenceParallel> sequence_parallel;
+  mutable PhaseTimeline* timeline = nullptr;  // set_phase_timeline's
 
   WanSequenceParallel* sequence_parallel_for(int64_t batch, int64_t seq) const;
 #ifdef TESSEL_WITH_CUDA
@@ -265,8 +266,11 @@ WanSequenceParallel* WanTransformer::Impl::sequence_parallel_for(int64_t batch, 
   if (!sequence_parallel || !sequence_parallel->serves(batch, seq))
     sequence_parallel = std::make_shared<WanSequenceParallel>(*parallel, batch, seq, config.num_attention_heads, config.attention_head_dim,
                                                               self_attention, device.is_cuda() ? DType::kBF16 : DType::kF32, device);
+  sequence_parallel->set_timeline(timeline);
   return sequence_parallel.get();
 }
+
+void WanTransformer::set_phase_timeline(PhaseTimeline* timeline) const { impl_->timeline = timeline; }
 
 WanTransformer WanTransformer::with_attention(const WanAttentionOptions& attention) const {
   auto impl = std::make_unique<Impl>(*impl_);

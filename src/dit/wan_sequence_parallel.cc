@@ -90,6 +90,7 @@ std::shared_ptr<const ParallelMaskPlan> WanSequenceParallel::plan_for(int64_t la
 
 AttentionStepReport WanSequenceParallel::attend(const ExecContext& ctx, const SparseAttention* module, const StepInfo& step,
                                                 void* q, void* k, void* v, void* out) {
+  if (timeline_ != nullptr) timeline_->mark(ctx, "outside attention");
   const int64_t tokens = shard_length();
   // One shard holds the whole sequence and every head (a CFG-parallel-only layout, a world of
   // one): the module runs as without groups, masks estimated on the device included.

@@ -62,6 +62,14 @@ class WanSequenceParallel {
   AttentionStepReport attend(const ExecContext& ctx, const SparseAttention* module, const StepInfo& step, void* q, void* k,
                              void* v, void* out);
 
+  // Benchmarks: each attend() marks "outside attention" (the work since the previous mark: the
+  // rest of the block) and the attention's phases (ParallelAttention::set_timeline) on `timeline`,
+  // after the caller's begin(); null stops it.
+  void set_timeline(PhaseTimeline* timeline) {
+    timeline_ = timeline;
+    attention_->set_timeline(timeline);
+  }
+
  private:
   const SequenceSharding& sharding() const { return attention_->sharding(); }
   TensorView rows(const void* data, DType dtype, int64_t tokens, int64_t width) const;
@@ -84,6 +92,7 @@ class WanSequenceParallel {
     std::shared_ptr<const ParallelMaskPlan> plan;
   };
   std::map<int64_t, PlannedMask> plans_;  // by block index
+  PhaseTimeline* timeline_ = nullptr;
 };
 
 }  // namespace tessel

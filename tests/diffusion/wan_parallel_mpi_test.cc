@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -173,6 +174,33 @@ TEST(WanSequenceParallel, SparsePatternsDropBlocksAndMoveTheOutput) {
   const Tensor dense = run_step(models.make(patterns()[0], nullptr), in, StepInfo::at(1, 4));
   for (size_t i = 1; i < patterns().size(); ++i)
     EXPECT_GT(rel_l2(run_step(models.make(patterns()[i], nullptr), in, StepInfo::at(1, 4)), dense), 1e-3) << patterns()[i].name;
+}
+
+// The phase timeline a benchmark attaches (set_phase_timeline): every block's attention marks the
+// work before it and its exchanges, on every layout that splits the sequence; detached, nothing is
+// marked any more.
+TEST(WanSequenceParallel, ThePhaseTimelineSeesEveryBlocksExchanges) {
+  Models models;
+  const StepInputs in = step_inputs(tiny_config(), false);
+  for (const ParallelConfig& config : layouts()) {
+    if (config.sp_ulysses_degree * config.sp_ring_degree == 1) continue;  // no sequence split: nothing exchanged
+    const ParallelGroups groups = initialize_parallel_groups(world(), config);
+    const WanTransformer parallel = models.make(patterns()[0], &groups);
+    PhaseTimeline timeline(Device::cpu());
+    parallel.set_phase_timeline(&timeline);
+    timeline.begin(ExecContext{});
+    run_step(parallel, in, StepInfo::at(1, 4));
+    std::map<std::string, double> phases;
+    for (const PhaseTimeline::Phase& phase : timeline.phases()) phases[phase.name] = phase.device_ms;
+    EXPECT_EQ(phases.count("outside attention"), 1u) << layout_name(config);
+    EXPECT_EQ(phases.count("attention"), 1u) << layout_name(config);
+    const bool exchanged = phases.count(config.sp_ulysses_degree > 1 ? "ulysses all_to_all" : "ring exchange wait") > 0;
+    EXPECT_TRUE(exchanged) << layout_name(config);
+    parallel.set_phase_timeline(nullptr);
+    timeline.begin(ExecContext{});
+    run_step(parallel, in, StepInfo::at(1, 4));
+    EXPECT_TRUE(timeline.phases().empty()) << layout_name(config);
+  }
 }
 
 // The pipeline: 2 UniPC steps with guidance 5, on every layout (CFG-parallel with or without

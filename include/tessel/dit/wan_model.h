@@ -36,6 +36,7 @@
 #include "tessel/core/tensor.h"
 #include "tessel/dit/wan_config.h"
 #include "tessel/parallel/parallel_config.h"
+#include "tessel/parallel/phase_timeline.h"
 #include "tessel/sparse/backend.h"
 #include "tessel/sparse/config.h"
 #include "tessel/sparse/sparse_attention.h"
@@ -172,6 +173,11 @@ class WanTransformer {
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
                WanBlockCache* block_cache = nullptr) const;
+
+  // Benchmarks: under sequence parallelism, every block's self-attention marks its phases on
+  // `timeline` (the all-to-alls, ring exchanges, attention, and "outside attention" for the rest:
+  // wan_sequence_parallel.h), after the caller's begin(); null stops it. Not owned.
+  void set_phase_timeline(PhaseTimeline* timeline) const;
 
   // This model's weights (shared, not copied: both models may run at once) with other
   // self-attention options, e.g. dense attention to compare a sparse configuration with.
