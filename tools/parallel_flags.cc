@@ -18,7 +18,15 @@ ParallelConfig ParallelFlags::config() const {
   config.sp_ulysses_degree = ulysses;
   config.sp_ring_degree = ring;
   config.cfg_parallel_size = cfg_parallel ? 2 : 1;
+  config.ring_sm_margin = ring_sm_margin;
+  check_ring_sm_margin_used(ring > 1);
   return config;
+}
+
+void ParallelFlags::check_ring_sm_margin_used(bool any_ring) const {
+  if (ring_sm_margin_option != nullptr && ring_sm_margin_option->count() > 0 && !any_ring)
+    fail_argument("--ring-sm-margin", "together with a Ring layout (--ring > 1): it only changes Ring attention's overlap",
+                  detail::concat(ring_sm_margin, " without one"));
 }
 
 std::string ParallelFlags::describe() const {
@@ -31,6 +39,10 @@ void add_parallel_flags(CLI::App& app, ParallelFlags& flags) {
       ->check(integer_in(1, 4096));
   app.add_option("--ring", flags.ring, "Ring sequence-parallel degree (launch with mpirun)")->capture_default_str()->check(integer_in(1, 4096));
   app.add_flag("--cfg-parallel", flags.cfg_parallel, "the two guidance branches on two ranks (launch with mpirun)");
+  flags.ring_sm_margin_option = app.add_option("--ring-sm-margin", flags.ring_sm_margin,
+                 "multiprocessors Ring attention leaves free for its K/V exchange (changes timing only)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1024));
 }
 
 namespace {

@@ -27,8 +27,12 @@ struct ParallelFlags {
   int ulysses = 1;
   int ring = 1;
   bool cfg_parallel = false;
+  int ring_sm_margin = ParallelConfig{}.ring_sm_margin;
+  const CLI::Option* ring_sm_margin_option = nullptr;  // set by add_parallel_flags: given or not
 
+  // Throws when --ring-sm-margin is given to a run without a ring (it would change nothing).
   ParallelConfig config() const;
+  void check_ring_sm_margin_used(bool any_ring) const;
   std::string describe() const;  // "ulysses 2 x ring 2 x cfg 2"
 };
 

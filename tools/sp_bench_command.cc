@@ -130,8 +130,10 @@ std::vector<ParallelConfig> layouts_of(const SpBenchOptions& o, const ParallelFl
     config.sp_ulysses_degree = ulysses;
     config.sp_ring_degree = sequence / ulysses;
     config.cfg_parallel_size = cfg;
+    config.ring_sm_margin = flags.ring_sm_margin;
     all.push_back(config);
   }
+  flags.check_ring_sm_margin_used(std::any_of(all.begin(), all.end(), [](const ParallelConfig& c) { return c.sp_ring_degree > 1; }));
   return all;
 }
 

@@ -72,6 +72,7 @@ Dims check_attention_args(const TensorView& q, const TensorView& k, const Tensor
   if (!std::isfinite(options.scale)) fail_argument("options.scale", "a finite value (0 = 1/sqrt(D))", options.scale);
   if (options.window_left < -1) fail_argument("options.window_left", ">= -1 (-1 = unbounded)", options.window_left);
   if (options.window_right < -1) fail_argument("options.window_right", ">= -1 (-1 = unbounded)", options.window_right);
+  if (options.sm_margin < 0) fail_argument("options.sm_margin", ">= 0 (multiprocessors left free)", options.sm_margin);
   if (options.precision == AttentionPrecision::kFp8 && device.is_cpu())
     fail_argument("options.precision", "the inputs' precision on CPU (FP8 runs on CUDA, compute capability 9.0)", "fp8");
   return d;

@@ -73,8 +73,8 @@ class MeteredCommunicator final : public Communicator {
     const MeteredScope scope(*meter_);
     inner_->barrier(ctx);
   }
-  std::unique_ptr<Communicator> split(int color, int key) const override {
-    return std::make_unique<MeteredCommunicator>(inner_->split(color, key), meter_);
+  std::unique_ptr<Communicator> split(int color, int key, const SplitOptions& options) const override {
+    return std::make_unique<MeteredCommunicator>(inner_->split(color, key, options), meter_);
   }
 
  private:

@@ -116,7 +116,7 @@ class MpiCommunicator final : public Communicator {
 
   void barrier(const ExecContext&) override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
 
-  std::unique_ptr<Communicator> split(int color, int key) const override {
+  std::unique_ptr<Communicator> split(int color, int key, const SplitOptions&) const override {
     if (color < 0) fail_argument("color", ">= 0", color);
     MPI_Comm sub = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");

@@ -148,11 +148,14 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaStreamSynchronize(stream_of(ctx)), "cudaStreamSynchronize (barrier)");
   }
 
-  std::unique_ptr<Communicator> split(int color, int key) const override {
+  std::unique_ptr<Communicator> split(int color, int key, const SplitOptions& options) const override {
     if (color < 0) fail_argument("color", ">= 0", color);
+    if (options.max_kernel_blocks < 0) fail_argument("options.max_kernel_blocks", ">= 0 (0 = NCCL's choice)", options.max_kernel_blocks);
     cuda::DeviceGuard guard(device_.index);
     ncclComm_t sub = nullptr;
-    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (options.max_kernel_blocks > 0) config.maxCTAs = options.max_kernel_blocks;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, &config), "ncclCommSplit");
     return std::make_unique<NcclCommunicator>(sub, device_);
   }
 

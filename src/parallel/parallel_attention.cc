@@ -124,6 +124,7 @@ ParallelAttention::ParallelAttention(const ParallelGroups& groups, const Paralle
   chunk_ = sharding_.shard_length * ulysses;
   ulysses_rank_ = ulysses_.rank();
   ring_rank_ = ring_.rank();
+  ring_sm_margin_ = groups.config.ring_sm_margin;
 
   const int64_t B = shape.batch, D = shape.head_dim, heads = shape.heads / ulysses, kv_heads = shape.kv_heads / ulysses;
   if (ulysses > 1) {
@@ -375,6 +376,12 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
     // Start passing the K/V shard on before attending to it: the transfer overlaps the attention.
     std::unique_ptr<PendingExchange> pending;
     if (step + 1 < ring) pending = ring_.ring_exchange_async(ctx, kv_ring_[step % 2], kv_ring_[(step + 1) % 2]);
+    // A block-sparse step can be as short as the exchange in flight beside it: with a margin it
+    // leaves the exchange multiprocessors instead of taking turns with NCCL's kernel. Dense steps
+    // are long enough that the exchange, started first, finishes while a few CTAs wait; reserving
+    // SMs for the whole step costs more (docs/benchmarks.md, "Ring's exchange beside the attention").
+    AttentionOptions step_options = options_;
+    if (pending && mask != nullptr) step_options.sm_margin = ring_sm_margin_;
     if (attends[static_cast<size_t>(step)]) {
       const TensorView k_step = ring > 1 ? select_first(kv_ring_[step % 2], 0) : k;
       const TensorView v_step = ring > 1 ? select_first(kv_ring_[step % 2], 1) : v;
@@ -383,9 +390,9 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
       const TensorView target_lse = attended == 0 ? lse : partial_lse;
       if (mask != nullptr)
         block_sparse_attention_forward(ctx, q_real, k_real, v_real, mask->steps()[static_cast<size_t>(step)].view,
-                                       target_out, target_lse, options_);
+                                       target_out, target_lse, step_options);
       else
-        attention_forward(ctx, q_real, k_real, v_real, target_out, target_lse, options_);
+        attention_forward(ctx, q_real, k_real, v_real, target_out, target_lse, step_options);
       mark(ctx, "attention");
       if (attended > 0) {
         const TensorView merged_so_far = attended == 1 ? first_out : running;

@@ -61,6 +61,8 @@ void ParallelConfig::validate(int world_size_) const {
     if (degree < 1) fail_argument(std::string("ParallelConfig.") + name, ">= 1", degree);
   if (tensor_parallel_size != 1)
     fail_argument("ParallelConfig.tensor_parallel_size", "1 (tensor parallelism is not implemented)", tensor_parallel_size);
+  if (ring_sm_margin < 0 || ring_sm_margin > 1024)
+    fail_argument("ParallelConfig.ring_sm_margin", "in [0, 1024] (multiprocessors left free)", ring_sm_margin);
   if (cfg_parallel_size > 2)
     fail_argument("ParallelConfig.cfg_parallel_size", "1 or 2 (one rank per guidance branch)", cfg_parallel_size);
   for (const auto& [name, degree] : degrees)
@@ -107,15 +109,16 @@ ParallelGroups initialize_parallel_groups(const Communicator& world, const Paral
   ParallelGroups groups;
   groups.config = config;
   groups.coordinates = parallel_coordinates(config, world.rank());
-  const auto split = [&](ParallelDim dim) {
+  const auto split = [&](ParallelDim dim, const SplitOptions& options = {}) {
     const std::vector<int> ranks = parallel_group_ranks(config, dim, world.rank());
     int key = 0;
     while (ranks[static_cast<size_t>(key)] != world.rank()) ++key;
-    return world.split(/*color=*/ranks.front(), key);  // the group's first rank names it
+    return world.split(/*color=*/ranks.front(), key, options);  // the group's first rank names it
   };
   groups.tensor = split(ParallelDim::kTensor);
   groups.ulysses = split(ParallelDim::kUlysses);
-  groups.ring = split(ParallelDim::kRing);
+  // The ring's exchange runs beside the attention, which leaves it ring_sm_margin multiprocessors.
+  groups.ring = split(ParallelDim::kRing, SplitOptions{config.ring_sm_margin});
   groups.sequence = split(ParallelDim::kSequence);
   groups.cfg = split(ParallelDim::kCfg);
   groups.data = split(ParallelDim::kData);

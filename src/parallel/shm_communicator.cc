@@ -157,7 +157,7 @@ class ShmCommunicator final : public Communicator {
 
   // Two all-gathers over this group: every rank's (color, key), then the barrier each new group's
   // first member took from the world's table (a free entry, claimed for the group's members).
-  std::unique_ptr<Communicator> split(int color, int key) const override {
+  std::unique_ptr<Communicator> split(int color, int key, const SplitOptions&) const override {
     if (color < 0) fail_argument("color", ">= 0", color);
     auto& self = const_cast<ShmCommunicator&>(*this);  // collectives change no observable state
     const ExecContext cpu;

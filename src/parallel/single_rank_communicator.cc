@@ -53,7 +53,7 @@ class SingleRankCommunicator final : public Communicator {
     if (status != cudaSuccess) throw Error(detail::concat("cudaStreamSynchronize (barrier) failed: ", cudaGetErrorString(status)));
 #endif
   }
-  std::unique_ptr<Communicator> split(int color, int) const override {
+  std::unique_ptr<Communicator> split(int color, int, const SplitOptions&) const override {
     if (color < 0) fail_argument("color", ">= 0", color);
     return std::make_unique<SingleRankCommunicator>(device_);
   }

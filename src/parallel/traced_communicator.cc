@@ -55,9 +55,9 @@ class TracedCommunicator final : public Communicator {
     const SyncTraceScope trace(describe("barrier", 0));
     inner_->barrier(ctx);
   }
-  std::unique_ptr<Communicator> split(int color, int key) const override {
+  std::unique_ptr<Communicator> split(int color, int key, const SplitOptions& options) const override {
     const SyncTraceScope trace(sync_trace_enabled() ? detail::concat(label_, " rank ", rank(), "/", size(), " split ", color) : std::string());
-    return std::make_unique<TracedCommunicator>(inner_->split(color, key), detail::concat(label_, "/split(", color, ")"));
+    return std::make_unique<TracedCommunicator>(inner_->split(color, key, options), detail::concat(label_, "/split(", color, ")"));
   }
 
  private:

@@ -1,6 +1,8 @@
 // Bad arguments raise tessel::Error naming the argument, and nothing is written.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kernels/attention_test_util.h"
 #include "tessel/core/device.h"
 #include "tessel/sparse/block_mask.h"
@@ -43,6 +45,18 @@ TEST(AttentionErrors, Fp8PrecisionIsCudaOnly) {
   const BlockMask mask = BlockMask::full(shape);
   expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, mask.view(), f.out, f.lse, fp8); },
                "options.precision", f.out);
+}
+
+TEST(AttentionErrors, NegativeSmMarginIsRefused) {
+  Fixture f;
+  AttentionOptions options;
+  options.sm_margin = -1;
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, f.lse, options); }, "options.sm_margin", f.out);
+  options.sm_margin = 7;  // a timing hint: CPU attention runs as without it
+  Tensor plain = Tensor::empty(f.out.shape(), f.out.dtype()), hinted = Tensor::empty(f.out.shape(), f.out.dtype());
+  attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, plain, TensorView{});
+  attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, hinted, TensorView{}, options);
+  EXPECT_EQ(std::memcmp(plain.data(), hinted.data(), plain.nbytes()), 0);
 }
 
 TEST(AttentionErrors, ShapesDtypesHeadsAndLse) {

@@ -625,6 +625,55 @@ TEST(AttentionGpu, MergeOfTokenRangesOfBatchedBuffersEqualsContiguous) {
   EXPECT_TRUE(std::isnan(element_as_double(whole, rows * heads * dim)));
 }
 
+// The device merge reads four elements at a time where every row is aligned for it and one at a
+// time otherwise: both paths agree with the CPU merge for every mix of dtypes, head dims that are
+// and are not multiples of 4, and views whose rows start off the 4-element grid.
+TEST(AttentionGpu, MergeMatchesTheCpuMergeOnBothAccessWidths) {
+  SKIP_WITHOUT_GPU();
+  const Device gpu = Device::cuda();
+  uint64_t seed = 41;
+  for (const int64_t dim : {128, 64, 62, 36})
+    for (const int64_t offset : {0, 2})
+      for (const auto& [in_dtype, out_dtype] :
+           {std::pair{DType::kBF16, DType::kF32}, std::pair{DType::kF16, DType::kF16},
+            std::pair{DType::kBF16, DType::kBF16}, std::pair{DType::kF32, DType::kF32}}) {
+        SCOPED_TRACE(detail::concat("dim ", dim, " offset ", offset, " ", dtype_name(in_dtype), " -> ", dtype_name(out_dtype)));
+        const int64_t batch = 2, seq = 37, heads = 3, row = heads * dim + offset;
+        // Rows of `row` elements (an `offset` of padding per token), so offset 2 misaligns every row.
+        const auto padded = [&](DType dtype, Device device, uint64_t s) {
+          Tensor t = Tensor::empty({batch, seq, row}, dtype);
+          fill_normal(t, s);
+          return t.to(device);
+        };
+        const auto view = [&](const Tensor& t) {
+          return TensorView(static_cast<char*>(t.data()) + offset * static_cast<int64_t>(dtype_size(t.dtype())), t.dtype(),
+                            t.device(), {batch, seq, heads, dim}, {seq * row, row, dim, 1});
+        };
+        const Tensor a = padded(in_dtype, Device::cpu(), ++seed), b = padded(DType::kF32, Device::cpu(), ++seed);
+        Tensor lse_a = Tensor::empty({batch, heads, seq}, DType::kF32), lse_b = Tensor::empty({batch, heads, seq}, DType::kF32);
+        fill_normal(lse_a, ++seed);
+        fill_normal(lse_b, ++seed);
+        Tensor want = Tensor::empty({batch, seq, row}, out_dtype), want_lse = Tensor::empty({batch, heads, seq}, DType::kF32);
+        merge_attention_states(ExecContext{}, view(a), lse_a, view(b), lse_b, view(want), want_lse);
+        const Tensor a_gpu = a.to(gpu), b_gpu = b.to(gpu);
+        Tensor got = testing::poisoned({batch, seq, row}, out_dtype).to(gpu);
+        Tensor got_lse = Tensor::empty({batch, heads, seq}, DType::kF32, gpu);
+        merge_attention_states(ExecContext{}, view(a_gpu), lse_a.to(gpu), view(b_gpu), lse_b.to(gpu), view(got), got_lse);
+        const Tensor host = got.to(Device::cpu());
+        const double tolerance = out_dtype == DType::kF32 ? 1e-5 : 1e-2;  // fp32 math; one rounding of the output
+        double worst = 0.0;
+        for (int64_t i = 0; i < batch * seq; ++i)
+          for (int64_t e = offset; e < row; ++e) {
+            const double w = element_as_double(want, i * row + e), g = element_as_double(host, i * row + e);
+            worst = std::max(worst, std::abs(w - g) / (1.0 + std::abs(w)));
+          }
+        EXPECT_LE(worst, tolerance);
+        const Tensor lse_host = got_lse.to(Device::cpu());
+        for (int64_t i = 0; i < batch * heads * seq; ++i)
+          EXPECT_NEAR(lse_host.data_as<float>()[i], want_lse.data_as<float>()[i], 1e-5);
+      }
+}
+
 TEST(AttentionGpu, MergeWithEmptyPartsGivesZeroAndMinusInfinity) {
   SKIP_WITHOUT_GPU();
   const Device gpu = Device::cuda();

@@ -77,6 +77,14 @@ TEST(ParallelConfig, BadDegreesGiveClearErrors) {
   c.cfg_parallel_size = 4;
   c.sp_ulysses_degree = 1;
   EXPECT_NE(error_of([&] { c.validate(4); }).find("cfg_parallel_size: expected 1 or 2"), std::string::npos);
+  c.cfg_parallel_size = 1;
+  c.sp_ulysses_degree = 4;
+  for (const int margin : {-1, 1025}) {
+    c.ring_sm_margin = margin;
+    EXPECT_NE(error_of([&] { c.validate(4); }).find("ParallelConfig.ring_sm_margin: expected in [0, 1024]"), std::string::npos);
+  }
+  c.ring_sm_margin = 0;
+  EXPECT_NO_THROW(c.validate(4));
 }
 
 TEST(SequenceSharding, PadsTheLastShardAndAlignsToBlocks) {

@@ -592,6 +592,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("dit-bench rank without world size", dit([]), rank_names, env=no_rank)
     err("dit-bench cfg-parallel without mpirun", dit(["--cfg-parallel"]), ["--cfg-parallel", "mpirun", "processes"])
     err("dit-bench check without parallel", dit(["--check"]), ["--check"])
+    err("dit-bench ring-sm-margin without ring", dit(["--ring-sm-margin", "32"]), ["--ring-sm-margin", "--ring"])
+    opts("dit-bench", dbase, "--ring-sm-margin", ["-1", "1025", "x"])
     err("dit-bench model and from-dir", dit(["--model", "wan-1.3b"]), ["--model", "--from-dir"])
     err("dit-bench model bogus", ["dit-bench"] + hs.strip_option(dbase, "--from-dir") + ["--model", "bogus"], ["--model"])
     for value, names in (("/nonexistent/t", ["/nonexistent/t"]), (fx["m_file"], ["m_file"]), (fx["m_empty"], ["m_empty", "config.json"]),

@@ -30,6 +30,12 @@ struct AttentionOptions {
   int64_t window_left = -1;  // sliding window in tokens; -1 = unbounded
   int64_t window_right = -1;
   AttentionPrecision precision = AttentionPrecision::kInput;
+  // Multiprocessors the persistent CUDA kernel leaves free (FlashAttention-3's sm_margin): a kernel
+  // that takes every SM keeps a concurrent kernel (an NCCL exchange on another stream) from starting,
+  // or leaves some of its own CTAs waiting for a second wave behind it. Ring attention sets it on
+  // block-sparse steps while its K/V exchange is in flight (ParallelConfig::ring_sm_margin). Values
+  // past the device's count leave one multiprocessor; ignored on CPU.
+  int sm_margin = 0;
 
   // Query i may see key j iff lo(i) <= j <= hi(i) where, with shift = S_kv - S_q,
   //   hi = causal ? min(i + shift, i + shift + window_right) : i + shift + window_right (if >= 0)

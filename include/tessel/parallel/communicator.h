@@ -32,6 +32,13 @@ class PendingExchange {
   virtual void wait(const ExecContext& ctx) = 0;
 };
 
+// How a split's communicator runs its transfers (hints; communicators without the notion ignore them).
+struct SplitOptions {
+  // The most thread blocks one of its GPU kernels may take (NCCL's maxCTAs); 0 = the library's
+  // choice. Ring attention caps its exchange at the multiprocessors its attention leaves free.
+  int max_kernel_blocks = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -61,7 +68,7 @@ class Communicator {
 
   // A communicator over the ranks that pass the same `color`, ordered by `key` (then by rank).
   // Collective over this communicator: every rank calls it.
-  virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+  virtual std::unique_ptr<Communicator> split(int color, int key, const SplitOptions& options = {}) const = 0;
 };
 
 // A group of one process on `device` (cpu or cuda:N): every operation is a local copy (on CUDA,

@@ -129,6 +129,7 @@ class ParallelAttention {
   SequenceSharding sharding_;
   int64_t chunk_ = 0;  // tokens of one ring position: U shards
   int ulysses_rank_ = 0, ring_rank_ = 0;
+  int ring_sm_margin_ = 0;  // ParallelConfig::ring_sm_margin
   // Buffers (planned at construction).
   Tensor q_heads_, k_heads_, v_heads_, out_heads_;  // (B, chunk, H/U, D) after the Ulysses all-to-all
   Tensor send_, recv_;                              // all-to-all staging

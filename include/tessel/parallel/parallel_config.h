@@ -23,6 +23,14 @@ struct ParallelConfig {
   int cfg_parallel_size = 1;   // 1 or 2 (the conditional and the unconditional branch)
   int data_parallel_size = 1;
   int tensor_parallel_size = 1;  // a named dimension of the rank order; only 1 is supported
+  // Multiprocessors Ring attention's block-sparse steps leave free while a K/V exchange is in
+  // flight, and the most thread blocks the ring's NCCL kernels take (AttentionOptions::sm_margin,
+  // SplitOptions), so that the exchange runs beside the attention instead of taking turns with it.
+  // 0: no reservation and NCCL's own block count. Changes no result, only the overlap. 0 by
+  // default because the Wan step is faster without it (4 x H200, 14B 720p: top-k and radial under
+  // Ring 4 lose 3.5 and 5.6 % at 32), while attention alone at batch 1 gains 15 % at 32 (8 and 16
+  // starve the exchange); docs/benchmarks.md, "Ring's exchange beside the attention".
+  int ring_sm_margin = 0;
 
   int sequence_parallel_size() const { return sp_ulysses_degree * sp_ring_degree; }
   // The number of ranks the configuration spans (the product of every degree).

@@ -97,6 +97,7 @@ detail::FlashParams make_params(const TensorView& q, const TensorView& k, const 
   p.heads_q = static_cast<int>(q.size(2));
   p.group = static_cast<int>(q.size(2) / k.size(2));
   p.scale_log2 = scale * 1.4426950408889634f;
+  p.sm_margin = options.sm_margin;
 
   // Visibility limits of attention.h as offsets from the query index (bottom-right aligned).
   // Windows wider than both sequences are no limit at all (and keep the int arithmetic small).

@@ -43,6 +43,8 @@ struct FlashParams {
   const float* fp8_q_scale;
   const float* fp8_k_scale;
   const uint32_t* fp8_v_absmax;
+  // Host side only: multiprocessors the persistent launch leaves free (AttentionOptions::sm_margin).
+  int sm_margin;
 };
 
 // Launch on `stream`; dtype kBF16 or kF16, head_dim 64 or 128. Dense uses 128-row CTAs; sparse

@@ -43,12 +43,13 @@ void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType d
     v_map = make_bshd_map(p.v, dtype, D, p.seq_kv, heads_kv, batch, p.v_stride_s, p.v_stride_h, p.v_stride_b);
   }
   // Persistent: one CTA per multiprocessor (the shared memory allows no second), each walking
-  // items until all are done.
+  // items until all are done; sm_margin of them left free for a concurrent kernel.
   const int64_t items = work_item_count(p.seq_q, p.heads_q, batch);
   if (items > std::numeric_limits<int>::max())
     throw Error(tessel::detail::concat("Hopper attention kernel: ", items,
                                        " work items (query blocks x heads x batch), more than 2^31 - 1"));
-  const int grid = static_cast<int>(std::min<int64_t>(items, std::max(1, current_hopper_device().multiprocessors)));
+  const int multiprocessors = std::max(1, current_hopper_device().multiprocessors - p.sm_margin);
+  const int grid = static_cast<int>(std::min<int64_t>(items, multiprocessors));
   // Block masks keep different numbers of blocks per row: hand the rows out longest first.
   const WorkOrder used = kSparse ? order : WorkOrder{};
   if (used.enabled()) launch_longest_first_order(p, batch, used, stream);
