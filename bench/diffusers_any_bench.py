@@ -18,12 +18,12 @@ with each output's rel-L2 against the SDPA output.
 """
 import argparse
 import json
-import statistics
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import diffusers
+from diffusers_wan_tessel import median_step_ms
 from tessel.integrations import diffusers as tessel_diffusers
 
 TEXT_TOKENS = {"hunyuan_video": 256, "flux": 512}
@@ -61,18 +61,9 @@ def rel_l2(x: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def timed(model, inputs, steps: int, warmup: int):
-    with torch.no_grad():
-        for _ in range(warmup):
-            out = model(**inputs, return_dict=False)[0]
-        times = []
-        for _ in range(steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = model(**inputs, return_dict=False)[0]
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    return statistics.median(times), out.float()
+    """Median step ms and the last output (fp32), timed as the Wan benchmark times."""
+    ms, out = median_step_ms(model, inputs, steps, warmup, call=lambda m, x: m(**x, return_dict=False)[0])
+    return ms, out.float()
 
 
 def main() -> None:

@@ -31,19 +31,23 @@ def rel_l2(x: torch.Tensor, reference: torch.Tensor) -> float:
     return float((x - reference).norm() / reference.norm())
 
 
-def median_step_ms(model, inputs, steps: int, warmup: int) -> float:
+def median_step_ms(model, inputs, steps: int, warmup: int, call=None):
+    """Median CUDA-event time of `steps` calls after `warmup`, and the last call's result.
+
+    call(model, inputs) runs one forward (default: model(**inputs))."""
+    call = call or (lambda m, x: m(**x))
     with torch.no_grad():
         for _ in range(warmup):
-            model(**inputs)
+            out = call(model, inputs)
         times = []
         for _ in range(steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            model(**inputs)
+            out = call(model, inputs)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(times), out
 
 
 def main() -> None:
@@ -87,7 +91,7 @@ def main() -> None:
     def measure(name: str) -> None:
         with torch.no_grad():
             out = model(**inputs16)[0].float()
-        ms = median_step_ms(model, inputs16, args.steps, args.warmup)
+        ms, _ = median_step_ms(model, inputs16, args.steps, args.warmup)
         rows.append({"variant": name, "rel_l2_vs_fp32": rel_l2(out, reference), "step_ms": ms})
         print(f"{name:<28} rel-L2 vs fp32 {rows[-1]['rel_l2_vs_fp32']:.5f}   step {ms:9.2f} ms", flush=True)
 

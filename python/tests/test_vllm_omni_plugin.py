@@ -116,6 +116,25 @@ def test_key_padding_masks_are_honoured():
     torch.testing.assert_close(out, torch_attention(q, k, v, mask=keep[:, None, None, :]), atol=2e-6, rtol=1e-5)
 
 
+def test_a_config_is_built_once_per_distinct_params(monkeypatch):
+    q, k, v = qkv(seq=128)
+    built = []
+    original = vllm_omni_plugin.config_from_params
+    monkeypatch.setattr(vllm_omni_plugin, "config_from_params", lambda p: built.append(p) or original(p))
+    # Values no other test uses: the entry point is one object whose runners outlive a test.
+    for static in ({"pattern": "dynamic_topk", "topk_ratio": 0.4375},
+                   {"config": {"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.3125}}}):
+        dispatcher = StandInDispatcher(static)
+        first = dispatcher.forward(q, k, v, per_forward={"denoise_step_idx": torch.tensor([3])})
+        again = dispatcher.forward(q, k, v, per_forward={"denoise_step_idx": torch.tensor([4])})
+        torch.testing.assert_close(first, again)
+    assert len(built) == 2  # one per distinct static params, not one per call
+    # A cached config form does not let the two forms together through.
+    with pytest.raises(ValueError, match="both 'config' and"):
+        StandInDispatcher({"config": {"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.3125}},
+                           "topk_ratio": 0.3}).forward(q, k, v)
+
+
 def test_bad_params_are_refused_naming_them():
     q, k, v = qkv(seq=64)
     with pytest.raises(ValueError, match="supports_full_attn_spans"):

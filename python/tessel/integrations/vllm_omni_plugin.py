@@ -95,7 +95,24 @@ class TesselSparseAttn:
     def __init__(self):
         self._runners = {}
 
+    @staticmethod
+    def _params_key(params: dict):
+        """What decides the config, cheap to compare on every call (the dispatcher calls per layer and
+        step): the flat keys' values, or the 'config' entry's JSON; None where only the built config
+        can tell (a config object)."""
+        flat = tuple((key, repr(params[key])) for key in _FLAT_KEYS if key in params)
+        if "config" not in params:
+            return flat
+        given = params["config"]
+        if isinstance(given, (str, dict)):  # with the flat keys: both forms together stay an error
+            return flat, given if isinstance(given, str) else json.dumps(given, sort_keys=True, default=repr)
+        return None
+
     def _runner(self, params: dict) -> SparseAttentionRunner:
+        params_key = self._params_key(params)
+        runner = self._runners.get(params_key) if params_key is not None else None
+        if runner is not None:
+            return runner
         config = config_from_params(params)
         key = json.dumps(config.to_dict(), sort_keys=True)
         runner = self._runners.get(key)
@@ -104,6 +121,8 @@ class TesselSparseAttn:
                 raise ValueError(f"tessel plugin: pattern {config.pattern.type!r} is not one of "
                                  f"{', '.join(SUPPORTED_PATTERNS)}")
             runner = self._runners[key] = SparseAttentionRunner(config)
+        if params_key is not None:
+            self._runners[params_key] = runner  # the same runner under both keys
         return runner
 
     def __call__(self, query, key, value, params=None, is_causal=False, softmax_scale=None):
