@@ -55,6 +55,7 @@ struct GenerateOptions {
   std::optional<double> guidance_2;  // the low-noise expert's (Wan 2.2); unset: --guidance
   std::optional<std::string> sparse_config_2;  // the low-noise expert's sparse config JSON over the first's
   int64_t seed = 42;
+  int64_t num_outputs = 1;  // generations of one request, seeds seed, seed + 1, ...: one batch per step
   std::string scheduler;  // empty: the model's scheduler/
   double flow_shift = 0.0;  // 0: the scheduler config's
   int64_t threads = 0;
@@ -151,6 +152,12 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
   std::printf("\n");
 }
 
+// "out.mp4" -> "out-3.mp4" (--out always names a file: .mp4, .png or .safetensors).
+std::string indexed_output_path(const std::string& out, int64_t index) {
+  const std::filesystem::path path(out);
+  return (path.parent_path() / (path.stem().string() + "-" + std::to_string(index) + path.extension().string())).string();
+}
+
 int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const LoraFlags& lora, const ParallelFlags& parallel,
                  bool prompt_set, bool negative_prompt_set) {
   check_text_source(o, prompt_set, negative_prompt_set);
@@ -169,6 +176,8 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   if (lora.ignore_unmatched && lora.loras.empty() && lora.loras_2.empty())
     fail_argument("--lora-ignore-unmatched", "a --lora or --lora-2 to apply it to", "none");
   const GenerateOutput output = check_generate_output(o.out, o.model_dir);
+  if (o.num_outputs > 1 && !o.noise.empty())
+    fail_argument("--num-outputs", "1 with --noise (every output would start from the same latents)", o.num_outputs);
   if (!o.scheduler.empty()) scheduler_kind_from_name(o.scheduler);
   const bool guided = o.guidance > 1.0;
   if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
@@ -264,7 +273,21 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
     };
   }
   const auto generate_start = std::chrono::steady_clock::now();
-  const WanGeneratorResult generated = generator.generate(ctx, request);
+  // --num-outputs: the generator's step-level door with several states, which it steps as one batch.
+  std::vector<WanGeneratorResult> extra;
+  std::vector<std::unique_ptr<WanGenerationState>> states;
+  for (int64_t i = 0; i < o.num_outputs; ++i) {
+    WanRequest one = request;
+    one.seed = request.seed + static_cast<uint64_t>(i);
+    if (i > 0) one.on_step = nullptr, one.on_phase = nullptr;  // the first reports the batch's steps
+    states.push_back(generator.begin(ctx, one));
+  }
+  std::vector<WanGenerationState*> running;
+  for (auto& state : states) running.push_back(state.get());
+  while (std::any_of(running.begin(), running.end(), [](const WanGenerationState* s) { return !s->done(); }))
+    generator.step(ctx, running);
+  const WanGeneratorResult generated = generator.finish(ctx, *states.front());
+  for (size_t i = 1; i < states.size(); ++i) extra.push_back(generator.finish(ctx, *states[i]));
   if (run.is_root() && terminal) std::fputc('\n', stderr);
   const WanGenerationResult& result = generated.generation;
   timings.text_encode_seconds = generated.text_encode_seconds;
@@ -282,8 +305,17 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   if (cached) print_cache_stats(result.cache_stats, guided, model.two_experts ? " (transformer)" : "");
   if (cached && model.two_experts) print_cache_stats(result.cache_stats_2, guided, " (transformer_2)");
   const SchedulerKind scheduler_kind = o.scheduler.empty() ? model.scheduler.kind : scheduler_kind_from_name(o.scheduler);
-  progress_line("writing " + o.out + "...");
-  write_generate_output(output, o.out, result, std::string(scheduler_class_name(scheduler_kind)));
+  const std::string scheduler_name(scheduler_class_name(scheduler_kind));
+  if (o.num_outputs == 1) {
+    progress_line("writing " + o.out + "...");
+    write_generate_output(output, o.out, result, scheduler_name);
+    return 0;
+  }
+  for (int64_t i = 0; i < o.num_outputs; ++i) {
+    const std::string path = indexed_output_path(o.out, i);
+    progress_line("writing " + path + "...");
+    write_generate_output(output, path, i == 0 ? result : extra[static_cast<size_t>(i - 1)].generation, scheduler_name);
+  }
   return 0;
 }
 
@@ -322,6 +354,11 @@ CommandRegistration registration{
                      "Wan 2.2 two-expert models: the low-noise expert's (transformer_2) sparse config, JSON or @file.json, "
                      "over the first expert's (default: the same)");
       app.add_option("--seed", options->seed, "seed of the starting noise")->capture_default_str()->check(integer_in(0, INT64_MAX));
+      app.add_option("--num-outputs", options->num_outputs,
+                     "outputs of this request, seeds --seed, --seed + 1, ..., denoised as one batch per step; "
+                     "written as OUT with -0, -1, ... before the extension")
+          ->capture_default_str()
+          ->check(integer_in(1, 64));
       app.add_option("--scheduler", options->scheduler, "unipc or euler (default: the model's scheduler/)")
           ->check(one_of({"unipc", "euler"}));
       app.add_option("--flow-shift", options->flow_shift, "the schedule's shift (default: the scheduler config's)")

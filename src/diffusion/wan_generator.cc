@@ -346,10 +346,20 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
 void WanGenerator::step(const ExecContext& ctx, std::span<WanGenerationState* const> states) {
   ExecContext run_ctx = ctx;
   run_ctx.device = impl_->options.device;
-  for (WanGenerationState* state : states) {
-    if (state == nullptr) fail_argument("states", "states from begin", "a null one");
-    WanDenoiseState* const one[] = {state->impl_->denoise.get()};
-    state->impl_->pipeline->step(run_ctx, one);
+  // The states of one pipeline (one sparse setting) step together: the pipeline batches those that
+  // can share a forward.
+  std::vector<bool> taken(states.size(), false);
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (states[i] == nullptr) fail_argument("states", "states from begin", "a null one");
+    if (taken[i]) continue;
+    const WanPipeline* pipeline = states[i]->impl_->pipeline;
+    std::vector<WanDenoiseState*> group;
+    for (size_t j = i; j < states.size(); ++j)
+      if (!taken[j] && states[j] != nullptr && states[j]->impl_->pipeline == pipeline) {
+        group.push_back(states[j]->impl_->denoise.get());
+        taken[j] = true;
+      }
+    pipeline->step(run_ctx, group);
   }
 }
 

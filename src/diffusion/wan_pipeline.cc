@@ -1,7 +1,9 @@
 #include "tessel/diffusion/wan_pipeline.h"
 
 #include <algorithm>
+#include <atomic>
 #include <iterator>
+#include <mutex>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include "tessel/core/finite_check.h"
 #include "tessel/core/random.h"
 #include "tessel/sparse/backend.h"
+#include "wan_batch_predictor.h"
 #include "wan_flow_predictor.h"
 
 namespace tessel {
@@ -96,7 +99,13 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExp
   scheduler_ = &scheduler;
 }
 
-WanPipeline::WanPipeline(const WanTransformer& transformer, const WanVae* vae) : transformer_(transformer), vae_(vae) {
+struct WanPipeline::BatchPredictors {
+  std::mutex mutex;  // step is const and may be called from several threads
+  std::unique_ptr<WanBatchFlowPredictor> predictors[2];
+};
+
+WanPipeline::WanPipeline(const WanTransformer& transformer, const WanVae* vae)
+    : transformer_(transformer), vae_(vae), batch_(std::make_shared<BatchPredictors>()) {
   const WanConfig& config = transformer.config();
   if (config.in_channels != config.out_channels)
     fail_argument("transformer out_channels", detail::concat("in_channels (", config.in_channels,
@@ -170,6 +179,8 @@ struct WanDenoiseState::Impl {
   double guidance_2 = 0.0;
   WanFlowRequest request;
   std::unique_ptr<WanFlowPredictor> predictors[2];
+  Tensor batched_flow;  // this state's flow when its step ran in a batch with others
+  uint64_t id = 0;      // unique in the process: names its texts to the batched forward
   WanGenerationResult result;
   int64_t steps = 0;
   std::chrono::steady_clock::time_point start;
@@ -270,43 +281,118 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   impl->request.cfg_group = options.cfg_group;
   for (CacheBackend* cache : {options.cache, options.cache_2})
     if (cache) cache->refresh(impl->steps);
+  static std::atomic<uint64_t> next_id{1};
+  impl->id = next_id.fetch_add(1);
   impl->start = std::chrono::steady_clock::now();
   return std::unique_ptr<WanDenoiseState>(new WanDenoiseState(std::move(impl)));
 }
 
+namespace {
+
+// One state's step, between choosing its expert and the scheduler's update.
+struct PendingStep {
+  WanDenoiseState* state;  // its Impl is private: reached from WanPipeline::step (a friend)
+  int64_t step;
+  double t;
+  int expert;
+  std::chrono::steady_clock::time_point start;
+  TensorView flow;
+};
+
+// Whether a transformer's attention reads the denoising step (sparse schedules, dense warm-up
+// steps): then only states at the same step share a forward.
+bool attention_reads_step(const WanTransformer& transformer) {
+  for (int64_t layer = 0; layer < transformer.config().num_layers; ++layer)
+    if (transformer.block_attention(layer) != nullptr) return true;
+  return false;
+}
+
+}  // namespace
+
+// Step-level batching: the states that can share a forward (one expert and transformer, one
+// latent shape and text length, no block cache (its skip decisions are per generation), no
+// CFG-parallel group, and one step when the attention reads it) run as one batch of their rows;
+// the others, and a group of one, run through their own predictor as before.
 void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const> states) const {
   const bool two_experts = low_noise_.transformer != nullptr;
+  std::vector<PendingStep> pending;
   for (WanDenoiseState* state : states) {
     if (state == nullptr) fail_argument("states", "non-null states from begin", "a null one");
     WanDenoiseState::Impl& s = *state->impl_;
     if (s.spent) fail_argument("states", "states not yet finished", "a finished one");
+    for (const PendingStep& p : pending)
+      if (p.state == state) fail_argument("states", "each state once per step", "a state twice");
     if (state->done()) continue;
     if (s.options.cancel && s.options.cancel->load()) {
       s.result.cancelled = true;
       continue;
     }
     const int64_t step = s.result.steps_done;
-    const auto step_start = std::chrono::steady_clock::now();
     const double t = s.scheduler->timesteps()[static_cast<size_t>(step)];
     const int expert = two_experts && static_cast<float>(t) < s.boundary ? 1 : 0;
-    s.result.experts.push_back(expert);
-    // One predictor per expert, each with its transformer, its guidance scale and its cache.
-    if (!s.predictors[expert]) {
-      WanFlowRequest r = s.request;
-      r.transformer = expert == 1 ? low_noise_.transformer : &transformer_;
-      r.guidance_scale = expert == 1 ? s.guidance_2 : s.options.guidance_scale;
-      CacheBackend* cache = expert == 1 ? s.options.cache_2 : s.options.cache;
-      r.block_cache = cache ? cache->block_cache() : nullptr;
-      s.predictors[expert] = make_flow_predictor(ctx, r);
+    pending.push_back({state, step, t, expert, std::chrono::steady_clock::now(), {}});
+  }
+  const auto transformer_of = [&](int expert) { return expert == 1 ? low_noise_.transformer : &transformer_; };
+  const auto batchable = [&](const PendingStep& p) {
+    const CacheBackend* cache = p.expert == 1 ? p.state->impl_->options.cache_2 : p.state->impl_->options.cache;
+    return cache == nullptr && p.state->impl_->request.cfg_group == nullptr;
+  };
+  const auto same_batch = [&](const PendingStep& a, const PendingStep& b) {
+    return a.expert == b.expert && a.state->impl_->request.latent_shape == b.state->impl_->request.latent_shape &&
+           a.state->impl_->request.prompt_embeds.shape() == b.state->impl_->request.prompt_embeds.shape() &&
+           (!attention_reads_step(*transformer_of(a.expert)) || (a.step == b.step && a.state->impl_->steps == b.state->impl_->steps));
+  };
+  std::vector<bool> batched(pending.size(), false);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (batched[i] || !batchable(pending[i])) continue;
+    std::vector<size_t> members{i};
+    for (size_t j = i + 1; j < pending.size(); ++j)
+      if (!batched[j] && batchable(pending[j]) && same_batch(pending[i], pending[j])) members.push_back(j);
+    if (members.size() < 2) continue;
+    std::vector<WanBatchEntry> entries;
+    for (const size_t m : members) {
+      PendingStep& p = pending[m];
+      WanDenoiseState::Impl& s = *p.state->impl_;
+      entries.push_back({s.latents.view(), p.t, s.request.prompt_embeds, s.request.negative_prompt_embeds,
+                         p.expert == 1 ? s.guidance_2 : s.options.guidance_scale, &s.batched_flow, s.id});
+      batched[m] = true;
     }
-    const TensorView flow = s.predictors[expert]->predict(ctx, step, s.steps, s.latents.view(), t);
+    const int expert = pending[i].expert;
+    {
+      const std::lock_guard<std::mutex> lock(batch_->mutex);
+      std::unique_ptr<WanBatchFlowPredictor>& predictor = batch_->predictors[expert];
+      if (!predictor) predictor = std::make_unique<WanBatchFlowPredictor>(*transformer_of(expert));
+      predictor->predict(ctx, StepInfo::at(pending[i].step, pending[i].state->impl_->steps), entries);
+    }
+    for (const size_t m : members) pending[m].flow = pending[m].state->impl_->batched_flow.view();
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    PendingStep& p = pending[i];
+    WanDenoiseState::Impl& s = *p.state->impl_;
+    if (batched[i]) continue;
+    // One predictor per expert, each with its transformer, its guidance scale and its cache.
+    if (!s.predictors[p.expert]) {
+      WanFlowRequest r = s.request;
+      r.transformer = transformer_of(p.expert);
+      r.guidance_scale = p.expert == 1 ? s.guidance_2 : s.options.guidance_scale;
+      CacheBackend* cache = p.expert == 1 ? s.options.cache_2 : s.options.cache;
+      r.block_cache = cache ? cache->block_cache() : nullptr;
+      s.predictors[p.expert] = make_flow_predictor(ctx, r);
+    }
+    p.flow = s.predictors[p.expert]->predict(ctx, p.step, s.steps, s.latents.view(), p.t);
+  }
+  for (PendingStep& p : pending) {
+    WanDenoiseState::Impl& s = *p.state->impl_;
+    const int64_t step = p.step;
+    const double t = p.t;
+    s.result.experts.push_back(p.expert);
     // Non-finite values never pass silently (they end as a black video): named by where they
     // first appear, the expert's guided prediction or the scheduler's update.
-    const char* expert_name = expert == 1 ? "transformer_2" : "transformer";
-    check_finite(flow, detail::concat("the guided noise prediction of ", expert_name, " at step ", step + 1, " of ", s.steps, " (t=", t, ")"),
+    const char* expert_name = p.expert == 1 ? "transformer_2" : "transformer";
+    check_finite(p.flow, detail::concat("the guided noise prediction of ", expert_name, " at step ", step + 1, " of ", s.steps, " (t=", t, ")"),
                  "the inputs were finite: the model's weights or its arithmetic overflowed");
     const auto scheduler_start = std::chrono::steady_clock::now();
-    s.scheduler->step(flow, s.latents, s.latents);
+    s.scheduler->step(p.flow, s.latents, s.latents);
     check_finite(s.latents, detail::concat("the latents after the scheduler's step ", step + 1, " of ", s.steps, " (t=", t, ")"));
     s.result.steps_done = step + 1;
     if (s.options.on_step) {
@@ -315,7 +401,7 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
       progress.step = step + 1;
       progress.total_steps = s.steps;
       progress.timestep = t;
-      progress.step_seconds = std::chrono::duration<double>(now - step_start).count();
+      progress.step_seconds = std::chrono::duration<double>(now - p.start).count();
       progress.scheduler_seconds = std::chrono::duration<double>(now - scheduler_start).count();
       progress.elapsed_seconds = std::chrono::duration<double>(now - s.start).count();
       progress.eta_seconds = progress.elapsed_seconds / static_cast<double>(step + 1) * static_cast<double>(s.steps - step - 1);

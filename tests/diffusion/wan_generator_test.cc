@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "diffusion/diffusion_test_util.h"
 #include "error_of.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/safetensors.h"
@@ -51,6 +52,9 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
+// rel-L2 of fp32 a against b (the same shape).
+double rel_l2_of(const Tensor& a, const Tensor& b) { return rel_l2(a.data_as<const float>(), b.data_as<const float>(), a.numel()); }
+
 // Rewrites one tensor of a safetensors file through `change` (fp32 tensors).
 void rewrite_tensor(const std::string& path, const std::string& name, const std::function<void(float*, int64_t)>& change) {
   const SafetensorsFile file = SafetensorsFile::open(path);
@@ -83,7 +87,9 @@ TEST(WanGenerator, GenerateEqualsBeginStepFinishAndStatesInterleave) {
   const Tensor whole_a = generator.generate(ExecContext{}, a).generation.latents;
   const Tensor whole_b = generator.generate(ExecContext{}, b).generation.latents;
   EXPECT_FALSE(same_bits(whole_a, whole_b));
-  // Two requests in flight, stepped together until both are done: each gets its own result.
+  // Two requests in flight, stepped together until both are done: each gets its own result. They
+  // share a forward while both run on one expert (step-level batching), so within the fp32
+  // rounding of another batch size (a mixed-up row would be off by far more).
   auto state_a = generator.begin(ExecContext{}, a);
   auto state_b = generator.begin(ExecContext{}, b);
   WanGenerationState* const both[] = {state_a.get(), state_b.get()};
@@ -96,8 +102,11 @@ TEST(WanGenerator, GenerateEqualsBeginStepFinishAndStatesInterleave) {
   EXPECT_EQ(state_a->steps_done(), 3);
   const WanGeneratorResult result_a = generator.finish(ExecContext{}, *state_a);
   const WanGeneratorResult result_b = generator.finish(ExecContext{}, *state_b);
-  EXPECT_TRUE(same_bits(result_a.generation.latents, whole_a));
-  EXPECT_TRUE(same_bits(result_b.generation.latents, whole_b));
+  ASSERT_EQ(result_a.generation.latents.shape(), whole_a.shape());
+  ASSERT_EQ(result_b.generation.latents.shape(), whole_b.shape());
+  EXPECT_LE(rel_l2_of(result_a.generation.latents, whole_a), 1e-5);
+  EXPECT_LE(rel_l2_of(result_b.generation.latents, whole_b), 1e-5);
+  EXPECT_GT(rel_l2_of(whole_a, whole_b), 1e-2);
   EXPECT_EQ(result_b.generation.experts.size(), 5u);
   EXPECT_NE(error_of([&] { generator.finish(ExecContext{}, *state_a); }).find("finished"), std::string::npos);
   fs::remove_all(dir);

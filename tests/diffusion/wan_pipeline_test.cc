@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/core/io/safetensors.h"
@@ -129,6 +131,78 @@ TEST_F(WanPipelineTest, WithoutItsOwnSchedulerEveryGenerationBringsOne) {
     ADD_FAILURE() << "a generation without a scheduler was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("scheduler"), std::string::npos) << e.what();
+  }
+}
+
+// Step-level batching: states stepped together (one forward for the compatible ones) end where each
+// stepped alone ends, within fp32 rounding (the CPU GEMMs split their work by batch size: rel-L2
+// about 4e-7; a row given the wrong text, timestep or guidance is off by 1e-1): different seeds, guidance scales (one unguided), step
+// counts, prompts, one state joining three steps late and one leaving early, and a cancelled one.
+TEST_F(WanPipelineTest, StatesSteppedTogetherEqualEachSteppedAlone) {
+  const WanPipeline pipeline(*transformer_, nullptr);
+  const Tensor prompt = fixture_->load("prompt_embeds");
+  const Tensor negative = fixture_->load("negative_prompt_embeds");
+  struct Case {
+    uint64_t seed;
+    double guidance;
+    int64_t steps;
+    bool swap_prompts;  // another text: the negative prompt as the prompt
+  };
+  const Case cases[] = {{1, 5.0, 5, false}, {2, 3.5, 4, true}, {3, 1.0, 6, false}, {4, 5.0, 3, false}};
+  const auto options_of = [&](const Case& c) {
+    WanGenerationOptions options;
+    options.num_inference_steps = c.steps;
+    options.guidance_scale = c.guidance;
+    options.seed = c.seed;
+    options.size = fixture_size();
+    return options;
+  };
+  const auto begin = [&](const Case& c) {
+    return pipeline.begin(ExecContext{}, c.swap_prompts ? negative : prompt, c.swap_prompts ? prompt : negative, options_of(c),
+                          {}, make_scheduler(wan_unipc()));
+  };
+  std::vector<Tensor> alone;
+  for (const Case& c : cases) {
+    auto state = begin(c);
+    WanDenoiseState* const one[] = {state.get()};
+    while (!state->done()) pipeline.step(ExecContext{}, one);
+    alone.push_back(pipeline.finish(ExecContext{}, *state).latents);
+  }
+  std::vector<std::unique_ptr<WanDenoiseState>> states;
+  for (size_t i = 0; i < 3; ++i) states.push_back(begin(cases[i]));
+  std::atomic<bool> cancel{false};
+  WanGenerationOptions cancelled_options = options_of(cases[0]);
+  cancelled_options.cancel = &cancel;
+  auto cancelled = pipeline.begin(ExecContext{}, prompt, negative, cancelled_options, {}, make_scheduler(wan_unipc()));
+  int round = 0;
+  for (bool any = true; any; ++round) {
+    if (round == 3) states.push_back(begin(cases[3]));  // joins at a step boundary
+    if (round == 2) cancel = true;
+    std::vector<WanDenoiseState*> running{cancelled.get()};
+    for (auto& state : states)
+      if (!state->done()) running.push_back(state.get());
+    any = running.size() > 1 || !cancelled->done();
+    pipeline.step(ExecContext{}, running);
+  }
+  EXPECT_TRUE(cancelled->cancelled());
+  EXPECT_EQ(cancelled->steps_done(), 2);
+  for (size_t i = 0; i < states.size(); ++i) {
+    const WanGenerationResult result = pipeline.finish(ExecContext{}, *states[i]);
+    EXPECT_EQ(result.steps_done, cases[i].steps) << i;
+    ASSERT_EQ(result.latents.nbytes(), alone[i].nbytes());
+    const double error = rel_l2(result.latents.data_as<const float>(), alone[i].data_as<const float>(), alone[i].numel());
+    std::printf("state %zu: rel-L2 %.3g against alone\n", i, error);
+    EXPECT_LE(error, 1e-6) << "state " << i;
+  }
+  WanDenoiseState* const twice[] = {cancelled.get(), cancelled.get()};
+  EXPECT_NO_THROW(pipeline.step(ExecContext{}, twice));  // done states are skipped before the check
+  auto fresh = begin(cases[0]);
+  WanDenoiseState* const duplicate[] = {fresh.get(), fresh.get()};
+  try {
+    pipeline.step(ExecContext{}, duplicate);
+    ADD_FAILURE() << "a state given twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("each state once"), std::string::npos) << e.what();
   }
 }
 

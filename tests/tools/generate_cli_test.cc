@@ -101,6 +101,41 @@ TEST(GenerateCli, PromptGivesTheLatentsOfItsEmbeddings) {
   EXPECT_EQ(std::memcmp(a.data_as<float>(), b.data_as<float>(), a.numel() * sizeof(float)), 0);
 }
 
+// --num-outputs N: N outputs with seeds seed .. seed + N - 1, denoised as one batch per step; each
+// ends where its seed alone ends (within the fp32 rounding of another batch size), files -0, -1, ...
+TEST(GenerateCli, NumOutputsDenoiseOneBatchOfSeeds) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tiny_wan_outputs_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ASSERT_EQ(run_tessel_binary("init-model --preset tiny --out '" + dir.string() + "'", dir.string() + ".log").status, 0);
+  const std::string common = "--model '" + dir.string() + "' --prompt 'a cat' --size 32x32 --frames 5 --steps 3 --guidance 4 --threads 1";
+  const TesselRun batch = generate(common + " --seed 7 --num-outputs 3 --out '" + (dir / "many.safetensors").string() + "'");
+  ASSERT_EQ(batch.status, 0) << batch.out;
+  for (int i = 0; i < 3; ++i) {
+    const fs::path alone = dir / ("alone" + std::to_string(i) + ".safetensors");
+    const TesselRun run = generate(common + " --seed " + std::to_string(7 + i) + " --out '" + alone.string() + "'");
+    ASSERT_EQ(run.status, 0) << run.out;
+    const Tensor a = SafetensorsFile::open(alone.string()).load("latents");
+    const Tensor b = SafetensorsFile::open((dir / ("many-" + std::to_string(i) + ".safetensors")).string()).load("latents");
+    ASSERT_EQ(a.shape(), b.shape());
+    double diff = 0.0, norm = 0.0;
+    for (int64_t k = 0; k < a.numel(); ++k) {
+      const double d = a.data_as<float>()[k] - b.data_as<float>()[k];
+      diff += d * d;
+      norm += static_cast<double>(a.data_as<float>()[k]) * a.data_as<float>()[k];
+    }
+    EXPECT_LE(std::sqrt(diff / norm), 1e-5) << "output " << i;
+  }
+  EXPECT_FALSE(fs::exists(dir / "many.safetensors"));
+  const fs::path noise = dir / "noise.safetensors";
+  const Tensor zeros = Tensor::zeros({1, 16, 2, 4, 4}, DType::kF32);
+  write_safetensors(noise.string(), {{"noise", zeros.view()}});
+  const TesselRun with_noise =
+      generate(common + " --num-outputs 2 --noise '" + noise.string() + "' --out '" + (dir / "n.safetensors").string() + "'");
+  EXPECT_NE(with_noise.status, 0);
+  EXPECT_NE(with_noise.out.find("--num-outputs"), std::string::npos) << with_noise.out;
+  EXPECT_NE(with_noise.out.find("--noise"), std::string::npos) << with_noise.out;
+}
+
 // The arguments of a 12-step generation of latents on a fresh `init-model` directory named `name`.
 std::string cache_run_arguments(const std::string& name) {
   const fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));

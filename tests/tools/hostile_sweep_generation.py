@@ -421,6 +421,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     opts("generate", gbase, "--frames", ["2", "65537", "4101"], ["--frames", "frames"])
     opts("generate", gbase, "--steps", ["100001"])
     opts("generate", gbase, "--seed", ["-1", "abc", "9223372036854775808"])
+    opts("generate", gbase, "--num-outputs", ["0", "65", "abc", "2x"])
     opts("generate", gbase, "--guidance", bad_float)
     opts("generate", gbase, "--flow-shift", ["0", "nan", "inf", "-1"])
     opts("generate", gbase, "--size", bad_size)
@@ -502,6 +503,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
                        ("noise_inf", ["noise", "non-finite", "inf"]), ("not_safetensors", ["not_safetensors.safetensors"])):
         err(f"generate noise {key}", g([]) + ["--noise", fx[f"{key}.safetensors"]], names)
     err("generate noise missing", g([]) + ["--noise", "/nonexistent/n.safetensors"], ["/nonexistent/n.safetensors"])
+    err("generate several outputs from one noise", g(["--num-outputs", "2", "--noise", fx["noise_good.safetensors"]]),
+        ["--num-outputs", "--noise"])
     err("generate noise for another size", g(["--size", "32x32", "--noise", fx["noise_good.safetensors"]]),
         ["noise", "shape"])
     # LoRA

@@ -171,8 +171,10 @@ class WanGenerator {
   // Validates the request (an Error naming its field), encodes its text and prepares its latents,
   // scheduler and caches; runs no step.
   std::unique_ptr<WanGenerationState> begin(const ExecContext& ctx, const WanRequest& request);
-  // The next denoising step of every state that is not done (states of any size; each runs its
-  // own forwards today: batching states of one shape into one forward is the serving engine's).
+  // The next denoising step of every state that is not done (states of any size and sparse
+  // setting). The states of one setting that can share a forward run as one batch of their rows
+  // (WanPipeline::step says which: one shape, no step cache, no CFG-parallel group, the same step
+  // when sparse attention reads it); the others run alone. `tessel generate --num-outputs` uses it.
   void step(const ExecContext& ctx, std::span<WanGenerationState* const> states);
   // Decodes (with a VAE, unless cancelled) and returns the result; the state is spent.
   WanGeneratorResult finish(const ExecContext& ctx, WanGenerationState& state);
