@@ -106,6 +106,27 @@ class WanRunner final : public PipelineRunner {
     const auto started = std::chrono::steady_clock::now();
     const int64_t steps = request.num_inference_steps;
     const int64_t total = steps * request.num_outputs;
+    // The request's outputs (OpenAI's `n`, each its own seed) are generations of one shape: begun
+    // together, stepped as one batch per step by the generator, decoded one after another.
+    std::string phase;
+    int64_t steps_reported = 0;
+    // One status update: a finished step (with its time and the schedule's density), or a phase
+    // change or decode chunk (step_finished false: no step is counted).
+    const auto report = [&](int64_t step_done, double step_seconds, bool step_finished, double density) {
+      if (!control.on_progress) return;
+      RequestProgress progress;
+      progress.phase = phase;
+      progress.step_finished = step_finished;
+      progress.step = step_done;
+      progress.total_steps = total;
+      progress.step_seconds = step_seconds;
+      progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      progress.eta_seconds =
+          step_done > 0 ? progress.elapsed_seconds / static_cast<double>(step_done) * static_cast<double>(total - step_done) : 0.0;
+      progress.attention_density = density;
+      control.on_progress(progress);
+    };
+    std::vector<std::unique_ptr<WanGenerationState>> states;
     for (int64_t i = 0; i < request.num_outputs; ++i) {
       WanRequest w;
       if (config_.embeddings_file.empty()) {
@@ -127,40 +148,32 @@ class WanRunner final : public PipelineRunner {
       w.sparse_setting = setting_name(request);
       if (!request.cache.empty()) w.cache = request.cache;
       w.cancel = &agreed_cancel;
-      std::string phase;
-      const int64_t steps_before = i * steps;
-      // The phases and the decode's chunks reach the job's status; only rank 0 decodes, so during
-      // the decode it reads its own cancel flag (no collective: the other ranks are done).
-      // One status update: a finished step (with its time and the schedule's density), or a phase
-      // change or decode chunk (step_finished false: no step is counted).
-      const auto report = [&](int64_t step_done, double step_seconds, bool step_finished, double density) {
-        if (!control.on_progress) return;
-        RequestProgress progress;
-        progress.phase = phase;
-        progress.step_finished = step_finished;
-        progress.step = step_done;
-        progress.total_steps = total;
-        progress.step_seconds = step_seconds;
-        progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        progress.eta_seconds =
-            step_done > 0 ? progress.elapsed_seconds / static_cast<double>(step_done) * static_cast<double>(total - step_done) : 0.0;
-        progress.attention_density = density;
-        control.on_progress(progress);
-      };
       w.on_phase = [&](std::string_view name) {
         phase = name;
-        report(steps_before, 0.0, false, 1.0);
+        report(steps_reported, 0.0, false, 1.0);
       };
-      w.on_decode_chunk = [&](int64_t done, int64_t chunks) {
-        phase = detail::concat("decoding ", done, "/", chunks);
-        report(steps_before + steps, 0.0, false, 1.0);
+      // Every output's step counts; the ranks agree on a cancel once per batched step (after the
+      // first output's), all in the same order since every rank steps the same states.
+      w.on_step = [&, first = i == 0](const WanStepProgress& p) {
+        report(++steps_reported, p.step_seconds, true, scheduled_density(transformer, p.step - 1, steps));
+        if (first) agreed_cancel = agree_on_cancel(control);
+      };
+      // Only rank 0 decodes, so during the decode it reads its own cancel flag (no collective: the
+      // other ranks are done).
+      w.on_decode_chunk = [&, i](int64_t done, int64_t chunks) {
+        phase = request.num_outputs > 1 ? detail::concat("decoding output ", i + 1, " of ", request.num_outputs, ": ", done, "/", chunks)
+                                        : detail::concat("decoding ", done, "/", chunks);
+        report(steps_reported, 0.0, false, 1.0);
         if (control.cancel != nullptr && control.cancel->load()) agreed_cancel = true;
       };
-      w.on_step = [&](const WanStepProgress& p) {
-        report(steps_before + p.step, p.step_seconds, true, scheduled_density(transformer, p.step - 1, steps));
-        agreed_cancel = agree_on_cancel(control);
-      };
-      WanGenerationResult result = generator_->generate(ctx, w).generation;
+      states.push_back(generator_->begin(ctx, w));
+    }
+    std::vector<WanGenerationState*> running;
+    for (auto& state : states) running.push_back(state.get());
+    while (std::any_of(running.begin(), running.end(), [](const WanGenerationState* s) { return !s->done(); }))
+      generator_->step(ctx, running);
+    for (auto& state : states) {
+      WanGenerationResult result = generator_->finish(ctx, *state).generation;
       output.steps_done += result.steps_done;
       if (result.cancelled) {
         output.cancelled = true;
