@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
 #include "tessel/diffusion/wan_text_encoder.h"
+#include "tessel/parallel/communicator.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 
@@ -212,6 +214,48 @@ std::vector<std::string> WanGenerator::lora_summary() const {
   return lines;
 }
 
+namespace {
+
+// The rank of a group that encodes the text: sequence rank 0 of CFG branch 0 (the world's rank 0).
+bool is_text_root(const ParallelGroups* parallel) {
+  return parallel == nullptr || (parallel->coordinates.sequence == 0 && parallel->coordinates.cfg == 0);
+}
+
+// Sums `values` over `group` on the group's device (the text root's values, zeros elsewhere: the
+// sum is the root's, exactly).
+void sum_over(const ExecContext& ctx, Communicator& group, Tensor& values) {
+  if (group.size() == 1) return;
+  if (group.device().is_cpu()) return group.all_reduce_sum(ctx, values);
+  Tensor on_device = values.to(group.device());
+  ExecContext device_ctx = ctx;
+  device_ctx.device = group.device();
+  group.all_reduce_sum(device_ctx, on_device);
+  values = on_device.to(Device::cpu());
+}
+
+// Collective over the whole group: the text root passes its embeddings (1, L, text_dim) fp32 host
+// (an undefined tensor when its encoder failed), the other ranks an undefined tensor, and every
+// rank gets the root's. The shape goes first, so
+// the other ranks need no tokenizer. Over the CFG group, then the sequence group: every rank
+// joins both, whatever its coordinates.
+Tensor receive_text_from_root(const ExecContext& ctx, const ParallelGroups& parallel, const Tensor& root_text) {
+  Tensor shape = Tensor::zeros({3}, DType::kF32);
+  if (root_text.defined())
+    for (int i = 0; i < 3; ++i) shape.data_as<float>()[i] = static_cast<float>(root_text.size(i));
+  sum_over(ctx, *parallel.cfg, shape);
+  sum_over(ctx, *parallel.sequence, shape);
+  const Shape text_shape{static_cast<int64_t>(shape.data_as<float>()[0]), static_cast<int64_t>(shape.data_as<float>()[1]),
+                         static_cast<int64_t>(shape.data_as<float>()[2])};
+  // The root failed to encode (it passed no tensor): every rank stops here, none waits for text.
+  if (text_shape[0] == 0) throw Error("text encoding failed on the group's text root (world rank 0: its error says why)");
+  Tensor text = root_text.defined() ? root_text.clone() : Tensor::zeros(text_shape, DType::kF32);
+  sum_over(ctx, *parallel.cfg, text);
+  sum_over(ctx, *parallel.sequence, text);
+  return text;
+}
+
+}  // namespace
+
 WanGenerator WanGenerator::load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options) {
   return load(ctx, WanModelDir::open(dir), options);
 }
@@ -247,7 +291,10 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
     fail_argument("flow_shift", "a finite number >= 0 (0: the scheduler config's)", options.flow_shift);
   if (options.flow_shift > 0.0) impl->scheduler.shift = options.flow_shift;
   make_cache_backend(options.cache, options.cache_config, impl->model.transformer);  // a bad name fails here
-  if (options.load_text_encoder && impl->model.has_text_encoder)
+  // In a parallel group only the text root (sequence rank 0 of CFG branch 0) holds the encoder: it
+  // encodes every request and hands the embeddings to the others (begin), who would otherwise each
+  // hold UMT5-XXL (about 11 GB in bf16) for the same result.
+  if (options.load_text_encoder && impl->model.has_text_encoder && is_text_root(options.parallel))
     impl->text_encoder.emplace(WanTextEncoder::load(dir, options.device));
   if (options.load_vae && impl->model.has_vae) impl->vae.emplace(WanVae::load(impl->model.component("vae")));
   static_cast<void>(ctx);
@@ -287,21 +334,40 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   Tensor prompt = request.prompt_embeds, negative = request.negative_prompt_embeds;
   if (!prompt.defined()) {
     if (request.prompt.empty()) fail_argument("prompt", "a non-empty prompt, or prompt embeddings", "neither");
-    if (!g.text_encoder)
+    // The same answer on every rank of a group (the flags are the same), before any collective.
+    if (!(g.options.load_text_encoder && g.model.has_text_encoder))
       fail_argument("prompt", "embeddings (the generator has no text encoder: none in the model directory, or not loaded)",
                     quoted_excerpt(request.prompt));
     // The encoder runs on its own device; tokens and embeddings are host tensors.
     if (request.on_phase) request.on_phase("text encoding");
     const auto start = std::chrono::steady_clock::now();
-    if (!guided) {
-      prompt = g.text_encoder->encode(ctx, {request.prompt});
-    } else {
-      const Tensor both = g.text_encoder->encode(ctx, {request.prompt, request.negative_prompt});
-      const int64_t row = both.size(1) * both.size(2);
-      prompt = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
-      negative = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
-      std::copy_n(both.data_as<float>(), row, prompt.data_as<float>());
-      std::copy_n(both.data_as<float>() + row, row, negative.data_as<float>());
+    std::exception_ptr failure;
+    if (g.text_encoder) {
+      try {
+        if (!guided) {
+          prompt = g.text_encoder->encode(ctx, {request.prompt});
+        } else {
+          const Tensor both = g.text_encoder->encode(ctx, {request.prompt, request.negative_prompt});
+          const int64_t row = both.size(1) * both.size(2);
+          prompt = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+          negative = Tensor::empty({1, both.size(1), both.size(2)}, DType::kF32);
+          std::copy_n(both.data_as<float>(), row, prompt.data_as<float>());
+          std::copy_n(both.data_as<float>() + row, row, negative.data_as<float>());
+        }
+      } catch (...) {
+        if (g.options.parallel == nullptr || g.options.parallel->config.world_size() == 1) throw;
+        failure = std::current_exception();  // the group hears of it first, then it is thrown
+        prompt = negative = Tensor{};
+      }
+    }
+    if (g.options.parallel != nullptr && g.options.parallel->config.world_size() > 1) {
+      try {
+        prompt = receive_text_from_root(ctx, *g.options.parallel, prompt);
+        if (guided) negative = receive_text_from_root(ctx, *g.options.parallel, negative);
+      } catch (const Error&) {
+        if (failure) std::rethrow_exception(failure);
+        throw;
+      }
     }
     state->text_encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } else if (!request.prompt.empty() || !request.negative_prompt.empty()) {

@@ -5,9 +5,11 @@
 // same model run by one process. Every rank computes the one-process result itself, so nothing
 // but the parallel path crosses ranks.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +20,8 @@
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
 #include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/tiny_model.h"
+#include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/parallel/communicator.h"
@@ -231,6 +235,38 @@ TEST(WanPipelineParallel, LatentsEqualOneProcessUnderCfgAndSequenceParallelism) 
       EXPECT_LE(error, kTolerance) << pattern.name << ", " << layout_name(config);
     }
   }
+}
+
+// The generator in a group: only the text root (world rank 0) holds the text encoder; the others
+// get its embeddings over the groups, and every layout ends where one process does.
+TEST(WanGeneratorParallel, TheTextRootsEmbeddingsReachEveryRank) {
+  // Each rank writes its own copy of the same random model (one seed): no file is shared.
+  const std::string dir = detail::concat(::testing::TempDir(), "generator_text_root_", getpid());
+  write_random_wan_model(dir, "tiny", 17, 1);
+  WanRequest request;
+  request.prompt = "a red cube";
+  request.negative_prompt = "blurry";
+  request.frames = 5;
+  request.height = 32;
+  request.width = 32;
+  request.steps = 2;
+  request.guidance = 5.0;
+  request.seed = 9;
+  WanLoadOptions options;
+  options.load_vae = false;
+  const Tensor expected = WanGenerator::load(ExecContext{}, dir, options).generate(ExecContext{}, request).generation.latents;
+  for (const ParallelConfig& config : layouts()) {
+    if (config.sp_ulysses_degree > 2) continue;  // the tiny preset has 2 heads
+    const ParallelGroups groups = initialize_parallel_groups(world(), config);
+    WanLoadOptions parallel_options = options;
+    parallel_options.parallel = &groups;
+    WanGenerator generator = WanGenerator::load(ExecContext{}, dir, parallel_options);
+    const Tensor latents = generator.generate(ExecContext{}, request).generation.latents;
+    const double error = rel_l2(latents, expected);
+    if (world().rank() == 0) std::printf("generator %-28s rel-L2 %.2e\n", layout_name(config).c_str(), error);
+    EXPECT_LE(error, kTolerance) << layout_name(config);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 using testing::error_of;
