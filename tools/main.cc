@@ -5,6 +5,7 @@
 #include <map>
 
 #include "command.h"
+#include "memory_flags.h"
 #include "option_checks.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
@@ -68,17 +69,22 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  CLI::App* ran = nullptr;
   try {
     for (auto& [sub, run] : runners)
       if (sub->parsed()) {
+        ran = sub;
         check_list_values(*sub, argc, argv);
         return run();
       }
   } catch (const tessel::Error& e) {
-    std::cerr << "tessel: error: " << e.what() << "\n";
+    const std::string message = e.what();
+    std::cerr << "tessel: error: " << message << (ran != nullptr && is_out_of_memory(message) ? memory_flags_suffix(*ran) : "")
+              << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << "tessel: error: out of memory: the requested shapes need more memory than this machine can give\n";
+    std::cerr << "tessel: error: out of memory: the requested shapes need more memory than this machine can give"
+              << (ran != nullptr ? memory_flags_suffix(*ran) : "") << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "tessel: unexpected error: " << e.what() << "\n";

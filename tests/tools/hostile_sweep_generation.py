@@ -656,6 +656,10 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("sp-bench grid without radial", sp(["--grid", "2x8x8"]), ["--grid", "--mask"])
     err("sp-bench radial without grid", sp(["--mask", "radial"]), ["--grid"])
     err("sp-bench density with dense mask", sp(["--density", "0.5"]), ["--density"])
+    # 8 TB of q, k and v: the allocation fails at once and the error names the flags that asked for it
+    err("sp-bench out of memory names its size flags", sp(["--seq", "2000000", "--heads", "64", "--head-dim", "256", "--batch", "64"]),
+        ["memory", "--seq 2000000", "--heads 64", "--head-dim 256", "--batch 64"])
+    err("sp-bench ring-sm-margin without ring", sp(["--ring-sm-margin", "16"]), ["--ring-sm-margin", "--ring"])
     opts("sp-bench", sbase, "--ulysses", ["2", "0"])
     opts("sp-bench", sbase, "--ring", ["2"])
     err("sp-bench cfg-parallel without mpirun", sp(["--cfg-parallel"]), ["--cfg-parallel", "mpirun", "processes"])
