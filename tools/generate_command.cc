@@ -33,6 +33,7 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/dit/wan_weights.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -152,6 +153,37 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
   std::printf("\n");
 }
 
+// A CPU run holds the transformers in fp32 (and their transposed copies, made one tensor at a
+// time), the text encoder in fp32 (about twice its bf16 files) and one forward's activations:
+// about ten (rows x dim) buffers and the FFN's (rows x ffn_dim), rows = tokens x 2 (guidance) x
+// --num-outputs. Refused past the memory budget before any weight is read, naming the flags. A
+// CUDA run keeps these on the device, where a failed allocation names the size flags.
+void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model, const WanVideoSize& size, bool guided,
+                             bool prompt_set) {
+  if (o.device != "cpu") return;
+  const WanConfig& config = model.transformer;
+  double parameters = 0.0;
+  for (const WanConfig* c : {&config, model.transformer_2 ? &*model.transformer_2 : nullptr})
+    if (c != nullptr)
+      for (const WeightSpec& spec : wan_weight_specs(*c)) parameters += static_cast<double>(shape_numel(spec.shape));
+  double text_encoder_file_bytes = 0.0;
+  if (prompt_set) {
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(model.component("text_encoder"), error))
+      if (entry.path().extension() == ".safetensors") text_encoder_file_bytes += static_cast<double>(entry.file_size(error));
+  }
+  const Shape latent = size.latent_shape(config.in_channels);
+  const double tokens = static_cast<double>(latent[2] / config.patch_size[0] * (latent[3] / config.patch_size[1]) *
+                                            (latent[4] / config.patch_size[2]));
+  const double rows = tokens * (guided ? 2.0 : 1.0) * static_cast<double>(o.num_outputs);
+  const double bytes = 8.0 * parameters + 2.0 * text_encoder_file_bytes +
+                       4.0 * rows * (10.0 * static_cast<double>(config.inner_dim()) + static_cast<double>(config.ffn_dim));
+  check_memory_budget("--size " + o.size + " --frames " + std::to_string(o.frames) + " --num-outputs", std::to_string(o.num_outputs),
+                      bytes,
+                      detail::concat("fp32 weights, text encoder and activations on the CPU (", static_cast<int64_t>(tokens),
+                                     " tokens x ", static_cast<int64_t>(rows / tokens), " rows, --model ", quoted_excerpt(o.model_dir), ")"));
+}
+
 // "out.mp4" -> "out-3.mp4" (--out always names a file: .mp4, .png or .safetensors).
 std::string indexed_output_path(const std::string& out, int64_t index) {
   const std::filesystem::path path(out);
@@ -181,6 +213,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   if (!o.scheduler.empty()) scheduler_kind_from_name(o.scheduler);
   const bool guided = o.guidance > 1.0;
   if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
+  check_cpu_memory_budget(o, model, size, guided, prompt_set);
   // A CUDA run over several ranks puts each rank on its local GPU (run.device()).
   ParallelRun run(parallel, transformer_device(o));
   const Device device = run.device();

@@ -503,6 +503,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
                        ("noise_inf", ["noise", "non-finite", "inf"]), ("not_safetensors", ["not_safetensors.safetensors"])):
         err(f"generate noise {key}", g([]) + ["--noise", fx[f"{key}.safetensors"]], names)
     err("generate noise missing", g([]) + ["--noise", "/nonexistent/n.safetensors"], ["/nonexistent/n.safetensors"])
+    err("generate over the CPU memory budget", g(["--size", "4096x4096", "--frames", "801"]),
+        ["--size 4096x4096", "--frames 801", "memory budget"])
     err("generate several outputs from one noise", g(["--num-outputs", "2", "--noise", fx["noise_good.safetensors"]]),
         ["--num-outputs", "--noise"])
     err("generate noise for another size", g(["--size", "32x32", "--noise", fx["noise_good.safetensors"]]),
