@@ -24,6 +24,7 @@
 #include "device_memory.h"
 #include "option_checks.h"
 #include "parallel_flags.h"
+#include "work_budget.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
@@ -215,11 +216,8 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   // activations of one forward: about ten (tokens x dim) buffers and the FFN's (tokens x ffn_dim).
   // A CUDA model keeps both on the device (a failed device allocation names its size).
   if (!device.is_cuda()) {
-    double parameters = 0.0;
-    for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
     const double rows = static_cast<double>(in.batch) * static_cast<double>(tokens);
-    const double bytes = 4.0 * (2.0 * parameters + rows * (10.0 * static_cast<double>(config.inner_dim()) + config.ffn_dim)) *
-                         (o.compare_dense ? 2.0 : 1.0);
+    const double bytes = (wan_cpu_weight_bytes(config) + wan_cpu_activation_bytes(config, rows)) * (o.compare_dense ? 2.0 : 1.0);
     check_memory_budget("--model", o.from_dir.empty() ? o.model : o.from_dir, bytes,
                         detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", in.batch, ", ", config.num_layers,
                                        " layers)"));

@@ -25,6 +25,7 @@
 #include "option_checks.h"
 #include "parallel_flags.h"
 #include "sparse_attn_flags.h"
+#include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
 #include "tessel/core/io/bounded_read.h"
@@ -33,7 +34,6 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
-#include "tessel/dit/wan_weights.h"
 #include "tessel/sparse/registry.h"
 
 namespace tessel::cli {
@@ -162,10 +162,7 @@ void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model,
                              bool prompt_set) {
   if (o.device != "cpu") return;
   const WanConfig& config = model.transformer;
-  double parameters = 0.0;
-  for (const WanConfig* c : {&config, model.transformer_2 ? &*model.transformer_2 : nullptr})
-    if (c != nullptr)
-      for (const WeightSpec& spec : wan_weight_specs(*c)) parameters += static_cast<double>(shape_numel(spec.shape));
+  const double weight_bytes = wan_cpu_weight_bytes(config) + (model.transformer_2 ? wan_cpu_weight_bytes(*model.transformer_2) : 0.0);
   double text_encoder_file_bytes = 0.0;
   if (prompt_set) {
     std::error_code error;
@@ -176,8 +173,7 @@ void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model,
   const double tokens = static_cast<double>(latent[2] / config.patch_size[0] * (latent[3] / config.patch_size[1]) *
                                             (latent[4] / config.patch_size[2]));
   const double rows = tokens * (guided ? 2.0 : 1.0) * static_cast<double>(o.num_outputs);
-  const double bytes = 8.0 * parameters + 2.0 * text_encoder_file_bytes +
-                       4.0 * rows * (10.0 * static_cast<double>(config.inner_dim()) + static_cast<double>(config.ffn_dim));
+  const double bytes = weight_bytes + 2.0 * text_encoder_file_bytes + wan_cpu_activation_bytes(config, rows);
   check_memory_budget("--size " + o.size + " --frames " + std::to_string(o.frames) + " --num-outputs", std::to_string(o.num_outputs),
                       bytes,
                       detail::concat("fp32 weights, text encoder and activations on the CPU (", static_cast<int64_t>(tokens),
@@ -306,21 +302,14 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
     };
   }
   const auto generate_start = std::chrono::steady_clock::now();
-  // --num-outputs: the generator's step-level door with several states, which it steps as one batch.
-  std::vector<WanGeneratorResult> extra;
-  std::vector<std::unique_ptr<WanGenerationState>> states;
-  for (int64_t i = 0; i < o.num_outputs; ++i) {
-    WanRequest one = request;
-    one.seed = request.seed + static_cast<uint64_t>(i);
-    if (i > 0) one.on_step = nullptr, one.on_phase = nullptr;  // the first reports the batch's steps
-    states.push_back(generator.begin(ctx, one));
+  // --num-outputs: the generator's several-request door, which steps them as one batch.
+  std::vector<WanRequest> requests(static_cast<size_t>(o.num_outputs), request);
+  for (size_t i = 1; i < requests.size(); ++i) {
+    requests[i].seed = request.seed + i;
+    requests[i].on_step = nullptr, requests[i].on_phase = nullptr;  // the first reports the batch's steps
   }
-  std::vector<WanGenerationState*> running;
-  for (auto& state : states) running.push_back(state.get());
-  while (std::any_of(running.begin(), running.end(), [](const WanGenerationState* s) { return !s->done(); }))
-    generator.step(ctx, running);
-  const WanGeneratorResult generated = generator.finish(ctx, *states.front());
-  for (size_t i = 1; i < states.size(); ++i) extra.push_back(generator.finish(ctx, *states[i]));
+  const std::vector<WanGeneratorResult> generations = generator.generate(ctx, requests);
+  const WanGeneratorResult& generated = generations.front();
   if (run.is_root() && terminal) std::fputc('\n', stderr);
   const WanGenerationResult& result = generated.generation;
   timings.text_encode_seconds = generated.text_encode_seconds;
@@ -347,7 +336,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   for (int64_t i = 0; i < o.num_outputs; ++i) {
     const std::string path = indexed_output_path(o.out, i);
     progress_line("writing " + path + "...");
-    write_generate_output(output, path, i == 0 ? result : extra[static_cast<size_t>(i - 1)].generation, scheduler_name);
+    write_generate_output(output, path, generations[static_cast<size_t>(i)].generation, scheduler_name);
   }
   return 0;
 }

@@ -9,8 +9,19 @@
 #include "option_checks.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
+#include "tessel/dit/wan_weights.h"
 
 namespace tessel::cli {
+
+double wan_cpu_weight_bytes(const WanConfig& config) {
+  double parameters = 0.0;
+  for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
+  return 8.0 * parameters;
+}
+
+double wan_cpu_activation_bytes(const WanConfig& config, double rows) {
+  return 4.0 * rows * (10.0 * static_cast<double>(config.inner_dim()) + static_cast<double>(config.ffn_dim));
+}
 namespace {
 constexpr double kMaxSeconds = 3600.0;  // beyond: --force
 constexpr double kAnnounceSeconds = 10.0;

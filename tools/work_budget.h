@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "tessel/core/device.h"
+#include "tessel/dit/wan_config.h"
 
 namespace tessel::cli {
 
@@ -23,6 +24,12 @@ struct BudgetFlags {
   bool force = false;      // --force: run past every budget
 };
 void add_budget_flags(CLI::App& app, BudgetFlags& flags);
+
+// A Wan transformer on the CPU: its fp32 weights with the transposed copies made one tensor at a
+// time (8 bytes a parameter), and one forward's activations over `rows` tokens (batch x tokens):
+// about ten (rows x dim) fp32 buffers and the FFN's (rows x ffn_dim).
+double wan_cpu_weight_bytes(const WanConfig& config);
+double wan_cpu_activation_bytes(const WanConfig& config, double rows);
 
 // Bytes of a --max-memory value: a number with an optional K, M, G or T suffix (powers of 1024).
 // Throws Error naming --max-memory otherwise.

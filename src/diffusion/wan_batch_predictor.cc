@@ -10,6 +10,7 @@
 
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
+#include "wan_flow_predictor.h"
 
 namespace tessel {
 
@@ -90,9 +91,7 @@ void WanBatchFlowPredictor::predict(const ExecContext& ctx, const StepInfo& step
       row += 1;
       continue;
     }
-    const float* uncond = cond + count;
-    const auto scale = static_cast<float>(e.guidance_scale);
-    for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);
+    combine_guidance(cond, cond + count, e.guidance_scale, out, count);
     row += 2;
   }
 }

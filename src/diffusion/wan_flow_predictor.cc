@@ -60,9 +60,7 @@ class CpuFlowPredictor final : public WanFlowPredictor {
     if (!guided_) return TensorView(prediction_.data(), DType::kF32, Device::cpu(), request_.latent_shape);
     const float* cond = (cfg_parallel_ ? branches_ : prediction_).data_as<const float>();
     const float* uncond = cond + count;
-    float* out = guided_prediction_.data_as<float>();
-    const auto scale = static_cast<float>(request_.guidance_scale);
-    for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + scale * (cond[i] - uncond[i]);
+    combine_guidance(cond, uncond, request_.guidance_scale, guided_prediction_.data_as<float>(), count);
     return guided_prediction_.view();
   }
 
@@ -75,6 +73,11 @@ class CpuFlowPredictor final : public WanFlowPredictor {
 };
 
 }  // namespace
+
+void combine_guidance(const float* cond, const float* uncond, double scale, float* out, int64_t count) {
+  const auto s = static_cast<float>(scale);
+  for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + s * (cond[i] - uncond[i]);
+}
 
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request) {
   return std::make_unique<CpuFlowPredictor>(request);

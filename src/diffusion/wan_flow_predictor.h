@@ -41,6 +41,9 @@ class WanFlowPredictor {
                              double timestep) = 0;
 };
 
+// The guided flow on the host: out = uncond + scale * (cond - uncond), in fp32 (the CPU predictors').
+void combine_guidance(const float* cond, const float* uncond, double scale, float* out, int64_t count);
+
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request);
 #ifdef TESSEL_WITH_CUDA
 // For a transformer on a CUDA device; under CFG-parallel the group must be a NCCL communicator of

@@ -441,10 +441,20 @@ WanGeneratorResult WanGenerator::finish(const ExecContext& ctx, WanGenerationSta
 }
 
 WanGeneratorResult WanGenerator::generate(const ExecContext& ctx, const WanRequest& request) {
-  const std::unique_ptr<WanGenerationState> state = begin(ctx, request);
-  WanGenerationState* const one[] = {state.get()};
-  while (!state->done()) step(ctx, one);
-  return finish(ctx, *state);
+  return std::move(generate(ctx, std::span<const WanRequest>(&request, 1)).front());
+}
+
+std::vector<WanGeneratorResult> WanGenerator::generate(const ExecContext& ctx, std::span<const WanRequest> requests) {
+  std::vector<std::unique_ptr<WanGenerationState>> states;
+  std::vector<WanGenerationState*> running;
+  for (const WanRequest& request : requests) {
+    states.push_back(begin(ctx, request));
+    running.push_back(states.back().get());
+  }
+  while (std::any_of(running.begin(), running.end(), [](const WanGenerationState* s) { return !s->done(); })) step(ctx, running);
+  std::vector<WanGeneratorResult> results;
+  for (auto& state : states) results.push_back(finish(ctx, *state));
+  return results;
 }
 
 }  // namespace tessel

@@ -337,10 +337,11 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
     const CacheBackend* cache = p.expert == 1 ? p.state->impl_->options.cache_2 : p.state->impl_->options.cache;
     return cache == nullptr && p.state->impl_->request.cfg_group == nullptr;
   };
+  const bool reads_step[2] = {attention_reads_step(transformer_), two_experts && attention_reads_step(*low_noise_.transformer)};
   const auto same_batch = [&](const PendingStep& a, const PendingStep& b) {
     return a.expert == b.expert && a.state->impl_->request.latent_shape == b.state->impl_->request.latent_shape &&
            a.state->impl_->request.prompt_embeds.shape() == b.state->impl_->request.prompt_embeds.shape() &&
-           (!attention_reads_step(*transformer_of(a.expert)) || (a.step == b.step && a.state->impl_->steps == b.state->impl_->steps));
+           (!reads_step[a.expert] || (a.step == b.step && a.state->impl_->steps == b.state->impl_->steps));
   };
   std::vector<bool> batched(pending.size(), false);
   for (size_t i = 0; i < pending.size(); ++i) {

@@ -126,7 +126,7 @@ class WanRunner final : public PipelineRunner {
       progress.attention_density = density;
       control.on_progress(progress);
     };
-    std::vector<std::unique_ptr<WanGenerationState>> states;
+    std::vector<WanRequest> requests;
     for (int64_t i = 0; i < request.num_outputs; ++i) {
       WanRequest w;
       if (config_.embeddings_file.empty()) {
@@ -166,14 +166,10 @@ class WanRunner final : public PipelineRunner {
         report(steps_reported, 0.0, false, 1.0);
         if (control.cancel != nullptr && control.cancel->load()) agreed_cancel = true;
       };
-      states.push_back(generator_->begin(ctx, w));
+      requests.push_back(std::move(w));
     }
-    std::vector<WanGenerationState*> running;
-    for (auto& state : states) running.push_back(state.get());
-    while (std::any_of(running.begin(), running.end(), [](const WanGenerationState* s) { return !s->done(); }))
-      generator_->step(ctx, running);
-    for (auto& state : states) {
-      WanGenerationResult result = generator_->finish(ctx, *state).generation;
+    for (WanGeneratorResult& generated : generator_->generate(ctx, requests)) {
+      WanGenerationResult& result = generated.generation;
       output.steps_done += result.steps_done;
       if (result.cancelled) {
         output.cancelled = true;

@@ -180,6 +180,9 @@ class WanGenerator {
   WanGeneratorResult finish(const ExecContext& ctx, WanGenerationState& state);
   // begin, step until done, finish.
   WanGeneratorResult generate(const ExecContext& ctx, const WanRequest& request);
+  // Several requests together: begun in order, stepped as one (step batches what can share a
+  // forward) until all are done, finished in order (a cancelled one's result says so).
+  std::vector<WanGeneratorResult> generate(const ExecContext& ctx, std::span<const WanRequest> requests);
 
  private:
   struct Impl;
