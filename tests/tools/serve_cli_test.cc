@@ -802,7 +802,11 @@ TEST(ServeLoad, EveryRequestGetsExactlyOneAnswerAndMemoryStaysFlat) {
   const std::string body = R"({"prompt": "load"})";
   {
     httplib::Client warm("127.0.0.1", server.port());
-    for (int i = 0; i < 20; ++i) ASSERT_EQ(warm.Post("/v1/images/generations", body, "application/json")->status, 200);
+    for (int i = 0; i < 20; ++i) {
+      const auto result = warm.Post("/v1/images/generations", body, "application/json");
+      ASSERT_TRUE(result) << httplib::to_string(result.error()) << "\n" << server.log();
+      ASSERT_EQ(result->status, 200);
+    }
   }
   const long rss_before = server.rss_kb();
   constexpr int kClients = 16, kRequests = 200;

@@ -22,6 +22,9 @@ class ServeProcess {
   explicit ServeProcess(const std::vector<std::string>& args) {
     static int count = 0;
     log_ = std::filesystem::path(::testing::TempDir()) / ("tessel_serve_" + std::to_string(getpid()) + "_" + std::to_string(count++) + ".log");
+    // The name holds this process's id, which the system reuses: a log left by an earlier process of
+    // the same id would show its old port until the child truncates it, so the parent empties it first.
+    std::ofstream(log_, std::ios::trunc).close();
     std::vector<std::string> argv_strings = {std::string(TESSEL_BINARY_DIR) + "/bin/tessel", "serve", "--port", "0"};
     argv_strings.insert(argv_strings.end(), args.begin(), args.end());
     pid_ = fork();
@@ -48,6 +51,8 @@ class ServeProcess {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
+    std::error_code ignored;
+    std::filesystem::remove(log_, ignored);
   }
   ServeProcess(const ServeProcess&) = delete;
   ServeProcess& operator=(const ServeProcess&) = delete;
