@@ -99,6 +99,9 @@ std::vector<RandomTensorSpec> heuristic_specs(const std::vector<WeightSpec>& spe
   return out;
 }
 
+// diffusers writes an absent optional size as null.
+nlohmann::json nullable(int64_t size) { return size > 0 ? nlohmann::json(size) : nlohmann::json(nullptr); }
+
 nlohmann::json transformer_config_json(const WanConfig& c) {
   return {{"_class_name", "WanTransformer3DModel"}, {"_diffusers_version", "0.42.1"},
           {"patch_size", c.patch_size}, {"num_attention_heads", c.num_attention_heads},
@@ -106,7 +109,8 @@ nlohmann::json transformer_config_json(const WanConfig& c) {
           {"out_channels", c.out_channels}, {"text_dim", c.text_dim}, {"freq_dim", c.freq_dim},
           {"ffn_dim", c.ffn_dim}, {"num_layers", c.num_layers}, {"cross_attn_norm", c.cross_attn_norm},
           {"qk_norm", "rms_norm_across_heads"}, {"eps", c.eps}, {"rope_max_seq_len", c.rope_max_seq_len},
-          {"image_dim", nullptr}, {"added_kv_proj_dim", nullptr}, {"pos_embed_seq_len", nullptr}};
+          {"image_dim", nullable(c.image_dim)}, {"added_kv_proj_dim", nullable(c.added_kv_proj_dim)},
+          {"pos_embed_seq_len", nullable(c.pos_embed_seq_len)}};
 }
 
 nlohmann::json text_encoder_config_json(const UMT5Config& c, const char* dtype) {

@@ -162,6 +162,12 @@ void rms_norm(const ExecContext& ctx, float* x, int64_t rows, int64_t dim, doubl
   }
 }
 
+void gelu(const ExecContext& ctx, float* x, int64_t count) {
+  const float k = 0.7071067811865476f;  // 1 / sqrt(2)
+#pragma omp parallel for simd schedule(static) num_threads(ctx.threads()) if (count >= kParallelMinWork)
+  for (int64_t i = 0; i < count; ++i) x[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * k));
+}
+
 void gelu_tanh(const ExecContext& ctx, float* x, int64_t count) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
 #pragma omp parallel for simd schedule(static) num_threads(ctx.threads()) if (count >= kParallelMinWork)

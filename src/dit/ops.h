@@ -30,7 +30,8 @@ void layer_norm_modulate(const ExecContext& ctx, const float* x, int64_t batch, 
 // In place: x = x / sqrt(mean(x^2) + eps) * weight, over rows of `dim`.
 void rms_norm(const ExecContext& ctx, float* x, int64_t rows, int64_t dim, double eps, const float* weight);
 
-// In place, element-wise. gelu_tanh is GELU with the tanh approximation.
+// In place, element-wise. gelu is GELU's exact erf form, gelu_tanh its tanh approximation.
+void gelu(const ExecContext& ctx, float* x, int64_t count);
 void gelu_tanh(const ExecContext& ctx, float* x, int64_t count);
 void silu(const ExecContext& ctx, float* x, int64_t count);
 

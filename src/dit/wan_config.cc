@@ -28,8 +28,10 @@ bool boolean(const nlohmann::json& value, const std::string& key, const std::str
   return value.get<bool>();
 }
 
-// Fields of WanTransformer3DModel that condition on an image (I2V, FLF2V); null means "absent".
-const char* const kImageFields[] = {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"};
+// A field of WanTransformer3DModel that diffusers leaves null when absent: 0 then.
+int64_t optional_positive_int(const nlohmann::json& value, const std::string& key, const std::string& source) {
+  return value.is_null() ? 0 : positive_int(value, key, source);
+}
 
 }  // namespace
 
@@ -51,6 +53,21 @@ void WanConfig::validate() const {
                   attention_head_dim);
   if (freq_dim % 2 != 0) fail_argument("freq_dim", "an even number (half sine, half cosine)", freq_dim);
   if (!(eps > 0.0 && eps < 1.0)) fail_argument("eps", "a number in (0, 1)", eps);
+  for (const auto& [name, value] : {std::pair{"image_dim", image_dim}, {"added_kv_proj_dim", added_kv_proj_dim},
+                                    {"pos_embed_seq_len", pos_embed_seq_len}})
+    if (value < 0 || value > kMaxSize) fail_argument(name, detail::concat("null or an integer in [1, ", kMaxSize, "]"), value);
+  // diffusers feeds the image embedder's output (the inner width) to add_k_proj / add_v_proj, and
+  // has no use for either half of the branch alone.
+  if ((image_dim > 0) != (added_kv_proj_dim > 0))
+    fail_argument("image_dim and added_kv_proj_dim", "both null or both set (the image branch has both halves)",
+                  detail::concat(image_dim, " and ", added_kv_proj_dim));
+  if (added_kv_proj_dim > 0 && added_kv_proj_dim != inner_dim())
+    fail_argument("added_kv_proj_dim", detail::concat("the inner width num_attention_heads x attention_head_dim = ", inner_dim()),
+                  added_kv_proj_dim);
+  if (pos_embed_seq_len > 0 && image_dim == 0)
+    fail_argument("pos_embed_seq_len", "null without image_dim (it is the image embedder's position table)", pos_embed_seq_len);
+  if (pos_embed_seq_len % 2 != 0)
+    fail_argument("pos_embed_seq_len", "an even count (the first and the last frame's image tokens)", pos_embed_seq_len);
 }
 
 WanConfig parse_wan_config(std::string_view json_text, const std::string& source) {
@@ -80,6 +97,9 @@ WanConfig parse_wan_config(std::string_view json_text, const std::string& source
          if (!v.is_null() && !(v.is_string() && v.get<std::string>() == "rms_norm_across_heads"))
            fail_argument(source + ": " + key, "\"rms_norm_across_heads\" or null", json_excerpt(v));
        }},
+      {"image_dim", [&](auto& v, auto& key) { config.image_dim = optional_positive_int(v, key, source); }},
+      {"added_kv_proj_dim", [&](auto& v, auto& key) { config.added_kv_proj_dim = optional_positive_int(v, key, source); }},
+      {"pos_embed_seq_len", [&](auto& v, auto& key) { config.pos_embed_seq_len = optional_positive_int(v, key, source); }},
       {"eps",
        [&](const nlohmann::json& v, const std::string& key) {
          if (!v.is_number()) fail_argument(source + ": " + key, "a number", json_excerpt(v));
@@ -88,21 +108,12 @@ WanConfig parse_wan_config(std::string_view json_text, const std::string& source
   };
   for (const auto& [key, value] : json.items()) {
     if (!key.empty() && key[0] == '_') continue;
-    bool image_field = false;
-    for (const char* name : kImageFields) image_field = image_field || key == name;
-    if (image_field) {
-      if (!value.is_null())
-        throw Error(detail::concat(source, ": ", key, " = ", json_excerpt(value),
-                                   ": image conditioning (Wan I2V / FLF2V) is not supported yet; only text-to-video "
-                                   "checkpoints (", key, " null or absent) load"));
-      continue;
-    }
     const auto setter = setters.find(key);
     if (setter == setters.end())
       throw Error(detail::concat(source, ": unknown key ", quoted_excerpt(key),
                                  " (a WanTransformer3DModel config has patch_size, num_attention_heads, "
                                  "attention_head_dim, in_channels, out_channels, text_dim, freq_dim, ffn_dim, "
-                                 "num_layers, cross_attn_norm, qk_norm, eps, rope_max_seq_len)"));
+                                 "num_layers, cross_attn_norm, qk_norm, eps, rope_max_seq_len, image_dim, added_kv_proj_dim, pos_embed_seq_len)"));
     setter->second(value, key);
   }
   return validated_config(std::move(config), source);

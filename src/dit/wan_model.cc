@@ -86,8 +86,16 @@ struct AttentionWeights {
   }
 };
 
+// The image branch of a block's cross-attention (Wan 2.1 I2V): keys and values of the embedded
+// image tokens, the keys RMS-normalised as the text's.
+struct ImageKeyValueWeights {
+  Linear k, v;
+  Tensor norm_k;
+};
+
 struct BlockWeights {
   AttentionWeights self_attention, cross_attention;
+  ImageKeyValueWeights image;  // unset without an image branch
   Tensor norm2_weight, norm2_bias;  // undefined without cross_attn_norm
   Linear ffn_in, ffn_out;
   Tensor modulation;  // (6, dim): shift, scale, gate of the self-attention, then of the FFN
@@ -145,6 +153,10 @@ struct WanTransformer::Impl {
   // The CPU model's fp32 weights (unset on CUDA).
   Linear patch_embedding, time_linear_1, time_linear_2, time_projection, text_linear_1, text_linear_2, proj_out;
   Tensor out_modulation;  // (2, dim): shift, scale
+  // The image embedder (with an image branch): LayerNorm, linear, GELU, linear, LayerNorm, and
+  // FLF2V's position table (undefined without one).
+  Tensor image_norm1_weight, image_norm1_bias, image_norm2_weight, image_norm2_bias, image_position;
+  Linear image_linear_1, image_linear_2;
   std::vector<BlockWeights> blocks;
   // Empty: dense attention. Shared pointers keep Impl copyable: with_attention() copies the
   // weights' handles (never their data) and makes modules of its own.
@@ -178,7 +190,11 @@ struct WanTransformer::Impl {
   void load_cpu_weights(const std::map<std::string, Tensor>& weights);
   void make_self_attention(const WanAttentionOptions& attention);
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
-               const TensorView& text, const TensorView& out, WanForwardProfile* profile, WanBlockCache* block_cache) const;
+               const TensorView& text, const TensorView& image, const TensorView& out, WanForwardProfile* profile,
+               WanBlockCache* block_cache) const;
+  // The image embedder over `image` (B, I, image_dim): (B, I', dim) rows of image context, I' = I
+  // (FLF2V: its position table added first).
+  std::vector<float> embed_image(const ExecContext& ctx, const TensorView& image) const;
 };
 
 WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights,
@@ -214,10 +230,24 @@ void WanTransformer::Impl::load_cpu_weights(const std::map<std::string, Tensor>&
   m.text_linear_2 = make_linear(weights, "condition_embedder.text_embedder.linear_2");
   m.proj_out = make_linear(weights, "proj_out");
   m.out_modulation = to_f32(weights.at("scale_shift_table"));
+  if (config.has_image_branch()) {
+    const std::string embedder = "condition_embedder.image_embedder.";
+    m.image_norm1_weight = to_f32(weights.at(embedder + "norm1.weight"));
+    m.image_norm1_bias = to_f32(weights.at(embedder + "norm1.bias"));
+    m.image_linear_1 = make_linear(weights, embedder + "ff.net.0.proj");
+    m.image_linear_2 = make_linear(weights, embedder + "ff.net.2");
+    m.image_norm2_weight = to_f32(weights.at(embedder + "norm2.weight"));
+    m.image_norm2_bias = to_f32(weights.at(embedder + "norm2.bias"));
+    if (config.pos_embed_seq_len > 0) m.image_position = to_f32(weights.at(embedder + "pos_embed"));
+  }
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     BlockWeights block;
     block.self_attention = make_attention(weights, layer, "attn1");
     block.cross_attention = make_attention(weights, layer, "attn2");
+    if (config.has_image_branch())
+      block.image = {make_linear(weights, wan_block_tensor(layer, "attn2.add_k_proj")),
+                     make_linear(weights, wan_block_tensor(layer, "attn2.add_v_proj")),
+                     to_f32(weights.at(wan_block_tensor(layer, "attn2.norm_added_k.weight")))};
     if (config.cross_attn_norm) {
       block.norm2_weight = to_f32(weights.at(wan_block_tensor(layer, "norm2.weight")));
       block.norm2_bias = to_f32(weights.at(wan_block_tensor(layer, "norm2.bias")));
@@ -394,17 +424,55 @@ const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
 void WanTransformer::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
                              const TensorView& timestep, const TensorView& text, const TensorView& out,
                              WanForwardProfile* profile, WanBlockCache* block_cache) const {
-  impl_->forward(ctx, step, latents, timestep, text, out, profile, block_cache);
+  impl_->forward(ctx, step, latents, timestep, text, TensorView{}, out, profile, block_cache);
+}
+
+void WanTransformer::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
+                             const TensorView& timestep, const TensorView& text, const TensorView& image, const TensorView& out,
+                             WanForwardProfile* profile, WanBlockCache* block_cache) const {
+  impl_->forward(ctx, step, latents, timestep, text, image, out, profile, block_cache);
+}
+
+std::vector<float> WanTransformer::Impl::embed_image(const ExecContext& ctx, const TensorView& image) const {
+  const WanConfig& c = config;
+  const int64_t rows = image.size(0) * image.size(1), dim = c.inner_dim();
+  std::vector<float> x(image.data_as<float>(), image.data_as<float>() + rows * c.image_dim);
+  if (image_position.defined()) {
+    const float* position = image_position.data_as<float>();
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t i = 0; i < c.image_dim; ++i) x[row * c.image_dim + i] += position[(row % c.pos_embed_seq_len) * c.image_dim + i];
+  }
+  // diffusers' FP32LayerNorm and FeedForward(mult=1, activation_fn="gelu"): LayerNorm's default eps.
+  constexpr double kLayerNormEps = 1e-5;
+  dit::layer_norm(ctx, x.data(), rows, c.image_dim, kLayerNormEps, image_norm1_weight.data_as<float>(), image_norm1_bias.data_as<float>(),
+                  x.data());
+  std::vector<float> hidden(static_cast<size_t>(rows * c.image_dim)), context(static_cast<size_t>(rows * dim));
+  image_linear_1(ctx, x.data(), rows, hidden.data());
+  dit::gelu(ctx, hidden.data(), rows * c.image_dim);
+  image_linear_2(ctx, hidden.data(), rows, context.data());
+  dit::layer_norm(ctx, context.data(), rows, dim, kLayerNormEps, image_norm2_weight.data_as<float>(), image_norm2_bias.data_as<float>(),
+                  context.data());
+  return context;
 }
 
 void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
-                                   const TensorView& timestep, const TensorView& text, const TensorView& out,
+                                   const TensorView& timestep, const TensorView& text, const TensorView& image, const TensorView& out,
                                    WanForwardProfile* profile, WanBlockCache* block_cache) const {
   const WanConfig& c = config;
   for (const auto& [view, name] : {std::pair{&latents, "latents"}, {&timestep, "timestep"}, {&text, "text"}, {&out, "out"}}) {
     check_device(*view, device, name);
     check_dtype(*view, DType::kF32, name);
     check_contiguous(*view, name);
+  }
+  if (!c.has_image_branch() && !image.empty())
+    fail_argument("image", "empty (this model has no image branch: image_dim is null)", image.describe());
+  if (c.has_image_branch()) {
+    if (image.empty())
+      fail_argument("image", detail::concat("the CLIP features (B, I, image_dim = ", c.image_dim, ") this model conditions on"), "none");
+    check_device(image, device, "image");
+    check_dtype(image, DType::kF32, "image");
+    check_contiguous(image, "image");
+    check_rank(image, 3, "image");
   }
   check_rank(latents, 5, "latents");
   const int64_t batch = latents.size(0), frames = latents.size(2), height = latents.size(3), width = latents.size(4);
@@ -438,11 +506,20 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   if (text_len < 1) fail_argument("text tokens", "at least 1", text_len);
   check_shape(text, {batch, text_len, c.text_dim}, "text");
   check_shape(out, {batch, c.out_channels, frames, height, width}, "out");
+  const int64_t image_len = c.has_image_branch() ? image.size(1) : 0;
+  if (c.has_image_branch()) {
+    if (image_len < 1) fail_argument("image tokens", "at least 1", image_len);
+    check_shape(image, {batch, c.pos_embed_seq_len > 0 ? c.pos_embed_seq_len : image_len, c.image_dim},
+                c.pos_embed_seq_len > 0 ? "image (FLF2V: pos_embed_seq_len tokens, the first and last frames')" : "image");
+  }
   if (block_cache && timestep.dim() == 2)
     fail_argument("block_cache", "a (B) timestep (one per batch entry)", "a (B, S) timestep");
 
 #ifdef TESSEL_WITH_CUDA
   if (cuda) {
+    if (c.has_image_branch())
+      fail_argument("WanTransformer device for an image branch (image_dim)", "cpu: the CUDA forward has no image branch yet",
+                    device.str());
     if (block_cache && !block_cache->handles_device(device))
       fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
     WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, timestep.dim() == 2);
@@ -469,7 +546,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   ExecContext run_ctx = ctx;
   const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim};
   if (ctx.workspace == nullptr) {
-    const AttentionDims cross_dims{batch, seq, text_len, heads, heads, head_dim};
+    const AttentionDims cross_dims{batch, seq, std::max(text_len, image_len), heads, heads, head_dim};
     call_workspace.reserve(std::max(attention_workspace_bytes(ctx, Device::cpu(), self_dims),
                                     attention_workspace_bytes(ctx, Device::cpu(), cross_dims)));
     run_ctx = ctx.with_workspace(&call_workspace);
@@ -525,6 +602,15 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   clock.charge(&WanForwardProfile::other_s);
   text_linear_2(ctx, text_hidden.data(), text_rows, context.data());
   clock.charge(&WanForwardProfile::gemm_s);
+  // Image: the embedder's rows, attended to by every block's cross-attention beside the text.
+  const int64_t image_rows = batch * image_len;
+  std::vector<float> image_context, image_k, image_v;
+  if (c.has_image_branch()) {
+    image_context = embed_image(ctx, image);
+    image_k = buffer(image_rows * dim);
+    image_v = buffer(image_rows * dim);
+    clock.charge(&WanForwardProfile::other_s);
+  }
 
   std::vector<float> normed = buffer(rows * dim), q = buffer(rows * dim), k = buffer(rows * dim), v = buffer(rows * dim);
   std::vector<float> attended = buffer(rows * dim), projected = buffer(rows * dim), ffn_hidden = buffer(rows * c.ffn_dim);
@@ -588,6 +674,19 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       attention_forward(run_ctx, bshd(q, tokens), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, tokens),
                         TensorView{});
       clock.charge(&WanForwardProfile::attention_s);
+      if (c.has_image_branch()) {
+        // diffusers sums the two attentions' outputs before the output projection.
+        const ImageKeyValueWeights& kv = block.image;
+        kv.k(ctx, image_context.data(), image_rows, image_k.data());
+        kv.v(ctx, image_context.data(), image_rows, image_v.data());
+        clock.charge(&WanForwardProfile::gemm_s);
+        dit::rms_norm(ctx, image_k.data(), image_rows, dim, c.eps, kv.norm_k.data_as<float>());
+        clock.charge(&WanForwardProfile::norm_rope_s);
+        attention_forward(run_ctx, bshd(q, tokens), bshd(image_k, image_len), bshd(image_v, image_len), bshd(projected, tokens),
+                          TensorView{});
+        for (int64_t i = 0; i < rows * dim; ++i) attended[i] += projected[i];
+        clock.charge(&WanForwardProfile::attention_s);
+      }
       ca.out(ctx, attended.data(), rows, projected.data());
       clock.charge(&WanForwardProfile::gemm_s);
       dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, tokens, dim, nullptr, 0);

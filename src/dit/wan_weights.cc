@@ -24,6 +24,16 @@ std::vector<WeightSpec> wan_weight_specs(const WanConfig& config) {
   linear("condition_embedder.time_proj", dim, 6 * dim);
   linear("condition_embedder.text_embedder.linear_1", config.text_dim, dim);
   linear("condition_embedder.text_embedder.linear_2", dim, dim);
+  if (config.has_image_branch()) {
+    const std::string embedder = "condition_embedder.image_embedder.";
+    specs.push_back({embedder + "norm1.weight", {config.image_dim}});
+    specs.push_back({embedder + "norm1.bias", {config.image_dim}});
+    linear(embedder + "ff.net.0.proj", config.image_dim, config.image_dim);
+    linear(embedder + "ff.net.2", config.image_dim, dim);
+    specs.push_back({embedder + "norm2.weight", {dim}});
+    specs.push_back({embedder + "norm2.bias", {dim}});
+    if (config.pos_embed_seq_len > 0) specs.push_back({embedder + "pos_embed", {1, config.pos_embed_seq_len, config.image_dim}});
+  }
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     const auto block = [&](const std::string& name) { return wan_block_tensor(layer, name); };
     for (const char* attention : {"attn1", "attn2"}) {
@@ -31,6 +41,11 @@ std::vector<WeightSpec> wan_weight_specs(const WanConfig& config) {
         linear(block(std::string(attention) + "." + projection), dim, dim);
       specs.push_back({block(std::string(attention) + ".norm_q.weight"), {dim}});
       specs.push_back({block(std::string(attention) + ".norm_k.weight"), {dim}});
+    }
+    if (config.has_image_branch()) {
+      linear(block("attn2.add_k_proj"), config.added_kv_proj_dim, dim);
+      linear(block("attn2.add_v_proj"), config.added_kv_proj_dim, dim);
+      specs.push_back({block("attn2.norm_added_k.weight"), {dim}});
     }
     if (config.cross_attn_norm) {
       specs.push_back({block("norm2.weight"), {dim}});

@@ -77,9 +77,10 @@ TEST(WanConfig, PresetsHaveThePublishedSizes) {
   expect_error([] { wan_preset("wan-7b"); }, {"wan-7b", "wan-1.3b", "wan-14b"});
 }
 
-TEST(WanConfig, RejectsImageConditioningAsNotSupportedYet) {
-  expect_error([] { parse_wan_config(R"({"image_dim": 1280})"); }, {"image_dim", "1280", "not supported yet"});
-  expect_error([] { parse_wan_config(R"({"added_kv_proj_dim": 5120})"); }, {"added_kv_proj_dim", "not supported yet"});
+TEST(WanConfig, ImageBranchFieldsComeTogether) {
+  expect_error([] { parse_wan_config(R"({"image_dim": 1280})"); }, {"image_dim", "added_kv_proj_dim", "both"});
+  expect_error([] { parse_wan_config(R"({"added_kv_proj_dim": 5120})"); }, {"added_kv_proj_dim", "both"});
+  EXPECT_TRUE(parse_wan_config(R"({"image_dim": 1280, "added_kv_proj_dim": 5120})").has_image_branch());
   EXPECT_NO_THROW(parse_wan_config(R"({"image_dim": null, "added_kv_proj_dim": null, "_class_name": "X"})"));
 }
 

@@ -7,7 +7,8 @@
 // Keys starting with "_" (class name, library version) are ignored. qk_norm may be
 // "rms_norm_across_heads" or null: diffusers 0.42 applies the RMSNorm across heads to q and k
 // whatever it says (the checkpoint holds norm_q / norm_k weights either way), and so does tessel. The image-conditioning fields
-// (image_dim, added_kv_proj_dim, pos_embed_seq_len: Wan I2V and FLF2V) are rejected unless null.
+// (image_dim, added_kv_proj_dim, pos_embed_seq_len: Wan 2.1 I2V and FLF2V) are null or absent for
+// text-to-video and for Wan 2.2 I2V-A14B (whose image arrives only through in_channels = 36).
 // Any other unknown key, a wrong type or an out-of-range value is an Error naming the key.
 #pragma once
 
@@ -32,6 +33,15 @@ struct WanConfig {
   bool cross_attn_norm = true;  // affine LayerNorm before the cross-attention
   double eps = 1e-6;
   int64_t rope_max_seq_len = 1024;  // positions the rotary tables cover along each axis
+  // Wan 2.1 I2V's image branch (0: none, diffusers' null). image_dim is the width of the CLIP
+  // features the image embedder takes; added_kv_proj_dim the width the cross-attention's image
+  // keys and values are projected from (the embedder's output: the inner width); pos_embed_seq_len
+  // the image tokens of FLF2V's learned position table (the first and the last frame's side by side).
+  int64_t image_dim = 0;
+  int64_t added_kv_proj_dim = 0;
+  int64_t pos_embed_seq_len = 0;
+
+  bool has_image_branch() const { return image_dim > 0; }
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
   int64_t patch_volume() const { return patch_size[0] * patch_size[1] * patch_size[2]; }

@@ -1,4 +1,5 @@
-// The Wan 2.x video transformer (diffusers' WanTransformer3DModel, text-to-video) on tessel's ops,
+// The Wan 2.x video transformer (diffusers' WanTransformer3DModel, text-to-video and Wan 2.1
+// I2V's image branch) on tessel's ops,
 // with tessel's SparseAttention module in every self-attention.
 //
 // One forward is one denoising step of the transformer:
@@ -172,6 +173,15 @@ class WanTransformer {
   // device, WanBlockCache::handles_device).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
+               WanBlockCache* block_cache = nullptr) const;
+  // The same for a model with an image branch (config().has_image_branch(): Wan 2.1 I2V / FLF2V):
+  // `image` (B, I, image_dim) fp32 on the model's device holds the CLIP features of the
+  // conditioning image (I = 257 for ViT-H/14), FLF2V's first and last frames side by side
+  // (I = pos_embed_seq_len). The cross-attention attends to them through its own keys and values
+  // and adds the result to the text's, as diffusers' WanAttnProcessor. A model without the branch
+  // takes an empty `image` only, and one with it refuses the overload above.
+  void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
+               const TensorView& text, const TensorView& image, const TensorView& out, WanForwardProfile* profile = nullptr,
                WanBlockCache* block_cache = nullptr) const;
 
   // Benchmarks: under sequence parallelism, every block's self-attention marks its phases on
