@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 
 #include "tessel/core/error.h"
@@ -11,6 +10,7 @@
 #include "tessel/core/finite_check.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/parallel.h"
+#include "transformers_files.h"
 
 #ifdef TESSEL_WITH_CUDA
 #include "cuda/umt5_cuda_encoder.h"
@@ -20,7 +20,6 @@ namespace tessel {
 namespace {
 
 constexpr int64_t kMaxSize = int64_t{1} << 20;
-constexpr uint64_t kMaxJsonBytes = 16 << 20;
 
 std::string block_prefix(int64_t layer) { return "encoder.block." + std::to_string(layer) + ".layer."; }
 
@@ -168,24 +167,8 @@ UMT5Encoder UMT5Encoder::load(const std::string& directory, Device device) {
 #endif
   const std::string config_path = directory + "/config.json";
   const UMT5Config config =
-      parse_umt5_config(read_file_bounded(config_path, kMaxJsonBytes, "text encoder config"), config_path);
-  // The files holding the weights: one, or the shards of the index.
-  std::vector<std::string> files;
-  const std::string index_path = directory + "/model.safetensors.index.json";
-  if (std::ifstream(index_path).good()) {
-    const nlohmann::json index =
-        parse_json_limited(read_file_bounded(index_path, kMaxJsonBytes, "text encoder index"), JsonLimits{}, index_path);
-    const auto map = index.find("weight_map");
-    if (!index.is_object() || map == index.end() || !map->is_object())
-      fail_argument(index_path, "a JSON object with a weight_map object", json_excerpt(index));
-    for (const auto& [name, file] : map->items()) {
-      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
-        fail_argument(index_path + ": weight_map[" + name + "]", "a file name in the directory", json_excerpt(file));
-      if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) files.push_back(file.get<std::string>());
-    }
-  } else {
-    files.push_back("model.safetensors");
-  }
+      parse_umt5_config(read_file_bounded(config_path, diffusion::kMaxTransformersJsonBytes, "text encoder config"), config_path);
+  const std::vector<std::string> files = diffusion::transformers_weight_files(directory, "text encoder");
   // Where each expected tensor is stored: (shard, stored name).
   std::vector<SafetensorsFile> shards;
   std::map<std::string, std::pair<size_t, std::string>> stored;

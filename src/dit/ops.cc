@@ -1,4 +1,4 @@
-#include "ops.h"
+#include "tessel/dit/ops.h"
 
 #include <omp.h>
 

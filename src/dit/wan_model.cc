@@ -8,7 +8,7 @@
 #include <optional>
 #include <set>
 
-#include "ops.h"
+#include "tessel/dit/ops.h"
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
 #include "tessel/core/random.h"

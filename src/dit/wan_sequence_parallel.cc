@@ -1,7 +1,7 @@
 // The Wan transformer's sequence-parallel pieces (see wan_sequence_parallel.h).
 #include "wan_sequence_parallel.h"
 
-#include "ops.h"
+#include "tessel/dit/ops.h"
 #include "tessel/core/error.h"
 
 namespace tessel {

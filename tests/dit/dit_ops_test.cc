@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops.h"
+#include "tessel/dit/ops.h"
 #include "tessel/core/random.h"
 
 namespace tessel::dit {

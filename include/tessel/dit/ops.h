@@ -1,8 +1,9 @@
 // The CPU fp32 operations DiT models are built from (the ggml of this layer): GEMM with bias,
 // LayerNorm with and without AdaLN modulation, RMSNorm, activations, rotary embedding of pairs,
-// gated residuals, sinusoidal embeddings. Matrices are row-major and contiguous; callers check
-// shapes (these are internal and trust their arguments). Norms accumulate in double, so their
-// rounding is that of the final fp32 store.
+// gated residuals, sinusoidal embeddings. Public so that the diffusion layer's CPU encoders (the
+// CLIP vision encoder) share the tuned GEMM. Matrices are row-major and contiguous; callers check
+// shapes (these trust their arguments). Norms accumulate in double, so their rounding is that of
+// the final fp32 store.
 #pragma once
 
 #include <cstdint>
