@@ -35,9 +35,12 @@ class CpuFlowPredictor final : public WanFlowPredictor {
     text_ = !guided_       ? stack_batch({&prompt})
             : cfg_parallel_ ? stack_batch({branch_ == 0 ? &prompt : &negative})
                             : stack_batch({&prompt, &negative});
+    if (!request.image_embeds.empty()) image_ = stack_batch(std::vector<const TensorView*>(static_cast<size_t>(batch_), &request.image_embeds));
     Shape batch_shape = request.latent_shape;
     batch_shape[0] = batch_;
-    model_input_ = Tensor::empty(batch_shape, DType::kF32);
+    Shape input_shape = batch_shape;
+    input_shape[1] += request.condition.empty() ? 0 : request.condition.size(1);
+    model_input_ = Tensor::empty(input_shape, DType::kF32);
     prediction_ = Tensor::empty(batch_shape, DType::kF32);
     Shape branches_shape = batch_shape;  // (2, 1, ...): the gathered branches, in branch order
     branches_shape.insert(branches_shape.begin(), 2);
@@ -49,12 +52,19 @@ class CpuFlowPredictor final : public WanFlowPredictor {
   TensorView predict(const ExecContext& ctx, int64_t step, int64_t total_steps, const TensorView& latents,
                      double timestep) override {
     const int64_t count = latents.numel();
+    // A row of the model input: the latents' channels, then the condition's (image-to-video).
+    const TensorView& condition = request_.condition;
+    const int64_t row = count + (condition.empty() ? 0 : condition.numel());
     for (int64_t b = 0; b < batch_; ++b) {
-      std::memcpy(model_input_.data_as<float>() + b * count, latents.data(), latents.nbytes());
+      std::memcpy(model_input_.data_as<float>() + b * row, latents.data(), latents.nbytes());
+      if (!condition.empty()) std::memcpy(model_input_.data_as<float>() + b * row + count, condition.data(), condition.nbytes());
       timestep_.data_as<float>()[b] = static_cast<float>(timestep);
     }
-    request_.transformer->forward(ctx, StepInfo::at(step, total_steps, 0, branch_), model_input_, timestep_, text_, prediction_,
-                                  nullptr, request_.block_cache);
+    const StepInfo info = StepInfo::at(step, total_steps, 0, branch_);
+    if (image_.defined())
+      request_.transformer->forward(ctx, info, model_input_, timestep_, text_, image_, prediction_, nullptr, request_.block_cache);
+    else
+      request_.transformer->forward(ctx, info, model_input_, timestep_, text_, prediction_, nullptr, request_.block_cache);
     if (cfg_parallel_) gather_cfg_branches(ctx, *request_.cfg_group, prediction_.view(), branches_.view());
     // Without guidance the prediction is the conditional branch's alone, of the latent shape.
     if (!guided_) return TensorView(prediction_.data(), DType::kF32, Device::cpu(), request_.latent_shape);
@@ -69,7 +79,7 @@ class CpuFlowPredictor final : public WanFlowPredictor {
   bool guided_, cfg_parallel_;
   int branch_;
   int64_t batch_;
-  Tensor text_, model_input_, prediction_, branches_, timestep_, guided_prediction_;
+  Tensor text_, image_, model_input_, prediction_, branches_, timestep_, guided_prediction_;
 };
 
 }  // namespace

@@ -107,9 +107,9 @@ struct WanPipeline::BatchPredictors {
 WanPipeline::WanPipeline(const WanTransformer& transformer, const WanVae* vae)
     : transformer_(transformer), vae_(vae), batch_(std::make_shared<BatchPredictors>()) {
   const WanConfig& config = transformer.config();
-  if (config.in_channels != config.out_channels)
-    fail_argument("transformer out_channels", detail::concat("in_channels (", config.in_channels,
-                                                             ") for text-to-video denoising"),
+  if (config.in_channels < config.out_channels)
+    fail_argument("transformer out_channels", detail::concat("at most in_channels (", config.in_channels,
+                                                             "): the latents are part of the input"),
                   config.out_channels);
   if (vae_ == nullptr) return;
   if (vae_->config().z_dim != config.out_channels)
@@ -196,6 +196,40 @@ bool WanDenoiseState::cancelled() const { return impl_->result.cancelled; }
 
 namespace {
 
+// The image-to-video inputs against what the transformer takes (both experts share the config's
+// channels and image branch: the two-expert constructor checked the channels, Wan 2.2's experts
+// have no image branch).
+void check_image_condition(const WanGenerationOptions& options, const Shape& latent_shape, const WanTransformer& transformer) {
+  const WanConfig& config = transformer.config();
+  const int64_t channels = config.in_channels - config.out_channels;
+  if (channels == 0 && options.condition.defined())
+    fail_argument("condition", "none: this transformer takes the latents alone (in_channels = out_channels)", options.condition.view().describe());
+  if (channels > 0) {
+    if (!options.condition.defined())
+      fail_argument("condition", detail::concat("the ", channels, " channels an image-to-video transformer takes after the latents (an image)"),
+                    "none");
+    Shape expected = latent_shape;
+    expected[1] = channels;
+    require_cpu_f32(options.condition.view(), "condition");
+    if (options.condition.shape() != expected)
+      fail_argument("condition", "the shape " + shape_str(expected), options.condition.view().describe());
+    check_finite(options.condition.view(), "condition");
+  }
+  if (config.has_image_branch() != options.image_embeds.defined())
+    fail_argument("image_embeds", config.has_image_branch() ? "the CLIP features of the image (the transformer has an image branch)"
+                                                             : "none (the transformer has no image branch)",
+                  options.image_embeds.defined() ? options.image_embeds.view().describe() : std::string("none"));
+  if (options.image_embeds.defined()) {
+    require_cpu_f32(options.image_embeds.view(), "image_embeds");
+    if (options.image_embeds.view().dim() != 3 || options.image_embeds.size(0) != 1 || options.image_embeds.size(2) != config.image_dim)
+      fail_argument("image_embeds", detail::concat("(1, I, ", config.image_dim, ")"), options.image_embeds.view().describe());
+    check_finite(options.image_embeds.view(), "image_embeds");
+  }
+  if ((channels > 0 || options.image_embeds.defined()) && !transformer.device().is_cpu())
+    fail_argument("transformer device for image-to-video", "cpu: the CUDA predictor and forward take no image condition yet",
+                  transformer.device().str());
+}
+
 Tensor host_copy(const TensorView& view) {
   Tensor copy = Tensor::empty(view.shape(), DType::kF32);
   if (view.numel() > 0) std::memcpy(copy.data(), view.data(), view.nbytes());
@@ -219,7 +253,7 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
                                                     const WanGenerationOptions& options, const TensorView& initial_latents,
                                                     std::unique_ptr<Scheduler> scheduler) const {
   const WanConfig& config = transformer_.config();
-  const Shape latent_shape = options.size.latent_shape(config.in_channels);
+  const Shape latent_shape = options.size.latent_shape(config.out_channels);
   if (vae_ != nullptr && options.size.vae_spatial_stride != vae_->config().spatial_compression())
     fail_argument("size.vae_spatial_stride", detail::concat("the VAE's ", vae_->config().spatial_compression(), " pixels per latent pixel"),
                   options.size.vae_spatial_stride);
@@ -249,6 +283,7 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   }
   check_finite(prompt_embeds, "prompt_embeds");
   if (guided) check_finite(negative_prompt_embeds, "negative_prompt_embeds");
+  check_image_condition(options, latent_shape, transformer_);
   auto impl = std::make_unique<WanDenoiseState::Impl>();
   if (initial_latents.empty()) {
     impl->latents = wan_initial_noise(latent_shape, options.seed);
@@ -260,6 +295,9 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
     impl->latents = host_copy(initial_latents);
   }
   impl->options = options;
+  // Copies, as of the embeddings: the caller's tensors may change while the generation runs.
+  if (options.condition.defined()) impl->options.condition = host_copy(options.condition.view());
+  if (options.image_embeds.defined()) impl->options.image_embeds = host_copy(options.image_embeds.view());
   impl->owned_scheduler = std::move(scheduler);
   impl->scheduler = impl->owned_scheduler ? impl->owned_scheduler.get() : scheduler_;
   if (impl->scheduler == nullptr)
@@ -277,6 +315,8 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   impl->request.prompt_embeds = impl->prompt.view();
   impl->request.negative_prompt_embeds = guided ? impl->negative.view() : TensorView{};
   impl->request.latent_shape = latent_shape;
+  impl->request.condition = impl->options.condition.defined() ? impl->options.condition.view() : TensorView{};
+  impl->request.image_embeds = impl->options.image_embeds.defined() ? impl->options.image_embeds.view() : TensorView{};
   impl->request.guided = guided;
   impl->request.cfg_group = options.cfg_group;
   for (CacheBackend* cache : {options.cache, options.cache_2})
@@ -335,7 +375,9 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
   const auto transformer_of = [&](int expert) { return expert == 1 ? low_noise_.transformer : &transformer_; };
   const auto batchable = [&](const PendingStep& p) {
     const CacheBackend* cache = p.expert == 1 ? p.state->impl_->options.cache_2 : p.state->impl_->options.cache;
-    return cache == nullptr && p.state->impl_->request.cfg_group == nullptr;
+    // Image-to-video states run alone: the batched forward takes no condition channels.
+    return cache == nullptr && p.state->impl_->request.cfg_group == nullptr && p.state->impl_->request.condition.empty() &&
+           p.state->impl_->request.image_embeds.empty();
   };
   const bool reads_step[2] = {attention_reads_step(transformer_), two_experts && attention_reads_step(*low_noise_.transformer)};
   const auto same_batch = [&](const PendingStep& a, const PendingStep& b) {

@@ -16,6 +16,7 @@
 #include "error_of.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/clip_image_processor.h"
+#include "tessel/diffusion/pil_resize.h"
 #include "tessel/diffusion/clip_vision_encoder.h"
 
 namespace tessel {
@@ -172,7 +173,7 @@ TEST(ClipImageProcessor, SizesAndBatches) {
   EXPECT_EQ(clip_resized_size(100, 100, 224), (std::pair<int64_t, int64_t>{224, 224}));
   // An unchanged size is the identity, as in Pillow.
   const std::vector<uint8_t> pixels = {1, 2, 3, 250, 251, 252, 7, 8, 9, 100, 0, 255};
-  EXPECT_EQ(resize_bicubic_pil(pixels.data(), 2, 2, 2, 2), pixels);
+  EXPECT_EQ(resize_pil(pixels.data(), 2, 2, 2, 2, PilFilter::kBicubic), pixels);
 
   // Two frames are preprocessed as two images.
   const SafetensorsFile io = SafetensorsFile::open(kDir + "/io.safetensors");

@@ -32,14 +32,6 @@ struct ClipImageProcessing {
 // longer one int(shortest_edge * long / short), as transformers' get_resize_output_image_size.
 std::pair<int64_t, int64_t> clip_resized_size(int64_t height, int64_t width, int64_t shortest_edge);
 
-// PIL's Image.resize(size, Image.BICUBIC) of an 8-bit RGB image (height x width x 3, interleaved):
-// a separable convolution, horizontal pass first, with the cubic kernel a = -0.5 widened by the
-// scale factor when downscaling (antialiasing), weights in 22-bit fixed point and each pass rounded
-// to 8 bits, as Pillow's Resample.c computes it, so the result is PIL's byte for byte. Sizes must be
-// positive.
-std::vector<uint8_t> resize_bicubic_pil(const uint8_t* rgb, int64_t height, int64_t width, int64_t out_height,
-                                        int64_t out_width);
-
 // CLIPImageProcessor on each frame of `images` (RGB, video_frames.h's layout, as read_png returns
 // them): (count, 3, crop_height, crop_width) fp32. Throws Error naming `images` when they are
 // empty or malformed, or a field of `processing`.

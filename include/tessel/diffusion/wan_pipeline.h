@@ -84,6 +84,14 @@ struct WanGenerationOptions {
   // cfg_branch set), and the two noise predictions are gathered on both; every rank passes the same
   // arguments and gets the same latents. Null or a group of one: both branches here, as batch 2.
   Communicator* cfg_group = nullptr;
+  // Image-to-video (diffusers' WanImageToVideoPipeline), fp32 CPU, empty for text-to-video:
+  // `condition` (1, in_channels - out_channels, latent frames, latent height, latent width) is what
+  // every forward takes after the noisy latents on the channel axis (the 4-channel frame mask and
+  // the encoded conditioning video: wan_image_condition); `image_embeds` (1, I, image_dim) the CLIP
+  // features a transformer with an image branch attends to (Wan 2.1 I2V), the same for both CFG
+  // branches. Each is required exactly when the transformer takes it.
+  Tensor condition;
+  Tensor image_embeds;
 };
 
 struct WanGenerationResult {
@@ -144,7 +152,8 @@ class WanPipeline {
  public:
   // All are borrowed for the pipeline's lifetime; the scheduler is restarted by each generate. The
   // VAE may be null: generate then returns latents only. Throws Error when the transformer's
-  // in_channels and out_channels differ (no text-to-video model), or when the VAE's latent channels
+  // in_channels are fewer than its out_channels (the latents; image-to-video models take more: the
+  // options' condition), or when the VAE's latent channels
   // are not the transformer's or it does not map 4 frames and 8 x 8 (Wan 2.1) or 16 x 16 (Wan 2.2's
   // TI2V VAE) pixels of 3 colours to one latent. generate then wants WanVideoSize's
   // vae_spatial_stride to be the VAE's.
