@@ -15,6 +15,7 @@
 #include "diffusion/diffusion_test_util.h"
 #include "error_of.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_vae.h"
 
 namespace tessel {
@@ -160,6 +161,17 @@ TEST(WanVaeEncoderArguments, BadShapesAreErrorsNamingTheArgument) {
   EXPECT_NE(stride.find("multiples of 16"), std::string::npos) << stride;
   const std::string patched = error_of([&] { residual.encode(ctx, Tensor::zeros({1, 12, 1, 32, 32}, DType::kF32)); });
   EXPECT_NE(patched.find("3 channels"), std::string::npos) << patched;
+}
+
+// diffusers encodes chunks of 4 frames, which a third temporal downsampler would have to halve to
+// half a frame (diffusers' convolution fails there): refused, naming the config key.
+TEST(WanVaeEncoderArguments, ThreeTemporalStagesAreAnErrorNamingTheKey) {
+  WanVaeConfig config = tiny_wan_vae_config();
+  config.temporal_downsample.assign(config.temporal_downsample.size(), true);
+  ASSERT_EQ(config.temporal_compression(), 8);
+  const WanVae vae(config, random_model_weights(wan_vae_weight_specs(config), 3));
+  const std::string error = error_of([&] { vae.encode(ExecContext{}, Tensor::zeros({1, 3, 9, 16, 16}, DType::kF32)); });
+  EXPECT_NE(error.find("temperal_downsample"), std::string::npos) << error;
 }
 
 }  // namespace
