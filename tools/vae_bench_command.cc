@@ -1,11 +1,13 @@
 // `tessel vae-bench`: times WanVae::decode (the Wan 2.1 VAE at its real sizes, or the tiny preset,
 // with random weights: the time does not depend on their values; or a diffusers vae/ directory) on
-// the CPU or a CUDA device, and reports the device memory the decoder holds. 480p 81 frames are
+// the CPU or a CUDA device, and reports the device memory the decoder holds; with --encode it times
+// WanVae::encode of a random video on the CPU instead. 480p 81 frames are
 // latents of 21 x 60 x 104. With --latents and --save-video it decodes given latents and writes the
 // video, for a comparison with diffusers on the same weights (bench/diffusers_vae_decode.py --parity).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +40,7 @@ struct VaeBenchOptions {
   std::string from_dir;    // a diffusers vae/ directory instead of random weights
   std::string latents;     // safetensors holding "latents" (1, z_dim, T, h, w) instead of random ones
   std::string save_video;  // safetensors to write the last decode's "video" to
+  bool encode = false;     // time WanVae::encode of a random video instead (CPU only)
 };
 
 // The latents to decode: the file's, or seeded random ones of the video size asked for.
@@ -58,6 +61,50 @@ Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
   return latents;
 }
 
+// The sorted seconds of o.iters timed calls of `run`, after o.warmup untimed ones.
+std::vector<double> timed_runs(const VaeBenchOptions& o, const std::function<void()>& run) {
+  std::vector<double> seconds;
+  for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i >= o.warmup) seconds.push_back(elapsed);
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds;
+}
+
+// --encode: WanVae::encode of a seeded random video of the size asked for, on the CPU.
+int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecContext& ctx) {
+  const WanVaeConfig& config = vae.config();
+  require_multiple("--height", o.height, "the VAE's spatial factor", config.spatial_compression());
+  require_multiple("--width", o.width, "the VAE's spatial factor", config.spatial_compression());
+  if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the encoder takes the first frame, then chunks of 4)", o.frames);
+  Tensor video = Tensor::empty({1, config.in_channels / (config.patch_size * config.patch_size), o.frames, o.height, o.width},
+                               DType::kF32);
+  fill_normal(video.view(), 7, 0.0, 0.5);
+  Tensor mu = Tensor::empty(vae.encoded_shape(video.shape()), DType::kF32);
+  const std::vector<double> seconds = timed_runs(o, [&] { vae.encode(ctx, video, mu); });
+  const double median = seconds[seconds.size() / 2];
+  const nlohmann::json report = {{"preset", o.from_dir.empty() ? o.preset : o.from_dir},
+                                 {"device", "cpu"},
+                                 {"precision", "fp32"},
+                                 {"video", video.shape()},
+                                 {"latents", mu.shape()},
+                                 {"iters", o.iters},
+                                 {"median_s", median},
+                                 {"min_s", seconds.front()},
+                                 {"per_frame_ms", median * 1000.0 / static_cast<double>(o.frames)}};
+  if (o.json) {
+    std::printf("%s\n", report.dump().c_str());
+    return 0;
+  }
+  std::printf("Wan VAE encode (%s, cpu, fp32): video %s -> latents %s: median %.3f s (min %.3f s, %.1f ms per frame) over %lld runs\n",
+              report["preset"].get<std::string>().c_str(), shape_str(video.shape()).c_str(), shape_str(mu.shape()).c_str(), median, seconds.front(),
+              report["per_frame_ms"].get<double>(), static_cast<long long>(o.iters));
+  return 0;
+}
+
 int run_vae_bench(const VaeBenchOptions& o) {
   const Device device = present_device(o.device, "--device");
   ExecContext ctx;
@@ -68,23 +115,17 @@ int run_vae_bench(const VaeBenchOptions& o) {
   const WanVaeConfig preset = o.preset == "tiny" ? tiny_wan_vae_config() : WanVaeConfig{};
   WanVae vae = o.from_dir.empty() ? WanVae(preset, random_model_weights(wan_vae_weight_specs(preset), 1)) : WanVae::load(o.from_dir);
   vae.set_cuda_tf32(!o.no_tf32);
+  if (o.encode) return run_encode_bench(o, vae, ctx);
   const Tensor latents = bench_latents(o, vae.config()).to(device);
   const Shape latent_shape = latents.shape();
   Tensor video = Tensor::empty(vae.decoded_shape(latent_shape), DType::kF32, device);
 
-  std::vector<double> seconds;
-  for (int64_t i = 0; i < o.warmup + o.iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    vae.decode(ctx, latents, video);  // returns when the device has finished
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (i >= o.warmup) seconds.push_back(elapsed);
-  }
+  const std::vector<double> seconds = timed_runs(o, [&] { vae.decode(ctx, latents, video); });  // returns when the device has finished
   const std::optional<DeviceMemory> memory_after = device_memory(device);
   if (!o.save_video.empty()) {
     const Tensor host_video = video.to(Device::cpu());
     write_safetensors(o.save_video, {{"video", host_video.view()}}, {{"format", "pt"}});
   }
-  std::sort(seconds.begin(), seconds.end());
   const double median = seconds[seconds.size() / 2];
 
   nlohmann::json report = {{"preset", o.from_dir.empty() ? o.preset : o.from_dir},
@@ -116,7 +157,7 @@ int run_vae_bench(const VaeBenchOptions& o) {
 }
 
 CommandRegistration registration{
-    "vae-bench", "Time the Wan VAE decoder (random weights, Wan 2.1 sizes or tiny) on the CPU or a CUDA device",
+    "vae-bench", "Time the Wan VAE decoder (random weights, Wan 2.1 sizes or tiny) on the CPU or a CUDA device, or its encoder on the CPU",
     [](CLI::App& app) {
       auto options = std::make_shared<VaeBenchOptions>();
       app.add_option("--device", options->device, "cpu or cuda[:N] (fp32; convolutions may use TF32 on CUDA)")
@@ -141,8 +182,12 @@ CommandRegistration registration{
       app.add_option("--threads", options->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
       CLI::Option* no_tf32 = app.add_flag("--no-tf32", options->no_tf32, "keep every product of the CUDA convolutions in fp32 (no TF32)");
       app.add_flag("--json", options->json, "print one JSON object instead of a line");
-      return CommandRunner([options, no_tf32] {
+      CLI::Option* encode = app.add_flag("--encode", options->encode,
+                                         "time the encoder (WanVae::encode, CPU only) on a random video of --frames x --height x --width");
+      encode->excludes(latents)->excludes("--save-video");
+      return CommandRunner([options, no_tf32, encode] {
         check_applies(no_tf32, options->device.rfind("cuda", 0) == 0, "--device cuda");
+        check_applies(encode, options->device == "cpu", "--device cpu (the encoder runs on the CPU)");
         return run_vae_bench(*options);
       });
     }};

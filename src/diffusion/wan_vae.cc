@@ -7,6 +7,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "wan_vae_blocks.h"
+#include "wan_vae_encoder.h"
 #include "wan_vae_layout.h"
 
 #ifdef TESSEL_VAE_CUDA
@@ -105,7 +106,6 @@ WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights
     if (found == weights.end()) fail_argument("Wan VAE weights", "a tensor named " + spec.name, "none");
     if (found->second.shape() != spec.shape)
       fail_argument("Wan VAE weight " + spec.name, shape_str(spec.shape), shape_str(found->second.shape()));
-    if (spec.name.starts_with("encoder.") || spec.name.starts_with("quant_conv.")) continue;  // decoding only
     fp32[spec.name] = found->second.dtype() == DType::kF32 ? found->second.clone() : found->second.to(DType::kF32);
   }
   if (weights.size() != specs.size())
@@ -115,8 +115,11 @@ WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights
         fail_argument("Wan VAE weights", "only AutoencoderKLWan's tensors", "an extra tensor " + quoted_excerpt(name));
     }
   decoder_ = std::make_unique<Decoder>(config_, fp32);
+  encoder_ = std::make_unique<vae::Encoder>(config_, fp32);
   device_decoders_ = std::make_unique<DeviceDecoders>();
 #ifdef TESSEL_VAE_CUDA
+  // The CUDA decoders take the decoder's half only (the encoder runs on the CPU).
+  std::erase_if(fp32, [](const auto& entry) { return entry.first.starts_with("encoder.") || entry.first.starts_with("quant_conv."); });
   device_decoders_->weights = std::move(fp32);
 #endif
 }

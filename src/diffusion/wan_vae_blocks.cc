@@ -172,4 +172,34 @@ FeatureFrames Upsampler::forward(const ExecContext& ctx, const FeatureFrames& x,
   return out;
 }
 
+Downsampler::Downsampler(const WeightMap& weights, const std::string& prefix, bool temporal, SlotCounter& slots)
+    : spatial_(pack(weights, prefix + ".resample.1", 1, 3, 3)) {
+  if (!temporal) return;
+  time_ = pack(weights, prefix + ".time_conv", 3, 1, 1);
+  slot_ = slots.take();
+}
+
+FeatureFrames Downsampler::forward(const ExecContext& ctx, const FeatureFrames& x, FeatureCache& cache) const {
+  FeatureFrames halved(x.count, spatial_.out_channels, x.height / 2, x.width / 2);
+  for (int64_t t = 0; t < x.count; ++t) conv_frame_stride2(ctx, spatial_, x, t, halved.frame(t));
+  if (slot_ < 0) return halved;
+  ConvHistory& history = cache.slot(slot_);
+  const float* last = halved.frame(halved.count - 1);
+  if (!history.started) {
+    history.started = true;
+    history.frames = {std::vector<float>(last, last + halved.frame_size())};
+    return halved;
+  }
+  // Output frame j reads frames 2j .. 2j + 2 of [remembered frame, this chunk's frames]. Chunks of
+  // four frames reach a temporal downsampler as four or two frames (encode refuses other configs).
+  if (halved.count < 2) throw Error(detail::concat("Wan VAE: a temporal downsampler given ", halved.count, " frame"));
+  std::vector<const float*> inputs = {history.frames.back().data()};
+  for (int64_t t = 0; t < halved.count; ++t) inputs.push_back(halved.frame(t));
+  FeatureFrames out((halved.count - 2) / 2 + 1, time_.out_channels, halved.height, halved.width);
+  for (int64_t j = 0; j < out.count; ++j)
+    conv_frame(ctx, time_, {inputs.begin() + 2 * j, inputs.begin() + 2 * j + 3}, halved.height, halved.width, out.frame(j));
+  history.frames = {std::vector<float>(last, last + halved.frame_size())};
+  return out;
+}
+
 }  // namespace tessel::vae

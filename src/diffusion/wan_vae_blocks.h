@@ -107,6 +107,21 @@ class Upsampler {
   int64_t slot_ = -1;
 };
 
+// WanResample "downsample2d" / "downsample3d": per frame a 3x3 convolution of stride 2 (zero padding
+// below and to the right), then for downsample3d a (3, 1, 1) time convolution of stride 2 over the
+// last frame of the previous chunk and this chunk's frames. The first chunk skips it, its frames
+// passing through (diffusers caches them instead), so the first frame stays one frame and every
+// later pair of frames becomes one.
+class Downsampler {
+ public:
+  Downsampler(const WeightMap& weights, const std::string& prefix, bool temporal, SlotCounter& slots);
+  FeatureFrames forward(const ExecContext& ctx, const FeatureFrames& x, FeatureCache& cache) const;
+
+ private:
+  PackedConv spatial_, time_;
+  int64_t slot_ = -1;  // temporal only: the last frame the time convolution was given
+};
+
 // fp32 data of a weight by name.
 const float* weight_data(const WeightMap& weights, const std::string& name);
 

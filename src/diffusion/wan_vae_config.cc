@@ -244,13 +244,20 @@ std::vector<DecoderStage> decoder_stages(const WanVaeConfig& config) {
 std::vector<EncoderStage> encoder_stages(const WanVaeConfig& config) {
   const int64_t stages = static_cast<int64_t>(config.dim_mult.size());
   std::vector<EncoderStage> out;
-  int64_t in_dim = config.base_dim;
+  int64_t in_dim = config.base_dim, module = 0;  // module: the flat list's index (Wan 2.1)
   for (int64_t i = 0; i < stages; ++i) {
     EncoderStage stage;
     stage.in_dim = in_dim;
     stage.out_dim = config.base_dim * config.dim_mult[static_cast<size_t>(i)];
     stage.downsample = i != stages - 1;
     stage.temporal = stage.downsample && config.temporal_downsample[static_cast<size_t>(i)];
+    stage.average_shortcut = config.is_residual;
+    const std::string block = "encoder.down_blocks." + std::to_string(i);
+    for (int64_t r = 0; r < config.num_res_blocks; ++r)
+      stage.resnet_names.push_back(config.is_residual ? block + ".resnets." + std::to_string(r)
+                                                      : "encoder.down_blocks." + std::to_string(module++));
+    if (stage.downsample)
+      stage.downsampler_name = config.is_residual ? block + ".downsampler" : "encoder.down_blocks." + std::to_string(module++);
     out.push_back(stage);
     in_dim = stage.out_dim;
   }
@@ -261,21 +268,17 @@ std::vector<EncoderStage> encoder_stages(const WanVaeConfig& config) {
 
 std::vector<WeightSpec> wan_vae_weight_specs(const WanVaeConfig& c) {
   std::vector<WeightSpec> specs;
-  // Encoder: its blocks are one flat list (residual blocks, then a downsampler per stage).
+  // Encoder: Wan 2.1's modules are one flat list (residual blocks, then a downsampler per stage), the
+  // residual layout's one down block per stage (encoder_stages names them).
   add_conv(specs, "encoder.conv_in", c.base_dim, c.in_channels, {3, 3, 3});
-  int64_t index = 0, dim = c.base_dim;
+  int64_t dim = c.base_dim;
   for (const vae::EncoderStage& stage : vae::encoder_stages(c)) {
-    // Wan 2.1: residual blocks and downsamplers are one flat list; residual: one block per stage.
-    const std::string block = "encoder.down_blocks." + std::to_string(c.is_residual ? index++ : 0);
-    for (int64_t r = 0; r < c.num_res_blocks; ++r) {
-      const std::string p = c.is_residual ? block + ".resnets." + std::to_string(r) : "encoder.down_blocks." + std::to_string(index++);
-      add_residual_block(specs, p, r == 0 ? stage.in_dim : stage.out_dim, stage.out_dim);
-    }
+    for (size_t r = 0; r < stage.resnet_names.size(); ++r)
+      add_residual_block(specs, stage.resnet_names[r], r == 0 ? stage.in_dim : stage.out_dim, stage.out_dim);
     dim = stage.out_dim;
     if (!stage.downsample) continue;
-    const std::string p = c.is_residual ? block + ".downsampler" : "encoder.down_blocks." + std::to_string(index++);
-    add_conv(specs, p + ".resample.1", dim, dim, {3, 3});
-    if (stage.temporal) add_conv(specs, p + ".time_conv", dim, dim, {3, 1, 1});
+    add_conv(specs, stage.downsampler_name + ".resample.1", dim, dim, {3, 3});
+    if (stage.temporal) add_conv(specs, stage.downsampler_name + ".time_conv", dim, dim, {3, 1, 1});
   }
   add_mid_block(specs, "encoder.mid_block", dim);
   specs.push_back({"encoder.norm_out.gamma", {dim, 1, 1, 1}});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tessel/diffusion/wan_vae.h"
@@ -30,9 +31,14 @@ std::vector<DecoderStage> decoder_stages(const WanVaeConfig& config);
 // stage) a downsampler that halves height and width (and the frame count when `temporal`). The
 // residual layout groups them in one down block each (diffusers' WanResidualDownBlock, whose
 // AvgDown3D shortcut has no weights); Wan 2.1's is one flat list of modules.
+// `resnet_names` and `downsampler_name` are the modules' diffusers names ("encoder.down_blocks.3" in
+// the flat list, "encoder.down_blocks.1.resnets.0" and "encoder.down_blocks.1.downsampler" in
+// residual blocks); `average_shortcut` marks the residual layout's AvgDown3D.
 struct EncoderStage {
   int64_t in_dim = 0, out_dim = 0;
-  bool downsample = false, temporal = false;
+  bool downsample = false, temporal = false, average_shortcut = false;
+  std::vector<std::string> resnet_names;
+  std::string downsampler_name;
 };
 std::vector<EncoderStage> encoder_stages(const WanVaeConfig& config);
 

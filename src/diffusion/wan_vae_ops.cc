@@ -192,6 +192,55 @@ FeatureFrames duplicate_upsample(const ExecContext& ctx, const FeatureFrames& in
   return out;
 }
 
+void conv_frame_stride2(const ExecContext& ctx, const PackedConv& conv, const FeatureFrames& in, int64_t t, float* out) {
+  const int64_t cin = in.channels, out_height = in.height / 2, out_width = in.width / 2, row = out_width + 2;
+  const int64_t frame_pixels = (out_height + 2) * row;
+  // The four phases of the input (rows 2i + a, columns 2j + b) as frames of the output's size, whose
+  // zero borders are the padding: every tap is then one contiguous run of pixels of one phase.
+  std::vector<float> phases(static_cast<size_t>(4 * frame_pixels * cin), 0.0f);
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 2; ++b) {
+      float* phase = phases.data() + (a * 2 + b) * frame_pixels * cin;
+      for (int64_t i = 0; i < out_height; ++i)
+        for (int64_t j = 0; j < out_width; ++j)
+          std::copy_n(in.pixel(t, 2 * i + a, 2 * j + b), cin, phase + ((i + 1) * row + j + 1) * cin);
+    }
+  // Kernel offset d in 0..2 is phase d % 2 shifted by d / 2 output pixels.
+  std::vector<ConvTap> taps;
+  for (int64_t dy = 0; dy < 3; ++dy)
+    for (int64_t dx = 0; dx < 3; ++dx)
+      taps.push_back({phases.data() + ((dy % 2) * 2 + dx % 2) * frame_pixels * cin, (dy / 2) * row + dx / 2, dy * 3 + dx});
+  const int64_t cout = conv.out_channels, first = row + 1, count = (out_height - 1) * row + out_width;
+  conv_pixels(ctx, conv, taps, first, count, out);
+  for (int64_t y = 1; y < out_height; ++y) std::fill_n(out + (y * row + out_width + 1) * cout, 2 * cout, 0.0f);
+}
+
+FeatureFrames average_downsample(const ExecContext& ctx, const FeatureFrames& in, int64_t out_channels, int64_t time_factor,
+                                 int64_t space_factor) {
+  const int64_t factor = time_factor * space_factor * space_factor, group = in.channels * factor / out_channels;
+  const int64_t padded = (time_factor - in.count % time_factor) % time_factor;
+  FeatureFrames out((in.count + padded) / time_factor, out_channels, in.height / space_factor, in.width / space_factor);
+  for (int64_t t = 0; t < out.count; ++t) {
+#pragma omp parallel for schedule(static) num_threads(ctx.threads()) if (out.height * out.width * out_channels * group >= kParallelMinWork)
+    for (int64_t y = 0; y < out.height; ++y)
+      for (int64_t x = 0; x < out.width; ++x) {
+        float* target = out.pixel(t, y, x);
+        for (int64_t o = 0; o < out_channels; ++o) {
+          float sum = 0.0f;
+          for (int64_t v = o * group; v < (o + 1) * group; ++v) {
+            const int64_t rest = v % factor, a = rest / (space_factor * space_factor);
+            const int64_t frame = t * time_factor + a - padded;
+            if (frame < 0) continue;  // the zero frames diffusers pads the front with
+            sum += in.pixel(frame, y * space_factor + rest / space_factor % space_factor,
+                            x * space_factor + rest % space_factor)[v / factor];
+          }
+          target[o] = sum / static_cast<float>(group);
+        }
+      }
+  }
+  return out;
+}
+
 void add_in_place(const ExecContext& ctx, FeatureFrames& x, const FeatureFrames& y) {
   const int64_t n = static_cast<int64_t>(x.data.size());
   float* a = x.data.data();

@@ -90,6 +90,20 @@ void upsample_nearest_2x(const ExecContext& ctx, const FeatureFrames& in, int64_
 FeatureFrames duplicate_upsample(const ExecContext& ctx, const FeatureFrames& in, int64_t out_channels, int64_t time_factor,
                                  bool first_chunk);
 
+// diffusers' ZeroPad2d((0, 1, 0, 1)) then a 3x3 convolution of stride 2 (WanResample's downsampling)
+// on frame t of `in`: output pixel (i, j) reads input pixels (2i + dy, 2j + dx), dy, dx in 0..2, zero
+// past the bottom and right edges. in.height and in.width must be even; `out` is a frame of
+// conv.out_channels and half the height and width, its border left zero.
+void conv_frame_stride2(const ExecContext& ctx, const PackedConv& conv, const FeatureFrames& in, int64_t t, float* out);
+
+// diffusers' AvgDown3D, the shortcut of Wan 2.2's residual down blocks: each output pixel's
+// in.channels x time_factor x space_factor^2 input values (zero frames first when in.count is not a
+// multiple of time_factor, as diffusers pads the front), ordered (channel, frame, row, column), are
+// split into out_channels consecutive groups and each group averaged into one channel.
+// in.channels * time_factor * space_factor^2 must be a multiple of out_channels (validate() checks it).
+FeatureFrames average_downsample(const ExecContext& ctx, const FeatureFrames& in, int64_t out_channels, int64_t time_factor,
+                                 int64_t space_factor);
+
 // x += y over whole frames of the same shape.
 void add_in_place(const ExecContext& ctx, FeatureFrames& x, const FeatureFrames& y);
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -23,6 +24,16 @@ inline double rel_l2(const float* actual, const float* expected, int64_t count) 
     norm += static_cast<double>(expected[i]) * expected[i];
   }
   return std::sqrt(diff / norm);
+}
+
+// The first `kept` frames of a (1, C, frames, H, W) fp32 CPU tensor (latents or a video).
+inline Tensor leading_frames(const Tensor& t, int64_t kept) {
+  const int64_t channels = t.size(1), frames = t.size(2), plane = t.size(3) * t.size(4);
+  Tensor head = Tensor::empty({1, channels, kept, t.size(3), t.size(4)}, DType::kF32);
+  for (int64_t c = 0; c < channels; ++c)
+    std::memcpy(head.data_as<float>() + c * kept * plane, t.data_as<const float>() + c * frames * plane,
+                static_cast<size_t>(kept * plane) * sizeof(float));
+  return head;
 }
 
 // The UMT5 fixture directory's config and weights (scripts/make_umt5_fixture.py).

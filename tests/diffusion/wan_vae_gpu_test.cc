@@ -66,16 +66,6 @@ void expect_in_range(const Tensor& video) {
   for (int64_t i = 0; i < video.numel(); ++i) ASSERT_LE(std::abs(video.data_as<float>()[i]), 1.0f) << "at " << i;  // NaN fails
 }
 
-// The first `kept` latent frames of (1, z, frames, h, w).
-Tensor leading_frames(const Tensor& latents, int64_t kept) {
-  const int64_t z = latents.size(1), frames = latents.size(2), plane = latents.size(3) * latents.size(4);
-  Tensor head = Tensor::empty({1, z, kept, latents.size(3), latents.size(4)}, DType::kF32);
-  for (int64_t c = 0; c < z; ++c)
-    std::memcpy(head.data_as<float>() + c * kept * plane, latents.data_as<const float>() + c * frames * plane,
-                static_cast<size_t>(kept * plane) * sizeof(float));
-  return head;
-}
-
 // rel-L2 of the first `frames` frames of `video` against those of `expected` (both (1, C, F, H, W)).
 double leading_rel_l2(const Tensor& video, const Tensor& expected, int64_t frames) {
   const int64_t channels = video.size(1), plane = video.size(3) * video.size(4);

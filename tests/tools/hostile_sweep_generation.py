@@ -691,6 +691,11 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     opts("vae-bench", vbase, "--device", ["cuda", "cuda:3", "tpu", ""])
     err("vae-bench default device without a GPU", ["vae-bench"] + hs.strip_option(vbase, "--device"), ["--device"])
     err("vae-bench no-tf32 on the CPU", vae(["--no-tf32"]), ["--no-tf32"])
+    ok("vae-bench encode", vae(["--encode", "--frames", "5", "--height", "32", "--width", "48"]))
+    err("vae-bench encode on cuda", vae(["--encode", "--device", "cuda"]), ["--encode", "--device cpu"])
+    err("vae-bench encode frames", vae(["--encode", "--frames", "3"]), ["--frames", "4k + 1"])
+    err("vae-bench encode height", vae(["--encode", "--height", "36"]), ["--height", "8"])
+    err("vae-bench encode with latents", vae(["--encode", "--latents", fx["latents_good.safetensors"]]), ["--encode", "--latents"])
     err("vae-bench huge video", vae(["--preset", "tiny", "--frames", "65533", "--height", "65536", "--width", "65536"]),
         ["--frames", "--height", "--width", "memory"])
     for value, names in (("/nonexistent/vae", ["/nonexistent/vae"]), (fx["m_file"], ["m_file"]),

@@ -2,6 +2,9 @@
 // residual, patched one), fp32 on the CPU or on a CUDA device (cuDNN convolutions, TF32 allowed by
 // default as PyTorch allows it).
 //
+// Encoding (CPU only) runs as diffusers' encode: the encoder on the first frame alone, then on chunks
+// of 4 frames, with a feature cache like the decoder's below, into the posterior's mean.
+//
 // Decoding runs the way diffusers runs it: post_quant_conv over all latent frames, then the decoder
 // one latent frame at a time. Every causal 3-D convolution keeps the last two frames it was given
 // (the feature cache) and prepends them to the next frame, so decoding frame by frame equals a
@@ -76,12 +79,17 @@ std::string wan_vae_config_json(const WanVaeConfig& config);
 // decoder), with diffusers' names and shapes.
 std::vector<WeightSpec> wan_vae_weight_specs(const WanVaeConfig& config);
 
-// Progress and cancellation of a decode, checked between latent frames (see WanVae::decode).
+// Progress and cancellation of a decode or an encode, checked between chunks (see WanVae::decode and
+// WanVae::encode).
 struct WanDecodeControl {
   std::function<void(int64_t chunks_done, int64_t chunks)> on_chunk;
   const std::atomic<bool>* cancel = nullptr;
   bool cancelled() const { return cancel != nullptr && cancel->load(); }
 };
+
+namespace vae {
+class Encoder;
+}
 
 class WanVae {
  public:
@@ -119,6 +127,32 @@ class WanVae {
               const WanDecodeControl* control = nullptr) const;
   Tensor decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control = nullptr) const;
 
+  // The latent shape encoded from a video of `video_shape` (B, colours, F, H, W): (B, z_dim, 1 + (F - 1) / 4,
+  // H / s, W / s), s = spatial_compression() (for Wan's VAEs, whose temporal_compression() is 4).
+  Shape encoded_shape(const Shape& video_shape) const;
+
+  // diffusers' AutoencoderKLWan.encode followed by retrieve_latents(..., sample_mode="argmax"): the
+  // posterior's mode, its mean `mu`, not normalized (normalize_latents does it). video: (B, colours,
+  // F, H, W) fp32 contiguous on the CPU, values in [-1, 1], colours = in_channels / patch_size^2 (3),
+  // F = 1 + 4k, H and W multiples of spatial_compression(); each video of the batch is encoded on its
+  // own, as diffusers' sliced encode. mu: encoded_shape(video), fp32 contiguous on the CPU. Throws
+  // Error naming a bad argument before writing anything.
+  //
+  // Runs as diffusers runs it, fp32 on the CPU: the video patchified (Wan 2.2: 2 x 2 pixels of 3
+  // colours into 12 channels), then the encoder on the first frame alone and on each later chunk of
+  // 4 frames, every causal convolution keeping the last two frames it was given; each temporal
+  // downsampler passes the first chunk's frame through and halves the frames of every later chunk
+  // (4 frames make one latent frame); then quant_conv's mu half. `control` as for decode, per chunk
+  // (chunks of all the batch's videos counted together).
+  bool encode(const ExecContext& ctx, const TensorView& video, const TensorView& mu,
+              const WanDecodeControl* control = nullptr) const;
+  Tensor encode(const ExecContext& ctx, const TensorView& video, const WanDecodeControl* control = nullptr) const;
+
+  // (mu - latents_mean) * (1 / latents_std) per channel, as WanImageToVideoPipeline normalizes the
+  // latents of its conditioning image: the scale the denoising loop works at (decode undoes it).
+  // mu: (B, z_dim, T, h, w) fp32 contiguous on the CPU; throws Error naming `mu` otherwise.
+  Tensor normalize_latents(const TensorView& mu) const;
+
   // Whether the CUDA decoder's convolutions may use TF32 tensor cores (default true, PyTorch's
   // torch.backends.cudnn.allow_tf32 default, so diffusers' fp32 decode does too); false keeps every
   // product in fp32. The attention's products are fp32 either way.
@@ -133,6 +167,7 @@ class WanVae {
                         const WanDecodeControl* control) const;
   WanVaeConfig config_;
   std::unique_ptr<Decoder> decoder_;
+  std::unique_ptr<vae::Encoder> encoder_;
   std::unique_ptr<DeviceDecoders> device_decoders_;
   bool cuda_tf32_ = true;
 };
