@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/limited_json.h"
 #include "tessel/diffusion/pil_resize.h"
 
 namespace tessel {
@@ -23,6 +24,63 @@ void ClipImageProcessing::validate() const {
   if (!(rescale_factor > 0.0)) fail_argument("rescale_factor", "a positive number", rescale_factor);
   for (float value : image_std)
     if (!(value > 0.0f)) fail_argument("image_std", "positive numbers", value);
+}
+
+namespace {
+
+int64_t side(const nlohmann::json& value, const std::string& where) {
+  if (!value.is_number_integer()) fail_argument(where, "an integer", json_excerpt(value));
+  return value.get<int64_t>();  // validate() bounds it
+}
+
+}  // namespace
+
+ClipImageProcessing parse_clip_image_processing(std::string_view json_text, const std::string& source) {
+  const nlohmann::json json = parse_json_limited(json_text, JsonLimits{}, source);
+  if (!json.is_object()) fail_argument(source, "a JSON object", json_excerpt(json));
+  ClipImageProcessing p;
+  for (const char* step : {"do_resize", "do_center_crop", "do_rescale", "do_normalize"}) {
+    const auto flag = json.find(step);
+    if (flag != json.end() && !(flag->is_boolean() && flag->get<bool>()))
+      fail_argument(source + ": " + step, "true (tessel's CLIP preprocessing always runs this step)", json_excerpt(*flag));
+  }
+  if (const auto resample = json.find("resample"); resample != json.end() && !(resample->is_number_integer() && *resample == 3))
+    fail_argument(source + ": resample", "3 (bicubic, the filter CLIP was trained with)", json_excerpt(*resample));
+  if (const auto size = json.find("size"); size != json.end()) {
+    if (size->is_object() && size->contains("shortest_edge"))
+      p.shortest_edge = side((*size)["shortest_edge"], source + ": size.shortest_edge");
+    else if (size->is_number_integer())
+      p.shortest_edge = side(*size, source + ": size");
+    else
+      fail_argument(source + ": size", "{\"shortest_edge\": N} or N", json_excerpt(*size));
+  }
+  if (const auto crop = json.find("crop_size"); crop != json.end()) {
+    if (crop->is_object() && crop->contains("height") && crop->contains("width")) {
+      p.crop_height = side((*crop)["height"], source + ": crop_size.height");
+      p.crop_width = side((*crop)["width"], source + ": crop_size.width");
+    } else if (crop->is_number_integer()) {
+      p.crop_height = p.crop_width = side(*crop, source + ": crop_size");
+    } else {
+      fail_argument(source + ": crop_size", "{\"height\": H, \"width\": W} or N", json_excerpt(*crop));
+    }
+  }
+  if (const auto factor = json.find("rescale_factor"); factor != json.end()) {
+    if (!factor->is_number()) fail_argument(source + ": rescale_factor", "a number", json_excerpt(*factor));
+    p.rescale_factor = factor->get<double>();
+  }
+  for (const auto& [key, values] : {std::pair{"image_mean", &p.image_mean}, {"image_std", &p.image_std}}) {
+    const auto list = json.find(key);
+    if (list == json.end()) continue;
+    if (!list->is_array() || list->size() != 3 || !std::all_of(list->begin(), list->end(), [](const auto& v) { return v.is_number(); }))
+      fail_argument(source + ": " + key, "3 numbers (red, green, blue)", json_excerpt(*list));
+    for (size_t i = 0; i < 3; ++i) (*values)[i] = (*list)[i].get<float>();
+  }
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
+  return p;
 }
 
 std::pair<int64_t, int64_t> clip_resized_size(int64_t height, int64_t width, int64_t shortest_edge) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <vector>
@@ -15,6 +16,9 @@
 #include "tessel/core/finite_check.h"
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
+#include "tessel/diffusion/clip_image_processor.h"
+#include "tessel/diffusion/clip_vision_encoder.h"
+#include "tessel/diffusion/wan_image_condition.h"
 #include "tessel/diffusion/wan_text_encoder.h"
 #include "tessel/parallel/communicator.h"
 #include "tessel/diffusion/wan_vae.h"
@@ -118,6 +122,25 @@ WanModelDir WanModelDir::open_checked(const std::string& dir) {
   model.has_vae = fs::is_directory(root / "vae");
   model.vae_spatial_stride = wan_model_vae_spatial_stride(dir);
   model.has_text_encoder = fs::is_directory(root / "tokenizer") && fs::is_directory(root / "text_encoder");
+  model.has_image_encoder = fs::is_directory(root / "image_encoder");
+  // Image-to-video transformers take the noisy latents, the 4-channel frame mask and the encoded
+  // conditioning video (as many channels as the latents); text-to-video ones the latents alone.
+  const WanConfig& t = model.transformer;
+  const std::string transformer_config = model.component("transformer") + "/config.json";
+  if (model.task == WanTask::kImageToVideo) {
+    if (t.in_channels != 2 * t.out_channels + 4)
+      fail_argument(transformer_config + ": in_channels",
+                    detail::concat("2 x out_channels + 4 = ", 2 * t.out_channels + 4, " for image to video (latents, mask, image)"),
+                    t.in_channels);
+    if (t.has_image_branch() && !model.has_image_encoder)
+      fail_argument("model directory", "an image_encoder/ directory (the transformer's image branch takes CLIP features)",
+                    quoted_excerpt(dir));
+    if (!model.has_vae)
+      fail_argument("model directory", "a vae/ directory (image to video encodes the image with it)", quoted_excerpt(dir));
+  } else if (t.in_channels != t.out_channels || t.has_image_branch()) {
+    fail_argument(transformer_config, "a text-to-video transformer for " + index_path + "'s WanPipeline (in_channels = out_channels, no image_dim)",
+                  detail::concat("in_channels ", t.in_channels, ", out_channels ", t.out_channels, ", image_dim ", t.image_dim));
+  }
   return model;
 }
 
@@ -127,6 +150,8 @@ struct WanGenerator::Impl {
   SchedulerConfig scheduler;
   std::optional<WanTextEncoder> text_encoder;
   std::optional<WanVae> vae;
+  std::optional<ClipVisionEncoder> image_encoder;  // Wan 2.1 I2V's, with an image branch
+  ClipImageProcessing image_processing;            // its image_processor/ settings
   WanLora lora, lora_2;  // merged into each expert's weights as it loads
   struct Experts {
     std::unique_ptr<WanTransformer> high, low;
@@ -183,6 +208,11 @@ struct WanGenerator::Impl {
     }
     return settings.emplace(name, std::move(experts)).first->second;
   }
+
+  // Image to video: the request's image condition and CLIP features into `options` (checked
+  // against the model); for text to video, that the request brings no image.
+  void set_image_condition(const ExecContext& ctx, const WanRequest& request, const WanVideoSize& size,
+                           WanGenerationOptions& options) const;
 
 };
 
@@ -265,10 +295,12 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   impl->model = std::move(model);
   const std::string& dir = impl->model.path;
   impl->options = options;
-  if (impl->model.task == WanTask::kImageToVideo)
-    fail_argument(impl->model.path + "/model_index.json: _class_name",
-                  "\"WanPipeline\" (text to video: image-to-video conditioning is not built in this version)",
-                  "\"WanImageToVideoPipeline\"");
+  const bool image_to_video = impl->model.task == WanTask::kImageToVideo;
+  if (image_to_video && !options.device.is_cpu())
+    fail_argument("device for image to video (" + impl->model.path + ")",
+                  "cpu: the CUDA forward, flow predictor and VAE encoder take no image condition in this version", options.device.str());
+  if (image_to_video && !options.load_vae)
+    fail_argument("load_vae for image to video", "true: the VAE encodes the conditioning image", "false");
   if (!impl->model.two_experts) {
     if (options.sparse.config_2)
       fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");
@@ -297,6 +329,25 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   if (options.load_text_encoder && impl->model.has_text_encoder && is_text_root(options.parallel))
     impl->text_encoder.emplace(WanTextEncoder::load(dir, options.device));
   if (options.load_vae && impl->model.has_vae) impl->vae.emplace(WanVae::load(impl->model.component("vae")));
+  if (image_to_video && impl->model.transformer.has_image_branch()) {
+    impl->image_encoder.emplace(ClipVisionEncoder::load(impl->model.component("image_encoder")));
+    // image_processor/preprocessor_config.json when the directory has it, else CLIP's own input size.
+    const std::string processor = impl->model.component("image_processor") + "/preprocessor_config.json";
+    if (fs::is_regular_file(processor)) {
+      impl->image_processing = parse_clip_image_processing(read_file_bounded(processor, kMaxModelIndexBytes, "preprocessor_config.json"), processor);
+    } else {
+      const int64_t side = impl->image_encoder->config().image_size;
+      impl->image_processing.shortest_edge = impl->image_processing.crop_height = impl->image_processing.crop_width = side;
+    }
+    const ClipVisionConfig& clip = impl->image_encoder->config();
+    if (impl->image_processing.crop_height != clip.image_size || impl->image_processing.crop_width != clip.image_size)
+      fail_argument(processor + ": crop_size", detail::concat("the image encoder's image_size ", clip.image_size),
+                    detail::concat(impl->image_processing.crop_height, " x ", impl->image_processing.crop_width));
+    const WanConfig& t = impl->model.transformer;
+    if (clip.hidden_size != t.image_dim)
+      fail_argument(impl->model.component("image_encoder") + "/config.json: hidden_size",
+                    detail::concat("the transformer's image_dim ", t.image_dim), clip.hidden_size);
+  }
   static_cast<void>(ctx);
   WanGenerator generator(std::move(impl));
   generator.impl_->experts_for("default");
@@ -313,6 +364,53 @@ const WanTransformer& WanGenerator::transformer(const std::string& sparse_settin
   Impl::Experts& experts = impl_->experts_for(sparse_setting);
   if (expert == 1 && !experts.low) fail_argument("expert", "0 (the model has one expert)", expert);
   return expert == 1 ? *experts.low : *experts.high;
+}
+
+void WanGenerator::Impl::set_image_condition(const ExecContext& ctx, const WanRequest& request, const WanVideoSize& size,
+                                             WanGenerationOptions& options) const {
+  const bool given = request.image.count > 0 || !request.image.rgb.empty();
+  const bool last_given = request.last_image.count > 0 || !request.last_image.rgb.empty();
+  if (model.task != WanTask::kImageToVideo) {
+    if (given || last_given)
+      fail_argument(last_given && !given ? "last_image" : "image",
+                    "none: " + model.path + " is a " + std::string(wan_task_name(model.task)) +
+                        " model (model_index.json's _class_name is WanPipeline; image to video needs a WanImageToVideoPipeline directory)",
+                    "an image");
+    return;
+  }
+  if (!given) fail_argument("image", "the first frame of the video (" + model.path + " is an image-to-video model)", "none");
+  const WanConfig& t = model.transformer;
+  // FLF2V's image branch takes both frames' CLIP tokens through its position table; a plain I2V
+  // image branch takes one image's. Wan 2.2 I2V-A14B (no branch) takes a last frame in the mask alone.
+  if (last_given && t.has_image_branch() && t.pos_embed_seq_len == 0)
+    fail_argument("last_image", "none: this Wan 2.1 I2V transformer's image branch takes one image (FLF2V models set pos_embed_seq_len)",
+                  "an image");
+  if (!last_given && t.pos_embed_seq_len > 0)
+    fail_argument("last_image", "the last frame (this FLF2V transformer's position table covers a first and a last image)", "none");
+  const Tensor first = wan_image_pixels(request.image, size.height, size.width, "image");
+  const Tensor last = last_given ? wan_image_pixels(request.last_image, size.height, size.width, "last_image") : Tensor{};
+  if (request.on_phase) request.on_phase("image encoding");
+  if (image_encoder) {
+    // CLIP sees each image as given (its own resize and crop), the two of FLF2V as one batch.
+    Tensor pixels = clip_preprocess(request.image, image_processing);
+    if (last_given) {
+      const Tensor last_pixels = clip_preprocess(request.last_image, image_processing);
+      Tensor both = Tensor::empty({2, pixels.size(1), pixels.size(2), pixels.size(3)}, DType::kF32);
+      std::memcpy(both.data(), pixels.data(), pixels.nbytes());
+      std::memcpy(static_cast<char*>(both.data()) + pixels.nbytes(), last_pixels.data(), last_pixels.nbytes());
+      pixels = std::move(both);
+    }
+    const ClipVisionConfig& clip = image_encoder->config();
+    // diffusers hands the transformer (images, tokens, width), which its embedder views as one row
+    // of images x tokens: the same memory as (1, images x tokens, width).
+    options.image_embeds = Tensor::empty({1, pixels.size(0) * clip.tokens(), clip.hidden_size}, DType::kF32);
+    image_encoder->forward(ctx, pixels,
+                           TensorView(options.image_embeds.data(), DType::kF32, Device::cpu(), {pixels.size(0), clip.tokens(), clip.hidden_size}));
+  }
+  const WanDecodeControl control{nullptr, request.cancel};
+  options.condition = wan_image_condition(ctx, *vae, first, last, size.frames, &control);
+  // A cancel during the encode: the first step sees the flag and ends the generation cancelled.
+  if (!options.condition.defined()) options.condition = Tensor::zeros(size.latent_shape(t.in_channels - t.out_channels), DType::kF32);
 }
 
 std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, const WanRequest& request) {
@@ -376,7 +474,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
     fail_argument("negative_prompt_embeds", "given with guidance above 1", "none");
   }
   if (request.noise.defined()) {
-    const Shape latent = size.latent_shape(g.model.transformer.in_channels);
+    const Shape latent = size.latent_shape(g.model.transformer.out_channels);
     if (request.noise.shape() != latent)
       fail_argument("noise", "the latent shape " + shape_str(latent) + " (from the size and frames)", request.noise.view().describe());
     check_finite(request.noise, "noise");
@@ -398,6 +496,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   options.cache = state->cache.get();
   options.cache_2 = state->cache_2.get();
   options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
+  g.set_image_condition(ctx, request, size, options);
   ExecContext run_ctx = ctx;
   run_ctx.device = g.options.device;
   state->denoise = experts.pipeline->begin(run_ctx, prompt, guided ? negative.view() : TensorView{}, options,

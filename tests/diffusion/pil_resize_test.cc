@@ -19,7 +19,7 @@ TEST(PilResize, EqualsPillowByteForByte) {
     return std::vector<uint8_t>(static_cast<const uint8_t*>(t.data()), static_cast<const uint8_t*>(t.data()) + t.numel());
   };
   for (const auto& [name, filter] : {std::pair{"lanczos", PilFilter::kLanczos}, {"bicubic", PilFilter::kBicubic}})
-    for (const char* label : {"up", "down"}) {
+    for (const char* label : {"up", "down", "mixed"}) {
       const Tensor expected = file.load(std::string(name) + "_" + label);
       const std::vector<uint8_t> resized =
           resize_pil(static_cast<const uint8_t*>(image.data()), image.size(0), image.size(1), expected.size(0), expected.size(1), filter);

@@ -6,6 +6,8 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,13 @@ struct ClipImageProcessing {
   // or a std is not positive.
   void validate() const;
 };
+
+// transformers' preprocessor_config.json of a CLIPImageProcessor (a diffusers I2V directory's
+// image_processor/): size ({"shortest_edge": N} or N), crop_size ({"height", "width"} or N),
+// rescale_factor, image_mean, image_std. The steps tessel always runs must be on (do_resize,
+// do_center_crop, do_rescale, do_normalize true or absent) and resample 3 (bicubic); other keys
+// are transformers' bookkeeping and are ignored. Throws Error naming `source` and the key.
+ClipImageProcessing parse_clip_image_processing(std::string_view json_text, const std::string& source = "preprocessor_config.json");
 
 // The (height, width) the resize makes of an image: the shorter edge becomes `shortest_edge`, the
 // longer one int(shortest_edge * long / short), as transformers' get_resize_output_image_size.

@@ -1,7 +1,9 @@
 // Pillow's Image.resize of an 8-bit RGB image (height x width x 3, interleaved), byte for byte:
 // a separable convolution, horizontal pass first, with the filter widened by the scale factor when
 // downscaling (antialiasing), weights in 22-bit fixed point and each pass rounded to 8 bits, as
-// Pillow's Resample.c computes it. BICUBIC is what CLIPImageProcessor resizes with, LANCZOS what
+// Pillow's Resample.c computes it (up to Pillow 12; Pillow 13 runs the vertical pass first when
+// the height shrinks much more than the width, python-pillow/Pillow#9549, which moves some such
+// resizes by a level or two). BICUBIC is what CLIPImageProcessor resizes with, LANCZOS what
 // diffusers' VaeImageProcessor (and so WanImageToVideoPipeline) resizes a PIL image with.
 #pragma once
 

@@ -24,6 +24,7 @@
 #include "tessel/core/tensor.h"
 #include "tessel/diffusion/cache_backend.h"
 #include "tessel/diffusion/scheduler.h"
+#include "tessel/diffusion/video_frames.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/dit/wan_config.h"
 #include "tessel/dit/wan_lora.h"
@@ -55,6 +56,7 @@ struct WanModelDir {
   int64_t vae_spatial_stride = 8;  // 8 (Wan 2.1's VAE), 16 (Wan 2.2's patched one); 8 without a vae/
   bool has_vae = false;
   bool has_text_encoder = false;  // tokenizer/ and text_encoder/ both present
+  bool has_image_encoder = false;  // image_encoder/ (Wan 2.1 I2V's CLIP ViT-H/14; required by an image branch)
 
   static WanModelDir open(const std::string& dir);
   std::string component(const char* name) const;  // path/name
@@ -105,6 +107,11 @@ struct WanRequest {
   std::string negative_prompt;  // WanPipeline's default: empty
   Tensor prompt_embeds, negative_prompt_embeds;
   int64_t frames = 81, height = 480, width = 832;  // the VAE stride comes from the model
+  // Image-to-video (a WanImageToVideoPipeline directory), 8-bit RGB as read_image gives them: the
+  // first frame, and FLF2V's last frame (Wan 2.1 FLF2V, whose image branch takes both, and Wan 2.2
+  // I2V-A14B). Resized to the request's size with Lanczos when their size is another (diffusers'
+  // VaeImageProcessor); CLIP sees them as given. Empty (count 0) for text-to-video.
+  VideoFrames image, last_image;
   int64_t steps = 50;
   double guidance = 5.0;
   std::optional<double> guidance_2;  // two experts: the low-noise expert's (default: guidance)
@@ -115,7 +122,7 @@ struct WanRequest {
   bool decode = true;  // false: the result holds the latents only (no VAE decode, as output_type="latent")
   // Read between steps and between the decode's chunks: set, the generation stops (result cancelled).
   const std::atomic<bool>* cancel = nullptr;
-  // Progress: each phase as it starts ("text encoding", "denoising", "decoding"), every step, and
+  // Progress: each phase as it starts ("text encoding", "image encoding", "denoising", "decoding"), every step, and
   // every latent frame the VAE decoded.
   std::function<void(std::string_view phase)> on_phase;
   std::function<void(const WanStepProgress&)> on_step;
@@ -149,8 +156,9 @@ class WanGenerator {
   // Opens `dir` (WanModelDir::open) and loads what requests need: the transformer(s) on
   // options.device with the default sparse setting, the text encoder (unless load_text_encoder is
   // false or the directory has none), the VAE (unless load_vae is false or there is none). Throws
-  // Error naming the option or file: an image-to-video directory (not built yet), a sparse setting
-  // for transformer_2 of a one-expert model, a bad cache or scheduler name.
+  // Error naming the option or file: an image-to-video directory on a CUDA device (the image
+  // condition runs on the CPU only in this version) or without its VAE, a sparse setting for
+  // transformer_2 of a one-expert model, a bad cache or scheduler name.
   static WanGenerator load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options);
   // The same from a directory the caller has opened already (its flags checked against it), so
   // model_index.json and the components' configs are read once.
