@@ -8,7 +8,8 @@ packages=(
   libgtest-dev      # GoogleTest: unit tests
   nlohmann-json3-dev # JSON: config parsing, --json output, safetensors headers
   libcli11-dev      # CLI11: command-line parsing of the tessel CLI
-  libpng-dev        # libpng: `tessel mask` pictures
+  libpng-dev        # libpng: `tessel mask` pictures, PNG frames out and images into image-to-video
+  libjpeg-dev       # libjpeg-turbo: JPEG images into image-to-video
   libcpp-httplib-dev # cpp-httplib: the HTTP server of `tessel serve` and its tests' client (thread pool)
   libsentencepiece-dev # sentencepiece: the UMT5 tokenizer of Wan's text encoder
   pkg-config        # finds sentencepiece, libav and cpp-httplib (with the defines it was built with) for CMake

@@ -1,7 +1,8 @@
 // `tessel generate`: runs the Wan denoising loop of a diffusers model directory (model_index.json,
 // transformer/, scheduler/, tokenizer/ with text_encoder/ for a prompt, vae/ for frames; Wan 2.2's
-// transformer_2/ and boundary_ratio for two experts, its expand_timesteps for TI2V-5B) on a prompt or
-// on given text embeddings and writes an MP4 video, PNG frames or the final latents.
+// transformer_2/ and boundary_ratio for two experts, its expand_timesteps for TI2V-5B; an
+// image-to-video directory's image_encoder/ with --image) on a prompt or on given text embeddings
+// and writes an MP4 video, PNG frames or the final latents.
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/limited_json.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/diffusion/image_io.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
@@ -47,6 +49,7 @@ struct GenerateOptions {
   std::string negative_prompt;  // WanPipeline's default: the empty prompt
   std::string embeddings;  // safetensors with prompt_embeds (and negative_prompt_embeds)
   std::string noise;       // safetensors with the starting latents as "noise"; empty: --seed
+  std::string image, last_image;  // image to video: the first (and FLF2V's last) frame, PNG or JPEG
   std::string device = "cpu";
   std::string dtype;       // empty: the device's (fp32 on the CPU, bf16 on CUDA)
   std::string size = "832x480";
@@ -169,7 +172,7 @@ void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model,
     for (const auto& entry : std::filesystem::directory_iterator(model.component("text_encoder"), error))
       if (entry.path().extension() == ".safetensors") text_encoder_file_bytes += static_cast<double>(entry.file_size(error));
   }
-  const Shape latent = size.latent_shape(config.in_channels);
+  const Shape latent = size.latent_shape(config.out_channels);
   const double tokens = static_cast<double>(latent[2] / config.patch_size[0] * (latent[3] / config.patch_size[1]) *
                                             (latent[4] / config.patch_size[2]));
   const double rows = tokens * (guided ? 2.0 : 1.0) * static_cast<double>(o.num_outputs);
@@ -178,6 +181,26 @@ void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model,
                       bytes,
                       detail::concat("fp32 weights, text encoder and activations on the CPU (", static_cast<int64_t>(tokens),
                                      " tokens x ", static_cast<int64_t>(rows / tokens), " rows, --model ", quoted_excerpt(o.model_dir), ")"));
+}
+
+// --image and --last-image against the model's task, before any weight is read.
+void check_image_flags(const GenerateOptions& o, const WanModelDir& model) {
+  const bool image_to_video = model.task == WanTask::kImageToVideo;
+  if (!image_to_video && !(o.image.empty() && o.last_image.empty()))
+    fail_argument(o.image.empty() ? "--last-image" : "--image",
+                  "an image-to-video model (model_index.json's _class_name WanImageToVideoPipeline); --model is a " +
+                      std::string(wan_task_name(model.task)) + " model",
+                  quoted_excerpt(o.image.empty() ? o.last_image : o.image));
+  if (image_to_video && o.image.empty())
+    fail_argument("--image", "the first frame (PNG or JPEG) of this image-to-video model's video", "none");
+  const WanConfig& t = model.transformer;
+  if (image_to_video && t.pos_embed_seq_len > 0 && o.last_image.empty())
+    fail_argument("--last-image", "the last frame: this FLF2V transformer conditions on a first and a last image", "none");
+  if (image_to_video && t.has_image_branch() && t.pos_embed_seq_len == 0 && !o.last_image.empty())
+    fail_argument("--last-image", "none: this Wan 2.1 I2V transformer's image branch takes one image (FLF2V models take two)",
+                  quoted_excerpt(o.last_image));
+  if (image_to_video && o.device != "cpu")
+    fail_argument("--device", "cpu for image to video (the CUDA path takes no image condition in this version)", o.device);
 }
 
 // "out.mp4" -> "out-3.mp4" (--out always names a file: .mp4, .png or .safetensors).
@@ -203,6 +226,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
     fail_argument("--lora-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(lora.loras_2[0]));
   if (lora.ignore_unmatched && lora.loras.empty() && lora.loras_2.empty())
     fail_argument("--lora-ignore-unmatched", "a --lora or --lora-2 to apply it to", "none");
+  check_image_flags(o, model);
   const GenerateOutput output = check_generate_output(o.out, o.model_dir);
   if (o.num_outputs > 1 && !o.noise.empty())
     fail_argument("--num-outputs", "1 with --noise (every output would start from the same latents)", o.num_outputs);
@@ -234,11 +258,21 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   if (!o.noise.empty()) {
     request.noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
     check_finite(request.noise, "--noise");
-    const Shape latent = size.latent_shape(model.transformer.in_channels);
+    const Shape latent = size.latent_shape(model.transformer.out_channels);
     if (request.noise.shape() != latent)
       fail_argument("--noise", "a \"noise\" tensor of the latent shape " + shape_str(latent) + " (from --size and --frames)",
                     request.noise.view().describe());
   }
+  // The images, read once here (their errors name the flag); the door checks them against the model.
+  const auto read_flag_image = [](const std::string& path, const char* flag) {
+    try {
+      return read_image(path);
+    } catch (const Error& e) {
+      throw Error(std::string(flag) + ": " + e.what());
+    }
+  };
+  if (!o.image.empty()) request.image = read_flag_image(o.image, "--image");
+  if (!o.last_image.empty()) request.last_image = read_flag_image(o.last_image, "--last-image");
   request.frames = size.frames;
   request.height = size.height;
   request.width = size.width;
@@ -348,7 +382,7 @@ CommandRegistration registration{
       auto options = std::make_shared<GenerateOptions>();
       auto flags = std::make_shared<SparseAttnFlags>();
       app.add_option("--model", options->model_dir,
-                     "diffusers WanPipeline directory (model_index.json, transformer/, scheduler/, tokenizer/, text_encoder/)")
+                     "diffusers WanPipeline or WanImageToVideoPipeline directory (model_index.json, transformer/, scheduler/, tokenizer/, text_encoder/)")
           ->required();
       CLI::Option* prompt = app.add_option("--prompt", options->prompt, "the text to generate from (UTF-8)");
       CLI::Option* negative_prompt = app.add_option("--negative-prompt", options->negative_prompt,
@@ -361,6 +395,13 @@ CommandRegistration registration{
       app.add_option("--dtype", options->dtype, "the transformer's compute type: fp32 (CPU) or bf16 (CUDA); default: the device's")
           ->check(one_of({"fp32", "bf16"}));
       app.add_option("--noise", options->noise, "safetensors whose \"noise\" tensor is the starting latent (default: from --seed)");
+      app.add_option("--image", options->image,
+                     "image to video (a WanImageToVideoPipeline model): the first frame, PNG or JPEG; resized to --size with "
+                     "Lanczos when its size is another (give the video's aspect ratio to keep it)")
+          ->check(non_empty_path());
+      app.add_option("--last-image", options->last_image,
+                     "image to video: the last frame too (Wan 2.1 FLF2V, Wan 2.2 I2V-A14B), PNG or JPEG")
+          ->check(non_empty_path());
       app.add_option("--size", options->size, "WIDTHxHEIGHT in pixels, multiples of 16 (32 with Wan 2.2's TI2V VAE)")
           ->capture_default_str()
           ->check(width_height());

@@ -194,7 +194,7 @@ struct WanGenerator::Impl {
     experts.high = std::make_unique<WanTransformer>(
         WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device,
                              &lora));
-    const WanVae* decoder = vae ? &*vae : nullptr;
+    const WanVae* decoder = vae && options.load_vae ? &*vae : nullptr;
     if (model.two_experts) {
       const std::optional<SparseAttnConfig>& low = setting->config_2 ? setting->config_2 : setting->config;
       experts.low = std::make_unique<WanTransformer>(
@@ -299,8 +299,7 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   if (image_to_video && !options.device.is_cpu())
     fail_argument("device for image to video (" + impl->model.path + ")",
                   "cpu: the CUDA forward, flow predictor and VAE encoder take no image condition in this version", options.device.str());
-  if (image_to_video && !options.load_vae)
-    fail_argument("load_vae for image to video", "true: the VAE encodes the conditioning image", "false");
+
   if (!impl->model.two_experts) {
     if (options.sparse.config_2)
       fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");
@@ -328,7 +327,8 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   // hold UMT5-XXL (about 11 GB in bf16) for the same result.
   if (options.load_text_encoder && impl->model.has_text_encoder && is_text_root(options.parallel))
     impl->text_encoder.emplace(WanTextEncoder::load(dir, options.device));
-  if (options.load_vae && impl->model.has_vae) impl->vae.emplace(WanVae::load(impl->model.component("vae")));
+  // Image to video encodes with the VAE even when results stay latents (load_vae false: no decode).
+  if ((options.load_vae || image_to_video) && impl->model.has_vae) impl->vae.emplace(WanVae::load(impl->model.component("vae")));
   if (image_to_video && impl->model.transformer.has_image_branch()) {
     impl->image_encoder.emplace(ClipVisionEncoder::load(impl->model.component("image_encoder")));
     // image_processor/preprocessor_config.json when the directory has it, else CLIP's own input size.
@@ -532,7 +532,7 @@ WanGeneratorResult WanGenerator::finish(const ExecContext& ctx, WanGenerationSta
   ExecContext run_ctx = ctx;
   run_ctx.device = impl_->options.device;
   WanGeneratorResult result;
-  if (state.impl_->on_phase && impl_->vae && state.impl_->decode && !state.impl_->denoise->cancelled())
+  if (state.impl_->on_phase && impl_->vae && impl_->options.load_vae && state.impl_->decode && !state.impl_->denoise->cancelled())
     state.impl_->on_phase("decoding");
   result.generation = state.impl_->pipeline->finish(run_ctx, *state.impl_->denoise);
   result.text_encode_seconds = state.impl_->text_encode_seconds;

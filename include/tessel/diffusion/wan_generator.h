@@ -96,7 +96,7 @@ struct WanLoadOptions {
   std::vector<LoraFile> loras, loras_2;
   bool lora_ignore_unmatched = false;
   bool load_text_encoder = true;  // false: requests bring embeddings
-  bool load_vae = true;           // false: results are latents only
+  bool load_vae = true;           // false: results are latents only (image to video still encodes with it)
 };
 
 // One request. Validated by begin(), once, where it becomes a generation.
@@ -157,7 +157,7 @@ class WanGenerator {
   // options.device with the default sparse setting, the text encoder (unless load_text_encoder is
   // false or the directory has none), the VAE (unless load_vae is false or there is none). Throws
   // Error naming the option or file: an image-to-video directory on a CUDA device (the image
-  // condition runs on the CPU only in this version) or without its VAE, a sparse setting for
+  // condition runs on the CPU only in this version), a sparse setting for
   // transformer_2 of a one-expert model, a bad cache or scheduler name.
   static WanGenerator load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options);
   // The same from a directory the caller has opened already (its flags checked against it), so
