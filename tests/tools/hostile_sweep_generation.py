@@ -119,6 +119,23 @@ def files_check(paths: list[Path], magic: bytes) -> Callable[[str], Optional[str
     return check
 
 
+def png_bytes(width: int, height: int, claimed: Optional[tuple[int, int]] = None) -> bytes:
+    """An 8-bit RGB PNG of a colour ramp; `claimed` writes another size into its header."""
+    import zlib
+    rows = b"".join(b"\x00" + bytes((x * 7 + y * 3) % 256 for x in range(width) for _ in range(3)) for y in range(height))
+    w, h = claimed or (width, height)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+I2V_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "diffusion" / "wan21_i2v"
+I2V_LATENT_SHAPE = [1, 16, 2, 4, 6]  # 5 frames of 48x32 through the fixture's Wan 2.1 VAE
+
+
 def generate_args(model: str, out: str) -> list[str]:
     """The valid generate run every generate case starts from (64x64, one frame, two steps)."""
     return ["--model", model, "--prompt", "a cat", "--size", "64x64", "--frames", "1", "--steps", "2",
@@ -189,6 +206,14 @@ def make_fixtures(root: Path, tessel: str) -> dict[str, str]:
     (model_copy("m_no_ratio", "a14b") / "model_index.json").write_text(
         json.dumps({k: v for k, v in a14b_index.items() if k != "boundary_ratio"}))
     (model_copy("m_ratio_2", "a14b") / "model_index.json").write_text(json.dumps(dict(a14b_index, boundary_ratio=2)))
+
+    # Images for image to video (the committed diffusers fixture models take them).
+    put("img_good.png", png_bytes(40, 30))
+    put("img_claims_huge.png", png_bytes(4, 4, claimed=(100000, 100000)))
+    put("img_truncated.png", png_bytes(40, 30)[:60])
+    put("img_empty.png", b"")
+    put("img_gif.png", b"GIF89a\x01\x00\x01\x00\x00\x00\x00;")
+    put("img_jpeg_header_only.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00")
 
     # The generate run every LoRA case is compared with.
     fx["baseline"] = str(root / "baseline.safetensors")
@@ -447,6 +472,34 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     opts("generate", a14b_base, "--sparse-attn-config-2", ["{not json", '{"frobnicate": 1}'])
     opts("generate", gbase, "--sparse-attn-config", ['{"pattern_type": "radial", "spatial_layout": {"frames": 9, "height": 60, '
                                                      '"width": 104}}'], ["spatial_layout", "layout", "frames"])
+
+    # image to video (the committed diffusers fixtures: Wan 2.1 I2V and FLF2V)
+    i2v, flf2v = str(I2V_FIXTURES / "i2v"), str(I2V_FIXTURES / "flf2v")
+
+    def i2v_args(model: str, out_path: Path, extra: list[str]) -> list[str]:
+        return ["generate", "--model", model, "--embeddings", model + "/io.safetensors", "--size", "48x32", "--frames", "5",
+                "--steps", "2", "--threads", "1", "--out", str(out_path)] + extra
+
+    path = out()
+    ok("generate i2v", i2v_args(i2v, path, ["--image", fx["img_good.png"]]), latents_check(path, I2V_LATENT_SHAPE))
+    path = out()
+    ok("generate flf2v", i2v_args(flf2v, path, ["--image", fx["img_good.png"], "--last-image", fx["img_good.png"]]),
+       latents_check(path, I2V_LATENT_SHAPE))
+    ierr = lambda extra, model=i2v: i2v_args(model, root / "err.safetensors", extra)  # noqa: E731
+    err("generate i2v without --image", ierr([]), ["--image"])
+    for name in ("img_claims_huge.png", "img_truncated.png", "img_empty.png", "img_gif.png", "img_jpeg_header_only.jpg"):
+        err(f"generate i2v --image {name}", ierr(["--image", fx[name]]), ["--image"])
+    err("generate i2v --image missing", ierr(["--image", str(root / "no_such.png")]), ["--image"])
+    err("generate i2v --image directory", ierr(["--image", str(root)]), ["--image"])
+    err("generate i2v --image empty", ierr(["--image", ""]), ["--image"])
+    err("generate i2v --last-image on a one-image branch", ierr(["--image", fx["img_good.png"], "--last-image", fx["img_good.png"]]),
+        ["--last-image"])
+    err("generate flf2v without --last-image", ierr(["--image", fx["img_good.png"]], flf2v), ["--last-image"])
+    err("generate flf2v bad --last-image", ierr(["--image", fx["img_good.png"], "--last-image", fx["img_gif.png"]], flf2v),
+        ["--last-image"])
+    err("generate i2v on cuda", ierr(["--image", fx["img_good.png"], "--device", "cuda"]), ["--device"])
+    err("generate --image on a text-to-video model", g(["--image", fx["img_good.png"]]), ["--image"])
+    err("generate --last-image on a text-to-video model", g(["--last-image", fx["img_good.png"]]), ["--last-image"])
 
     # options that need another
     err("generate teacache-thresh without teacache", g(["--teacache-thresh", "0.1"]), ["--teacache-thresh"])
