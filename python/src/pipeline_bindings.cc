@@ -164,12 +164,29 @@ nb::object numpy_of(Tensor tensor) {
   throw e;
 }
 
+// An RGB image as C-contiguous uint8 (H, W, 3) (the Python side converts PIL images and checks
+// the dtype): one frame, or no frame for None.
+using ImageArray = nb::ndarray<const uint8_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+VideoFrames frames_of(const std::optional<ImageArray>& image, const char* argument) {
+  if (!image) return {};
+  if (image->shape(2) != 3)
+    fail_argument(argument, "an RGB image, uint8 (height, width, 3)", detail::concat("an array of ", image->shape(2), " channels"));
+  VideoFrames frames;
+  frames.count = 1;
+  frames.height = static_cast<int64_t>(image->shape(0));
+  frames.width = static_cast<int64_t>(image->shape(1));
+  frames.rgb.assign(image->data(), image->data() + image->size());
+  return frames;
+}
+
 nb::dict generate(LoadedWanGenerator& loaded, std::optional<std::string> prompt, std::optional<std::string> negative_prompt,
                   const std::optional<ReadOnlyArray>& prompt_embeds, const std::optional<ReadOnlyArray>& negative_prompt_embeds,
                   int64_t num_frames, int64_t height, int64_t width, int64_t num_inference_steps, double guidance_scale,
                   std::optional<double> guidance_scale_2, uint64_t seed, const std::optional<ReadOnlyArray>& noise,
-                  bool decode) {
+                  bool decode, const std::optional<ImageArray>& image, const std::optional<ImageArray>& last_image) {
   WanRequest request;
+  request.image = frames_of(image, "image");
+  request.last_image = frames_of(last_image, "last_image");
   request.decode = decode;
   request.prompt = prompt.value_or("");
   request.negative_prompt = negative_prompt.value_or("");
@@ -268,7 +285,8 @@ void bind_pipeline(nb::module_& m) {
           "loras_2"_a = std::vector<std::pair<std::string, double>>{}, "lora_ignore_unmatched"_a = false)
       .def("generate", &generate, "prompt"_a.none(), "negative_prompt"_a.none(), "prompt_embeds"_a.none(),
            "negative_prompt_embeds"_a.none(), "num_frames"_a, "height"_a, "width"_a, "num_inference_steps"_a,
-           "guidance_scale"_a, "guidance_scale_2"_a.none(), "seed"_a, "noise"_a.none(), "decode"_a = true)
+           "guidance_scale"_a, "guidance_scale_2"_a.none(), "seed"_a, "noise"_a.none(), "decode"_a = true, "image"_a.none() = nb::none(),
+           "last_image"_a.none() = nb::none())
       .def_prop_ro("path", [](const LoadedWanGenerator& g) { return model_of(g).path; })
       .def_prop_ro("lora_summary", [](const LoadedWanGenerator& g) { return g.generator->lora_summary(); })
       .def_prop_ro("task", [](const LoadedWanGenerator& g) { return std::string(wan_task_name(model_of(g).task)); })

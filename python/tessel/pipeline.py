@@ -51,6 +51,20 @@ def _host_f32(x, argument: str):
         raise TypeError(f"{argument}: expected a float32 array, got {type(x).__name__} ({e})") from None
 
 
+def _rgb_image(image, argument: str):
+    """An RGB image as C-contiguous uint8 (H, W, 3): a PIL image (converted to RGB as diffusers'
+    load_image does) or a uint8 array of that shape; None stays None."""
+    if image is None:
+        return None
+    if hasattr(image, "convert") and hasattr(image, "size"):  # a PIL image, without importing PIL
+        image = image.convert("RGB")
+    array = np.asarray(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise TypeError(f"{argument}: expected a PIL image or a uint8 array (height, width, 3), "
+                        f"got {type(image).__name__} of dtype {array.dtype} and shape {array.shape}")
+    return np.ascontiguousarray(array)
+
+
 def _plugin_dirs():
     return [p for p in os.environ.get("TESSEL_PLUGIN_PATH", "").split(":") if p]
 
@@ -186,8 +200,12 @@ class WanPipeline:
     def __call__(self, prompt: str | None = None, negative_prompt: str | None = None, *, height: int = 480,
                  width: int = 832, num_frames: int = 81, num_inference_steps: int = 50, guidance_scale: float = 5.0,
                  guidance_scale_2: float | None = None, seed: int = 0, noise=None, prompt_embeds=None,
-                 negative_prompt_embeds=None, output_type: str = "np"):
+                 negative_prompt_embeds=None, output_type: str = "np", image=None, last_image=None):
         """Generates one video.
+
+        Image to video (a WanImageToVideoPipeline directory): `image` is the first frame and
+        `last_image` the last (FLF2V, Wan 2.2 I2V-A14B), each a PIL image or a uint8 array
+        (height, width, 3), resized to height x width with Lanczos as diffusers does.
 
         Returns with output_type="np" the frames as uint8 numpy (num_frames, height, width, 3) RGB,
         with output_type="latent" the final latents as float32 numpy (1, C, F, h, w) (not decoded).
@@ -214,6 +232,7 @@ class WanPipeline:
             num_frames=int(num_frames), height=int(height), width=int(width),
             num_inference_steps=int(num_inference_steps), guidance_scale=float(guidance_scale),
             guidance_scale_2=None if guidance_scale_2 is None else float(guidance_scale_2),
-            seed=int(seed), noise=_host_f32(noise, "noise"), decode=output_type != "latent")
+            seed=int(seed), noise=_host_f32(noise, "noise"), decode=output_type != "latent",
+            image=_rgb_image(image, "image"), last_image=_rgb_image(last_image, "last_image"))
         self.last_info = {key: value for key, value in result.items() if key not in ("latents", "frames")}
         return result["latents"] if output_type == "latent" else result["frames"]
