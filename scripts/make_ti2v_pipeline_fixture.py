@@ -13,6 +13,12 @@ latent channels) and io.safetensors with
   latents (2, 1, 8, 2, 2, 4)   the latents after each of 2 UniPC steps with guidance 5
   timesteps (2)
   frames (5, 32, 64, 3) uint8  the decoded video as output_type "pil" gives it (5 frames of 64 x 32).
+and io_i2v.safetensors, the image-to-video half (WanImageToVideoPipeline with expand_timesteps on
+the same components: the image's latents as the first latent frame, its tokens at timestep 0):
+  image (24, 56, 3) uint8 (resized to 32 x 64 with Lanczos), the same embeddings and noise,
+  first_frame (1, 8, 1, 2, 4)  the image's normalized latents
+  latents, frames              as above (the callback's latents are the loop's, before the first
+                               frame is put back; the frames are decoded after it is)
 Text embeddings are given directly (no text encoder); the VAE and the transformer run in fp32.
 """
 import argparse
@@ -22,7 +28,8 @@ import os
 import diffusers
 import numpy as np
 import torch
-from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+from PIL import Image
 from safetensors.torch import save_file
 
 from make_wan_fixture import randomize
@@ -87,6 +94,32 @@ def main():
     print("timesteps", pipe.scheduler.timesteps.tolist(), "frames", tuple(tensors["frames"].shape))
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(args.out, "io.safetensors"),
               metadata={"diffusers_version": diffusers.__version__})
+
+    # The image-to-video half on the same components and inputs.
+    i2v = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=UniPCMultistepScheduler(**TI2V_UNIPC),
+                                  transformer=transformer, expand_timesteps=True)
+    image = np.random.default_rng(37).integers(0, 256, size=(24, 56, 3), dtype=np.uint8)
+    i2v_tensors = {k: tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds", "noise")}
+    i2v_tensors["image"] = torch.from_numpy(image.copy())
+    latents.clear()
+    original_prepare = i2v.prepare_latents
+
+    def keep_condition(*a, **kw):
+        out = original_prepare(*a, **kw)
+        i2v_tensors["first_frame"] = out[1].detach().clone().float()
+        return out
+
+    i2v.prepare_latents = keep_condition
+    with torch.no_grad():
+        frames = i2v(image=Image.fromarray(image), prompt_embeds=tensors["prompt_embeds"],
+                     negative_prompt_embeds=tensors["negative_prompt_embeds"], latents=tensors["noise"].clone(), height=HEIGHT,
+                     width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=GUIDANCE, output_type="np",
+                     callback_on_step_end=keep).frames[0]
+    i2v_tensors["latents"] = torch.stack(latents).float()
+    i2v_tensors["frames"] = torch.from_numpy((frames * 255).round().astype(np.uint8))
+    save_file({k: v.contiguous() for k, v in i2v_tensors.items()}, os.path.join(args.out, "io_i2v.safetensors"),
+              metadata={"diffusers_version": diffusers.__version__})
+    print("i2v first frame", tuple(i2v_tensors["first_frame"].shape))
 
 
 if __name__ == "__main__":

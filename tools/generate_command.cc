@@ -186,9 +186,17 @@ void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model,
 // --image and --last-image against the model's task, before any weight is read.
 void check_image_flags(const GenerateOptions& o, const WanModelDir& model) {
   const bool image_to_video = model.task == WanTask::kImageToVideo;
+  // Wan 2.2 TI2V-5B takes an image or none (its latents become the first frame), never a last one.
+  if (model.task == WanTask::kTextImageToVideo) {
+    if (!o.last_image.empty())
+      fail_argument("--last-image", "none: TI2V's image to video takes the first frame only (--image)", quoted_excerpt(o.last_image));
+    if (!o.image.empty() && o.device != "cpu")
+      fail_argument("--device", "cpu for image to video (the CUDA path takes no image condition in this version)", o.device);
+    return;
+  }
   if (!image_to_video && !(o.image.empty() && o.last_image.empty()))
     fail_argument(o.image.empty() ? "--last-image" : "--image",
-                  "an image-to-video model (model_index.json's _class_name WanImageToVideoPipeline); --model is a " +
+                  "an image-to-video model (a WanImageToVideoPipeline directory, or TI2V's); --model is a " +
                       std::string(wan_task_name(model.task)) + " model",
                   quoted_excerpt(o.image.empty() ? o.last_image : o.image));
   if (image_to_video && o.image.empty())
@@ -307,7 +315,9 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   load.loras_2 = lora_files(lora.loras_2, "--lora-2");
   load.lora_ignore_unmatched = lora.ignore_unmatched;
   load.load_text_encoder = prompt_set;
-  load.load_vae = output != GenerateOutput::kLatents;
+  // Latents out need no decode; an image still needs the VAE's encoder (the request then skips the decode).
+  load.load_vae = output != GenerateOutput::kLatents || !o.image.empty();
+  request.decode = output != GenerateOutput::kLatents;
   const auto load_start = std::chrono::steady_clock::now();
   WanGenerator generator = WanGenerator::load(ctx, model, load);
   timings.load_seconds = seconds_since(load_start);

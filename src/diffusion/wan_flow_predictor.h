@@ -27,6 +27,7 @@ struct WanFlowRequest {
   Shape latent_shape;                 // (1, C, F, H, W)
   TensorView condition;               // image-to-video: (1, C_in - C, F, H, W) fp32 CPU, after the latents' channels
   TensorView image_embeds;            // (1, I, image_dim) fp32 CPU for a transformer with an image branch
+  TensorView first_frame;             // TI2V image to video: (1, C, 1, H, W) fp32 CPU, the input's first frame, at timestep 0
   bool guided = false;                // both branches, combined with guidance_scale
   double guidance_scale = 1.0;        // this transformer's scale (Wan 2.2's experts have one each)
   Communicator* cfg_group = nullptr;  // a group of two: one branch per rank

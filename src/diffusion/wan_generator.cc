@@ -370,6 +370,24 @@ void WanGenerator::Impl::set_image_condition(const ExecContext& ctx, const WanRe
                                              WanGenerationOptions& options) const {
   const bool given = request.image.count > 0 || !request.image.rgb.empty();
   const bool last_given = request.last_image.count > 0 || !request.last_image.rgb.empty();
+  if (model.task == WanTask::kTextImageToVideo && (given || last_given)) {
+    // Wan 2.2 TI2V-5B's image half (diffusers' expand_timesteps): the image's latents are the
+    // first latent frame; there is no last frame.
+    if (last_given) fail_argument("last_image", "none: TI2V's image to video takes the first frame only", "an image");
+    if (!vae) fail_argument("image", "a generator loaded with its VAE (load_vae) to encode it", "load_vae false");
+    const Tensor pixels = wan_image_pixels(request.image, size.height, size.width, "image");
+    if (request.on_phase) request.on_phase("image encoding");
+    const WanDecodeControl control{nullptr, request.cancel};
+    const TensorView one_frame(pixels.data(), DType::kF32, Device::cpu(), {1, 3, 1, size.height, size.width});
+    ExecContext cpu_ctx = ctx;
+    cpu_ctx.device = Device::cpu();
+    cpu_ctx.stream = nullptr;
+    cpu_ctx.workspace = nullptr;
+    const Tensor mu = vae->encode(cpu_ctx, one_frame, &control);
+    // A cancel during the encode: the first step sees the flag and ends the generation cancelled.
+    options.first_frame = mu.defined() ? vae->normalize_latents(mu) : Tensor::zeros(vae->encoded_shape(one_frame.shape()), DType::kF32);
+    return;
+  }
   if (model.task != WanTask::kImageToVideo) {
     if (given || last_given)
       fail_argument(last_given && !given ? "last_image" : "image",

@@ -225,7 +225,23 @@ void check_image_condition(const WanGenerationOptions& options, const Shape& lat
       fail_argument("image_embeds", detail::concat("(1, I, ", config.image_dim, ")"), options.image_embeds.view().describe());
     check_finite(options.image_embeds.view(), "image_embeds");
   }
-  if ((channels > 0 || options.image_embeds.defined()) && !transformer.device().is_cpu())
+  if (options.first_frame.defined()) {
+    if (channels > 0)
+      fail_argument("first_frame", "none for a transformer that takes condition channels (it is TI2V's image)", "a first frame");
+    if (config.patch_size[0] != 1)
+      fail_argument("first_frame", "a transformer whose patch spans one frame (its tokens get timestep 0)", config.patch_size[0]);
+    Shape expected = latent_shape;
+    expected[2] = 1;
+    require_cpu_f32(options.first_frame.view(), "first_frame");
+    if (options.first_frame.shape() != expected)
+      fail_argument("first_frame", "the shape " + shape_str(expected), options.first_frame.view().describe());
+    check_finite(options.first_frame.view(), "first_frame");
+    // Step caches judge one timestep per batch entry; a given first frame gives each token its own.
+    if (options.cache != nullptr || options.cache_2 != nullptr)
+      fail_argument("cache", "none with a first frame (its tokens have their own timestep)",
+                    (options.cache ? options.cache : options.cache_2)->name());
+  }
+  if ((channels > 0 || options.image_embeds.defined() || options.first_frame.defined()) && !transformer.device().is_cpu())
     fail_argument("transformer device for image-to-video", "cpu: the CUDA predictor and forward take no image condition yet",
                   transformer.device().str());
 }
@@ -298,6 +314,7 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   // Copies, as of the embeddings: the caller's tensors may change while the generation runs.
   if (options.condition.defined()) impl->options.condition = host_copy(options.condition.view());
   if (options.image_embeds.defined()) impl->options.image_embeds = host_copy(options.image_embeds.view());
+  if (options.first_frame.defined()) impl->options.first_frame = host_copy(options.first_frame.view());
   impl->owned_scheduler = std::move(scheduler);
   impl->scheduler = impl->owned_scheduler ? impl->owned_scheduler.get() : scheduler_;
   if (impl->scheduler == nullptr)
@@ -317,6 +334,7 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   impl->request.latent_shape = latent_shape;
   impl->request.condition = impl->options.condition.defined() ? impl->options.condition.view() : TensorView{};
   impl->request.image_embeds = impl->options.image_embeds.defined() ? impl->options.image_embeds.view() : TensorView{};
+  impl->request.first_frame = impl->options.first_frame.defined() ? impl->options.first_frame.view() : TensorView{};
   impl->request.guided = guided;
   impl->request.cfg_group = options.cfg_group;
   for (CacheBackend* cache : {options.cache, options.cache_2})
@@ -376,8 +394,8 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
   const auto batchable = [&](const PendingStep& p) {
     const CacheBackend* cache = p.expert == 1 ? p.state->impl_->options.cache_2 : p.state->impl_->options.cache;
     // Image-to-video states run alone: the batched forward takes no condition channels.
-    return cache == nullptr && p.state->impl_->request.cfg_group == nullptr && p.state->impl_->request.condition.empty() &&
-           p.state->impl_->request.image_embeds.empty();
+    const WanFlowRequest& r = p.state->impl_->request;
+    return cache == nullptr && r.cfg_group == nullptr && r.condition.empty() && r.image_embeds.empty() && r.first_frame.empty();
   };
   const bool reads_step[2] = {attention_reads_step(transformer_), two_experts && attention_reads_step(*low_noise_.transformer)};
   const auto same_batch = [&](const PendingStep& a, const PendingStep& b) {
@@ -460,6 +478,14 @@ WanGenerationResult WanPipeline::finish(const ExecContext& ctx, WanDenoiseState&
   s.spent = true;
   for (auto& predictor : s.predictors) predictor.reset();  // the device buffers go before the decode's
   WanGenerationResult result = std::move(s.result);
+  // TI2V's image: the loop's first latent frame gives way to the image's (diffusers does this after
+  // the last step, before the decode).
+  if (s.options.first_frame.defined()) {
+    const int64_t channels = s.latents.size(1), frames = s.latents.size(2), plane = s.latents.size(3) * s.latents.size(4);
+    for (int64_t channel = 0; channel < channels; ++channel)
+      std::memcpy(s.latents.data_as<float>() + channel * frames * plane, s.options.first_frame.data_as<float>() + channel * plane,
+                  static_cast<size_t>(plane) * sizeof(float));
+  }
   if (vae_ != nullptr && s.options.decode && !result.cancelled) {
     const WanDecodeControl control{s.options.on_decode_chunk, s.options.cancel};
     result.frames = decode_on(ctx, s.latents, &control);

@@ -185,9 +185,10 @@ TEST(WanGenerator, RequestsAndDirectoriesAreCheckedNamingTheField) {
   EXPECT_NE(error_of([] { WanModelDir::open("/nonexistent/model"); }).find("model_index.json"), std::string::npos);
   std::ofstream(fs::path(dir) / "model_index.json") << R"({"_class_name": "WanPipeline", "boundary_ratio": 0.9})";
   EXPECT_NE(error_of([&] { WanModelDir::open(dir); }).find("transformer_2 and boundary_ratio"), std::string::npos);
+  // A text-to-video transformer under the image-to-video class: its channels are named.
   std::ofstream(fs::path(dir) / "model_index.json") << R"({"_class_name": "WanImageToVideoPipeline"})";
-  EXPECT_EQ(WanModelDir::open(dir).task, WanTask::kImageToVideo);
-  EXPECT_NE(error_of([&] { WanGenerator::load(ExecContext{}, dir, WanLoadOptions{}); }).find("WanImageToVideoPipeline"), std::string::npos);
+  const std::string channels = error_of([&] { WanModelDir::open(dir); });
+  EXPECT_NE(channels.find("in_channels"), std::string::npos) << channels;
   fs::remove_all(dir);
 }
 

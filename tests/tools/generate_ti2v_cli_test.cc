@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "diffusion/diffusion_test_util.h"
 #include "generate_cli_util.h"
@@ -52,6 +53,43 @@ TEST(GenerateTi2vCli, WritesTheLatentsDiffusersReaches) {
   EXPECT_NE(odd.status, 0);
   EXPECT_NE(odd.out.find("a multiple of 32"), std::string::npos) << odd.out;
   EXPECT_NE(odd.out.find("--size"), std::string::npos) << odd.out;
+}
+
+// The image-to-video half: the image's latents as the first frame (the written latents hold it in
+// frame 0, diffusers' loop latents after it), --last-image refused.
+TEST(GenerateTi2vCli, ImageToVideoReachesDiffusersLatents) {
+  const fs::path dir = make_ti2v_dir("wan22_ti2v_i2v_model");
+  const std::string io = kTi2vFixture + "/io_i2v.safetensors";
+  const SafetensorsFile file = SafetensorsFile::open(io);
+  const Tensor pixels = file.load("image");
+  VideoFrames image;
+  image.count = 1;
+  image.height = pixels.size(0);
+  image.width = pixels.size(1);
+  image.rgb.assign(static_cast<const uint8_t*>(pixels.data()), static_cast<const uint8_t*>(pixels.data()) + pixels.numel());
+  const fs::path png = dir / "image.png", out = dir / "latents.safetensors";
+  write_png(png.string(), image);
+  const std::string args = "--model '" + dir.string() + "' --embeddings '" + io + "' --noise '" + io +
+                           "' --size 64x32 --frames 5 --steps 2 --guidance 5 --threads 1 --image '" + png.string() + "'";
+  const TesselRun run = generate(args + " --out '" + out.string() + "'");
+  ASSERT_EQ(run.status, 0) << run.out;
+  const Tensor latents = SafetensorsFile::open(out.string()).load("latents");  // (1, 8, 2, 2, 4)
+  const Tensor loop = file.load("latents"), first = file.load("first_frame");
+  ASSERT_EQ(latents.shape(), (Shape{1, 8, 2, 2, 4}));
+  // Per channel: frame 0 is the image's latents, frame 1 the loop's after the last step.
+  const int64_t plane = 2 * 4, frames = 2, channels = 8, count = latents.numel();
+  std::vector<float> want(static_cast<size_t>(count));
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t i = 0; i < plane; ++i) {
+      want[static_cast<size_t>(c * frames * plane + i)] = first.data_as<float>()[c * plane + i];
+      want[static_cast<size_t>(c * frames * plane + plane + i)] = loop.data_as<float>()[count + c * frames * plane + plane + i];
+    }
+  const double error = rel_l2(latents.data_as<float>(), want.data(), count);
+  std::printf("TI2V image-to-video generate latents rel-L2 vs diffusers: %.3g\n", error);
+  EXPECT_LE(error, 1e-5);
+  const TesselRun last = generate(args + " --last-image '" + png.string() + "' --out '" + out.string() + "'");
+  EXPECT_NE(last.status, 0);
+  EXPECT_NE(last.out.find("--last-image"), std::string::npos) << last.out;
 }
 
 TEST(GenerateTi2vCli, PromptToPngFramesOnTheTinyTi2vPreset) {

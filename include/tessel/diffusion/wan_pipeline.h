@@ -92,6 +92,12 @@ struct WanGenerationOptions {
   // branches. Each is required exactly when the transformer takes it.
   Tensor condition;
   Tensor image_embeds;
+  // Wan 2.2 TI2V-5B's image to video (diffusers' expand_timesteps): the image's normalized latents
+  // (1, out_channels, 1, latent height, latent width), fp32 CPU. Every forward sees them as the
+  // first latent frame, whose tokens get timestep 0 (the others t); the loop's own first frame is
+  // replaced by them before the decode. For a transformer that takes the latents alone, with a
+  // patch of one frame.
+  Tensor first_frame;
 };
 
 struct WanGenerationResult {
