@@ -26,9 +26,13 @@ CommandRegistration registration{
       app.add_option("--preset", options->preset,
                      "model size: tiny (2 layers, a few hundred kB), tiny-a14b (Wan 2.2's two-expert layout of tiny "
                      "transformers), tiny-cuda (tiny with heads of 64, for the CUDA path), tiny-ti2v (Wan 2.2 TI2V-5B's layout: "
-                     "48 latent channels, the residual patched VAE, expand_timesteps), wan-1.3b (about 14 GB) or wan-14b "
-                     "(about 40 GB): Wan2.1-T2V sizes with UMT5-XXL and the Wan 2.1 VAE, or wan-ti2v-5b (about 24 GB): "
-                     "Wan2.2-TI2V-5B's sizes with UMT5-XXL and the Wan 2.2 VAE; bf16 (VAE fp32)")
+                     "48 latent channels, the residual patched VAE, expand_timesteps), tiny-i2v (Wan 2.1 I2V's image-to-video "
+                     "layout: 36 input channels, a tiny CLIP image_encoder and its image_processor), tiny-flf2v (tiny-i2v with "
+                     "FLF2V's first-and-last-frame position table, for --last-image), tiny-i2v-a14b (Wan 2.2 I2V-A14B's: two "
+                     "experts of 36 input channels, no CLIP), wan-1.3b (about 14 GB) or wan-14b "
+                     "(about 40 GB): Wan2.1-T2V sizes with UMT5-XXL and the Wan 2.1 VAE, wan-ti2v-5b (about 24 GB): "
+                     "Wan2.2-TI2V-5B's sizes with UMT5-XXL and the Wan 2.2 VAE, or wan-i2v-14b (about 46 GB): "
+                     "Wan2.1-I2V-14B-480P's with CLIP ViT-H/14; bf16 (VAE fp32)")
           ->capture_default_str()
           ->check(one_of(random_wan_model_presets()));
       app.add_option("--out", options->out, "the directory to write (created when missing)")->required()->check(non_empty_path());
@@ -39,8 +43,10 @@ CommandRegistration registration{
         const uint64_t bytes = write_random_wan_model(options->out, options->preset, static_cast<uint64_t>(options->seed),
                                                       static_cast<int>(options->threads));
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::printf("wrote %s: a %s Wan text-to-video model with RANDOM weights (it generates noise, not pictures)",
-                    options->out.c_str(), options->preset.c_str());
+        const std::string& preset = options->preset;  // *i2v* (not ti2v) and tiny-flf2v take an image
+        const bool i2v = (preset.find("i2v") != std::string::npos && preset.find("ti2v") == std::string::npos) || preset == "tiny-flf2v";
+        std::printf("wrote %s: a %s Wan %s model with RANDOM weights (it generates noise, not pictures)", options->out.c_str(),
+                    preset.c_str(), i2v ? "image-to-video" : "text-to-video");
         if (bytes > 0)
           std::printf(", %s of weights in %.1f s (%s/s)", format_bytes(static_cast<double>(bytes)).c_str(), seconds,
                       format_bytes(static_cast<double>(bytes) / seconds).c_str());

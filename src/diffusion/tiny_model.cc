@@ -2,6 +2,7 @@
 
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/random.h"
+#include "tessel/diffusion/clip_image_processor.h"
 #include "tessel/diffusion/umt5_tokenizer.h"
 #include "tessel/dit/wan_weights.h"
 #include "random_checkpoint.h"
@@ -113,6 +115,28 @@ nlohmann::json transformer_config_json(const WanConfig& c) {
           {"pos_embed_seq_len", nullable(c.pos_embed_seq_len)}};
 }
 
+// config.json as transformers 5 writes it for a CLIPVisionModel. projection_dim is no part of the
+// vision tower (CLIPModel's projection); Wan's checkpoint says 1024.
+nlohmann::json clip_vision_config_json(const ClipVisionConfig& c, const char* dtype) {
+  return {{"architectures", {"CLIPVisionModel"}}, {"attention_dropout", 0.0}, {"dtype", dtype},
+          {"hidden_act", c.hidden_act == ClipActivation::gelu ? "gelu" : "quick_gelu"}, {"hidden_size", c.hidden_size},
+          {"image_size", c.image_size}, {"initializer_factor", 1.0}, {"initializer_range", 0.02},
+          {"intermediate_size", c.intermediate_size}, {"layer_norm_eps", c.layer_norm_eps},
+          {"model_type", "clip_vision_model"}, {"num_attention_heads", c.num_attention_heads},
+          {"num_channels", c.num_channels}, {"num_hidden_layers", c.num_hidden_layers}, {"patch_size", c.patch_size},
+          {"projection_dim", 1024}, {"transformers_version", "5.24.0"}};
+}
+
+// CLIPImageProcessor's preprocessor_config.json for an encoder of `image_size`: the shortest edge
+// resized (bicubic) and center-cropped to it, CLIP's mean and std.
+nlohmann::json clip_image_processor_json(int64_t image_size) {
+  const ClipImageProcessing p;
+  return {{"crop_size", {{"height", image_size}, {"width", image_size}}}, {"do_center_crop", true}, {"do_convert_rgb", true},
+          {"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"image_mean", p.image_mean},
+          {"image_processor_type", "CLIPImageProcessor"}, {"image_std", p.image_std}, {"resample", 3},
+          {"rescale_factor", p.rescale_factor}, {"size", {{"shortest_edge", image_size}}}};
+}
+
 nlohmann::json text_encoder_config_json(const UMT5Config& c, const char* dtype) {
   return {{"architectures", {"UMT5EncoderModel"}}, {"model_type", "umt5"}, {"vocab_size", c.vocab_size},
           {"d_model", c.d_model}, {"d_kv", c.d_kv}, {"d_ff", c.d_ff}, {"num_layers", c.num_layers},
@@ -200,18 +224,73 @@ WanConfig wan_ti2v_5b_transformer_config() {
   return c;
 }
 
+ClipVisionConfig tiny_clip_vision_config() {
+  ClipVisionConfig c = wan_clip_vision_config();  // its patch 14, gelu and eps
+  c.hidden_size = tiny_wan_transformer_config().inner_dim();
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.image_size = 28;
+  return c;
+}
+
+WanConfig tiny_i2v_wan_transformer_config(bool flf2v) {
+  WanConfig c = tiny_i2v_a14b_wan_transformer_config();
+  c.image_dim = tiny_clip_vision_config().hidden_size;
+  c.added_kv_proj_dim = c.inner_dim();
+  if (flf2v) c.pos_embed_seq_len = 2 * tiny_clip_vision_config().tokens();
+  return c;
+}
+
+WanConfig tiny_i2v_a14b_wan_transformer_config() {
+  WanConfig c = tiny_wan_transformer_config();
+  c.in_channels = 2 * c.out_channels + 4;
+  return c;
+}
+
+WanConfig wan_i2v_14b_transformer_config() {
+  WanConfig c = wan_preset("wan-14b");
+  c.in_channels = 2 * c.out_channels + 4;
+  c.image_dim = wan_clip_vision_config().hidden_size;
+  c.added_kv_proj_dim = c.inner_dim();
+  return c;
+}
+
+ClipVisionConfig wan_clip_vision_config() {
+  ClipVisionConfig c;
+  c.hidden_size = 1280;
+  c.intermediate_size = 5120;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 16;
+  c.image_size = 224;
+  c.patch_size = 14;
+  c.hidden_act = ClipActivation::gelu;
+  c.layer_norm_eps = 1e-5;
+  return c;
+}
+
 namespace {
 
+// What model_index.json and the scheduler say beyond the components' configs.
+struct SkeletonLayout {
+  bool two_experts = false;  // transformer_2/ and boundary_ratio
+  bool ti2v = false;         // expand_timesteps, flow shift 5
+  bool i2v = false;          // WanImageToVideoPipeline
+  const ClipVisionConfig* image_encoder = nullptr;  // image_encoder/ and image_processor/ (i2v with an image branch)
+  const char* image_encoder_dtype = "float32";
+};
+
 // Everything but the weights: model_index.json (with Wan 2.2 A14B's transformer_2 and boundary
-// ratio when two_experts, TI2V-5B's expand_timesteps and flow shift 5 when ti2v), the scheduler, the
-// configs and the tokenizer (`spiece`, a serialized sentencepiece model; its ids may be a subset of
-// the encoder's vocabulary).
+// ratio when two_experts, TI2V-5B's expand_timesteps and flow shift 5 when ti2v, the image
+// components when i2v), the scheduler, the configs and the tokenizer (`spiece`, a serialized
+// sentencepiece model; its ids may be a subset of the encoder's vocabulary).
 void write_model_skeleton(const fs::path& root, const WanConfig& transformer, const UMT5Config& text_encoder, const WanVaeConfig& vae,
-                          const char* text_encoder_dtype, const std::string& spiece, bool two_experts = false,
-                          bool ti2v = false) {
+                          const char* text_encoder_dtype, const std::string& spiece, const SkeletonLayout& layout = {}) {
+  const bool two_experts = layout.two_experts, ti2v = layout.ti2v;
   std::error_code error;
   std::vector<const char*> components = {"scheduler", "transformer", "text_encoder", "tokenizer", "vae"};
   if (two_experts) components.push_back("transformer_2");
+  if (layout.image_encoder != nullptr) components.insert(components.end(), {"image_encoder", "image_processor"});
   for (const char* component : components) {
     fs::create_directories(root / component, error);
     if (error) fail_argument("directory", "a directory that can be created", quoted_excerpt(root.string()) + ": " + error.message());
@@ -224,16 +303,26 @@ void write_model_skeleton(const fs::path& root, const WanConfig& transformer, co
                           {"vae", {"diffusers", "AutoencoderKLWan"}}};
   if (two_experts) {
     index["transformer_2"] = {"diffusers", "WanTransformer3DModel"};
-    index["boundary_ratio"] = 0.875;  // Wan 2.2 T2V-A14B's
+    index["boundary_ratio"] = layout.i2v ? 0.9 : 0.875;  // Wan 2.2 I2V-A14B's or T2V-A14B's
     index["expand_timesteps"] = false;
   }
   if (ti2v) {
     index["boundary_ratio"] = nullptr;
     index["expand_timesteps"] = true;  // Wan2.2-TI2V-5B-Diffusers' per-token timesteps
   }
+  if (layout.i2v) {
+    index["_class_name"] = "WanImageToVideoPipeline";
+    if (!two_experts) index["boundary_ratio"] = nullptr;
+    index["expand_timesteps"] = false;
+    const bool clip = layout.image_encoder != nullptr;  // Wan 2.2 I2V-A14B has none
+    index["image_encoder"] = clip ? nlohmann::json{"transformers", "CLIPVisionModel"} : nlohmann::json{nullptr, nullptr};
+    index["image_processor"] = clip ? nlohmann::json{"transformers", "CLIPImageProcessor"} : nlohmann::json{nullptr, nullptr};
+  }
   write_json(root / "model_index.json", index);
+  // Wan 2.2 TI2V-5B's and I2V-A14B's sample_shift is 5, Wan 2.1's (480P) and T2V-A14B's diffusers config 3.
+  const bool shift_5 = ti2v || (layout.i2v && two_experts);
   write_json(root / "scheduler" / "scheduler_config.json",
-             {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", ti2v ? 5.0 : 3.0},
+             {{"_class_name", "UniPCMultistepScheduler"}, {"_diffusers_version", "0.42.1"}, {"flow_shift", shift_5 ? 5.0 : 3.0},
               {"num_train_timesteps", 1000}, {"prediction_type", "flow_prediction"}, {"solver_order", 2},
               {"solver_type", "bh2"}, {"use_flow_sigmas", true}, {"predict_x0", true}, {"lower_order_final", true},
               {"final_sigmas_type", "zero"}, {"disable_corrector", nlohmann::json::array()}});
@@ -250,49 +339,94 @@ void write_model_skeleton(const fs::path& root, const WanConfig& transformer, co
   write_json(root / "tokenizer" / "special_tokens_map.json", special);
   write_json(root / "text_encoder" / "config.json", text_encoder_config_json(text_encoder, text_encoder_dtype));
   write_text(root / "vae" / "config.json", wan_vae_config_json(vae));
+  if (layout.image_encoder != nullptr) {
+    write_json(root / "image_encoder" / "config.json", clip_vision_config_json(*layout.image_encoder, layout.image_encoder_dtype));
+    write_json(root / "image_processor" / "preprocessor_config.json", clip_image_processor_json(layout.image_encoder->image_size));
+  }
 }
 
 }  // namespace
 
 void write_tiny_wan_model(const std::string& directory, uint64_t seed, TinyWanLayout layout, const WanConfig& transformer) {
   const fs::path root(directory);
-  const bool two_experts = layout == TinyWanLayout::kTwoExperts;
+  SkeletonLayout skeleton;
+  skeleton.two_experts = layout == TinyWanLayout::kTwoExperts || layout == TinyWanLayout::kI2vTwoExperts;
+  skeleton.ti2v = layout == TinyWanLayout::kTi2v;
+  skeleton.i2v = layout == TinyWanLayout::kI2v || layout == TinyWanLayout::kI2vTwoExperts;
+  const ClipVisionConfig clip = tiny_clip_vision_config();
+  if (transformer.has_image_branch() != (layout == TinyWanLayout::kI2v))
+    fail_argument("transformer", "an image branch exactly in the kI2v layout (Wan 2.1 I2V's CLIP features)",
+                  detail::concat("image_dim ", transformer.image_dim));
+  if (layout == TinyWanLayout::kI2v) {
+    if (transformer.image_dim != clip.hidden_size)
+      fail_argument("transformer: image_dim", detail::concat("the tiny CLIP's hidden size ", clip.hidden_size), transformer.image_dim);
+    skeleton.image_encoder = &clip;
+  }
   const std::string spiece = train_tokenizer(seed);
   const UMT5Config text_encoder = tiny_umt5_config(UMT5Tokenizer::from_serialized_model(spiece, "tiny tokenizer").vocab_size());
-  const bool ti2v = layout == TinyWanLayout::kTi2v;
-  const WanVaeConfig vae = ti2v ? tiny_ti2v_wan_vae_config() : tiny_wan_vae_config();
-  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece, two_experts, ti2v);
+  const WanVaeConfig vae = skeleton.ti2v ? tiny_ti2v_wan_vae_config() : tiny_wan_vae_config();
+  write_model_skeleton(root, transformer, text_encoder, vae, "float32", spiece, skeleton);
   write_random_weights(root / "transformer" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed);
-  if (two_experts) write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
+  if (skeleton.two_experts) write_random_weights(root / "transformer_2" / kDiffusersWeightsFile, wan_weight_specs(transformer), seed + 3);
   write_random_weights(root / "text_encoder" / "model.safetensors", umt5_weight_specs(text_encoder), seed + 1);
   write_random_weights(root / "vae" / kDiffusersWeightsFile, wan_vae_weight_specs(vae), seed + 2);
+  if (skeleton.image_encoder != nullptr)
+    write_random_weights(root / "image_encoder" / "model.safetensors", clip_vision_weight_specs(clip), seed + 4);
 }
 
+namespace {
+
+struct TinyPreset {
+  const char* name;
+  TinyWanLayout layout;
+  WanConfig (*transformer)();
+};
+
+const TinyPreset kTinyPresets[] = {
+    {"tiny", TinyWanLayout::kOneExpert, tiny_wan_transformer_config},
+    {"tiny-a14b", TinyWanLayout::kTwoExperts, tiny_wan_transformer_config},
+    {"tiny-cuda", TinyWanLayout::kOneExpert, tiny_cuda_wan_transformer_config},
+    {"tiny-ti2v", TinyWanLayout::kTi2v, tiny_ti2v_wan_transformer_config},
+    {"tiny-i2v", TinyWanLayout::kI2v, [] { return tiny_i2v_wan_transformer_config(); }},
+    {"tiny-flf2v", TinyWanLayout::kI2v, [] { return tiny_i2v_wan_transformer_config(true); }},
+    {"tiny-i2v-a14b", TinyWanLayout::kI2vTwoExperts, tiny_i2v_a14b_wan_transformer_config},
+};
+
+const char* const kBigPresets[] = {"wan-1.3b", "wan-14b", "wan-ti2v-5b", "wan-i2v-14b"};
+
+}  // namespace
+
 std::vector<std::string> random_wan_model_presets() {
-  return {"tiny", "tiny-a14b", "tiny-cuda", "tiny-ti2v", "wan-1.3b", "wan-14b", "wan-ti2v-5b"};
+  std::vector<std::string> names;
+  for (const TinyPreset& preset : kTinyPresets) names.emplace_back(preset.name);
+  names.insert(names.end(), std::begin(kBigPresets), std::end(kBigPresets));
+  return names;
 }
 
 uint64_t write_random_wan_model(const std::string& directory, std::string_view preset, uint64_t seed, int threads) {
-  if (preset == "tiny" || preset == "tiny-a14b" || preset == "tiny-cuda" || preset == "tiny-ti2v") {
-    const TinyWanLayout layout = preset == "tiny-a14b"   ? TinyWanLayout::kTwoExperts
-                                 : preset == "tiny-ti2v" ? TinyWanLayout::kTi2v
-                                                         : TinyWanLayout::kOneExpert;
-    const WanConfig transformer = preset == "tiny-cuda"   ? tiny_cuda_wan_transformer_config()
-                                  : preset == "tiny-ti2v" ? tiny_ti2v_wan_transformer_config()
-                                                          : tiny_wan_transformer_config();
-    write_tiny_wan_model(directory, seed, layout, transformer);
+  for (const TinyPreset& tiny : kTinyPresets) {
+    if (preset != tiny.name) continue;
+    write_tiny_wan_model(directory, seed, tiny.layout, tiny.transformer());
     return 0;
   }
-  if (preset != "wan-1.3b" && preset != "wan-14b" && preset != "wan-ti2v-5b")
-    fail_argument("preset", "one of tiny, tiny-a14b, tiny-cuda, tiny-ti2v, wan-1.3b, wan-14b, wan-ti2v-5b",
-                  quoted_excerpt(std::string(preset)));
+  if (std::find(std::begin(kBigPresets), std::end(kBigPresets), preset) == std::end(kBigPresets)) {
+    std::string names;
+    for (const std::string& name : random_wan_model_presets()) names += (names.empty() ? "" : ", ") + name;
+    fail_argument("preset", "one of " + names, quoted_excerpt(std::string(preset)));
+  }
   const fs::path root(directory);
-  const bool ti2v = preset == "wan-ti2v-5b";
-  const WanConfig transformer = ti2v ? wan_ti2v_5b_transformer_config() : wan_preset(preset);
+  const bool ti2v = preset == "wan-ti2v-5b", i2v = preset == "wan-i2v-14b";
+  const WanConfig transformer = ti2v ? wan_ti2v_5b_transformer_config() : i2v ? wan_i2v_14b_transformer_config() : wan_preset(preset);
   const UMT5Config text_encoder;  // UMT5-XXL, the encoder of every Wan 2.1 and 2.2 model
   const WanVaeConfig vae = ti2v ? wan22_vae_config() : WanVaeConfig{};  // Wan 2.2's or Wan 2.1's VAE
+  const ClipVisionConfig clip = wan_clip_vision_config();
+  SkeletonLayout layout;
+  layout.ti2v = ti2v;
+  layout.i2v = i2v;
+  if (i2v) layout.image_encoder = &clip;
+  layout.image_encoder_dtype = "bfloat16";
   // The tiny tokenizer: the real one cannot be downloaded here, and its ids fit UMT5-XXL's vocabulary.
-  write_model_skeleton(root, transformer, text_encoder, vae, "bfloat16", train_tokenizer(seed), false, ti2v);
+  write_model_skeleton(root, transformer, text_encoder, vae, "bfloat16", train_tokenizer(seed), layout);
 
   std::vector<RandomTensorSpec> transformer_tensors;
   for (const WeightSpec& spec : wan_weight_specs(transformer)) {
@@ -305,6 +439,9 @@ uint64_t write_random_wan_model(const std::string& directory, std::string_view p
                                    heuristic_specs(umt5_weight_specs(text_encoder)), DType::kBF16, seed + 1, threads);
   bytes += write_random_checkpoint({root / "vae", kDiffusersWeightsFile, kDiffusersWeightsIndex},
                                    heuristic_specs(wan_vae_weight_specs(vae)), DType::kF32, seed + 2, threads);
+  if (i2v)
+    bytes += write_random_checkpoint({root / "image_encoder", "model.safetensors", "model.safetensors.index.json"},
+                                     heuristic_specs(clip_vision_weight_specs(clip)), DType::kBF16, seed + 4, threads);
   return bytes;
 }
 

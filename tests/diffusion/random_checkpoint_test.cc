@@ -114,7 +114,8 @@ TEST(RandomCheckpoint, BadInputIsAnError) {
     write_random_wan_model((dir / "model").string(), "wan-7b");
     FAIL() << "an unknown preset accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("one of tiny, tiny-a14b, tiny-cuda, tiny-ti2v, wan-1.3b, wan-14b, wan-ti2v-5b"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one of tiny, tiny-a14b, tiny-cuda, tiny-ti2v, tiny-i2v, tiny-flf2v, tiny-i2v-a14b, wan-1.3b, wan-14b, "
+                                                 "wan-ti2v-5b, wan-i2v-14b"), std::string::npos) << e.what();
   }
 }
 

@@ -2,7 +2,8 @@
 // (tests/fixtures/diffusion/wan21_i2v/, scripts/make_i2v_pipeline_fixture.py): from its noise,
 // embeddings and image (written here as a PNG) it writes the latents diffusers'
 // WanImageToVideoPipeline reached; every wrong combination of images, model and device is an
-// error naming the flag before any weight loads.
+// error naming the flag before any weight loads. `init-model --preset tiny-i2v / tiny-flf2v /
+// tiny-i2v-a14b` write directories that an image and a prompt turn into frames of the requested size.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,6 +86,45 @@ TEST(GenerateI2vCli, ImageFlagsAreCheckedAgainstTheModel) {
     EXPECT_NE(run.status, 0) << args;
     EXPECT_NE(run.out.find(flag), std::string::npos) << args << "\n" << run.out;
     EXPECT_EQ(run.out.find("step 1/"), std::string::npos) << "a step ran: " << args;
+  }
+}
+
+// A 56 x 40 gradient (another aspect than the video's: the image is resized and CLIP crops it).
+std::string gradient_png(const std::string& name, int shift) {
+  VideoFrames image;
+  image.count = 1;
+  image.height = 40;
+  image.width = 56;
+  image.rgb.resize(static_cast<size_t>(image.height * image.width * 3));
+  for (size_t i = 0; i < image.rgb.size(); ++i) image.rgb[i] = static_cast<uint8_t>((i * 7 + static_cast<size_t>(shift)) % 256);
+  const std::string path = (fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()) + ".png")).string();
+  write_png(path, image);
+  return path;
+}
+
+TEST(GenerateI2vCli, ImageAndPromptToPngFramesOnTheTinyImageToVideoPresets) {
+  const std::string image = gradient_png("i2v_first", 0), last = gradient_png("i2v_last", 101);
+  for (const std::string preset : {"tiny-i2v", "tiny-flf2v", "tiny-i2v-a14b"}) {
+    const fs::path dir = fs::path(::testing::TempDir()) / (preset + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    const TesselRun init = run_tessel_binary("init-model --preset " + preset + " --out '" + dir.string() + "'", dir.string() + ".log");
+    ASSERT_EQ(init.status, 0) << init.out;
+    EXPECT_NE(init.out.find("image-to-video"), std::string::npos) << init.out;
+    std::string images = " --image '" + image + "'";
+    if (preset == "tiny-flf2v") images += " --last-image '" + last + "'";
+    const TesselRun run = generate("--model '" + dir.string() + "'" + images + " --prompt 'a cat' --size 64x64 --frames 5 "
+                                   "--steps 2 --threads 1 --out '" + (dir / "cat.png").string() + "'");
+    ASSERT_EQ(run.status, 0) << preset << "\n" << run.out;
+    if (preset == "tiny-i2v-a14b")  // two experts, no CLIP
+      EXPECT_NE(run.out.find("1 on transformer_2"), std::string::npos) << run.out;
+    else
+      EXPECT_NE(run.out.find("image encoding"), std::string::npos) << run.out;
+    for (const char* frame : {"cat_00000.png", "cat_00004.png"}) {
+      const VideoFrames frames = read_png((dir / frame).string());
+      EXPECT_EQ(frames.width, 64) << preset << " " << frame;
+      EXPECT_EQ(frames.height, 64) << preset << " " << frame;
+    }
+    EXPECT_FALSE(fs::exists(dir / "cat_00005.png")) << preset;
   }
 }
 

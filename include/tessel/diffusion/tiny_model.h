@@ -1,6 +1,7 @@
-// A diffusers-layout Wan text-to-video model directory with tiny sizes and seeded random weights, so
-// the whole generation path (tokenizer, text encoder, transformer, scheduler, VAE) runs in a fraction of a
-// second on a fresh machine without downloading anything. The weights are random: what it
+// A diffusers-layout Wan text-to-video or image-to-video model directory with tiny sizes and seeded
+// random weights, so the whole generation path (tokenizer, text encoder, CLIP image encoder,
+// transformer, scheduler, VAE) runs in a fraction of a second on a fresh machine without
+// downloading anything. The weights are random: what it
 // generates is noise-like, not a picture of the prompt.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/diffusion/clip_vision_encoder.h"
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_config.h"
@@ -34,6 +36,24 @@ WanVaeConfig tiny_ti2v_wan_vae_config();
 // Wan-AI/Wan2.2-TI2V-5B-Diffusers' transformer: 24 heads of 128 (width 3072), 30 layers, FFN 14336,
 // 48 latent channels.
 WanConfig wan_ti2v_5b_transformer_config();
+// Wan 2.1 I2V's image encoder at tiny sizes: a CLIPVisionModel of width 32 (the tiny transformer's
+// inner width), 2 layers of 4 heads, MLP 48, patches of 14 on a 28 x 28 image (5 tokens: the class
+// token and 2 x 2 patches), exact gelu.
+ClipVisionConfig tiny_clip_vision_config();
+// Wan 2.1 I2V's transformer at tiny sizes: the tiny transformer with 2 x 16 + 4 = 36 input channels
+// (latents, frame mask, encoded image) and the image branch (image_dim = tiny_clip_vision_config's
+// hidden size, added_kv_proj_dim = the inner width); `flf2v` adds FLF2V's learned position table of
+// pos_embed_seq_len = 2 x the CLIP tokens (the first and the last frame's).
+WanConfig tiny_i2v_wan_transformer_config(bool flf2v = false);
+// Wan 2.2 I2V-A14B's experts at tiny sizes: 36 input channels, no image branch (the image arrives
+// only through the channels).
+WanConfig tiny_i2v_a14b_wan_transformer_config();
+// Wan-AI/Wan2.1-I2V-14B-480P-Diffusers' transformer: Wan2.1-T2V-14B's with in_channels 36,
+// image_dim 1280 (ViT-H/14's width) and added_kv_proj_dim 5120 (the inner width).
+WanConfig wan_i2v_14b_transformer_config();
+// Its image_encoder/: open-clip ViT-H/14 as a transformers CLIPVisionModel (hidden 1280, 32 layers
+// of 16 heads, intermediate 5120, patch 14, image 224, gelu, layer_norm_eps 1e-5).
+ClipVisionConfig wan_clip_vision_config();
 
 // Writes into `directory` (created when missing; files of the same names are replaced):
 //   model_index.json                 WanPipeline with its components
@@ -47,21 +67,34 @@ WanConfig wan_ti2v_5b_transformer_config();
 // other random weights) and "boundary_ratio" 0.875 in model_index.json. kTi2v is Wan 2.2 TI2V-5B's:
 // "expand_timesteps" true, UniPC with flow shift 5 and tiny_ti2v_wan_vae_config (pass
 // tiny_ti2v_wan_transformer_config as `transformer`).
-// The same seed gives byte-identical files. Throws Error naming the path it cannot write.
-enum class TinyWanLayout { kOneExpert, kTwoExperts, kTi2v };
+// kI2v is Wan 2.1 I2V's (pass tiny_i2v_wan_transformer_config): a WanImageToVideoPipeline with
+//   image_encoder/config.json, model.safetensors (fp32, transformers' CLIPVisionModel of
+//       tiny_clip_vision_config, clip_vision_weight_specs' names)
+//   image_processor/preprocessor_config.json (CLIPImageProcessor: bicubic resize of the shortest
+//       edge and center crop to CLIP's image size, CLIP's mean and std)
+// kI2vTwoExperts Wan 2.2 I2V-A14B's (pass tiny_i2v_a14b_wan_transformer_config): a
+// WanImageToVideoPipeline of two experts, "boundary_ratio" 0.9, UniPC with flow shift 5 (Wan 2.2's
+// i2v_A14B sample_shift), image_encoder and image_processor null.
+// The same seed gives byte-identical files. Throws Error naming the path it cannot write, or a
+// transformer that does not fit the layout (an image branch without kI2v or the other way round).
+enum class TinyWanLayout { kOneExpert, kTwoExperts, kTi2v, kI2v, kI2vTwoExperts };
 // `transformer` replaces the tiny transformer's sizes (tiny_cuda_wan_transformer_config for CUDA).
 void write_tiny_wan_model(const std::string& directory, uint64_t seed = 0, TinyWanLayout layout = TinyWanLayout::kOneExpert,
                           const WanConfig& transformer = tiny_wan_transformer_config());
 
-// "tiny", "tiny-a14b", "tiny-cuda", "tiny-ti2v", "wan-1.3b", "wan-14b", "wan-ti2v-5b": what
-// write_random_wan_model writes.
+// "tiny", "tiny-a14b", "tiny-cuda", "tiny-ti2v", "tiny-i2v", "tiny-flf2v", "tiny-i2v-a14b",
+// "wan-1.3b", "wan-14b", "wan-ti2v-5b", "wan-i2v-14b": what write_random_wan_model writes.
 std::vector<std::string> random_wan_model_presets();
 
 // Writes the directory of `preset`: "tiny" as write_tiny_wan_model, "tiny-a14b" in the two-expert
-// layout, "tiny-cuda" with tiny_cuda_wan_transformer_config, "tiny-ti2v" in the kTi2v layout;
+// layout, "tiny-cuda" with tiny_cuda_wan_transformer_config, "tiny-ti2v" in the kTi2v layout,
+// "tiny-i2v" and "tiny-flf2v" in the kI2v layout (tiny_i2v_wan_transformer_config without and with
+// FLF2V's position table), "tiny-i2v-a14b" in the kI2vTwoExperts layout;
 // "wan-1.3b" and "wan-14b" at the published sizes (Wan2.1-T2V transformer, UMT5-XXL text encoder,
 // Wan 2.1 VAE) in the same layout, "wan-ti2v-5b" at Wan2.2-TI2V-5B's (wan_ti2v_5b_transformer_config,
-// UMT5-XXL, wan22_vae_config, expand_timesteps, flow shift 5),
+// UMT5-XXL, wan22_vae_config, expand_timesteps, flow shift 5), "wan-i2v-14b" at
+// Wan2.1-I2V-14B-480P-Diffusers' (wan_i2v_14b_transformer_config, UMT5-XXL, the Wan 2.1 VAE, the
+// CLIP of wan_clip_vision_config in bf16 with its 224 x 224 image_processor, flow shift 3),
 // with the tiny tokenizer (the real one is not downloadable; its ids are a subset of UMT5's
 // vocabulary), the transformer and the text encoder in bf16 and the VAE in fp32, sharded at 5 GiB
 // with an index as save_pretrained does. The big presets are streamed to disk a chunk at a time:
