@@ -76,9 +76,11 @@ void WorkerGroup::start() {
   channel->control().magic = WorkerControlBlock::kMagic;
   MessageQueueShape request_ring = kRequestRing;
   request_ring.num_readers = static_cast<uint32_t>(config_.num_workers);
-  // The engine keeps at most max_batch requests unanswered, so the ring never holds the engine
-  // back while the worker is in the middle of a step (and the shutdown message has a slot of its own).
-  request_ring.num_slots = std::max<uint32_t>(kRequestRing.num_slots, static_cast<uint32_t>(config_.max_batch) + 2);
+  // The engine keeps at most max_batch requests unanswered, each under a slot's bytes (two prompts
+  // of at most 4 KiB, JSON-escaped), in at most max_batch messages: 2 x max_batch slots hold them
+  // all with each message's last slot part-filled, so a send never waits for a worker in the middle
+  // of a long step (and the shutdown message has a slot of its own).
+  request_ring.num_slots = std::max<uint32_t>(kRequestRing.num_slots, 2 * static_cast<uint32_t>(config_.max_batch) + 2);
   channel->requests = MessageQueue::create(request_queue_name(prefix), request_ring);
   channel->results = MessageQueue::create(result_queue_name(prefix), kResultRing, 0);
   RunnerSetup setup = config_.setup;
