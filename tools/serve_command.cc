@@ -51,6 +51,8 @@ struct ServeOptions {
   int ring = 1;
   bool cfg_parallel = false;
   int64_t max_queue = 8;
+  std::optional<int64_t> max_batch;  // unset: kDefaultMaxBatch for one worker, 1 for a group
+  int64_t batch_join_ms = 0;
   int64_t threads = 0;
   std::string device = "cpu";
   std::string size = "832x480";
@@ -70,6 +72,10 @@ struct ServeOptions {
   int64_t keep_alive_s = 5;
   int64_t worker_stall_s = 10;
 };
+
+// Requests one worker keeps in flight by default: enough to fill a GPU's step with small image
+// requests, few enough that a request's step time stays within a small multiple of its own.
+constexpr int64_t kDefaultMaxBatch = 8;
 
 std::string this_executable() {
   std::error_code error;
@@ -201,6 +207,12 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   if (o.num_gpus && *o.num_gpus != workers)
     fail_argument("--num-gpus", detail::concat(workers, ": --ulysses x --ring (x 2 with --cfg-parallel), which say how the ",
                                                "workers split a request"), *o.num_gpus);
+  // A group's ranks must step the same requests at every step; they take one request at a time.
+  if (o.max_batch && *o.max_batch > 1 && workers > 1)
+    fail_argument("--max-batch",
+                  detail::concat("1 with a worker group (--ulysses x --ring, x 2 with --cfg-parallel = ", workers,
+                                 " workers: its ranks step one request at a time)"),
+                  *o.max_batch);
   if (o.cfg_parallel && o.guidance <= 1.0)
     fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
   if (device.is_cuda() && workers > 1 && device.index + workers > cuda_device_count())
@@ -212,6 +224,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   config.worker_command = {this_executable(), "engine-worker"};
   config.num_workers = static_cast<int>(workers);
   config.max_queue = static_cast<size_t>(o.max_queue);
+  config.max_batch = static_cast<int>(o.max_batch.value_or(workers > 1 ? 1 : kDefaultMaxBatch));
+  config.batch_join = milliseconds(o.batch_join_ms);
   config.runner_config_json = engine::wan_runner_config_to_json(runner);
   config.request_timeout = seconds(o.request_timeout_s);
   config.worker_stall_timeout = seconds(o.worker_stall_s);
@@ -252,8 +266,9 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
     server.stop();
   });
   watcher.detach();
-  std::printf("tessel serve: listening on http://%s:%d (model %s, %lld worker(s), queue depth %lld)\n", o.server.host.c_str(),
-              port, o.server.api.model_name.c_str(), static_cast<long long>(workers), static_cast<long long>(o.max_queue));
+  std::printf("tessel serve: listening on http://%s:%d (model %s, %lld worker(s), queue depth %lld, batch %d)\n",
+              o.server.host.c_str(), port, o.server.api.model_name.c_str(), static_cast<long long>(workers),
+              static_cast<long long>(o.max_queue), config.max_batch);
   std::fflush(stdout);
   server.run();
 
@@ -294,6 +309,14 @@ CommandRegistration registration{
                                  "an address", "HOST"));
       app.add_option("--port", o->server.port, "port (0: any free one, printed)")->capture_default_str()->check(integer_in(0, 65535));
       app.add_option("--max-queue", o->max_queue, "requests that may wait; beyond: 429")->capture_default_str()->check(integer_in(1, 100000));
+      app.add_option("--max-batch", o->max_batch,
+                     "requests in flight on the workers at once, stepped together (default 8; 1: one at a time; a worker "
+                     "group takes 1 only)")
+          ->check(integer_in(1, 64));
+      app.add_option("--batch-join-ms", o->batch_join_ms,
+                     "milliseconds an idle worker waits for more requests before the first step of a new batch")
+          ->capture_default_str()
+          ->check(integer_in(0, 10000));
       app.add_option("--api-key", o->server.api_key, "require Authorization: Bearer KEY (all but /health)");
       app.add_option("--num-gpus", o->num_gpus,
                      "worker processes, one per GPU of the parallel group (default and only value: --ulysses x --ring, x 2 "

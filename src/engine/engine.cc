@@ -1,5 +1,6 @@
-// The engine of engine.h: one dispatch thread takes the scheduler's next request, runs it on the
-// worker group and gives it its final answer; everything else (HTTP threads) only submits,
+// The engine of engine.h: one dispatch thread keeps the worker group's batch filled from the
+// scheduler and routes the workers' replies (BatchDispatcher); a post-process thread encodes each
+// finished request and gives it its final answer; everything else (HTTP threads) only submits,
 // polls and cancels through the scheduler.
 #include "tessel/engine/engine.h"
 
@@ -8,6 +9,8 @@
 
 #include "tessel/core/log.h"
 #include "tessel/engine/pipeline_runner.h"
+#include "batch_dispatcher.h"
+#include "task_thread.h"
 #include "worker_group.h"
 
 namespace tessel::engine {
@@ -18,6 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Engine::State {
   std::unique_ptr<WorkerGroup> workers;
+  std::unique_ptr<BatchDispatcher> dispatcher;
+  TaskThread post_process;
   std::atomic<bool> stopping{false};
   std::mutex shutdown_mutex;
   mutable std::mutex stats_mutex;
@@ -27,6 +32,8 @@ struct Engine::State {
   double step_seconds_total = 0.0;
   double last_attention_density = 1.0;
   int64_t device_memory_used_bytes = -1;
+  Histogram batch_sizes{{1, 2, 4, 8, 16, 32, 64}};
+  Histogram queue_seconds{{0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300}};
   std::vector<int> worker_pids;
   bool healthy = false;
   std::string last_worker_error;
@@ -59,7 +66,17 @@ Engine::Engine(EngineConfig config, ProcessorRegistry processors)
   group.start_timeout = config_.worker_start_timeout;
   group.stall_timeout = config_.worker_stall_timeout;
   group.channel_prefix = config_.channel_prefix;
+  group.max_batch = config_.max_batch;
+  if (config_.max_batch > 1 && config_.num_workers > 1)
+    fail_argument("max_batch", detail::concat("1 with a group of ", config_.num_workers,
+                                              " workers (its ranks must step the same requests at every step)"),
+                  config_.max_batch);
+  DispatchSettings settings;
+  settings.max_batch = config_.max_batch;
+  settings.batch_join = config_.batch_join;
+  settings.request_timeout = config_.request_timeout;
   state_->workers = std::make_unique<WorkerGroup>(std::move(group));
+  state_->dispatcher = std::make_unique<BatchDispatcher>(settings, scheduler_, *state_->workers, dispatch_hooks());
   state_->workers->start();
   state_->refresh_worker_stats();
   dispatcher_ = std::thread([this] { dispatch_loop(); });
@@ -86,65 +103,65 @@ EngineStats Engine::stats() const {
   stats.step_seconds_total = state_->step_seconds_total;
   stats.last_attention_density = state_->last_attention_density;
   stats.device_memory_used_bytes = state_->device_memory_used_bytes;
+  stats.batch_sizes = state_->batch_sizes;
+  stats.queue_seconds = state_->queue_seconds;
+  stats.in_flight = state_->dispatcher->in_flight();
+  stats.max_batch = config_.max_batch;
   return stats;
 }
 
-GenerationOutput Engine::run_one(RunningRequest& running) {
-  const auto started = Clock::now();
-  {
+DispatchHooks Engine::dispatch_hooks() {
+  DispatchHooks hooks;
+  hooks.on_admit = [this](const RunningRequest& running) {
     std::lock_guard lock(state_->stats_mutex);
     ++state_->requests_started;
     state_->queue_seconds_total += running.queued_seconds;
-  }
-  const auto deadline = config_.request_timeout.count() > 0 ? started + config_.request_timeout : Clock::time_point::max();
-  const std::string& id = running.request.id;
-  WorkerOutcome outcome = state_->workers->execute(
-      running,
-      [&](const RequestProgress& progress) {
-        scheduler_.report_progress(id, progress);
-        if (!progress.step_finished) return;  // a phase or a decode chunk: the job's status only
-        std::lock_guard lock(state_->stats_mutex);
-        ++state_->steps_total;
-        state_->step_seconds_total += progress.step_seconds;
-        state_->last_attention_density = progress.attention_density;
-        state_->device_memory_used_bytes = progress.device_memory_used_bytes;
-      },
-      deadline);
-  state_->refresh_worker_stats();
-  GenerationOutput output;
-  output.status = outcome.status;
-  output.error = std::move(outcome.error);
-  output.steps_done = outcome.steps_done;
-  if (output.status == RequestStatus::kSucceeded) {
-    try {
-      output.media = processors_.post_process(config_.model_type, running.request, outcome.outputs);
-    } catch (const std::exception& e) {
-      output.status = RequestStatus::kFailed;
-      output.error = std::string("post-processing failed: ") + e.what();
-    }
-  }
-  output.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  return output;
+    state_->queue_seconds.add(running.queued_seconds);
+  };
+  hooks.on_progress = [this](const std::string& id, const RequestProgress& progress) {
+    scheduler_.report_progress(id, progress);
+    if (!progress.step_finished) return;  // a phase or a decode chunk: the job's status only
+    std::lock_guard lock(state_->stats_mutex);
+    ++state_->steps_total;
+    state_->step_seconds_total += progress.step_seconds;
+    state_->last_attention_density = progress.attention_density;
+    state_->device_memory_used_bytes = progress.device_memory_used_bytes;
+  };
+  hooks.on_step = [this](int64_t batch_size, double) {
+    std::lock_guard lock(state_->stats_mutex);
+    state_->batch_sizes.add(static_cast<double>(batch_size));
+  };
+  // Encoded on the post-process thread: the dispatch thread goes on taking the workers' replies.
+  hooks.on_outcome = [this](std::shared_ptr<RunningRequest> running, WorkerOutcome outcome) {
+    state_->post_process.post([this, running = std::move(running), outcome = std::move(outcome)]() mutable {
+      GenerationOutput output;
+      output.status = outcome.status;
+      output.error = std::move(outcome.error);
+      output.steps_done = outcome.steps_done;
+      if (output.status == RequestStatus::kSucceeded) {
+        try {
+          output.media = processors_.post_process(config_.model_type, running->request, outcome.outputs);
+        } catch (const std::exception& e) {
+          output.status = RequestStatus::kFailed;
+          output.error = std::string("post-processing failed: ") + e.what();
+        }
+      }
+      output.seconds = std::chrono::duration<double>(Clock::now() - running->started_at).count();
+      if (!scheduler_.finish(running->request.id, std::move(output)))
+        log_message(LogLevel::kError, "request " + running->request.id + " was answered twice");
+    });
+  };
+  return hooks;
 }
 
 void Engine::dispatch_loop() {
   for (;;) {
-    std::shared_ptr<RunningRequest> running = scheduler_.next(milliseconds(100));
-    if (!running) {
+    const bool busy = state_->dispatcher->run_once();
+    if (!busy) {
       if (state_->stopping && scheduler_.counts().queued == 0) return;
-      state_->workers->check_health();
-      state_->refresh_worker_stats();
-      continue;
+      state_->workers->check_health();  // idle: a worker that died or stalled is replaced before the next request
     }
-    GenerationOutput output;
-    try {
-      output = run_one(*running);
-    } catch (const std::exception& e) {  // a broken message from a worker: the request fails, the loop goes on
-      output.status = RequestStatus::kFailed;
-      output.error = std::string("engine error: ") + e.what();
-    }
-    if (!scheduler_.finish(running->request.id, std::move(output)))
-      log_message(LogLevel::kError, "request " + running->request.id + " was answered twice");
+    state_->refresh_worker_stats();
   }
 }
 
@@ -158,6 +175,7 @@ void Engine::shutdown(ShutdownMode mode) {
   state_->stopping = true;
   scheduler_.close();
   if (dispatcher_.joinable()) dispatcher_.join();
+  state_->post_process.finish();  // every answered request is encoded and final
   state_->workers->stop();
   state_->refresh_worker_stats();
 }

@@ -8,6 +8,13 @@
 
 namespace tessel::engine {
 
+RunnerOutput PipelineRunner::run(const GenerationRequest& request, const RunControl& control) {
+  const std::unique_ptr<RunnerJob> job = begin(request, control);
+  RunnerJob* const jobs[] = {job.get()};
+  while (!job->done()) step(jobs);
+  return finish(*job);
+}
+
 void RunnerRegistry::add(const std::string& model_type, RunnerFactory factory) { factories_[model_type] = std::move(factory); }
 
 std::unique_ptr<PipelineRunner> RunnerRegistry::make(const std::string& model_type, const RunnerSetup& setup) const {

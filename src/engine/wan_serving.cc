@@ -49,6 +49,48 @@ Tensor load_embedding(const SafetensorsFile& file, const std::string& name) {
   return tensor.dtype() == DType::kF32 ? tensor : tensor.to(DType::kF32);
 }
 
+// One request on the runner: its generations (one per output) and its progress reporting.
+struct WanJob final : RunnerJob {
+  WanJob(const GenerationRequest& r, const RunControl& c)
+      : request(r), control(c), started(std::chrono::steady_clock::now()), total(r.num_inference_steps * r.num_outputs) {}
+
+  bool done() const override {
+    return std::all_of(states.begin(), states.end(), [](const auto& state) { return state->done(); });
+  }
+
+  static ExecContext ctx(int num_threads) {
+    ExecContext ctx;
+    ctx.num_threads = num_threads;
+    return ctx;
+  }
+
+  // One status update: a finished step (with its time and the schedule's density), or a phase
+  // change or decode chunk (step_finished false: no step is counted).
+  void report(int64_t step_done, double step_seconds, bool step_finished, double density) const {
+    if (!control.on_progress) return;
+    RequestProgress progress;
+    progress.phase = phase;
+    progress.step_finished = step_finished;
+    progress.step = step_done;
+    progress.total_steps = total;
+    progress.step_seconds = step_seconds;
+    progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    progress.eta_seconds =
+        step_done > 0 ? progress.elapsed_seconds / static_cast<double>(step_done) * static_cast<double>(total - step_done) : 0.0;
+    progress.attention_density = density;
+    control.on_progress(progress);
+  }
+
+  const GenerationRequest request;
+  const RunControl control;
+  const std::chrono::steady_clock::time_point started;
+  const int64_t total;  // steps over all outputs
+  std::atomic<bool> agreed_cancel{false};  // what every rank of a group agreed (one process: unused by the steps)
+  std::string phase;
+  int64_t steps_reported = 0;
+  std::vector<std::unique_ptr<WanGenerationState>> states;
+};
+
 class WanRunner final : public PipelineRunner {
  public:
   explicit WanRunner(const RunnerSetup& setup)
@@ -94,39 +136,20 @@ class WanRunner final : public PipelineRunner {
     generator_.emplace(WanGenerator::load(ExecContext{}, setup.model_dir, load));
   }
 
-  RunnerOutput run(const GenerationRequest& request, const RunControl& control) override {
-    const bool guided = request.guidance_scale > 1.0;
-    ExecContext ctx;
-    ctx.num_threads = config_.num_threads;
+  // A request's outputs (OpenAI's `n`, each its own seed) are generations of one shape: begun
+  // together, stepped with every other job's in one call of the generator's step (which batches
+  // what can share a forward), decoded one after another.
+  std::unique_ptr<RunnerJob> begin(const GenerationRequest& request, const RunControl& control) override {
+    auto job = std::make_unique<WanJob>(request, control);
     // Every rank stops at the same step: a rank that stopped alone would leave the others waiting
     // in the next step's collectives. The ranks agree before the first step and after each one.
-    std::atomic<bool> agreed_cancel{agree_on_cancel(control)};
+    // One process needs no agreement: its generations read the engine's flag itself.
+    job->agreed_cancel = agree_on_cancel(control);
+    const std::atomic<bool>* cancel = host_world_ || control.cancel == nullptr ? &job->agreed_cancel : control.cancel;
+    const bool guided = request.guidance_scale > 1.0;
     const WanTransformer& transformer = generator_->transformer(setting_name(request));
-    RunnerOutput output;
-    const auto started = std::chrono::steady_clock::now();
     const int64_t steps = request.num_inference_steps;
-    const int64_t total = steps * request.num_outputs;
-    // The request's outputs (OpenAI's `n`, each its own seed) are generations of one shape: begun
-    // together, stepped as one batch per step by the generator, decoded one after another.
-    std::string phase;
-    int64_t steps_reported = 0;
-    // One status update: a finished step (with its time and the schedule's density), or a phase
-    // change or decode chunk (step_finished false: no step is counted).
-    const auto report = [&](int64_t step_done, double step_seconds, bool step_finished, double density) {
-      if (!control.on_progress) return;
-      RequestProgress progress;
-      progress.phase = phase;
-      progress.step_finished = step_finished;
-      progress.step = step_done;
-      progress.total_steps = total;
-      progress.step_seconds = step_seconds;
-      progress.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      progress.eta_seconds =
-          step_done > 0 ? progress.elapsed_seconds / static_cast<double>(step_done) * static_cast<double>(total - step_done) : 0.0;
-      progress.attention_density = density;
-      control.on_progress(progress);
-    };
-    std::vector<WanRequest> requests;
+    WanJob& j = *job;
     for (int64_t i = 0; i < request.num_outputs; ++i) {
       WanRequest w;
       if (config_.embeddings_file.empty()) {
@@ -147,29 +170,43 @@ class WanRunner final : public PipelineRunner {
       w.seed = request.seed + static_cast<uint64_t>(i);
       w.sparse_setting = setting_name(request);
       if (!request.cache.empty()) w.cache = request.cache;
-      w.cancel = &agreed_cancel;
-      w.on_phase = [&](std::string_view name) {
-        phase = name;
-        report(steps_reported, 0.0, false, 1.0);
+      w.cancel = cancel;
+      w.on_phase = [&j](std::string_view name) {
+        j.phase = name;
+        j.report(j.steps_reported, 0.0, false, 1.0);
       };
-      // Every output's step counts; the ranks agree on a cancel once per batched step (after the
-      // first output's), all in the same order since every rank steps the same states.
-      w.on_step = [&, first = i == 0](const WanStepProgress& p) {
-        report(++steps_reported, p.step_seconds, true, scheduled_density(transformer, p.step - 1, steps));
-        if (first) agreed_cancel = agree_on_cancel(control);
+      // Every output's step counts; the ranks agree on a cancel once per step of the job (after
+      // its first output's), all in the same order since every rank steps the same states.
+      w.on_step = [this, &j, &transformer, steps, first = i == 0](const WanStepProgress& p) {
+        j.report(++j.steps_reported, p.step_seconds, true, scheduled_density(transformer, p.step - 1, steps));
+        if (first) j.agreed_cancel = agree_on_cancel(j.control);
       };
       // Only rank 0 decodes, so during the decode it reads its own cancel flag (no collective: the
       // other ranks are done).
-      w.on_decode_chunk = [&, i](int64_t done, int64_t chunks) {
-        phase = request.num_outputs > 1 ? detail::concat("decoding output ", i + 1, " of ", request.num_outputs, ": ", done, "/", chunks)
-                                        : detail::concat("decoding ", done, "/", chunks);
-        report(steps_reported, 0.0, false, 1.0);
-        if (control.cancel != nullptr && control.cancel->load()) agreed_cancel = true;
+      w.on_decode_chunk = [&j, i](int64_t done, int64_t chunks) {
+        const int64_t n = j.request.num_outputs;
+        j.phase = n > 1 ? detail::concat("decoding output ", i + 1, " of ", n, ": ", done, "/", chunks)
+                        : detail::concat("decoding ", done, "/", chunks);
+        j.report(j.steps_reported, 0.0, false, 1.0);
+        if (j.control.cancel != nullptr && j.control.cancel->load()) j.agreed_cancel = true;
       };
-      requests.push_back(std::move(w));
+      j.states.push_back(generator_->begin(j.ctx(config_.num_threads), w));
     }
-    for (WanGeneratorResult& generated : generator_->generate(ctx, requests)) {
-      WanGenerationResult& result = generated.generation;
+    return job;
+  }
+
+  void step(std::span<RunnerJob* const> jobs) override {
+    std::vector<WanGenerationState*> states;
+    for (RunnerJob* job : jobs)
+      for (const auto& state : static_cast<WanJob&>(*job).states) states.push_back(state.get());
+    generator_->step(WanJob::ctx(config_.num_threads), states);
+  }
+
+  RunnerOutput finish(RunnerJob& runner_job) override {
+    WanJob& job = static_cast<WanJob&>(runner_job);
+    RunnerOutput output;
+    for (const auto& state : job.states) {
+      WanGenerationResult result = generator_->finish(WanJob::ctx(config_.num_threads), *state).generation;
       output.steps_done += result.steps_done;
       if (result.cancelled) {
         output.cancelled = true;

@@ -2,10 +2,12 @@
 // fields) followed by a binary payload (raw tensor bytes), as
 // [4-byte little-endian header length][header JSON][payload].
 //
-// Engine -> workers (broadcast): {"type":"init", "setup":{...}}, {"type":"generate", "seq":N,
-// "request":{...}}, {"type":"shutdown"}. Rank 0 -> engine: {"type":"progress", "seq":N, ...},
-// {"type":"result", "seq":N, "status":..., "error":..., "tensors":[{"dtype","shape"}...]} with the
-// tensors' bytes in order as the payload.
+// Engine -> workers (broadcast): {"type":"init", "setup":{...}}, {"type":"generate",
+// "requests":[{"seq":N, "lane":L, "request":{...}}, ...]} (the requests that join the batch at the
+// next step boundary), {"type":"shutdown"}. Rank 0 -> engine: {"type":"progress", "seq":N, ...},
+// {"type":"step", "batch":B, "seconds":S} after each step of the batch, {"type":"result", "seq":N,
+// "status":..., "error":..., "tensors":[{"dtype","shape"}...]} with the tensors' bytes in order as
+// the payload.
 #pragma once
 
 #include <string>

@@ -10,13 +10,10 @@
 #include <optional>
 #include <thread>
 
-#if TESSEL_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "wire_format.h"
+#include "worker_batch.h"
 #include "worker_channel.h"
 
 namespace tessel::engine {
@@ -25,7 +22,6 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{200};
-constexpr milliseconds kSendTimeout{30000};
 
 WorkerControlBlock& open_control(ShmRegion& region) {
   auto* block = static_cast<WorkerControlBlock*>(region.data());
@@ -50,59 +46,6 @@ void record_startup_failure(WorkerControlBlock& control, int rank, const std::st
     control.startup_error[sizeof(control.startup_error) - 1] = '\0';
   }
   log_message(LogLevel::kError, text);
-}
-
-// Device memory in use on this process's current GPU (all processes' use of that GPU, as the
-// driver reports it), -1 without a GPU.
-int64_t device_memory_used_bytes() {
-#if TESSEL_WITH_CUDA
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return -1;
-  size_t free_bytes = 0, total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return -1;
-  return static_cast<int64_t>(total_bytes - free_bytes);
-#else
-  return -1;
-#endif
-}
-
-// Runs one generation; rank 0 sends the progress and the result. False when the runner threw.
-bool serve_generation(const wire::Message& message, PipelineRunner& runner, WorkerControlBlock& control,
-                      MessageQueue* results, int rank, pid_t parent) {
-  const auto engine_gone = [parent] { return getppid() != parent; };
-  const uint64_t seq = message.header.at("seq").get<uint64_t>();
-  const GenerationRequest request = wire::request_from_json(message.header.at("request"));
-  std::atomic<bool> cancel{control.cancel_seq.load() == seq};
-  RunControl run_control;
-  run_control.cancel = &cancel;
-  run_control.on_progress = [&](RequestProgress progress) {
-    if (control.cancel_seq.load() == seq) cancel = true;
-    if (results == nullptr) return;
-    progress.device_memory_used_bytes = device_memory_used_bytes();
-    results->send(wire::encode({{"type", "progress"}, {"seq", seq}, {"progress", wire::progress_to_json(progress)}}),
-                    kSendTimeout, engine_gone);
-  };
-  nlohmann::json header = {{"type", "result"}, {"seq", seq}};
-  std::string payload;
-  bool ran = true;
-  try {
-    RunnerOutput output = runner.run(request, run_control);
-    header["status"] = output.cancelled ? "cancelled" : "succeeded";
-    header["error"] = output.cancelled ? "cancelled while running" : "";
-    header["steps_done"] = output.steps_done;
-    if (!output.cancelled) payload = wire::tensors_to_payload(output.outputs, header);
-  } catch (const std::exception& e) {
-    header["status"] = "failed";
-    header["error"] = e.what();
-    header["steps_done"] = 0;
-    ran = false;
-    // Every rank says why (only rank 0 answers the engine): in a group the first failure may be another rank's.
-    log_message(LogLevel::kError, detail::concat("worker rank ", rank, ": request ", request.id, " failed: ", e.what()));
-  }
-  if (results != nullptr && !results->send(wire::encode(header, payload), kSendTimeout, engine_gone))
-    log_message(LogLevel::kError, detail::concat("worker rank ", rank, ": the engine took no result for request ",
-                                                 request.id, " (result queue full or closed)"));
-  return ran;
 }
 
 }  // namespace
@@ -149,18 +92,36 @@ int run_worker(const WorkerArgs& args, const RunnerRegistry& runners) {
     return 1;
   }
   control.ready[args.rank] = 1;
+  WorkerBatch batch(*runner, control, results ? &*results : nullptr, args.rank, world_size, parent);
+  // A rank of a parallel group whose request failed may have left its peers waiting in a collective
+  // (or been left by them): it exits, so that their collectives fail too and the engine restarts the
+  // whole group in a known state.
+  const auto leave_group = [&] {
+    log_message(LogLevel::kError, detail::concat("worker rank ", args.rank, ": leaving the group after a failed request"));
+    return 3;
+  };
+  // Takes one message; an exit code when the worker is to stop.
+  const auto take = [&](const wire::Message& message) -> std::optional<int> {
+    if (message.type() == "shutdown") return 0;
+    if (message.type() == "generate" && !batch.admit(message) && world_size > 1) return leave_group();
+    return std::nullopt;
+  };
   for (;;) {
-    const std::optional<wire::Message> message = receive_while_parent_lives(requests, parent);
-    if (!message || message->type() == "shutdown") return 0;
-    if (message->type() != "generate") continue;
-    const bool ran = serve_generation(*message, *runner, control, results ? &*results : nullptr, args.rank, parent);
-    // A rank of a parallel group that failed may have left its peers waiting in a collective (or
-    // been left by them): it exits, so that their collectives fail too and the engine restarts the
-    // whole group in a known state.
-    if (!ran && world_size > 1) {
-      log_message(LogLevel::kError, detail::concat("worker rank ", args.rank, ": leaving the group after a failed request"));
-      return 3;
+    if (batch.empty()) {
+      const std::optional<wire::Message> message = receive_while_parent_lives(requests, parent);
+      if (!message) return 0;
+      if (const std::optional<int> code = take(*message)) return *code;
     }
+    // Between steps one process admits every request that arrived meanwhile. A group's ranks take
+    // requests only when idle, so that all of them step the same requests (the engine sends a
+    // group one request at a time: EngineConfig::max_batch is 1 there).
+    while (world_size == 1) {
+      const std::optional<std::string> bytes = requests.receive(milliseconds(0));
+      if (!bytes) break;
+      if (const std::optional<int> code = take(wire::decode(*bytes))) return *code;
+    }
+    if (getppid() != parent) return 0;
+    if (!batch.empty() && !batch.step() && world_size > 1) return leave_group();
   }
 }
 

@@ -1,6 +1,6 @@
 // The shared-memory objects between the engine and one generation of its worker group, named
 // from one prefix: the request queue (engine -> every rank), the result queue (rank 0 -> engine)
-// and a control block (handshake flags, the cancel signal, a worker's start-up error).
+// and a control block (handshake flags, the cancel signals, a worker's start-up error).
 #pragma once
 
 #include <atomic>
@@ -13,12 +13,17 @@
 
 namespace tessel::engine {
 
+// The most requests a worker keeps in flight (EngineConfig::max_batch): each holds one lane, its
+// cancel slot in the control block, from the engine's "generate" message to the worker's result.
+inline constexpr int kMaxBatchLanes = 64;
+
 struct WorkerControlBlock {
   static constexpr uint64_t kMagic = 0x74657373656c4357ULL;  // "tesselCW"
   uint64_t magic;
-  // The sequence number of the request to stop between steps (0: none). Workers read it after
-  // every step; the engine writes it. Sequence numbers start at 1.
-  std::atomic<uint64_t> cancel_seq;
+  // Per lane, the sequence number of the request to stop between steps (0: none; sequence numbers
+  // start at 1). The engine writes it; workers compare it with the sequence of the request in that
+  // lane between steps, so a stale value left by the lane's previous request cancels nothing.
+  std::atomic<uint64_t> cancel_seq[kMaxBatchLanes];
   std::atomic<uint32_t> ready[MessageQueue::kMaxReaders];  // 1 once rank r loaded its model
   std::atomic<uint32_t> startup_failed;                     // 1 once a rank failed to start
   char startup_error[2048];                                 // that rank's error, NUL-terminated

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -25,7 +26,6 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-constexpr milliseconds kResultPoll{20};
 constexpr milliseconds kSendTimeout{5000};
 // The request ring holds small JSON messages; the result ring carries output tensors in slices.
 constexpr MessageQueueShape kRequestRing{1, 8, 64 * 1024};
@@ -76,6 +76,11 @@ void WorkerGroup::start() {
   channel->control().magic = WorkerControlBlock::kMagic;
   MessageQueueShape request_ring = kRequestRing;
   request_ring.num_readers = static_cast<uint32_t>(config_.num_workers);
+  // The engine keeps at most max_batch requests unanswered, each under a slot's bytes (two prompts
+  // of at most 4 KiB, JSON-escaped), in at most max_batch messages: 2 x max_batch slots hold them
+  // all with each message's last slot part-filled, so a send never waits for a worker in the middle
+  // of a long step (and the shutdown message has a slot of its own).
+  request_ring.num_slots = std::max<uint32_t>(kRequestRing.num_slots, 2 * static_cast<uint32_t>(config_.max_batch) + 2);
   channel->requests = MessageQueue::create(request_queue_name(prefix), request_ring);
   channel->results = MessageQueue::create(result_queue_name(prefix), kResultRing, 0);
   RunnerSetup setup = config_.setup;
@@ -216,61 +221,63 @@ bool WorkerGroup::check_health() {
   return healthy_;
 }
 
-WorkerOutcome WorkerGroup::execute(RunningRequest& request, const std::function<void(const RequestProgress&)>& on_progress,
-                                   Clock::time_point deadline) {
-  WorkerOutcome outcome;
-  if (!healthy_ && !check_health()) {
-    outcome.error = "no workers are running: " + last_error_;
-    return outcome;
+uint64_t WorkerGroup::send_requests(std::span<const SentRequest> requests) {
+  if (!healthy_ && !check_health()) return 0;
+  const uint64_t first_seq = next_seq_;
+  nlohmann::json list = nlohmann::json::array();
+  for (const SentRequest& sent : requests) {
+    TESSEL_CHECK(sent.lane >= 0 && sent.lane < kMaxBatchLanes, "WorkerGroup::send_requests: lane ", sent.lane, " outside 0..",
+                 kMaxBatchLanes - 1);
+    channel_->control().cancel_seq[sent.lane] = 0;  // the lane's previous request is answered: its cancel is stale
+    list.push_back({{"seq", next_seq_++}, {"lane", sent.lane}, {"request", wire::request_to_json(*sent.request)}});
   }
-  const uint64_t seq = next_seq_++;
-  const nlohmann::json message = {{"type", "generate"}, {"seq", seq}, {"request", wire::request_to_json(request.request)}};
-  if (!channel_->requests.send(wire::encode(message), kSendTimeout)) {
-    outcome.error = "the workers took no request within 5 s";
-    restart(outcome.error);
-    return outcome;
+  if (!channel_->requests.send(wire::encode({{"type", "generate"}, {"requests", std::move(list)}}), kSendTimeout)) {
+    restart("the workers took no request within 5 s");
+    return 0;
   }
-  bool timed_out = false;
-  for (;;) {
-    if (std::optional<std::string> bytes = channel_->results.receive(kResultPoll)) {
-      const wire::Message reply = wire::decode(*bytes);
-      if (reply.header.value("seq", uint64_t{0}) != seq) continue;  // a cancelled run's late message
-      if (reply.type() == "progress") {
-        on_progress(wire::progress_from_json(reply.header.at("progress")));
-        continue;
-      }
-      const std::string status = reply.header.at("status").get<std::string>();
-      outcome.error = reply.header.at("error").get<std::string>();
-      outcome.steps_done = reply.header.at("steps_done").get<int64_t>();
-      if (status == "succeeded") {
-        outcome.status = RequestStatus::kSucceeded;
-        outcome.outputs = wire::tensors_from_payload(reply.header, reply.payload);
-      } else if (status == "cancelled" && !timed_out) {
-        outcome.status = RequestStatus::kCancelled;
-      } else if (status == "cancelled") {
-        outcome.error = detail::concat("timed out: stopped after ", outcome.steps_done, " steps");
-      }
-      return outcome;
-    }
-    if (!timed_out && Clock::now() > deadline) timed_out = true;
-    if (request.cancel_requested.load() || timed_out) channel_->control().cancel_seq = seq;
-    if (timed_out && Clock::now() > deadline + config_.stuck_grace) {
-      outcome.error = detail::concat("timed out, and the workers did not stop within ", config_.stuck_grace.count(),
-                                     " ms of the cancellation; the group was restarted");
-      restart("request " + request.request.id + " left the workers stuck");
-      return outcome;
-    }
-    if (const std::string dead = reap_dead_worker(); !dead.empty()) {
-      outcome.error = dead + " while running request " + request.request.id;
-      restart(dead);
-      return outcome;
-    }
-    if (const std::string stalled = stalled_worker(); !stalled.empty()) {
-      outcome.error = stalled + " while running request " + request.request.id + "; the group was restarted";
-      restart(stalled);
-      return outcome;
-    }
+  return first_seq;
+}
+
+void WorkerGroup::cancel(uint64_t seq, int lane) {
+  if (channel_ && lane >= 0 && lane < kMaxBatchLanes) channel_->control().cancel_seq[lane] = seq;
+}
+
+std::optional<WorkerReply> WorkerGroup::receive(milliseconds timeout) {
+  if (!channel_) return std::nullopt;
+  const std::optional<std::string> bytes = channel_->results.receive(timeout);
+  if (!bytes) return std::nullopt;
+  const wire::Message message = wire::decode(*bytes);
+  WorkerReply reply;
+  const std::string type = message.type();
+  if (type == "step") {
+    reply.kind = WorkerReply::kStep;
+    reply.batch_size = message.header.at("batch").get<int64_t>();
+    reply.step_seconds = message.header.at("seconds").get<double>();
+    return reply;
   }
+  reply.seq = message.header.at("seq").get<uint64_t>();
+  if (type == "progress") {
+    reply.kind = WorkerReply::kProgress;
+    reply.progress = wire::progress_from_json(message.header.at("progress"));
+    return reply;
+  }
+  TESSEL_CHECK(type == "result", "engine message: expected progress, step or result from the workers, got ", quoted_excerpt(type));
+  reply.kind = WorkerReply::kResult;
+  const std::string status = message.header.at("status").get<std::string>();
+  reply.outcome.error = message.header.at("error").get<std::string>();
+  reply.outcome.steps_done = message.header.at("steps_done").get<int64_t>();
+  if (status == "succeeded") {
+    reply.outcome.status = RequestStatus::kSucceeded;
+    reply.outcome.outputs = wire::tensors_from_payload(message.header, message.payload);
+  } else if (status == "cancelled") {
+    reply.outcome.status = RequestStatus::kCancelled;
+  }
+  return reply;
+}
+
+std::string WorkerGroup::running_failure() {
+  if (std::string dead = reap_dead_worker(); !dead.empty()) return dead;
+  return stalled_worker();
 }
 
 void WorkerGroup::stop(milliseconds grace) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -116,6 +117,17 @@ json poll_video(httplib::Client& client, const std::string& id, const std::funct
   return object;
 }
 
+// The latents of an images answer of the embeddings server (it has no VAE: its images are safetensors).
+std::vector<float> latents_of(const std::string& answer) {
+  static std::atomic<int> count{0};
+  const fs::path file =
+      fs::path(::testing::TempDir()) / ("served_latents_" + std::to_string(getpid()) + "_" + std::to_string(count++) + ".safetensors");
+  std::ofstream(file, std::ios::binary) << base64_decode(json::parse(answer)["data"][0]["b64_json"].get<std::string>());
+  const Tensor latents = SafetensorsFile::open(file.string()).load("output_0");
+  fs::remove(file);
+  return std::vector<float>(latents.data_as<float>(), latents.data_as<float>() + latents.numel());
+}
+
 bool is_final(const json& video) {
   const std::string status = video.value("status", "");
   return status == "completed" || status == "failed" || status == "cancelled";
@@ -189,8 +201,11 @@ TEST(ServeCli, EveryEndpointAnswers) {
 // The rest of the OpenAI SDK's video surface: videos.create as multipart/form-data (numbers as
 // text), videos.list with limit / after / order / has_more, POST /v1/videos/sync answering the
 // media itself, and what is not built refused naming the field (input_reference, images.edit).
+// One request at a time (--max-batch 1): the sync answer is compared byte for byte with the first
+// job's, which batching would have stepped beside the others (equal only to rounding then, see
+// ServeBatching.RequestsServedTogetherEqualEachServedAlone).
 TEST(ServeCli, TheVideoApiTakesFormsListsPagesAndAnswersSync) {
-  ServeProcess server(server_args());
+  ServeProcess server(server_args({"--max-batch", "1"}));
   ASSERT_NE(server.port(), 0) << server.log();
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(120, 0);
@@ -444,8 +459,10 @@ TEST(ServeCli, ConnectionsPastTheCapAreAnswered503AtOnce) {
   EXPECT_TRUE(served) << "the server did not serve again after the stalled connections closed";
 }
 
+// With --max-batch 1 the workers run one request at a time, as before batching: the second video
+// waits in the queue while the first runs.
 TEST(ServeCli, AFullQueueAnswers429AndVideosCancel) {
-  ServeProcess server(server_args({"--max-queue", "1"}));
+  ServeProcess server(server_args({"--max-queue", "1", "--max-batch", "1"}));
   ASSERT_NE(server.port(), 0) << server.log();
   httplib::Client client("127.0.0.1", server.port());
   const std::string running = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
@@ -467,6 +484,98 @@ TEST(ServeCli, AFullQueueAnswers429AndVideosCancel) {
   const std::string metrics = client.Get("/metrics")->body;
   EXPECT_NE(metrics.find("tessel_requests_total{status=\"cancelled\"} 2"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("tessel_requests_total{status=\"rejected\"} 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_batch_max 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_batch_size_bucket{le=\"1\"} " + std::to_string(stopped["step"].get<int>())), std::string::npos) << metrics;
+}
+
+// Continuous batching (the default --max-batch 8): an image arriving while a long video runs is
+// admitted at one of the video's next two step boundaries, steps beside it, and is answered while
+// the video still runs. Step counts carry the assertion, not the wall clock.
+TEST(ServeBatching, AnImageArrivingDuringALongVideoStartsWithinTwoStepsAndFinishesFirst) {
+  ServeProcess server(server_args());
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(120, 0);
+  const std::string video = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  const int started_at = poll_video(client, video, [](const json& v) { return v["step"] >= 1; })["step"];
+  const auto image = client.Post("/v1/images/generations", R"({"prompt": "quick", "num_inference_steps": 2})", "application/json");
+  ASSERT_TRUE(image);
+  EXPECT_EQ(image->status, 200) << image->body;
+  const json during = body_of(client.Get("/v1/videos/" + video));
+  EXPECT_EQ(during["status"], "in_progress") << during.dump();
+  // Its 2 steps, at most 2 before it joined, and 1 for the video's progress read before the POST.
+  EXPECT_LE(during["step"].get<int>() - started_at, 2 + 2 + 1) << "the image waited for the video";
+  const std::string metrics = client.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("tessel_batch_max 8\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_queue_wait_seconds_count 2\n"), std::string::npos) << metrics;
+  EXPECT_EQ(body_of(client.Delete("/v1/videos/" + video))["cancel_requested"], true);
+  EXPECT_EQ(poll_video(client, video, is_final)["status"], "cancelled");
+}
+
+// Requests served together (one batched forward per step, 2 x 3 rows with guidance) give what each
+// gives served alone (--max-batch 1), to the rounding of the batch's other GEMM shape.
+TEST(ServeBatching, RequestsServedTogetherEqualEachServedAlone) {
+  const std::vector<int> seeds = {11, 12, 13};
+  const auto body = [](int seed) {
+    return R"({"prompt": "p", "size": "80x48", "num_inference_steps": 3, "seed": )" + std::to_string(seed) + "}";
+  };
+  std::vector<std::vector<float>> alone;
+  {
+    ServeProcess server(embeddings_server_args({"--max-batch", "1"}));
+    ASSERT_NE(server.port(), 0) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(60, 0);
+    for (int seed : seeds) {
+      const auto result = client.Post("/v1/images/generations", body(seed), "application/json");
+      ASSERT_TRUE(result);
+      ASSERT_EQ(result->status, 200) << result->body;
+      alone.push_back(latents_of(result->body));
+    }
+  }
+  // The join window holds the first request until all three arrived: they share every step.
+  ServeProcess server(embeddings_server_args({"--max-batch", "3", "--batch-join-ms", "10000"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  std::vector<std::string> answers(seeds.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < seeds.size(); ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", server.port());
+      client.set_read_timeout(60, 0);
+      const auto result = client.Post("/v1/images/generations", body(seeds[i]), "application/json");
+      if (result && result->status == 200) answers[i] = result->body;
+    });
+  for (std::thread& t : clients) t.join();
+  const std::string metrics = httplib::Client("127.0.0.1", server.port()).Get("/metrics")->body;
+  EXPECT_NE(metrics.find("tessel_batch_size_count 3\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("tessel_batch_size_sum 9\n"), std::string::npos) << metrics;
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    ASSERT_FALSE(answers[i].empty()) << "seed " << seeds[i] << "\n" << server.log();
+    const std::vector<float> together = latents_of(answers[i]);
+    ASSERT_EQ(together.size(), alone[i].size());
+    double diff = 0.0, norm = 0.0;
+    for (size_t j = 0; j < together.size(); ++j) {
+      diff += (together[j] - alone[i][j]) * static_cast<double>(together[j] - alone[i][j]);
+      norm += alone[i][j] * static_cast<double>(alone[i][j]);
+    }
+    const double rel_l2 = std::sqrt(diff / norm);
+    std::printf("seed %d: batched vs alone rel-L2 %.3g\n", seeds[i], rel_l2);
+    EXPECT_LE(rel_l2, 1e-6) << "seed " << seeds[i];
+  }
+}
+
+TEST(ServeCli, BadBatchFlagsAreRefusedNamingThem) {
+  const fs::path log = fs::path(::testing::TempDir()) / ("serve_batch_flags_" + std::to_string(getpid()) + ".txt");
+  for (const auto& [flags, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-batch 0", "--max-batch"},
+           {"--max-batch 65", "--max-batch"},
+           {"--max-batch two", "--max-batch"},
+           {"--batch-join-ms -1", "--batch-join-ms"},
+           {"--batch-join-ms 10001", "--batch-join-ms"},
+           {"--max-batch 2 --ulysses 2", "--max-batch: expected 1 with a worker group (--ulysses x --ring"}}) {
+    const TesselRun run = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 " + flags, log);
+    EXPECT_NE(run.status, 0) << flags;
+    EXPECT_NE(run.out.find(expected), std::string::npos) << flags << ": " << run.out;
+  }
 }
 
 // After a worker was lost: the group was restarted (once, unless `once` is false: a group's ranks
@@ -535,7 +644,7 @@ TEST(ServeCli, AWorkerStoppedWhileIdleIsReplacedBeforeTheNextRequest) {
   expect_replaced_and_serving(client, worker);
 }
 
-// The latents of one image request (the embeddings server has no VAE: its images are safetensors).
+// The latents of one image request.
 std::vector<float> served_latents(const std::vector<std::string>& extra) {
   ServeProcess server(embeddings_server_args(extra));
   EXPECT_NE(server.port(), 0) << server.log();
@@ -549,11 +658,7 @@ std::vector<float> served_latents(const std::vector<std::string>& extra) {
   EXPECT_EQ(result->status, 200) << result->body << server.log();
   const json health = body_of(client.Get("/health"));
   EXPECT_EQ(health["workers"].size(), extra.empty() ? 1u : std::stoul(extra.back())) << health.dump();
-  const fs::path file = fs::path(::testing::TempDir()) / ("served_latents_" + std::to_string(getpid()) + ".safetensors");
-  std::ofstream(file, std::ios::binary) << base64_decode(body_of(result)["data"][0]["b64_json"].get<std::string>());
-  const Tensor latents = SafetensorsFile::open(file.string()).load("output_0");
-  fs::remove(file);
-  return std::vector<float>(latents.data_as<float>(), latents.data_as<float>() + latents.numel());
+  return latents_of(result->body);
 }
 
 // A worker group under Ulysses, Ring, CFG-parallel and their product answers what one worker

@@ -226,6 +226,19 @@ struct HttpServer::Impl {
         << "tessel_requests_total{status=\"rejected\"} " << stats.counts.rejected_queue_full << '\n';
     metric("tessel_queue_seconds", "summary", "Time a request waited in the queue before the workers took it.");
     out << "tessel_queue_seconds_sum " << stats.queue_seconds_total << "\ntessel_queue_seconds_count " << stats.requests_started << '\n';
+    // Prometheus histograms: cumulative buckets (le), then +Inf, the sum and the count.
+    const auto histogram = [&](const char* name, const engine::Histogram& h) {
+      for (size_t i = 0; i < h.bounds.size(); ++i) out << name << "_bucket{le=\"" << h.bounds[i] << "\"} " << h.cumulative(i) << '\n';
+      out << name << "_bucket{le=\"+Inf\"} " << h.count << '\n' << name << "_sum " << h.sum << '\n' << name << "_count " << h.count << '\n';
+    };
+    metric("tessel_queue_wait_seconds", "histogram", "Per request: time from submission to admission into the workers' batch.");
+    histogram("tessel_queue_wait_seconds", stats.queue_seconds);
+    metric("tessel_batch_in_flight", "gauge", "Requests in flight on the workers now (the current batch).");
+    out << "tessel_batch_in_flight " << stats.in_flight << '\n';
+    metric("tessel_batch_max", "gauge", "The most requests in flight at once (--max-batch).");
+    out << "tessel_batch_max " << stats.max_batch << '\n';
+    metric("tessel_batch_size", "histogram", "Requests in each step of the workers' batch.");
+    histogram("tessel_batch_size", stats.batch_sizes);
     metric("tessel_step_seconds", "summary", "Time of one denoising step.");
     out << "tessel_step_seconds_sum " << stats.step_seconds_total << "\ntessel_step_seconds_count " << stats.steps_total << '\n';
     metric("tessel_attention_density", "gauge", "Mean self-attention density the sparse schedule gave the last step (1: dense).");

@@ -1,12 +1,13 @@
 // The diffusion engine: loads a model directory once per worker process (one per GPU of the
-// parallel group), queues requests in a bounded FIFO, runs them one at a time on the group, and
-// gives every request exactly one final answer. In the caller's process it pre-processes a
-// request before queueing (bad fields are refused at once) and post-processes rank 0's raw output
-// (encoding) by model type.
+// parallel group), queues requests in a bounded FIFO, keeps up to max_batch of them in flight on
+// the group (continuous batching: a request joins at the next step boundary and leaves when its
+// own steps are done), and gives every request exactly one final answer. In the caller's process
+// it pre-processes a request before queueing (bad fields are refused at once) and post-processes
+// rank 0's raw output (encoding) by model type.
 //
 //   submit -> pre-process -> RequestScheduler (FIFO, max depth) -> dispatch thread
-//          -> WorkerGroup (shared-memory broadcast to every rank; rank 0 returns progress and
-//             the raw output) -> post-process -> the request's final state
+//          -> BatchDispatcher -> WorkerGroup (shared-memory broadcast to every rank; rank 0
+//             returns progress, steps and raw outputs) -> post-process thread -> final state
 #pragma once
 
 #include <chrono>
@@ -15,11 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "tessel/engine/histogram.h"
 #include "tessel/engine/processing.h"
 #include "tessel/engine/request.h"
 #include "tessel/engine/request_scheduler.h"
 
 namespace tessel::engine {
+
+struct DispatchHooks;  // src/engine/batch_dispatcher.h
 
 struct EngineConfig {
   std::string model_dir;
@@ -36,11 +40,16 @@ struct EngineConfig {
   // the group is restarted; /health reports the group unhealthy meanwhile.
   std::chrono::milliseconds worker_stall_timeout{10000};
   std::string channel_prefix;  // shared-memory names; "/tessel-<pid>" when empty
+  // Requests in flight on the workers at once, stepped together (1..64; 1: one request at a time).
+  // A group of several workers takes 1 only: its ranks must step the same requests (refused otherwise).
+  int max_batch = 1;
+  // An idle group's wait for more requests after the first, before their first step (0: none).
+  std::chrono::milliseconds batch_join{0};
 };
 
 enum class ShutdownMode : uint8_t {
   kDrain,   // run what is queued and running to the end
-  kCancel,  // cancel what is queued, stop the running request between steps
+  kCancel,  // cancel what is queued, stop the running requests between steps
 };
 
 struct EngineStats {
@@ -55,6 +64,10 @@ struct EngineStats {
   double step_seconds_total = 0.0;   // their summed time
   double last_attention_density = 1.0;
   int64_t device_memory_used_bytes = -1;  // the last step's report; -1: no GPU
+  int64_t in_flight = 0;  // requests on the workers now (the current batch)
+  int max_batch = 1;
+  Histogram batch_sizes;    // requests per step of the workers' batch
+  Histogram queue_seconds;  // per request, from submission to admission into the batch
 };
 
 class Engine {
@@ -80,7 +93,7 @@ class Engine {
 
  private:
   void dispatch_loop();
-  GenerationOutput run_one(RunningRequest& running);
+  DispatchHooks dispatch_hooks();  // the dispatcher's callbacks into the stats and the post-process thread
 
   EngineConfig config_;
   ProcessorRegistry processors_;

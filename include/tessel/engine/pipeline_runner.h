@@ -1,14 +1,16 @@
-// What a worker process runs: a PipelineRunner turns one GenerationRequest into a raw output
-// tensor (latents or frames) for its model type, reporting progress after every denoising step
-// and stopping between steps when cancelled. Runners are made by a RunnerRegistry keyed by the
-// model type (the `_class_name` of a diffusers model_index.json), so the engine and its workers
-// never name a model.
+// What a worker process runs: a PipelineRunner turns GenerationRequests into raw output tensors
+// (latents or frames) for its model type, step by step (begin, step, finish) so that the worker can
+// keep several requests in flight and step them together; it reports progress after every
+// denoising step and stops a request between steps when cancelled. Runners are made by a
+// RunnerRegistry keyed by the model type (the `_class_name` of a diffusers model_index.json), so
+// the engine and its workers never name a model.
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,11 +32,29 @@ struct RunControl {
   std::function<void(const RequestProgress&)> on_progress;  // after every step (rank 0 forwards it)
 };
 
+// One request in flight on a runner, from begin to finish.
+class RunnerJob {
+ public:
+  virtual ~RunnerJob() = default;
+  // Every step ran, or the job saw its cancel flag before a step (it then runs no more steps).
+  virtual bool done() const = 0;
+};
+
 class PipelineRunner {
  public:
   virtual ~PipelineRunner() = default;
-  // Runs the request (already pre-processed by the engine). Throws Error when it cannot.
-  virtual RunnerOutput run(const GenerationRequest& request, const RunControl& control) = 0;
+  // Checks the request (already pre-processed by the engine) and prepares it (text encoding,
+  // latents); runs no step. `control` (and the flag it points to) outlives the job. Throws Error
+  // when it cannot.
+  virtual std::unique_ptr<RunnerJob> begin(const GenerationRequest& request, const RunControl& control) = 0;
+  // The next denoising step of every job that is not done (jobs of this runner, each once): jobs
+  // that can share a forward share it. A job whose cancel flag is set runs no step and is done
+  // (cancelled). Throws Error when a step fails: every job of that call is then to be taken as failed.
+  virtual void step(std::span<RunnerJob* const> jobs) = 0;
+  // The job's outputs (decoded when the model has a VAE, unless cancelled); the job is spent.
+  virtual RunnerOutput finish(RunnerJob& job) = 0;
+  // One request alone: begin, step until done, finish.
+  RunnerOutput run(const GenerationRequest& request, const RunControl& control);
 };
 
 // Where and how a worker runs: its rank in the parallel group and the app's configuration of the

@@ -1,8 +1,9 @@
 // The worker process's side: `run_worker` is the main function of a worker that the engine
 // started (the `tessel engine-worker` command, or any program calling it). It joins the engine's
 // shared-memory channel as its rank, builds its PipelineRunner from the init message, reports
-// ready, then runs the busy loop: receive a message, run a generation (rank 0 returns progress and
-// the result), until a shutdown message or the engine's exit.
+// ready, then runs the busy loop: between steps, admit the requests the engine sent, step every
+// request in flight at once, answer those done (rank 0 returns progress and the results), until a
+// shutdown message or the engine's exit.
 #pragma once
 
 #include <string>
