@@ -13,6 +13,7 @@
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/umt5_encoder.h"
+#include "tessel/diffusion/video_frames.h"
 
 namespace tessel {
 
@@ -24,6 +25,27 @@ inline double rel_l2(const float* actual, const float* expected, int64_t count) 
     norm += static_cast<double>(expected[i]) * expected[i];
   }
   return std::sqrt(diff / norm);
+}
+
+// A fixture's image, an (H, W, 3) uint8 tensor, as one RGB frame.
+inline VideoFrames frames_of_image(const Tensor& pixels) {
+  VideoFrames image;
+  image.count = 1;
+  image.height = pixels.size(0);
+  image.width = pixels.size(1);
+  image.rgb.assign(static_cast<const uint8_t*>(pixels.data()), static_cast<const uint8_t*>(pixels.data()) + pixels.numel());
+  return image;
+}
+
+// The PSNR of 8-bit frames against the same bytes expected as a uint8 tensor (infinite when equal).
+inline double frames_psnr(const VideoFrames& frames, const Tensor& expected) {
+  double squared = 0.0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double d = static_cast<double>(frames.rgb[static_cast<size_t>(i)]) - static_cast<const uint8_t*>(expected.data())[i];
+    squared += d * d;
+  }
+  const double mse = squared / static_cast<double>(expected.numel());
+  return mse == 0.0 ? INFINITY : 10.0 * std::log10(255.0 * 255.0 / mse);
 }
 
 // The first `kept` frames of a (1, C, frames, H, W) fp32 CPU tensor (latents or a video).

@@ -30,30 +30,11 @@ using testing::error_of;
 
 const std::string kFixture = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/wan21_i2v/";
 
-VideoFrames image_of(const Tensor& pixels) {
-  VideoFrames image;
-  image.count = 1;
-  image.height = pixels.size(0);
-  image.width = pixels.size(1);
-  image.rgb.assign(static_cast<const uint8_t*>(pixels.data()), static_cast<const uint8_t*>(pixels.data()) + pixels.numel());
-  return image;
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream file(path);
   std::stringstream text;
   text << file.rdbuf();
   return text.str();
-}
-
-double psnr(const VideoFrames& frames, const Tensor& expected) {
-  double squared = 0.0;
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    const double d = static_cast<double>(frames.rgb[static_cast<size_t>(i)]) - static_cast<const uint8_t*>(expected.data())[i];
-    squared += d * d;
-  }
-  const double mse = squared / static_cast<double>(expected.numel());
-  return mse == 0.0 ? INFINITY : 10.0 * std::log10(255.0 * 255.0 / mse);
 }
 
 class WanI2vPipeline : public ::testing::TestWithParam<const char*> {
@@ -67,11 +48,11 @@ TEST_P(WanI2vPipeline, ClipFeaturesAndConditionMatchDiffusers) {
   const ClipImageProcessing processing =
       parse_clip_image_processing(read_text(dir() + "/image_processor/preprocessor_config.json"), "preprocessor_config.json");
   const ClipVisionEncoder clip = ClipVisionEncoder::load(dir() + "/image_encoder");
-  const VideoFrames image = image_of(io.load("image"));
+  const VideoFrames image = frames_of_image(io.load("image"));
   const Tensor expected_embeds = io.load("image_embeds");
   Tensor pixels = clip_preprocess(image, processing);
   if (flf2v()) {
-    const Tensor last = clip_preprocess(image_of(io.load("last_image")), processing);
+    const Tensor last = clip_preprocess(frames_of_image(io.load("last_image")), processing);
     Tensor both = Tensor::empty({2, pixels.size(1), pixels.size(2), pixels.size(3)}, DType::kF32);
     std::memcpy(both.data(), pixels.data(), pixels.nbytes());
     std::memcpy(static_cast<char*>(both.data()) + pixels.nbytes(), last.data(), last.nbytes());
@@ -85,7 +66,7 @@ TEST_P(WanI2vPipeline, ClipFeaturesAndConditionMatchDiffusers) {
 
   const WanVae vae = WanVae::load(dir() + "/vae");
   const Tensor first = wan_image_pixels(image, 32, 48, "image");
-  const Tensor last = flf2v() ? wan_image_pixels(image_of(io.load("last_image")), 32, 48, "last_image") : Tensor{};
+  const Tensor last = flf2v() ? wan_image_pixels(frames_of_image(io.load("last_image")), 32, 48, "last_image") : Tensor{};
   const Tensor condition = wan_image_condition(ExecContext{}, vae, first, last, 5);
   const Tensor expected = io.load("condition");
   ASSERT_EQ(condition.shape(), expected.shape());
@@ -108,8 +89,8 @@ TEST_P(WanI2vPipeline, GeneratorLatentsAndFramesMatchDiffusers) {
   request.prompt_embeds = io.load("prompt_embeds");
   request.negative_prompt_embeds = io.load("negative_prompt_embeds");
   request.noise = io.load("noise");
-  request.image = image_of(io.load("image"));
-  if (flf2v()) request.last_image = image_of(io.load("last_image"));
+  request.image = frames_of_image(io.load("image"));
+  if (flf2v()) request.last_image = frames_of_image(io.load("last_image"));
   request.frames = 5;
   request.height = 32;
   request.width = 48;
@@ -130,9 +111,9 @@ TEST_P(WanI2vPipeline, GeneratorLatentsAndFramesMatchDiffusers) {
   const Tensor frames = io.load("frames");
   ASSERT_EQ(result.generation.frames.count, 5);
   ASSERT_EQ(static_cast<int64_t>(result.generation.frames.rgb.size()), frames.numel());
-  const double frames_psnr = psnr(result.generation.frames, frames);
-  std::printf("%s frames PSNR vs diffusers: %.1f dB\n", GetParam(), frames_psnr);
-  EXPECT_GE(frames_psnr, 50.0);
+  const double psnr = frames_psnr(result.generation.frames, frames);
+  std::printf("%s frames PSNR vs diffusers: %.1f dB\n", GetParam(), psnr);
+  EXPECT_GE(psnr, 50.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, WanI2vPipeline, ::testing::Values("i2v", "flf2v"));
@@ -152,7 +133,7 @@ TEST(WanI2vGenerator, ImagesAreCheckedAgainstTheModel) {
   request.steps = 1;
   // No image for an image-to-video model; a last image for a one-image branch.
   EXPECT_NE(error_of([&] { generator.begin(ExecContext{}, request); }).find("image"), std::string::npos);
-  request.image = image_of(io.load("image"));
+  request.image = frames_of_image(io.load("image"));
   request.last_image = request.image;
   EXPECT_NE(error_of([&] { generator.begin(ExecContext{}, request); }).find("last_image"), std::string::npos);
   // Two frames where one is expected, and a malformed frame.
@@ -162,12 +143,12 @@ TEST(WanI2vGenerator, ImagesAreCheckedAgainstTheModel) {
   two.rgb.insert(two.rgb.end(), request.image.rgb.begin(), request.image.rgb.end());
   request.image = two;
   EXPECT_NE(error_of([&] { generator.begin(ExecContext{}, request); }).find("image"), std::string::npos);
-  request.image = image_of(io.load("image"));
+  request.image = frames_of_image(io.load("image"));
   request.image.rgb.pop_back();
   EXPECT_NE(error_of([&] { generator.begin(ExecContext{}, request); }).find("image"), std::string::npos);
   // FLF2V needs its last image.
   WanGenerator flf2v_generator = WanGenerator::load(ExecContext{}, flf2v, options);
-  request.image = image_of(io.load("image"));
+  request.image = frames_of_image(io.load("image"));
   EXPECT_NE(error_of([&] { flf2v_generator.begin(ExecContext{}, request); }).find("last_image"), std::string::npos);
   // Image to video runs on the CPU only in this version: a CUDA device is refused at load, naming it.
   WanLoadOptions cuda = options;

@@ -24,15 +24,6 @@ using testing::error_of;
 const std::string kFixture = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/wan22_ti2v";
 const std::string kVae = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/diffusion/vae_residual";
 
-VideoFrames image_of(const Tensor& pixels) {
-  VideoFrames image;
-  image.count = 1;
-  image.height = pixels.size(0);
-  image.width = pixels.size(1);
-  image.rgb.assign(static_cast<const uint8_t*>(pixels.data()), static_cast<const uint8_t*>(pixels.data()) + pixels.numel());
-  return image;
-}
-
 TEST(WanTi2vImageToVideo, FirstFrameLatentsAndFramesMatchDiffusers) {
   const WanTransformer transformer = WanTransformer::load(kFixture + "/transformer");
   const WanVae vae = WanVae::load(kVae);
@@ -40,7 +31,7 @@ TEST(WanTi2vImageToVideo, FirstFrameLatentsAndFramesMatchDiffusers) {
   const Tensor pixels = io.load("image");
 
   // The first frame: the image's normalized latents.
-  const Tensor first = wan_image_pixels(image_of(pixels), 32, 64, "image");
+  const Tensor first = wan_image_pixels(frames_of_image(pixels), 32, 64, "image");
   const TensorView one_frame(first.data(), DType::kF32, Device::cpu(), {1, 3, 1, 32, 64});
   const Tensor latents = vae.normalize_latents(vae.encode(ExecContext{}, one_frame));
   const Tensor expected_first = io.load("first_frame");
@@ -71,13 +62,7 @@ TEST(WanTi2vImageToVideo, FirstFrameLatentsAndFramesMatchDiffusers) {
     EXPECT_LE(errors[i], 1e-5) << "step " << i + 1;
   }
   ASSERT_EQ(result.frames.count, 5);
-  double squared = 0.0;
-  for (int64_t i = 0; i < expected_frames.numel(); ++i) {
-    const double d = static_cast<double>(result.frames.rgb[static_cast<size_t>(i)]) - expected_frames.data_as<uint8_t>()[i];
-    squared += d * d;
-  }
-  const double mse = squared / static_cast<double>(expected_frames.numel());
-  const double psnr = mse == 0.0 ? INFINITY : 10.0 * std::log10(255.0 * 255.0 / mse);
+  const double psnr = frames_psnr(result.frames, expected_frames);
   std::printf("TI2V i2v frames PSNR vs diffusers: %.1f dB\n", psnr);
   EXPECT_GE(psnr, 60.0);
 }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "diffusion/diffusion_test_util.h"
 #include "generate_cli_util.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/video_io.h"
@@ -25,12 +26,7 @@ const std::string kFlf2v = kFixtures + "/diffusion/wan21_i2v/flf2v";
 
 // The fixture's image (H, W, 3) as a PNG under the test's temp dir.
 std::string fixture_png(const std::string& model, const std::string& name) {
-  const Tensor pixels = SafetensorsFile::open(model + "/io.safetensors").load(name);
-  VideoFrames image;
-  image.count = 1;
-  image.height = pixels.size(0);
-  image.width = pixels.size(1);
-  image.rgb.assign(static_cast<const uint8_t*>(pixels.data()), static_cast<const uint8_t*>(pixels.data()) + pixels.numel());
+  const VideoFrames image = frames_of_image(SafetensorsFile::open(model + "/io.safetensors").load(name));
   const std::string path = (fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()) + ".png")).string();
   write_png(path, image);
   return path;

@@ -61,12 +61,7 @@ TEST(GenerateTi2vCli, ImageToVideoReachesDiffusersLatents) {
   const fs::path dir = make_ti2v_dir("wan22_ti2v_i2v_model");
   const std::string io = kTi2vFixture + "/io_i2v.safetensors";
   const SafetensorsFile file = SafetensorsFile::open(io);
-  const Tensor pixels = file.load("image");
-  VideoFrames image;
-  image.count = 1;
-  image.height = pixels.size(0);
-  image.width = pixels.size(1);
-  image.rgb.assign(static_cast<const uint8_t*>(pixels.data()), static_cast<const uint8_t*>(pixels.data()) + pixels.numel());
+  const VideoFrames image = frames_of_image(file.load("image"));
   const fs::path png = dir / "image.png", out = dir / "latents.safetensors";
   write_png(png.string(), image);
   const std::string args = "--model '" + dir.string() + "' --embeddings '" + io + "' --noise '" + io +
