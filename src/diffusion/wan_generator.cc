@@ -328,7 +328,10 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   if (options.load_text_encoder && impl->model.has_text_encoder && is_text_root(options.parallel))
     impl->text_encoder.emplace(WanTextEncoder::load(dir, options.device));
   // Image to video encodes with the VAE even when results stay latents (load_vae false: no decode).
-  if ((options.load_vae || image_to_video) && impl->model.has_vae) impl->vae.emplace(WanVae::load(impl->model.component("vae")));
+  // Only image to video (and TI2V, which may take an image) reads and keeps the encoder's half.
+  const bool encodes = image_to_video || impl->model.task == WanTask::kTextImageToVideo;
+  if ((options.load_vae || image_to_video) && impl->model.has_vae)
+    impl->vae.emplace(WanVae::load(impl->model.component("vae"), encodes ? WanVaeParts::kDecoderAndEncoder : WanVaeParts::kDecoder));
   if (image_to_video && impl->model.transformer.has_image_branch()) {
     impl->image_encoder.emplace(ClipVisionEncoder::load(impl->model.component("image_encoder")));
     // image_processor/preprocessor_config.json when the directory has it, else CLIP's own input size.

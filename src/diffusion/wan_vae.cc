@@ -97,9 +97,23 @@ struct WanVae::Decoder {
   }
 };
 
-WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights) : config_(std::move(config)) {
+namespace {
+
+// The encoder's half of a checkpoint: read and built only when encoding is asked for.
+bool is_encoder_tensor(const std::string& name) { return name.starts_with("encoder.") || name.starts_with("quant_conv."); }
+
+// The specs of the tensors `parts` needs.
+std::vector<WeightSpec> part_specs(const WanVaeConfig& config, WanVaeParts parts) {
+  std::vector<WeightSpec> specs = wan_vae_weight_specs(config);
+  if (parts == WanVaeParts::kDecoder) std::erase_if(specs, [](const WeightSpec& spec) { return is_encoder_tensor(spec.name); });
+  return specs;
+}
+
+}  // namespace
+
+WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights, WanVaeParts parts) : config_(std::move(config)) {
   config_.validate();
-  const std::vector<WeightSpec> specs = wan_vae_weight_specs(config_);
+  const std::vector<WeightSpec> specs = part_specs(config_, parts);
   vae::WeightMap fp32;
   for (const WeightSpec& spec : specs) {
     const auto found = weights.find(spec.name);
@@ -108,18 +122,20 @@ WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights
       fail_argument("Wan VAE weight " + spec.name, shape_str(spec.shape), shape_str(found->second.shape()));
     fp32[spec.name] = found->second.dtype() == DType::kF32 ? found->second.clone() : found->second.to(DType::kF32);
   }
-  if (weights.size() != specs.size())
+  if (weights.size() != specs.size()) {
+    const std::vector<WeightSpec> all = wan_vae_weight_specs(config_);
     for (const auto& entry : weights) {  // not a structured binding: clang 14 cannot capture one in a lambda
       const std::string& name = entry.first;
-      if (std::none_of(specs.begin(), specs.end(), [&](const WeightSpec& s) { return s.name == name; }))
+      if (std::none_of(all.begin(), all.end(), [&](const WeightSpec& s) { return s.name == name; }))
         fail_argument("Wan VAE weights", "only AutoencoderKLWan's tensors", "an extra tensor " + quoted_excerpt(name));
     }
+  }
   decoder_ = std::make_unique<Decoder>(config_, fp32);
-  encoder_ = std::make_unique<vae::Encoder>(config_, fp32);
+  if (parts == WanVaeParts::kDecoderAndEncoder) encoder_ = std::make_unique<vae::Encoder>(config_, fp32);
   device_decoders_ = std::make_unique<DeviceDecoders>();
 #ifdef TESSEL_VAE_CUDA
   // The CUDA decoders take the decoder's half only (the encoder runs on the CPU).
-  std::erase_if(fp32, [](const auto& entry) { return entry.first.starts_with("encoder.") || entry.first.starts_with("quant_conv."); });
+  std::erase_if(fp32, [](const auto& entry) { return is_encoder_tensor(entry.first); });
   device_decoders_->weights = std::move(fp32);
 #endif
 }
@@ -128,11 +144,12 @@ WanVae::~WanVae() = default;
 WanVae::WanVae(WanVae&&) noexcept = default;
 WanVae& WanVae::operator=(WanVae&&) noexcept = default;
 
-WanVae WanVae::load(const std::string& directory) {
+WanVae WanVae::load(const std::string& directory, WanVaeParts parts) {
   const std::string config_path = directory + "/config.json";
   const WanVaeConfig config = parse_wan_vae_config(read_file_bounded(config_path, kMaxConfigBytes, "VAE config"), config_path);
   const Checkpoint checkpoint = Checkpoint::open(directory);
-  return WanVae(config, load_weights(checkpoint, wan_vae_weight_specs(config), DType::kF32));
+  check_checkpoint(checkpoint, wan_vae_weight_specs(config));  // the whole file, whichever half is read
+  return WanVae(config, read_weights(checkpoint, part_specs(config, parts), DType::kF32), parts);
 }
 
 Shape WanVae::decoded_shape(const Shape& latent_shape) const {

@@ -101,6 +101,7 @@ Tensor WanVae::encode(const ExecContext& ctx, const TensorView& video, const Wan
 
 bool WanVae::encode(const ExecContext& ctx, const TensorView& video, const TensorView& mu, const WanDecodeControl* control) const {
   check_video(video, config_);
+  if (!encoder_) fail_argument("WanVae::encode", "a VAE built with its encoder (WanVaeParts::kDecoderAndEncoder)", "a decoder-only VAE");
   if (ctx.device.is_cuda()) fail_argument("video", "a CPU context (the Wan VAE encodes on the CPU)", ctx.device.str());
   const Shape expected = encoded_shape(video.shape());
   if (mu.dtype() != DType::kF32 || !mu.device().is_cpu() || !mu.is_contiguous() || mu.shape() != expected)

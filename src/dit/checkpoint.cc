@@ -187,8 +187,13 @@ void check_checkpoint(const Checkpoint& checkpoint, const std::vector<WeightSpec
 }
 
 std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected, DType dtype) {
-  if (!is_floating(dtype) || dtype == DType::kF64) fail_argument("load_weights dtype", "fp32, fp16 or bf16", dtype_name(dtype));
   check_checkpoint(checkpoint, expected);
+  return read_weights(checkpoint, expected, dtype);
+}
+
+std::map<std::string, Tensor> read_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& specs, DType dtype) {
+  if (!is_floating(dtype) || dtype == DType::kF64) fail_argument("load_weights dtype", "fp32, fp16 or bf16", dtype_name(dtype));
+  const std::vector<WeightSpec>& expected = specs;
   std::map<std::string, Tensor> weights;
   for (const WeightSpec& spec : expected) {
     Tensor converted = Tensor::empty(spec.shape, dtype);

@@ -15,6 +15,7 @@
 #include "diffusion/diffusion_test_util.h"
 #include "error_of.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/core/random.h"
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_vae.h"
 
@@ -172,6 +173,28 @@ TEST(WanVaeEncoderArguments, ThreeTemporalStagesAreAnErrorNamingTheKey) {
   const WanVae vae(config, random_model_weights(wan_vae_weight_specs(config), 3));
   const std::string error = error_of([&] { vae.encode(ExecContext{}, Tensor::zeros({1, 3, 9, 16, 16}, DType::kF32)); });
   EXPECT_NE(error.find("temperal_downsample"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// A decoder-only VAE reads no encoder tensor, decodes as the whole one does, and refuses to encode.
+TEST(WanVaeParts, ADecoderOnlyVaeDecodesTheSameAndRefusesToEncode) {
+  const WanVae whole = WanVae::load(kDir);
+  const WanVae decoder = WanVae::load(kDir, WanVaeParts::kDecoder);
+  EXPECT_TRUE(whole.has_encoder());
+  EXPECT_FALSE(decoder.has_encoder());
+  Tensor latents = Tensor::empty({1, 16, 2, 3, 4}, DType::kF32);
+  fill_normal(latents.view(), 7);
+  const Tensor a = whole.decode(ExecContext{}, latents), b = decoder.decode(ExecContext{}, latents);
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
+  Tensor video = Tensor::zeros({1, 3, 1, 16, 16}, DType::kF32);
+  const std::string error = error_of([&] { decoder.encode(ExecContext{}, video); });
+  EXPECT_NE(error.find("encoder"), std::string::npos) << error;
 }
 
 }  // namespace

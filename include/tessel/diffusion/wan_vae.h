@@ -91,17 +91,27 @@ namespace vae {
 class Encoder;
 }
 
+// Which halves of the VAE a WanVae builds: text to video only decodes, and the encoder's weights
+// (about 214 MB in fp32 for Wan 2.1's VAE, 600 MB for Wan 2.2's) are then neither read nor kept.
+enum class WanVaeParts {
+  kDecoder,
+  kDecoderAndEncoder,
+};
+
 class WanVae {
  public:
-  // `weights` holds exactly the tensors of wan_vae_weight_specs(config), any float dtype.
-  WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights);
+  // `weights` holds the tensors of wan_vae_weight_specs(config) that `parts` needs (the
+  // encoder's and quant_conv's only with the encoder; given without it, they are ignored), any
+  // float dtype.
+  WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights, WanVaeParts parts = WanVaeParts::kDecoderAndEncoder);
   ~WanVae();
   WanVae(WanVae&&) noexcept;
   WanVae& operator=(WanVae&&) noexcept;
 
   // Reads a diffusers vae/ directory: config.json and diffusion_pytorch_model.safetensors (or its
   // sharded index). Throws Error naming a missing file or tensor, or a tensor of another shape.
-  static WanVae load(const std::string& directory);
+  static WanVae load(const std::string& directory, WanVaeParts parts = WanVaeParts::kDecoderAndEncoder);
+  bool has_encoder() const { return encoder_ != nullptr; }
 
   // The video shape decoded from latents of `latent_shape` (1, z_dim, T, h, w):
   // (1, out_channels / patch_size^2, 4 (T - 1) + 1, s h, s w) for Wan's three upsampling stages,
@@ -136,7 +146,8 @@ class WanVae {
   // F, H, W) fp32 contiguous on the CPU, values in [-1, 1], colours = in_channels / patch_size^2 (3),
   // F = 1 + 4k, H and W multiples of spatial_compression(); each video of the batch is encoded on its
   // own, as diffusers' sliced encode. mu: encoded_shape(video), fp32 contiguous on the CPU. Throws
-  // Error naming a bad argument before writing anything.
+  // Error naming a bad argument before writing anything, or saying the VAE was built without its
+  // encoder (WanVaeParts::kDecoder).
   //
   // Runs as diffusers runs it, fp32 on the CPU: the video patchified (Wan 2.2: 2 x 2 pixels of 3
   // colours into 12 channels), then the encoder on the first frame alone and on each later chunk of

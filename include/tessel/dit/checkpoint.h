@@ -64,5 +64,8 @@ void check_checkpoint(const Checkpoint& checkpoint, const std::vector<WeightSpec
 
 std::map<std::string, Tensor> load_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& expected,
                                            DType dtype);
+// load_weights' conversion alone, of `specs` (a subset of a checkpoint check_checkpoint accepted:
+// e.g. the decoder's half of a VAE). Non-finite values are an Error naming the tensor.
+std::map<std::string, Tensor> read_weights(const Checkpoint& checkpoint, const std::vector<WeightSpec>& specs, DType dtype);
 
 }  // namespace tessel
