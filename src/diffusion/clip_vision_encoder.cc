@@ -127,9 +127,11 @@ ClipVisionEncoder::ClipVisionEncoder(ClipVisionConfig config, const std::map<std
       fail_argument("CLIP vision weight " + spec.name, shape_str(spec.shape), shape_str(found->second.shape()));
   }
   if (weights.size() != specs.size())
-    for (const auto& [name, tensor] : weights)
+    for (const auto& entry : weights) {  // not a structured binding: clang 14 cannot capture one in a lambda
+      const std::string& name = entry.first;
       if (std::none_of(specs.begin(), specs.end(), [&](const WeightSpec& spec) { return spec.name == name; }))
         fail_argument("CLIP vision weights", "only the encoder's tensors", "an extra tensor " + quoted_excerpt(name));
+    }
 
   const auto tensor = [&](const std::string& name) { return to_f32(weights.at(name)); };
   // A (out, in...) weight as (in, out): a convolution's (out, c, kh, kw) becomes (c * kh * kw, out).
