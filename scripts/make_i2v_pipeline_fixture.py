@@ -20,6 +20,8 @@ image_encoder/, image_processor/) and holds io.safetensors:
   condition (1, 20, 2, 4, 6)    mask + normalized latents of the conditioning video
   latents (2, 1, 16, 2, 4, 6)   after each step
   frames (5, 32, 48, 3) uint8   the decoded video as output_type "pil" gives it
+a14b/ is Wan 2.2 I2V-A14B's layout (two experts, boundary_ratio 0.9, no CLIP; first and last image),
+without image_embeds.
 """
 import argparse
 import json
@@ -41,7 +43,10 @@ UNIPC = dict(num_train_timesteps=1000, solver_order=2, prediction_type="flow_pre
 FRAMES, HEIGHT, WIDTH, STEPS, GUIDANCE, TEXT = 5, 32, 48, 2, 5.0, 512
 
 
-def write(out: str, name: str, vae_dir: str, clip_dir: str, flf2v: bool, seed: int) -> None:
+def write(out: str, name: str, vae_dir: str, clip_dir: str, flf2v: bool, seed: int, two_experts: bool = False) -> None:
+    """Wan 2.1 I2V (flf2v False), FLF2V (flf2v True) or, with two_experts, Wan 2.2 I2V-A14B's layout:
+    two transformers without an image branch or CLIP, boundary_ratio 0.9 (the 2 steps' timesteps
+    999 and 833 fall on either side of it), a last image in the mask and the conditioning video."""
     root = os.path.join(out, name)
     shutil.rmtree(root, ignore_errors=True)
     vae = AutoencoderKLWan.from_pretrained(vae_dir).float().eval()
@@ -50,16 +55,25 @@ def write(out: str, name: str, vae_dir: str, clip_dir: str, flf2v: bool, seed: i
     processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     tokens = (side // clip.config.patch_size) ** 2 + 1
     z = vae.config.z_dim
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=2 * z + 4,
-                                        out_channels=z, text_dim=24, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=32,
-                                        image_dim=clip.config.hidden_size, added_kv_proj_dim=32,
-                                        pos_embed_seq_len=2 * tokens if flf2v else None)
     generator = torch.Generator().manual_seed(seed)
-    randomize(transformer, generator)
-    transformer = transformer.float().eval()
+
+    def make_transformer(image_branch: bool) -> WanTransformer3DModel:
+        model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=2 * z + 4,
+                                      out_channels=z, text_dim=24, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=32,
+                                      image_dim=clip.config.hidden_size if image_branch else None,
+                                      added_kv_proj_dim=32 if image_branch else None,
+                                      pos_embed_seq_len=2 * tokens if flf2v and image_branch else None)
+        randomize(model, generator)
+        return model.float().eval()
+
+    transformer = make_transformer(not two_experts)
     scheduler = UniPCMultistepScheduler(**UNIPC)
-    pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, image_processor=processor,
-                                   image_encoder=clip, transformer=transformer)
+    if two_experts:
+        pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
+                                       transformer_2=make_transformer(False), boundary_ratio=0.9)
+    else:
+        pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, image_processor=processor,
+                                       image_encoder=clip, transformer=transformer)
     pipe.save_pretrained(root, safe_serialization=True)
     with open(os.path.join(root, "model_index.json")) as f:  # no text encoder or tokenizer: requests bring embeddings
         index = json.load(f)
@@ -84,8 +98,9 @@ def write(out: str, name: str, vae_dir: str, clip_dir: str, flf2v: bool, seed: i
     original_forward = transformer.forward
 
     def spy(*args, **kwargs):  # the first call's image features and condition channels
-        if "image_embeds" not in seen:
-            seen["image_embeds"] = kwargs["encoder_hidden_states_image"].detach().clone()
+        if "condition" not in seen:
+            if kwargs["encoder_hidden_states_image"] is not None:
+                seen["image_embeds"] = kwargs["encoder_hidden_states_image"].detach().clone()
             seen["condition"] = kwargs["hidden_states"][:, z:].detach().clone()
         return original_forward(*args, **kwargs)
 
@@ -95,7 +110,8 @@ def write(out: str, name: str, vae_dir: str, clip_dir: str, flf2v: bool, seed: i
                       prompt_embeds=tensors["prompt_embeds"], negative_prompt_embeds=tensors["negative_prompt_embeds"],
                       latents=tensors["noise"].clone(), height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS,
                       guidance_scale=GUIDANCE, output_type="np", callback_on_step_end=keep).frames[0]
-    tensors["image_embeds"] = seen["image_embeds"].reshape(1, -1, clip.config.hidden_size).float()
+    if "image_embeds" in seen:
+        tensors["image_embeds"] = seen["image_embeds"].reshape(1, -1, clip.config.hidden_size).float()
     tensors["condition"] = seen["condition"].float()
     tensors["latents"] = torch.stack(latents).float()
     tensors["frames"] = torch.from_numpy((frames * 255).round().astype(np.uint8))
@@ -105,7 +121,7 @@ def write(out: str, name: str, vae_dir: str, clip_dir: str, flf2v: bool, seed: i
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(root, "io.safetensors"),
               metadata={"diffusers_version": diffusers.__version__})
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, files in os.walk(root) for f in files)
-    print(f"{name}: index {index['_class_name']}, image tokens {tuple(tensors['image_embeds'].shape)}, {total} bytes")
+    print(f"{name}: index {index['_class_name']}, experts {1 + two_experts}, {total} bytes")
 
 
 def main() -> None:
@@ -118,6 +134,7 @@ def main() -> None:
         raise SystemExit(f"diffusers 0.42.1 expected, found {diffusers.__version__}")
     write(args.out, "i2v", args.vae, args.clip, False, 41)
     write(args.out, "flf2v", args.vae, args.clip, True, 43)
+    write(args.out, "a14b", args.vae, args.clip, True, 47, two_experts=True)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,11 @@ std::string read_text(const std::string& path) {
 class WanI2vPipeline : public ::testing::TestWithParam<const char*> {
  protected:
   std::string dir() const { return kFixture + GetParam(); }
-  bool flf2v() const { return std::string(GetParam()) == "flf2v"; }
+  // FLF2V and Wan 2.2 I2V-A14B take a last image too.
+  bool flf2v() const { return std::string(GetParam()) != "i2v"; }
 };
+// The generator over every layout, Wan 2.2 I2V-A14B's (two experts, no CLIP) included.
+class WanI2vGeneratorLayouts : public WanI2vPipeline {};
 
 TEST_P(WanI2vPipeline, ClipFeaturesAndConditionMatchDiffusers) {
   const SafetensorsFile io = SafetensorsFile::open(dir() + "/io.safetensors");
@@ -79,12 +82,13 @@ TEST_P(WanI2vPipeline, ClipFeaturesAndConditionMatchDiffusers) {
   EXPECT_LE(latent_error, 1e-4);
 }
 
-TEST_P(WanI2vPipeline, GeneratorLatentsAndFramesMatchDiffusers) {
+TEST_P(WanI2vGeneratorLayouts, GeneratorLatentsAndFramesMatchDiffusers) {
   const SafetensorsFile io = SafetensorsFile::open(dir() + "/io.safetensors");
   WanLoadOptions options;
   options.load_text_encoder = false;
   WanGenerator generator = WanGenerator::load(ExecContext{}, dir(), options);
   EXPECT_EQ(generator.model().task, WanTask::kImageToVideo);
+  EXPECT_EQ(generator.model().two_experts, std::string(GetParam()) == "a14b");
   WanRequest request;
   request.prompt_embeds = io.load("prompt_embeds");
   request.negative_prompt_embeds = io.load("negative_prompt_embeds");
@@ -108,6 +112,8 @@ TEST_P(WanI2vPipeline, GeneratorLatentsAndFramesMatchDiffusers) {
     std::printf("%s step %zu latents rel-L2 vs diffusers: %.3g\n", GetParam(), i + 1, errors[i]);
     EXPECT_LE(errors[i], 1e-5) << "step " << i + 1;
   }
+  // Wan 2.2 I2V-A14B: t = 999 on the high-noise expert, 833 (below 0.9 x 1000) on the low-noise one.
+  if (generator.model().two_experts) EXPECT_EQ(result.generation.experts, (std::vector<int>{0, 1}));
   const Tensor frames = io.load("frames");
   ASSERT_EQ(result.generation.frames.count, 5);
   ASSERT_EQ(static_cast<int64_t>(result.generation.frames.rgb.size()), frames.numel());
@@ -117,6 +123,7 @@ TEST_P(WanI2vPipeline, GeneratorLatentsAndFramesMatchDiffusers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, WanI2vPipeline, ::testing::Values("i2v", "flf2v"));
+INSTANTIATE_TEST_SUITE_P(Layouts, WanI2vGeneratorLayouts, ::testing::Values("i2v", "flf2v", "a14b"));
 
 TEST(WanI2vGenerator, ImagesAreCheckedAgainstTheModel) {
   const std::string i2v = kFixture + "i2v", flf2v = kFixture + "flf2v";
