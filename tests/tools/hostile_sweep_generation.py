@@ -485,6 +485,11 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     path = out()
     ok("generate flf2v", i2v_args(flf2v, path, ["--image", fx["img_good.png"], "--last-image", fx["img_good.png"]]),
        latents_check(path, I2V_LATENT_SHAPE))
+    # Sparse attention and step caches work unchanged in image to video.
+    for name, extra in (("sparse dynamic_topk", ["--sparse-attn-pattern", "dynamic_topk", "--sparse-attn-topk", "0.5"]),
+                        ("teacache", ["--cache", "teacache", "--teacache-thresh", "0.1"])):
+        path = out()
+        ok(f"generate i2v {name}", i2v_args(i2v, path, ["--image", fx["img_good.png"]] + extra), latents_check(path, I2V_LATENT_SHAPE))
     ierr = lambda extra, model=i2v: i2v_args(model, root / "err.safetensors", extra)  # noqa: E731
     err("generate i2v without --image", ierr([]), ["--image"])
     for name in ("img_claims_huge.png", "img_truncated.png", "img_empty.png", "img_gif.png", "img_jpeg_header_only.jpg"):
