@@ -221,6 +221,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
 
   engine::EngineConfig config;
   config.model_dir = fs::absolute(o.model_dir).string();
+  // One Wan model type for every task: WanGenerator runs WanPipeline and WanImageToVideoPipeline directories.
+  config.model_type = engine::kWanModelType;
   config.worker_command = {this_executable(), "engine-worker"};
   config.num_workers = static_cast<int>(workers);
   config.max_queue = static_cast<size_t>(o.max_queue);
@@ -236,6 +238,9 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   limits.vae_spatial_stride = model.vae_spatial_stride;
   limits.patch_size = model.transformer.patch_size;
   limits.two_experts = model.two_experts;
+  engine::set_image_limits(limits, model);
+  // The request ring carries the reference images of an image-to-video model's requests.
+  config.max_reference_bytes = limits.takes_image ? o.server.api.max_reference_bytes : 0;
   limits.layout_bound_settings = layout_bound_settings(runner);
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   engine::ProcessorRegistry processors;

@@ -67,6 +67,7 @@ Engine::Engine(EngineConfig config, ProcessorRegistry processors)
   group.stall_timeout = config_.worker_stall_timeout;
   group.channel_prefix = config_.channel_prefix;
   group.max_batch = config_.max_batch;
+  group.max_reference_bytes = config_.max_reference_bytes;
   if (config_.max_batch > 1 && config_.num_workers > 1)
     fail_argument("max_batch", detail::concat("1 with a group of ", config_.num_workers,
                                               " workers (its ranks must step the same requests at every step)"),
@@ -86,6 +87,12 @@ Engine::~Engine() { shutdown(ShutdownMode::kCancel); }
 
 std::string Engine::submit(GenerationRequest request, const std::string& id_prefix) {
   processors_.pre_process(config_.model_type, request);
+  // The request ring holds max_batch requests of at most this many image bytes.
+  const size_t image_bytes = (request.image ? request.image->size() : 0) + (request.last_image ? request.last_image->size() : 0);
+  if (image_bytes > config_.max_reference_bytes)
+    fail_argument(request.image ? "input_reference" : "last_frame",
+                  detail::concat("images of at most ", config_.max_reference_bytes, " bytes together (the engine's max_reference_bytes)"),
+                  image_bytes);
   return scheduler_.submit(std::move(request), id_prefix);
 }
 

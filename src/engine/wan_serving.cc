@@ -16,6 +16,7 @@
 #include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/cache_backend.h"
+#include "tessel/diffusion/image_io.h"
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/video_frames.h"
 #include "tessel/diffusion/video_io.h"
@@ -150,6 +151,9 @@ class WanRunner final : public PipelineRunner {
     const WanTransformer& transformer = generator_->transformer(setting_name(request));
     const int64_t steps = request.num_inference_steps;
     WanJob& j = *job;
+    // The references arrive as the client sent them (PNG or JPEG, checked by the HTTP layer).
+    const VideoFrames image = request.image ? decode_image(*request.image, "input_reference") : VideoFrames{};
+    const VideoFrames last_image = request.last_image ? decode_image(*request.last_image, "last_frame") : VideoFrames{};
     for (int64_t i = 0; i < request.num_outputs; ++i) {
       WanRequest w;
       if (config_.embeddings_file.empty()) {
@@ -164,6 +168,8 @@ class WanRunner final : public PipelineRunner {
       w.frames = request.frames;
       w.height = request.height;
       w.width = request.width;
+      w.image = image;
+      w.last_image = last_image;
       w.steps = steps;
       w.guidance = request.guidance_scale;
       if (request.guidance_scale_2 >= 0.0) w.guidance_2 = request.guidance_scale_2;
@@ -315,7 +321,30 @@ void check_at_most(const char* field, int64_t value, int64_t low, int64_t high) 
   if (value < low || value > high) fail_argument(field, detail::concat(low, "..", high), value);
 }
 
+void check_images(const GenerationRequest& r, const WanRequestLimits& limits) {
+  const auto refuse = [](const char* field, const std::string& expected, bool given) {
+    fail_argument(field, expected, given ? "an image" : "none");
+  };
+  if (r.kind == OutputKind::kImage && (r.image || r.last_image)) refuse(r.image ? "input_reference" : "last_frame", "none for an image request", true);
+  if (r.image && !limits.takes_image)
+    refuse("input_reference", "none: this model makes video from text only (a t2v model; image to video needs an i2v or ti2v one)", true);
+  if (!r.image && limits.requires_image)
+    refuse("input_reference", "the video's first frame, a PNG or JPEG image (this is an image-to-video model)", false);
+  if (r.last_image && !limits.takes_last_image)
+    refuse("last_frame", limits.takes_image ? "none: this model takes a first frame only" : "none: this model takes no image", true);
+  if (!r.last_image && limits.requires_last_image)
+    refuse("last_frame", "the video's last frame, a PNG or JPEG image (this first-last-frame model takes both)", false);
+}
+
 }  // namespace
+
+void set_image_limits(WanRequestLimits& limits, const WanModelDir& model) {
+  limits.takes_image = model.task != WanTask::kTextToVideo;
+  limits.requires_image = model.task == WanTask::kImageToVideo;
+  const WanConfig& t = model.transformer;
+  limits.takes_last_image = limits.requires_image && !(t.has_image_branch() && t.pos_embed_seq_len == 0);
+  limits.requires_last_image = limits.requires_image && t.pos_embed_seq_len > 0;
+}
 
 // The JSON the engine hands the workers: every field by its name, a missing one at its default (the
 // step cache's settings too, its rescaling polynomial included, so a server given custom TeaCache
@@ -359,6 +388,7 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
     if (r.guidance_scale_2 > limits.max_guidance)
       fail_argument("guidance_scale_2", detail::concat("0..", limits.max_guidance), r.guidance_scale_2);
     if (!(r.fps > 0.0 && r.fps <= 120.0)) fail_argument("fps", "0 < fps <= 120", r.fps);
+    check_images(r, limits);
     if (!r.cache.empty() && r.cache != "none" && r.cache != limits.cache)
       fail_argument("cache", "\"none\" or the server's \"" + limits.cache + "\"", quoted_excerpt(r.cache));
     const std::string setting = r.sparse_attention.empty() ? "default" : r.sparse_attention;

@@ -46,6 +46,26 @@ std::string Message::type() const { return header.at("type").get<std::string>();
 
 nlohmann::json request_to_json(const GenerationRequest& r) { return r; }
 GenerationRequest request_from_json(const nlohmann::json& j) { return j.get<GenerationRequest>(); }
+
+void images_to_payload(const GenerationRequest& request, nlohmann::json& entry, std::string& payload) {
+  for (const auto& [key, image] : {std::pair{"image", &request.image}, std::pair{"last_image", &request.last_image}}) {
+    if (!*image) continue;
+    entry[key] = {payload.size(), (*image)->size()};
+    payload += **image;
+  }
+}
+
+void images_from_payload(const nlohmann::json& entry, std::string_view payload, GenerationRequest& request) {
+  for (const auto& [key, image] : {std::pair{"image", &request.image}, std::pair{"last_image", &request.last_image}}) {
+    const auto place = entry.find(key);
+    if (place == entry.end()) continue;
+    const size_t offset = place->at(0).get<size_t>(), size = place->at(1).get<size_t>();
+    TESSEL_CHECK(offset <= payload.size() && size <= payload.size() - offset, "engine message: ", key, " at ", offset, " + ", size,
+                 " outside a payload of ", payload.size(), " bytes");
+    *image = std::make_shared<const std::string>(payload.substr(offset, size));
+  }
+}
+
 nlohmann::json progress_to_json(const RequestProgress& p) { return p; }
 RequestProgress progress_from_json(const nlohmann::json& j) { return j.get<RequestProgress>(); }
 nlohmann::json setup_to_json(const RunnerSetup& s) { return s; }

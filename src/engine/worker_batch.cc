@@ -64,16 +64,17 @@ void WorkerBatch::answer_failed(const Job& job, const std::string& error) const 
 
 bool WorkerBatch::admit(const wire::Message& message) {
   bool ok = true;
-  for (const nlohmann::json& entry : message.header.at("requests")) ok = admit_one(entry) && ok;
+  for (const nlohmann::json& entry : message.header.at("requests")) ok = admit_one(entry, message.payload) && ok;
   return ok;
 }
 
-bool WorkerBatch::admit_one(const nlohmann::json& entry) {
+bool WorkerBatch::admit_one(const nlohmann::json& entry, std::string_view payload) {
   auto job = std::make_unique<Job>();
   job->seq = entry.at("seq").get<uint64_t>();
   job->lane = entry.at("lane").get<int>();
   TESSEL_CHECK(job->lane >= 0 && job->lane < kMaxBatchLanes, "engine message: lane ", job->lane, " outside 0..", kMaxBatchLanes - 1);
-  const GenerationRequest request = wire::request_from_json(entry.at("request"));
+  GenerationRequest request = wire::request_from_json(entry.at("request"));
+  wire::images_from_payload(entry, payload, request);
   job->id = request.id;
   refresh_cancel(*job);
   Job& j = *job;

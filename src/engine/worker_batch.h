@@ -45,7 +45,7 @@ class WorkerBatch {
     std::atomic<bool> cancel{false};  // the engine's cancel of this request, copied from its lane
     std::unique_ptr<RunnerJob> runner_job;
   };
-  bool admit_one(const nlohmann::json& entry);
+  bool admit_one(const nlohmann::json& entry, std::string_view payload);
   void refresh_cancel(Job& job) const;
   void send_progress(const Job& job, RequestProgress progress) const;
   void answer_failed(const Job& job, const std::string& error) const;

@@ -80,7 +80,11 @@ void WorkerGroup::start() {
   // of at most 4 KiB, JSON-escaped), in at most max_batch messages: 2 x max_batch slots hold them
   // all with each message's last slot part-filled, so a send never waits for a worker in the middle
   // of a long step (and the shutdown message has a slot of its own).
-  request_ring.num_slots = std::max<uint32_t>(kRequestRing.num_slots, 2 * static_cast<uint32_t>(config_.max_batch) + 2);
+  // Requests with reference images need room for those bytes too: max_batch times the most one
+  // request carries (slots of the ring's size, untouched until used).
+  const size_t image_slots = (config_.max_reference_bytes + kRequestRing.slot_bytes - 1) / kRequestRing.slot_bytes;
+  request_ring.num_slots = std::max<uint32_t>(
+      kRequestRing.num_slots, static_cast<uint32_t>((2 + image_slots) * static_cast<size_t>(config_.max_batch) + 2));
   channel->requests = MessageQueue::create(request_queue_name(prefix), request_ring);
   channel->results = MessageQueue::create(result_queue_name(prefix), kResultRing, 0);
   RunnerSetup setup = config_.setup;
@@ -225,13 +229,16 @@ uint64_t WorkerGroup::send_requests(std::span<const SentRequest> requests) {
   if (!healthy_ && !check_health()) return 0;
   const uint64_t first_seq = next_seq_;
   nlohmann::json list = nlohmann::json::array();
+  std::string payload;  // the requests' reference images
   for (const SentRequest& sent : requests) {
     TESSEL_CHECK(sent.lane >= 0 && sent.lane < kMaxBatchLanes, "WorkerGroup::send_requests: lane ", sent.lane, " outside 0..",
                  kMaxBatchLanes - 1);
     channel_->control().cancel_seq[sent.lane] = 0;  // the lane's previous request is answered: its cancel is stale
-    list.push_back({{"seq", next_seq_++}, {"lane", sent.lane}, {"request", wire::request_to_json(*sent.request)}});
+    nlohmann::json entry = {{"seq", next_seq_++}, {"lane", sent.lane}, {"request", wire::request_to_json(*sent.request)}};
+    wire::images_to_payload(*sent.request, entry, payload);
+    list.push_back(std::move(entry));
   }
-  if (!channel_->requests.send(wire::encode({{"type", "generate"}, {"requests", std::move(list)}}), kSendTimeout)) {
+  if (!channel_->requests.send(wire::encode({{"type", "generate"}, {"requests", std::move(list)}}, payload), kSendTimeout)) {
     restart("the workers took no request within 5 s");
     return 0;
   }

@@ -40,6 +40,9 @@ struct WorkerGroupConfig {
   std::chrono::milliseconds stall_timeout{10000};
   std::string channel_prefix;  // "/tessel-<pid>" unless set
   int max_batch = 1;  // requests the engine keeps unanswered at most (sizes the request ring)
+  // The most reference-image bytes one request carries (EngineConfig::max_reference_bytes; sizes
+  // the request ring too). 0: requests carry none.
+  size_t max_reference_bytes = 0;
 };
 
 struct WorkerOutcome {

@@ -19,10 +19,13 @@
 
 #include "run_tessel.h"
 #include "serve_process.h"
+#include "tessel/core/base64.h"
 #include "tessel/core/device.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/random.h"
+#include "tessel/diffusion/image_io.h"
 #include "tessel/diffusion/tiny_model.h"
+#include "tessel/diffusion/video_io.h"
 #include "tessel/dit/wan_config.h"
 
 // Whether this test (and the server it starts, built alike) runs under a sanitizer.
@@ -84,23 +87,7 @@ std::vector<std::string> server_args(std::vector<std::string> extra = {}) {
 // A video request whose steps are slow enough to act on while it runs.
 const std::string kSlowVideo = R"({"prompt": "slow", "size": "256x256", "num_frames": 33, "num_inference_steps": 100})";
 
-std::string base64_decode(const std::string& text) {
-  std::string out;
-  uint32_t buffer = 0;
-  int bits = 0;
-  for (char c : text) {
-    int value = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
-                : c == '+' ? 62 : c == '/' ? 63 : -1;
-    if (value < 0) continue;
-    buffer = buffer << 6 | static_cast<uint32_t>(value);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((buffer >> bits) & 0xff));
-    }
-  }
-  return out;
-}
+std::string from_base64(const std::string& text) { return base64_decode(text).value(); }
 
 json body_of(const httplib::Result& result) { return json::parse(result->body, nullptr, false); }
 
@@ -122,7 +109,7 @@ std::vector<float> latents_of(const std::string& answer) {
   static std::atomic<int> count{0};
   const fs::path file =
       fs::path(::testing::TempDir()) / ("served_latents_" + std::to_string(getpid()) + "_" + std::to_string(count++) + ".safetensors");
-  std::ofstream(file, std::ios::binary) << base64_decode(json::parse(answer)["data"][0]["b64_json"].get<std::string>());
+  std::ofstream(file, std::ios::binary) << from_base64(json::parse(answer)["data"][0]["b64_json"].get<std::string>());
   const Tensor latents = SafetensorsFile::open(file.string()).load("output_0");
   fs::remove(file);
   return std::vector<float>(latents.data_as<float>(), latents.data_as<float>() + latents.numel());
@@ -166,7 +153,7 @@ TEST(ServeCli, EveryEndpointAnswers) {
   ASSERT_EQ(images->status, 200) << images->body;
   const json data = body_of(images)["data"];
   ASSERT_EQ(data.size(), 2u);
-  for (const json& image : data) EXPECT_EQ(base64_decode(image["b64_json"]).substr(1, 3), "PNG");
+  for (const json& image : data) EXPECT_EQ(from_base64(image["b64_json"]).substr(1, 3), "PNG");
   EXPECT_NE(data[0]["b64_json"], data[1]["b64_json"]);  // seeds 5 and 6
 
   const auto created = client.Post("/v1/videos", R"({"prompt": "a rolling ball", "size": "32x32", "num_frames": 5, "seed": 1})",
@@ -248,11 +235,16 @@ TEST(ServeCli, TheVideoApiTakesFormsListsPagesAndAnswersSync) {
   EXPECT_EQ(sync->get_header_value("Content-Type"), first->get_header_value("Content-Type"));
   EXPECT_TRUE(sync->body == first->body) << "the same request (seed 0) through /sync and through a job differ";
 
+  // A text-to-video model refuses a reference, a valid one too.
+  VideoFrames pixel;
+  pixel.count = pixel.height = pixel.width = 1;
+  pixel.rgb = {10, 20, 30};
   const httplib::MultipartFormDataItems with_reference = {{"prompt", "a ball", "", ""},
-                                                          {"input_reference", "\x89PNG", "ref.png", "image/png"}};
+                                                          {"input_reference", encode_png(pixel), "ref.png", "image/png"}};
   const auto reference = client.Post("/v1/videos", with_reference);
   EXPECT_EQ(reference->status, 400);
   EXPECT_EQ(body_of(reference)["error"]["param"], "input_reference");
+  EXPECT_NE(reference->body.find("t2v"), std::string::npos) << reference->body;
   const httplib::MultipartFormDataItems bad_number = {{"prompt", "a ball", "", ""}, {"num_inference_steps", "2x", "", ""}};
   const auto bad = client.Post("/v1/videos", bad_number);
   EXPECT_EQ(bad->status, 400);
@@ -824,7 +816,7 @@ TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
                                     "application/json");
     ASSERT_TRUE(served);
     ASSERT_EQ(served->status, 200) << served->body;
-    const std::string png = base64_decode(body_of(served)["data"][0]["b64_json"].get<std::string>());
+    const std::string png = from_base64(body_of(served)["data"][0]["b64_json"].get<std::string>());
     const TesselRun generated = run_tessel_binary(
         "generate --model '" + (dir / "model").string() + "' --prompt 'a red cube' --seed 3 --guidance 5 --size 64x64 --frames 1 --steps 4 --threads 1 " +
             generate_flags + " --out '" + (dir / "image.png").string() + "'",
@@ -842,6 +834,98 @@ TEST(ServeCli, ServedImagesEqualGenerateForEveryModelLayout) {
     }
     fs::remove_all(dir);
   }
+}
+
+// Image to video over HTTP on the tiny I2V preset: the reference as a multipart file part (as the
+// OpenAI SDK sends it), as a data URL in {"image_url": ...} and as bare base64 give the same video,
+// equal to `tessel generate --image` on the same inputs; missing, corrupt, foreign, remote and
+// oversized references are 400s naming the field, as is a last frame this model cannot take.
+TEST(ServeI2v, AReferenceImageGivesTheVideoGenerateMakes) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("serve_i2v_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_random_wan_model((dir / "model").string(), "tiny-i2v", 11);
+  VideoFrames gradient;  // another size and aspect than the video's: resized (and CLIP crops it)
+  gradient.count = 1;
+  gradient.height = 40;
+  gradient.width = 56;
+  gradient.rgb.resize(40 * 56 * 3);
+  for (size_t i = 0; i < gradient.rgb.size(); ++i) gradient.rgb[i] = static_cast<uint8_t>(i * 7 % 256);
+  const std::string png = encode_png(gradient);
+  write_png((dir / "ref.png").string(), gradient);
+  ServeProcess server({"--model", (dir / "model").string(), "--threads", "1", "--size", "64x64", "--frames", "5", "--steps", "2"});
+  ASSERT_NE(server.port(), 0) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(120, 0);
+  const std::string fields = R"("prompt": "a cat", "seed": 4, "guidance_scale": 5.0)";
+
+  const httplib::MultipartFormDataItems form = {{"prompt", "a cat", "", ""}, {"seed", "4", "", ""}, {"guidance_scale", "5", "", ""},
+                                                {"input_reference", png, "ref.png", "image/png"}};
+  const auto from_form = client.Post("/v1/videos/sync", form);
+  ASSERT_TRUE(from_form);
+  ASSERT_EQ(from_form->status, 200) << from_form->body;
+  const std::string data_url = "data:image/png;base64," + base64_encode(png);
+  const auto from_url = client.Post("/v1/videos/sync", "{" + fields + R"(, "input_reference": {"image_url": ")" + data_url + R"("}})",
+                                    "application/json");
+  ASSERT_TRUE(from_url);
+  ASSERT_EQ(from_url->status, 200) << from_url->body;
+  EXPECT_TRUE(from_url->body == from_form->body) << "a data URL and a file part of the same PNG give different videos";
+  const auto job = client.Post("/v1/videos", "{" + fields + R"(, "input_reference": ")" + base64_encode(png) + R"("})",
+                               "application/json");
+  ASSERT_TRUE(job);
+  ASSERT_EQ(job->status, 200) << job->body;
+  const std::string id = body_of(job)["id"];
+  ASSERT_EQ(poll_video(client, id, is_final)["status"], "completed");
+  EXPECT_TRUE(client.Get("/v1/videos/" + id + "/content")->body == from_form->body) << "bare base64 gives another video";
+
+  // `tessel generate --image` on the same inputs: the same MP4, or (a build without libav) the same frames.
+  const std::string out = (dir / (mp4_available() ? "video.mp4" : "frames.png")).string();
+  const TesselRun generated = run_tessel_binary("generate --model '" + (dir / "model").string() + "' --image '" + (dir / "ref.png").string() +
+                                                    "' --prompt 'a cat' --seed 4 --guidance 5 --size 64x64 --frames 5 --steps 2 --threads 1 --out '" +
+                                                    out + "'",
+                                                dir / "generate.log");
+  ASSERT_EQ(generated.status, 0) << generated.out;
+  if (mp4_available()) {
+    std::ifstream in(out, std::ios::binary);
+    EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(in), {}) == from_form->body) << "the served video differs from tessel generate's";
+  } else {
+    std::ofstream(dir / "served.safetensors", std::ios::binary) << from_form->body;
+    const Tensor served = SafetensorsFile::open((dir / "served.safetensors").string()).load("output_0");  // (frames, H, W, 3) u8
+    ASSERT_EQ(served.shape(), (Shape{5, 64, 64, 3}));
+    for (int64_t f = 0; f < 5; ++f) {
+      const VideoFrames frame = read_image((dir / ("frames_0000" + std::to_string(f) + ".png")).string());
+      EXPECT_TRUE(std::equal(frame.rgb.begin(), frame.rgb.end(), served.data_as<uint8_t>() + f * 64 * 64 * 3)) << "frame " << f;
+    }
+  }
+
+  const auto refused = [&](const std::string& body, const std::string& param, const std::string& says = "") {
+    SCOPED_TRACE(body.substr(0, 120));
+    const auto result = client.Post("/v1/videos", body, "application/json");
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 400) << result->body;
+    EXPECT_EQ(body_of(result)["error"]["param"], param) << result->body;
+    EXPECT_NE(result->body.find(says), std::string::npos) << result->body;
+  };
+  refused("{" + fields + "}", "input_reference", "image-to-video");
+  refused("{" + fields + R"(, "input_reference": {"image_url": "https://example.com/cat.png"}})", "input_reference", "remote fetching is not supported");
+  refused("{" + fields + R"(, "input_reference": "not base64!"})", "input_reference");
+  refused("{" + fields + R"(, "input_reference": ")" + base64_encode(png.substr(0, png.size() / 2)) + R"("})", "input_reference");
+  refused("{" + fields + R"(, "input_reference": ")" + base64_encode("GIF89a\x01\x00\x01\x00") + R"("})", "input_reference");
+  refused("{" + fields + R"(, "input_reference": {"file_id": "file-1"}})", "input_reference", "file_id");
+  refused("{" + fields + R"(, "input_reference": ")" + base64_encode(png) + R"(", "last_frame": ")" +
+              base64_encode(png) + R"("})",
+          "last_frame");  // a Wan 2.1 I2V image branch takes one image
+  const auto image = client.Post("/v1/images/generations", R"({"prompt": "a cat", "input_reference": ")" + base64_encode(png) + R"("})",
+                                 "application/json");
+  EXPECT_EQ(image->status, 400);
+  EXPECT_EQ(body_of(image)["error"]["param"], "input_reference");
+  const httplib::MultipartFormDataItems huge = {{"prompt", "a cat", "", ""},
+                                                {"input_reference", png + std::string(9 << 20, '\0'), "ref.png", "image/png"}};
+  const auto oversized = client.Post("/v1/videos", huge);
+  ASSERT_TRUE(oversized);
+  EXPECT_EQ(oversized->status, 400) << oversized->body;
+  EXPECT_EQ(body_of(oversized)["error"]["param"], "input_reference");
+  fs::remove_all(dir);
 }
 
 // A transformer whose arithmetic overflows: the request fails with a 500 that names where the

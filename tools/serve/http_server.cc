@@ -100,19 +100,20 @@ struct HttpServer::Impl {
     if (const auto snapshot = wait_answer(id, "images", res)) send_json(res, 200, image_response(*snapshot->output));
   }
 
-  // A video request as JSON, or as multipart/form-data (the OpenAI SDK's form; a file part is the
-  // image-to-video reference, which parse_video_request refuses).
+  // A video request as JSON, or as multipart/form-data (the OpenAI SDK's form): a part with a
+  // file name is an image (input_reference, last_frame: its bytes as sent), the others text fields.
   engine::GenerationRequest video_request(const httplib::Request& req) {
     if (!req.is_multipart_form_data()) return parse_video_request(req.body, options.api);
     std::vector<std::pair<std::string, std::string>> fields;
-    bool reference = false;
+    std::map<std::string, std::string> file_parts;
     for (const auto& [name, part] : req.files) {
-      if (name == "input_reference" || !part.filename.empty()) reference = true;
-      else fields.emplace_back(name, part.content);
+      if (part.filename.empty()) {
+        fields.emplace_back(name, part.content);
+      } else if (!file_parts.emplace(name, part.content).second) {
+        throw ApiError(400, name, name + ": expected one file part, got several");
+      }
     }
-    nlohmann::json body = video_form_to_json(fields);
-    if (reference) body["input_reference"] = "(a file part)";
-    return parse_video_request(body, options.api);
+    return parse_video_request(video_form_to_json(fields), options.api, file_parts);
   }
 
   void create_video(const httplib::Request& req, httplib::Response& res) {

@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
 #include <string_view>
 
 #include "tessel/core/io/limited_json.h"
+#include "tessel/core/base64.h"
 #include "tessel/core/utf8.h"
+#include "tessel/diffusion/image_io.h"
 
 namespace tessel::serve {
 namespace {
@@ -52,7 +55,7 @@ void check_utf8(const std::string& text, const std::string& field) {
     // A JSON body: the field that holds the byte, found in the body with each invalid byte marked.
     std::optional<std::string> where;
     try {
-      where = field_with_mark(parse_json_limited(utf8_replace_invalid(text, kInvalidMark), JsonLimits{1 << 20, 8}, "request body"), "");
+      where = field_with_mark(parse_json_limited(utf8_replace_invalid(text, kInvalidMark), JsonLimits{text.size() * 3 + 16, 8}, "request body"), "");
     } catch (const Error&) {
     }
     const std::string what = std::string(e.what()).substr(std::string("request body: ").size());
@@ -60,11 +63,14 @@ void check_utf8(const std::string& text, const std::string& field) {
   }
 }
 
-nlohmann::json parse_body(const std::string& body) {
+constexpr size_t kMaxJsonBytes = 1 << 20;  // a body's JSON beside its reference images
+
+// `max_bytes`: the JSON text's limit (more than kMaxJsonBytes for base64 images).
+nlohmann::json parse_body(const std::string& body, size_t max_bytes = kMaxJsonBytes) {
   check_utf8(body, "");  // before the parser, whose errors quote the text
   nlohmann::json json;
   try {
-    json = parse_json_limited(body, JsonLimits{1 << 20, 8}, "request body");
+    json = parse_json_limited(body, JsonLimits{max_bytes, 8}, "request body");
   } catch (const Error& e) {
     throw ApiError(400, "", e.what());
   }
@@ -151,6 +157,72 @@ void parse_common(const nlohmann::json& body, GenerationRequest& request, const 
   parse_size(body, request, defaults);
 }
 
+// The reference image fields and the request member each fills.
+struct ReferenceField {
+  const char* name;
+  std::shared_ptr<const std::string> GenerationRequest::*member;
+};
+constexpr ReferenceField kReferenceFields[] = {{"input_reference", &GenerationRequest::image},
+                                               {"last_frame", &GenerationRequest::last_image}};
+
+// A reference given in a JSON body (or a form's text field): the image's bytes.
+std::string reference_bytes(const nlohmann::json& value, const std::string& field) {
+  const std::string expected = "a PNG or JPEG image: a multipart file part, a data URL (\"data:image/png;base64,...\"), base64, or "
+                               "{\"image_url\": a data URL}";
+  if (value.is_object()) {
+    for (const auto& [key, member] : value.items())
+      if (key != "image_url") {
+        if (key == "file_id")
+          throw ApiError(400, field, field + ": file_id references are not supported (this server has no files API); send the image itself");
+        throw ApiError(400, field + "." + key, field + "." + key + ": unknown field (expected image_url)");
+      }
+    const auto url = value.find("image_url");
+    if (url == value.end() || !url->is_string()) bad_field(field + ".image_url", "a data URL", url == value.end() ? "nothing" : json_excerpt(*url));
+    return reference_bytes(*url, field);
+  }
+  if (!value.is_string()) bad_field(field, expected, json_excerpt(value));
+  const std::string& text = value.get_ref<const std::string&>();
+  std::string_view data = text;
+  if (text.rfind("data:", 0) == 0) {
+    const size_t comma = text.find(',');
+    const std::string_view media = std::string_view(text).substr(0, comma == std::string::npos ? 0 : comma);
+    if (comma == std::string::npos || media.size() < 7 || media.substr(media.size() - 7) != ";base64")
+      bad_field(field, "a base64 data URL (\"data:image/png;base64,...\")", quoted_excerpt(text.substr(0, 40)));
+    data = std::string_view(text).substr(comma + 1);
+  } else if (text.find("://") != std::string::npos) {
+    throw ApiError(400, field, field + ": remote URLs are not fetched (remote fetching is not supported); send the image as a multipart "
+                               "file part, a data URL or base64, got " + quoted_excerpt(text.substr(0, 80)));
+  }
+  std::optional<std::string> bytes = base64_decode(data);
+  if (!bytes) bad_field(field, expected, "text that is not base64 " + quoted_excerpt(text.substr(0, 40)));
+  return std::move(*bytes);
+}
+
+// The references of a video request (file parts or body fields), each checked by decoding it.
+void parse_references(const nlohmann::json& body, const std::map<std::string, std::string>& file_parts, const ApiDefaults& defaults,
+                      GenerationRequest& request) {
+  size_t total = 0;
+  for (const ReferenceField& reference : kReferenceFields) {
+    const std::string field = reference.name;
+    const auto part = file_parts.find(field);
+    const auto value = body.find(field);
+    const bool in_body = value != body.end() && !value->is_null();
+    if (part == file_parts.end() && !in_body) continue;
+    if (part != file_parts.end() && in_body) bad_field(field, "one value", "a file part and a field");
+    std::string bytes = part != file_parts.end() ? part->second : reference_bytes(*value, field);
+    total += bytes.size();
+    if (total > defaults.max_reference_bytes)
+      bad_field(field, detail::concat("images of at most ", defaults.max_reference_bytes, " bytes (input_reference and last_frame together)"),
+                detail::concat(total, " bytes"));
+    try {
+      (void)decode_image(bytes, field);
+    } catch (const Error& e) {
+      throw ApiError(400, field, e.what());
+    }
+    request.*reference.member = std::make_shared<const std::string>(std::move(bytes));
+  }
+}
+
 int64_t unix_seconds(std::chrono::system_clock::time_point at) {
   return std::chrono::duration_cast<std::chrono::seconds>(at.time_since_epoch()).count();
 }
@@ -172,19 +244,22 @@ GenerationRequest parse_image_request(const std::string& body_text, const ApiDef
 }
 
 GenerationRequest parse_video_request(const std::string& body_text, const ApiDefaults& defaults) {
-  return parse_video_request(parse_body(body_text), defaults);
+  // References as base64 (4 characters per 3 bytes) beside the other fields.
+  return parse_video_request(parse_body(body_text, kMaxJsonBytes + (defaults.max_reference_bytes + 2) / 3 * 4), defaults);
 }
 
-GenerationRequest parse_video_request(const nlohmann::json& body, const ApiDefaults& defaults) {
+GenerationRequest parse_video_request(const nlohmann::json& body, const ApiDefaults& defaults,
+                                      const std::map<std::string, std::string>& file_parts) {
   if (!body.is_object()) bad_field("body", "a JSON object", json_excerpt(body));
   check_fields(body, {"prompt", "model", "size", "seconds", "num_frames", "fps", "negative_prompt", "num_inference_steps",
-                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "user", "input_reference"});
-  if (body.contains("input_reference") && !body["input_reference"].is_null())
-    throw ApiError(400, "input_reference",
-                   "input_reference: image-to-video is not built in this version (text-to-video models only); send no reference");
+                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "user", "input_reference", "last_frame"});
+  for (const auto& [name, bytes] : file_parts)
+    if (!is_reference_field(name))
+      throw ApiError(400, "", "unknown file part " + quoted_excerpt(name) + " (expected input_reference or last_frame)");
   GenerationRequest request;
   request.kind = OutputKind::kVideo;
   parse_common(body, request, defaults);
+  parse_references(body, file_parts, defaults, request);
   request.fps = number_field(body, "fps", defaults.default_fps, 1.0, 120.0);
   request.frames = integer_field(body, "num_frames", defaults.default_frames, 1, 100000);
   if (body.contains("seconds") && !body.contains("num_frames")) {
@@ -208,6 +283,10 @@ GenerationRequest parse_video_request(const nlohmann::json& body, const ApiDefau
     request.frames = std::llround(seconds * request.fps / 4.0) * 4 + 1;
   }
   return request;
+}
+
+bool is_reference_field(const std::string& name) {
+  return std::any_of(std::begin(kReferenceFields), std::end(kReferenceFields), [&](const ReferenceField& r) { return name == r.name; });
 }
 
 nlohmann::json image_response(const engine::GenerationOutput& output) {
@@ -263,6 +342,13 @@ nlohmann::json video_form_to_json(const std::vector<std::pair<std::string, std::
     check_utf8(name, "a field name");  // before any message quotes them
     check_utf8(value, name);
     if (body.contains(name)) bad_field(name, "one value", "the field twice");
+    // {"image_url": ...} as the SDK's form flattening sends it: input_reference[image_url].
+    if (const size_t open = name.find('['); open != std::string::npos && name.back() == ']' && is_reference_field(name.substr(0, open))) {
+      nlohmann::json& object = body[name.substr(0, open)];
+      if (!object.is_null() && !object.is_object()) bad_field(name.substr(0, open), "one value", "the field twice");
+      object[name.substr(open + 1, name.size() - open - 2)] = value;
+      continue;
+    }
     if (kIntegers.count(name) || kNumbers.count(name)) {
       size_t end = 0;
       try {
@@ -308,25 +394,6 @@ nlohmann::json video_list(const std::vector<engine::RequestSnapshot>& oldest_fir
 
 nlohmann::json error_body(const std::string& message, const std::string& type, const std::string& param) {
   return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? nlohmann::json() : nlohmann::json(param)}, {"code", nullptr}}}};
-}
-
-std::string base64_encode(const std::string& bytes) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = static_cast<uint8_t>(bytes[i]) << 16 | static_cast<uint8_t>(bytes[i + 1]) << 8 | static_cast<uint8_t>(bytes[i + 2]);
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], kAlphabet[v & 63]};
-  }
-  if (i + 1 == bytes.size()) {
-    const uint32_t v = static_cast<uint8_t>(bytes[i]) << 16;
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], '=', '='};
-  } else if (i + 2 == bytes.size()) {
-    const uint32_t v = static_cast<uint8_t>(bytes[i]) << 16 | static_cast<uint8_t>(bytes[i + 1]) << 8;
-    out += {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 63], kAlphabet[(v >> 6) & 63], '='};
-  }
-  return out;
 }
 
 }  // namespace tessel::serve

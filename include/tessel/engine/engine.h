@@ -43,6 +43,10 @@ struct EngineConfig {
   // Requests in flight on the workers at once, stepped together (1..64; 1: one request at a time).
   // A group of several workers takes 1 only: its ranks must step the same requests (refused otherwise).
   int max_batch = 1;
+  // The most bytes of reference images (GenerationRequest::image and last_image together) one
+  // request may carry: the request ring is sized for max_batch such requests. 0: no images (a
+  // request with one is refused).
+  size_t max_reference_bytes = 0;
   // An idle group's wait for more requests after the first, before their first step (0: none).
   std::chrono::milliseconds batch_join{0};
 };

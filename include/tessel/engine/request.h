@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,11 @@ struct GenerationRequest {
   std::string sparse_attention;
   // The step cache: empty for the server's, or "none", or the server's own name.
   std::string cache;
+  // Image to video: the first frame (the API's input_reference) and the last frame (last_frame), as
+  // the client sent them: PNG or JPEG bytes the HTTP layer has decoded once to check them. Null:
+  // none. Shared, since snapshots copy requests; they reach the workers as a message's payload
+  // (wire_format.h) and are decoded there.
+  std::shared_ptr<const std::string> image, last_image;
 };
 
 enum class RequestStatus : uint8_t { kQueued, kRunning, kSucceeded, kFailed, kCancelled };

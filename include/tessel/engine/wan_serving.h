@@ -15,6 +15,10 @@
 #include "tessel/engine/pipeline_runner.h"
 #include "tessel/engine/processing.h"
 
+namespace tessel {
+struct WanModelDir;
+}
+
 namespace tessel::engine {
 
 inline constexpr const char* kWanModelType = "WanPipeline";
@@ -77,11 +81,19 @@ struct WanRequestLimits {
   bool two_experts = false;  // the model has transformer_2: requests may set guidance_scale_2
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
   std::string cache = "none";  // the server's step cache: a request may name it or "none"
+  // Image to video, from the model's task: whether a video request may or must bring a first frame
+  // (the API's input_reference) and a last frame (last_frame). Text to video: neither.
+  bool takes_image = false, requires_image = false;
+  bool takes_last_image = false, requires_last_image = false;
 };
+// The image-to-video fields of the limits for a model directory: t2v none; ti2v an optional first
+// frame; i2v a first frame, and a last frame as its transformer takes one (Wan 2.1 FLF2V: required;
+// Wan 2.1 I2V: none; Wan 2.2 I2V-A14B, no image branch: optional).
+void set_image_limits(WanRequestLimits& limits, const WanModelDir& model);
 
 void register_wan_runner(RunnerRegistry& runners);
 // Pre-processing: size (multiples of 16 within the limits), frames (4k + 1; 1 for an image),
-// steps, n, guidance, prompt length; each refusal an Error starting with the request field's name.
+// steps, n, guidance, prompt length, the reference images the model takes; each refusal an Error starting with the request field's name.
 // Post-processing: with a vae/ the worker decodes each output to 8-bit frames and they become a PNG
 // per image or one MP4 per video (a safetensors of the frames when the build has no libav);
 // without one, each output's latents become a safetensors file whose tensor is "output_0".
