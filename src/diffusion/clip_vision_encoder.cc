@@ -23,11 +23,12 @@ std::string layer_prefix(int64_t layer) { return std::string(kPrefix) + "encoder
 
 Tensor to_f32(const Tensor& t) { return t.dtype() == DType::kF32 ? t.clone() : t.to(DType::kF32); }
 
-void apply_activation(ClipActivation act, float* x, int64_t count) {
+// gelu is the DiT ops' exact GELU; quick_gelu, x sigmoid(1.702 x), is CLIP's own.
+void apply_activation(const ExecContext& ctx, ClipActivation act, float* x, int64_t count) {
+  if (act == ClipActivation::gelu) return dit::gelu(ctx, x, count);
   parallel_for(count, [&](int64_t i) {
     const double v = x[i];
-    x[i] = static_cast<float>(act == ClipActivation::gelu ? 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)))
-                                                          : v / (1.0 + std::exp(-1.702 * v)));
+    x[i] = static_cast<float>(v / (1.0 + std::exp(-1.702 * v)));
   });
 }
 
@@ -242,7 +243,7 @@ void ClipVisionEncoder::forward(const ExecContext& ctx, const TensorView& pixel_
     dit::layer_norm(ctx, hidden_states.data(), rows, hidden, c.layer_norm_eps, layer.norm2_weight.data_as<float>(),
                     layer.norm2_bias.data_as<float>(), normed.data());
     layer.fc1(ctx, normed.data(), rows, mlp.data());
-    apply_activation(c.hidden_act, mlp.data(), static_cast<int64_t>(mlp.size()));
+    apply_activation(ctx, c.hidden_act, mlp.data(), static_cast<int64_t>(mlp.size()));
     layer.fc2(ctx, mlp.data(), rows, projected.data());
     add_residual();
   }

@@ -381,14 +381,10 @@ void WanGenerator::Impl::set_image_condition(const ExecContext& ctx, const WanRe
     const Tensor pixels = wan_image_pixels(request.image, size.height, size.width, "image");
     if (request.on_phase) request.on_phase("image encoding");
     const WanDecodeControl control{nullptr, request.cancel};
-    const TensorView one_frame(pixels.data(), DType::kF32, Device::cpu(), {1, 3, 1, size.height, size.width});
-    ExecContext cpu_ctx = ctx;
-    cpu_ctx.device = Device::cpu();
-    cpu_ctx.stream = nullptr;
-    cpu_ctx.workspace = nullptr;
-    const Tensor mu = vae->encode(cpu_ctx, one_frame, &control);
+    options.first_frame = wan_first_frame_latents(ctx, *vae, pixels, &control);
     // A cancel during the encode: the first step sees the flag and ends the generation cancelled.
-    options.first_frame = mu.defined() ? vae->normalize_latents(mu) : Tensor::zeros(vae->encoded_shape(one_frame.shape()), DType::kF32);
+    if (!options.first_frame.defined())
+      options.first_frame = Tensor::zeros(vae->encoded_shape({1, 3, 1, size.height, size.width}), DType::kF32);
     return;
   }
   if (model.task != WanTask::kImageToVideo) {

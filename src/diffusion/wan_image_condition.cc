@@ -9,6 +9,18 @@
 #include "tessel/diffusion/pil_resize.h"
 
 namespace tessel {
+namespace {
+
+// The VAE encodes on the CPU, whatever device the generation runs on.
+ExecContext cpu_context(const ExecContext& ctx) {
+  ExecContext cpu = ctx;
+  cpu.device = Device::cpu();
+  cpu.stream = nullptr;
+  cpu.workspace = nullptr;
+  return cpu;
+}
+
+}  // namespace
 
 Tensor wan_image_pixels(const VideoFrames& image, int64_t height, int64_t width, const char* name) {
   try {
@@ -64,11 +76,7 @@ Tensor wan_image_condition(const ExecContext& ctx, const WanVae& vae, const Tens
       std::memcpy(frames_of_channel + (frames - 1) * plane, last.data_as<float>() + channel * plane,
                   static_cast<size_t>(plane) * sizeof(float));
   }
-  ExecContext cpu_ctx = ctx;
-  cpu_ctx.device = Device::cpu();
-  cpu_ctx.stream = nullptr;
-  cpu_ctx.workspace = nullptr;
-  const Tensor mu = vae.encode(cpu_ctx, video, control);
+  const Tensor mu = vae.encode(cpu_context(ctx), video, control);
   if (!mu.defined()) return {};
   const Tensor latents = vae.normalize_latents(mu);
   const Tensor mask = wan_frame_mask(frames, latents.size(3), latents.size(4), last.defined());
@@ -78,6 +86,12 @@ Tensor wan_image_condition(const ExecContext& ctx, const WanVae& vae, const Tens
   std::memcpy(condition.data(), mask.data(), mask.nbytes());
   std::memcpy(static_cast<char*>(condition.data()) + mask.nbytes(), latents.data(), latents.nbytes());
   return condition;
+}
+
+Tensor wan_first_frame_latents(const ExecContext& ctx, const WanVae& vae, const Tensor& image, const WanDecodeControl* control) {
+  const TensorView one_frame(image.data(), DType::kF32, Device::cpu(), {1, 3, 1, image.size(2), image.size(3)});
+  const Tensor mu = vae.encode(cpu_context(ctx), one_frame, control);
+  return mu.defined() ? vae.normalize_latents(mu) : Tensor{};
 }
 
 }  // namespace tessel

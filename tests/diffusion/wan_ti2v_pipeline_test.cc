@@ -51,13 +51,7 @@ TEST(WanTi2vPipeline, LatentsAndFramesMatchDiffusers) {
   ASSERT_EQ(result.frames.height, 32);
   ASSERT_EQ(result.frames.width, 64);
   ASSERT_EQ(static_cast<int64_t>(result.frames.rgb.size()), expected_frames.numel());
-  double squared = 0.0;
-  for (int64_t i = 0; i < expected_frames.numel(); ++i) {
-    const double d = static_cast<double>(result.frames.rgb[static_cast<size_t>(i)]) - expected_frames.data_as<uint8_t>()[i];
-    squared += d * d;
-  }
-  const double mse = squared / static_cast<double>(expected_frames.numel());
-  const double psnr = mse == 0.0 ? INFINITY : 10.0 * std::log10(255.0 * 255.0 / mse);
+  const double psnr = frames_psnr(result.frames, expected_frames);
   std::printf("TI2V frames PSNR vs diffusers: %.1f dB\n", psnr);
   EXPECT_GE(psnr, 60.0);
 }

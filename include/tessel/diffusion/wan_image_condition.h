@@ -33,4 +33,10 @@ Tensor wan_frame_mask(int64_t frames, int64_t latent_height, int64_t latent_widt
 Tensor wan_image_condition(const ExecContext& ctx, const WanVae& vae, const Tensor& first, const Tensor& last, int64_t frames,
                            const WanDecodeControl* control = nullptr);
 
+// TI2V's first frame (diffusers' expand_timesteps): `image` (1, 3, H, W) as a one-frame video
+// through `vae`'s encoder on the CPU, normalized: (1, z_dim, 1, H / s, W / s). Returns an undefined
+// tensor when `control` cancelled the encode.
+Tensor wan_first_frame_latents(const ExecContext& ctx, const WanVae& vae, const Tensor& image,
+                               const WanDecodeControl* control = nullptr);
+
 }  // namespace tessel
