@@ -76,14 +76,44 @@ Tensor wan_initial_noise(const Shape& latent_shape, uint64_t seed) {
 
 Tensor wan_prompt_embeddings(const ExecContext& ctx, const UMT5Encoder& encoder, const TensorView& input_ids,
                              const TensorView& attention_mask) {
-  Tensor embeddings = Tensor::empty({input_ids.size(0), input_ids.size(1), encoder.config().d_model}, DType::kF32);
-  encoder.forward(ctx, input_ids, attention_mask, embeddings);  // checks both token tensors first
+  if (input_ids.dim() != 2 || input_ids.dtype() != DType::kI32 || !input_ids.device().is_cpu() || !input_ids.is_contiguous())
+    fail_argument("input_ids", "(batch, length) int32, CPU, contiguous", input_ids.describe());
   const int64_t rows = input_ids.size(0), length = input_ids.size(1), width = encoder.config().d_model;
+  if (attention_mask.dim() != 2 || attention_mask.size(0) != rows || attention_mask.size(1) != length ||
+      attention_mask.dtype() != DType::kI32 || !attention_mask.device().is_cpu() || !attention_mask.is_contiguous())
+    fail_argument("attention_mask", detail::concat("(", rows, ", ", length, ") int32, CPU, contiguous as input_ids"),
+                  attention_mask.describe());
+  // Per row: its token count (diffusers zeroes the outputs from there on) and the end of its last
+  // token (the tokenizer pads at the end, so the two are equal for its masks).
+  std::vector<int64_t> tokens(static_cast<size_t>(rows), 0);
+  int64_t kept = 1;
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t i = 0; i < length; ++i)
+      if (attention_mask.data_as<const int32_t>()[row * length + i] != 0) {
+        ++tokens[static_cast<size_t>(row)];
+        kept = std::max(kept, i + 1);
+      }
+  // The encoder runs on the positions up to the last token of any row. Its attention masks the
+  // padding out as keys and its relative position bias depends on distances alone, so a token's
+  // output does not depend on how much padding follows it: a prompt of 20 tokens costs 20 rows of
+  // UMT5-XXL instead of max_length's 512.
+  Tensor embeddings = Tensor::zeros({rows, length, width}, DType::kF32);
+  if (kept == length) {
+    encoder.forward(ctx, input_ids, attention_mask, embeddings);  // checks both token tensors first
+  } else {
+    Tensor ids = Tensor::empty({rows, kept}, DType::kI32), mask = Tensor::empty({rows, kept}, DType::kI32);
+    for (int64_t row = 0; row < rows; ++row) {
+      std::copy_n(input_ids.data_as<const int32_t>() + row * length, kept, ids.data_as<int32_t>() + row * kept);
+      std::copy_n(attention_mask.data_as<const int32_t>() + row * length, kept, mask.data_as<int32_t>() + row * kept);
+    }
+    Tensor out = Tensor::empty({rows, kept, width}, DType::kF32);
+    encoder.forward(ctx, ids, mask, out);
+    for (int64_t row = 0; row < rows; ++row)
+      std::copy_n(out.data_as<const float>() + row * kept * width, kept * width, embeddings.data_as<float>() + row * length * width);
+  }
   for (int64_t row = 0; row < rows; ++row) {
-    int64_t tokens = 0;
-    for (int64_t i = 0; i < length; ++i) tokens += attention_mask.data_as<const int32_t>()[row * length + i] != 0;
-    float* padding = embeddings.data_as<float>() + (row * length + tokens) * width;
-    std::fill(padding, padding + (length - tokens) * width, 0.0f);
+    float* padding = embeddings.data_as<float>() + (row * length + tokens[static_cast<size_t>(row)]) * width;
+    std::fill(padding, padding + (length - tokens[static_cast<size_t>(row)]) * width, 0.0f);
   }
   return embeddings;
 }

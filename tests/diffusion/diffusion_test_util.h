@@ -5,10 +5,14 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
 
 #include "tessel/core/io/safetensors.h"
 #include "tessel/diffusion/scheduler.h"
@@ -81,6 +85,25 @@ inline SchedulerConfig euler_shift3() {
   config.kind = SchedulerKind::flow_match_euler;
   config.shift = 3.0;
   return config;
+}
+
+// Rewrites one fp32 tensor of a safetensors file through `change` (a poisoned weight for the
+// non-finite checks); fails the test when the file lacks it or holds it in another dtype.
+inline void rewrite_tensor(const std::string& path, const std::string& name, const std::function<void(float*, int64_t)>& change) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const SafetensorsEntry& entry : file.entries()) tensors.emplace_back(entry.name, file.load(entry.name));
+  bool found = false;
+  for (auto& [tensor_name, tensor] : tensors)
+    if (tensor_name == name) {
+      ASSERT_EQ(tensor.dtype(), DType::kF32);
+      change(tensor.data_as<float>(), tensor.numel());
+      found = true;
+    }
+  ASSERT_TRUE(found) << name;
+  std::vector<std::pair<std::string, TensorView>> views;
+  for (auto& [tensor_name, tensor] : tensors) views.emplace_back(tensor_name, tensor.view());
+  write_safetensors(path, views);
 }
 
 }  // namespace tessel

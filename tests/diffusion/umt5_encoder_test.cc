@@ -102,6 +102,43 @@ TEST(UMT5Encoder, WanPromptEmbeddingsZeroThePadding) {
       }
 }
 
+// The encoder runs on the positions up to the last token only: with padding after every row, the
+// embeddings equal the encoder over the whole padded length (rows zeroed past their tokens), within
+// fp32 reassociation. Rows of no token at all give zeros.
+TEST(UMT5Encoder, WanPromptEmbeddingsSkipTheTrailingPadding) {
+  const UMT5Encoder encoder = load_fixture_encoder();
+  const SafetensorsFile io = SafetensorsFile::open(kDir + "/io.safetensors");
+  const Tensor fixture_ids = io.load("input_ids"), fixture_mask = io.load("attention_mask");
+  constexpr int64_t kLength = 23, kWidth = 32;
+  Tensor ids = Tensor::zeros({2, kLength}, DType::kI32), mask = Tensor::zeros({2, kLength}, DType::kI32);
+  const int64_t kept[] = {7, 5};  // both rows end before the fixture's 9 positions
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t i = 0; i < kept[row]; ++i) {
+      ids.data_as<int32_t>()[row * kLength + i] = fixture_ids.data_as<const int32_t>()[row * 9 + i];
+      mask.data_as<int32_t>()[row * kLength + i] = 1;
+    }
+  Tensor whole = Tensor::empty({2, kLength, kWidth}, DType::kF32);
+  encoder.forward(ExecContext{}, ids, mask, whole);
+  const Tensor embeddings = wan_prompt_embeddings(ExecContext{}, encoder, ids, mask);
+  double worst = 0.0;
+  for (int64_t row = 0; row < 2; ++row)
+    for (int64_t token = 0; token < kLength; ++token)
+      for (int64_t i = 0; i < kWidth; ++i) {
+        const int64_t at = (row * kLength + token) * kWidth + i;
+        if (token >= kept[row]) {
+          ASSERT_EQ(embeddings.data_as<float>()[at], 0.0f) << row << " " << token;
+        } else {
+          const double expected = whole.data_as<float>()[at];
+          worst = std::max(worst, std::abs(embeddings.data_as<float>()[at] - expected) / (std::abs(expected) + 1e-3));
+        }
+      }
+  EXPECT_LT(worst, 1e-5);
+  (void)fixture_mask;
+  const Tensor none = wan_prompt_embeddings(ExecContext{}, encoder, ids, Tensor::zeros({2, kLength}, DType::kI32));
+  for (int64_t i = 0; i < none.numel(); ++i) ASSERT_EQ(none.data_as<float>()[i], 0.0f);
+  EXPECT_THROW(wan_prompt_embeddings(ExecContext{}, encoder, ids, Tensor::zeros({2, kLength - 1}, DType::kI32)), Error);
+}
+
 TEST(UMT5Encoder, BadInputsAreErrors) {
   const UMT5Encoder encoder = load_fixture_encoder();
   Tensor ids = Tensor::zeros({1, 4}, DType::kI32), mask = Tensor::zeros({1, 4}, DType::kI32);

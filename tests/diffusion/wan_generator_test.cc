@@ -55,24 +55,6 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // rel-L2 of fp32 a against b (the same shape).
 double rel_l2_of(const Tensor& a, const Tensor& b) { return rel_l2(a.data_as<const float>(), b.data_as<const float>(), a.numel()); }
 
-// Rewrites one tensor of a safetensors file through `change` (fp32 tensors).
-void rewrite_tensor(const std::string& path, const std::string& name, const std::function<void(float*, int64_t)>& change) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const SafetensorsEntry& entry : file.entries()) tensors.emplace_back(entry.name, file.load(entry.name));
-  bool found = false;
-  for (auto& [tensor_name, tensor] : tensors)
-    if (tensor_name == name) {
-      ASSERT_EQ(tensor.dtype(), DType::kF32);
-      change(tensor.data_as<float>(), tensor.numel());
-      found = true;
-    }
-  ASSERT_TRUE(found) << name;
-  std::vector<std::pair<std::string, TensorView>> views;
-  for (auto& [tensor_name, tensor] : tensors) views.emplace_back(tensor_name, tensor.view());
-  write_safetensors(path, views);
-}
-
 TEST(WanGenerator, GenerateEqualsBeginStepFinishAndStatesInterleave) {
   const std::string dir = model_of("tiny-a14b", "steps");
   WanLoadOptions options;
