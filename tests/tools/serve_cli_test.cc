@@ -3,6 +3,7 @@
 // every request gets exactly one answer and the server's memory stays flat.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -386,6 +387,22 @@ class StalledConnection {
   StalledConnection(const StalledConnection&) = delete;
   StalledConnection& operator=(const StalledConnection&) = delete;
   bool connected() const { return connected_; }
+  // What the server sends within `timeout` (until it closes the connection or the time is up).
+  std::string receive(std::chrono::milliseconds timeout) {
+    std::string received;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (fd_ >= 0 && std::chrono::steady_clock::now() < deadline) {
+      pollfd readable{fd_, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (::poll(&readable, 1, static_cast<int>(std::max<int64_t>(1, left.count()))) <= 0) continue;
+      char buffer[4096];
+      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      received.append(buffer, static_cast<size_t>(n));
+      if (received.find("\r\n\r\n") != std::string::npos && received.find("}") != std::string::npos) break;
+    }
+    return received;
+  }
 
  private:
   int fd_ = -1;
@@ -421,6 +438,36 @@ TEST(ServeCli, IdleAndSlowConnectionsDoNotStopTheServer) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("tessel_http_connections "), std::string::npos);
   EXPECT_NE(metrics->body.find("tessel_queue_seconds_count 1\n"), std::string::npos) << metrics->body;
+}
+
+// A declared body length that is not a byte count (negative, not a number, too many digits, two
+// headers) is a 400 and one past --max-body-bytes a 413, answered at once from the headers: the
+// body is never waited for (cpp-httplib alone read "-1" as a huge length and waited on its body).
+TEST(ServeCli, BadContentLengthsAreAnsweredAtOnce) {
+  ServeProcess server(server_args({"--max-body-bytes", "4096"}));
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::pair<std::string, std::string> cases[] = {
+      {"Content-Length: -1\r\n", "400"},
+      {"Content-Length: 99999999999999999999999\r\n", "400"},
+      {"Content-Length: 12abc\r\n", "400"},
+      {"Content-Length: 5\r\nContent-Length: 7\r\n", "400"},
+      {"Content-Length: 4097\r\n", "413"},
+  };
+  for (const auto& [header, status] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    StalledConnection connection(server.port(), "POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                                                    header + "\r\n{\"prompt\"");
+    ASSERT_TRUE(connection.connected());
+    const std::string answer = connection.receive(std::chrono::seconds(10));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(answer.rfind("HTTP/1.1 " + status, 0), 0u) << header << answer;
+    EXPECT_NE(answer.find(status == "413" ? "--max-body-bytes" : "Content-Length"), std::string::npos) << answer;
+    EXPECT_LT(seconds, 3.0) << header;
+  }
+  httplib::Client client("127.0.0.1", server.port());
+  const auto image = client.Post("/v1/images/generations", R"({"prompt": "a red cube", "seed": 1})", "application/json");
+  ASSERT_TRUE(image);
+  EXPECT_EQ(image->status, 200) << image->body;
 }
 
 // Past --max-connections the next connections are answered 503 at once (Retry-After), and the

@@ -7,9 +7,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -37,6 +39,24 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
                      : status >= 500 ? "server_error"
                                      : "invalid_request_error";
   send_json(res, status, error_body(message, type, param));
+}
+
+// A request's declared body length, checked from its headers before any of the body is read:
+// cpp-httplib 0.11 parses Content-Length with strtoull, so "-1" or 30 digits read as a huge length
+// whose body it would read and discard before answering 413, holding the connection meanwhile.
+// Returns the refusal (status and message), or nothing when the framing is sound.
+std::optional<std::pair<int, std::string>> body_length_refusal(const httplib::Request& req, size_t max_body_bytes) {
+  const size_t count = req.get_header_value_count("Content-Length");
+  if (count == 0) return std::nullopt;
+  if (count > 1) return std::pair{400, std::string("Content-Length: expected one header, got ") + std::to_string(count)};
+  const std::string value = req.get_header_value("Content-Length");
+  const bool digits = !value.empty() && value.size() <= 18 &&
+                      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits) return std::pair{400, "Content-Length: expected a byte count (0 to 18 decimal digits), got " + quoted_excerpt(value)};
+  const unsigned long long bytes = std::stoull(value);
+  if (bytes > max_body_bytes)
+    return std::pair{413, detail::concat("the request body is ", bytes, " bytes, more than ", max_body_bytes, " (--max-body-bytes)")};
+  return std::nullopt;
 }
 
 }  // namespace
@@ -300,6 +320,11 @@ struct HttpServer::Impl {
         res.set_header("Connection", "close");
         send_error(res, 503, detail::concat("too many connections (more than ", options.max_connections,
                                             " at once: --max-connections); retry shortly"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (const auto refusal = body_length_refusal(req, options.max_body_bytes)) {
+        res.set_header("Connection", "close");  // the body that follows is not read
+        send_error(res, refusal->first, refusal->second);
         return httplib::Server::HandlerResponse::Handled;
       }
       if (options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
