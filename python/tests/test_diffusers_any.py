@@ -3,7 +3,9 @@
 (CPU, fp32): dense output against diffusers' own SDPA for Flux, SD3, CogVideoX, HunyuanVideo (its
 text padding mask), Qwen-Image and LTX; disable restores the original processors and torch's
 function, bit for bit; joint attention keeps the text rows and columns dense while image x image
-is sparse; key-padding masks are honoured; what cannot run is refused with an error naming it."""
+is sparse; static patterns run on the latent grid each model's forward gives, and every pattern runs
+on each family; key-padding masks are honoured, padded text keys leaving joint attention sparse;
+what cannot run is refused with an error naming it."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +14,7 @@ diffusers = pytest.importorskip("diffusers")
 from tessel.functional import attention  # noqa: E402
 from tessel.integrations import diffusers as tessel_diffusers  # noqa: E402
 from tessel.integrations import diffusers_dispatch  # noqa: E402
+from tessel.integrations.diffusers_layouts import MODEL_LAYOUTS  # noqa: E402
 from tessel.sparse_config import SparseAttentionConfig  # noqa: E402
 
 TEXT = 7
@@ -167,8 +170,8 @@ def test_key_padding_masks_are_honoured_per_batch_entry():
 
 def test_refusals_name_what_cannot_run():
     model, _ = ltx()
-    with pytest.raises(ValueError, match="static patterns need the latent grid"):
-        tessel_diffusers.enable(model, {"pattern": {"type": "radial"}})
+    with pytest.raises(ValueError, match="this integration runs dense, .*got 'arrow'"):
+        tessel_diffusers.enable(model, {"pattern": {"type": "arrow"}})
     unknown, _ = ltx()
     unknown.__class__ = type("SomeOtherTransformer", (type(unknown),), {})
     with pytest.raises(ValueError, match="token layout of SomeOtherTransformer is not known"):
@@ -215,3 +218,97 @@ class diffusers_dispatch_scope_off:
 
     def __exit__(self, *exc):
         diffusers_dispatch._scope.reset(self.token)
+
+
+# The latent grid of each family's test input: its image tokens after patchifying.
+GRIDS = {"flux": (1, 12, 10), "sd3": (1, 8, 8), "cogvideox": (3, 8, 8), "hunyuan_video": (3, 8, 8),
+         "qwen_image": (1, 6, 8), "ltx": (3, 8, 8)}
+BLOCKS = {"block_q": 16, "block_kv": 16}
+# A box covering every grid above keeps every pair: the static path must then equal dense.
+COVERING_WINDOW = {"pattern": {"type": "sliding_window"}, "geometry": BLOCKS,
+                   "options": {"frame_radius": "3", "height_radius": "12", "width_radius": "12"}}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_pattern_runs_on_each_family_on_its_latent_grid(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.eval()
+    reference = run(model, inputs)
+    tessel_diffusers.enable(model, COVERING_WINDOW)
+    try:
+        covered = run(model, inputs)
+        state = _state_of(model)
+        assert state.runner.grid == GRIDS[name]  # read from this forward's arguments
+        assert state.last_density == 1.0  # the static path ran, keeping every block
+    finally:
+        tessel_diffusers.disable(model)
+    torch.testing.assert_close(covered, reference, atol=5e-5, rtol=1e-4)  # fp32: summation order only
+    for config in ({"pattern": {"type": "sliding_window"}, "geometry": BLOCKS,
+                    "options": {"frame_radius": "0", "height_radius": "1", "width_radius": "1"}},
+                   {"pattern": {"type": "radial"}, "geometry": BLOCKS},
+                   {"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.25}, "geometry": BLOCKS,
+                    "options": {"similarity_threshold": "-2"}}):
+        tessel_diffusers.enable(model, config)
+        try:
+            sparse = run(model, inputs)
+            density = _state_of(model).last_density
+        finally:
+            tessel_diffusers.disable(model)
+        assert sparse.shape == reference.shape and torch.isfinite(sparse).all()
+        if config["pattern"]["type"] != "radial":  # radial keeps these tiny grids whole
+            assert density < 1, config
+            assert not torch.allclose(sparse, reference, atol=1e-6), config
+
+
+def _token_mask(block_mask, tokens):
+    """The (tokens, tokens) bool pairs a single-head BlockMask keeps."""
+    blocks = torch.from_numpy(block_mask.to_dense()).reshape(block_mask.q_blocks, block_mask.kv_blocks)
+    return blocks.repeat_interleave(block_mask.block_q, 0)[:tokens].repeat_interleave(block_mask.block_kv, 1)[:, :tokens]
+
+
+@pytest.mark.parametrize("factory,text_first", [(flux, True), (hunyuan_video, False)])
+@pytest.mark.parametrize("padded_text", [0, 5])
+def test_static_joint_attention_is_the_arrow_exactly(factory, text_first, padded_text):
+    model, _ = factory()
+    config = SparseAttentionConfig.from_any({"pattern": {"type": "sliding_window"}, "geometry": {"block_q": 8,
+                                             "block_kv": 8}, "options": {"frame_radius": "0", "height_radius": "1",
+                                                                         "width_radius": "1"}})
+    state = diffusers_dispatch.enable_model(model, config)
+    try:
+        text, grid = 20, (2, 4, 5)
+        image = 40
+        state.text_tokens, state.runner.grid = text, grid
+        g = torch.Generator().manual_seed(11)
+        q, k, v = (torch.randn(2, 2, text + image, 16, generator=g) for _ in range(3))  # (B, H, S, D)
+        text_part = slice(0, text) if text_first else slice(image, text + image)
+        image_part = slice(text, text + image) if text_first else slice(0, image)
+        keep = torch.ones(2, text + image, dtype=torch.bool)
+        if padded_text:
+            keep[1, range(text + image)[text_part][-padded_text:]] = False  # the second prompt is shorter
+        out = state.attend(0, q, k, v, keep[:, None, None, :] if padded_text else None, 0.0, False, None)
+        assert state.last_density < 1  # the image x image part ran sparse, padding or not
+        # Reference: torch's attention over the token pairs the MMDiT arrow keeps.
+        allowed = torch.ones(text + image, text + image, dtype=torch.bool)
+        allowed[image_part, image_part] = _token_mask(state.runner._static_mask(image), image)
+        allowed = allowed[None, None] & keep[:, None, None, :]
+        expected = diffusers_dispatch._torch_sdpa(q, k, v, attn_mask=allowed)
+        torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    finally:
+        diffusers_dispatch.disable_model(state)
+
+
+def test_image_tokens_that_are_not_one_grid_refuse_static_patterns():
+    model, inputs = flux()
+    ids = inputs["img_ids"].clone()
+    inputs["img_ids"] = ids[torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))]  # not raster
+    tessel_diffusers.enable(model, {"pattern": {"type": "radial"}, "geometry": BLOCKS})
+    try:
+        with pytest.raises(RuntimeError, match="not one raster grid"):
+            run(model.eval(), inputs)
+    finally:
+        tessel_diffusers.disable(model)
+    # Qwen-Image with a reference image beside the generated one: no single grid.
+    grid_of = MODEL_LAYOUTS["QwenImageTransformer2DModel"].grid
+    assert grid_of(None, {"img_shapes": [[(1, 6, 8), (1, 6, 8)]]}) is None
+    assert grid_of(None, {"img_shapes": [[(1, 6, 8)]]}) == (1, 6, 8)
