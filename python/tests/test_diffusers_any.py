@@ -1,11 +1,12 @@
 """tessel in diffusers transformers other than Wan, through the scoped dispatch hook
 (tessel.integrations.diffusers_dispatch), on small random-weight models built from their configs
-(CPU, fp32): dense output against diffusers' own SDPA for Flux, SD3, CogVideoX, HunyuanVideo (its
-text padding mask), Qwen-Image and LTX; disable restores the original processors and torch's
-function, bit for bit; joint attention keeps the text rows and columns dense while image x image
-is sparse; static patterns run on the latent grid each model's forward gives, and every pattern runs
-on each family; key-padding masks are honoured, padded text keys leaving joint attention sparse;
-what cannot run is refused with an error naming it."""
+(CPU, fp32): dense output against diffusers' own SDPA for Flux, SD3, CogVideoX (1.0's layout and
+1.5's patched frames with rotary positions), HunyuanVideo (its text padding mask), Qwen-Image and
+LTX; disable restores the original processors and torch's function, bit for bit; joint attention
+keeps the text rows and columns dense while image x image is sparse; static patterns run on the
+latent grid each model's forward gives, and every pattern runs on each family; key-padding masks
+are honoured, padded text keys leaving joint attention sparse; what cannot run is refused with an
+error naming it."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -54,6 +55,18 @@ def cogvideox():
                        timestep=torch.tensor([500]))
 
 
+def cogvideox_1_5():  # frames patched too (patch_size_t), rotary positions
+    model = diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                                  out_channels=4, time_embed_dim=8, text_embed_dim=32, num_layers=1,
+                                                  sample_width=16, sample_height=16, sample_frames=13, patch_size=2,
+                                                  patch_size_t=2, temporal_compression_ratio=4,
+                                                  max_text_seq_length=TEXT, use_rotary_positional_embeddings=True,
+                                                  use_learned_positional_embeddings=False)
+    g = torch.Generator().manual_seed(7)
+    return model, dict(hidden_states=_randn(g, 1, 4, 4, 16, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       timestep=torch.tensor([500]))
+
+
 def hunyuan_video():
     model = diffusers.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
                                                      attention_head_dim=16, num_layers=1, num_single_layers=1,
@@ -88,8 +101,8 @@ def ltx():
                        height=8, width=8)
 
 
-MODELS = {"flux": flux, "sd3": sd3, "cogvideox": cogvideox, "hunyuan_video": hunyuan_video, "qwen_image": qwen_image,
-          "ltx": ltx}
+MODELS = {"flux": flux, "sd3": sd3, "cogvideox": cogvideox, "cogvideox_1_5": cogvideox_1_5,
+          "hunyuan_video": hunyuan_video, "qwen_image": qwen_image, "ltx": ltx}
 
 
 def run(model, inputs):
@@ -221,8 +234,8 @@ class diffusers_dispatch_scope_off:
 
 
 # The latent grid of each family's test input: its image tokens after patchifying.
-GRIDS = {"flux": (1, 12, 10), "sd3": (1, 8, 8), "cogvideox": (3, 8, 8), "hunyuan_video": (3, 8, 8),
-         "qwen_image": (1, 6, 8), "ltx": (3, 8, 8)}
+GRIDS = {"flux": (1, 12, 10), "sd3": (1, 8, 8), "cogvideox": (3, 8, 8), "cogvideox_1_5": (2, 8, 8),
+         "hunyuan_video": (3, 8, 8), "qwen_image": (1, 6, 8), "ltx": (3, 8, 8)}
 BLOCKS = {"block_q": 16, "block_kv": 16}
 # A box covering every grid above keeps every pair: the static path must then equal dense.
 COVERING_WINDOW = {"pattern": {"type": "sliding_window"}, "geometry": BLOCKS,
