@@ -138,6 +138,15 @@ def _state_of(model):
     return getattr(model, "_tessel_sparse_attention")[0][0].model
 
 
+def run_with(model, inputs, config):
+    """The model's output with tessel enabled under `config`, and the latest sparse call's density."""
+    tessel_diffusers.enable(model, config)
+    try:
+        return run(model, inputs), _state_of(model).last_density
+    finally:
+        tessel_diffusers.disable(model)
+
+
 def test_joint_attention_keeps_text_rows_and_columns_dense_and_image_sparse():
     torch.manual_seed(0)
     model, _ = flux()
@@ -273,12 +282,7 @@ def test_every_pattern_runs_on_each_family_on_its_latent_grid(name):
     for config in ({"pattern": {"type": "sliding_window"}, "geometry": BLOCKS,
                     "options": {"frame_radius": "0", "height_radius": "1", "width_radius": "1"}},
                    {"pattern": {"type": "radial"}, "geometry": BLOCKS}, top_k(BLOCKS)):
-        tessel_diffusers.enable(model, config)
-        try:
-            sparse = run(model, inputs)
-            density = _state_of(model).last_density
-        finally:
-            tessel_diffusers.disable(model)
+        sparse, density = run_with(model, inputs, config)
         assert sparse.shape == reference.shape and torch.isfinite(sparse).all()
         if config["pattern"]["type"] != "radial":  # radial keeps these tiny grids whole
             assert density < 1, config
@@ -368,12 +372,7 @@ def test_on_cuda_bf16_dense_meets_the_flash_attention_rule_and_patterns_run(name
     assert _rel_l2(dense, reference) <= 2 * _rel_l2(sdpa, reference)
     blocks = {"block_q": 64, "block_kv": 64}  # the CUDA block-sparse kernel's smallest blocks
     for config in (covering_window(blocks), {"pattern": {"type": "radial"}, "geometry": blocks}, top_k(blocks)):
-        tessel_diffusers.enable(model, config)
-        try:
-            sparse = run(model, inputs)
-            density = _state_of(model).last_density
-        finally:
-            tessel_diffusers.disable(model)
+        sparse, density = run_with(model, inputs, config)
         assert torch.isfinite(sparse).all() and density is not None, config
         if config["pattern"]["type"] == "sliding_window":  # every pair kept: dense's result up to bf16 rounding
             assert _rel_l2(sparse, dense) <= _rel_l2(sdpa, reference), config
