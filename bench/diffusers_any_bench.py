@@ -2,7 +2,8 @@
 """A diffusers DiT other than Wan at a real size with tessel attention against SDPA pinned to cuDNN.
 
     python bench/diffusers_any_bench.py [--model hunyuan_video|flux] [--frames 129 --height 544
-        --width 960] [--double-layers N --single-layers N] [--topk-ratio 0.2] [--steps 3] [--json FILE]
+        --width 960] [--double-layers N --single-layers N] [--topk-ratio 0.2] [--static radial] [--steps 3]
+        [--json FILE]
 
 Random bf16 weights at the model's published config (HunyuanVideo 13B: 24 heads of 128, 20 double
 and 40 single blocks; Flux.1 12B: 24 heads of 128, 19 double and 38 single blocks; fewer blocks with
@@ -13,8 +14,10 @@ batch 1 and the model's text length, CUDA. On the same weights and inputs, media
     default SDPA dispatch where cuDNN refuses a call, named in the output),
   - tessel dense (tessel.integrations.diffusers.enable(model)),
   - tessel dynamic_topk at --topk-ratio (every row ranked: random weights make incoherent tokens),
-    joint text rows and columns dense (the MMDiT arrow),
-with each output's rel-L2 against the SDPA output.
+  - with --static, a static pattern (radial, local or sliding_window, the config's defaults) on the
+    latent grid the forward's arguments give,
+the sparse ones with joint text rows and columns dense (the MMDiT arrow); each output's rel-L2
+against the SDPA output, and the image x image density of the sparse ones.
 """
 import argparse
 import json
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--double-layers", type=int, default=0)
     parser.add_argument("--single-layers", type=int, default=0)
     parser.add_argument("--topk-ratio", type=float, default=0.2)
+    parser.add_argument("--static", choices=("radial", "local", "sliding_window"))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--json")
@@ -102,12 +106,16 @@ def main() -> None:
     print(f"sdpa ({sdpa_backend}): {rows['sdpa'][0]:.1f} ms", flush=True)
     tessel_diffusers.enable(model)
     rows["tessel dense"] = timed(model, inputs, args.steps, args.warmup)
-    config = {"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": args.topk_ratio},
-              "options": {"similarity_threshold": "-2"}}
-    tessel_diffusers.enable(model, config)
-    rows[f"tessel dynamic_topk {args.topk_ratio}"] = timed(model, inputs, args.steps, args.warmup)
-    state = getattr(model, "_tessel_sparse_attention")[0][0].model
-    density = state.last_density
+    configs = {f"tessel dynamic_topk {args.topk_ratio}": {"pattern": {"type": "dynamic_topk"},
+                                                         "selection": {"topk_ratio": args.topk_ratio},
+                                                         "options": {"similarity_threshold": "-2"}}}
+    if args.static:
+        configs[f"tessel {args.static}"] = {"pattern": {"type": args.static}}
+    densities = {}
+    for name, config in configs.items():
+        tessel_diffusers.enable(model, config)
+        rows[name] = timed(model, inputs, args.steps, args.warmup)
+        densities[name] = getattr(model, "_tessel_sparse_attention")[0][0].model.last_density
     tessel_diffusers.disable(model)
 
     base = rows["sdpa"][0]
@@ -116,8 +124,9 @@ def main() -> None:
     print("\n== side by side (median forward ms; speedup over SDPA; rel-L2 vs the SDPA output)")
     for name, (ms, out) in rows.items():
         error = rel_l2(out, reference)
-        report["rows"][name] = {"ms": ms, "speedup": base / ms, "rel_l2_vs_sdpa": error}
-        extra = f", image x image density {density:.3f}" if "topk" in name and density is not None else ""
+        density = densities.get(name)
+        report["rows"][name] = {"ms": ms, "speedup": base / ms, "rel_l2_vs_sdpa": error, "density": density}
+        extra = f", image x image density {density:.3f}" if density is not None else ""
         print(f"{name:28s} {ms:10.1f} ms  {base / ms:5.2f}x  rel-L2 {error:.2e}{extra}")
     if args.json:
         with open(args.json, "w") as f:

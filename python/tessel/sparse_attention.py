@@ -52,7 +52,7 @@ class SparseAttentionRunner:
         self.config = config
         self.grid = None  # (frames, height, width) of latent patches, set by the integration
         self.step = 0
-        self.last_report = None  # the library module's report of the latest dynamic call
+        self.last_report = None  # of the latest sparse call (the library module's, for dynamic patterns)
         self._static_masks = {}
         self._library_modules = {}
         self._plan_cache = None
@@ -61,7 +61,8 @@ class SparseAttentionRunner:
         c = self.config
         kind = c.pattern.type
         if self.grid is None:
-            raise RuntimeError(f"pattern {kind}: the latent grid is unknown (no transformer forward seen)")
+            raise RuntimeError(f"pattern {kind}: the latent grid is unknown (no transformer forward seen, or its "
+                               "image tokens are not one raster grid)")
         frames, height, width = self.grid
         if frames * height * width != seq:
             raise ValueError(f"pattern {kind}: grid {self.grid} has {frames * height * width} tokens, "
@@ -98,10 +99,17 @@ class SparseAttentionRunner:
         self.last_report = module.last_report
         return out
 
+    def sparse(self, q, k, v, return_lse: bool = False):
+        """q, k, v (B, S, H, D) self-attention by the config's pattern, whatever the step (the
+        caller decides warm-up); last_report says what ran."""
+        if self.config.pattern.type in DYNAMIC_PATTERNS:
+            return self._dynamic(q, k, v, return_lse=return_lse)
+        mask = self._static_mask(q.shape[1])
+        self.last_report = {"backend": self.config.pattern.type, "dense": False, "density": mask.density()}
+        return block_sparse_attention(q, k, v, mask, return_lse=return_lse)
+
     def __call__(self, q, k, v, layer: int):
         """q, k, v (B, S, H, D) self-attention of layer `layer` at the current step."""
         if self.config.is_dense_at(self.step, layer):
             return attention(q, k, v)
-        if self.config.pattern.type in DYNAMIC_PATTERNS:
-            return self._dynamic(q, k, v)
-        return block_sparse_attention(q, k, v, self._static_mask(q.shape[1]))
+        return self.sparse(q, k, v)

@@ -1,17 +1,22 @@
 """tessel in diffusers transformers other than Wan, through the scoped dispatch hook
 (tessel.integrations.diffusers_dispatch), on small random-weight models built from their configs
-(CPU, fp32): dense output against diffusers' own SDPA for Flux, SD3, CogVideoX, HunyuanVideo (its
-text padding mask), Qwen-Image and LTX; disable restores the original processors and torch's
-function, bit for bit; joint attention keeps the text rows and columns dense while image x image
-is sparse; key-padding masks are honoured; what cannot run is refused with an error naming it."""
+(CPU, fp32): dense output against diffusers' own SDPA for Flux, SD3, CogVideoX (1.0's layout and
+1.5's patched frames with rotary positions), HunyuanVideo (its text padding mask), Qwen-Image and
+LTX; disable restores the original processors and torch's function, bit for bit; joint attention
+keeps the text rows and columns dense while image x image is sparse; static patterns run on the
+latent grid each model's forward gives, and every pattern runs on each family; key-padding masks
+are honoured, padded text keys leaving joint attention sparse; what cannot run is refused with an
+error naming it."""
 import pytest
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
+import tessel  # noqa: E402
 from tessel.functional import attention  # noqa: E402
 from tessel.integrations import diffusers as tessel_diffusers  # noqa: E402
 from tessel.integrations import diffusers_dispatch  # noqa: E402
+from tessel.integrations.diffusers_layouts import MODEL_LAYOUTS  # noqa: E402
 from tessel.sparse_config import SparseAttentionConfig  # noqa: E402
 
 TEXT = 7
@@ -21,10 +26,14 @@ def _randn(generator, *shape):
     return torch.randn(*shape, generator=generator)
 
 
-def flux():
+def _rope_axes(head_dim):  # rotary channels per (frame, row, column) axis, summing to the head dim
+    return head_dim // 4, 3 * head_dim // 8, 3 * head_dim // 8
+
+
+def flux(head_dim=16):
     model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
-                                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                             pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+                                             attention_head_dim=head_dim, num_attention_heads=2, joint_attention_dim=32,
+                                             pooled_projection_dim=16, axes_dims_rope=_rope_axes(head_dim))
     g = torch.Generator().manual_seed(1)
     ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(12.0), torch.arange(10.0), indexing="ij"), -1)
     return model, dict(hidden_states=_randn(g, 1, 120, 8), encoder_hidden_states=_randn(g, 1, TEXT, 32),
@@ -32,17 +41,17 @@ def flux():
                        txt_ids=torch.zeros(TEXT, 3))
 
 
-def sd3():
+def sd3(head_dim=16):
     model = diffusers.SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2,
-                                            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                            caption_projection_dim=32, pooled_projection_dim=16, out_channels=4)
+                                            attention_head_dim=head_dim, num_attention_heads=2, joint_attention_dim=32,
+                                            caption_projection_dim=2 * head_dim, pooled_projection_dim=16, out_channels=4)
     g = torch.Generator().manual_seed(2)
     return model, dict(hidden_states=_randn(g, 1, 4, 16, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
                        pooled_projections=_randn(g, 1, 16), timestep=torch.tensor([500]))
 
 
-def cogvideox():
-    model = diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4,
+def cogvideox(head_dim=16):
+    model = diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=head_dim, in_channels=4,
                                                   out_channels=4, time_embed_dim=8, text_embed_dim=32, num_layers=2,
                                                   sample_width=16, sample_height=16, sample_frames=9, patch_size=2,
                                                   temporal_compression_ratio=4, max_text_seq_length=TEXT)
@@ -51,12 +60,24 @@ def cogvideox():
                        timestep=torch.tensor([500]))
 
 
-def hunyuan_video():
+def cogvideox_1_5(head_dim=16):  # frames patched too (patch_size_t), rotary positions
+    model = diffusers.CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=head_dim, in_channels=4,
+                                                  out_channels=4, time_embed_dim=8, text_embed_dim=32, num_layers=1,
+                                                  sample_width=16, sample_height=16, sample_frames=13, patch_size=2,
+                                                  patch_size_t=2, temporal_compression_ratio=4,
+                                                  max_text_seq_length=TEXT, use_rotary_positional_embeddings=True,
+                                                  use_learned_positional_embeddings=False)
+    g = torch.Generator().manual_seed(7)
+    return model, dict(hidden_states=_randn(g, 1, 4, 4, 16, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
+                       timestep=torch.tensor([500]))
+
+
+def hunyuan_video(head_dim=16):
     model = diffusers.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
-                                                     attention_head_dim=16, num_layers=1, num_single_layers=1,
+                                                     attention_head_dim=head_dim, num_layers=1, num_single_layers=1,
                                                      num_refiner_layers=1, patch_size=1, patch_size_t=1,
                                                      text_embed_dim=32, pooled_projection_dim=16,
-                                                     rope_axes_dim=(4, 6, 6))
+                                                     rope_axes_dim=_rope_axes(head_dim))
     g = torch.Generator().manual_seed(4)
     padding = torch.ones(1, TEXT, dtype=torch.bool)
     padding[:, 5:] = False  # two padded text tokens: the model masks them as keys
@@ -65,19 +86,19 @@ def hunyuan_video():
                        timestep=torch.tensor([500]), guidance=torch.tensor([3500.0]))
 
 
-def qwen_image():
+def qwen_image(head_dim=16):
     model = diffusers.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
-                                                  attention_head_dim=16, num_attention_heads=2,
-                                                  joint_attention_dim=32, axes_dims_rope=(4, 6, 6))
+                                                  attention_head_dim=head_dim, num_attention_heads=2,
+                                                  joint_attention_dim=32, axes_dims_rope=_rope_axes(head_dim))
     g = torch.Generator().manual_seed(5)
     return model, dict(hidden_states=_randn(g, 1, 48, 16), encoder_hidden_states=_randn(g, 1, TEXT, 32),
                        encoder_hidden_states_mask=torch.ones(1, TEXT), timestep=torch.tensor([0.5]),
                        img_shapes=[(1, 6, 8)])
 
 
-def ltx():
+def ltx(head_dim=16):
     model = diffusers.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
-                                                 num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                                                 num_attention_heads=2, attention_head_dim=head_dim, cross_attention_dim=2 * head_dim,
                                                  num_layers=1, caption_channels=16)
     g = torch.Generator().manual_seed(6)
     return model, dict(hidden_states=_randn(g, 1, 3 * 8 * 8, 8), encoder_hidden_states=_randn(g, 1, TEXT, 16),
@@ -85,8 +106,8 @@ def ltx():
                        height=8, width=8)
 
 
-MODELS = {"flux": flux, "sd3": sd3, "cogvideox": cogvideox, "hunyuan_video": hunyuan_video, "qwen_image": qwen_image,
-          "ltx": ltx}
+MODELS = {"flux": flux, "sd3": sd3, "cogvideox": cogvideox, "cogvideox_1_5": cogvideox_1_5,
+          "hunyuan_video": hunyuan_video, "qwen_image": qwen_image, "ltx": ltx}
 
 
 def run(model, inputs):
@@ -115,6 +136,15 @@ def test_dense_matches_sdpa_and_disable_restores_bit_for_bit(name):
 
 def _state_of(model):
     return getattr(model, "_tessel_sparse_attention")[0][0].model
+
+
+def run_with(model, inputs, config):
+    """The model's output with tessel enabled under `config`, and the latest sparse call's density."""
+    tessel_diffusers.enable(model, config)
+    try:
+        return run(model, inputs), _state_of(model).last_density
+    finally:
+        tessel_diffusers.disable(model)
 
 
 def test_joint_attention_keeps_text_rows_and_columns_dense_and_image_sparse():
@@ -167,8 +197,8 @@ def test_key_padding_masks_are_honoured_per_batch_entry():
 
 def test_refusals_name_what_cannot_run():
     model, _ = ltx()
-    with pytest.raises(ValueError, match="static patterns need the latent grid"):
-        tessel_diffusers.enable(model, {"pattern": {"type": "radial"}})
+    with pytest.raises(ValueError, match="this integration runs dense, .*got 'arrow'"):
+        tessel_diffusers.enable(model, {"pattern": {"type": "arrow"}})
     unknown, _ = ltx()
     unknown.__class__ = type("SomeOtherTransformer", (type(unknown),), {})
     with pytest.raises(ValueError, match="token layout of SomeOtherTransformer is not known"):
@@ -215,3 +245,135 @@ class diffusers_dispatch_scope_off:
 
     def __exit__(self, *exc):
         diffusers_dispatch._scope.reset(self.token)
+
+
+# The latent grid of each family's test input: its image tokens after patchifying.
+GRIDS = {"flux": (1, 12, 10), "sd3": (1, 8, 8), "cogvideox": (3, 8, 8), "cogvideox_1_5": (2, 8, 8),
+         "hunyuan_video": (3, 8, 8), "qwen_image": (1, 6, 8), "ltx": (3, 8, 8)}
+BLOCKS = {"block_q": 16, "block_kv": 16}
+
+
+def covering_window(blocks):
+    """A box covering every grid above: it keeps every pair, so the static path must equal dense."""
+    return {"pattern": {"type": "sliding_window"}, "geometry": blocks,
+            "options": {"frame_radius": "3", "height_radius": "12", "width_radius": "12"}}
+
+
+def top_k(blocks):  # similarity threshold -2: every block ranked (random weights make incoherent tokens)
+    return {"pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.25}, "geometry": blocks,
+            "options": {"similarity_threshold": "-2"}}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_pattern_runs_on_each_family_on_its_latent_grid(name):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    model.eval()
+    reference = run(model, inputs)
+    tessel_diffusers.enable(model, covering_window(BLOCKS))
+    try:
+        covered = run(model, inputs)
+        state = _state_of(model)
+        assert state.runner.grid == GRIDS[name]  # read from this forward's arguments
+        assert state.last_density == 1.0  # the static path ran, keeping every block
+    finally:
+        tessel_diffusers.disable(model)
+    torch.testing.assert_close(covered, reference, atol=5e-5, rtol=1e-4)  # fp32: summation order only
+    for config in ({"pattern": {"type": "sliding_window"}, "geometry": BLOCKS,
+                    "options": {"frame_radius": "0", "height_radius": "1", "width_radius": "1"}},
+                   {"pattern": {"type": "radial"}, "geometry": BLOCKS}, top_k(BLOCKS)):
+        sparse, density = run_with(model, inputs, config)
+        assert sparse.shape == reference.shape and torch.isfinite(sparse).all()
+        if config["pattern"]["type"] != "radial":  # radial keeps these tiny grids whole
+            assert density < 1, config
+            assert not torch.allclose(sparse, reference, atol=1e-6), config
+
+
+def _token_mask(block_mask, tokens):
+    """The (tokens, tokens) bool pairs a single-head BlockMask keeps."""
+    blocks = torch.from_numpy(block_mask.to_dense()).reshape(block_mask.q_blocks, block_mask.kv_blocks)
+    return blocks.repeat_interleave(block_mask.block_q, 0)[:tokens].repeat_interleave(block_mask.block_kv, 1)[:, :tokens]
+
+
+@pytest.mark.parametrize("factory,text_first", [(flux, True), (hunyuan_video, False)])
+@pytest.mark.parametrize("padded_text", [0, 5])
+def test_static_joint_attention_is_the_arrow_exactly(factory, text_first, padded_text):
+    model, _ = factory()
+    config = SparseAttentionConfig.from_any({"pattern": {"type": "sliding_window"}, "geometry": {"block_q": 8,
+                                             "block_kv": 8}, "options": {"frame_radius": "0", "height_radius": "1",
+                                                                         "width_radius": "1"}})
+    state = diffusers_dispatch.enable_model(model, config)
+    try:
+        text, grid = 20, (2, 4, 5)
+        image = 40
+        state.text_tokens, state.runner.grid = text, grid
+        g = torch.Generator().manual_seed(11)
+        q, k, v = (torch.randn(2, 2, text + image, 16, generator=g) for _ in range(3))  # (B, H, S, D)
+        text_part = slice(0, text) if text_first else slice(image, text + image)
+        image_part = slice(text, text + image) if text_first else slice(0, image)
+        keep = torch.ones(2, text + image, dtype=torch.bool)
+        if padded_text:
+            keep[1, range(text + image)[text_part][-padded_text:]] = False  # the second prompt is shorter
+        out = state.attend(0, q, k, v, keep[:, None, None, :] if padded_text else None, 0.0, False, None)
+        assert state.last_density < 1  # the image x image part ran sparse, padding or not
+        # Reference: torch's attention over the token pairs the MMDiT arrow keeps.
+        allowed = torch.ones(text + image, text + image, dtype=torch.bool)
+        allowed[image_part, image_part] = _token_mask(state.runner._static_mask(image), image)
+        allowed = allowed[None, None] & keep[:, None, None, :]
+        expected = diffusers_dispatch._torch_sdpa(q, k, v, attn_mask=allowed)
+        torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    finally:
+        diffusers_dispatch.disable_model(state)
+
+
+def test_image_tokens_that_are_not_one_grid_refuse_static_patterns():
+    model, inputs = flux()
+    ids = inputs["img_ids"].clone()
+    inputs["img_ids"] = ids[torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))]  # not raster
+    tessel_diffusers.enable(model, {"pattern": {"type": "radial"}, "geometry": BLOCKS})
+    try:
+        with pytest.raises(RuntimeError, match="not one raster grid"):
+            run(model.eval(), inputs)
+    finally:
+        tessel_diffusers.disable(model)
+    # Qwen-Image with a reference image beside the generated one: no single grid.
+    grid_of = MODEL_LAYOUTS["QwenImageTransformer2DModel"].grid
+    assert grid_of(None, {"img_shapes": [[(1, 6, 8), (1, 6, 8)]]}) is None
+    assert grid_of(None, {"img_shapes": [[(1, 6, 8)]]}) == (1, 6, 8)
+
+
+CUDA = tessel.cuda_compiled() and tessel.cuda_available() and torch.cuda.is_available()
+
+
+def _rel_l2(x, reference):
+    return float((x.double() - reference.double()).norm() / reference.double().norm())
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and a CUDA build of tessel")
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_on_cuda_bf16_dense_meets_the_flash_attention_rule_and_patterns_run(name):
+    """The families with head dim 64 in bf16 on the GPU: tessel dense within the FlashAttention rule,
+    every pattern kind through the CUDA kernels, disable bit-equal."""
+    torch.manual_seed(0)
+    model, inputs = MODELS[name](head_dim=64)  # the CUDA kernels' head dims: 64, 128
+    model = model.cuda().eval()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    reference = run(model, inputs)  # fp32, torch's attention
+    model = model.to(torch.bfloat16)
+    inputs = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in inputs.items()}
+    sdpa = run(model, inputs)
+    tessel_diffusers.enable(model)
+    try:
+        dense = run(model, inputs)
+    finally:
+        tessel_diffusers.disable(model)
+    # FlashAttention's rule: tessel's bf16 error against fp32 at most twice torch's bf16 error.
+    assert _rel_l2(dense, reference) <= 2 * _rel_l2(sdpa, reference)
+    blocks = {"block_q": 64, "block_kv": 64}  # the CUDA block-sparse kernel's smallest blocks
+    for config in (covering_window(blocks), {"pattern": {"type": "radial"}, "geometry": blocks}, top_k(blocks)):
+        sparse, density = run_with(model, inputs, config)
+        assert torch.isfinite(sparse).all() and density is not None, config
+        if config["pattern"]["type"] == "sliding_window":  # every pair kept: dense's result up to bf16 rounding
+            assert _rel_l2(sparse, dense) <= _rel_l2(sdpa, reference), config
+    assert torch.equal(run(model, inputs), sdpa)  # disable restores torch's attention, bit for bit

@@ -1,8 +1,9 @@
 """vLLM-Omni's current plugin contract (its SPARSE_ATTN dispatcher): the `tessel` entry point of the
 `vllm_omni.sparse_attn` group is one callable with capabilities. Driven through a stand-in of the
-dispatcher written from its description (resolve the entry by name, merge static < per-forward <
-extra params dropping None, refuse an attn_mask or full_attn_spans the plugin does not advertise,
-call fn(q, k, v, params, is_causal=..., softmax_scale=...)); vLLM-Omni itself is not installed here.
+dispatcher written from PR #4493's code (the role's backend_kwargs nested or flat, BSND only, merge
+static < per-forward < extra params dropping None, its default geometry resolver, refuse an
+attn_mask or full_attn_spans the plugin does not advertise, call fn(q, k, v, params,
+is_causal=..., softmax_scale=...)); vLLM-Omni itself is not installed here.
 Results against tessel's own ops and torch's attention."""
 import math
 import tomllib
@@ -29,19 +30,42 @@ def load_entry():
 
 
 class StandInDispatcher:
-    """What vLLM-Omni's _SparseAttentionImpl does with a plugin, reduced to its contract."""
+    """What vLLM-Omni's _SparseAttentionImpl (PR #4493) does with a plugin, reduced to its contract:
+    the role's backend_kwargs ({"backend": name, "params": {...}} or flat), the BSND layout, the
+    capabilities read once, the three-tier merge dropping None, the default geometry resolver
+    (total_latent_frames / patches_per_frame from latent_shape and patch_size, dropped when their
+    product is not the sequence length), mask and spans refused unless advertised."""
 
-    def __init__(self, static_params, causal=False, softmax_scale=None):
+    def __init__(self, static_params, causal=False, softmax_scale=None, qkv_layout=None, flat=False):
+        if qkv_layout not in (None, "BSND"):
+            raise ValueError(f"SPARSE_ATTN requires the BSND qkv layout; got {qkv_layout!r}")
+        backend_kwargs = ({"backend": "tessel", **static_params} if flat
+                          else {"backend": "tessel", "params": static_params})
+        self.name = backend_kwargs["backend"]
+        if "params" in backend_kwargs:
+            self.static_params = dict(backend_kwargs["params"] or {})
+        else:
+            self.static_params = {key: value for key, value in backend_kwargs.items() if key != "backend"}
         self.fn = load_entry()
         caps = getattr(self.fn, "capabilities", None)
         caps = caps if isinstance(caps, dict) else {}
         self.supports_mask = bool(caps.get("supports_attention_mask", False))
         self.supports_spans = bool(caps.get("supports_full_attn_spans", False))
-        self.static_params, self.causal, self.softmax_scale = static_params, causal, softmax_scale
+        self.causal, self.softmax_scale = causal, softmax_scale
+
+    @staticmethod
+    def default_geometry(params, seq_len):
+        if params.get("total_latent_frames") is not None or "latent_shape" not in params or "patch_size" not in params:
+            return
+        (t, h, w), (pt, ph, pw) = (tuple(int(x) for x in torch.as_tensor(params[key]).reshape(-1, 3)[0])
+                                   for key in ("latent_shape", "patch_size"))
+        if pt and ph and pw and (t // pt) * (h // ph) * (w // pw) == seq_len:
+            params["total_latent_frames"], params["patches_per_frame"] = t // pt, (h // ph) * (w // pw)
 
     def forward(self, q, k, v, per_forward=None, extra=None, attn_mask=None, full_attn_spans=None):
         merged = {**(self.static_params or {}), **(per_forward or {}), **(extra or {})}
         params = {key: value for key, value in merged.items() if value is not None}
+        self.default_geometry(params, q.shape[1])
         if attn_mask is not None:
             if not self.supports_mask:
                 raise ValueError("plugin does not advertise supports_attention_mask")
@@ -112,8 +136,28 @@ def test_key_padding_masks_are_honoured():
     q, k, v = qkv(batch=2, seq=96)
     keep = torch.ones(2, 96, dtype=torch.bool)
     keep[0, 80:] = False  # sequence-parallel auto-padding: the last keys are padding
-    out = StandInDispatcher({"pattern": "dynamic_topk"}).forward(q, k, v, attn_mask=keep)
+    keep[1, 10:20] = False  # padding elsewhere
+    out = StandInDispatcher({}, flat=True).forward(q, k, v, attn_mask=keep)
     torch.testing.assert_close(out, torch_attention(q, k, v, mask=keep[:, None, None, :]), atol=2e-6, rtol=1e-5)
+
+
+def test_sequence_parallel_padding_keeps_the_pattern_on_the_real_tokens():
+    # A 4 x 8 x 10 grid (320 tokens) padded to 336, as Ulysses auto-padding does for 16 ranks.
+    real, padded = 320, 336
+    q, k, v = qkv(batch=1, seq=padded, seed=4)
+    geometry = {"latent_shape": torch.tensor([[4, 16, 20]]), "patch_size": torch.tensor([[1, 2, 2]])}
+    dispatcher = StandInDispatcher({"config": {"pattern": {"type": "sliding_window"},
+                                               "geometry": {"block_q": 16, "block_kv": 16},
+                                               "options": {"frame_radius": "1", "height_radius": "1",
+                                                           "width_radius": "1"}}})
+    keep = torch.ones(1, padded, dtype=torch.bool)
+    keep[:, real:] = False
+    out = dispatcher.forward(q, k, v, per_forward=geometry, attn_mask=keep)
+    unpadded = dispatcher.forward(q[:, :real], k[:, :real], v[:, :real], per_forward=geometry)
+    torch.testing.assert_close(out[:, :real], unpadded, atol=0, rtol=0)  # the real tokens: the pattern, as unpadded
+    assert not torch.allclose(unpadded, attention(q[:, :real], k[:, :real], v[:, :real]), atol=1e-3)  # sparse
+    torch.testing.assert_close(out[:, real:], torch_attention(q, k, v, mask=keep[:, None, None, :])[:, real:],
+                               atol=2e-6, rtol=1e-5)  # padding rows: dense over the real keys
 
 
 def test_a_config_is_built_once_per_distinct_params(monkeypatch):
@@ -149,6 +193,8 @@ def test_bad_params_are_refused_naming_them():
         StandInDispatcher({"pattern": "dynamic_topk", "topk_ratio": 0}).forward(q, k, v)
     with pytest.raises(ValueError, match="denoise_step_idx"):
         StandInDispatcher({}).forward(q, k, v, per_forward={"denoise_step_idx": "three"})
+    with pytest.raises(ValueError, match="BSND"):
+        StandInDispatcher({}, qkv_layout="BHSD")
     with pytest.raises(ValueError, match="attn_mask with bias"):
         StandInDispatcher({}).forward(q, k, v, attn_mask=torch.randn(1, 64))
     assert math.isfinite(float(StandInDispatcher({}).forward(q, k, v).sum()))

@@ -34,3 +34,10 @@ def key_padding(mask: torch.Tensor, batch: int, seq_q: int, seq_kv: int):
 def attend_kept_keys(attend, q, k, v, keep):
     """Runs attend(q, k, v) per batch entry on its kept keys: q, k, v (B, S, H, D), keep (B, S_kv) bool."""
     return torch.cat([attend(q[b:b + 1], k[b:b + 1, keep[b]], v[b:b + 1, keep[b]]) for b in range(q.shape[0])])
+
+
+def kept_prefix(keep_row) -> int | None:
+    """How many keys a (S_kv,) keep row keeps when they are its first ones (padding at the end, as
+    sequence-parallel auto-padding appends it); None when padding sits elsewhere."""
+    kept = int(keep_row.sum())
+    return kept if bool(keep_row[:kept].all()) else None

@@ -144,8 +144,9 @@ class _DispatchState:
 def enable(pipe_or_transformer, config=None):
     """Installs tessel attention (see the module doc). `config`: SparseAttentionConfig, a dict of the C++
     keys, JSON text, or None (dense). Calling it again replaces the previous installation. Wan
-    transformers get tessel's Wan processor (every pattern); any other diffusers transformer goes
-    through the scoped dispatch hook (diffusers_dispatch: dense, dynamic_topk and threshold)."""
+    transformers get tessel's Wan processor; any other diffusers transformer goes through the scoped
+    dispatch hook (diffusers_dispatch: every pattern where the model's token layout is known, dense
+    on any model)."""
     disable(pipe_or_transformer)
     config = SparseAttentionConfig.from_any(config)
     transformers, scheduler = _transformers_of(pipe_or_transformer)

@@ -12,15 +12,19 @@ at least one model is enabled and removed with the last.
 What runs where:
 - every call is tessel attention (dense, with the call's scale and causal flag) unless the config
   makes the layer sparse at this step;
-- sparse (dynamic_topk or threshold: estimated from q and k) only in self-shaped calls (as many
-  keys as queries) of models whose token layout is known (TOKEN_LAYOUTS): in joint text+image
-  attention (Flux, SD3, HunyuanVideo, Qwen-Image, CogVideoX) the text rows and columns stay dense and
-  image x image is sparse (the MMDiT arrow, exactly: two attentions merged by their LSE, the mask
-  estimated on the image tokens, on the device for CUDA tensors); cross-attention stays dense;
+- sparse only in self-shaped calls (as many keys as queries) of models whose token layout is known
+  (diffusers_layouts.MODEL_LAYOUTS): dynamic_topk / threshold estimate the mask from q and k;
+  radial, local and sliding_window are planned once per latent grid, which each forward's
+  arguments give (the latents' shape over the model's patch sizes, Flux's position ids,
+  Qwen-Image's img_shapes, LTX's sizes). In joint text+image attention (Flux, SD3, HunyuanVideo,
+  Qwen-Image, CogVideoX) the text rows and columns stay dense and image x image is sparse (the
+  MMDiT arrow, exactly: two attentions merged by their LSE, the pattern on the image tokens alone);
+  cross-attention stays dense;
 - key-padding masks (boolean, or additive 0 / -inf, the same for every query: what HunyuanVideo and
-  sequence-parallel padding send) are honoured by attending to each batch entry's kept keys; other
-  masks, dropout in training, another attention backend set on the model, and diffusers' own
-  context parallelism are refused with an error naming them.
+  sequence-parallel padding send) are honoured by attending to each batch entry's kept keys; in
+  joint attention padded text keys leave the image x image part sparse. Other masks, dropout in
+  training, another attention backend set on the model, and diffusers' own context parallelism
+  are refused with an error naming them.
 """
 from __future__ import annotations
 
@@ -31,25 +35,14 @@ import math
 import torch
 
 from ._masks import attend_kept_keys, key_padding
+from .diffusers_layouts import MODEL_LAYOUTS, forward_arguments
 from ..functional import attention, merge_states
-from ..sparse_attention import SparseAttentionRunner
+from ..sparse_attention import SUPPORTED_PATTERNS, SparseAttentionRunner
 from ..sparse_config import SparseAttentionConfig
 
-# Where each known model puts its text tokens in its self-shaped attention calls: "text_first" /
-# "text_last" (joint text+image attention), or "image_only" (the text reaches the image through
-# cross-attention). Models not listed run dense only (their layout is not known).
-TOKEN_LAYOUTS = {
-    "FluxTransformer2DModel": "text_first",
-    "Flux2Transformer2DModel": "text_first",
-    "QwenImageTransformer2DModel": "text_first",
-    "CogVideoXTransformer3DModel": "text_first",
-    "SD3Transformer2DModel": "text_last",
-    "HunyuanVideoTransformer3DModel": "text_last",
-    "LTXVideoTransformer3DModel": "image_only",
-    "WanTransformer3DModel": "image_only",
-    "WanVACETransformer3DModel": "image_only",
-}
-SPARSE_PATTERNS = ("dynamic_topk", "threshold")
+# Where each known model puts its text tokens in its self-shaped attention calls (the latent grid
+# beside it: diffusers_layouts). Models not listed run dense only (their layout is not known).
+TOKEN_LAYOUTS = {name: layout.text for name, layout in MODEL_LAYOUTS.items()}
 
 _scope = contextvars.ContextVar("tessel_diffusers_scope", default=None)
 _torch_sdpa = None  # torch's function while the hook is installed
@@ -133,8 +126,8 @@ _scoped_classes = {}
 
 
 class _ModelState:
-    """One enabled transformer: its config, step, text-token count of the current forward, and the
-    wrapped processors."""
+    """One enabled transformer: its config, step, text-token count and latent grid of the current
+    forward, and the wrapped processors."""
 
     def __init__(self, transformer, config: SparseAttentionConfig):
         self.config = config
@@ -142,9 +135,10 @@ class _ModelState:
         self.calls = 0
         self.torch_calls = 0  # calls left to torch's attention (text-only masked self-attention)
         self.text_tokens = 0
-        self.layout = TOKEN_LAYOUTS.get(type(transformer).__name__)
+        self.model_layout = MODEL_LAYOUTS.get(type(transformer).__name__)
+        self.layout = self.model_layout.text if self.model_layout is not None else None
         self.last_density = None  # of the latest sparse call
-        self.runner = SparseAttentionRunner(config)  # the library's dynamic modules (no text tokens)
+        self.runner = SparseAttentionRunner(config)  # the image x image part: its grid, masks and modules
         modules = [m for m in transformer.modules() if _is_attention(m)]
         if not modules:
             raise TypeError(f"pipe_or_transformer: {type(transformer).__name__} has no diffusers attention modules")
@@ -155,11 +149,13 @@ class _ModelState:
         self.processors = [(m, m.processor) for m in modules]
         for layer, (module, original) in enumerate(self.processors):
             module.set_processor(_scoped(original, self, layer))
-        self.hook = transformer.register_forward_pre_hook(self._read_text, with_kwargs=True)
+        self.hook = transformer.register_forward_pre_hook(self._read_forward, with_kwargs=True)
 
-    def _read_text(self, module, args, kwargs):
-        text = kwargs.get("encoder_hidden_states")
+    def _read_forward(self, module, args, kwargs):
+        arguments = forward_arguments(module, args, kwargs)
+        text = arguments.get("encoder_hidden_states")
         self.text_tokens = text.shape[1] if isinstance(text, torch.Tensor) and text.dim() == 3 else 0
+        self.runner.grid = self.model_layout.grid(module, arguments) if self.model_layout is not None else None
 
     def restore(self):
         self.hook.remove()
@@ -184,36 +180,65 @@ class _ModelState:
                                scale=scale)
         if keep is None:
             out = self._attention(layer, q, k, v, is_causal, scale)
-        else:  # each batch entry attends to its kept keys
+        elif self._sparse_here(layer, q, k, is_causal, scale) and self._pads_text_only(keep, q.shape[1]):
+            # Joint attention with padded text (HunyuanVideo's prompts): the image x image part
+            # stays sparse, each batch entry leaving out its padded text keys.
+            text_part = self._parts(q.shape[1])[0]
+            out = torch.cat([self._attention(layer, q[b:b + 1], k[b:b + 1], v[b:b + 1], is_causal, scale,
+                                             text_keep=keep[b, text_part]) for b in range(q.shape[0])])
+        else:  # each batch entry attends to its kept keys, densely
             out = attend_kept_keys(lambda q, k, v: self._attention(layer, q, k, v, is_causal, scale), q, k, v, keep)
         return out.transpose(1, 2)
 
-    def _attention(self, layer, q, k, v, causal, scale):
-        def dense():
-            return attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, softmax_scale=scale)
+    def _joint_text(self) -> int:
+        return self.text_tokens if self.layout in ("text_first", "text_last") else 0
 
-        seq = q.shape[1]
+    def _parts(self, seq: int) -> tuple:
+        """(text, image) slices of a joint sequence of `seq` tokens."""
+        text = self._joint_text()
+        if self.layout == "text_first":
+            return slice(0, text), slice(text, seq)
+        return slice(seq - text, seq), slice(0, seq - text)
+
+    def _pads_text_only(self, keep, seq: int) -> bool:
+        return self._joint_text() > 0 and bool(keep[:, self._parts(seq)[1]].all())
+
+    def _sparse_here(self, layer, q, k, causal, scale) -> bool:
+        """Whether this call runs the config's sparse pattern: a self-shaped call (as many keys as
+        queries) with the default scale, not causal, past the warm-up, with image tokens."""
         default_scale = scale is None or math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6)
-        text = self.text_tokens if self.layout in ("text_first", "text_last") else 0
-        if (self.config.pattern.type not in SPARSE_PATTERNS or causal or not default_scale or k.shape[1] != seq
-                or text >= seq or self.config.is_dense_at(self.step, layer)):
-            return dense()
-        if text == 0:  # the library's module: estimated on the device for CUDA tensors
-            out = self.runner._dynamic(q.contiguous(), k.contiguous(), v.contiguous())
-            self.last_density = (self.runner.last_report or {}).get("density")
-            return out
-        # Joint attention, the MMDiT arrow, exactly: text queries attend to every key; image queries
-        # to the text keys densely and to the image keys through the sparse module (estimated on
-        # the image tokens alone, on the device for CUDA tensors), the two merged by their LSE.
-        text_part = slice(0, text) if self.layout == "text_first" else slice(seq - text, seq)
-        image_part = slice(text, seq) if self.layout == "text_first" else slice(0, seq - text)
-        q_text, q_image = q[:, text_part].contiguous(), q[:, image_part].contiguous()
-        k_text, k_image = k[:, text_part].contiguous(), k[:, image_part].contiguous()
-        v_text, v_image = v[:, text_part].contiguous(), v[:, image_part].contiguous()
-        out_text = attention(q_text, k.contiguous(), v.contiguous())
-        to_text, lse_text = attention(q_image, k_text, v_text, return_lse=True)
-        to_image, lse_image = self.runner._dynamic(q_image, k_image, v_image, return_lse=True)
+        return (self.config.pattern.type != "dense" and not causal and default_scale and k.shape[1] == q.shape[1]
+                and self._joint_text() < q.shape[1] and not self.config.is_dense_at(self.step, layer))
+
+    def _image_attention(self, q, k, v, return_lse=False):
+        # The library's runner: a static mask planned on this forward's grid, or a dynamic one
+        # estimated from q and k (on the device for CUDA tensors).
+        out = self.runner.sparse(q.contiguous(), k.contiguous(), v.contiguous(), return_lse=return_lse)
         self.last_density = (self.runner.last_report or {}).get("density")
+        return out
+
+    def _attention(self, layer, q, k, v, causal, scale, text_keep=None):
+        """q, k, v (B, S, H, D); text_keep (S_text,) bool: the text keys kept (None: all)."""
+        if not self._sparse_here(layer, q, k, causal, scale):
+            return attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, softmax_scale=scale)
+        if self._joint_text() == 0:
+            return self._image_attention(q, k, v)
+        # Joint attention, the MMDiT arrow, exactly: text queries attend to every (kept) key; image
+        # queries to the text keys densely and to the image keys by the pattern (on the image tokens
+        # alone), the two merged by their LSE.
+        text_part, image_part = self._parts(q.shape[1])
+        q_text, q_image = q[:, text_part].contiguous(), q[:, image_part].contiguous()
+        k_text, k_image = k[:, text_part], k[:, image_part].contiguous()
+        v_text, v_image = v[:, text_part], v[:, image_part].contiguous()
+        if text_keep is None:
+            k_all, v_all = k.contiguous(), v.contiguous()
+        else:
+            k_text, v_text = k_text[:, text_keep], v_text[:, text_keep]
+            k_all, v_all = torch.cat([k_text, k_image], dim=1), torch.cat([v_text, v_image], dim=1)
+        k_text, v_text = k_text.contiguous(), v_text.contiguous()
+        out_text = attention(q_text, k_all, v_all)
+        to_text, lse_text = attention(q_image, k_text, v_text, return_lse=True)
+        to_image, lse_image = self._image_attention(q_image, k_image, v_image, return_lse=True)
         out_image, _ = merge_states(to_text, lse_text, to_image, lse_image)
         parts = (out_text, out_image) if self.layout == "text_first" else (out_image, out_text)
         return torch.cat(parts, dim=1)
@@ -226,14 +251,13 @@ def _is_attention(module) -> bool:
 def enable_model(transformer, config: SparseAttentionConfig) -> _ModelState:
     """Wraps the transformer's attention processors (see the module doc); the caller keeps the state
     and calls disable_model with it."""
-    if config.pattern.type not in ("dense",) + SPARSE_PATTERNS:
-        raise ValueError(f"sparse_attn.pattern.type: on {type(transformer).__name__} this integration runs dense, "
-                         f"{', '.join(SPARSE_PATTERNS)} (static patterns need the latent grid: Wan's only), got "
-                         f"{config.pattern.type!r}")
-    if config.pattern.type != "dense" and type(transformer).__name__ not in TOKEN_LAYOUTS:
+    if config.pattern.type not in SUPPORTED_PATTERNS:
+        raise ValueError(f"sparse_attn.pattern.type: on {type(transformer).__name__} this integration runs "
+                         f"{', '.join(SUPPORTED_PATTERNS)}, got {config.pattern.type!r}")
+    if config.pattern.type != "dense" and type(transformer).__name__ not in MODEL_LAYOUTS:
         raise ValueError(f"sparse_attn.pattern.type {config.pattern.type!r}: the token layout of "
                          f"{type(transformer).__name__} is not known to tessel (sparse patterns run on "
-                         f"{', '.join(sorted(TOKEN_LAYOUTS))}); dense runs on any model")
+                         f"{', '.join(sorted(MODEL_LAYOUTS))}); dense runs on any model")
     state = _ModelState(transformer, config)
     _install_hook()
     return state

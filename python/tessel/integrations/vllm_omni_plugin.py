@@ -12,7 +12,11 @@ config, the per-forward state and the call's extras. Read here:
 - the step: `denoise_step_idx` and `total_denoise_steps` (per-sample tensors or ints; the first
   sample's is used: a batch runs one step), so warm-up steps run dense;
 - the latent grid for static patterns: `latent_shape` (T, H, W) and `patch_size` (p_t, p_h, p_w);
-- `attn_mask`: a key-padding mask (boolean or 0 / -inf) honoured exactly; other masks are refused.
+- `attn_mask`: a key-padding mask (boolean or 0 / -inf) honoured exactly; with the padding at the
+  end (sequence-parallel auto-padding) the real tokens keep the pattern, padding elsewhere runs
+  dense; other masks are refused.
+The dispatcher's derived geometry (`total_latent_frames`, `patches_per_frame`) is not needed:
+static patterns need the grid's height and width, which `latent_shape` / `patch_size` give.
 Causal calls and a softmax scale other than 1/sqrt(D) run tessel's dense attention. The object
 also carries the seed RFC's backend interface (get_name, get_impl_cls, get_metadata_builder_cls,
 ...: tessel.integrations.vllm_omni), so a dispatcher of either contract can load the same entry.
@@ -22,7 +26,9 @@ from __future__ import annotations
 import json
 import math
 
-from ._masks import attend_kept_keys, key_padding
+import torch
+
+from ._masks import attend_kept_keys, kept_prefix, key_padding
 from .vllm_omni import TesselSparseBackend
 from ..functional import attention
 from ..sparse_attention import SUPPORTED_PATTERNS, SparseAttentionRunner
@@ -146,10 +152,27 @@ class TesselSparseAttn:
         keep = None if mask is None else key_padding(mask, query.shape[0], query.shape[1], key.shape[1])
         if keep is None:
             return attend(query, key, value)
-        # Padded keys leave the sequence self-shaped only for dense attention: those entries run dense.
-        return attend_kept_keys(lambda q, k, v: attention(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                          causal=bool(is_causal), softmax_scale=softmax_scale),
-                                query, key, value, keep)
+
+        def dense(q, k, v):
+            return attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=bool(is_causal),
+                             softmax_scale=softmax_scale)
+
+        if key.shape[1] != query.shape[1]:
+            return attend_kept_keys(dense, query, key, value, keep)
+        # Sequence-parallel auto-padding appends its padding: the real tokens (a prefix) keep the
+        # pattern (the grid describes them), the padding rows attend to them densely. Padding
+        # elsewhere leaves the entry dense over its kept keys.
+        outputs = []
+        for b in range(query.shape[0]):
+            q, k, v = query[b:b + 1], key[b:b + 1], value[b:b + 1]
+            kept = kept_prefix(keep[b])
+            if kept is None:
+                outputs.append(dense(q, k[:, keep[b]], v[:, keep[b]]))
+                continue
+            real = attend(q[:, :kept], k[:, :kept], v[:, :kept])
+            padding = dense(q[:, kept:], k[:, :kept], v[:, :kept])
+            outputs.append(torch.cat([real, padding], dim=1))
+        return torch.cat(outputs)
 
 
 sparse_attn = TesselSparseAttn()
