@@ -22,6 +22,7 @@
 #include "bench_timer.h"
 #include "command.h"
 #include "device_memory.h"
+#include "offload_flags.h"
 #include "option_checks.h"
 #include "parallel_flags.h"
 #include "work_budget.h"
@@ -62,6 +63,8 @@ struct DitBenchOptions {
   std::string layer_configs;  // '<json>' or '@file.json': {"<block>": {config fields}, ...}
   std::string inputs;         // safetensors with the forward's inputs instead of random ones
   std::string save_output;    // safetensors to write the last timed step's output to
+  std::string offload = "none";
+  double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
 };
 
 constexpr uint64_t kMaxLayerConfigBytes = 1 << 20;
@@ -236,10 +239,16 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
     if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
   }
+  const WanWeightResidency residency = offload_residency(o.offload, device);
+  std::shared_ptr<void> held_memory;  // what a smaller card would not have, held until the end
+  if (o.device_memory_limit_gib > 0.0)
+    held_memory = hold_device_memory_beyond(device, static_cast<size_t>(o.device_memory_limit_gib * double(1 << 30)),
+                                            "--device-memory-limit");
   const std::optional<DeviceMemory> memory_before = device_memory(device);
   const auto load_start = std::chrono::steady_clock::now();
-  const WanTransformer model = o.from_dir.empty() ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device)
-                                                  : WanTransformer::load(o.from_dir, attention, device);
+  const WanTransformer model = o.from_dir.empty()
+                                   ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device, residency)
+                                   : WanTransformer::load(o.from_dir, attention, device, nullptr, residency);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
   // The inputs move to the model's device once: this rank's branch, and the whole batch when a
@@ -358,6 +367,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                                           : nlohmann::json()},
       {"sent_mb_per_step", communication.bytes / n / 1e6},
       {"weights_bytes", model.weight_bytes()},
+      {"offloaded_weights_bytes", model.offloaded_weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
   };
   // Device memory the run added (weights, workspace, plans; the CUDA context was up before), as
@@ -386,8 +396,10 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"estimation", profile.estimation_s},
                                       {"gemm", profile.gemm_s}, {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
     std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
-  std::printf("memory: weights %s, workspace %s", format_bytes(static_cast<double>(model.weight_bytes())).c_str(),
-              format_bytes(static_cast<double>(workspace.capacity())).c_str());
+  std::printf("memory: weights %s", format_bytes(static_cast<double>(model.weight_bytes())).c_str());
+  if (model.offloaded_weight_bytes() > 0)
+    std::printf(" (blocks offloaded: %s in pinned host memory)", format_bytes(static_cast<double>(model.offloaded_weight_bytes())).c_str());
+  std::printf(", workspace %s", format_bytes(static_cast<double>(workspace.capacity())).c_str());
   if (report.contains("peak_device_memory_bytes"))
     std::printf(", device memory taken by the run %s", format_bytes(report["peak_device_memory_bytes"].get<double>()).c_str());
   std::printf("\n");
@@ -452,6 +464,10 @@ CommandRegistration registration{
       for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens"}) app.get_option(shaped)->excludes(inputs);
       app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file")
           ->check(writable_file_path());
+      add_offload_flag(app, options->offload);
+      app.add_option("--device-memory-limit", options->device_memory_limit_gib,
+                     "GiB: hold the rest of the GPU's memory for the run, as on a card of this size (with --device cuda)")
+          ->check(number_in(0.25, 1e6));
       app.add_flag("--compare-dense", options->compare_dense,
                    "also run the last step with dense attention and report the output's relative L2 difference");
       app.add_flag("--check", options->check,

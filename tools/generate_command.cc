@@ -20,6 +20,7 @@
 
 #include "cache_flags.h"
 #include "lora_flags.h"
+#include "offload_flags.h"
 #include "command.h"
 #include "device_memory.h"
 #include "generate_output.h"
@@ -65,6 +66,7 @@ struct GenerateOptions {
   int64_t threads = 0;
   std::string cache = "none";
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
+  std::string offload = "none";
   std::string out;
 };
 
@@ -293,6 +295,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   const SparseAttnEnv& env = process_sparse_attn_env();
   WanLoadOptions load;
   load.device = device;
+  load.residency = offload_residency(o.offload, device);
   if (sparse_attn_requested(flags, env)) load.sparse.config = sparse_attn_config_from(flags, env);
   if (o.sparse_config_2) {
     try {
@@ -445,6 +448,7 @@ CommandRegistration registration{
       add_sparse_attn_flags(app, *flags);
       auto lora = std::make_shared<LoraFlags>();
       add_lora_flags(app, *lora);
+      add_offload_flag(app, options->offload);
       auto parallel = std::make_shared<ParallelFlags>();
       add_parallel_flags(app, *parallel);
       return CommandRunner([options, flags, lora, parallel, prompt, negative_prompt] {

@@ -18,6 +18,7 @@
 
 #include "cache_flags.h"
 #include "lora_flags.h"
+#include "offload_flags.h"
 #include "command.h"
 #include "option_checks.h"
 #include "serve/http_server.h"
@@ -65,6 +66,7 @@ struct ServeOptions {
   std::vector<std::string> sparse_attention_allowed;  // NAME=dense|'<json>'|@file.json
   std::string cache = "none";
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
+  std::string offload = "none";
   int64_t request_timeout_s = 0;
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
@@ -186,6 +188,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   runner.num_threads = static_cast<int>(o.threads);
   const Device device = present_device(o.device, "--device");
   runner.device = device.str();
+  runner.offload_blocks = offload_residency(o.offload, device) == WanWeightResidency::kOffloadBlocks;
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
   if (o.sparse_config_2) {
     const SparseAttnEnv& env = process_sparse_attn_env();
@@ -376,6 +379,7 @@ CommandRegistration registration{
                      "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
       auto lora = std::make_shared<LoraFlags>();
       add_lora_flags(app, *lora);
+      add_offload_flag(app, o->offload);
       return CommandRunner([o, flags, lora] { return run_serve(*o, *flags, *lora); });
     }};
 

@@ -193,13 +193,13 @@ struct WanGenerator::Impl {
     Experts experts;
     experts.high = std::make_unique<WanTransformer>(
         WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device,
-                             &lora));
+                             &lora, options.residency));
     const WanVae* decoder = vae && options.load_vae ? &*vae : nullptr;
     if (model.two_experts) {
       const std::optional<SparseAttnConfig>& low = setting->config_2 ? setting->config_2 : setting->config;
       experts.low = std::make_unique<WanTransformer>(
           WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device,
-                               &lora_2));
+                               &lora_2, options.residency));
       // No scheduler of the pipeline's own: every generation brings its own (begin).
       experts.pipeline = std::make_unique<WanPipeline>(
           *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps}, decoder);
@@ -300,6 +300,8 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
     fail_argument("device for image to video (" + impl->model.path + ")",
                   "cpu: the CUDA forward, flow predictor and VAE encoder take no image condition in this version", options.device.str());
 
+  if (options.residency == WanWeightResidency::kOffloadBlocks && !options.device.is_cuda())
+    fail_argument("block offload (WanLoadOptions::residency)", "a CUDA device", options.device.str());
   if (!impl->model.two_experts) {
     if (options.sparse.config_2)
       fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");

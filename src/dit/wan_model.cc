@@ -206,7 +206,7 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
   if (device.is_cuda()) {
 #ifdef TESSEL_WITH_CUDA
     impl_->cuda = std::make_shared<const dit::cuda::WanCudaModel>(
-        config, device, [&](const WeightSpec& spec) { return weights.at(spec.name).view(); });
+        config, device, WanWeightResidency::kDevice, [&](const WeightSpec& spec) { return weights.at(spec.name).view(); });
 #else
     fail_without_cuda(device);
 #endif
@@ -312,8 +312,18 @@ WanTransformer::~WanTransformer() = default;
 WanTransformer::WanTransformer(WanTransformer&&) noexcept = default;
 WanTransformer& WanTransformer::operator=(WanTransformer&&) noexcept = default;
 
+namespace {
+
+void check_residency(WanWeightResidency residency, Device device) {
+  if (residency == WanWeightResidency::kOffloadBlocks && !device.is_cuda())
+    fail_argument("block offload", "a CUDA device (the CPU model keeps its weights in host memory already)", device.str());
+}
+
+}  // namespace
+
 WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention, Device device,
-                                   const WanLora* lora) {
+                                   const WanLora* lora, WanWeightResidency residency) {
+  check_residency(residency, device);
   const WanConfig config = load_wan_config(checkpoint_dir);
   const Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   if (lora != nullptr && lora->empty()) lora = nullptr;
@@ -330,7 +340,7 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->device = device;
-  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device,
+  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency,
                                                          [&](const WeightSpec& spec) {
                                                            const TensorView stored = checkpoint.view(spec.name);
                                                            check_finite(stored, checkpoint_dir + ": tensor \"" + spec.name + "\"",
@@ -345,13 +355,15 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
 #endif
 }
 
-WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention, Device device) {
+WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention, Device device,
+                                     WanWeightResidency residency) {
+  check_residency(residency, device);
   if (device.is_cuda()) {
 #ifdef TESSEL_WITH_CUDA
     auto impl = std::make_unique<Impl>();
     impl->config = config;
     impl->device = device;
-    impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, seed);
+    impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency, seed);
     return WanTransformer(std::move(impl), attention);
 #else
     fail_without_cuda(device);
@@ -398,6 +410,13 @@ size_t WanTransformer::weight_bytes() const {
   size_t bytes = 0;
   for (const WeightSpec& spec : wan_weight_specs(impl_->config)) bytes += static_cast<size_t>(shape_numel(spec.shape)) * sizeof(float);
   return bytes;
+}
+
+size_t WanTransformer::offloaded_weight_bytes() const {
+#ifdef TESSEL_WITH_CUDA
+  if (impl_->cuda) return impl_->cuda->offloaded_weight_bytes();
+#endif
+  return 0;
 }
 
 size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height,

@@ -74,6 +74,45 @@ TEST(WanGeneratorCuda, GenerateEqualsBeginStepFinish) {
   fs::remove_all(dir);
 }
 
+// Offloaded blocks through the whole door (the checkpoint's tensors written to pinned host memory
+// at load): the latents equal the in-memory model's bit for bit, also when a step cache skips
+// blocks (the skipped blocks are never copied; the next forward finds its first blocks again).
+TEST(WanGeneratorCuda, OffloadedBlocksGiveTheSameLatentsWithAndWithoutAStepCache) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = model_of("offload");
+  for (const std::string cache : {"none", "dbcache"}) {
+    SCOPED_TRACE(cache);
+    WanLoadOptions options = cuda_options();
+    options.cache = cache;
+    options.cache_config.dbcache_first_blocks = 1;  // the tiny model's second block is the skippable middle
+    options.cache_config.dbcache_warmup_steps = 1;
+    options.cache_config.dbcache_thresh = 100.0;  // every step after the warm-up skips it
+    Tensor latents[2];
+    int64_t skipped[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      options.residency = i == 0 ? WanWeightResidency::kDevice : WanWeightResidency::kOffloadBlocks;
+      WanGenerator generator = WanGenerator::load(ExecContext{}, dir, options);
+      WanRequest r = embeddings_request(generator.model().transformer.text_dim);
+      r.steps = 4;
+      r.decode = false;
+      const WanGeneratorResult result = generator.generate(ExecContext{}, r);
+      latents[i] = result.generation.latents;
+      skipped[i] = result.generation.cache_stats.blocks_skipped[0];
+    }
+    ASSERT_GT(latents[0].numel(), 0);
+    ASSERT_EQ(latents[0].shape(), latents[1].shape());
+    EXPECT_EQ(std::memcmp(latents[0].data(), latents[1].data(), latents[0].nbytes()), 0);
+    EXPECT_EQ(skipped[0], skipped[1]);
+    if (cache == "dbcache") EXPECT_GT(skipped[1], 0) << "the cache skipped no block: the test would not cover skips";
+  }
+  WanLoadOptions cpu;
+  cpu.residency = WanWeightResidency::kOffloadBlocks;
+  cpu.load_text_encoder = false;
+  const std::string message = error_of([&] { WanGenerator::load(ExecContext{}, dir, cpu); });
+  EXPECT_NE(message.find("block offload"), std::string::npos) << message;
+  fs::remove_all(dir);
+}
+
 TEST(WanGeneratorCuda, NonFiniteWeightsEmbeddingsAndPredictionsAreRefusedNamingTheSource) {
   SKIP_WITHOUT_GPU();
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -289,6 +289,80 @@ TEST(WanCuda, ForwardReplaysFromACapturedCudaGraph) {
 }
 #endif
 
+// Offloaded blocks (WanWeightResidency::kOffloadBlocks): the same weights drawn in the same order,
+// the same kernels on bytes copied from pinned host memory, so every output equals the in-memory
+// model's bit for bit, over several forwards of several shapes (blocks cycling through the two
+// slots, and back to block 0 at the next forward); the device holds two blocks.
+TEST(WanCudaOffload, OffloadedBlocksGiveTheInMemoryOutputBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    WanConfig config = c.config;
+    config.num_layers = 5;  // an odd count: the last block's slot is not the first's
+    const WanTransformer resident = WanTransformer::random(config, 29, {}, Device::cuda(), WanWeightResidency::kDevice);
+    const WanTransformer offloaded = WanTransformer::random(config, 29, {}, Device::cuda(), WanWeightResidency::kOffloadBlocks);
+    EXPECT_EQ(resident.offloaded_weight_bytes(), 0u);
+    EXPECT_GT(offloaded.offloaded_weight_bytes(), 0u);
+    // The device keeps the resident tensors and two of the five blocks.
+    const size_t block = offloaded.offloaded_weight_bytes() / 5;
+    EXPECT_EQ(offloaded.weight_bytes() + offloaded.offloaded_weight_bytes(), resident.weight_bytes() + 2 * block);
+    Case run = c;
+    run.config = config;
+    for (uint64_t seed : {31u, 37u}) {
+      const Inputs in(run, seed);
+      Workspace a(Device::cuda()), b(Device::cuda());
+      ExecContext ctx_a, ctx_b;
+      ctx_a.device = ctx_b.device = Device::cuda();
+      ctx_a.workspace = &a;
+      ctx_b.workspace = &b;
+      const Tensor expected = cuda_forward(ctx_a, resident, in);
+      const Tensor actual = cuda_forward(ctx_b, offloaded, in);
+      ASSERT_EQ(expected.nbytes(), actual.nbytes());
+      EXPECT_EQ(std::memcmp(expected.data(), actual.data(), expected.nbytes()), 0) << "seed " << seed;
+    }
+  }
+}
+
+#ifdef TESSEL_WITH_CUDA
+TEST(WanCudaOffload, AModelWithOffloadedBlocksRefusesAGraphCapture) {
+  SKIP_WITHOUT_GPU();
+  const Case c = cases()[0];
+  const WanTransformer model = WanTransformer::random(c.config, 3, {}, Device::cuda(), WanWeightResidency::kOffloadBlocks);
+  const Inputs in(c, 3);
+  const Device gpu = Device::cuda();
+  const Tensor latents = in.latents.to(gpu), timestep = in.timestep.to(gpu), text = in.text.to(gpu);
+  Tensor out = Tensor::zeros(in.latents.shape(), DType::kF32, gpu);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ExecContext ctx;
+  ctx.device = gpu;
+  ctx.stream = stream;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  std::string message;
+  try {
+    model.forward(ctx, StepInfo{}, latents, timestep, text, out);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  EXPECT_NE(message.find("offloaded blocks"), std::string::npos) << message;
+}
+#endif
+
+// Offload is a CUDA placement: the CPU model refuses it, naming it.
+TEST(WanCudaOffload, TheCpuModelRefusesOffloadedBlocks) {
+  const Case c = cases()[0];
+  try {
+    (void)WanTransformer::random(c.config, 1, {}, Device::cpu(), WanWeightResidency::kOffloadBlocks);
+    FAIL() << "a CPU model took offloaded blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block offload"), std::string::npos) << e.what();
+  }
+}
+
 TEST(WanCuda, RejectsHostTensorsForADeviceModel) {
   SKIP_WITHOUT_GPU();
   const Case c = cases()[0];

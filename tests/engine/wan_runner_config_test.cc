@@ -26,6 +26,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   config.loras = {{"/a.safetensors", 0.75}, {"/b.safetensors", -1.0}};
   config.loras_2 = {{"/c.safetensors", 1.0}};
   config.lora_ignore_unmatched = true;
+  config.offload_blocks = true;
   const WanRunnerConfig back = wan_runner_config_from_json(wan_runner_config_to_json(config));
   EXPECT_EQ(back.embeddings_file, config.embeddings_file);
   EXPECT_EQ(back.num_threads, 3);
@@ -47,10 +48,12 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   ASSERT_EQ(back.loras_2.size(), 1u);
   EXPECT_EQ(back.loras_2[0].path, "/c.safetensors");
   EXPECT_TRUE(back.lora_ignore_unmatched);
+  EXPECT_TRUE(back.offload_blocks);
 
   const WanRunnerConfig defaults = wan_runner_config_from_json("{}");
   EXPECT_TRUE(defaults.loras.empty());
   EXPECT_FALSE(defaults.lora_ignore_unmatched);
+  EXPECT_FALSE(defaults.offload_blocks);
   EXPECT_EQ(defaults.device, "cpu");
 }
 

@@ -209,6 +209,13 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
       {"dit-bench --save-output ''", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1 --save-output ''",
        {"--save-output", "an empty path"}},
       {"calibrate --out ''", "calibrate --out ''", {"--out", "an empty path"}},
+      {"dit-bench --offload blocks on the CPU", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --offload blocks",
+       {"--offload blocks", "--device cuda"}},
+      {"dit-bench --offload disk", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --offload disk", {"--offload", "'disk'"}},
+      {"dit-bench --device-memory-limit on the CPU", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --device-memory-limit 8",
+       {"--device-memory-limit", "--device cuda"}},
+      {"dit-bench --device-memory-limit nan", "dit-bench --layers 1 --frames 1 --height 16 --width 16 --device-memory-limit nan",
+       {"--device-memory-limit"}},
       // One parser for sizes, grids and lists: nothing after the last number, no empty element.
       {"eval --topk 0.1,,0.2", with(kEval, "--topk 0.1,,0.2"), {"--topk", "without empty elements", "'0.1,,0.2'"}},
       {"eval --topk 0.1,", with(kEval, "--topk=0.1,"), {"--topk", "without empty elements"}},

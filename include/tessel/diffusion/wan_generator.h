@@ -95,6 +95,9 @@ struct WanLoadOptions {
   // come as one file per expert). Unmatched keys are an Error unless lora_ignore_unmatched.
   std::vector<LoraFile> loras, loras_2;
   bool lora_ignore_unmatched = false;
+  // Where the transformers' blocks live on a CUDA device: all on it, or streamed from pinned host
+  // memory two blocks at a time (WanWeightResidency: small cards; bit-equal results).
+  WanWeightResidency residency = WanWeightResidency::kDevice;
   bool load_text_encoder = true;  // false: requests bring embeddings
   bool load_vae = true;           // false: results are latents only (image to video still encodes with it)
 };

@@ -138,6 +138,13 @@ class WanBlockCache {
 // of the patch.
 SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames, int64_t latent_height, int64_t latent_width);
 
+// Where a CUDA transformer keeps its blocks' weights. kOffloadBlocks: in pinned host memory, each
+// block copied into one of two device slots ahead of its use on a copy stream of the model's own
+// (block i + 2 is copied while block i + 1 computes), so the device holds two blocks instead of
+// all of them (Wan 14B: 1.4 GB instead of 28 GB). The same bytes reach the same kernels: outputs
+// are bit-equal to kDevice's. The CPU model takes kDevice only.
+enum class WanWeightResidency : uint8_t { kDevice, kOffloadBlocks };
+
 class WanTransformer {
  public:
   // `weights` holds exactly the tensors of wan_weight_specs(config) (any float dtype, on the CPU;
@@ -154,11 +161,12 @@ class WanTransformer {
   // (loaded for this checkpoint's config), is merged into the tensors it changes on the way, in fp32
   // before they take their device dtype.
   static WanTransformer load(const std::string& checkpoint_dir, const WanAttentionOptions& attention = {},
-                             Device device = Device::cpu(), const WanLora* lora = nullptr);
+                             Device device = Device::cpu(), const WanLora* lora = nullptr,
+                             WanWeightResidency residency = WanWeightResidency::kDevice);
   // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`. On
   // CUDA they are drawn on the device (another stream of numbers than the CPU's for one seed).
   static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {},
-                               Device device = Device::cpu());
+                               Device device = Device::cpu(), WanWeightResidency residency = WanWeightResidency::kDevice);
 
   // One transformer forward. latents (B, in_channels, F, H, W), timestep (B) or (B, S) (one per
   // token, as Wan 2.2 conditions a first frame), text (B, L, text_dim) and out
@@ -198,8 +206,10 @@ class WanTransformer {
   // (B, S) timestep.
   size_t workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height, int64_t latent_width,
                          int64_t text_tokens, bool per_token_timestep = false) const;
-  // Bytes the weights take on the model's device.
+  // Bytes the weights take on the model's device (with offloaded blocks: the resident tensors and
+  // the two block slots), and the bytes of the blocks kept in pinned host memory (0 unless offloaded).
   size_t weight_bytes() const;
+  size_t offloaded_weight_bytes() const;
 
   const WanConfig& config() const;
   Device device() const;

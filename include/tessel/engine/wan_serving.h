@@ -58,6 +58,8 @@ struct WanRunnerConfig {
   // LoRAs merged into every request's transformers at start-up (WanLoadOptions::loras / loras_2).
   std::vector<LoraFile> loras, loras_2;
   bool lora_ignore_unmatched = false;
+  // The transformers' blocks in pinned host memory, streamed to the GPU (WanWeightResidency).
+  bool offload_blocks = false;
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text);

@@ -2,9 +2,12 @@
 #include "cuda/wan_cuda_model.h"
 
 #include <algorithm>
+#include <mutex>
+#include <string_view>
 
 #include <cuda_runtime.h>
 
+#include "cuda/wan_block_offload.h"
 #include "cuda/wan_kernels.h"
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
@@ -141,24 +144,61 @@ class EventTimeline {
 
 }  // namespace
 
-void WanCudaModel::allocate_weights() {
-  for (const WeightSpec& spec : wan_weight_specs(config_)) {
-    const DType dtype = wan_cuda_weight_dtype(spec.name);
-    layout_[spec.name] = {weight_bytes_, dtype};
-    weight_bytes_ += workspace_slice_bytes(static_cast<size_t>(shape_numel(spec.shape)) * dtype_size(dtype));
-  }
-  arena_ = allocate(weight_bytes_, MemoryKind::kDevice, device_.index);
+namespace {
+
+// A block tensor's name split into its block and the name within the block ("blocks.3.attn1.to_q.weight"
+// -> 3, "attn1.to_q.weight"); false for the other tensors.
+bool split_block_tensor(const std::string& name, int64_t& block, std::string& within) {
+  static constexpr std::string_view kPrefix = "blocks.";
+  if (name.compare(0, kPrefix.size(), kPrefix) != 0) return false;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string::npos) return false;
+  block = std::stoll(name.substr(kPrefix.size(), dot - kPrefix.size()));
+  within = name.substr(dot + 1);
+  return true;
 }
 
-WanCudaModel::WanCudaModel(const WanConfig& config, Device device, const WeightSource& source) : config_(config), device_(device) {
+}  // namespace
+
+void WanCudaModel::allocate_weights(WanWeightResidency residency) {
+  const bool offload = residency == WanWeightResidency::kOffloadBlocks;
+  size_t block_bytes = 0;
+  for (const WeightSpec& spec : wan_weight_specs(config_)) {
+    const DType dtype = wan_cuda_weight_dtype(spec.name);
+    const size_t bytes = workspace_slice_bytes(static_cast<size_t>(shape_numel(spec.shape)) * dtype_size(dtype));
+    int64_t block = 0;
+    std::string within;
+    if (offload && split_block_tensor(spec.name, block, within)) {
+      // Every block has the same tensors: block 0's offsets serve them all.
+      if (block == 0) {
+        block_layout_[within] = {block_bytes, dtype};
+        block_bytes += bytes;
+      }
+      continue;
+    }
+    layout_[spec.name] = {weight_bytes_, dtype};
+    weight_bytes_ += bytes;
+  }
+  arena_ = allocate(weight_bytes_, MemoryKind::kDevice, device_.index);
+  if (offload) offload_ = std::make_unique<WanBlockOffload>(device_, config_.num_layers, block_bytes);
+}
+
+WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, const WeightSource& source)
+    : config_(config), device_(device) {
   const tessel::cuda::DeviceGuard guard(device.index);
-  allocate_weights();
+  allocate_weights(residency);
   for (const WeightSpec& spec : wan_weight_specs(config_)) {
     const TensorView stored = source(spec);
     const DType dtype = wan_cuda_weight_dtype(spec.name);
-    void* destination = const_cast<void*>(weight(spec.name));
+    void* destination = weight_destination(spec.name);
+    // An offloaded block's tensor is written into its pinned host copy directly.
+    int64_t block = 0;
+    std::string within;
+    const Device to = offload_ && split_block_tensor(spec.name, block, within) ? Device::cpu() : device_;
     if (stored.dtype() == dtype && stored.is_contiguous()) {
-      copy_bytes(destination, device_, stored.data(), Device::cpu(), stored.nbytes());
+      copy_bytes(destination, to, stored.data(), Device::cpu(), stored.nbytes());
+    } else if (to.is_cpu()) {
+      copy_convert(stored, TensorView(destination, dtype, Device::cpu(), spec.shape));
     } else {
       const Tensor converted = Tensor::empty(spec.shape, dtype);
       copy_convert(stored, converted.view());
@@ -167,25 +207,65 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, const WeightS
   }
 }
 
-WanCudaModel::WanCudaModel(const WanConfig& config, Device device, uint64_t seed) : config_(config), device_(device) {
+WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, uint64_t seed)
+    : config_(config), device_(device) {
   const tessel::cuda::DeviceGuard guard(device.index);
-  allocate_weights();
+  allocate_weights(residency);
   uint64_t stream = seed;
+  // The same draws in the same order as without offload; an offloaded block is drawn into its slot
+  // and copied down to its host copy (the slot is free: nothing runs yet).
+  int64_t drawn_block = -1;
+  const auto flush_block = [&] {
+    if (drawn_block < 0) return;
+    check_cuda(cudaMemcpy(offload_->host_block(drawn_block), offload_->slot(drawn_block), offload_->device_bytes() / WanBlockOffload::kSlots,
+                          cudaMemcpyDeviceToHost),
+               "random block download");
+    drawn_block = -1;
+  };
   for (const WeightSpec& spec : wan_weight_specs(config_)) {
     const WanRandomInit init = wan_random_init(config_, spec);
-    launch_fill_random(const_cast<void*>(weight(spec.name)), wan_cuda_weight_dtype(spec.name) == DType::kBF16, shape_numel(spec.shape),
-                       ++stream, init.normal, static_cast<float>(init.first), static_cast<float>(init.second), nullptr);
+    int64_t block = 0;
+    std::string within;
+    void* destination = nullptr;
+    if (offload_ && split_block_tensor(spec.name, block, within)) {
+      if (block != drawn_block) flush_block();
+      drawn_block = block;
+      destination = static_cast<std::byte*>(offload_->slot(block)) + block_layout_.at(within).first;
+    } else {
+      destination = const_cast<void*>(weight(spec.name));
+    }
+    launch_fill_random(destination, wan_cuda_weight_dtype(spec.name) == DType::kBF16, shape_numel(spec.shape), ++stream, init.normal,
+                       static_cast<float>(init.first), static_cast<float>(init.second), nullptr);
   }
   tessel::cuda::check_launch("Wan random weights");
+  flush_block();
   check_cuda(cudaDeviceSynchronize(), "random weights");
 }
 
 WanCudaModel::~WanCudaModel() = default;
 
+size_t WanCudaModel::weight_bytes() const { return weight_bytes_ + (offload_ ? offload_->device_bytes() : 0); }
+size_t WanCudaModel::offloaded_weight_bytes() const { return offload_ ? offload_->host_bytes() : 0; }
+
 const void* WanCudaModel::weight(const std::string& name) const {
+  int64_t block = 0;
+  std::string within;
+  if (offload_ && split_block_tensor(name, block, within)) {
+    const auto it = block_layout_.find(within);
+    if (it == block_layout_.end()) throw Error("Wan CUDA model: no tensor " + quoted_excerpt(name, 120));
+    return static_cast<const std::byte*>(offload_->slot(block)) + it->second.first;
+  }
   const auto it = layout_.find(name);
   if (it == layout_.end()) throw Error("Wan CUDA model: no tensor " + quoted_excerpt(name, 120));
   return static_cast<const std::byte*>(arena_.get()) + it->second.first;
+}
+
+void* WanCudaModel::weight_destination(const std::string& name) {
+  int64_t block = 0;
+  std::string within;
+  if (offload_ && split_block_tensor(name, block, within))
+    return static_cast<std::byte*>(offload_->host_block(block)) + block_layout_.at(within).first;
+  return const_cast<void*>(weight(name));
 }
 
 size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
@@ -215,6 +295,19 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const int64_t rows = batch * tokens, text_rows = batch * text_len;
   const int64_t groups = shape.per_token_timestep ? rows : batch, group_rows = rows / groups;
   const float eps = static_cast<float>(c.eps);
+  // Offloaded blocks: one forward at a time moves blocks through the slots; the first blocks are
+  // copied while the embeddings run.
+  std::unique_lock<std::mutex> offload_lock;
+  if (offload_) {
+    // The copies run on the offload's own stream and are ordered by events across forwards: a
+    // graph captured once would replay one forward's copies against another's slots.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone)
+      fail_argument("ctx.stream", "not capturing a CUDA graph (a model with offloaded blocks runs eagerly)", "a capture in progress");
+    offload_lock = std::unique_lock<std::mutex>(offload_->mutex());
+    for (int64_t block = 0; block < std::min<int64_t>(WanBlockOffload::kSlots, c.num_layers); ++block) offload_->prefetch(block);
+  }
 
   // Activations come from the caller's workspace (grown once per shape), else from one of this call's own.
   Workspace call_workspace(device_);
@@ -338,6 +431,7 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     if (block_cache && layer == span_first) run_span = begin_span();
     if (block_cache && layer == span_last && run_span) block_cache->after_blocks(cache_input, a.blocks_input, a.hidden);
     if (!run_span && layer >= span_first && layer < span_last) continue;
+    if (offload_) offload_->acquire(layer, stream);
     const auto block = [&](const std::string& name) { return wan_block_tensor(layer, name); };
     // modulation chunk i of this block: table row i + the time projection's chunk i.
     const float* table = f32(block("scale_shift_table"));
@@ -411,6 +505,7 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, modulation(5), stream);
     timeline.charge(&WanForwardProfile::other_s);
+    if (offload_) offload_->release(layer, stream, layer + WanBlockOffload::kSlots);
   }
 
   // A span that reaches the last block (or is empty there) ends after the loop.

@@ -35,6 +35,7 @@ class WanSequenceParallel;
 
 namespace tessel::dit::cuda {
 
+class WanBlockOffload;
 using tessel::cuda::CublasLtGemm;
 using tessel::cuda::GemmEpilogue;
 using tessel::cuda::GemmShape;
@@ -58,10 +59,11 @@ struct WanForwardShape {
 
 class WanCudaModel {
  public:
-  // Uploads the tensors `source` gives, one at a time (a host copy of one tensor at most).
-  WanCudaModel(const WanConfig& config, Device device, const WeightSource& source);
+  // Uploads the tensors `source` gives, one at a time (a host copy of one tensor at most); with
+  // offloaded blocks, the blocks' tensors go to pinned host memory instead.
+  WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, const WeightSource& source);
   // Random weights drawn on the device with the distributions of WanTransformer::random.
-  WanCudaModel(const WanConfig& config, Device device, uint64_t seed);
+  WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, uint64_t seed);
   ~WanCudaModel();
   WanCudaModel(const WanCudaModel&) = delete;
   WanCudaModel& operator=(const WanCudaModel&) = delete;
@@ -69,7 +71,8 @@ class WanCudaModel {
   // Bytes of ctx.workspace one forward of this shape takes (activations, rotary tables, the GEMM
   // scratch; the attention kernels take none on CUDA).
   size_t workspace_bytes(const WanForwardShape& shape) const;
-  size_t weight_bytes() const { return weight_bytes_; }
+  size_t weight_bytes() const;            // on the device: the arena (and the block slots)
+  size_t offloaded_weight_bytes() const;  // in pinned host memory (offloaded blocks), else 0
 
   // latents, timestep, text, out: fp32 device pointers of the shapes WanTransformer::forward
   // checked. self_attention: one module per block, or empty for dense attention everywhere.
@@ -84,14 +87,22 @@ class WanCudaModel {
                WanSequenceParallel* sequence_parallel = nullptr, WanBlockCache* block_cache = nullptr) const;
 
  private:
+  // A tensor's device address. An offloaded block's tensor is in the slot its block maps to, valid
+  // while the forward holds the block resident (WanBlockOffload::acquire).
   const void* weight(const std::string& name) const;
-  void allocate_weights();
+  // Where the constructors write a tensor: its device address, or an offloaded block's host copy.
+  void* weight_destination(const std::string& name);
+  void allocate_weights(WanWeightResidency residency);
 
   WanConfig config_;
   Device device_;
   std::shared_ptr<void> arena_;
   size_t weight_bytes_ = 0;
   std::map<std::string, std::pair<size_t, DType>> layout_;  // tensor name -> (arena offset, device dtype)
+  // Offloaded blocks: each block's tensors at these offsets of its host copy and of its slot (the
+  // name after "blocks.<i>."); null offload when every weight lives in the arena.
+  std::map<std::string, std::pair<size_t, DType>> block_layout_;
+  std::unique_ptr<WanBlockOffload> offload_;
   CublasLtGemm gemm_;
 };
 
