@@ -1,7 +1,8 @@
 // The Wan VAE's element-wise kernels (see vae_kernels.h). Element kernels use grid-stride
-// loops; the channel reductions (RMS norm, softmax over keys) run one thread per position, whose
-// channel loop reads consecutive positions across a warp (the channel stride is the plane), so the
-// loads coalesce without a transpose.
+// loops; the channel reductions (RMS norm, softmax over keys) give each position a thread (the
+// softmax several), whose channel loop reads consecutive positions across a warp (the channel
+// stride is the plane), so the loads coalesce without a transpose. Copies of whole frames are
+// cudaMemcpy2DAsync, one row per channel.
 #include "cuda/vae_kernels.h"
 
 #include <algorithm>
@@ -40,20 +41,14 @@ __global__ void rms_norm_kernel(const float* x, float* y, const float* gamma, in
   }
 }
 
-__global__ void add_bias_kernel(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels) {
-  TESSEL_GRID_STRIDE(i, channels * pixels) {
-    float v = y[i] + bias[i / pixels];
-    if (residual != nullptr) v += residual[i];
-    y[i] = v;
-  }
-}
-
-__global__ void copy_frames_kernel(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
-                                   int64_t dst_first, int64_t count, int64_t channels, int64_t plane) {
-  const int64_t per_channel = count * plane;
-  TESSEL_GRID_STRIDE(i, channels * per_channel) {
-    const int64_t c = i / per_channel, rest = i % per_channel, f = rest / plane, p = rest % plane;
-    dst[(c * dst_frames + dst_first + f) * plane + p] = src ? src[(c * src_frames + src_first + f) * plane + p] : 0.0f;
+// One channel per grid row: no division per element.
+__global__ void add_bias_kernel(float* y, const float* bias, const float* residual, int64_t pixels) {
+  const int64_t offset = blockIdx.y * pixels;
+  const float b = bias[blockIdx.y];
+  TESSEL_GRID_STRIDE(p, pixels) {
+    float v = y[offset + p] + b;
+    if (residual != nullptr) v += residual[offset + p];
+    y[offset + p] = v;
   }
 }
 
@@ -90,18 +85,39 @@ __global__ void transpose_kernel(const float* in, float* out, int64_t rows, int6
   }
 }
 
+// A block owns kSoftmaxColumns queries (consecutive, so each row of the tile is one coalesced
+// load) and splits their keys over kSoftmaxRows rows of threads: pass 1 keeps each thread's
+// running maximum and sum (rescaled as the maximum grows), the block combines them, pass 2 writes
+// the probabilities.
+constexpr int kSoftmaxColumns = 32, kSoftmaxRows = 8;
+
 __global__ void softmax_columns_kernel(float* scores, int64_t keys, int64_t queries, float scale) {
-  TESSEL_GRID_STRIDE(q, queries) {
-    float largest = -INFINITY;
-    for (int64_t k = 0; k < keys; ++k) largest = fmaxf(largest, scores[k * queries + q]);
-    float sum = 0.0f;
-    for (int64_t k = 0; k < keys; ++k) {
-      const float e = expf((scores[k * queries + q] - largest) * scale);
-      scores[k * queries + q] = e;
-      sum += e;
+  __shared__ float row_max[kSoftmaxRows][kSoftmaxColumns], row_sum[kSoftmaxRows][kSoftmaxColumns];
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * kSoftmaxColumns + threadIdx.x;
+  float largest = -INFINITY, sum = 0.0f;
+  if (q < queries)
+    for (int64_t k = threadIdx.y; k < keys; k += kSoftmaxRows) {
+      const float v = scores[k * queries + q];
+      if (v > largest) {
+        sum = sum * expf((largest - v) * scale) + 1.0f;
+        largest = v;
+      } else {
+        sum += expf((v - largest) * scale);
+      }
     }
-    const float inverse = 1.0f / sum;
-    for (int64_t k = 0; k < keys; ++k) scores[k * queries + q] *= inverse;
+  row_max[threadIdx.y][threadIdx.x] = largest;
+  row_sum[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  float column_max = -INFINITY;
+  for (int r = 0; r < kSoftmaxRows; ++r) column_max = fmaxf(column_max, row_max[r][threadIdx.x]);
+  float column_sum = 0.0f;
+  for (int r = 0; r < kSoftmaxRows; ++r)
+    if (row_sum[r][threadIdx.x] > 0.0f) column_sum += row_sum[r][threadIdx.x] * expf((row_max[r][threadIdx.x] - column_max) * scale);
+  if (q >= queries) return;
+  const float inverse = 1.0f / column_sum;
+  for (int64_t k = threadIdx.y; k < keys; k += kSoftmaxRows) {
+    float& v = scores[k * queries + q];
+    v = expf((v - column_max) * scale) * inverse;
   }
 }
 
@@ -202,14 +218,22 @@ void launch_rms_norm(const float* x, float* y, const float* gamma, int64_t chann
 }
 
 void launch_add_bias(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels, cudaStream_t stream) {
-  add_bias_kernel<<<grid_blocks(channels * pixels), kGridThreads, 0, stream>>>(y, bias, residual, channels, pixels);
+  // Enough blocks per channel to fill the device however few the channels, at most 1024.
+  const dim3 grid(std::min(grid_blocks(pixels), 1024u), static_cast<unsigned>(channels));
+  add_bias_kernel<<<grid, kGridThreads, 0, stream>>>(y, bias, residual, pixels);
 }
 
 void launch_copy_frames(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
                         int64_t dst_first, int64_t count, int64_t channels, int64_t plane, cudaStream_t stream) {
   if (count == 0) return;
-  copy_frames_kernel<<<grid_blocks(channels * count * plane), kGridThreads, 0, stream>>>(src, src_frames, src_first, dst, dst_frames,
-                                                                                   dst_first, count, channels, plane);
+  // One row per channel: a run of count * plane values at each side's pitch of a channel's frames.
+  const size_t row = static_cast<size_t>(count * plane) * sizeof(float), dst_pitch = static_cast<size_t>(dst_frames * plane) * sizeof(float);
+  float* first = dst + dst_first * plane;
+  const cudaError_t status =
+      src == nullptr ? cudaMemset2DAsync(first, dst_pitch, 0, row, static_cast<size_t>(channels), stream)
+                     : cudaMemcpy2DAsync(first, dst_pitch, src + src_first * plane, static_cast<size_t>(src_frames * plane) * sizeof(float), row,
+                                         static_cast<size_t>(channels), cudaMemcpyDeviceToDevice, stream);
+  check_cuda(status, "a copy of frames");
 }
 
 void launch_interleave_frames(const float* y, float* out, int64_t channels, int64_t frames, int64_t plane, cudaStream_t stream) {
@@ -226,11 +250,8 @@ void launch_transpose(const float* in, float* out, int64_t rows, int64_t cols, c
 }
 
 void launch_softmax_columns(float* scores, int64_t keys, int64_t queries, float scale, cudaStream_t stream) {
-  // One thread per query: fewer threads per block keep more multiprocessors busy at a few
-  // thousand queries.
-  constexpr int kSoftmaxThreads = 64;
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, (queries + kSoftmaxThreads - 1) / kSoftmaxThreads));
-  softmax_columns_kernel<<<grid, kSoftmaxThreads, 0, stream>>>(scores, keys, queries, scale);
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, (queries + kSoftmaxColumns - 1) / kSoftmaxColumns));
+  softmax_columns_kernel<<<grid, dim3(kSoftmaxColumns, kSoftmaxRows), 0, stream>>>(scores, keys, queries, scale);
 }
 
 void launch_add_duplicate_upsample(const float* in, int64_t in_channels, int64_t in_frames, int64_t height, int64_t width, float* x,
