@@ -2,9 +2,12 @@
 """The peer of `tessel vae-bench`: diffusers' AutoencoderKLWan.decode (Wan 2.1's VAE, random
 weights) at the same video size, timed the same way (median of timed decodes after untimed ones),
 and, with --tessel, `tessel vae-bench` on the same shape right after it for a side-by-side table.
+With --encode both time the encoder instead: AutoencoderKLWan.encode of a random video and the
+posterior's mode, as WanImageToVideoPipeline's retrieve_latents(..., sample_mode="argmax") takes it,
+against `tessel vae-bench --encode`.
 
     python bench/diffusers_vae_decode.py --frames 81 --height 480 --width 832 \
-        [--iters 3] [--warmup 1] [--no-tf32] [--tessel build/bin/tessel] [--parity DIR] [--json out.json]
+        [--encode] [--iters 3] [--warmup 1] [--no-tf32] [--tessel build/bin/tessel] [--parity DIR] [--json out.json]
 
 diffusers runs the VAE in fp32 (WanPipeline's default); PyTorch lets its cuDNN convolutions use
 TF32 unless torch.backends.cudnn.allow_tf32 is off, which --no-tf32 does here and passes on to
@@ -35,6 +38,8 @@ def time_diffusers(args: argparse.Namespace, keep: dict) -> dict:
     latents = torch.randn(latent_shape, device=args.device, dtype=torch.float32)
     mean = torch.tensor(vae.config.latents_mean, device=args.device).view(1, -1, 1, 1, 1)
     inverse_std = 1.0 / torch.tensor(vae.config.latents_std, device=args.device).view(1, -1, 1, 1, 1)
+    if args.encode:
+        video = 0.5 * torch.randn((1, 3, args.frames, args.height, args.width), device=args.device, dtype=torch.float32)
     seconds = []
     on_cuda = torch.device(args.device).type == "cuda"
     synchronize = torch.cuda.synchronize if on_cuda else (lambda: None)
@@ -44,15 +49,18 @@ def time_diffusers(args: argparse.Namespace, keep: dict) -> dict:
         for i in range(args.warmup + args.iters):
             synchronize()
             start = time.perf_counter()
-            video = vae.decode(latents / inverse_std + mean, return_dict=False)[0]
+            if args.encode:
+                latents = vae.encode(video).latent_dist.mode()
+            else:
+                video = vae.decode(latents / inverse_std + mean, return_dict=False)[0]
             synchronize()
             if i >= args.warmup:
                 seconds.append(time.perf_counter() - start)
     median = statistics.median(seconds)
     keep.update(vae=vae, latents=latents, video=video)
     return {
-        "peer": "diffusers AutoencoderKLWan.decode",
-        "latents": list(latent_shape),
+        "peer": "diffusers AutoencoderKLWan." + ("encode" if args.encode else "decode"),
+        "latents": list(latents.shape),
         "video": list(video.shape),
         "tf32_convolutions": torch.backends.cudnn.allow_tf32,
         "median_s": median,
@@ -67,6 +75,8 @@ def time_tessel(args: argparse.Namespace) -> dict:
                "--width", str(args.width), "--iters", str(args.iters), "--warmup", str(args.warmup), "--json"]
     if args.no_tf32:
         command.append("--no-tf32")
+    if args.encode:
+        command.append("--encode")
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
 
 
@@ -104,6 +114,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=3, help="timed decodes")
     parser.add_argument("--warmup", type=int, default=1, help="untimed decodes first")
     parser.add_argument("--no-tf32", action="store_true", help="fp32 products in the convolutions too")
+    parser.add_argument("--encode", action="store_true", help="time the encoder of a random video instead")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tessel", help="a tessel binary: also run `tessel vae-bench` on the same shape")
     parser.add_argument("--parity", help="a folder: also compare tessel's video with diffusers' on the same weights")
@@ -114,6 +125,8 @@ def main() -> None:
 
     if args.parity and not args.tessel:
         parser.error("--parity needs --tessel")
+    if args.parity and args.encode:
+        parser.error("--parity compares decodes: not with --encode")
     kept = {}
     peer = time_diffusers(args, kept)
     print(f"diffusers: median {peer['median_s']:.3f} s ({peer['per_frame_ms']:.1f} ms per frame), "
@@ -126,7 +139,7 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give the memory back before tessel's process takes its own
         results["tessel"] = time_tessel(args)
-    print(f"== side by side: Wan VAE decode, {args.frames} frames {args.width}x{args.height}, fp32"
+    print(f"== side by side: Wan VAE {'encode' if args.encode else 'decode'}, {args.frames} frames {args.width}x{args.height}, fp32"
           f"{'' if args.no_tf32 else ' (TF32 convolutions)'}")
     print(f"{'':10} {'median s':>9} {'ms/frame':>9} {'memory GiB':>11}")
     print(f"{'diffusers':10} {peer['median_s']:9.3f} {peer['per_frame_ms']:9.1f} {peer['peak_memory_bytes'] / 2**30:11.2f}")

@@ -22,7 +22,8 @@
 #      step with tessel's processors against its own SDPA (bench/diffusers_wan_tessel.py);
 #   6. the Wan VAE decode at 480p 81 frames (`tessel vae-bench`, random Wan 2.1 weights) beside
 #      diffusers' AutoencoderKLWan.decode on the same shape, and tessel's video against diffusers' on
-#      the same random weights and latents (bench/diffusers_vae_decode.py --parity);
+#      the same random weights and latents (bench/diffusers_vae_decode.py --parity); then the encode
+#      of I2V's 81-frame conditioning video at 480p beside diffusers' (--encode);
 #   7. end to end Wan 1.3B text-to-video (bench/diffusers_wan_pipeline.py, when diffusers imports):
 #      diffusers' WanPipeline against `tessel generate --device cuda` (dense, dynamic_topk 0.2 and
 #      + TeaCache, radial, XAttention threshold 0.9, dense + TeaCache, dense + DBCache, and dense with
@@ -222,13 +223,17 @@ if [[ $RUN_KV == 1 ]]; then
 fi
 
 if [[ $RUN_VAE == 1 ]]; then
-  echo "== Wan VAE decode, 480p 81 frames (tessel vae-bench beside diffusers)"
+  echo "== Wan VAE decode and encode, 480p 81 frames (tessel vae-bench beside diffusers)"
   if python3 -c 'import diffusers' 2>/dev/null; then
     PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_vae_decode.py" --frames 81 --height 480 --width 832 --iters 3 --warmup 1 \
       --tessel "$TESSEL" --parity "$OUTDIR/vae_parity" --json "$OUTDIR/vae_decode.json" >"$OUTDIR/vae_decode.txt" 2>&1 || echo "vae decode bench FAILED" >>"$OUTDIR/vae_decode.txt"
+    PYTHONUNBUFFERED=1 python3 "$ROOT/bench/diffusers_vae_decode.py" --encode --frames 81 --height 480 --width 832 --iters 3 --warmup 1 \
+      --tessel "$TESSEL" --json "$OUTDIR/vae_encode.json" >"$OUTDIR/vae_encode.txt" 2>&1 || echo "vae encode bench FAILED" >>"$OUTDIR/vae_encode.txt"
   else
     "$TESSEL" vae-bench --device cuda --frames 81 --height 480 --width 832 --iters 3 --warmup 1 >"$OUTDIR/vae_decode.txt" 2>&1 ||
       echo "vae-bench FAILED" >>"$OUTDIR/vae_decode.txt"
+    "$TESSEL" vae-bench --device cuda --encode --frames 81 --height 480 --width 832 --iters 3 --warmup 1 >"$OUTDIR/vae_encode.txt" 2>&1 ||
+      echo "vae-bench --encode FAILED" >>"$OUTDIR/vae_encode.txt"
   fi
 fi
 
@@ -298,7 +303,9 @@ echo "Python tests: $STATUS_PYTHON"
 [[ -s "$OUTDIR/prefill.txt" ]] && cat "$OUTDIR/prefill.txt"
 [[ -s "$OUTDIR/calibrate.txt" ]] && cat "$OUTDIR/calibrate.txt"
 [[ -s "$OUTDIR/head_dims.txt" ]] && cat "$OUTDIR/head_dims.txt"
-[[ -s "$OUTDIR/vae_decode.txt" ]] && { sed -n '/== side by side/,$p' "$OUTDIR/vae_decode.txt"; grep -E "^Wan VAE|FAILED|Error" "$OUTDIR/vae_decode.txt" || true; }
+for vae_log in "$OUTDIR/vae_decode.txt" "$OUTDIR/vae_encode.txt"; do
+  [[ -s "$vae_log" ]] && { sed -n '/== side by side/,$p' "$vae_log"; grep -E "^Wan VAE|FAILED|Error" "$vae_log" || true; }
+done
 [[ -s "$OUTDIR/fp8.txt" ]] && cat "$OUTDIR/fp8.txt"
 [[ -s "$OUTDIR/variants.txt" ]] && cat "$OUTDIR/variants.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then

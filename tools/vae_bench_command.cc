@@ -1,7 +1,7 @@
 // `tessel vae-bench`: times WanVae::decode (the Wan 2.1 VAE at its real sizes, or the tiny preset,
 // with random weights: the time does not depend on their values; or a diffusers vae/ directory) on
 // the CPU or a CUDA device, and reports the device memory the decoder holds; with --encode it times
-// WanVae::encode of a random video on the CPU instead. 480p 81 frames are
+// WanVae::encode of a random video instead, on the CPU or a CUDA device. 480p 81 frames are
 // latents of 21 x 60 x 104. With --latents and --save-video it decodes given latents and writes the
 // video, for a comparison with diffusers on the same weights (bench/diffusers_vae_decode.py --parity).
 #include <algorithm>
@@ -40,7 +40,7 @@ struct VaeBenchOptions {
   std::string from_dir;    // a diffusers vae/ directory instead of random weights
   std::string latents;     // safetensors holding "latents" (1, z_dim, T, h, w) instead of random ones
   std::string save_video;  // safetensors to write the last decode's "video" to
-  bool encode = false;     // time WanVae::encode of a random video instead (CPU only)
+  bool encode = false;     // time WanVae::encode of a random video instead
 };
 
 // The latents to decode: the file's, or seeded random ones of the video size asked for.
@@ -53,10 +53,11 @@ Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
     check_finite(latents, "--latents " + quoted_excerpt(o.latents) + ": tensor latents");
     return latents;
   }
-  require_multiple("--height", o.height, "the VAE's spatial factor", 8);
-  require_multiple("--width", o.width, "the VAE's spatial factor", 8);
+  const int64_t spatial = config.spatial_compression();
+  require_multiple("--height", o.height, "the VAE's spatial factor", spatial);
+  require_multiple("--width", o.width, "the VAE's spatial factor", spatial);
   if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the VAE's temporal factor is 4)", o.frames);
-  Tensor latents = Tensor::empty({1, config.z_dim, (o.frames - 1) / 4 + 1, o.height / 8, o.width / 8}, DType::kF32);
+  Tensor latents = Tensor::empty({1, config.z_dim, (o.frames - 1) / 4 + 1, o.height / spatial, o.width / spatial}, DType::kF32);
   fill_normal(latents.view(), 7);
   return latents;
 }
@@ -74,8 +75,10 @@ std::vector<double> timed_runs(const VaeBenchOptions& o, const std::function<voi
   return seconds;
 }
 
-// --encode: WanVae::encode of a seeded random video of the size asked for, on the CPU.
-int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecContext& ctx) {
+// --encode: WanVae::encode of a seeded random video of the size asked for, on ctx's device (the
+// video goes up once, before the timed encodes).
+int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecContext& ctx,
+                     const std::optional<DeviceMemory>& memory_before) {
   const WanVaeConfig& config = vae.config();
   require_multiple("--height", o.height, "the VAE's spatial factor", config.spatial_compression());
   require_multiple("--width", o.width, "the VAE's spatial factor", config.spatial_compression());
@@ -83,25 +86,34 @@ int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecCont
   Tensor video = Tensor::empty({1, config.in_channels / (config.patch_size * config.patch_size), o.frames, o.height, o.width},
                                DType::kF32);
   fill_normal(video.view(), 7, 0.0, 0.5);
-  Tensor mu = Tensor::empty(vae.encoded_shape(video.shape()), DType::kF32);
-  const std::vector<double> seconds = timed_runs(o, [&] { vae.encode(ctx, video, mu); });
+  video = video.to(ctx.device);
+  Tensor mu = Tensor::empty(vae.encoded_shape(video.shape()), DType::kF32, ctx.device);
+  const std::vector<double> seconds = timed_runs(o, [&] { vae.encode(ctx, video, mu); });  // returns when the device has finished
+  const std::optional<DeviceMemory> memory_after = device_memory(ctx.device);
   const double median = seconds[seconds.size() / 2];
-  const nlohmann::json report = {{"preset", o.from_dir.empty() ? o.preset : o.from_dir},
-                                 {"device", "cpu"},
-                                 {"precision", "fp32"},
-                                 {"video", video.shape()},
-                                 {"latents", mu.shape()},
-                                 {"iters", o.iters},
-                                 {"median_s", median},
-                                 {"min_s", seconds.front()},
-                                 {"per_frame_ms", median * 1000.0 / static_cast<double>(o.frames)}};
+  nlohmann::json report = {{"preset", o.from_dir.empty() ? o.preset : o.from_dir},
+                           {"device", ctx.device.str()},
+                           {"precision", ctx.device.is_cuda() && !o.no_tf32 ? "fp32 (TF32 convolutions)" : "fp32"},
+                           {"video", video.shape()},
+                           {"latents", mu.shape()},
+                           {"iters", o.iters},
+                           {"median_s", median},
+                           {"min_s", seconds.front()},
+                           {"per_frame_ms", median * 1000.0 / static_cast<double>(o.frames)}};
+  // The encoder's weights, the video and mu, and what cuDNN took (the encoder gives its
+  // activations back after each encode).
+  if (memory_before && memory_after) report["device_memory_bytes"] = memory_after->used - memory_before->used;
   if (o.json) {
     std::printf("%s\n", report.dump().c_str());
     return 0;
   }
-  std::printf("Wan VAE encode (%s, cpu, fp32): video %s -> latents %s: median %.3f s (min %.3f s, %.1f ms per frame) over %lld runs\n",
-              report["preset"].get<std::string>().c_str(), shape_str(video.shape()).c_str(), shape_str(mu.shape()).c_str(), median, seconds.front(),
+  std::printf("Wan VAE encode (%s, %s, %s): video %s -> latents %s: median %.3f s (min %.3f s, %.1f ms per frame) over %lld runs",
+              report["preset"].get<std::string>().c_str(), ctx.device.str().c_str(), report["precision"].get<std::string>().c_str(),
+              shape_str(video.shape()).c_str(), shape_str(mu.shape()).c_str(), median, seconds.front(),
               report["per_frame_ms"].get<double>(), static_cast<long long>(o.iters));
+  if (report.contains("device_memory_bytes"))
+    std::printf(", device memory held %s", format_bytes(report["device_memory_bytes"].get<double>()).c_str());
+  std::printf("\n");
   return 0;
 }
 
@@ -112,10 +124,10 @@ int run_vae_bench(const VaeBenchOptions& o) {
   ctx.num_threads = static_cast<int>(o.threads);
 
   const std::optional<DeviceMemory> memory_before = device_memory(device);
-  const WanVaeConfig preset = o.preset == "tiny" ? tiny_wan_vae_config() : WanVaeConfig{};
+  const WanVaeConfig preset = o.preset == "tiny" ? tiny_wan_vae_config() : o.preset == "wan2.2" ? wan22_vae_config() : WanVaeConfig{};
   WanVae vae = o.from_dir.empty() ? WanVae(preset, random_model_weights(wan_vae_weight_specs(preset), 1)) : WanVae::load(o.from_dir);
   vae.set_cuda_tf32(!o.no_tf32);
-  if (o.encode) return run_encode_bench(o, vae, ctx);
+  if (o.encode) return run_encode_bench(o, vae, ctx, memory_before);
   const Tensor latents = bench_latents(o, vae.config()).to(device);
   const Shape latent_shape = latents.shape();
   Tensor video = Tensor::empty(vae.decoded_shape(latent_shape), DType::kF32, device);
@@ -157,23 +169,28 @@ int run_vae_bench(const VaeBenchOptions& o) {
 }
 
 CommandRegistration registration{
-    "vae-bench", "Time the Wan VAE decoder (random weights, Wan 2.1 sizes or tiny) on the CPU or a CUDA device, or its encoder on the CPU",
+    "vae-bench", "Time the Wan VAE decoder or encoder (random weights: Wan 2.1 or 2.2 sizes, or tiny) on the CPU or a CUDA device",
     [](CLI::App& app) {
       auto options = std::make_shared<VaeBenchOptions>();
       app.add_option("--device", options->device, "cpu or cuda[:N] (fp32; convolutions may use TF32 on CUDA)")
           ->capture_default_str()
           ->check(device_name());
-      auto* preset = app.add_option("--preset", options->preset, "wan2.1 (the real VAE's sizes) or tiny, random weights")
+      auto* preset = app.add_option("--preset", options->preset,
+                                    "wan2.1 or wan2.2 (the real VAEs' sizes; Wan 2.2's: 16 pixels per latent pixel) or tiny, random weights")
                          ->capture_default_str()
-                         ->check(one_of({"wan2.1", "tiny"}));
+                         ->check(one_of({"wan2.1", "wan2.2", "tiny"}));
       app.add_option("--from-dir", options->from_dir, "a diffusers AutoencoderKLWan directory (vae/) instead of --preset")->excludes(preset);
       auto* latents = app.add_option("--latents", options->latents,
                                      "safetensors file with the tensor 'latents' (1, z_dim, T, h, w) to decode instead of random ones");
       app.add_option("--save-video", options->save_video, "write the last decode's video (fp32, tensor 'video') to this safetensors file")
           ->check(non_empty_path());
       app.add_option("--frames", options->frames, "video frames, 4k + 1 (latent frames: k + 1)")->capture_default_str()->check(integer_in(1, 1 << 16));
-      app.add_option("--height", options->height, "video height in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
-      app.add_option("--width", options->width, "video width in pixels (latent: / 8)")->capture_default_str()->check(integer_in(8, 1 << 16));
+      app.add_option("--height", options->height, "video height in pixels (latent: / 8, or / 16 for Wan 2.2's VAE)")
+          ->capture_default_str()
+          ->check(integer_in(8, 1 << 16));
+      app.add_option("--width", options->width, "video width in pixels (latent: / 8, or / 16 for Wan 2.2's VAE)")
+          ->capture_default_str()
+          ->check(integer_in(8, 1 << 16));
       for (const char* shaped : {"--frames", "--height", "--width"}) app.get_option(shaped)->excludes(latents);
       app.add_option("--iters", options->iters, "timed decodes (the median is reported)")->capture_default_str()->check(integer_in(1, kMaxRepeats));
       app.add_option("--warmup", options->warmup, "untimed decodes first (the first uploads the weights to the device)")
@@ -183,11 +200,10 @@ CommandRegistration registration{
       CLI::Option* no_tf32 = app.add_flag("--no-tf32", options->no_tf32, "keep every product of the CUDA convolutions in fp32 (no TF32)");
       app.add_flag("--json", options->json, "print one JSON object instead of a line");
       CLI::Option* encode = app.add_flag("--encode", options->encode,
-                                         "time the encoder (WanVae::encode, CPU only) on a random video of --frames x --height x --width");
+                                         "time the encoder (WanVae::encode) on a random video of --frames x --height x --width");
       encode->excludes(latents)->excludes("--save-video");
-      return CommandRunner([options, no_tf32, encode] {
+      return CommandRunner([options, no_tf32] {
         check_applies(no_tf32, options->device.rfind("cuda", 0) == 0, "--device cuda");
-        check_applies(encode, options->device == "cpu", "--device cpu (the encoder runs on the CPU)");
         return run_vae_bench(*options);
       });
     }};

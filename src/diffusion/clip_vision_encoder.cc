@@ -13,6 +13,10 @@
 #include "tessel/kernels/attention.h"
 #include "transformers_files.h"
 
+#ifdef TESSEL_WITH_CUDA
+#include "cuda/clip_cuda_encoder.h"
+#endif
+
 namespace tessel {
 namespace {
 
@@ -117,9 +121,12 @@ void ClipVisionEncoder::Linear::operator()(const ExecContext& ctx, const float* 
               weight_t.size(1), y);
 }
 
-ClipVisionEncoder::ClipVisionEncoder(ClipVisionConfig config, const std::map<std::string, Tensor>& weights)
-    : config_(std::move(config)) {
+ClipVisionEncoder::ClipVisionEncoder(ClipVisionConfig config, const std::map<std::string, Tensor>& weights, Device device)
+    : config_(std::move(config)), device_(device) {
   config_.validate();
+#ifndef TESSEL_WITH_CUDA
+  if (device.is_cuda()) fail_argument("ClipVisionEncoder device", "cpu (tessel was built without CUDA)", device.str());
+#endif
   const std::vector<WeightSpec> specs = clip_vision_weight_specs(config_);
   for (const WeightSpec& spec : specs) {
     const auto found = weights.find(spec.name);
@@ -133,6 +140,12 @@ ClipVisionEncoder::ClipVisionEncoder(ClipVisionConfig config, const std::map<std
       if (std::none_of(specs.begin(), specs.end(), [&](const WeightSpec& spec) { return spec.name == name; }))
         fail_argument("CLIP vision weights", "only the encoder's tensors", "an extra tensor " + quoted_excerpt(name));
     }
+  if (device.is_cuda()) {
+#ifdef TESSEL_WITH_CUDA
+    cuda_ = std::make_shared<const diffusion::cuda::ClipCudaEncoder>(config_, weights, device);
+#endif
+    return;
+  }
 
   const auto tensor = [&](const std::string& name) { return to_f32(weights.at(name)); };
   // A (out, in...) weight as (in, out): a convolution's (out, c, kh, kw) becomes (c * kh * kw, out).
@@ -161,7 +174,10 @@ ClipVisionEncoder::ClipVisionEncoder(ClipVisionConfig config, const std::map<std
   }
 }
 
-ClipVisionEncoder ClipVisionEncoder::load(const std::string& directory) {
+ClipVisionEncoder ClipVisionEncoder::load(const std::string& directory, Device device) {
+#ifndef TESSEL_WITH_CUDA
+  if (device.is_cuda()) fail_argument("ClipVisionEncoder device", "cpu (tessel was built without CUDA)", device.str());
+#endif
   const std::string config_path = directory + "/config.json";
   const ClipVisionConfig config = parse_clip_vision_config(
       read_file_bounded(config_path, diffusion::kMaxTransformersJsonBytes, "image encoder config"), config_path);
@@ -177,7 +193,7 @@ ClipVisionEncoder ClipVisionEncoder::load(const std::string& directory) {
                    "the checkpoint is damaged or was saved with overflowed values");
     }
   }
-  return ClipVisionEncoder(config, weights);
+  return ClipVisionEncoder(config, weights, device);
 }
 
 void ClipVisionEncoder::forward(const ExecContext& ctx, const TensorView& pixel_values, const TensorView& out) const {
@@ -191,6 +207,9 @@ void ClipVisionEncoder::forward(const ExecContext& ctx, const TensorView& pixel_
   const int64_t batch = pixel_values.size(0), tokens = c.tokens(), hidden = c.hidden_size;
   if (out.dtype() != DType::kF32 || !out.device().is_cpu() || !out.is_contiguous() || out.shape() != Shape{batch, tokens, hidden})
     fail_argument("out", detail::concat("a contiguous fp32 CPU tensor (", batch, ", ", tokens, ", ", hidden, ")"), out.describe());
+#ifdef TESSEL_WITH_CUDA
+  if (cuda_) return cuda_->forward(ctx, pixel_values.data_as<const float>(), batch, out.data_as<float>());
+#endif
 
   // The patches as rows of (channel, row, column) values, the order of the convolution's weight.
   const int64_t side = c.image_size / c.patch_size, patches = side * side, p = c.patch_size;

@@ -335,7 +335,8 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   if ((options.load_vae || image_to_video) && impl->model.has_vae)
     impl->vae.emplace(WanVae::load(impl->model.component("vae"), encodes ? WanVaeParts::kDecoderAndEncoder : WanVaeParts::kDecoder));
   if (image_to_video && impl->model.transformer.has_image_branch()) {
-    impl->image_encoder.emplace(ClipVisionEncoder::load(impl->model.component("image_encoder")));
+    // On the generation's device: a CUDA generator's CLIP runs there (fp32 weights, 2.5 GB at ViT-H).
+    impl->image_encoder.emplace(ClipVisionEncoder::load(impl->model.component("image_encoder"), options.device));
     // image_processor/preprocessor_config.json when the directory has it, else CLIP's own input size.
     const std::string processor = impl->model.component("image_processor") + "/preprocessor_config.json";
     if (fs::is_regular_file(processor)) {

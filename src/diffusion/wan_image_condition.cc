@@ -5,19 +5,34 @@
 #include <cstring>
 #include <vector>
 
+#include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
 #include "tessel/diffusion/pil_resize.h"
 
 namespace tessel {
 namespace {
 
-// The VAE encodes on the CPU, whatever device the generation runs on.
-ExecContext cpu_context(const ExecContext& ctx) {
+// The host video (B, 3, F, H, W) through the VAE's encoder where the generation runs: on a CUDA
+// context the video goes up once and mu comes back once; should the device encoder be unavailable
+// (no cuDNN), the CPU encodes, with a warning, as WanPipeline's decode falls back. Returns mu on
+// the host, or an undefined tensor when `control` cancelled the encode.
+Tensor encoded_mu(const ExecContext& ctx, const WanVae& vae, const TensorView& video, const WanDecodeControl* control) {
+  if (ctx.device.is_cuda()) {
+    try {
+      Tensor on_device = Tensor::empty(video.shape(), DType::kF32, ctx.device);
+      copy_bytes(on_device.data(), ctx.device, video.data(), Device::cpu(), video.nbytes());
+      const Tensor mu = vae.encode(ctx, on_device, control);
+      return mu.defined() ? mu.to(Device::cpu()) : Tensor{};
+    } catch (const Error& e) {
+      ctx.log(LogLevel::kWarning, std::string("the VAE encodes on the CPU: the CUDA encoder failed: ") + e.what());
+    }
+  }
   ExecContext cpu = ctx;
   cpu.device = Device::cpu();
   cpu.stream = nullptr;
   cpu.workspace = nullptr;
-  return cpu;
+  return vae.encode(cpu, video, control);
 }
 
 }  // namespace
@@ -76,7 +91,7 @@ Tensor wan_image_condition(const ExecContext& ctx, const WanVae& vae, const Tens
       std::memcpy(frames_of_channel + (frames - 1) * plane, last.data_as<float>() + channel * plane,
                   static_cast<size_t>(plane) * sizeof(float));
   }
-  const Tensor mu = vae.encode(cpu_context(ctx), video, control);
+  const Tensor mu = encoded_mu(ctx, vae, video, control);
   if (!mu.defined()) return {};
   const Tensor latents = vae.normalize_latents(mu);
   const Tensor mask = wan_frame_mask(frames, latents.size(3), latents.size(4), last.defined());
@@ -90,7 +105,7 @@ Tensor wan_image_condition(const ExecContext& ctx, const WanVae& vae, const Tens
 
 Tensor wan_first_frame_latents(const ExecContext& ctx, const WanVae& vae, const Tensor& image, const WanDecodeControl* control) {
   const TensorView one_frame(image.data(), DType::kF32, Device::cpu(), {1, 3, 1, image.size(2), image.size(3)});
-  const Tensor mu = vae.encode(cpu_context(ctx), one_frame, control);
+  const Tensor mu = encoded_mu(ctx, vae, one_frame, control);
   return mu.defined() ? vae.normalize_latents(mu) : Tensor{};
 }
 

@@ -12,6 +12,7 @@
 
 #ifdef TESSEL_VAE_CUDA
 #include "cuda/wan_vae_cuda.h"
+#include "cuda/wan_vae_cuda_encoder.h"
 #endif
 
 namespace tessel {
@@ -32,13 +33,41 @@ void check_latents(const TensorView& latents, const WanVaeConfig& config) {
 
 }  // namespace
 
-struct WanVae::DeviceDecoders {
+struct WanVae::DeviceModels {
 #ifdef TESSEL_VAE_CUDA
   std::mutex mutex;
-  vae::WeightMap weights;  // fp32 host copies of the decoder's tensors, for a device's first decode
+  // fp32 host copies of the tensors of the halves built, for a device's first decode or encode
+  vae::WeightMap weights;
   std::map<int, std::unique_ptr<const vae::cuda::CudaDecoder>> decoders;  // by device index
+  std::map<int, std::unique_ptr<const vae::cuda::CudaEncoder>> encoders;  // by device index
+
+  // The decoder or encoder of `device` in `models`, made (its weights uploaded) by its first use.
+  template <typename Model>
+  const Model& on(std::map<int, std::unique_ptr<const Model>>& models, const WanVaeConfig& config, Device device) {
+    const std::lock_guard lock(mutex);
+    std::unique_ptr<const Model>& slot = models[device.index];
+    if (!slot) slot = std::make_unique<const Model>(config, weights, device);
+    return *slot;
+  }
 #endif
 };
+
+#ifndef TESSEL_VAE_CUDA
+namespace {
+
+// A device tensor given to a VAE built without its CUDA half: an Error naming the argument.
+[[noreturn]] void fail_without_device_vae(const char* argument, const TensorView& tensor, const char* verb) {
+#ifdef TESSEL_WITH_CUDA
+  fail_argument(argument, detail::concat("a CPU tensor (tessel was built without cuDNN's headers, so the VAE ", verb, " on the CPU only)"),
+                tensor.describe());
+#else
+  static_cast<void>(verb);
+  fail_argument(argument, "a CPU tensor (tessel was built without CUDA)", tensor.describe());
+#endif
+}
+
+}  // namespace
+#endif
 
 // AutoencoderKLWan's decoder half: post_quant_conv, then WanDecoder3d (its up blocks WanUpBlock, or
 // WanResidualUpBlock for Wan 2.2's residual VAE).
@@ -132,11 +161,9 @@ WanVae::WanVae(WanVaeConfig config, const std::map<std::string, Tensor>& weights
   }
   decoder_ = std::make_unique<Decoder>(config_, fp32);
   if (parts == WanVaeParts::kDecoderAndEncoder) encoder_ = std::make_unique<vae::Encoder>(config_, fp32);
-  device_decoders_ = std::make_unique<DeviceDecoders>();
+  device_models_ = std::make_unique<DeviceModels>();
 #ifdef TESSEL_VAE_CUDA
-  // The CUDA decoders take the decoder's half only (the encoder runs on the CPU).
-  std::erase_if(fp32, [](const auto& entry) { return is_encoder_tensor(entry.first); });
-  device_decoders_->weights = std::move(fp32);
+  device_models_->weights = std::move(fp32);  // the encoder's half only when it was asked for
 #endif
 }
 
@@ -220,20 +247,28 @@ bool WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents,
   if (video.dtype() != DType::kF32 || video.device() != device || !video.is_contiguous() || video.shape() != expected)
     fail_argument("video", "a contiguous fp32 tensor " + shape_str(expected) + " on " + device.str(), video.describe());
 #ifdef TESSEL_VAE_CUDA
-  const vae::cuda::CudaDecoder* decoder = nullptr;
-  {
-    const std::lock_guard lock(device_decoders_->mutex);
-    std::unique_ptr<const vae::cuda::CudaDecoder>& slot = device_decoders_->decoders[device.index];
-    if (!slot) slot = std::make_unique<const vae::cuda::CudaDecoder>(config_, device_decoders_->weights, device);
-    decoder = slot.get();
-  }
-  return decoder->decode(reinterpret_cast<cudaStream_t>(ctx.stream), latents.data_as<const float>(), latents.size(2),
-                         latents.size(3), latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_, control);
-#elif defined(TESSEL_WITH_CUDA)
-  fail_argument("latents", "a CPU tensor (tessel was built without cuDNN's headers, so the VAE decodes on the CPU only)",
-                latents.describe());
+  const vae::cuda::CudaDecoder& decoder = device_models_->on(device_models_->decoders, config_, device);
+  return decoder.decode(reinterpret_cast<cudaStream_t>(ctx.stream), latents.data_as<const float>(), latents.size(2), latents.size(3),
+                        latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_, control);
 #else
-  fail_argument("latents", "a CPU tensor (tessel was built without CUDA)", latents.describe());
+  fail_without_device_vae("latents", latents, "decodes");
+#endif
+}
+
+bool WanVae::encode_on_device(const ExecContext& ctx, const TensorView& video, const TensorView& mu,
+                              const WanDecodeControl* control) const {
+  const Device device = video.device();
+  if (ctx.device.is_cuda() && ctx.device != device)
+    fail_argument("video", "a tensor on the context's device " + ctx.device.str(), video.describe());
+  const Shape expected = encoded_shape(video.shape());
+  if (mu.dtype() != DType::kF32 || mu.device() != device || !mu.is_contiguous() || mu.shape() != expected)
+    fail_argument("mu", "a contiguous fp32 tensor " + shape_str(expected) + " on " + device.str(), mu.describe());
+#ifdef TESSEL_VAE_CUDA
+  const vae::cuda::CudaEncoder& encoder = device_models_->on(device_models_->encoders, config_, device);
+  return encoder.encode(reinterpret_cast<cudaStream_t>(ctx.stream), video.data_as<const float>(), video.size(0), video.size(2),
+                        video.size(3), video.size(4), mu.data_as<float>(), expected[2], cuda_tf32_, control);
+#else
+  fail_without_device_vae("video", video, "encodes");
 #endif
 }
 

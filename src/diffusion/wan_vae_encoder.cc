@@ -58,14 +58,12 @@ FeatureFrames Encoder::chunk(const ExecContext& ctx, const FeatureFrames& frames
 
 namespace {
 
-// diffusers' _encode runs the first frame alone, then chunks of this many frames.
-constexpr int64_t kChunkFrames = 4;
+constexpr int64_t kChunkFrames = vae::kEncodeChunkFrames;
 constexpr int64_t kMaxVideoExtent = 1 << 20;
 
 void check_video(const TensorView& video, const WanVaeConfig& config) {
   if (video.dtype() != DType::kF32 || !video.is_contiguous() || video.dim() != 5)
     fail_argument("video", "a contiguous fp32 tensor (batch, channels, frames, height, width)", video.describe());
-  if (!video.device().is_cpu()) fail_argument("video", "a CPU tensor (the Wan VAE encodes on the CPU)", video.describe());
   const int64_t channels = config.in_channels / (config.patch_size * config.patch_size);
   if (video.size(0) < 1) fail_argument("video", "a batch of at least 1", video.describe());
   if (video.size(1) != channels) fail_argument("video", detail::concat(channels, " channels"), video.describe());
@@ -94,7 +92,7 @@ Shape WanVae::encoded_shape(const Shape& video_shape) const {
 
 Tensor WanVae::encode(const ExecContext& ctx, const TensorView& video, const WanDecodeControl* control) const {
   check_video(video, config_);
-  Tensor mu = Tensor::empty(encoded_shape(video.shape()), DType::kF32);
+  Tensor mu = Tensor::empty(encoded_shape(video.shape()), DType::kF32, video.device());
   if (!encode(ctx, video, mu.view(), control)) return Tensor();
   return mu;
 }
@@ -102,7 +100,8 @@ Tensor WanVae::encode(const ExecContext& ctx, const TensorView& video, const Wan
 bool WanVae::encode(const ExecContext& ctx, const TensorView& video, const TensorView& mu, const WanDecodeControl* control) const {
   check_video(video, config_);
   if (!encoder_) fail_argument("WanVae::encode", "a VAE built with its encoder (WanVaeParts::kDecoderAndEncoder)", "a decoder-only VAE");
-  if (ctx.device.is_cuda()) fail_argument("video", "a CPU context (the Wan VAE encodes on the CPU)", ctx.device.str());
+  if (video.device().is_cuda()) return encode_on_device(ctx, video, mu, control);
+  if (ctx.device.is_cuda()) fail_argument("video", "a tensor on the context's device " + ctx.device.str(), video.describe());
   const Shape expected = encoded_shape(video.shape());
   if (mu.dtype() != DType::kF32 || !mu.device().is_cpu() || !mu.is_contiguous() || mu.shape() != expected)
     fail_argument("mu", "a contiguous fp32 CPU tensor " + shape_str(expected), mu.describe());

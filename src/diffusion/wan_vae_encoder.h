@@ -12,6 +12,9 @@
 
 namespace tessel::vae {
 
+// diffusers' _encode runs the first frame alone, then chunks of this many frames.
+inline constexpr int64_t kEncodeChunkFrames = 4;
+
 class Encoder {
  public:
   // `weights`: fp32 tensors of wan_vae_weight_specs(config) (the encoder's and quant_conv's at least).

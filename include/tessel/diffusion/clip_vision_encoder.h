@@ -5,11 +5,14 @@
 //   the patches -> + position embedding -> pre_layrnorm -> per layer: x + out_proj(attention(
 //   layer_norm1(x))), then x + fc2(act(fc1(layer_norm2(x)))).
 // The last layer and post_layernorm do not contribute to hidden_states[-2] and are not computed.
-// fp32 on the CPU: the linears are dit::linear's GEMM, the attention kernels' CPU dense attention.
+// fp32 everywhere, as diffusers runs Wan 2.1 I2V's image encoder: on the CPU the linears are
+// dit::linear's GEMM and the attention the kernels' CPU dense attention; on a CUDA device the
+// linears are cuBLASLt fp32 GEMMs (no TF32) and the attention an fp32 kernel of its own.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +22,10 @@
 #include "tessel/dit/checkpoint.h"
 
 namespace tessel {
+
+namespace diffusion::cuda {
+class ClipCudaEncoder;
+}
 
 // transformers' ACT2FN names the encoder's MLP accepts: "gelu" (exact, erf) and "quick_gelu"
 // (x * sigmoid(1.702 x), OpenAI's CLIP).
@@ -58,26 +65,32 @@ ClipVisionConfig parse_clip_vision_config(std::string_view json_text, const std:
 // post_layernorm included, so that a checkpoint written from these specs loads in transformers.
 std::vector<WeightSpec> clip_vision_weight_specs(const ClipVisionConfig& config);
 
+// An encoder lives on one device, chosen at construction: the CPU, or a CUDA device (builds with
+// CUDA), where its weights stay in fp32 (ViT-H/14: 2.5 GB). Pixels in and features out are host
+// tensors either way.
 class ClipVisionEncoder {
  public:
   // `weights` holds exactly the tensors of clip_vision_weight_specs(config), any float dtype.
-  // Throws Error naming a missing, extra or misshapen tensor. Only the tensors forward reads are
-  // kept (fp32; the linears transposed for the GEMM).
-  ClipVisionEncoder(ClipVisionConfig config, const std::map<std::string, Tensor>& weights);
+  // Throws Error naming a missing, extra or misshapen tensor, or a CUDA device in a build without
+  // CUDA. Only the tensors forward reads are kept (fp32; on the CPU the linears transposed for the
+  // GEMM).
+  ClipVisionEncoder(ClipVisionConfig config, const std::map<std::string, Tensor>& weights, Device device = Device::cpu());
 
   // Reads a transformers model directory (a diffusers Wan I2V pipeline's image_encoder/):
   // config.json and model.safetensors, or the shards model.safetensors.index.json names. Tensor
   // names may carry the "vision_model." prefix or not (transformers 5 saves them without);
   // embeddings.position_ids, a buffer older versions saved, is skipped. Throws Error naming a
   // missing file or tensor.
-  static ClipVisionEncoder load(const std::string& directory);
+  static ClipVisionEncoder load(const std::string& directory, Device device = Device::cpu());
 
   // pixel_values (B, num_channels, image_size, image_size) fp32 CPU contiguous (preprocessed:
   // clip_image_processor.h); out (B, tokens(), hidden_size) fp32 CPU contiguous receives
-  // hidden_states[-2]. Throws Error naming a bad argument.
+  // hidden_states[-2]. Throws Error naming a bad argument. A CUDA encoder runs on ctx.stream when
+  // ctx is on its device (else its device's default stream) and returns when out is written.
   void forward(const ExecContext& ctx, const TensorView& pixel_values, const TensorView& out) const;
 
   const ClipVisionConfig& config() const { return config_; }
+  Device device() const { return device_; }
 
  private:
   // A Linear layer as dit::linear takes it: the weight transposed to (in, out), fp32.
@@ -90,6 +103,8 @@ class ClipVisionEncoder {
     Linear q, k, v, out, fc1, fc2;
   };
   ClipVisionConfig config_;
+  Device device_;
+  std::shared_ptr<const diffusion::cuda::ClipCudaEncoder> cuda_;  // CUDA encoders; the CPU's fields below stay empty
   Linear patch_embedding_;  // (channels * patch * patch, hidden), no bias
   Tensor class_embedding_, position_embedding_, pre_norm_weight_, pre_norm_bias_;
   std::vector<Layer> layers_;  // the first num_hidden_layers - 1

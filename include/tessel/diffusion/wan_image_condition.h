@@ -27,15 +27,17 @@ Tensor wan_image_pixels(const VideoFrames& image, int64_t height, int64_t width,
 Tensor wan_frame_mask(int64_t frames, int64_t latent_height, int64_t latent_width, bool last_frame_given);
 
 // The conditioning video (1, 3, frames, H, W) of `first` and `last` (each (1, 3, H, W); `last`
-// undefined without FLF2V's last image) through `vae`'s encoder on the CPU, normalized with the
-// VAE's latent statistics, after the frame mask on channels: (1, 4 + z_dim, latent frames, H / s,
-// W / s). Returns an undefined tensor when `control` cancelled the encode.
+// undefined without FLF2V's last image) through `vae`'s encoder, normalized with the VAE's latent
+// statistics, after the frame mask on channels: (1, 4 + z_dim, latent frames, H / s, W / s), a
+// host tensor. The encoder runs on ctx's device: on a CUDA context the video is encoded there (the
+// CPU encodes, with a warning, when the device encoder is unavailable), else on the CPU. Returns an
+// undefined tensor when `control` cancelled the encode.
 Tensor wan_image_condition(const ExecContext& ctx, const WanVae& vae, const Tensor& first, const Tensor& last, int64_t frames,
                            const WanDecodeControl* control = nullptr);
 
 // TI2V's first frame (diffusers' expand_timesteps): `image` (1, 3, H, W) as a one-frame video
-// through `vae`'s encoder on the CPU, normalized: (1, z_dim, 1, H / s, W / s). Returns an undefined
-// tensor when `control` cancelled the encode.
+// through `vae`'s encoder on ctx's device (as wan_image_condition), normalized: (1, z_dim, 1,
+// H / s, W / s), a host tensor. Returns an undefined tensor when `control` cancelled the encode.
 Tensor wan_first_frame_latents(const ExecContext& ctx, const WanVae& vae, const Tensor& image,
                                const WanDecodeControl* control = nullptr);
 

@@ -1,9 +1,9 @@
 // The Wan video VAE, as diffusers' AutoencoderKLWan computes it (Wan 2.1's layout and Wan 2.2's
 // residual, patched one), fp32 on the CPU or on a CUDA device (cuDNN convolutions, TF32 allowed by
-// default as PyTorch allows it).
+// default as PyTorch allows it), for decoding and encoding alike.
 //
-// Encoding (CPU only) runs as diffusers' encode: the encoder on the first frame alone, then on chunks
-// of 4 frames, with a feature cache like the decoder's below, into the posterior's mean.
+// Encoding runs as diffusers' encode: the encoder on the first frame alone, then on chunks of 4
+// frames, with a feature cache like the decoder's below, into the posterior's mean.
 //
 // Decoding runs the way diffusers runs it: post_quant_conv over all latent frames, then the decoder
 // one latent frame at a time. Every causal 3-D convolution keeps the last two frames it was given
@@ -143,18 +143,23 @@ class WanVae {
 
   // diffusers' AutoencoderKLWan.encode followed by retrieve_latents(..., sample_mode="argmax"): the
   // posterior's mode, its mean `mu`, not normalized (normalize_latents does it). video: (B, colours,
-  // F, H, W) fp32 contiguous on the CPU, values in [-1, 1], colours = in_channels / patch_size^2 (3),
-  // F = 1 + 4k, H and W multiples of spatial_compression(); each video of the batch is encoded on its
-  // own, as diffusers' sliced encode. mu: encoded_shape(video), fp32 contiguous on the CPU. Throws
+  // F, H, W) fp32 contiguous, values in [-1, 1], colours = in_channels / patch_size^2 (3), F = 1 + 4k,
+  // H and W multiples of spatial_compression(); each video of the batch is encoded on its own, as
+  // diffusers' sliced encode. mu: encoded_shape(video), fp32 contiguous on the video's device. Throws
   // Error naming a bad argument before writing anything, or saying the VAE was built without its
   // encoder (WanVaeParts::kDecoder).
   //
-  // Runs as diffusers runs it, fp32 on the CPU: the video patchified (Wan 2.2: 2 x 2 pixels of 3
-  // colours into 12 channels), then the encoder on the first frame alone and on each later chunk of
-  // 4 frames, every causal convolution keeping the last two frames it was given; each temporal
-  // downsampler passes the first chunk's frame through and halves the frames of every later chunk
-  // (4 frames make one latent frame); then quant_conv's mu half. `control` as for decode, per chunk
-  // (chunks of all the batch's videos counted together).
+  // Runs as diffusers runs it, fp32: the video patchified (Wan 2.2: 2 x 2 pixels of 3 colours into
+  // 12 channels), then the encoder on the first frame alone and on each later chunk of 4 frames,
+  // every causal convolution keeping the last two frames it was given; each temporal downsampler
+  // passes the first chunk's frame through and halves the frames of every later chunk (4 frames make
+  // one latent frame); then quant_conv's mu half. `control` as for decode, per chunk (chunks of all
+  // the batch's videos counted together).
+  //
+  // Runs where the video is, as decode does: on the CPU, or on a CUDA device (ctx.device, when not
+  // the default CPU context, must be that device), where the first encode uploads the encoder's
+  // weights once; the whole encode is enqueued on ctx.stream and waited for at the end (and after
+  // each chunk when control has an on_chunk callback). It needs cuDNN as the CUDA decoder does.
   bool encode(const ExecContext& ctx, const TensorView& video, const TensorView& mu,
               const WanDecodeControl* control = nullptr) const;
   Tensor encode(const ExecContext& ctx, const TensorView& video, const WanDecodeControl* control = nullptr) const;
@@ -164,22 +169,24 @@ class WanVae {
   // mu: (B, z_dim, T, h, w) fp32 contiguous on the CPU; throws Error naming `mu` otherwise.
   Tensor normalize_latents(const TensorView& mu) const;
 
-  // Whether the CUDA decoder's convolutions may use TF32 tensor cores (default true, PyTorch's
-  // torch.backends.cudnn.allow_tf32 default, so diffusers' fp32 decode does too); false keeps every
-  // product in fp32. The attention's products are fp32 either way.
+  // Whether the CUDA decoder's and encoder's convolutions may use TF32 tensor cores (default true,
+  // PyTorch's torch.backends.cudnn.allow_tf32 default, so diffusers' fp32 decode and encode do too);
+  // false keeps every product in fp32. The attention's products are fp32 either way.
   void set_cuda_tf32(bool allowed) { cuda_tf32_ = allowed; }
 
   const WanVaeConfig& config() const { return config_; }
 
  private:
   struct Decoder;
-  struct DeviceDecoders;  // the CUDA decoders, one per device, made by its first decode
+  struct DeviceModels;  // the CUDA decoders and encoders, one per device, made by its first decode / encode
   bool decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
+                        const WanDecodeControl* control) const;
+  bool encode_on_device(const ExecContext& ctx, const TensorView& video, const TensorView& mu,
                         const WanDecodeControl* control) const;
   WanVaeConfig config_;
   std::unique_ptr<Decoder> decoder_;
   std::unique_ptr<vae::Encoder> encoder_;
-  std::unique_ptr<DeviceDecoders> device_decoders_;
+  std::unique_ptr<DeviceModels> device_models_;
   bool cuda_tf32_ = true;
 };
 

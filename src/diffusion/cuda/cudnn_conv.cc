@@ -65,10 +65,13 @@ const CudnnConvolutions::Plan& CudnnConvolutions::plan_for(const ConvGeometry& g
   const std::array<int, 5> in_dims = {1, as_int(g.in_channels, "input channels"), as_int(g.frames, "frames"),
                                       as_int(g.height, "height"), as_int(g.width, "width")};
   const std::array<int, 5> out_dims = {1, as_int(g.out_channels, "output channels"), as_int(g.out_frames(), "output frames"),
-                                       in_dims[3], in_dims[4]};
+                                       as_int(g.out_height(), "output height"), as_int(g.out_width(), "output width")};
   const std::array<int, 5> filter_dims = {out_dims[1], in_dims[1], as_int(g.kt, "kt"), as_int(g.kh, "kh"), as_int(g.kw, "kw")};
   const std::array<int, 5> in_strides = packed_strides(in_dims), out_strides = packed_strides(out_dims);
-  const std::array<int, 3> padding = {0, static_cast<int>(g.kh / 2), static_cast<int>(g.kw / 2)}, ones = {1, 1, 1};
+  const std::array<int, 3> padding = {0, g.pad_space ? static_cast<int>(g.kh / 2) : 0, g.pad_space ? static_cast<int>(g.kw / 2) : 0};
+  const std::array<int, 3> strides = {as_int(g.time_stride, "time stride"), as_int(g.space_stride, "space stride"),
+                                      as_int(g.space_stride, "space stride")};
+  const std::array<int, 3> ones = {1, 1, 1};
 
   check_cudnn(cudnn().cudnnCreateTensorDescriptor(&plan->input), "tensor descriptor");
   check_cudnn(cudnn().cudnnSetTensorNdDescriptor(plan->input, CUDNN_DATA_FLOAT, 5, in_dims.data(), in_strides.data()), "input descriptor");
@@ -79,7 +82,7 @@ const CudnnConvolutions::Plan& CudnnConvolutions::plan_for(const ConvGeometry& g
   check_cudnn(cudnn().cudnnSetFilterNdDescriptor(plan->filter, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 5, filter_dims.data()),
               "filter descriptor");
   check_cudnn(cudnn().cudnnCreateConvolutionDescriptor(&plan->convolution), "convolution descriptor");
-  check_cudnn(cudnn().cudnnSetConvolutionNdDescriptor(plan->convolution, 3, padding.data(), ones.data(), ones.data(),
+  check_cudnn(cudnn().cudnnSetConvolutionNdDescriptor(plan->convolution, 3, padding.data(), strides.data(), ones.data(),
                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
               "convolution descriptor");
   // FMA math keeps every product in fp32; default math lets fp32 convolutions use TF32 tensor cores,

@@ -60,6 +60,15 @@ DeviceFrames DeviceConv::forward(const DecodeContext& dc, const DeviceFrames& x,
   return y;
 }
 
+DeviceFrames DeviceConv::forward_valid(const DecodeContext& dc, const DeviceFrames& x, int64_t time_stride, int64_t space_stride) const {
+  ConvGeometry geometry{in_channels_, out_channels_, kt_, kh_, kw_, x.frames, x.height, x.width, dc.tf32, time_stride, space_stride, false};
+  DeviceFrames y = dc.frames(out_channels_, geometry.out_frames(), geometry.out_height(), geometry.out_width());
+  dc.convolutions.forward(geometry, x.data(), weight_.data_as<const float>(), y.data(), dc.buffers, dc.stream);
+  launch_add_bias(y.data(), bias_.data_as<const float>(), nullptr, out_channels_, y.frames * y.plane(), dc.stream);
+  check_launch("strided convolution");
+  return y;
+}
+
 DeviceResidualBlock::DeviceResidualBlock(const WeightMap& weights, const std::string& prefix, int64_t in_dim, int64_t out_dim,
                                          SlotCounter& slots, Device device)
     : gamma1_(upload(weights, prefix + ".norm1.gamma", device)),
@@ -168,6 +177,41 @@ DeviceFrames DeviceUpsampler::forward(const DecodeContext& dc, const DeviceFrame
                              dc.stream);
   check_launch("upsampling");
   return spatial_.forward(dc, upsampled, cache);
+}
+
+DeviceDownsampler::DeviceDownsampler(const WeightMap& weights, const std::string& prefix, bool temporal, SlotCounter& slots,
+                                     Device device)
+    : spatial_(weights, prefix + ".resample.1", 1, 3, 3, slots, device), temporal_(temporal) {
+  if (temporal_) time_ = DeviceConv(weights, prefix + ".time_conv", 3, 1, 1, slots, device);
+}
+
+DeviceFrames DeviceDownsampler::forward(const DecodeContext& dc, const DeviceFrames& x, DeviceCache& cache) const {
+  if (x.height % 2 != 0 || x.width % 2 != 0)
+    throw Error(detail::concat("Wan VAE CUDA encode: a downsampler given frames of ", x.height, " x ", x.width, " (even sizes expected)"));
+  DeviceFrames padded = dc.frames(x.channels, x.frames, x.height + 1, x.width + 1);
+  launch_pad_bottom_right(x.data(), padded.data(), x.channels * x.frames, x.height, x.width, dc.stream);
+  DeviceFrames halved = spatial_.forward_valid(dc, padded, 1, 2);
+  padded = DeviceFrames();
+  if (!temporal_) return halved;
+  DeviceHistory& history = cache.at(static_cast<size_t>(time_.slot()));
+  const int64_t plane = halved.plane(), channels = halved.channels;
+  // The next chunk's time convolution starts from this chunk's last frame.
+  DeviceFrames last = dc.frames(channels, 1, halved.height, halved.width);
+  launch_copy_frames(halved.data(), halved.frames, halved.frames - 1, last.data(), 1, 0, 1, channels, plane, dc.stream);
+  if (!history.started) {
+    history.started = true;
+    history.frames = std::move(last);
+    return halved;
+  }
+  // Output frame j reads frames 2j .. 2j + 2 of [the remembered frame, this chunk's frames]. Chunks
+  // of four frames reach a temporal downsampler as four or two (encode refuses other configs).
+  if (halved.frames < 2) throw Error(detail::concat("Wan VAE CUDA encode: a temporal downsampler given ", halved.frames, " frame"));
+  DeviceFrames joined = dc.frames(channels, 1 + halved.frames, halved.height, halved.width);
+  launch_copy_frames(history.frames.data(), 1, 0, joined.data(), joined.frames, 0, 1, channels, plane, dc.stream);
+  launch_copy_frames(halved.data(), halved.frames, 0, joined.data(), joined.frames, 1, halved.frames, channels, plane, dc.stream);
+  history.frames = std::move(last);
+  check_launch("time downsampling");
+  return time_.forward_valid(dc, joined, 2, 1);
 }
 
 }  // namespace tessel::vae::cuda

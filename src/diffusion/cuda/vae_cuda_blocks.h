@@ -1,6 +1,7 @@
-// The modules of diffusers' AutoencoderKLWan decoder on a CUDA device (internal), the counterparts
-// of wan_vae_blocks.h's CPU modules over device feature maps: the causal 3-D convolution with its
-// feature cache, the residual block, the mid block's attention and the upsamplers. Weights are
+// The modules of diffusers' AutoencoderKLWan on a CUDA device (internal), the counterparts of
+// wan_vae_blocks.h's CPU modules over device feature maps: the causal 3-D convolution with its
+// feature cache, the residual block, the mid block's attention, the decoder's upsamplers and the
+// encoder's downsamplers. Weights are
 // uploaded once, when a module is built; forward() only enqueues work on the decode's stream.
 #pragma once
 
@@ -56,6 +57,9 @@ class DeviceConv {
              Device device);
   // conv(x) + bias (+ residual, a map of the output's shape, when non-null).
   DeviceFrames forward(const DecodeContext& dc, const DeviceFrames& x, DeviceCache& cache, const float* residual = nullptr) const;
+  // conv(x) + bias with no padding at all (the caller laid it out) and the given strides in time
+  // and in space; no history is read or kept.
+  DeviceFrames forward_valid(const DecodeContext& dc, const DeviceFrames& x, int64_t time_stride, int64_t space_stride) const;
   int64_t out_channels() const { return out_channels_; }
   int64_t slot() const { return slot_; }
 
@@ -110,6 +114,21 @@ class DeviceMidBlock {
 class DeviceUpsampler {
  public:
   DeviceUpsampler(const WeightMap& weights, const std::string& prefix, bool temporal, SlotCounter& slots, Device device);
+  DeviceFrames forward(const DecodeContext& dc, const DeviceFrames& x, DeviceCache& cache) const;
+
+ private:
+  DeviceConv spatial_, time_;
+  bool temporal_ = false;
+};
+
+// WanResample "downsample2d" / "downsample3d": per frame a 3x3 convolution of stride 2 over the frame
+// padded with zeros below and to the right, then for downsample3d a (3, 1, 1) time convolution of
+// stride 2 over the last frame of the previous chunk and this chunk's frames; the first chunk's
+// frames pass through it (diffusers caches them instead), so the first frame stays one frame and
+// every later pair of frames becomes one.
+class DeviceDownsampler {
+ public:
+  DeviceDownsampler(const WeightMap& weights, const std::string& prefix, bool temporal, SlotCounter& slots, Device device);
   DeviceFrames forward(const DecodeContext& dc, const DeviceFrames& x, DeviceCache& cache) const;
 
  private:

@@ -1,26 +1,21 @@
-// The Wan VAE decoder's element-wise kernels (see vae_kernels.h). Element kernels use grid-stride
-// loops; the channel reductions (RMS norm, softmax over keys) run one thread per position, whose
-// channel loop reads consecutive positions across a warp (the channel stride is the plane), so the
-// loads coalesce without a transpose.
+// The Wan VAE's element-wise kernels (see vae_kernels.h). Element kernels use grid-stride
+// loops; the channel reductions (RMS norm, softmax over keys) give each position a thread (the
+// softmax several), whose channel loop reads consecutive positions across a warp (the channel
+// stride is the plane), so the loads coalesce without a transpose. Copies of whole frames are
+// cudaMemcpy2DAsync, one row per channel.
 #include "cuda/vae_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/grid_stride.h"
 #include "tessel/core/error.h"
 
 namespace tessel::vae::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 65536;
-
-unsigned blocks_for(int64_t count) {
-  return static_cast<unsigned>(std::clamp<int64_t>((count + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
-
-#define TESSEL_GRID_STRIDE(i, count) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+using diffusion::cuda::grid_blocks;
+using diffusion::cuda::kGridThreads;
 
 __global__ void denormalize_kernel(const float* in, const float* mean, const float* inverse_std, float* out, int64_t channels,
                                    int64_t per_channel) {
@@ -46,20 +41,14 @@ __global__ void rms_norm_kernel(const float* x, float* y, const float* gamma, in
   }
 }
 
-__global__ void add_bias_kernel(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels) {
-  TESSEL_GRID_STRIDE(i, channels * pixels) {
-    float v = y[i] + bias[i / pixels];
-    if (residual != nullptr) v += residual[i];
-    y[i] = v;
-  }
-}
-
-__global__ void copy_frames_kernel(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
-                                   int64_t dst_first, int64_t count, int64_t channels, int64_t plane) {
-  const int64_t per_channel = count * plane;
-  TESSEL_GRID_STRIDE(i, channels * per_channel) {
-    const int64_t c = i / per_channel, rest = i % per_channel, f = rest / plane, p = rest % plane;
-    dst[(c * dst_frames + dst_first + f) * plane + p] = src ? src[(c * src_frames + src_first + f) * plane + p] : 0.0f;
+// One channel per grid row: no division per element.
+__global__ void add_bias_kernel(float* y, const float* bias, const float* residual, int64_t pixels) {
+  const int64_t offset = blockIdx.y * pixels;
+  const float b = bias[blockIdx.y];
+  TESSEL_GRID_STRIDE(p, pixels) {
+    float v = y[offset + p] + b;
+    if (residual != nullptr) v += residual[offset + p];
+    y[offset + p] = v;
   }
 }
 
@@ -96,18 +85,39 @@ __global__ void transpose_kernel(const float* in, float* out, int64_t rows, int6
   }
 }
 
+// A block owns kSoftmaxColumns queries (consecutive, so each row of the tile is one coalesced
+// load) and splits their keys over kSoftmaxRows rows of threads: pass 1 keeps each thread's
+// running maximum and sum (rescaled as the maximum grows), the block combines them, pass 2 writes
+// the probabilities.
+constexpr int kSoftmaxColumns = 32, kSoftmaxRows = 8;
+
 __global__ void softmax_columns_kernel(float* scores, int64_t keys, int64_t queries, float scale) {
-  TESSEL_GRID_STRIDE(q, queries) {
-    float largest = -INFINITY;
-    for (int64_t k = 0; k < keys; ++k) largest = fmaxf(largest, scores[k * queries + q]);
-    float sum = 0.0f;
-    for (int64_t k = 0; k < keys; ++k) {
-      const float e = expf((scores[k * queries + q] - largest) * scale);
-      scores[k * queries + q] = e;
-      sum += e;
+  __shared__ float row_max[kSoftmaxRows][kSoftmaxColumns], row_sum[kSoftmaxRows][kSoftmaxColumns];
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * kSoftmaxColumns + threadIdx.x;
+  float largest = -INFINITY, sum = 0.0f;
+  if (q < queries)
+    for (int64_t k = threadIdx.y; k < keys; k += kSoftmaxRows) {
+      const float v = scores[k * queries + q];
+      if (v > largest) {
+        sum = sum * expf((largest - v) * scale) + 1.0f;
+        largest = v;
+      } else {
+        sum += expf((v - largest) * scale);
+      }
     }
-    const float inverse = 1.0f / sum;
-    for (int64_t k = 0; k < keys; ++k) scores[k * queries + q] *= inverse;
+  row_max[threadIdx.y][threadIdx.x] = largest;
+  row_sum[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  float column_max = -INFINITY;
+  for (int r = 0; r < kSoftmaxRows; ++r) column_max = fmaxf(column_max, row_max[r][threadIdx.x]);
+  float column_sum = 0.0f;
+  for (int r = 0; r < kSoftmaxRows; ++r)
+    if (row_sum[r][threadIdx.x] > 0.0f) column_sum += row_sum[r][threadIdx.x] * expf((row_max[r][threadIdx.x] - column_max) * scale);
+  if (q >= queries) return;
+  const float inverse = 1.0f / column_sum;
+  for (int64_t k = threadIdx.y; k < keys; k += kSoftmaxRows) {
+    float& v = scores[k * queries + q];
+    v = expf((v - column_max) * scale) * inverse;
   }
 }
 
@@ -136,35 +146,102 @@ __global__ void unpatchify_clamp_into_kernel(const float* decoded, float* video,
   }
 }
 
+__global__ void patchify_frames_kernel(const float* video, int64_t channels, int64_t frames, int64_t first, int64_t count,
+                                       int64_t height, int64_t width, int64_t patch, float* out) {
+  const int64_t plane = height * width, per_channel = count * plane;
+  const int64_t out_height = height / patch, out_width = width / patch;
+  TESSEL_GRID_STRIDE(i, channels * per_channel) {
+    const int64_t c = i / per_channel, rest = i % per_channel, f = rest / plane, pixel = rest % plane;
+    const int64_t y = pixel / width, x = pixel % width;
+    const int64_t channel = (c * patch + x % patch) * patch + y % patch;
+    out[((channel * count + f) * out_height + y / patch) * out_width + x / patch] = video[(c * frames + first) * plane + rest];
+  }
+}
+
+__global__ void pad_bottom_right_kernel(const float* x, float* out, int64_t images, int64_t height, int64_t width) {
+  const int64_t out_width = width + 1, out_plane = (height + 1) * out_width;
+  TESSEL_GRID_STRIDE(i, images * out_plane) {
+    const int64_t image = i / out_plane, rest = i % out_plane, y = rest / out_width, x_out = rest % out_width;
+    out[i] = y < height && x_out < width ? x[(image * height + y) * width + x_out] : 0.0f;
+  }
+}
+
+__global__ void add_average_downsample_kernel(const float* in, int64_t in_frames, int64_t height, int64_t width, float* x,
+                                              int64_t out_channels, int64_t out_frames, int64_t time_factor, int64_t space_factor,
+                                              int64_t padded, int64_t group) {
+  const int64_t out_height = height / space_factor, out_width = width / space_factor, out_plane = out_height * out_width;
+  const int64_t area = space_factor * space_factor, factor = time_factor * area;
+  TESSEL_GRID_STRIDE(i, out_channels * out_frames * out_plane) {
+    const int64_t o = i / (out_frames * out_plane), rest = i % (out_frames * out_plane);
+    const int64_t t = rest / out_plane, pixel = rest % out_plane, y = pixel / out_width, x_out = pixel % out_width;
+    // The CPU's order of summation, so both round alike.
+    float sum = 0.0f;
+    for (int64_t v = o * group; v < (o + 1) * group; ++v) {
+      const int64_t within = v % factor, frame = t * time_factor + within / area - padded;
+      if (frame < 0) continue;  // the zero frames diffusers pads the front with
+      const int64_t row = y * space_factor + within / space_factor % space_factor, column = x_out * space_factor + within % space_factor;
+      sum += in[((v / factor * in_frames + frame) * height + row) * width + column];
+    }
+    x[i] += sum / static_cast<float>(group);
+  }
+}
+
 }  // namespace
+
+void launch_patchify_frames(const float* video, int64_t channels, int64_t frames, int64_t first, int64_t count, int64_t height,
+                            int64_t width, int64_t patch, float* out, cudaStream_t stream) {
+  patchify_frames_kernel<<<grid_blocks(channels * count * height * width), kGridThreads, 0, stream>>>(video, channels, frames, first, count,
+                                                                                                height, width, patch, out);
+}
+
+void launch_pad_bottom_right(const float* x, float* out, int64_t images, int64_t height, int64_t width, cudaStream_t stream) {
+  pad_bottom_right_kernel<<<grid_blocks(images * (height + 1) * (width + 1)), kGridThreads, 0, stream>>>(x, out, images, height, width);
+}
+
+void launch_add_average_downsample(const float* in, int64_t in_channels, int64_t in_frames, int64_t height, int64_t width, float* x,
+                                   int64_t out_channels, int64_t time_factor, int64_t space_factor, cudaStream_t stream) {
+  const int64_t padded = (time_factor - in_frames % time_factor) % time_factor, out_frames = (in_frames + padded) / time_factor;
+  const int64_t group = in_channels * time_factor * space_factor * space_factor / out_channels;
+  const int64_t out_pixels = out_frames * (height / space_factor) * (width / space_factor);
+  add_average_downsample_kernel<<<grid_blocks(out_channels * out_pixels), kGridThreads, 0, stream>>>(
+      in, in_frames, height, width, x, out_channels, out_frames, time_factor, space_factor, padded, group);
+}
 
 void launch_denormalize(const float* in, const float* mean, const float* inverse_std, float* out, int64_t channels,
                         int64_t per_channel, cudaStream_t stream) {
-  denormalize_kernel<<<blocks_for(channels * per_channel), kThreads, 0, stream>>>(in, mean, inverse_std, out, channels, per_channel);
+  denormalize_kernel<<<grid_blocks(channels * per_channel), kGridThreads, 0, stream>>>(in, mean, inverse_std, out, channels, per_channel);
 }
 
 void launch_rms_norm(const float* x, float* y, const float* gamma, int64_t channels, int64_t pixels, bool silu,
                      cudaStream_t stream) {
-  rms_norm_kernel<<<blocks_for(pixels), kThreads, 0, stream>>>(x, y, gamma, channels, pixels, silu);
+  rms_norm_kernel<<<grid_blocks(pixels), kGridThreads, 0, stream>>>(x, y, gamma, channels, pixels, silu);
 }
 
 void launch_add_bias(float* y, const float* bias, const float* residual, int64_t channels, int64_t pixels, cudaStream_t stream) {
-  add_bias_kernel<<<blocks_for(channels * pixels), kThreads, 0, stream>>>(y, bias, residual, channels, pixels);
+  // Enough blocks per channel to fill the device however few the channels, at most 1024.
+  const dim3 grid(std::min(grid_blocks(pixels), 1024u), static_cast<unsigned>(channels));
+  add_bias_kernel<<<grid, kGridThreads, 0, stream>>>(y, bias, residual, pixels);
 }
 
 void launch_copy_frames(const float* src, int64_t src_frames, int64_t src_first, float* dst, int64_t dst_frames,
                         int64_t dst_first, int64_t count, int64_t channels, int64_t plane, cudaStream_t stream) {
   if (count == 0) return;
-  copy_frames_kernel<<<blocks_for(channels * count * plane), kThreads, 0, stream>>>(src, src_frames, src_first, dst, dst_frames,
-                                                                                   dst_first, count, channels, plane);
+  // One row per channel: a run of count * plane values at each side's pitch of a channel's frames.
+  const size_t row = static_cast<size_t>(count * plane) * sizeof(float), dst_pitch = static_cast<size_t>(dst_frames * plane) * sizeof(float);
+  float* first = dst + dst_first * plane;
+  const cudaError_t status =
+      src == nullptr ? cudaMemset2DAsync(first, dst_pitch, 0, row, static_cast<size_t>(channels), stream)
+                     : cudaMemcpy2DAsync(first, dst_pitch, src + src_first * plane, static_cast<size_t>(src_frames * plane) * sizeof(float), row,
+                                         static_cast<size_t>(channels), cudaMemcpyDeviceToDevice, stream);
+  check_cuda(status, "a copy of frames");
 }
 
 void launch_interleave_frames(const float* y, float* out, int64_t channels, int64_t frames, int64_t plane, cudaStream_t stream) {
-  interleave_frames_kernel<<<blocks_for(channels * 2 * frames * plane), kThreads, 0, stream>>>(y, out, channels, frames, plane);
+  interleave_frames_kernel<<<grid_blocks(channels * 2 * frames * plane), kGridThreads, 0, stream>>>(y, out, channels, frames, plane);
 }
 
 void launch_upsample_nearest_2x(const float* x, float* out, int64_t images, int64_t height, int64_t width, cudaStream_t stream) {
-  upsample_nearest_2x_kernel<<<blocks_for(images * 4 * height * width), kThreads, 0, stream>>>(x, out, images, height, width);
+  upsample_nearest_2x_kernel<<<grid_blocks(images * 4 * height * width), kGridThreads, 0, stream>>>(x, out, images, height, width);
 }
 
 void launch_transpose(const float* in, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
@@ -173,24 +250,21 @@ void launch_transpose(const float* in, float* out, int64_t rows, int64_t cols, c
 }
 
 void launch_softmax_columns(float* scores, int64_t keys, int64_t queries, float scale, cudaStream_t stream) {
-  // One thread per query: fewer threads per block keep more multiprocessors busy at a few
-  // thousand queries.
-  constexpr int kSoftmaxThreads = 64;
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, (queries + kSoftmaxThreads - 1) / kSoftmaxThreads));
-  softmax_columns_kernel<<<grid, kSoftmaxThreads, 0, stream>>>(scores, keys, queries, scale);
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, (queries + kSoftmaxColumns - 1) / kSoftmaxColumns));
+  softmax_columns_kernel<<<grid, dim3(kSoftmaxColumns, kSoftmaxRows), 0, stream>>>(scores, keys, queries, scale);
 }
 
 void launch_add_duplicate_upsample(const float* in, int64_t in_channels, int64_t in_frames, int64_t height, int64_t width, float* x,
                                    int64_t out_channels, int64_t time_factor, bool first_chunk, cudaStream_t stream) {
   const int64_t dropped = first_chunk ? time_factor - 1 : 0, out_frames = in_frames * time_factor - dropped;
   const int64_t repeats = out_channels * time_factor * 4 / in_channels;
-  add_duplicate_upsample_kernel<<<blocks_for(out_channels * out_frames * 4 * height * width), kThreads, 0, stream>>>(
+  add_duplicate_upsample_kernel<<<grid_blocks(out_channels * out_frames * 4 * height * width), kGridThreads, 0, stream>>>(
       in, in_frames, height, width, x, out_channels, out_frames, time_factor, dropped, repeats);
 }
 
 void launch_unpatchify_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
                                   int64_t first, int64_t height, int64_t width, int64_t patch, cudaStream_t stream) {
-  unpatchify_clamp_into_kernel<<<blocks_for(channels * frames * patch * patch * height * width), kThreads, 0, stream>>>(
+  unpatchify_clamp_into_kernel<<<grid_blocks(channels * frames * patch * patch * height * width), kGridThreads, 0, stream>>>(
       decoded, video, channels, frames, video_frames, first, height, width, patch);
 }
 
@@ -200,7 +274,7 @@ void check_launch(const char* what) {
 }
 
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw Error(detail::concat("Wan VAE CUDA decode: ", what, " failed: ", cudaGetErrorString(status)));
+  if (status != cudaSuccess) throw Error(detail::concat("Wan VAE on CUDA: ", what, " failed: ", cudaGetErrorString(status)));
 }
 
 }  // namespace tessel::vae::cuda

@@ -1,4 +1,4 @@
-// The element-wise CUDA kernels of the Wan VAE's decoder (internal). A feature map is fp32
+// The element-wise CUDA kernels of the Wan VAE's decoder and encoder (internal). A feature map is fp32
 // (channels, frames, height, width), contiguous: one video of diffusers' (1, C, T, H, W) layout,
 // which is what cuDNN's convolutions read and write. `plane` is height * width. Every launcher
 // enqueues on `stream` and never synchronizes; callers check shapes.
@@ -58,6 +58,26 @@ void launch_add_duplicate_upsample(const float* in, int64_t in_channels, int64_t
 // patch width); patch 1 is a clamped copy of decoded's frames.
 void launch_unpatchify_clamp_into(const float* decoded, float* video, int64_t channels, int64_t frames, int64_t video_frames,
                                   int64_t first, int64_t height, int64_t width, int64_t patch, cudaStream_t stream);
+
+// The encoder's input: frames [first, first + count) of one video (channels, frames, height, width)
+// patchified as diffusers' patchify into out (channels patch^2, count, height / patch, width /
+// patch): video pixel (y, x) of colour c is channel (c patch + x % patch) patch + y % patch of pixel
+// (y / patch, x / patch). Patch 1 copies the frames.
+void launch_patchify_frames(const float* video, int64_t channels, int64_t frames, int64_t first, int64_t count, int64_t height,
+                            int64_t width, int64_t patch, float* out, cudaStream_t stream);
+
+// diffusers' ZeroPad2d((0, 1, 0, 1)) of the downsamplers: x (images, height, width) -> out (images,
+// height + 1, width + 1), a zero row below and a zero column to the right.
+void launch_pad_bottom_right(const float* x, float* out, int64_t images, int64_t height, int64_t width, cudaStream_t stream);
+
+// The residual down block's shortcut (diffusers' AvgDown3D) added into x, as vae::average_downsample
+// and add_in_place compute it on the CPU: each pixel of x (out_channels, out_frames, height /
+// space_factor, width / space_factor) gets the mean of its group of in_channels * time_factor *
+// space_factor^2 / out_channels consecutive values of the (channel, frame, row, column) block of
+// `in` (in_channels, in_frames, height, width) under it, with zero frames before the first when
+// in_frames is not a multiple of time_factor (out_frames = ceil(in_frames / time_factor)).
+void launch_add_average_downsample(const float* in, int64_t in_channels, int64_t in_frames, int64_t height, int64_t width, float* x,
+                                   int64_t out_channels, int64_t time_factor, int64_t space_factor, cudaStream_t stream);
 
 // Throws Error naming `what` when the last launch failed.
 void check_launch(const char* what);

@@ -1,19 +1,9 @@
 #include "cuda/vector_ops.h"
 
-#include <algorithm>
+#include "cuda/grid_stride.h"
 
 namespace tessel::diffusion::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t count) {
-  constexpr int64_t kMaxBlocks = 65535 * 8;
-  return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
-#define TESSEL_GRID_STRIDE(i, count) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void add_into_kernel(float* x, const float* y, int64_t count) {
   TESSEL_GRID_STRIDE(i, count) x[i] = __fadd_rn(x[i], y[i]);
@@ -30,15 +20,15 @@ __global__ void cfg_guidance_kernel(const float* cond, const float* uncond, floa
 }  // namespace
 
 void launch_add_into(float* x, const float* y, int64_t count, cudaStream_t stream) {
-  if (count > 0) add_into_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, y, count);
+  if (count > 0) add_into_kernel<<<grid_blocks(count), kGridThreads, 0, stream>>>(x, y, count);
 }
 
 void launch_difference(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {
-  if (count > 0) difference_kernel<<<blocks_for(count), kThreads, 0, stream>>>(a, b, out, count);
+  if (count > 0) difference_kernel<<<grid_blocks(count), kGridThreads, 0, stream>>>(a, b, out, count);
 }
 
 void launch_cfg_guidance(const float* cond, const float* uncond, float scale, float* out, int64_t count, cudaStream_t stream) {
-  if (count > 0) cfg_guidance_kernel<<<blocks_for(count), kThreads, 0, stream>>>(cond, uncond, scale, out, count);
+  if (count > 0) cfg_guidance_kernel<<<grid_blocks(count), kGridThreads, 0, stream>>>(cond, uncond, scale, out, count);
 }
 
 }  // namespace tessel::diffusion::cuda
