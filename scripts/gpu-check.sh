@@ -31,19 +31,23 @@
 #      latents: per-step time, peak memory, frames PSNR, cache skips, text encoders side by side;
 #      --wan-pipeline-args "..." replaces its size/steps or adds --variants (default a short run:
 #      --frames 21 --steps 4; the issue's run is --frames 81 --steps 10);
-#   8. print the side-by-side table last.
+#   8. Wan 14B block offload (dit-bench --offload blocks under --device-memory-limit 24 against the
+#      whole model on the device, 720p and 480p) and continuous batching through `tessel serve`
+#      (bench/serve_batching.py: 8 images at once against one after another, videos, head-of-line,
+#      100 mixed requests) — --skip-offload, --skip-serve;
+#   9. print the side-by-side table last.
 # cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
 # put on LD_LIBRARY_PATH when that wheel is installed.
 # Options: --bin DIR, --test-jobs N (test binaries at a time, default 4), --only-tests "NAMES", --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
 #          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
-#          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --wan-pipeline-args "...",
+#          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --skip-offload, --skip-serve, --wan-pipeline-args "...",
 #          --wan-model DIR (default $OUT/wan-1.3b-random).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
-PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
+PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 RUN_OFFLOAD=1 RUN_SERVE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
 TEST_JOBS=4 TEST_SHARDS=4 ONLY_TESTS="" SHARDED_TESTS="attention_gpu_test attention_fp8_gpu_test backend_conformance_test"
 RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
@@ -67,6 +71,8 @@ while [[ $# -gt 0 ]]; do
     --wan-model) WAN_MODEL="$2"; shift 2 ;;
     --skip-vae) RUN_VAE=0; shift ;;
     --skip-calibrate) RUN_CALIBRATE=0; shift ;;
+    --skip-offload) RUN_OFFLOAD=0; shift ;;
+    --skip-serve) RUN_SERVE=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -285,6 +291,30 @@ if [[ $RUN_WAN_PIPELINE == 1 ]]; then
   fi
 fi
 
+# Block offload (docs/dit.md): Wan 14B's blocks streamed from pinned host memory on a card held to
+# 24 GiB, against the whole model on the device; 8 of the 40 blocks at 720p and 480p, 81 frames.
+if [[ $RUN_OFFLOAD == 1 ]]; then
+  echo "== Wan 14B block offload (dit-bench, 8 blocks, 720p and 480p, 81 frames)"
+  : >"$OUTDIR/offload.txt"
+  for size in "--height 720 --width 1280" "--height 480 --width 832"; do
+    for mode in "" "--offload blocks --device-memory-limit 24"; do
+      echo "dit-bench --model wan-14b --layers 8 $size ${mode:-(in memory)}" >>"$OUTDIR/offload.txt"
+      "$TESSEL" dit-bench --device cuda --model wan-14b --layers 8 $size --frames 81 --steps 2 --warmup 1 $mode 2>&1 |
+        grep -E "^step:|^memory:|error" >>"$OUTDIR/offload.txt" || echo "offload run FAILED" >>"$OUTDIR/offload.txt"
+    done
+  done
+fi
+
+# Continuous batching through the HTTP server (docs/server.md): bench/serve_batching.py on the 1.3B
+# random model directory (made with init-model when --wan-model names none that exists).
+if [[ $RUN_SERVE == 1 ]]; then
+  echo "== tessel serve: continuous batching (bench/serve_batching.py)"
+  SERVE_MODEL="${WAN_MODEL:-$OUTDIR/wan-1.3b-random}"
+  [[ -f "$SERVE_MODEL/model_index.json" ]] || "$TESSEL" init-model --preset wan-1.3b --out "$SERVE_MODEL" >"$OUTDIR/init_model.log" 2>&1
+  PYTHONUNBUFFERED=1 python3 "$ROOT/bench/serve_batching.py" --tessel "$TESSEL" --model "$SERVE_MODEL" --log "$OUTDIR/serve.log" \
+    --json-out "$OUTDIR/serve_batching.json" >"$OUTDIR/serve_batching.txt" 2>&1 || echo "serve_batching FAILED" >>"$OUTDIR/serve_batching.txt"
+fi
+
 PEER_ARGS=(--seq $SEQS --heads 40 --dim 128 --reps "$ITERS" --json "$OUTDIR/peers.json")
 [[ $RUN_BENCH == 1 ]] && PEER_ARGS+=(--mask-dir "$OUTDIR/masks" --tessel-json "${TESSEL_JSON[@]}")
 if [[ $RUN_PEERS == 1 ]]; then
@@ -307,6 +337,8 @@ for vae_log in "$OUTDIR/vae_decode.txt" "$OUTDIR/vae_encode.txt"; do
   [[ -s "$vae_log" ]] && { sed -n '/== side by side/,$p' "$vae_log"; grep -E "^Wan VAE|FAILED|Error" "$vae_log" || true; }
 done
 [[ -s "$OUTDIR/fp8.txt" ]] && cat "$OUTDIR/fp8.txt"
+[[ -s "$OUTDIR/offload.txt" ]] && cat "$OUTDIR/offload.txt"
+[[ -s "$OUTDIR/serve_batching.txt" ]] && sed -n '/^| case/,$p;/FAILED/p' "$OUTDIR/serve_batching.txt"
 [[ -s "$OUTDIR/variants.txt" ]] && cat "$OUTDIR/variants.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
   cat "$OUTDIR/table.txt"
