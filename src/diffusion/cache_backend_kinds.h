@@ -8,7 +8,7 @@
 
 namespace tessel {
 
-std::unique_ptr<CacheBackend> make_teacache(const CacheConfig& config, const WanConfig& transformer);
+std::unique_ptr<CacheBackend> make_teacache(const CacheConfig& config, const WanConfig& transformer, int64_t height, int64_t width);
 std::unique_ptr<CacheBackend> make_dbcache(const CacheConfig& config, const WanConfig& transformer);
 
 // The CFG branch of batch row `row`: the row itself when the pipeline batches the branches, the

@@ -1,10 +1,12 @@
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
 #include "branch_residuals.h"
 #include "cache_backend_kinds.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
 #include "tessel/diffusion/cache_backend.h"
 
 namespace tessel {
@@ -134,6 +136,8 @@ class TeaCache final : public CacheBackend, public WanBlockCache {
 }  // namespace
 
 std::vector<double> wan_teacache_coefficients(std::string_view model, TeaCacheInput input) {
+  // TeaCache4Wan2.1's published sets: the time projection's with its retention steps, the time
+  // embedding's without (the modulated input's stand-in).
   const bool projection = input == TeaCacheInput::kTimeProjection;
   if (model == "1.3b")
     return projection ? std::vector<double>{-5.21862437e+04, 9.23041404e+03, -5.28275948e+02, 1.36987616e+01, -4.99875664e-02}
@@ -141,15 +145,44 @@ std::vector<double> wan_teacache_coefficients(std::string_view model, TeaCacheIn
   if (model == "14b")
     return projection ? std::vector<double>{-3.03318725e+05, 4.90537029e+04, -2.65530556e+03, 5.87365115e+01, -3.15583525e-01}
                       : std::vector<double>{-5784.54975374, 5449.50911966, -1811.16591783, 256.27178429, -13.02252404};
-  fail_argument("teacache model", "\"1.3b\" or \"14b\"", quoted_excerpt(model));
+  if (model == "i2v-480p")
+    return projection ? std::vector<double>{2.57151496e+05, -3.54229917e+04, 1.40286849e+03, -1.35890334e+01, 1.32517977e-01}
+                      : std::vector<double>{-3.02331670e+02, 2.23948934e+02, -5.25463970e+01, 5.87348440e+00, -2.01973289e-01};
+  if (model == "i2v-720p")
+    return projection ? std::vector<double>{8.10705460e+03, 2.13393892e+03, -3.72934672e+02, 1.66203073e+01, -4.17769401e-02}
+                      : std::vector<double>{-114.36346466, 65.26524496, -18.82220707, 4.91518089, -0.23412683};
+  fail_argument("teacache model", "\"1.3b\", \"14b\", \"i2v-480p\" or \"i2v-720p\"", quoted_excerpt(model));
 }
 
-std::unique_ptr<CacheBackend> make_teacache(const CacheConfig& config, const WanConfig& transformer) {
+WanTeaCacheVariant wan_teacache_variant(const WanConfig& transformer, int64_t height, int64_t width) {
+  // Wan 2.1 I2V has a 480P and a 720P checkpoint of one architecture, each with its own set: the
+  // request's size picks (720P's above the middle of 832 x 480 and 1280 x 720 pixels).
+  constexpr int64_t kI2v720pFrom = (832 * 480 + 1280 * 720) / 2;
+  const bool image_branch = transformer.has_image_branch();
+  if (image_branch) {
+    const std::string variant = height * width > kI2v720pFrom ? "i2v-720p" : "i2v-480p";
+    // FLF2V (the image branch with a first-and-last position table) has no set of its own.
+    return {variant, transformer.pos_embed_seq_len == 0};
+  }
+  const std::string variant = transformer.inner_dim() >= kWan14BWidth ? "14b" : "1.3b";
+  // Wan 2.2's layouts have none: I2V-A14B (the latents and the condition on the input channels,
+  // no CLIP) and TI2V-5B (48 latent channels).
+  const bool published = transformer.in_channels == transformer.out_channels && transformer.out_channels == 16;
+  return {variant, published};
+}
+
+std::unique_ptr<CacheBackend> make_teacache(const CacheConfig& config, const WanConfig& transformer, int64_t height, int64_t width) {
   if (!(config.teacache_thresh >= 0.0) || !std::isfinite(config.teacache_thresh))
     fail_argument("teacache_thresh", "a finite number >= 0", config.teacache_thresh);
   std::vector<double> coefficients = config.teacache_coefficients;
-  if (coefficients.empty())
-    coefficients = wan_teacache_coefficients(transformer.inner_dim() >= kWan14BWidth ? "14b" : "1.3b", config.teacache_input);
+  if (coefficients.empty()) {
+    const WanTeaCacheVariant variant = wan_teacache_variant(transformer, height, width);
+    static std::atomic<bool> warned{false};  // once per process, not per request
+    if (!variant.published && !warned.exchange(true))
+      log_warning(detail::concat("TeaCache: no published coefficients for this model layout; using Wan 2.1's \"", variant.name,
+                                 "\" set (CacheConfig::teacache_coefficients sets others)"));
+    coefficients = wan_teacache_coefficients(variant.name, config.teacache_input);
+  }
   for (double c : coefficients)
     if (!std::isfinite(c)) fail_argument("teacache_coefficients", "finite numbers", c);
   return std::make_unique<TeaCache>(config, std::move(coefficients), transformer.num_layers);

@@ -500,8 +500,9 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
     check_finite(request.noise, "noise");
   }
   // One cache per expert: each keeps the residuals of its own blocks.
-  state->cache = make_cache_backend(cache_name, g.options.cache_config, experts.high->config());
-  if (experts.low) state->cache_2 = make_cache_backend(cache_name, g.options.cache_config, experts.low->config());
+  state->cache = make_cache_backend(cache_name, g.options.cache_config, experts.high->config(), size.height, size.width);
+  if (experts.low)
+    state->cache_2 = make_cache_backend(cache_name, g.options.cache_config, experts.low->config(), size.height, size.width);
 
   WanGenerationOptions options;
   options.num_inference_steps = request.steps;

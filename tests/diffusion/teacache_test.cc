@@ -83,6 +83,30 @@ TEST(TeaCache, AThresholdSkipsStepsAndStaysCloseToTheUncachedLatents) {
   EXPECT_EQ(unguided.cache_stats.computed[0] + unguided.cache_stats.skipped[0], kSteps);
 }
 
+// The published set by layout and size: Wan 2.1 I2V 14B takes its 480P set up to the middle of
+// 832 x 480 and 1280 x 720 pixels and its 720P set above; T2V 1.3B and 14B theirs; FLF2V and Wan
+// 2.2's TI2V-5B have none published (the nearest stands in, said by `published`).
+TEST(TeaCache, CoefficientsFollowTheModelAndTheSize) {
+  const WanConfig i2v = wan_i2v_14b_transformer_config();
+  EXPECT_EQ(wan_teacache_variant(i2v, 480, 832).name, "i2v-480p");
+  EXPECT_EQ(wan_teacache_variant(i2v, 720, 1280).name, "i2v-720p");
+  EXPECT_EQ(wan_teacache_variant(i2v, 1280, 720).name, "i2v-720p");
+  EXPECT_TRUE(wan_teacache_variant(i2v, 720, 1280).published);
+  EXPECT_DOUBLE_EQ(wan_teacache_coefficients("i2v-480p", TeaCacheInput::kTimeProjection)[0], 2.57151496e+05);
+  EXPECT_DOUBLE_EQ(wan_teacache_coefficients("i2v-720p", TeaCacheInput::kTimeEmbedding)[4], -0.23412683);
+  WanConfig flf2v = i2v;
+  flf2v.pos_embed_seq_len = 2 * 257;
+  EXPECT_FALSE(wan_teacache_variant(flf2v, 480, 832).published);
+  EXPECT_EQ(wan_teacache_variant(wan_preset("wan-14b"), 720, 1280).name, "14b");
+  EXPECT_TRUE(wan_teacache_variant(wan_preset("wan-14b"), 720, 1280).published);
+  EXPECT_EQ(wan_teacache_variant(wan_preset("wan-1.3b"), 480, 832).name, "1.3b");
+  EXPECT_FALSE(wan_teacache_variant(wan_ti2v_5b_transformer_config(), 704, 1280).published);
+  // make_cache_backend takes the request's size for that choice.
+  CacheConfig config;
+  config.teacache_thresh = 0.1;
+  EXPECT_NE(make_cache_backend("teacache", config, i2v, 480, 832), nullptr);
+}
+
 TEST(TeaCache, PublishedCoefficientsAndBadConfigs) {
   EXPECT_DOUBLE_EQ(wan_teacache_coefficients("1.3b", TeaCacheInput::kTimeProjection)[0], -5.21862437e+04);
   EXPECT_DOUBLE_EQ(wan_teacache_coefficients("14b", TeaCacheInput::kTimeEmbedding)[4], -13.02252404);

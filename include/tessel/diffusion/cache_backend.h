@@ -53,8 +53,19 @@ struct CacheConfig {
   int64_t dbcache_max_consecutive_cached_steps = -1;
 };
 
-// The published Wan 2.1 text-to-video TeaCache coefficients ("1.3b" or "14b"); Error for another.
+// TeaCache4Wan2.1's published coefficients: text-to-video "1.3b" and "14b", image-to-video 14B
+// "i2v-480p" and "i2v-720p"; Error for another name.
 std::vector<double> wan_teacache_coefficients(std::string_view model, TeaCacheInput input);
+
+// The published set for a transformer and a request's size: Wan 2.1 I2V's 480P or 720P set by the
+// size (720P's above the middle of 832 x 480 and 1280 x 720 pixels), else T2V 14B's for a width of
+// 5,120 and 1.3B's for others. `published` is false where no set was published for the layout —
+// FLF2V, Wan 2.2 I2V-A14B and TI2V-5B — and the nearest set stands in (a warning says so).
+struct WanTeaCacheVariant {
+  std::string name;
+  bool published = true;
+};
+WanTeaCacheVariant wan_teacache_variant(const WanConfig& transformer, int64_t height, int64_t width);
 
 struct CacheStats {
   std::string backend;
@@ -84,6 +95,9 @@ std::vector<std::string> cache_backend_names();
 // an unknown one, or naming a bad config field of the named backend (a negative threshold,
 // non-finite coefficients; DBCache: Fn < 1, Bn < 0, Fn + Bn not below the transformer's layers,
 // negative warm-up steps, a limit below -1).
-std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const CacheConfig& config, const WanConfig& transformer);
+// `height` x `width`: the request's video size in pixels (TeaCache's coefficients depend on it for
+// image to video; 0 x 0 when unknown).
+std::unique_ptr<CacheBackend> make_cache_backend(std::string_view name, const CacheConfig& config, const WanConfig& transformer,
+                                                 int64_t height = 0, int64_t width = 0);
 
 }  // namespace tessel
