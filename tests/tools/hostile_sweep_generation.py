@@ -716,7 +716,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("sp-bench grid without radial", sp(["--grid", "2x8x8"]), ["--grid", "--mask"])
     err("sp-bench radial without grid", sp(["--mask", "radial"]), ["--grid"])
     err("sp-bench density with dense mask", sp(["--density", "0.5"]), ["--density"])
-    # 8 TB of q, k and v: the allocation fails at once and the error names the flags that asked for it
+    # 8 TB of q, k and v: the budget refuses it before any allocation, naming the flags that asked for it
     err("sp-bench out of memory names its size flags", sp(["--seq", "2000000", "--heads", "64", "--head-dim", "256", "--batch", "64"]),
         ["memory", "--seq 2000000", "--heads 64", "--head-dim 256", "--batch 64"])
     err("sp-bench ring-sm-margin without ring", sp(["--ring-sm-margin", "16"]), ["--ring-sm-margin", "--ring"])
@@ -769,6 +769,28 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     for value, names in (("", ["--save-video"]), ("/nonexistent/dir/v.safetensors", ["/nonexistent/dir"]),
                          (fx["outdir.safetensors"], ["outdir.safetensors"])):
         err(f"vae-bench --save-video {short(value)}", vae(["--save-video", value]), names)
+
+    # ---- budgets: --max-memory / --force / --dry-run on every command that estimates -----------
+    budgeted = {"generate": lambda: gen()[0], "dit-bench": lambda: dit([]), "sp-bench": lambda: sp([]), "vae-bench": lambda: vae([]),
+                "vae-bench --encode": lambda: vae(["--encode", "--frames", "5"])}
+    shape_flag = {"generate": "--size", "dit-bench": "--frames", "sp-bench": "--seq", "vae-bench": "--frames",
+                  "vae-bench --encode": "--frames"}
+    for command, args in budgeted.items():
+        for value in ("0", "-1", "12Q", "", "nan", "inf", "1e400", "64GG"):
+            err(f"{command} --max-memory {short(value)}", args() + ["--max-memory", value], ["--max-memory"])
+        err(f"{command} over --max-memory 1K", args() + ["--max-memory", "1K"], [shape_flag[command], "--max-memory", "--force"])
+        ok(f"{command} --max-memory 1K --force", args() + ["--max-memory", "1K", "--force"])
+        ok(f"{command} --dry-run", args() + ["--dry-run"])
+        err(f"{command} --dry-run over --max-memory", args() + ["--dry-run", "--max-memory", "1K"], ["--max-memory"])
+        if command != "vae-bench --encode":  # the encoder runs on the CPU only
+            ok(f"{command} --dry-run on an absent GPU", hs.merged(args(), ["--device", "cuda:3", "--dry-run"]))
+    err("dit-bench past the hour", ["dit-bench", "--model", "wan-14b", "--steps", "100000", "--dry-run", "--max-memory", "1T"],
+        ["--model wan-14b", "--steps 100000", "hour", "--force"])
+    err("sp-bench past the hour", sp(["--seq", "1000000", "--steps", "10000", "--dry-run", "--max-memory", "1T"]),
+        ["--seq 1000000", "--steps 10000", "hour", "--force"])
+    err("vae-bench past the hour", vae(["--preset", "wan2.1", "--height", "4096", "--width", "4096", "--frames", "81", "--iters", "1000",
+                                        "--dry-run", "--max-memory", "1T"]), ["--height 4096", "--iters 1000", "hour"])
+    err("dit-bench --dry-run with a malformed device", dit(["--device", "cuda:x", "--dry-run"]), ["--device"])
 
     # ---- serve (start-up errors only; the busy port stops any server that slips through) --------
     port = fx["busy_port"]
