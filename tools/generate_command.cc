@@ -27,6 +27,7 @@
 #include "parallel_flags.h"
 #include "sparse_attn_flags.h"
 #include "generate_estimate.h"
+#include "text_embeddings.h"
 #include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
@@ -249,13 +250,9 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
     request.prompt = o.prompt;
     request.negative_prompt = o.negative_prompt;
   } else {
-    const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
-    request.prompt_embeds = load_named(embeddings, "prompt_embeds", "--embeddings");
-    check_finite(request.prompt_embeds, "--embeddings: prompt_embeds");
-    if (guided) {
-      request.negative_prompt_embeds = load_named(embeddings, "negative_prompt_embeds", "--embeddings");
-      check_finite(request.negative_prompt_embeds, "--embeddings: negative_prompt_embeds");
-    }
+    TextEmbeddings embeddings = read_text_embeddings(o.embeddings, model.transformer.text_dim, guided);
+    request.prompt_embeds = std::move(embeddings.prompt);
+    if (guided) request.negative_prompt_embeds = std::move(embeddings.negative);
   }
   if (!o.noise.empty()) {
     request.noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");

@@ -546,11 +546,9 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("generate prompt without tokenizer", g(["--model", fx["m_no_tokenizer"]]), ["tokenizer"])
     # embeddings and noise
     emb_base = ["generate"] + hs.strip_option(gbase, "--prompt")
-    for key, names in (("emb_names", ["prompt_embeds"]), ("emb_nan", ["prompt_embeds", "non-finite", "nan"]),
-                       ("emb_empty", ["prompt_embeds", "token", "empty"]), ("emb_dim", ["text_dim", "prompt_embeds"]),
-                       ("emb_rank2", ["prompt_embeds", "rank"]), ("emb_batch2", ["prompt_embeds", "batch"]),
-                       ("emb_positive_only", ["negative_prompt_embeds"]), ("not_safetensors", ["not_safetensors.safetensors"])):
-        err(f"generate embeddings {key}", emb_base + ["--embeddings", fx[f"{key}.safetensors"]], names)
+    # Each names the file (an empty tensor used to be reported without it).
+    for key in ("emb_names", "emb_nan", "emb_empty", "emb_dim", "emb_rank2", "emb_batch2", "emb_positive_only", "not_safetensors"):
+        err(f"generate embeddings {key}", emb_base + ["--embeddings", fx[f"{key}.safetensors"]], [f"{key}.safetensors"])
     err("generate embeddings missing", emb_base + ["--embeddings", "/nonexistent/e.safetensors"], ["/nonexistent/e.safetensors"])
     err("generate embeddings directory", emb_base + ["--embeddings", fx["lora_dir"]], ["lora_dir"])
     err("generate embeddings empty string", emb_base + ["--embeddings", ""], ["--embeddings"])
@@ -840,6 +838,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("serve embeddings missing", serve(["--embeddings", "/nonexistent/e.safetensors"]), ["/nonexistent/e.safetensors"])
     err("serve embeddings NaN", serve(["--embeddings", fx["emb_nan.safetensors"]]), ["prompt_embeds", "non-finite", "nan"])
     err("serve embeddings wrong names", serve(["--embeddings", fx["emb_names.safetensors"]]), ["prompt_embeds"])
+    for key in ("emb_empty", "emb_dim", "emb_rank2"):  # refused at start-up, naming the file
+        err(f"serve embeddings {key}", serve(["--embeddings", fx[f"{key}.safetensors"]]), [f"{key}.safetensors"])
 
     # ---- calibrate -------------------------------------------------------------------------
     cbase = ["--grid", "2x8x8", "--synthetic-layers", "2", "--heads", "2", "--head-dim", "32", "--block-q", "16", "--block-kv", "16",
