@@ -195,8 +195,14 @@ int run_eval_config(const EvalConfigArgs& a) {
   for (size_t layer = 0; layer < file.layers.size(); ++layer) {
     std::vector<CalibrationSample> steps = held_out_steps(a, file, device, layer);
     const int64_t heads = steps.front().q.size(2);
-    LayerResult r{calibrated_setting(file.layers[layer], heads, detail::concat("--config ", a.config, " layers[", layer, "].sparse_attn")),
-                  {}};
+    LayerResult r;
+    try {
+      r.setting = calibrated_setting(file.layers[layer], heads, detail::concat("--config ", a.config, " layers[", layer, "].sparse_attn"));
+    } catch (const Error& e) {
+      // The config may be right and the captures of another model: name both.
+      const std::string captures = a.grid.empty() ? "--layer " + quoted_excerpt(a.layers[layer], 200) : "--grid " + a.grid;
+      throw Error(detail::concat(captures, " (captures of ", heads, " heads) against ", e.what()));
+    }
     r.setting.options.metric = metric;
     r.setting.options.target = target;
     r.eval = evaluate_steps(ctx, steps, r.setting.per_head, r.setting.options);

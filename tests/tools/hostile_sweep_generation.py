@@ -848,6 +848,10 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     cal_layers = ["calibrate", "--layer", fx["cap0"] + "," + fx["cap1"], "--block-q", "16", "--block-kv", "16", "--iterations", "3",
                   "--threads", "1"]
     ok("calibrate synthetic", cal([]))
+    ok("calibrate --dry-run", cal(["--dry-run"]))
+    ok("calibrate --dry-run for an absent GPU", cal(["--dry-run", "--device", "cuda:2"]))
+    err("calibrate --dry-run over --max-memory", cal(["--dry-run", "--max-memory", "1K"]), ["--grid 2x8x8", "--max-memory"])
+    err("calibrate --dry-run with a malformed device", cal(["--dry-run", "--device", "gpu"]), ["--device"])
     ok("calibrate threshold", cal(["--method", "threshold", "--stride", "8"]))
     ok("calibrate cdf cosine", cal(["--method", "cdf", "--metric", "cosine", "--similarity-threshold", "0.2"]))
     ok("calibrate compare global json", cal(["--compare-global", "--json"]))
@@ -899,6 +903,9 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     ev = lambda extra: ["eval"] + hs.merged(ebase, extra)  # noqa: E731
     ev_layers = ["eval", "--config", fx["cal_layers.json"], "--layer", fx["cap2"], "--layer", fx["cap2"], "--threads", "1"]
     ok("eval --config synthetic", ev([]))
+    ok("eval --config --dry-run", ev(["--dry-run"]))
+    ok("eval --config --dry-run for an absent GPU", ev(["--dry-run", "--device", "cuda:2"]))
+    err("eval --config --dry-run over --max-memory", ev(["--dry-run", "--max-memory", "1K"]), ["--grid 2x8x8", "--max-memory"])
     ok("eval --config json", ev(["--json"]))
     ok("eval --config cosine", ev(["--metric", "cosine", "--target", "0.5"]))
     ok("eval --config two held-out steps", ev(["--synthetic-heldout", "2", "--seed", "3"]))
@@ -930,7 +937,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     for label, value, names in (("a,,b", fx["cap2"] + ",," + fx["cap2"], ["--layer", "empty"]), ("''", "", ["--layer"]),
                                 ("missing", "/nonexistent/c.safetensors", ["/nonexistent/c.safetensors"]),
                                 ("NaN", fx["cap_nan"], ["non-finite", "nan"]),
-                                ("heads differ", fx["cap_heads3"], ["cap_heads3", "per_head", "shape"])):
+                                ("heads differ", fx["cap_heads3"], ["cap_heads3"])):
         err(f"eval --config --layer {label}", ["eval", "--config", fx["cal_layers.json"], "--layer", fx["cap2"], "--layer", value,
                                                "--threads", "1"], names)
     err("eval --config with --methods", ev(["--methods", "random"]), ["--methods", "--config"])
