@@ -129,7 +129,7 @@ void print_timings(const GenerateTimings& t, Device device, const std::optional<
   }
   if (device.is_cuda()) {
     report["estimated_device_memory_bytes"] = estimate.device_bytes;
-    std::printf(" (estimated with the decode %s)", format_bytes(estimate.device_bytes).c_str());
+    std::printf(", device memory estimated with the decode %s", format_bytes(estimate.device_bytes).c_str());
   }
   report["estimated_host_memory_bytes"] = estimate.host_bytes;
   report["peak_host_memory_bytes"] = peak_host_memory_bytes();

@@ -48,11 +48,10 @@ WorkEstimate generate_estimate(const WanModelDir& model, const GenerateShape& sh
   double video = 0.0, frames = 0.0;
   if (vae) {
     vae_weights = wan_vae_host_weight_bytes(*vae, shape.encoded_frames > 0 ? WanVaeParts::kDecoderAndEncoder : WanVaeParts::kDecoder);
-    const double pixels = static_cast<double>(shape.size.frames * shape.size.height * shape.size.width);
     if (shape.decode) {
       decode = wan_vae_decode_cost(*vae, latent, device);
-      video = 3.0 * 4.0 * pixels;
-      frames = 3.0 * pixels * static_cast<double>(shape.num_outputs);
+      video = decode.output_bytes;
+      frames = video / 4.0 * static_cast<double>(shape.num_outputs);  // 8-bit RGB per output
     }
     if (shape.encoded_frames > 0) encode = wan_vae_encode_cost(*vae, {1, 3, shape.encoded_frames, shape.size.height, shape.size.width});
   }

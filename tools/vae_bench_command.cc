@@ -74,32 +74,16 @@ WanVaeConfig read_vae_config(const std::string& directory) {
 // latents and the video on the host (CPU) or the device, times --warmup + --iters calls.
 WorkEstimate vae_bench_estimate(const VaeBenchOptions& o, const WanVaeConfig& config, const Shape& input, Device device) {
   const WanVaeHostWeights weights = wan_vae_host_weight_bytes(config, WanVaeParts::kDecoderAndEncoder);
-  const auto numel = [](const Shape& shape) {
-    double n = 1.0;
-    for (int64_t extent : shape) n *= static_cast<double>(extent);
-    return n;
-  };
+  const WanVaeCost cost = o.encode ? wan_vae_encode_cost(config, input) : wan_vae_decode_cost(config, input, device);
+  const double io = 4.0 * static_cast<double>(shape_numel(input)) + cost.output_bytes;
   WorkEstimate e;
-  if (o.encode) {
-    const int64_t spatial = config.spatial_compression();
-    const Shape mu{1, config.z_dim, 1 + (input[2] - 1) / 4 * (4 / config.temporal_compression()), input[3] / spatial, input[4] / spatial};
-    const WanVaeCost cost = wan_vae_encode_cost(config, input);
-    e.host_bytes = std::max(weights.building, weights.held + cost.activation_bytes + 4.0 * (numel(input) + numel(mu)));
-    e.flop = cost.flop;
+  if (device.is_cuda()) {
+    e.device_bytes = wan_vae_device_weight_bytes(config) + cost.activation_bytes + io;
+    e.host_bytes = std::max(weights.building, weights.held + io);
   } else {
-    const int64_t spatial = config.spatial_compression();
-    const Shape video{1, 3, (input[2] - 1) * config.temporal_compression() + 1, input[3] * spatial, input[4] * spatial};
-    const WanVaeCost cost = wan_vae_decode_cost(config, input, device);
-    const double io = 4.0 * (numel(input) + numel(video));
-    if (device.is_cuda()) {
-      e.device_bytes = wan_vae_device_weight_bytes(config) + cost.activation_bytes + io;
-      e.host_bytes = std::max(weights.building, weights.held + io);
-    } else {
-      e.host_bytes = std::max(weights.building, weights.held + cost.activation_bytes + io);
-    }
-    e.flop = cost.flop;
+    e.host_bytes = std::max(weights.building, weights.held + cost.activation_bytes + io);
   }
-  e.flop *= static_cast<double>(o.warmup + o.iters);
+  e.flop = cost.flop * static_cast<double>(o.warmup + o.iters);
   return e;
 }
 
@@ -137,7 +121,6 @@ std::vector<double> timed_runs(const VaeBenchOptions& o, const std::function<voi
   return seconds;
 }
 
-// --encode: WanVae::encode of a seeded random video of the size asked for, on the CPU.
 // --encode's video (1, colours, --frames, --height, --width): its sizes checked against the VAE.
 Shape encode_video_shape(const VaeBenchOptions& o, const WanVaeConfig& config) {
   require_multiple("--height", o.height, "the VAE's spatial factor", config.spatial_compression());

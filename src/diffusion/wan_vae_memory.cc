@@ -71,9 +71,9 @@ class ChunkWalk {
   }
   void add_flop(double flop) { flop_ += flop; }
 
-  WanVaeCost cost() {
+  WanVaeCost cost(double output_floats) {
     end_stage();
-    return {4.0 * (cache_ + activations_), flop_};
+    return {4.0 * (cache_ + activations_), 4.0 * output_floats, flop_};
   }
 
  private:
@@ -165,7 +165,12 @@ WanVaeCost wan_vae_decode_cost(const WanVaeConfig& config, const Shape& latent_s
   const int64_t last = layout.back().out_dim;
   walk.stage(walk.causal_conv(walk.frames(f, last, height, width), last, config.out_channels, f, height, width));
   walk.conv_flop(last, config.out_channels, 27, total, height, width);
-  return walk.cost();
+  // The video: (T - 1) x temporal factor + 1 frames of the colours, spatial factor x the latents.
+  const double spatial = static_cast<double>(vae::spatial_factor(config));
+  const double video = static_cast<double>(config.out_channels / (config.patch_size * config.patch_size)) *
+                       static_cast<double>((latent_frames - 1) * vae::temporal_factor(config) + 1) *
+                       static_cast<double>(latent_shape[3]) * spatial * static_cast<double>(latent_shape[4]) * spatial;
+  return walk.cost(video);
 }
 
 WanVaeCost wan_vae_encode_cost(const WanVaeConfig& config, const Shape& video_shape) {
@@ -211,7 +216,12 @@ WanVaeCost wan_vae_encode_cost(const WanVaeConfig& config, const Shape& video_sh
   walk.stage(walk.causal_conv(chunk + walk.frames(f, dim, height, width), dim, 2 * config.z_dim, f, height, width));  // conv_out
   walk.conv_flop(dim, 2 * config.z_dim, 27, total, height, width);
   walk.conv_flop(2 * config.z_dim, config.z_dim, 1, total, height, width);  // quant_conv's mu half
-  WanVaeCost cost = walk.cost();
+  // The latents: 1 + (F - 1) / 4 x (4 / temporal factor) frames of z_dim at 1 / spatial factor.
+  const int64_t spatial = vae::spatial_factor(config);
+  const double latents = static_cast<double>(batch * config.z_dim) *
+                         static_cast<double>(1 + (video_shape[2] - 1) / 4 * (4 / vae::temporal_factor(config))) *
+                         static_cast<double>((video_shape[3] / spatial) * (video_shape[4] / spatial));
+  WanVaeCost cost = walk.cost(latents);
   cost.flop *= static_cast<double>(batch);  // one video of the batch at a time: the same peak
   return cost;
 }

@@ -16,6 +16,9 @@ struct WanVaeCost {
   // The peak of the activations and the feature cache of one call on its device, the weights, the
   // latents and the video excluded.
   double activation_bytes = 0.0;
+  // The call's output: the fp32 video of a decode (WanVae::decoded_shape), the fp32 latents of an
+  // encode (WanVae::encoded_shape).
+  double output_bytes = 0.0;
   // The convolutions' arithmetic (2 x multiply-adds) of the whole call.
   double flop = 0.0;
 };
