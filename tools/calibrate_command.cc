@@ -91,7 +91,7 @@ struct LayerReport {
 
 int run_calibrate(CalibrateArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
-  const Device device = present_device(a.device, "--device");  // a bad or absent --device fails before any work
+  const Device device = budget_device(a.budget, a.device, "--device");  // a bad or absent --device fails before any work
   a.options.method = parse_calibration_method(a.method);
   a.options.metric = parse_calibration_metric(a.metric);
   if (a.options.method == CalibrationMethod::kThreshold) {
@@ -123,8 +123,9 @@ int run_calibrate(CalibrateArgs a) {
     const size_t count = split_capture_files(files, "--heldout").size();
     if (capture_heldout == 0) capture_heldout = count;
   }
-  check_work_budget(calibration_estimate(a, device, capture_steps, capture_heldout), a.budget, device, a.threads, shape_flags,
-                    "calibrate");
+  if (!check_work_budget(calibration_estimate(a, device, capture_steps, capture_heldout), a.budget, device, a.threads, shape_flags,
+                         "calibrate"))
+    return 0;
   // One layer's captures at a time (all of them only for --compare-global, which ranks them together).
   const SyntheticCaptureOptions captures{a.grid, a.synthetic_layers, a.heads, a.head_dim};
   const auto layer_samples = [&](size_t layer) {

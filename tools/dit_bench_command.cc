@@ -65,6 +65,7 @@ struct DitBenchOptions {
   std::string save_output;    // safetensors to write the last timed step's output to
   std::string offload = "none";
   double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
+  BudgetFlags budget;
 };
 
 constexpr uint64_t kMaxLayerConfigBytes = 1 << 20;
@@ -116,16 +117,13 @@ struct BenchInputs {
   Tensor timestep;  // from the file (every step uses it); undefined: the schedule's per step
 };
 
+// The shapes are known first; random inputs are made by make_random_inputs, after the budget check.
 BenchInputs bench_inputs(const DitBenchOptions& o, const WanConfig& config) {
   BenchInputs in;
   if (o.inputs.empty()) {
     in.batch = o.batch;
     in.text_tokens = o.text_tokens;
     in.latent = latent_shape(o, config);
-    in.latents = Tensor::empty({in.batch, config.in_channels, in.latent.frames, in.latent.height, in.latent.width}, DType::kF32);
-    in.text = Tensor::empty({in.batch, in.text_tokens, config.text_dim}, DType::kF32);
-    fill_normal(in.latents.view(), static_cast<uint64_t>(o.seed) + 1);
-    fill_normal(in.text.view(), static_cast<uint64_t>(o.seed) + 2);
     return in;
   }
   const SafetensorsFile file = SafetensorsFile::open(o.inputs);
@@ -147,6 +145,14 @@ BenchInputs bench_inputs(const DitBenchOptions& o, const WanConfig& config) {
   in.text_tokens = in.text.size(1);
   check_shape(in.text, {in.batch, in.text_tokens, config.text_dim}, "--inputs encoder_hidden_states");
   return in;
+}
+
+void make_random_inputs(const DitBenchOptions& o, const WanConfig& config, BenchInputs& in) {
+  if (in.latents.defined()) return;  // --inputs
+  in.latents = Tensor::empty({in.batch, config.in_channels, in.latent.frames, in.latent.height, in.latent.width}, DType::kF32);
+  in.text = Tensor::empty({in.batch, in.text_tokens, config.text_dim}, DType::kF32);
+  fill_normal(in.latents.view(), static_cast<uint64_t>(o.seed) + 1);
+  fill_normal(in.text.view(), static_cast<uint64_t>(o.seed) + 2);
 }
 
 double rel_l2(const Tensor& actual, const Tensor& expected) {
@@ -187,8 +193,36 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// Memory and time of the bench, one rank's share (its guidance branch, its shard of the tokens):
+// the weights (CPU fp32, CUDA bf16), one forward's activations, and with --compare-dense or --check a
+// forward of the whole batch in one process beside them (CUDA: with its own workspace; the CPU's
+// activations are made per call); --warmup + --steps forwards.
+WorkEstimate dit_bench_estimate(const DitBenchOptions& o, const WanConfig& config, const BenchInputs& in, const ParallelFlags& parallel,
+                                Device device) {
+  const double tokens = static_cast<double>(in.latent.frames / config.patch_size[0] * (in.latent.height / config.patch_size[1]) *
+                                            (in.latent.width / config.patch_size[2]));
+  const double shards = static_cast<double>(parallel.ulysses * parallel.ring), batch = static_cast<double>(in.batch);
+  const double rank_batch = parallel.cfg_parallel ? 1.0 : batch, rank_rows = rank_batch * tokens / shards;
+  const bool whole = o.compare_dense || o.check;
+  const double inputs = 4.0 * batch * (static_cast<double>(config.in_channels * in.latent.frames * in.latent.height * in.latent.width) +
+                                       static_cast<double>(in.text_tokens * config.text_dim));
+  WorkEstimate e;
+  if (device.is_cuda()) {
+    e.device_bytes = wan_cuda_weight_bytes(config) + wan_cuda_activation_bytes(config, rank_rows) +
+                     (whole ? wan_cuda_activation_bytes(config, batch * tokens) : 0.0) + 2.0 * inputs;
+    e.host_bytes = 2.0 * inputs;
+  } else {
+    e.host_bytes = wan_cpu_weight_bytes(config) + 2.0 * inputs +
+                   std::max(wan_cpu_activation_bytes(config, rank_rows), whole ? wan_cpu_activation_bytes(config, batch * tokens) : 0.0);
+  }
+  const double text = static_cast<double>(in.text_tokens);
+  e.flop = static_cast<double>(o.warmup + o.steps) * wan_forward_flop(config, rank_batch, tokens, text) / shards +
+           (whole ? wan_forward_flop(config, batch, tokens, text) : 0.0);
+  return e;
+}
+
 int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const ParallelFlags& parallel) {
-  const Device asked = present_device(o.device, "--device");
+  const Device asked = budget_device(o.budget, o.device, "--device");
   const SparseAttnEnv& env = process_sparse_attn_env();
   const bool sparse = sparse_attn_requested(flags, env);
   if (!o.layer_configs.empty() && !sparse)
@@ -204,6 +238,17 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   BenchInputs in = bench_inputs(o, config);
   if (parallel.cfg_parallel && in.batch != 2)
     fail_argument("--batch", "2 with --cfg-parallel (each CFG rank runs one of the two guidance branches)", in.batch);
+  const int ranks = parallel.ulysses * parallel.ring * (parallel.cfg_parallel ? 2 : 1);
+  const std::string shape_flags =
+      (o.from_dir.empty() ? "--model " + o.model : "--from-dir " + quoted_excerpt(o.from_dir)) +
+      (o.inputs.empty() ? detail::concat(" --frames ", o.frames, " --height ", o.height, " --width ", o.width, " --batch ", o.batch)
+                        : " --inputs " + quoted_excerpt(o.inputs)) +
+      (o.layers > 0 ? detail::concat(" --layers ", o.layers) : "") + detail::concat(" --steps ", o.steps, " --warmup ", o.warmup);
+  const WorkEstimate estimate = dit_bench_estimate(o, config, in, parallel, asked);
+  if (!check_work_budget(estimate, o.budget, asked, static_cast<int>(o.threads), shape_flags,
+                         ranks > 1 ? detail::concat("dit-bench, per rank of ", ranks) : std::string("dit-bench")))
+    return 0;
+  make_random_inputs(o, config, in);
   // The ranks (none unless the flags or the environment ask): each runs its branch of the batch.
   ParallelRun run(parallel, asked);
   const Device device = run.device();
@@ -215,17 +260,6 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   const LatentShape latent = in.latent;
   const int64_t tokens = latent.frames / config.patch_size[0] * (latent.height / config.patch_size[1]) *
                          (latent.width / config.patch_size[2]);
-  // On the CPU: fp32 weights (the transposed copies are made one tensor at a time) and the
-  // activations of one forward: about ten (tokens x dim) buffers and the FFN's (tokens x ffn_dim).
-  // A CUDA model keeps both on the device (a failed device allocation names its size).
-  if (!device.is_cuda()) {
-    const double rows = static_cast<double>(in.batch) * static_cast<double>(tokens);
-    const double bytes = (wan_cpu_weight_bytes(config) + wan_cpu_activation_bytes(config, rows)) * (o.compare_dense ? 2.0 : 1.0);
-    check_memory_budget("--model", o.from_dir.empty() ? o.model : o.from_dir, bytes,
-                        detail::concat("fp32 weights and activations (", tokens, " tokens, batch ", in.batch, ", ", config.num_layers,
-                                       " layers)"));
-  }
-
   WanAttentionOptions attention;
   attention.parallel = groups;
   std::unique_ptr<BackendRegistry> registry;
@@ -373,6 +407,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   // Device memory the run added (weights, workspace, plans; the CUDA context was up before), as
   // the driver counts it after the timed steps: nothing is freed in between, so it is the peak.
   if (memory_before && memory_after) report["peak_device_memory_bytes"] = memory_after->used - memory_before->used;
+  if (device.is_cuda()) report["estimated_device_memory_bytes"] = estimate.device_bytes;
+  report["estimated_host_memory_bytes"] = estimate.host_bytes;
+  report["peak_host_memory_bytes"] = peak_host_memory_bytes();
   if (o.compare_dense) report["rel_l2_vs_dense"] = rel_l2_vs_dense;
   if (o.check) {
     report["rel_l2_vs_one_process"] = rel_l2_vs_one_process;
@@ -401,8 +438,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     std::printf(" (blocks offloaded: %s in pinned host memory)", format_bytes(static_cast<double>(model.offloaded_weight_bytes())).c_str());
   std::printf(", workspace %s", format_bytes(static_cast<double>(workspace.capacity())).c_str());
   if (report.contains("peak_device_memory_bytes"))
-    std::printf(", device memory taken by the run %s", format_bytes(report["peak_device_memory_bytes"].get<double>()).c_str());
-  std::printf("\n");
+    std::printf(", device memory taken by the run %s (estimated %s)", format_bytes(report["peak_device_memory_bytes"].get<double>()).c_str(),
+                format_bytes(estimate.device_bytes).c_str());
+  std::printf("; peak host memory %s (estimated %s)\n", format_bytes(peak_host_memory_bytes()).c_str(), format_bytes(estimate.host_bytes).c_str());
   std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
               static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
   if (groups != nullptr) {
@@ -474,6 +512,7 @@ CommandRegistration registration{
                    "parallel runs: also run the last step in one process and compare the whole output (exit 1 beyond the tolerance)");
       add_sparse_attn_flags(app, *flags);
       add_parallel_flags(app, *parallel);
+      add_budget_flags(app, options->budget);
       return CommandRunner([options, flags, parallel] { return run_dit_bench(*options, *flags, *parallel); });
     }};
 

@@ -14,6 +14,7 @@
 #include "command.h"
 #include "eval_config.h"
 #include "option_checks.h"
+#include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
 #include "tessel/core/parallel.h"
@@ -320,14 +321,13 @@ CommandRegistration registration{
       app.add_option("--target", c->target, "--config: largest allowed error per head and step (default: the config's)")
           ->check(number_in(0.0, 10.0, Bounds::kOpenLow));
       app.add_flag("--report-only", c->report_only, "--config: report a missed target without failing (exit status 0)");
-      app.add_option("--max-memory", c->budget.max_memory,
-                     "--config: host memory budget, e.g. 64G (default: half of this machine's memory)");
-      app.add_flag("--force", c->budget.force, "--config: run even when the estimated memory or time is over its budget");
+      const std::vector<CLI::Option*> budget_options = add_budget_flags(app, c->budget, "--config: ");
       CLI::Option* heads = app.get_option("--heads");
       CLI::Option* head_dim = app.get_option("--head-dim");
       std::vector<const CLI::Option*> config_only, plain_only;
-      for (const char* name : {"--synthetic-heldout", "--device", "--metric", "--target", "--report-only", "--max-memory", "--force"})
+      for (const char* name : {"--synthetic-heldout", "--device", "--metric", "--target", "--report-only"})
         config_only.push_back(app.get_option(name));
+      config_only.insert(config_only.end(), budget_options.begin(), budget_options.end());
       for (const char* name : {"--methods", "--topk", "--threshold", "--cdf", "--ordering", "--repeats", "--max-tflop"})
         plain_only.push_back(app.get_option(name));
       return CommandRunner([a, c, heads, head_dim, config_only, plain_only] {

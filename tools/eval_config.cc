@@ -164,7 +164,7 @@ void print_table(const EvalConfigArgs& a, const std::vector<LayerResult>& result
 }  // namespace
 
 int run_eval_config(const EvalConfigArgs& a) {
-  const Device device = present_device(a.device, "--device");
+  const Device device = budget_device(a.budget, a.device, "--device");
   const CalibratedFile file = read_calibrated_file(a.config);
   // --metric and --target override the file's (a config may be checked against a stricter target).
   const std::string metric_name = !a.metric.empty() ? a.metric : !file.metric.empty() ? file.metric : std::string("rel_l2");
@@ -186,7 +186,8 @@ int run_eval_config(const EvalConfigArgs& a) {
   const std::string shape_flags =
       !a.grid.empty() ? detail::concat("--grid ", a.grid, " --synthetic-heldout ", a.synthetic_steps, " (", file.layers.size(), " layers of --config)")
                       : detail::concat("--layer (", a.layers.size(), " layers of captures)");
-  check_work_budget(eval_config_estimate(a, file, device, capture_steps), a.budget, device, 0, shape_flags, "eval --config");
+  if (!check_work_budget(eval_config_estimate(a, file, device, capture_steps), a.budget, device, 0, shape_flags, "eval --config"))
+    return 0;
   const ExecContext ctx;
   std::vector<LayerResult> results;
   std::vector<Miss> misses;
@@ -194,8 +195,14 @@ int run_eval_config(const EvalConfigArgs& a) {
   for (size_t layer = 0; layer < file.layers.size(); ++layer) {
     std::vector<CalibrationSample> steps = held_out_steps(a, file, device, layer);
     const int64_t heads = steps.front().q.size(2);
-    LayerResult r{calibrated_setting(file.layers[layer], heads, detail::concat("--config ", a.config, " layers[", layer, "].sparse_attn")),
-                  {}};
+    LayerResult r;
+    try {
+      r.setting = calibrated_setting(file.layers[layer], heads, detail::concat("--config ", a.config, " layers[", layer, "].sparse_attn"));
+    } catch (const Error& e) {
+      // The config may be right and the captures of another model: name both.
+      const std::string captures = a.grid.empty() ? "--layer " + quoted_excerpt(a.layers[layer], 200) : "--grid " + a.grid;
+      throw Error(detail::concat(captures, " (captures of ", heads, " heads) against ", e.what()));
+    }
     r.setting.options.metric = metric;
     r.setting.options.target = target;
     r.eval = evaluate_steps(ctx, steps, r.setting.per_head, r.setting.options);

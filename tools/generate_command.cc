@@ -27,6 +27,8 @@
 #include "option_checks.h"
 #include "parallel_flags.h"
 #include "sparse_attn_flags.h"
+#include "generate_estimate.h"
+#include "text_embeddings.h"
 #include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/finite_check.h"
@@ -68,6 +70,7 @@ struct GenerateOptions {
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
   std::string out;
+  BudgetFlags budget;
 };
 
 Tensor load_named(const SafetensorsFile& file, const std::string& name, const std::string& flag) {
@@ -102,7 +105,8 @@ struct GenerateTimings {
 };
 
 // One human line and one JSON line (prefixed "generate-timings ") that benchmarks parse.
-void print_timings(const GenerateTimings& t, Device device, const std::optional<DeviceMemory>& at_start, int64_t steps_done) {
+void print_timings(const GenerateTimings& t, Device device, const std::optional<DeviceMemory>& at_start, int64_t steps_done,
+                   const WorkEstimate& estimate) {
   double denoise = 0.0;
   for (double s : t.step_seconds) denoise += s;
   nlohmann::json report = {{"device", device.str()},
@@ -125,13 +129,20 @@ void print_timings(const GenerateTimings& t, Device device, const std::optional<
     report["peak_device_memory_bytes"] = taken;
     std::printf(", device memory taken (weights and loop) %s", format_bytes(static_cast<double>(taken)).c_str());
   }
+  if (device.is_cuda()) {
+    report["estimated_device_memory_bytes"] = estimate.device_bytes;
+    std::printf(", device memory estimated with the decode %s", format_bytes(estimate.device_bytes).c_str());
+  }
+  report["estimated_host_memory_bytes"] = estimate.host_bytes;
+  report["peak_host_memory_bytes"] = peak_host_memory_bytes();
+  std::printf(", peak host memory %s (estimated %s)", format_bytes(peak_host_memory_bytes()).c_str(), format_bytes(estimate.host_bytes).c_str());
   std::printf("\ngenerate-timings %s\n", report.dump().c_str());
 }
 
 // The transformer's device from --device and --dtype: the CPU transformer computes in fp32, the
 // CUDA one in bf16 (fp32 residual stream), and each dtype is accepted only where it is what runs.
 Device transformer_device(const GenerateOptions& o) {
-  const Device device = present_device(o.device, "--device");
+  const Device device = budget_device(o.budget, o.device, "--device");
   const std::string runs = device.is_cuda() ? "bf16" : "fp32";
   if (!o.dtype.empty() && o.dtype != runs)
     fail_argument("--dtype", detail::concat(runs, " on ", device.is_cuda() ? "CUDA" : "the CPU"), o.dtype);
@@ -156,33 +167,6 @@ void print_cache_stats(const CacheStats& stats, bool guided, const char* expert)
                 branch_names[b], static_cast<long long>(stats.blocks_skipped[b]),
                 static_cast<long long>(stats.blocks_skipped[b] + stats.blocks_computed[b]));
   std::printf("\n");
-}
-
-// A CPU run holds the transformers in fp32 (and their transposed copies, made one tensor at a
-// time), the text encoder in fp32 (about twice its bf16 files) and one forward's activations:
-// about ten (rows x dim) buffers and the FFN's (rows x ffn_dim), rows = tokens x 2 (guidance) x
-// --num-outputs. Refused past the memory budget before any weight is read, naming the flags. A
-// CUDA run keeps these on the device, where a failed allocation names the size flags.
-void check_cpu_memory_budget(const GenerateOptions& o, const WanModelDir& model, const WanVideoSize& size, bool guided,
-                             bool prompt_set) {
-  if (o.device != "cpu") return;
-  const WanConfig& config = model.transformer;
-  const double weight_bytes = wan_cpu_weight_bytes(config) + (model.transformer_2 ? wan_cpu_weight_bytes(*model.transformer_2) : 0.0);
-  double text_encoder_file_bytes = 0.0;
-  if (prompt_set) {
-    std::error_code error;
-    for (const auto& entry : std::filesystem::directory_iterator(model.component("text_encoder"), error))
-      if (entry.path().extension() == ".safetensors") text_encoder_file_bytes += static_cast<double>(entry.file_size(error));
-  }
-  const Shape latent = size.latent_shape(config.out_channels);
-  const double tokens = static_cast<double>(latent[2] / config.patch_size[0] * (latent[3] / config.patch_size[1]) *
-                                            (latent[4] / config.patch_size[2]));
-  const double rows = tokens * (guided ? 2.0 : 1.0) * static_cast<double>(o.num_outputs);
-  const double bytes = weight_bytes + 2.0 * text_encoder_file_bytes + wan_cpu_activation_bytes(config, rows);
-  check_memory_budget("--size " + o.size + " --frames " + std::to_string(o.frames) + " --num-outputs", std::to_string(o.num_outputs),
-                      bytes,
-                      detail::concat("fp32 weights, text encoder and activations on the CPU (", static_cast<int64_t>(tokens),
-                                     " tokens x ", static_cast<int64_t>(rows / tokens), " rows, --model ", quoted_excerpt(o.model_dir), ")"));
 }
 
 // --image and --last-image against the model's task, before any weight is read.
@@ -243,9 +227,20 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   if (!o.scheduler.empty()) scheduler_kind_from_name(o.scheduler);
   const bool guided = o.guidance > 1.0;
   if (parallel.cfg_parallel && !guided) fail_argument("--cfg-parallel", "--guidance above 1 (two branches to split)", o.guidance);
-  check_cpu_memory_budget(o, model, size, guided, prompt_set);
+  // Memory and time from the configs and the flags, before any weight is read (one rank's share
+  // under sequence parallelism).
+  const Device asked = transformer_device(o);
+  const int64_t encoded_frames = o.image.empty() ? 0 : model.task == WanTask::kImageToVideo ? size.frames : 1;
+  const GenerateShape shape{size, o.steps, o.num_outputs, guided, prompt_set, output != GenerateOutput::kLatents, encoded_frames};
+  const int ranks = parallel.ulysses * parallel.ring * (parallel.cfg_parallel ? 2 : 1);
+  const WorkEstimate estimate = generate_estimate(model, shape, parallel, asked);
+  if (!check_work_budget(estimate, o.budget, asked, static_cast<int>(o.threads),
+                         detail::concat("--size ", o.size, " --frames ", o.frames, " --steps ", o.steps, " --num-outputs ", o.num_outputs,
+                                        " --model ", quoted_excerpt(o.model_dir)),
+                         ranks > 1 ? detail::concat("generate, per rank of ", ranks) : std::string("generate")))
+    return 0;
   // A CUDA run over several ranks puts each rank on its local GPU (run.device()).
-  ParallelRun run(parallel, transformer_device(o));
+  ParallelRun run(parallel, asked);
   const Device device = run.device();
   ExecContext ctx;
   ctx.num_threads = static_cast<int>(o.threads);
@@ -257,13 +252,9 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
     request.prompt = o.prompt;
     request.negative_prompt = o.negative_prompt;
   } else {
-    const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
-    request.prompt_embeds = load_named(embeddings, "prompt_embeds", "--embeddings");
-    check_finite(request.prompt_embeds, "--embeddings: prompt_embeds");
-    if (guided) {
-      request.negative_prompt_embeds = load_named(embeddings, "negative_prompt_embeds", "--embeddings");
-      check_finite(request.negative_prompt_embeds, "--embeddings: negative_prompt_embeds");
-    }
+    TextEmbeddings embeddings = read_text_embeddings(o.embeddings, model.transformer.text_dim, guided);
+    request.prompt_embeds = std::move(embeddings.prompt);
+    if (guided) request.negative_prompt_embeds = std::move(embeddings.negative);
   }
   if (!o.noise.empty()) {
     request.noise = load_named(SafetensorsFile::open(o.noise), "noise", "--noise");
@@ -362,7 +353,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   timings.text_encode_seconds = generated.text_encode_seconds;
   timings.text_seconds = timings.load_seconds + timings.text_encode_seconds;
   timings.generate_seconds = seconds_since(generate_start) - generated.text_encode_seconds;
-  if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done);
+  if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done, estimate);
   if (!run.is_root()) return 0;
   if (model.two_experts) {
     const auto low = std::count(result.experts.begin(), result.experts.end(), 1);
@@ -451,6 +442,7 @@ CommandRegistration registration{
       add_offload_flag(app, options->offload);
       auto parallel = std::make_shared<ParallelFlags>();
       add_parallel_flags(app, *parallel);
+      add_budget_flags(app, options->budget);
       return CommandRunner([options, flags, lora, parallel, prompt, negative_prompt] {
         return run_generate(*options, *flags, *lora, *parallel, prompt->count() > 0, negative_prompt->count() > 0);
       });

@@ -21,6 +21,7 @@
 #include "offload_flags.h"
 #include "command.h"
 #include "option_checks.h"
+#include "text_embeddings.h"
 #include "serve/http_server.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
@@ -174,17 +175,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   for (const LoraFile& file : lora_files(lora.loras_2, "--lora-2")) runner.loras_2.push_back({fs::absolute(file.path).string(), file.scale});
   runner.lora_ignore_unmatched = lora.ignore_unmatched;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
-  if (!o.embeddings.empty()) {  // read once here so a bad file fails the start, not every request
-    const SafetensorsFile embeddings = SafetensorsFile::open(o.embeddings);
-    for (const char* name : {"prompt_embeds", "negative_prompt_embeds"}) {
-      if (!embeddings.find(name)) {
-        if (std::string(name) == "prompt_embeds")
-          fail_argument("--embeddings", "a safetensors file with a tensor \"prompt_embeds\"", quoted_excerpt(o.embeddings));
-        continue;
-      }
-      check_finite(embeddings.load(name), "--embeddings " + quoted_excerpt(o.embeddings) + ": " + name);
-    }
-  }
+  // Read once here so a bad file fails the start, not every request.
+  if (!o.embeddings.empty()) read_text_embeddings(o.embeddings, model.transformer.text_dim, false);
   runner.num_threads = static_cast<int>(o.threads);
   const Device device = present_device(o.device, "--device");
   runner.device = device.str();

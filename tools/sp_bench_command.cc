@@ -28,6 +28,7 @@
 #include "command.h"
 #include "option_checks.h"
 #include "parallel_flags.h"
+#include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
@@ -52,6 +53,7 @@ struct SpBenchOptions {
   int64_t steps = 5, warmup = 1, threads = 0, seed = 0;
   bool check = false, json = false;
   bool all_rank_phases = false;  // every rank prints its own phase breakdown (stderr)
+  BudgetFlags budget;
 };
 
 double median(std::vector<double> values) {
@@ -137,6 +139,48 @@ std::vector<ParallelConfig> layouts_of(const SpBenchOptions& o, const ParallelFl
   return all;
 }
 
+// Memory and time of one rank (every rank builds the whole q, k, v and mask; world rank 0 also runs
+// them alone and keeps the outputs): the fp32 inputs on the host, their --dtype copies and the
+// attention's workspace on the device, the shards and the exchange buffers of a layout, the gathered outputs of --check, the mask's block indices (radial counted whole);
+// the attention over all kept blocks, one rank's share per layout, and --check's fp32 reference on
+// the host at the CPU's rate.
+WorkEstimate sp_bench_estimate(const SpBenchOptions& o, const ParallelFlags& flags, const std::vector<ParallelConfig>& layouts,
+                               double workspace_bytes, Device device) {
+  const double element = o.dtype == "fp32" ? 4.0 : 2.0, branches = flags.cfg_parallel ? 2.0 : 1.0;
+  const double q = static_cast<double>(o.batch * o.seq * o.heads * o.head_dim), kv = static_cast<double>(o.batch * o.seq * o.kv_heads * o.head_dim);
+  const double density = o.mask == "block_sparse" || o.mask == "dynamic_topk" ? o.density : 1.0;
+  const double blocks = static_cast<double>((o.seq + o.block_q - 1) / o.block_q) * static_cast<double>((o.seq + o.block_kv - 1) / o.block_kv);
+  const double mask = o.mask == "dense" ? 0.0 : 4.0 * blocks * density * (o.mask == "radial" ? 1.0 : static_cast<double>(o.heads));
+  // The layout of the fewest shards has the largest: q, k, v and out, and about as much again in
+  // the exchange buffers.
+  int fewest = 0;
+  for (const ParallelConfig& config : layouts)
+    fewest = fewest == 0 ? config.sp_ulysses_degree * config.sp_ring_degree : std::min(fewest, config.sp_ulysses_degree * config.sp_ring_degree);
+  const double exchange = 2.0 * element * (2.0 * q + 2.0 * kv) / static_cast<double>(std::max(fewest, 1));
+  const double inputs_host = 4.0 * (q + 2.0 * kv) + mask;
+  const double inputs_device = element * (q + 2.0 * kv) + element * q + (device.is_cuda() ? mask : 0.0);
+  const double gathered = o.check ? element * q * (2.0 + branches) : 0.0;
+  const double root_outputs = branches * (element * q + (o.check ? 4.0 * q : 0.0)) + (o.check ? element * q * (1.0 + branches) : 0.0);
+  WorkEstimate e;
+  if (device.is_cuda()) {
+    e.device_bytes = inputs_device + exchange + gathered + workspace_bytes;
+    e.host_bytes = inputs_host + root_outputs;
+  } else {
+    e.host_bytes = inputs_host + inputs_device + exchange + gathered + workspace_bytes + root_outputs;
+  }
+  const double attention = 4.0 * static_cast<double>(o.batch) * static_cast<double>(o.seq) * static_cast<double>(o.seq) *
+                           static_cast<double>(o.heads * o.head_dim) * density;
+  const double passes = static_cast<double>(o.warmup + o.steps) + branches - 1.0;
+  double per_rank = 0.0;
+  for (const ParallelConfig& config : layouts)
+    per_rank += static_cast<double>(o.warmup + o.steps + 1) * attention / static_cast<double>(config.sp_ulysses_degree * config.sp_ring_degree);
+  e.flop = passes * attention + per_rank;
+  if (o.check)  // the fp32 reference runs on the host: its seconds, counted at the device's rate
+    e.flop += branches * attention * estimated_seconds(1.0, Device::cpu(), static_cast<int>(o.threads)) /
+              estimated_seconds(1.0, device, static_cast<int>(o.threads));
+  return e;
+}
+
 // One CFG branch's global q, k, v (fp32 on the host, and on the device in --dtype) and its mask;
 // every rank builds them alike.
 struct BranchInputs {
@@ -188,7 +232,7 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
   const DType dtype = parse_dtype(o.dtype);
   ParallelRun run{ParallelRun::kWholeWorld};
   // GPUs: each process on its local GPU (mpirun's or TESSEL_LOCAL_RANK), unless --device names one.
-  Device device = present_device(o.device, "--device");
+  Device device = budget_device(o.budget, o.device, "--device");
   if (device.is_cuda() && o.device == "cuda") device = Device::cuda(run.local_rank());
   if (device.is_cpu() && dtype != DType::kF32) fail_argument("--dtype", "fp32 on the CPU", o.dtype);
   ExecContext ctx;
@@ -196,12 +240,20 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
   ctx.num_threads = static_cast<int>(o.threads);
   ExecContext host;
   host.num_threads = ctx.num_threads;
-  std::unique_ptr<Communicator> world = run.device_world(ctx, device);
   const std::vector<ParallelConfig> layouts = layouts_of(o, flags, run.world_size());
+  const size_t workspace_bytes = attention_workspace_bytes(ctx, device, {o.batch, o.seq, o.seq, o.heads, o.kv_heads, o.head_dim},
+                                                           o.mask == "dense" ? 0 : o.block_kv);
+  const std::string shape_flags = detail::concat("--batch ", o.batch, " --seq ", o.seq, " --heads ", o.heads, " --kv-heads ", o.kv_heads,
+                                                 " --head-dim ", o.head_dim, " --steps ", o.steps, " --warmup ", o.warmup);
+  const WorkEstimate estimate = sp_bench_estimate(o, flags, layouts, static_cast<double>(workspace_bytes), device);
+  if (!check_work_budget(estimate, o.budget, device,
+                         static_cast<int>(o.threads), shape_flags,
+                         run.world_size() > 1 ? detail::concat("sp-bench, per rank of ", run.world_size()) : std::string("sp-bench")))
+    return 0;
+  std::unique_ptr<Communicator> world = run.device_world(ctx, device);
   const Shape q_shape{o.batch, o.seq, o.heads, o.head_dim};
   Workspace workspace;
-  workspace.reserve(attention_workspace_bytes(ctx, device, {o.batch, o.seq, o.seq, o.heads, o.kv_heads, o.head_dim},
-                                             o.mask == "dense" ? 0 : o.block_kv));
+  workspace.reserve(workspace_bytes);
   ctx = ctx.with_workspace(&workspace);
 
   // One rank: world rank 0 alone, timed on branch 0 (the other ranks wait at the barriers).
@@ -338,7 +390,10 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
                                  {"dtype", o.dtype},          {"batch", o.batch},        {"seq", o.seq},
                                  {"heads", o.heads},          {"kv_heads", o.kv_heads},  {"head_dim", o.head_dim},
                                  {"mask", o.mask},            {"density", density},
-                                 {"layouts", rows}};
+                                 {"layouts", rows},
+                                 // This rank's (world rank 0's) peak against its estimate.
+                                 {"estimated_host_memory_bytes", estimate.host_bytes},
+                                 {"peak_host_memory_bytes", peak_host_memory_bytes()}};
   if (o.json) {
     std::cout << report.dump() << "\n";
   } else {
@@ -346,6 +401,8 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
                 run.world_size(), device.str().c_str(), world->engine().c_str(), o.dtype.c_str(), static_cast<long long>(o.batch),
                 static_cast<long long>(o.seq), static_cast<long long>(o.heads), static_cast<long long>(o.kv_heads),
                 static_cast<long long>(o.head_dim), o.mask.c_str(), density, 1e3 * one_rank_time);
+    std::printf("rank 0: peak host memory %s (estimated %s)\n", format_bytes(peak_host_memory_bytes()).c_str(),
+                format_bytes(estimate.host_bytes).c_str());
     std::printf("%-8s %-5s %-4s %-8s %10s %8s %10s %7s %10s%s\n", "ulysses", "ring", "cfg", "strategy", "step ms", "speedup", "comm ms", "comm %",
                 "sent MB", o.check ? "  rel-L2 vs 1 rank  vs fp32 (1 rank)  pass" : "");
     for (const auto& row : rows) {
@@ -399,6 +456,7 @@ CommandRegistration registration{
       app.add_flag("--all-rank-phases", options->all_rank_phases,
                    "every rank prints its own phase breakdown to stderr (load imbalance between ranks)");
       add_parallel_flags(app, *flags);
+      add_budget_flags(app, options->budget);
       return CommandRunner([options, flags, grid, density] {
         check_applies(grid, options->mask == "radial", "--mask radial");
         check_applies(density, options->mask == "block_sparse" || options->mask == "dynamic_topk", "--mask block_sparse or dynamic_topk");

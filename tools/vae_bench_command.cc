@@ -18,12 +18,15 @@
 #include "command.h"
 #include "device_memory.h"
 #include "option_checks.h"
+#include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/exec_context.h"
+#include "tessel/core/io/bounded_read.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/random.h"
 #include "tessel/diffusion/tiny_model.h"
 #include "tessel/diffusion/wan_vae.h"
+#include "tessel/diffusion/wan_vae_memory.h"
 #include "tessel/core/finite_check.h"
 
 namespace tessel::cli {
@@ -41,23 +44,66 @@ struct VaeBenchOptions {
   std::string latents;     // safetensors holding "latents" (1, z_dim, T, h, w) instead of random ones
   std::string save_video;  // safetensors to write the last decode's "video" to
   bool encode = false;     // time WanVae::encode of a random video instead
+  BudgetFlags budget;
 };
+
+// The shape of a --latents file's "latents", read from its header (no data) and checked:
+// (1, z_dim, T, h, w).
+Shape latents_file_shape(const std::string& path, const WanVaeConfig& config) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  const SafetensorsEntry* latents = file.find("latents");
+  if (latents == nullptr) fail_argument("--latents", "a safetensors file with a tensor \"latents\"", quoted_excerpt(path));
+  if (latents->shape.size() != 5 || latents->shape[0] != 1 || latents->shape[1] != config.z_dim)
+    fail_argument("--latents " + quoted_excerpt(path) + ": tensor latents", detail::concat("(1, ", config.z_dim, " (the VAE's z_dim), T, h, w)"),
+                  shape_str(latents->shape));
+  for (size_t d = 2; d < 5; ++d)
+    if (latents->shape[d] < 1 || latents->shape[d] > (1 << 16))
+      fail_argument("--latents " + quoted_excerpt(path) + ": tensor latents", "frames, height and width in [1, 65536]",
+                    shape_str(latents->shape));
+  return latents->shape;
+}
+
+// --from-dir's config.json.
+WanVaeConfig read_vae_config(const std::string& directory) {
+  const std::string path = directory + "/config.json";
+  return parse_wan_vae_config(read_file_bounded(path, 1 << 20, "--from-dir config.json"), path);
+}
+
+// Memory and time of the bench before the VAE is built: the weights (both halves, as the bench builds
+// them) while they are made and once built, then per call the activations (wan_vae_memory.h), the
+// latents and the video on the host (CPU) or the device, times --warmup + --iters calls.
+WorkEstimate vae_bench_estimate(const VaeBenchOptions& o, const WanVaeConfig& config, const Shape& input, Device device) {
+  const WanVaeHostWeights weights = wan_vae_host_weight_bytes(config, WanVaeParts::kDecoderAndEncoder);
+  const WanVaeCost cost = o.encode ? wan_vae_encode_cost(config, input) : wan_vae_decode_cost(config, input, device);
+  const double io = 4.0 * static_cast<double>(shape_numel(input)) + cost.output_bytes;
+  WorkEstimate e;
+  if (device.is_cuda()) {
+    e.device_bytes = wan_vae_device_weight_bytes(config) + cost.activation_bytes + io;
+    e.host_bytes = std::max(weights.building, weights.held + io);
+  } else {
+    e.host_bytes = std::max(weights.building, weights.held + cost.activation_bytes + io);
+  }
+  e.flop = cost.flop * static_cast<double>(o.warmup + o.iters);
+  return e;
+}
+
+// The latents of --frames x --height x --width: (1, z_dim, (frames - 1) / 4 + 1, height / 8, width / 8).
+Shape latent_size(const VaeBenchOptions& o, const WanVaeConfig& config) {
+  require_multiple("--height", o.height, "the VAE's spatial factor", 8);
+  require_multiple("--width", o.width, "the VAE's spatial factor", 8);
+  if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the VAE's temporal factor is 4)", o.frames);
+  return {1, config.z_dim, (o.frames - 1) / 4 + 1, o.height / 8, o.width / 8};
+}
 
 // The latents to decode: the file's, or seeded random ones of the video size asked for.
 Tensor bench_latents(const VaeBenchOptions& o, const WanVaeConfig& config) {
   if (!o.latents.empty()) {
+    latents_file_shape(o.latents, config);
     Tensor latents = SafetensorsFile::open(o.latents).load("latents");
-    if (latents.shape().size() != 5 || latents.size(0) != 1 || latents.size(1) != config.z_dim)
-      fail_argument("--latents " + quoted_excerpt(o.latents) + ": tensor latents",
-                    detail::concat("(1, ", config.z_dim, " (the VAE's z_dim), T, h, w)"), shape_str(latents.shape()));
     check_finite(latents, "--latents " + quoted_excerpt(o.latents) + ": tensor latents");
     return latents;
   }
-  const int64_t spatial = config.spatial_compression();
-  require_multiple("--height", o.height, "the VAE's spatial factor", spatial);
-  require_multiple("--width", o.width, "the VAE's spatial factor", spatial);
-  if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the VAE's temporal factor is 4)", o.frames);
-  Tensor latents = Tensor::empty({1, config.z_dim, (o.frames - 1) / 4 + 1, o.height / spatial, o.width / spatial}, DType::kF32);
+  Tensor latents = Tensor::empty(latent_size(o, config), DType::kF32);
   fill_normal(latents.view(), 7);
   return latents;
 }
@@ -75,16 +121,20 @@ std::vector<double> timed_runs(const VaeBenchOptions& o, const std::function<voi
   return seconds;
 }
 
-// --encode: WanVae::encode of a seeded random video of the size asked for, on ctx's device (the
-// video goes up once, before the timed encodes).
-int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecContext& ctx,
-                     const std::optional<DeviceMemory>& memory_before) {
-  const WanVaeConfig& config = vae.config();
+// --encode's video (1, colours, --frames, --height, --width): its sizes checked against the VAE.
+Shape encode_video_shape(const VaeBenchOptions& o, const WanVaeConfig& config) {
   require_multiple("--height", o.height, "the VAE's spatial factor", config.spatial_compression());
   require_multiple("--width", o.width, "the VAE's spatial factor", config.spatial_compression());
   if ((o.frames - 1) % 4 != 0) fail_argument("--frames", "4k + 1 (the encoder takes the first frame, then chunks of 4)", o.frames);
-  Tensor video = Tensor::empty({1, config.in_channels / (config.patch_size * config.patch_size), o.frames, o.height, o.width},
-                               DType::kF32);
+  return {1, config.in_channels / (config.patch_size * config.patch_size), o.frames, o.height, o.width};
+}
+
+// --encode: WanVae::encode of a seeded random video of the size asked for, on ctx's device (the
+// video goes up once, before the timed encodes).
+int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecContext& ctx, const WorkEstimate& estimate,
+                     const std::optional<DeviceMemory>& memory_before) {
+  const WanVaeConfig& config = vae.config();
+  Tensor video = Tensor::empty(encode_video_shape(o, config), DType::kF32);
   fill_normal(video.view(), 7, 0.0, 0.5);
   video = video.to(ctx.device);
   Tensor mu = Tensor::empty(vae.encoded_shape(video.shape()), DType::kF32, ctx.device);
@@ -99,7 +149,9 @@ int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecCont
                            {"iters", o.iters},
                            {"median_s", median},
                            {"min_s", seconds.front()},
-                           {"per_frame_ms", median * 1000.0 / static_cast<double>(o.frames)}};
+                           {"per_frame_ms", median * 1000.0 / static_cast<double>(o.frames)},
+                           {"estimated_host_memory_bytes", estimate.host_bytes},
+                           {"peak_host_memory_bytes", peak_host_memory_bytes()}};
   // The encoder's weights, the video and mu, and what cuDNN took (the encoder gives its
   // activations back after each encode).
   if (memory_before && memory_after) report["device_memory_bytes"] = memory_after->used - memory_before->used;
@@ -107,10 +159,12 @@ int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecCont
     std::printf("%s\n", report.dump().c_str());
     return 0;
   }
-  std::printf("Wan VAE encode (%s, %s, %s): video %s -> latents %s: median %.3f s (min %.3f s, %.1f ms per frame) over %lld runs",
+  std::printf("Wan VAE encode (%s, %s, %s): video %s -> latents %s: median %.3f s (min %.3f s, %.1f ms per frame) over %lld runs; "
+              "peak host memory %s (estimated %s)",
               report["preset"].get<std::string>().c_str(), ctx.device.str().c_str(), report["precision"].get<std::string>().c_str(),
               shape_str(video.shape()).c_str(), shape_str(mu.shape()).c_str(), median, seconds.front(),
-              report["per_frame_ms"].get<double>(), static_cast<long long>(o.iters));
+              report["per_frame_ms"].get<double>(), static_cast<long long>(o.iters), format_bytes(peak_host_memory_bytes()).c_str(),
+              format_bytes(estimate.host_bytes).c_str());
   if (report.contains("device_memory_bytes"))
     std::printf(", device memory held %s", format_bytes(report["device_memory_bytes"].get<double>()).c_str());
   std::printf("\n");
@@ -118,16 +172,29 @@ int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecCont
 }
 
 int run_vae_bench(const VaeBenchOptions& o) {
-  const Device device = present_device(o.device, "--device");
+  const Device device = budget_device(o.budget, o.device, "--device");
+  // The config (and the shapes) first: the budget is checked before any weight is made or read.
+  const std::optional<WanVaeConfig> from_dir_config = o.from_dir.empty() ? std::nullopt : std::optional(read_vae_config(o.from_dir));
+  const WanVaeConfig config = from_dir_config   ? *from_dir_config
+                              : o.preset == "tiny"   ? tiny_wan_vae_config()
+                              : o.preset == "wan2.2" ? wan22_vae_config()
+                                                     : WanVaeConfig{};
+  const Shape input = o.encode ? encode_video_shape(o, config) : !o.latents.empty() ? latents_file_shape(o.latents, config) : latent_size(o, config);
+  const WorkEstimate estimate = vae_bench_estimate(o, config, input, device);
+  const std::string shape_flags = (!o.latents.empty() ? "--latents " + quoted_excerpt(o.latents)
+                                                      : detail::concat("--frames ", o.frames, " --height ", o.height, " --width ", o.width)) +
+                                  detail::concat(" --iters ", o.iters, " --warmup ", o.warmup);
+  if (!check_work_budget(estimate, o.budget, device, static_cast<int>(o.threads), shape_flags,
+                         o.encode ? "vae-bench --encode" : "vae-bench"))
+    return 0;
   ExecContext ctx;
   ctx.device = device;
   ctx.num_threads = static_cast<int>(o.threads);
 
   const std::optional<DeviceMemory> memory_before = device_memory(device);
-  const WanVaeConfig preset = o.preset == "tiny" ? tiny_wan_vae_config() : o.preset == "wan2.2" ? wan22_vae_config() : WanVaeConfig{};
-  WanVae vae = o.from_dir.empty() ? WanVae(preset, random_model_weights(wan_vae_weight_specs(preset), 1)) : WanVae::load(o.from_dir);
+  WanVae vae = o.from_dir.empty() ? WanVae(config, random_model_weights(wan_vae_weight_specs(config), 1)) : WanVae::load(o.from_dir);
   vae.set_cuda_tf32(!o.no_tf32);
-  if (o.encode) return run_encode_bench(o, vae, ctx, memory_before);
+  if (o.encode) return run_encode_bench(o, vae, ctx, estimate, memory_before);
   const Tensor latents = bench_latents(o, vae.config()).to(device);
   const Shape latent_shape = latents.shape();
   Tensor video = Tensor::empty(vae.decoded_shape(latent_shape), DType::kF32, device);
@@ -151,6 +218,9 @@ int run_vae_bench(const VaeBenchOptions& o) {
                            {"per_frame_ms", median * 1000.0 / static_cast<double>(video.size(2))}};
   // The decoder's weights, the buffers it keeps for the next decode and what cuDNN took.
   if (memory_before && memory_after) report["device_memory_bytes"] = memory_after->used - memory_before->used;
+  if (device.is_cuda()) report["estimated_device_memory_bytes"] = estimate.device_bytes;
+  report["estimated_host_memory_bytes"] = estimate.host_bytes;
+  report["peak_host_memory_bytes"] = peak_host_memory_bytes();
   if (o.json) {
     std::printf("%s\n", report.dump().c_str());
     return 0;
@@ -163,8 +233,9 @@ int run_vae_bench(const VaeBenchOptions& o) {
               static_cast<long long>(video.size(4)), median, seconds.front(), report["per_frame_ms"].get<double>(),
               static_cast<long long>(o.iters));
   if (report.contains("device_memory_bytes"))
-    std::printf(", device memory held %s", format_bytes(report["device_memory_bytes"].get<double>()).c_str());
-  std::printf("\n");
+    std::printf(", device memory held %s (estimated %s)", format_bytes(report["device_memory_bytes"].get<double>()).c_str(),
+                format_bytes(estimate.device_bytes).c_str());
+  std::printf("; peak host memory %s (estimated %s)\n", format_bytes(peak_host_memory_bytes()).c_str(), format_bytes(estimate.host_bytes).c_str());
   return 0;
 }
 
@@ -202,6 +273,7 @@ CommandRegistration registration{
       CLI::Option* encode = app.add_flag("--encode", options->encode,
                                          "time the encoder (WanVae::encode) on a random video of --frames x --height x --width");
       encode->excludes(latents)->excludes("--save-video");
+      add_budget_flags(app, options->budget);
       return CommandRunner([options, no_tf32] {
         check_applies(no_tf32, options->device.rfind("cuda", 0) == 0, "--device cuda");
         return run_vae_bench(*options);

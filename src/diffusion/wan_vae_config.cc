@@ -137,10 +137,15 @@ WanVaeConfig wan22_vae_config() {
   return c;
 }
 
-int64_t wan_model_vae_spatial_stride(const std::string& model_dir) {
+std::optional<WanVaeConfig> wan_model_vae_config(const std::string& model_dir) {
   const std::filesystem::path config = std::filesystem::path(model_dir) / "vae" / "config.json";
-  if (!std::filesystem::is_regular_file(config)) return 8;  // no vae/: Wan 2.1's latent grid
-  return parse_wan_vae_config(read_file_bounded(config.string(), 1 << 20, "VAE config"), config.string()).spatial_compression();
+  if (!std::filesystem::is_regular_file(config)) return std::nullopt;
+  return parse_wan_vae_config(read_file_bounded(config.string(), 1 << 20, "VAE config"), config.string());
+}
+
+int64_t wan_model_vae_spatial_stride(const std::string& model_dir) {
+  const std::optional<WanVaeConfig> config = wan_model_vae_config(model_dir);
+  return config ? config->spatial_compression() : 8;  // no vae/: Wan 2.1's latent grid
 }
 
 WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string& source) {

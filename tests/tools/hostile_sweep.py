@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
@@ -98,6 +99,10 @@ def run_case(tessel: str, case: Case, timeout: float, workdir: Path) -> Outcome:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TESSEL_") and not k.startswith("DIFFUSION_")}
     env.setdefault("OMP_NUM_THREADS", "2")
     env.update(case.env)
+    # A temporary folder of its own: Open MPI makes its session folder in TMPDIR, and two commands
+    # starting MPI at once (sp-bench, parallel cases) race to create the same one ("File exists").
+    case_tmp = tempfile.mkdtemp(prefix="case", dir=workdir)
+    env["TMPDIR"] = case_tmp
     try:
         proc = subprocess.run([tessel] + case.args, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=timeout)
@@ -108,6 +113,8 @@ def run_case(tessel: str, case: Case, timeout: float, workdir: Path) -> Outcome:
         stdout = (e.stdout or b"").decode(errors="replace")
         stderr = (e.stderr or b"").decode(errors="replace")
         returncode = None
+    finally:
+        shutil.rmtree(case_tmp, ignore_errors=True)
     klass = classify(case, returncode, stdout, stderr)
     message = (stderr.strip() or stdout.strip())[:300]
     return Outcome(case, klass, returncode, message)

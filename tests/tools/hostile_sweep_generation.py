@@ -546,11 +546,9 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("generate prompt without tokenizer", g(["--model", fx["m_no_tokenizer"]]), ["tokenizer"])
     # embeddings and noise
     emb_base = ["generate"] + hs.strip_option(gbase, "--prompt")
-    for key, names in (("emb_names", ["prompt_embeds"]), ("emb_nan", ["prompt_embeds", "non-finite", "nan"]),
-                       ("emb_empty", ["prompt_embeds", "token", "empty"]), ("emb_dim", ["text_dim", "prompt_embeds"]),
-                       ("emb_rank2", ["prompt_embeds", "rank"]), ("emb_batch2", ["prompt_embeds", "batch"]),
-                       ("emb_positive_only", ["negative_prompt_embeds"]), ("not_safetensors", ["not_safetensors.safetensors"])):
-        err(f"generate embeddings {key}", emb_base + ["--embeddings", fx[f"{key}.safetensors"]], names)
+    # Each names the file (an empty tensor used to be reported without it).
+    for key in ("emb_names", "emb_nan", "emb_empty", "emb_dim", "emb_rank2", "emb_batch2", "emb_positive_only", "not_safetensors"):
+        err(f"generate embeddings {key}", emb_base + ["--embeddings", fx[f"{key}.safetensors"]], [f"{key}.safetensors"])
     err("generate embeddings missing", emb_base + ["--embeddings", "/nonexistent/e.safetensors"], ["/nonexistent/e.safetensors"])
     err("generate embeddings directory", emb_base + ["--embeddings", fx["lora_dir"]], ["lora_dir"])
     err("generate embeddings empty string", emb_base + ["--embeddings", ""], ["--embeddings"])
@@ -716,7 +714,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("sp-bench grid without radial", sp(["--grid", "2x8x8"]), ["--grid", "--mask"])
     err("sp-bench radial without grid", sp(["--mask", "radial"]), ["--grid"])
     err("sp-bench density with dense mask", sp(["--density", "0.5"]), ["--density"])
-    # 8 TB of q, k and v: the allocation fails at once and the error names the flags that asked for it
+    # 8 TB of q, k and v: the budget refuses it before any allocation, naming the flags that asked for it
     err("sp-bench out of memory names its size flags", sp(["--seq", "2000000", "--heads", "64", "--head-dim", "256", "--batch", "64"]),
         ["memory", "--seq 2000000", "--heads 64", "--head-dim 256", "--batch 64"])
     err("sp-bench ring-sm-margin without ring", sp(["--ring-sm-margin", "16"]), ["--ring-sm-margin", "--ring"])
@@ -770,6 +768,28 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
                          (fx["outdir.safetensors"], ["outdir.safetensors"])):
         err(f"vae-bench --save-video {short(value)}", vae(["--save-video", value]), names)
 
+    # ---- budgets: --max-memory / --force / --dry-run on every command that estimates -----------
+    budgeted = {"generate": lambda: gen()[0], "dit-bench": lambda: dit([]), "sp-bench": lambda: sp([]), "vae-bench": lambda: vae([]),
+                "vae-bench --encode": lambda: vae(["--encode", "--frames", "5"])}
+    shape_flag = {"generate": "--size", "dit-bench": "--frames", "sp-bench": "--seq", "vae-bench": "--frames",
+                  "vae-bench --encode": "--frames"}
+    for command, args in budgeted.items():
+        for value in ("0", "-1", "12Q", "", "nan", "inf", "1e400", "64GG"):
+            err(f"{command} --max-memory {short(value)}", args() + ["--max-memory", value], ["--max-memory"])
+        err(f"{command} over --max-memory 1K", args() + ["--max-memory", "1K"], [shape_flag[command], "--max-memory", "--force"])
+        ok(f"{command} --max-memory 1K --force", args() + ["--max-memory", "1K", "--force"])
+        ok(f"{command} --dry-run", args() + ["--dry-run"])
+        err(f"{command} --dry-run over --max-memory", args() + ["--dry-run", "--max-memory", "1K"], ["--max-memory"])
+        if command != "vae-bench --encode":  # the encoder runs on the CPU only
+            ok(f"{command} --dry-run on an absent GPU", hs.merged(args(), ["--device", "cuda:3", "--dry-run"]))
+    err("dit-bench past the hour", ["dit-bench", "--model", "wan-14b", "--steps", "100000", "--dry-run", "--max-memory", "1T"],
+        ["--model wan-14b", "--steps 100000", "hour", "--force"])
+    err("sp-bench past the hour", sp(["--seq", "1000000", "--steps", "10000", "--dry-run", "--max-memory", "1T"]),
+        ["--seq 1000000", "--steps 10000", "hour", "--force"])
+    err("vae-bench past the hour", vae(["--preset", "wan2.1", "--height", "4096", "--width", "4096", "--frames", "81", "--iters", "1000",
+                                        "--dry-run", "--max-memory", "1T"]), ["--height 4096", "--iters 1000", "hour"])
+    err("dit-bench --dry-run with a malformed device", dit(["--device", "cuda:x", "--dry-run"]), ["--device"])
+
     # ---- serve (start-up errors only; the busy port stops any server that slips through) --------
     port = fx["busy_port"]
     vbase_serve = ["--model", tiny, "--host", "127.0.0.1", "--port", port, "--threads", "1", "--size", "64x64", "--frames", "1",
@@ -818,6 +838,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("serve embeddings missing", serve(["--embeddings", "/nonexistent/e.safetensors"]), ["/nonexistent/e.safetensors"])
     err("serve embeddings NaN", serve(["--embeddings", fx["emb_nan.safetensors"]]), ["prompt_embeds", "non-finite", "nan"])
     err("serve embeddings wrong names", serve(["--embeddings", fx["emb_names.safetensors"]]), ["prompt_embeds"])
+    for key in ("emb_empty", "emb_dim", "emb_rank2"):  # refused at start-up, naming the file
+        err(f"serve embeddings {key}", serve(["--embeddings", fx[f"{key}.safetensors"]]), [f"{key}.safetensors"])
 
     # ---- calibrate -------------------------------------------------------------------------
     cbase = ["--grid", "2x8x8", "--synthetic-layers", "2", "--heads", "2", "--head-dim", "32", "--block-q", "16", "--block-kv", "16",
@@ -826,6 +848,10 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     cal_layers = ["calibrate", "--layer", fx["cap0"] + "," + fx["cap1"], "--block-q", "16", "--block-kv", "16", "--iterations", "3",
                   "--threads", "1"]
     ok("calibrate synthetic", cal([]))
+    ok("calibrate --dry-run", cal(["--dry-run"]))
+    ok("calibrate --dry-run for an absent GPU", cal(["--dry-run", "--device", "cuda:2"]))
+    err("calibrate --dry-run over --max-memory", cal(["--dry-run", "--max-memory", "1K"]), ["--grid 2x8x8", "--max-memory"])
+    err("calibrate --dry-run with a malformed device", cal(["--dry-run", "--device", "gpu"]), ["--device"])
     ok("calibrate threshold", cal(["--method", "threshold", "--stride", "8"]))
     ok("calibrate cdf cosine", cal(["--method", "cdf", "--metric", "cosine", "--similarity-threshold", "0.2"]))
     ok("calibrate compare global json", cal(["--compare-global", "--json"]))
@@ -877,6 +903,9 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     ev = lambda extra: ["eval"] + hs.merged(ebase, extra)  # noqa: E731
     ev_layers = ["eval", "--config", fx["cal_layers.json"], "--layer", fx["cap2"], "--layer", fx["cap2"], "--threads", "1"]
     ok("eval --config synthetic", ev([]))
+    ok("eval --config --dry-run", ev(["--dry-run"]))
+    ok("eval --config --dry-run for an absent GPU", ev(["--dry-run", "--device", "cuda:2"]))
+    err("eval --config --dry-run over --max-memory", ev(["--dry-run", "--max-memory", "1K"]), ["--grid 2x8x8", "--max-memory"])
     ok("eval --config json", ev(["--json"]))
     ok("eval --config cosine", ev(["--metric", "cosine", "--target", "0.5"]))
     ok("eval --config two held-out steps", ev(["--synthetic-heldout", "2", "--seed", "3"]))
@@ -908,7 +937,7 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     for label, value, names in (("a,,b", fx["cap2"] + ",," + fx["cap2"], ["--layer", "empty"]), ("''", "", ["--layer"]),
                                 ("missing", "/nonexistent/c.safetensors", ["/nonexistent/c.safetensors"]),
                                 ("NaN", fx["cap_nan"], ["non-finite", "nan"]),
-                                ("heads differ", fx["cap_heads3"], ["cap_heads3", "per_head", "shape"])):
+                                ("heads differ", fx["cap_heads3"], ["cap_heads3"])):
         err(f"eval --config --layer {label}", ["eval", "--config", fx["cal_layers.json"], "--layer", fx["cap2"], "--layer", value,
                                                "--threads", "1"], names)
     err("eval --config with --methods", ev(["--methods", "random"]), ["--methods", "--config"])

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,9 @@ WanVaeConfig parse_wan_vae_config(std::string_view json_text, const std::string&
 // vae/config.json (scale_factor_spatial: 8 for Wan 2.1's VAE, 16 for Wan 2.2's); 8 without vae/.
 // Throws Error naming the file when it is malformed.
 int64_t wan_model_vae_spatial_stride(const std::string& model_dir);
+// The config of a diffusers model directory's vae/ (nullopt without vae/config.json). Throws Error
+// naming the file when it is malformed.
+std::optional<WanVaeConfig> wan_model_vae_config(const std::string& model_dir);
 // The config.json diffusers writes for `config` (parse_wan_vae_config reads it back).
 std::string wan_vae_config_json(const WanVaeConfig& config);
 
