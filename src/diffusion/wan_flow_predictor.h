@@ -47,6 +47,16 @@ class WanFlowPredictor {
 // The guided flow on the host: out = uncond + scale * (cond - uncond), in fp32 (the CPU predictors').
 void combine_guidance(const float* cond, const float* uncond, double scale, float* out, int64_t count);
 
+// TI2V's image (diffusers' expand_timesteps): `first_frame` (1, C, 1, H, W) fp32 CPU over latent
+// frame 0 of every channel of `video`, one batch row (C, frames, H, W) of latents.
+void put_first_frame(const TensorView& first_frame, int64_t frames, float* video);
+// The tokens per batch row at timestep 0 with a given first frame: the first latent frame's
+// patches (tokens are frame-major; the pipeline checked the patch spans one frame).
+int64_t first_frame_tokens(const WanConfig& config, const Shape& latent_shape);
+// The (rows, tokens) per-token timesteps of such a step: each row's first `zero_tokens` at 0 (the
+// given frame is clean), the others at `timestep`.
+void fill_token_timesteps(float* out, int64_t rows, int64_t tokens, int64_t zero_tokens, float timestep);
+
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request);
 #ifdef TESSEL_WITH_CUDA
 // For a transformer on a CUDA device; under CFG-parallel the group must be a NCCL communicator of

@@ -296,9 +296,6 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   const std::string& dir = impl->model.path;
   impl->options = options;
   const bool image_to_video = impl->model.task == WanTask::kImageToVideo;
-  if (image_to_video && !options.device.is_cpu())
-    fail_argument("device for image to video (" + impl->model.path + ")",
-                  "cpu: the CUDA forward, flow predictor and VAE encoder take no image condition in this version", options.device.str());
 
   if (!impl->model.two_experts) {
     if (options.sparse.config_2)
@@ -421,7 +418,9 @@ void WanGenerator::Impl::set_image_condition(const ExecContext& ctx, const WanRe
     // diffusers hands the transformer (images, tokens, width), which its embedder views as one row
     // of images x tokens: the same memory as (1, images x tokens, width).
     options.image_embeds = Tensor::empty({1, pixels.size(0) * clip.tokens(), clip.hidden_size}, DType::kF32);
-    image_encoder->forward(ctx, pixels,
+    // The CLIP encoder and the VAE's encoder run on the host whatever the transformer's device; the
+    // CUDA predictor uploads what they give once per request.
+    image_encoder->forward(ctx.on_cpu(), pixels,
                            TensorView(options.image_embeds.data(), DType::kF32, Device::cpu(), {pixels.size(0), clip.tokens(), clip.hidden_size}));
   }
   const WanDecodeControl control{nullptr, request.cancel};

@@ -176,8 +176,8 @@ struct WanTransformer::Impl {
   };
   // The CUDA forward's sizes, this rank's shard among them under sequence parallelism.
   WanForwardShapeAndShards cuda_shape(int64_t batch, int64_t frames, int64_t height, int64_t width, int64_t text_len,
-                                      bool per_token_timestep) const {
-    dit::cuda::WanForwardShape shape{batch, frames, height, width, text_len, per_token_timestep};
+                                      int64_t image_len, bool per_token_timestep) const {
+    dit::cuda::WanForwardShape shape{batch, frames, height, width, text_len, image_len, per_token_timestep};
     const int64_t seq = frames / config.patch_size[0] * (height / config.patch_size[1]) * (width / config.patch_size[2]);
     WanSequenceParallel* const sp = sequence_parallel_for(batch, seq);
     if (sp) {
@@ -401,10 +401,10 @@ size_t WanTransformer::weight_bytes() const {
 }
 
 size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height,
-                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep) const {
+                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep, int64_t image_tokens) const {
 #ifdef TESSEL_WITH_CUDA
   if (impl_->cuda) {
-    const auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, per_token_timestep);
+    const auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, image_tokens, per_token_timestep);
     return impl_->cuda->workspace_bytes(run.shape);
   }
 #endif
@@ -412,7 +412,8 @@ size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, in
   const int64_t seq = latent_frames / c.patch_size[0] * (latent_height / c.patch_size[1]) * (latent_width / c.patch_size[2]);
   const int64_t heads = c.num_attention_heads, head_dim = c.attention_head_dim;
   return std::max(attention_workspace_bytes(ctx, Device::cpu(), AttentionDims{batch, seq, seq, heads, heads, head_dim}),
-                  attention_workspace_bytes(ctx, Device::cpu(), AttentionDims{batch, seq, text_tokens, heads, heads, head_dim}));
+                  attention_workspace_bytes(ctx, Device::cpu(),
+                                            AttentionDims{batch, seq, std::max(text_tokens, image_tokens), heads, heads, head_dim}));
 }
 
 const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
@@ -517,15 +518,13 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
 
 #ifdef TESSEL_WITH_CUDA
   if (cuda) {
-    if (c.has_image_branch())
-      fail_argument("WanTransformer device for an image branch (image_dim)", "cpu: the CUDA forward has no image branch yet",
-                    device.str());
     if (block_cache && !block_cache->handles_device(device))
       fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
-    WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, timestep.dim() == 2);
+    WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, image_len, timestep.dim() == 2);
     run.shape.block_cache = block_cache != nullptr;
-    cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(),
-                  self_attention, profile, run.sequence_parallel, block_cache);
+    cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(),
+                  c.has_image_branch() ? image.data_as<float>() : nullptr, out.data_as<float>(), self_attention, profile,
+                  run.sequence_parallel, block_cache);
     return;
   }
 #endif

@@ -4,8 +4,10 @@
 // the self-attention through ParallelAttention, the output patches gathered over the sequence
 // group — and equals the forward without groups bit for bit: one shard is the whole sequence, so
 // the same kernels run on the same rows. Dense, a static mask (radial) and a mask estimated on the
-// device (dynamic top-k, after a dense warm-up step); per-batch and per-token timesteps; two
-// steps, so the sharding kept by the model is reused. Several GPUs (Ulysses, Ring, USP,
+// device (dynamic top-k, after a dense warm-up step); per-batch and per-token timesteps; text to
+// video and Wan 2.1 I2V's layout (36 input channels, the image branch over 257 CLIP tokens: the
+// image tokens are cross-attention keys, never sharded); two steps, so the sharding kept by the
+// model is reused. Several GPUs (Ulysses, Ring, USP,
 // CFG-parallel) run with `tessel dit-bench --check` (scripts/multi-gpu-check.sh); the same
 // layouts on CPUs are wan_parallel_mpi_test's. Skips without a GPU.
 #include <gtest/gtest.h>
@@ -39,8 +41,18 @@ WanConfig two_block_config() {
   return c;
 }
 
+// The same blocks with Wan 2.1 I2V's inputs: ViT-H/14's 257 tokens of width 1280.
+constexpr int64_t kImageTokens = 257;
+WanConfig two_block_i2v_config() {
+  WanConfig c = two_block_config();
+  c.in_channels = 2 * c.out_channels + 4;
+  c.image_dim = 1280;
+  c.added_kv_proj_dim = c.inner_dim();
+  return c;
+}
+
 struct Inputs {
-  Tensor latents, timestep, text;  // on the GPU
+  Tensor latents, timestep, text, image;  // on the GPU; image undefined without an image branch
 };
 
 Inputs random_inputs(const WanConfig& c, bool per_token_timestep, uint64_t seed) {
@@ -52,15 +64,26 @@ Inputs random_inputs(const WanConfig& c, bool per_token_timestep, uint64_t seed)
   fill_normal(text.view(), seed + 1);
   fill_uniform(timestep.view(), seed + 2, 0.0, 1000.0);  // distinct per entry (and per token)
   const Device gpu = Device::cuda(0);
-  return {latents.to(gpu), timestep.to(gpu), text.to(gpu)};
+  Tensor image;
+  if (c.has_image_branch()) {
+    image = Tensor::empty({kBatch, kImageTokens, c.image_dim}, DType::kF32);
+    fill_normal(image.view(), seed + 3);
+    image = image.to(gpu);
+  }
+  return {latents.to(gpu), timestep.to(gpu), text.to(gpu), image};
 }
 
 Tensor forward(const ExecContext& ctx, const WanTransformer& model, const Inputs& in, const StepInfo& step) {
   // Poisoned (filled on the host, then moved): every element must be written.
-  Tensor poison = Tensor::empty(in.latents.shape(), DType::kF32);
+  Shape shape = in.latents.shape();
+  shape[1] = model.config().out_channels;
+  Tensor poison = Tensor::empty(shape, DType::kF32);
   fill(poison.view(), 12345.0);
   Tensor out = poison.to(in.latents.device());
-  model.forward(ctx, step, in.latents, in.timestep, in.text, out);
+  if (in.image.defined())
+    model.forward(ctx, step, in.latents, in.timestep, in.text, in.image, out);
+  else
+    model.forward(ctx, step, in.latents, in.timestep, in.text, out);
   return out.to(Device::cpu());
 }
 
@@ -96,24 +119,25 @@ TEST(WanParallelGpu, OneRankGroupsRunTheShardedForwardAndEqualTheForwardWithoutG
   if (nccl_compiled()) worlds.push_back(make_nccl_communicator(ctx, *bootstrap, gpu));
   BackendRegistry registry(false);
   register_builtin_backends(registry);
-  const WanConfig config = two_block_config();
-  const WanTransformer weights = WanTransformer::random(config, 7, {}, gpu);
-
-  for (const bool per_token_timestep : {false, true}) {
-    const Inputs in = random_inputs(config, per_token_timestep, per_token_timestep ? 21 : 11);
-    for (const AttentionCase& attention : attention_cases(config, registry)) {
-      const WanTransformer plain = weights.with_attention(attention.options);
-      for (const auto& world : worlds) {
-        SCOPED_TRACE(attention.name + " on " + world->engine() + (per_token_timestep ? ", per-token timesteps" : ""));
-        const ParallelGroups groups = initialize_parallel_groups(*world, ParallelConfig{});
-        WanAttentionOptions sharded_options = attention.options;
-        sharded_options.parallel = &groups;
-        const WanTransformer sharded = weights.with_attention(sharded_options);
-        for (const int64_t step : {0, 1}) {
-          const Tensor expected = forward(ctx, plain, in, StepInfo::at(step, 4));
-          const Tensor actual = forward(ctx, sharded, in, StepInfo::at(step, 4));
-          ASSERT_EQ(actual.nbytes(), expected.nbytes());
-          EXPECT_EQ(std::memcmp(actual.data(), expected.data(), expected.nbytes()), 0) << "step " << step;
+  for (const WanConfig& config : {two_block_config(), two_block_i2v_config()}) {
+    const WanTransformer weights = WanTransformer::random(config, 7, {}, gpu);
+    for (const bool per_token_timestep : {false, true}) {
+      const Inputs in = random_inputs(config, per_token_timestep, per_token_timestep ? 21 : 11);
+      for (const AttentionCase& attention : attention_cases(config, registry)) {
+        const WanTransformer plain = weights.with_attention(attention.options);
+        for (const auto& world : worlds) {
+          SCOPED_TRACE(attention.name + " on " + world->engine() + (per_token_timestep ? ", per-token timesteps" : "") +
+                       (config.has_image_branch() ? ", image branch" : ""));
+          const ParallelGroups groups = initialize_parallel_groups(*world, ParallelConfig{});
+          WanAttentionOptions sharded_options = attention.options;
+          sharded_options.parallel = &groups;
+          const WanTransformer sharded = weights.with_attention(sharded_options);
+          for (const int64_t step : {0, 1}) {
+            const Tensor expected = forward(ctx, plain, in, StepInfo::at(step, 4));
+            const Tensor actual = forward(ctx, sharded, in, StepInfo::at(step, 4));
+            ASSERT_EQ(actual.nbytes(), expected.nbytes());
+            EXPECT_EQ(std::memcmp(actual.data(), expected.data(), expected.nbytes()), 0) << "step " << step;
+          }
         }
       }
     }

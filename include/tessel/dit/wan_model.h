@@ -20,8 +20,8 @@
 //     forward allocates its activations; the attention kernels take their scratch from
 //     ctx.workspace (grown to what the shapes need), or from one workspace of the call's own.
 //   CUDA (builds with CUDA): bf16 weights and GEMMs (cuBLASLt, fp32 accumulation), the residual
-//     stream and the timestep conditioning in fp32, fused norm / modulation / RoPE / gated-residual
-//     kernels, tessel's attention kernels. Every activation is a slice of ctx.workspace, grown on
+//     stream and the timestep conditioning in fp32 (and the image embedder's norms and GELU),
+//     fused norm / modulation / RoPE / gated-residual kernels, tessel's attention kernels. Every activation is a slice of ctx.workspace, grown on
 //     the first forward of a shape (workspace_bytes() tells how much): later forwards allocate
 //     nothing and do not wait for the device, all work on ctx.stream. Inputs and output stay fp32
 //     device tensors.
@@ -195,9 +195,9 @@ class WanTransformer {
 
   // Bytes of ctx.workspace a forward of this shape takes on the model's device (CUDA: the
   // activations; CPU: the attention kernels' scratch). text_tokens = L; per_token_timestep: a
-  // (B, S) timestep.
+  // (B, S) timestep; image_tokens = I for a model with an image branch.
   size_t workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height, int64_t latent_width,
-                         int64_t text_tokens, bool per_token_timestep = false) const;
+                         int64_t text_tokens, bool per_token_timestep = false, int64_t image_tokens = 0) const;
   // Bytes the weights take on the model's device.
   size_t weight_bytes() const;
 
