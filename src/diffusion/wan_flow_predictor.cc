@@ -45,16 +45,12 @@ class CpuFlowPredictor final : public WanFlowPredictor {
     Shape branches_shape = batch_shape;  // (2, 1, ...): the gathered branches, in branch order
     branches_shape.insert(branches_shape.begin(), 2);
     if (cfg_parallel_) branches_ = Tensor::empty(branches_shape, DType::kF32);
-    // With a given first frame each token has its timestep: 0 on the first frame's tokens (the
-    // first of each row: tokens are frame-major), the step's t elsewhere.
-    if (request.first_frame.empty()) {
+    // With a given first frame each latent frame has its timestep: 0 on the first, the step's t
+    // on the others (the pipeline checked the patch spans one frame).
+    if (request.first_frame.empty())
       timestep_ = Tensor::empty({batch_}, DType::kF32);
-    } else {
-      const WanConfig& c = request.transformer->config();
-      const Shape& latent = request.latent_shape;
-      first_frame_tokens_ = first_frame_tokens(c, latent);
-      timestep_ = Tensor::empty({batch_, latent[2] / c.patch_size[0] * first_frame_tokens_}, DType::kF32);
-    }
+    else
+      timestep_ = Tensor::empty({batch_, request.latent_shape[2]}, DType::kF32);
     guided_prediction_ = Tensor::empty(request.latent_shape, DType::kF32);
   }
 
@@ -70,7 +66,8 @@ class CpuFlowPredictor final : public WanFlowPredictor {
       if (!condition.empty()) std::memcpy(input_row + count, condition.data(), condition.nbytes());
       if (!request_.first_frame.empty()) put_first_frame(request_.first_frame, request_.latent_shape[2], input_row);
     }
-    fill_token_timesteps(timestep_.data_as<float>(), batch_, timestep_.numel() / batch_, first_frame_tokens_, static_cast<float>(timestep));
+    fill_step_timesteps(timestep_.data_as<float>(), batch_, timestep_.numel() / batch_, request_.first_frame.empty() ? 0 : 1,
+                        static_cast<float>(timestep));
     const StepInfo info = StepInfo::at(step, total_steps, 0, branch_);
     if (image_.defined())
       request_.transformer->forward(ctx, info, model_input_, timestep_, text_, image_, prediction_, nullptr, request_.block_cache);
@@ -90,7 +87,6 @@ class CpuFlowPredictor final : public WanFlowPredictor {
   bool guided_, cfg_parallel_;
   int branch_;
   int64_t batch_;
-  int64_t first_frame_tokens_ = 0;  // tokens at timestep 0 per row (a given first frame)
   Tensor text_, image_, model_input_, prediction_, branches_, timestep_, guided_prediction_;
 };
 
@@ -107,13 +103,9 @@ void put_first_frame(const TensorView& first_frame, int64_t frames, float* video
     std::memcpy(video + channel * frames * plane, first_frame.data_as<float>() + channel * plane, static_cast<size_t>(plane) * sizeof(float));
 }
 
-int64_t first_frame_tokens(const WanConfig& config, const Shape& latent_shape) {
-  return latent_shape[3] / config.patch_size[1] * (latent_shape[4] / config.patch_size[2]);
-}
-
-void fill_token_timesteps(float* out, int64_t rows, int64_t tokens, int64_t zero_tokens, float timestep) {
+void fill_step_timesteps(float* out, int64_t rows, int64_t per_row, int64_t zeros, float timestep) {
   for (int64_t row = 0; row < rows; ++row)
-    for (int64_t i = 0; i < tokens; ++i) out[row * tokens + i] = i < zero_tokens ? 0.0f : timestep;
+    for (int64_t i = 0; i < per_row; ++i) out[row * per_row + i] = i < zeros ? 0.0f : timestep;
 }
 
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request) {

@@ -50,12 +50,11 @@ void combine_guidance(const float* cond, const float* uncond, double scale, floa
 // TI2V's image (diffusers' expand_timesteps): `first_frame` (1, C, 1, H, W) fp32 CPU over latent
 // frame 0 of every channel of `video`, one batch row (C, frames, H, W) of latents.
 void put_first_frame(const TensorView& first_frame, int64_t frames, float* video);
-// The tokens per batch row at timestep 0 with a given first frame: the first latent frame's
-// patches (tokens are frame-major; the pipeline checked the patch spans one frame).
-int64_t first_frame_tokens(const WanConfig& config, const Shape& latent_shape);
-// The (rows, tokens) per-token timesteps of such a step: each row's first `zero_tokens` at 0 (the
-// given frame is clean), the others at `timestep`.
-void fill_token_timesteps(float* out, int64_t rows, int64_t tokens, int64_t zero_tokens, float timestep);
+// The (rows, per_row) timesteps of a step: each row's first `zeros` at 0, the others at
+// `timestep`. A given first frame is clean: with one timestep per latent frame (the transformer
+// computes its conditioning once per frame, not per token) frame 0 is at 0 (zeros = 1); without
+// one, per_row = 1 and zeros = 0.
+void fill_step_timesteps(float* out, int64_t rows, int64_t per_row, int64_t zeros, float timestep);
 
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request);
 #ifdef TESSEL_WITH_CUDA

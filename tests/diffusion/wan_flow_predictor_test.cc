@@ -1,12 +1,11 @@
 // The host-side pieces both flow predictors (CPU and CUDA) and the pipeline's finish share for
 // TI2V's first frame (diffusers' expand_timesteps): the frame put over latent frame 0 of every
-// channel, the tokens it covers, and the per-token timesteps that give those tokens 0.
+// channel, and the per-frame timesteps that give it 0.
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "tessel/core/tensor.h"
-#include "tessel/dit/wan_config.h"
 #include "wan_flow_predictor.h"
 
 namespace tessel {
@@ -29,21 +28,15 @@ TEST(WanFirstFrame, PutOverFrameZeroOfEveryChannelOnly) {
       }
 }
 
-TEST(WanFirstFrame, TokensOfTheFirstLatentFrameArePatchesOfOneFrame) {
-  WanConfig config;  // patches of 1 x 2 x 2
-  EXPECT_EQ(first_frame_tokens(config, {1, 48, 3, 6, 10}), 3 * 5);
-  EXPECT_EQ(first_frame_tokens(config, {2, 48, 31, 44, 80}), 22 * 40);
-}
-
-TEST(WanFirstFrame, TokenTimestepsAreZeroOnTheFirstFrameOfEveryRow) {
+TEST(WanFirstFrame, StepTimestepsAreZeroOnTheFirstFrameOfEveryRow) {
   std::vector<float> timesteps(2 * 7, -1.0f);
-  fill_token_timesteps(timesteps.data(), 2, 7, 3, 812.5f);
-  const std::vector<float> row = {0.0f, 0.0f, 0.0f, 812.5f, 812.5f, 812.5f, 812.5f};
+  fill_step_timesteps(timesteps.data(), 2, 7, 1, 812.5f);
+  const std::vector<float> row = {0.0f, 812.5f, 812.5f, 812.5f, 812.5f, 812.5f, 812.5f};
   EXPECT_EQ(std::vector<float>(timesteps.begin(), timesteps.begin() + 7), row);
   EXPECT_EQ(std::vector<float>(timesteps.begin() + 7, timesteps.end()), row);
   // Without a first frame: one timestep per row, all at t.
   std::vector<float> per_row(2, -1.0f);
-  fill_token_timesteps(per_row.data(), 2, 1, 0, 999.0f);
+  fill_step_timesteps(per_row.data(), 2, 1, 0, 999.0f);
   EXPECT_EQ(per_row, (std::vector<float>{999.0f, 999.0f}));
 }
 

@@ -5,8 +5,8 @@
 // forward's error against diffusers' float64 forward of those weights stays within 2x the error of
 // diffusers' own bf16 forward (FlashAttention's rule; diffusers bf16 measures 5.4e-3 there).
 //
-// Random tiny configs with odd latent patch grids, batch 1 and 2, per-batch and per-token
-// timesteps, with and without the affine cross-attention norm, and with Wan 2.1 I2V's and FLF2V's
+// Random tiny configs with odd latent patch grids, batch 1 and 2, per-batch, per-frame and
+// per-token timesteps, with and without the affine cross-attention norm, and with Wan 2.1 I2V's and FLF2V's
 // image branch (36 input channels, odd image token counts, FLF2V's position table), against the CPU
 // fp32 forward on the same weights (which the CPU parity tests hold to diffusers: wan_parity_test,
 // wan_i2v_parity_test).
@@ -75,11 +75,14 @@ std::map<std::string, Tensor> random_weights(const WanConfig& config, uint64_t s
   return weights;
 }
 
+// How many timesteps a batch entry has: one, one per latent frame, or one per token.
+enum class Timesteps { kPerEntry, kPerFrame, kPerToken };
+
 struct Case {
   std::string name;
   WanConfig config;
   int64_t batch, frames, height, width, text_len;
-  bool per_token_timestep;
+  Timesteps timesteps;
   int64_t image_len = 0;  // CLIP tokens per batch entry for a config with an image branch
 };
 
@@ -108,15 +111,16 @@ WanConfig with_image_branch(WanConfig c, int64_t image_dim, int64_t pos_embed_se
 
 std::vector<Case> cases() {
   return {
-      {"2x64_batch2_grid3x5x3", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, false},
-      {"1x128_batch1_grid5x3x7_no_cross_norm", tiny_config(1, 128, 192, 40, 3, false), 1, 5, 6, 14, 13, false},
-      {"2x64_batch2_per_token_timesteps", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, true},
+      {"2x64_batch2_grid3x5x3", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, Timesteps::kPerEntry},
+      {"1x128_batch1_grid5x3x7_no_cross_norm", tiny_config(1, 128, 192, 40, 3, false), 1, 5, 6, 14, 13, Timesteps::kPerEntry},
+      {"2x64_batch2_per_token_timesteps", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, Timesteps::kPerToken},
+      {"2x64_batch2_per_frame_timesteps", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 10, 6, 7, Timesteps::kPerFrame},
       {"i2v_2x64_batch2_grid3x5x3_9_image_tokens", with_image_branch(tiny_config(2, 64, 256, 48, 2, true), 40, 0), 2, 3, 10, 6, 7,
-       false, 9},
+       Timesteps::kPerEntry, 9},
       {"i2v_1x128_batch1_grid5x3x7_no_cross_norm_1_image_token", with_image_branch(tiny_config(1, 128, 192, 40, 3, false), 24, 0), 1,
-       5, 6, 14, 13, false, 1},
+       5, 6, 14, 13, Timesteps::kPerEntry, 1},
       {"flf2v_2x64_batch2_grid2x7x5_2x7_image_tokens", with_image_branch(tiny_config(2, 64, 256, 48, 2, true), 56, 14), 2, 2, 14, 10,
-       5, false, 14},
+       5, Timesteps::kPerEntry, 14},
   };
 }
 
@@ -133,16 +137,18 @@ struct Inputs {
       fill_normal(image.view(), seed + 3);
     }
     const int64_t seq = c.frames / config.patch_size[0] * (c.height / config.patch_size[1]) * (c.width / config.patch_size[2]);
-    timestep = c.per_token_timestep ? Tensor::empty({c.batch, seq}, DType::kF32) : Tensor::empty({c.batch}, DType::kF32);
-    // Distinct timesteps per batch entry; per token, the first frame at 0 as Wan 2.2 conditions it.
+    const int64_t patch_frames = c.frames / config.patch_size[0];
+    const int64_t per_entry = c.timesteps == Timesteps::kPerToken ? seq : c.timesteps == Timesteps::kPerFrame ? patch_frames : 1;
+    timestep = per_entry > 1 ? Tensor::empty({c.batch, per_entry}, DType::kF32) : Tensor::empty({c.batch}, DType::kF32);
+    // Distinct timesteps per batch entry; per token, the first frame at 0 as Wan 2.2 conditions it;
+    // per frame, the first at 0 and the others apart.
     for (int64_t b = 0; b < c.batch; ++b) {
       const float t = b == 0 ? 999.0f : 250.0f;
-      if (!c.per_token_timestep) {
-        timestep.data_as<float>()[b] = t;
-        continue;
+      for (int64_t i = 0; i < per_entry; ++i) {
+        const int64_t frame = per_entry == seq ? i / (seq / patch_frames) : i;
+        const float frame_t = per_entry == patch_frames && per_entry > 1 ? t - 60.0f * static_cast<float>(frame) : t;
+        timestep.data_as<float>()[b * per_entry + i] = per_entry > 1 && frame == 0 ? 0.0f : frame_t;
       }
-      const int64_t first_frame = seq / (c.frames / c.config.patch_size[0]);
-      for (int64_t s = 0; s < seq; ++s) timestep.data_as<float>()[b * seq + s] = s < first_frame ? 0.0f : t;
     }
   }
 };
@@ -267,7 +273,7 @@ TEST(WanCuda, WorkspaceIsSizedOnceAndForwardIsDeterministic) {
 TEST(WanCuda, SelfAttentionThroughSparseModulesWithWarmupAndPerBlockConfigs) {
   SKIP_WITHOUT_GPU();
   // 768 tokens (a 3 x 16 x 16 patch grid): several 128-token query blocks for a sparse pattern.
-  const Case c{"2x64_batch2_grid3x16x16", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 32, 32, 7, false};
+  const Case c{"2x64_batch2_grid3x16x16", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 32, 32, 7, Timesteps::kPerEntry};
   const auto weights = random_weights(c.config, 11);
   const Inputs in(c, 11);
   BackendRegistry registry(false);

@@ -7,8 +7,8 @@
 // Image to video: what is constant over a request goes to the device once, at construction — the
 // condition channels (mask and encoded video) into the tail of every batch row of the model input,
 // where no step overwrites them, and the CLIP features once per row. TI2V's first frame is put over
-// the latents on the host, in the pinned buffer the step uploads anyway, and its tokens' timestep 0
-// travels in the per-token timesteps uploaded with the step.
+// the latents on the host, in the pinned buffer the step uploads anyway, and its timestep 0 travels
+// in the per-frame timesteps uploaded with the step.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -68,13 +68,10 @@ class CudaFlowPredictor final : public WanFlowPredictor {
     prediction_ = allocate(branch_bytes * static_cast<size_t>(batch_), MemoryKind::kDevice, device_.index);
     guided_flow_ = allocate(branch_bytes, MemoryKind::kDevice, device_.index);
     if (cfg_parallel_) branches_ = allocate(2 * branch_bytes, MemoryKind::kDevice, device_.index);
-    // One timestep per row, or with a given first frame one per token (its tokens at 0).
+    // One timestep per row, or with a given first frame one per latent frame (the first at 0; the
+    // pipeline checked the patch spans one frame).
     const Shape& latent = request.latent_shape;
-    const WanConfig& config = request.transformer->config();
-    if (!request.first_frame.empty()) {
-      first_frame_tokens_ = first_frame_tokens(config, latent);
-      timesteps_per_row_ = latent[2] / config.patch_size[0] * first_frame_tokens_;
-    }
+    if (!request.first_frame.empty()) timesteps_per_row_ = latent[2];
     const size_t timestep_bytes = sizeof(float) * static_cast<size_t>(batch_ * timesteps_per_row_);
     timestep_ = allocate(timestep_bytes, MemoryKind::kDevice, device_.index);
     host_latents_ = allocate(branch_bytes, MemoryKind::kPinnedHost);
@@ -95,7 +92,7 @@ class CudaFlowPredictor final : public WanFlowPredictor {
     std::memcpy(host_latents, latents.data(), branch_bytes);
     if (!request_.first_frame.empty()) put_first_frame(request_.first_frame, request_.latent_shape[2], host_latents);
     auto* host_timestep = static_cast<float*>(host_timestep_.get());
-    fill_token_timesteps(host_timestep, batch_, timesteps_per_row_, first_frame_tokens_, static_cast<float>(timestep));
+    fill_step_timesteps(host_timestep, batch_, timesteps_per_row_, request_.first_frame.empty() ? 0 : 1, static_cast<float>(timestep));
     // The latents into the head of each row (the condition channels after them stay as uploaded).
     auto* input = static_cast<float*>(model_input_.get());
     check_cuda(cudaMemcpyAsync(input, host_latents, branch_bytes, cudaMemcpyHostToDevice, stream), "latents upload");
@@ -156,7 +153,7 @@ class CudaFlowPredictor final : public WanFlowPredictor {
   int branch_;
   // Elements of the latents and of one model-input row (the latents, then the condition channels).
   int64_t batch_, count_, row_, text_len_ = 0;
-  int64_t first_frame_tokens_ = 0, timesteps_per_row_ = 1;  // a given first frame: its tokens, and a timestep per token
+  int64_t timesteps_per_row_ = 1;  // a given first frame: a timestep per latent frame
   Workspace workspace_;
   std::shared_ptr<void> text_, image_, model_input_, prediction_, guided_flow_, timestep_, branches_;
   std::shared_ptr<void> host_latents_, host_flow_, host_timestep_;

@@ -46,10 +46,10 @@ struct Activations {
   void* gemm_scratch;
   bf16 *patches, *text, *text_hidden, *context, *normed, *q, *k, *v, *attended, *ffn_hidden, *text_k, *text_v;
   float *sinusoid, *time_hidden, *temb, *temb_act, *modulation_input, *hidden, *out_patches, *rope_cos, *rope_sin;
-  // Sequence parallelism only (else null): the whole latent's patches and output patches, and this
-  // rank's per-token timesteps.
+  // Sequence parallelism only (else null): the whole latent's patches and output patches, and with
+  // several timesteps per entry, one per token of the whole latent and of this rank's shard.
   bf16* all_patches;
-  float *all_out_patches, *shard_timestep;
+  float *all_out_patches, *token_timestep, *shard_timestep;
   // With a step cache: the patch embeddings until its hook has judged them, then the hidden states
   // entering its span of blocks (one buffer: the hook needs the embeddings only before the span).
   float* blocks_input;
@@ -65,13 +65,20 @@ struct Activations {
   bf16* image_attended() const { return k; }
 };
 
+// The conditioning groups of `rows` token rows: one per timestep (each covering tokens /
+// timesteps_per_entry consecutive rows), or under sequence parallelism with several timesteps per
+// entry one per row of the shard (a shard need not start at a group's first token).
+int64_t conditioning_groups(const WanForwardShape& s, int64_t rows) {
+  return s.shard_tokens > 0 && s.timesteps_per_entry > 1 ? rows : s.batch * s.timesteps_per_entry;
+}
+
 Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanForwardShape& s) {
   const int64_t seq = s.frames / c.patch_size[0] * (s.height / c.patch_size[1]) * (s.width / c.patch_size[2]);
   const bool sharded = s.shard_tokens > 0;
   const int64_t rows = s.batch * (sharded ? s.shard_tokens : seq), text_rows = s.batch * s.text_len, dim = c.inner_dim();
   // The rotary tables cover every shard's positions (padding rows read zeros).
   const int64_t rope_rows = sharded ? std::max(seq, s.shards * s.shard_tokens) : seq;
-  const int64_t groups = s.per_token_timestep ? rows : s.batch;
+  const int64_t groups = conditioning_groups(s, rows);
   Activations a{};
   a.gemm_scratch = taker.take<std::byte>(static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes), "GEMM scratch");
   a.patches = taker.take<bf16>(rows * c.in_channels * c.patch_volume(), "patches");
@@ -98,7 +105,10 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
   if (sharded) {
     a.all_patches = taker.take<bf16>(s.batch * seq * c.in_channels * c.patch_volume(), "patches of every shard");
     a.all_out_patches = taker.take<float>(s.batch * seq * c.out_channels * c.patch_volume(), "output patches of every shard");
-    if (s.per_token_timestep) a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
+    if (s.timesteps_per_entry > 1) {
+      a.token_timestep = taker.take<float>(s.batch * seq, "per-token timesteps");
+      a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
+    }
   }
   a.blocks_input = s.block_cache ? taker.take<float>(rows * dim, "embeddings, then blocks input (step cache)") : nullptr;
   if (s.image_len > 0) {
@@ -235,7 +245,9 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   if (c.has_image_branch() != (image != nullptr && image_len > 0))
     fail_argument("Wan CUDA forward image", c.has_image_branch() ? "the CLIP features (the model has an image branch)" : "none",
                   image != nullptr ? detail::concat(image_len, " tokens") : "none");
-  const int64_t groups = shape.per_token_timestep ? rows : batch, group_rows = rows / groups;
+  if (shape.timesteps_per_entry < 1 || seq % shape.timesteps_per_entry != 0)
+    fail_argument("WanForwardShape timesteps_per_entry", detail::concat("a divisor of the ", seq, " tokens"), shape.timesteps_per_entry);
+  const int64_t groups = conditioning_groups(shape, rows), group_rows = rows / groups;
   const float eps = static_cast<float>(c.eps);
 
   // Activations come from the caller's workspace (grown once per shape), else from one of this call's own.
@@ -290,8 +302,13 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const float* group_timesteps = timestep;
   if (sp) {
     sp->take_rows(ctx, a.all_patches, DType::kBF16, patch_len, a.patches);
-    if (shape.per_token_timestep) {
-      sp->take_rows(ctx, timestep, 1, a.shard_timestep);
+    if (shape.timesteps_per_entry > 1) {
+      const float* token_timesteps = timestep;
+      if (shape.timesteps_per_entry < seq) {  // one per frame: repeated over the frame's tokens first
+        launch_repeat_values(timestep, batch * shape.timesteps_per_entry, seq / shape.timesteps_per_entry, a.token_timestep, stream);
+        token_timesteps = a.token_timestep;
+      }
+      sp->take_rows(ctx, token_timesteps, 1, a.shard_timestep);
       group_timesteps = a.shard_timestep;
     }
   }

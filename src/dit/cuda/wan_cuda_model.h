@@ -54,7 +54,9 @@ struct WanForwardShape {
   int64_t text_len = 0;
   // Image tokens per batch entry the image branch attends to (Wan 2.1 I2V / FLF2V); 0 without one.
   int64_t image_len = 0;
-  bool per_token_timestep = false;  // timestep (B, S) instead of (B)
+  // Timesteps per batch entry: 1 (a (B) timestep), the latent's patch frames (one per frame) or its
+  // tokens (one per token). Each covers tokens / timesteps_per_entry consecutive tokens (frame-major).
+  int64_t timesteps_per_entry = 1;
   // Under sequence parallelism (WanSequenceParallel): this rank's token rows per batch entry and
   // the number of shards; 0 and 1 when this process runs every token.
   int64_t shard_tokens = 0, shards = 1;

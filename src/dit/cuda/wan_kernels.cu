@@ -94,6 +94,12 @@ __global__ void add_periodic_rows_kernel(const float* __restrict__ x, const floa
     out[i] = x[i] + table[(i / dim) % period * dim + i % dim];
 }
 
+__global__ void repeat_values_kernel(const float* __restrict__ values, int64_t count, int64_t repeat, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count * repeat;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = values[i / repeat];
+}
+
 __global__ void silu_kernel(const float* x, float* out, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -263,6 +269,10 @@ void launch_add_bf16(bf16* x, const bf16* y, int64_t count, cudaStream_t stream)
 void launch_add_periodic_rows(const float* x, const float* table, int64_t rows, int64_t dim, int64_t period, float* out,
                               cudaStream_t stream) {
   add_periodic_rows_kernel<<<element_blocks(rows * dim), kElementThreads, 0, stream>>>(x, table, rows, dim, period, out);
+}
+
+void launch_repeat_values(const float* values, int64_t count, int64_t repeat, float* out, cudaStream_t stream) {
+  repeat_values_kernel<<<element_blocks(count * repeat), kElementThreads, 0, stream>>>(values, count, repeat, out);
 }
 
 void launch_silu(const float* x, float* out, int64_t count, cudaStream_t stream) {

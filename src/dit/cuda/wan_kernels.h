@@ -46,6 +46,9 @@ void launch_add_bf16(bf16* x, const bf16* y, int64_t count, cudaStream_t stream)
 void launch_add_periodic_rows(const float* x, const float* table, int64_t rows, int64_t dim, int64_t period, float* out,
                               cudaStream_t stream);
 
+// out[i * repeat + j] = values[i] for j < repeat, fp32: per-frame timesteps as per-token ones.
+void launch_repeat_values(const float* values, int64_t count, int64_t repeat, float* out, cudaStream_t stream);
+
 // out[i] = x[i] * sigmoid(x[i]), fp32 (out may alias x).
 void launch_silu(const float* x, float* out, int64_t count, cudaStream_t stream);
 
