@@ -3,7 +3,9 @@
 // CUDA device (bf16), and reports where the time goes and, on CUDA, the device memory it took.
 // Under --ulysses / --ring / --cfg-parallel (mpirun, or the TESSEL_* environment on GPUs) every rank
 // runs its shard of the tokens and its guidance branch; the step time and the communication are
-// reported, and --check compares the whole output with the one-process forward's.
+// reported, and --check compares the whole output with the one-process forward's. A model with
+// Wan 2.1 I2V's image branch (--model wan-i2v-14b, or such a checkpoint) also takes CLIP features:
+// random ones of --image-tokens tokens (FLF2V: its position table's), or the --inputs file's.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -33,6 +35,7 @@
 #include "tessel/core/io/limited_json.h"
 #include "tessel/core/exec_context.h"
 #include "tessel/core/random.h"
+#include "tessel/diffusion/tiny_model.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_weights.h"
 #include "tessel/parallel/cfg_parallel.h"
@@ -53,6 +56,7 @@ struct DitBenchOptions {
   int64_t frames = 81, height = 480, width = 832;
   int64_t batch = 2;  // classifier-free guidance: conditional and unconditional in one call
   int64_t text_tokens = 512;
+  int64_t image_tokens = 257;  // CLIP ViT-H/14's 16 x 16 patches and class token (an image branch only)
   int64_t layers = 0;  // 0: the model's
   int64_t steps = 1, warmup = 0;
   int64_t threads = 0;
@@ -109,11 +113,21 @@ LatentShape latent_shape(const DitBenchOptions& o, const WanConfig& config) {
   return latent;
 }
 
+// The named sizes: the dit layer's text-to-video presets and Wan2.1-I2V-14B's.
+constexpr const char* kI2vPreset = "wan-i2v-14b";
+std::vector<std::string> bench_presets() {
+  std::vector<std::string> names = wan_preset_names();
+  names.push_back(kI2vPreset);
+  return names;
+}
+WanConfig bench_preset(const std::string& name) { return name == kI2vPreset ? wan_i2v_14b_transformer_config() : wan_preset(name); }
+
 // The forward's inputs, on the host: random ones of the options' shapes, or a file's.
 struct BenchInputs {
   int64_t batch = 0, text_tokens = 0;
   LatentShape latent{};
   Tensor latents, text;
+  Tensor image;     // the CLIP features of a model with an image branch (undefined without one)
   Tensor timestep;  // from the file (every step uses it); undefined: the schedule's per step
 };
 
@@ -144,6 +158,11 @@ BenchInputs bench_inputs(const DitBenchOptions& o, const WanConfig& config) {
   check_rank(in.text, 3, "--inputs encoder_hidden_states");
   in.text_tokens = in.text.size(1);
   check_shape(in.text, {in.batch, in.text_tokens, config.text_dim}, "--inputs encoder_hidden_states");
+  if (config.has_image_branch()) {
+    in.image = load("encoder_hidden_states_image");
+    check_rank(in.image, 3, "--inputs encoder_hidden_states_image");
+    check_shape(in.image, {in.batch, in.image.size(1), config.image_dim}, "--inputs encoder_hidden_states_image");
+  }
   return in;
 }
 
@@ -153,6 +172,12 @@ void make_random_inputs(const DitBenchOptions& o, const WanConfig& config, Bench
   in.text = Tensor::empty({in.batch, in.text_tokens, config.text_dim}, DType::kF32);
   fill_normal(in.latents.view(), static_cast<uint64_t>(o.seed) + 1);
   fill_normal(in.text.view(), static_cast<uint64_t>(o.seed) + 2);
+  if (config.has_image_branch()) {
+    // FLF2V takes exactly its position table's tokens (the first and the last image's).
+    const int64_t tokens = config.pos_embed_seq_len > 0 ? config.pos_embed_seq_len : o.image_tokens;
+    in.image = Tensor::empty({in.batch, tokens, config.image_dim}, DType::kF32);
+    fill_normal(in.image.view(), static_cast<uint64_t>(o.seed) + 3);
+  }
 }
 
 double rel_l2(const Tensor& actual, const Tensor& expected) {
@@ -233,7 +258,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                   "dense attention already");
   if (o.layers > 0 && !o.from_dir.empty())
     fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
-  WanConfig config = o.from_dir.empty() ? wan_preset(o.model) : load_wan_config(o.from_dir);
+  WanConfig config = o.from_dir.empty() ? bench_preset(o.model) : load_wan_config(o.from_dir);
   if (o.layers > 0) config.num_layers = o.layers;
   BenchInputs in = bench_inputs(o, config);
   if (parallel.cfg_parallel && in.batch != 2)
@@ -289,10 +314,24 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   // one-process forward is compared.
   const Tensor latents = (cfg_split ? batch_entry(in.latents, branch) : in.latents).to(device);
   const Tensor text = (cfg_split ? batch_entry(in.text, branch) : in.text).to(device);
+  const Tensor image = !in.image.defined() ? Tensor{} : (cfg_split ? batch_entry(in.image, branch) : in.image).to(device);
+  const auto output_shape = [&](const Tensor& input) {
+    Shape shape = input.shape();
+    shape[1] = config.out_channels;
+    return shape;
+  };
+  // One forward, with the image's CLIP features for a model that takes them.
+  const auto forward = [](const WanTransformer& transformer, const ExecContext& run_ctx, const StepInfo& step, const Tensor& x,
+                          const Tensor& t, const Tensor& context, const Tensor& clip, Tensor& y, WanForwardProfile* timing) {
+    if (clip.defined())
+      transformer.forward(run_ctx, step, x, t, context, clip, y, timing);
+    else
+      transformer.forward(run_ctx, step, x, t, context, y, timing);
+  };
   Tensor timestep;
-  Tensor out = Tensor::empty(latents.shape(), DType::kF32, device);
+  Tensor out = Tensor::empty(output_shape(latents), DType::kF32, device);
   // The whole prediction: `out`, or both branches gathered from the CFG ranks.
-  Tensor whole_out = cfg_split ? Tensor::empty(in.latents.shape(), DType::kF32, device) : out;
+  Tensor whole_out = cfg_split ? Tensor::empty(output_shape(in.latents), DType::kF32, device) : out;
   Shape stacked = out.shape();  // (branches, 1, C, F, H, W): how the CFG gather sees whole_out
   stacked.insert(stacked.begin(), cfg_split ? 2 : 1);
   const TensorView branches(whole_out.data(), DType::kF32, device, stacked);
@@ -302,7 +341,8 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   ctx.num_threads = static_cast<int>(o.threads);
   // The activations (CUDA) or attention scratch (CPU), sized once before the first step.
   Workspace workspace(device);
-  workspace.reserve(model.workspace_bytes(ctx, rank_batch, latent.frames, latent.height, latent.width, in.text_tokens));
+  const int64_t image_tokens = in.image.defined() ? in.image.size(1) : 0;
+  workspace.reserve(model.workspace_bytes(ctx, rank_batch, latent.frames, latent.height, latent.width, in.text_tokens, false, image_tokens));
   ctx.workspace = &workspace;
   const std::unique_ptr<BenchTimer> timer = make_bench_timer(ctx);
   const int64_t total_steps = o.warmup + o.steps;
@@ -325,7 +365,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     run.meter().reset();
     timer->start();
     if (timeline) timeline->begin(ctx);
-    model.forward(ctx, StepInfo::at(step, total_steps), latents, timestep, text, out, timed ? &profile : nullptr);
+    forward(model, ctx, StepInfo::at(step, total_steps), latents, timestep, text, image, out, timed ? &profile : nullptr);
     if (cfg_split) gather_cfg_branches(ctx, *groups->cfg, out, branches);
     const double ms = timer->stop_ms();
     if (!timed) continue;
@@ -349,11 +389,12 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   // attention (--compare-dense), or with this run's attention (--check).
   const auto one_process = [&](const WanAttentionOptions& options, const StepInfo& step) {
     const Tensor all_latents = in.latents.to(device), all_text = in.text.to(device);
+    const Tensor all_image = in.image.defined() ? in.image.to(device) : Tensor{};
     const Tensor all_timestep = step_timestep(in, in.batch, total_steps - 1, total_steps).to(device);
-    Tensor result = Tensor::empty(all_latents.shape(), DType::kF32, device);
+    Tensor result = Tensor::empty(output_shape(all_latents), DType::kF32, device);
     ExecContext whole_batch = ctx;  // its own scratch: the workspace was sized for this rank's batch
     whole_batch.workspace = nullptr;
-    model.with_attention(options).forward(whole_batch, step, all_latents, all_timestep, all_text, result);
+    forward(model.with_attention(options), whole_batch, step, all_latents, all_timestep, all_text, all_image, result, nullptr);
     return result.to(Device::cpu());
   };
   const Tensor host_whole_out = whole_out.to(Device::cpu());
@@ -376,6 +417,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       {"latent", {latent.frames, latent.height, latent.width}},
       {"tokens", tokens},
       {"text_tokens", in.text_tokens},
+      {"image_tokens", image_tokens},
       {"device", device.str()},
       {"dtype", device.is_cuda() ? "bf16" : "fp32"},
       {"threads", ctx.threads()},
@@ -424,9 +466,10 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; %s; attention: %s\n", report["model"].get<std::string>().c_str(),
               static_cast<long long>(config.num_layers), static_cast<long long>(config.inner_dim()),
               static_cast<long long>(config.num_attention_heads), where.c_str(), backend.c_str());
-  std::printf("batch %lld, latent %lld x %lld x %lld -> %lld tokens, %lld text tokens; weights ready in %.2f s\n",
+  std::printf("batch %lld, latent %lld x %lld x %lld -> %lld tokens, %lld text tokens%s; weights ready in %.2f s\n",
               static_cast<long long>(in.batch), static_cast<long long>(latent.frames), static_cast<long long>(latent.height),
-              static_cast<long long>(latent.width), static_cast<long long>(tokens), static_cast<long long>(in.text_tokens), load_s);
+              static_cast<long long>(latent.width), static_cast<long long>(tokens), static_cast<long long>(in.text_tokens),
+              image_tokens > 0 ? detail::concat(", ", image_tokens, " image tokens").c_str() : "", load_s);
   std::printf("step: median %.4f s, mean %.4f s over %lld; mean per kind of work:\n", median(step_s), profile.total_s() / n,
               static_cast<long long>(o.steps));
   const double total = profile.total_s();
@@ -467,7 +510,7 @@ CommandRegistration registration{
       auto options = std::make_shared<DitBenchOptions>();
       auto flags = std::make_shared<SparseAttnFlags>();
       auto parallel = std::make_shared<ParallelFlags>();
-      std::vector<std::string> presets = wan_preset_names();
+      std::vector<std::string> presets = bench_presets();
       app.add_option("--device", options->device, "cpu (fp32) or cuda[:N] (bf16 weights and GEMMs, fp32 residual stream)")
           ->capture_default_str()
           ->check(device_name());
@@ -484,6 +527,10 @@ CommandRegistration registration{
           ->capture_default_str()
           ->check(integer_in(1, 64));
       app.add_option("--text-tokens", options->text_tokens, "text encoder tokens")->capture_default_str()->check(integer_in(1, 1 << 16));
+      app.add_option("--image-tokens", options->image_tokens,
+                     "CLIP tokens per image of a model with an image branch (Wan 2.1 I2V; FLF2V takes its position table's)")
+          ->capture_default_str()
+          ->check(integer_in(1, 1 << 16));
       app.add_option("--layers", options->layers, "transformer blocks to run (default: the model's)")->check(integer_in(1, 1024));
       app.add_option("--steps", options->steps, "timed denoising steps (the median is reported)")
           ->capture_default_str()
@@ -498,8 +545,10 @@ CommandRegistration registration{
                      "per-block configs, '<json>' or @file.json: {\"<block>\": {fields over the whole config}, ...}");
       auto* inputs = app.add_option("--inputs", options->inputs,
                                     "safetensors file with the forward's inputs (hidden_states (B, C, F, H, W), timestep (B), "
-                                    "encoder_hidden_states (B, L, text_dim)) instead of random ones; every step uses them");
-      for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens"}) app.get_option(shaped)->excludes(inputs);
+                                    "encoder_hidden_states (B, L, text_dim), and encoder_hidden_states_image (B, I, image_dim) "
+                                    "for a model with an image branch) instead of random ones; every step uses them");
+      for (const char* shaped : {"--frames", "--height", "--width", "--batch", "--text-tokens", "--image-tokens"})
+        app.get_option(shaped)->excludes(inputs);
       app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file")
           ->check(writable_file_path());
       add_offload_flag(app, options->offload);

@@ -176,8 +176,6 @@ void check_image_flags(const GenerateOptions& o, const WanModelDir& model) {
   if (model.task == WanTask::kTextImageToVideo) {
     if (!o.last_image.empty())
       fail_argument("--last-image", "none: TI2V's image to video takes the first frame only (--image)", quoted_excerpt(o.last_image));
-    if (!o.image.empty() && o.device != "cpu")
-      fail_argument("--device", "cpu for image to video (the CUDA path takes no image condition in this version)", o.device);
     return;
   }
   if (!image_to_video && !(o.image.empty() && o.last_image.empty()))
@@ -193,8 +191,6 @@ void check_image_flags(const GenerateOptions& o, const WanModelDir& model) {
   if (image_to_video && t.has_image_branch() && t.pos_embed_seq_len == 0 && !o.last_image.empty())
     fail_argument("--last-image", "none: this Wan 2.1 I2V transformer's image branch takes one image (FLF2V models take two)",
                   quoted_excerpt(o.last_image));
-  if (image_to_video && o.device != "cpu")
-    fail_argument("--device", "cpu for image to video (the CUDA path takes no image condition in this version)", o.device);
 }
 
 // "out.mp4" -> "out-3.mp4" (--out always names a file: .mp4, .png or .safetensors).

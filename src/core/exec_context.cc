@@ -80,4 +80,12 @@ ExecContext ExecContext::with_workspace(Workspace* other) const {
   return copy;
 }
 
+ExecContext ExecContext::on_cpu() const {
+  ExecContext copy = *this;
+  copy.device = Device::cpu();
+  copy.stream = nullptr;
+  copy.workspace = nullptr;
+  return copy;
+}
+
 }  // namespace tessel

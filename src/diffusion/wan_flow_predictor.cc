@@ -45,26 +45,13 @@ class CpuFlowPredictor final : public WanFlowPredictor {
     Shape branches_shape = batch_shape;  // (2, 1, ...): the gathered branches, in branch order
     branches_shape.insert(branches_shape.begin(), 2);
     if (cfg_parallel_) branches_ = Tensor::empty(branches_shape, DType::kF32);
-    // With a given first frame each token has its timestep: 0 on the first frame's tokens (the
-    // first of each row: tokens are frame-major), the step's t elsewhere.
-    if (request.first_frame.empty()) {
+    // With a given first frame each latent frame has its timestep: 0 on the first, the step's t
+    // on the others (the pipeline checked the patch spans one frame).
+    if (request.first_frame.empty())
       timestep_ = Tensor::empty({batch_}, DType::kF32);
-    } else {
-      const WanConfig& c = request.transformer->config();
-      const Shape& latent = request.latent_shape;
-      first_frame_tokens_ = latent[3] / c.patch_size[1] * (latent[4] / c.patch_size[2]);
-      timestep_ = Tensor::empty({batch_, latent[2] / c.patch_size[0] * first_frame_tokens_}, DType::kF32);
-    }
+    else
+      timestep_ = Tensor::empty({batch_, request.latent_shape[2]}, DType::kF32);
     guided_prediction_ = Tensor::empty(request.latent_shape, DType::kF32);
-  }
-
-  // The given first frame over frame 0 of every channel of one row (C, F, H, W) of the model input.
-  void put_first_frame(float* input_row) const {
-    const Shape& latent = request_.latent_shape;
-    const int64_t frames = latent[2], plane = latent[3] * latent[4];
-    for (int64_t channel = 0; channel < latent[1]; ++channel)
-      std::memcpy(input_row + channel * frames * plane, request_.first_frame.data_as<float>() + channel * plane,
-                  static_cast<size_t>(plane) * sizeof(float));
   }
 
   TensorView predict(const ExecContext& ctx, int64_t step, int64_t total_steps, const TensorView& latents,
@@ -77,13 +64,10 @@ class CpuFlowPredictor final : public WanFlowPredictor {
       float* input_row = model_input_.data_as<float>() + b * row;
       std::memcpy(input_row, latents.data(), latents.nbytes());
       if (!condition.empty()) std::memcpy(input_row + count, condition.data(), condition.nbytes());
-      if (!request_.first_frame.empty()) put_first_frame(input_row);
+      if (!request_.first_frame.empty()) put_first_frame(request_.first_frame, request_.latent_shape[2], input_row);
     }
-    float* timesteps = timestep_.data_as<float>();
-    const int64_t per_row = timestep_.numel() / batch_;
-    for (int64_t b = 0; b < batch_; ++b)
-      for (int64_t i = 0; i < per_row; ++i)
-        timesteps[b * per_row + i] = i < first_frame_tokens_ ? 0.0f : static_cast<float>(timestep);
+    fill_step_timesteps(timestep_.data_as<float>(), batch_, timestep_.numel() / batch_, request_.first_frame.empty() ? 0 : 1,
+                        static_cast<float>(timestep));
     const StepInfo info = StepInfo::at(step, total_steps, 0, branch_);
     if (image_.defined())
       request_.transformer->forward(ctx, info, model_input_, timestep_, text_, image_, prediction_, nullptr, request_.block_cache);
@@ -103,7 +87,6 @@ class CpuFlowPredictor final : public WanFlowPredictor {
   bool guided_, cfg_parallel_;
   int branch_;
   int64_t batch_;
-  int64_t first_frame_tokens_ = 0;  // tokens at timestep 0 per row (a given first frame)
   Tensor text_, image_, model_input_, prediction_, branches_, timestep_, guided_prediction_;
 };
 
@@ -112,6 +95,17 @@ class CpuFlowPredictor final : public WanFlowPredictor {
 void combine_guidance(const float* cond, const float* uncond, double scale, float* out, int64_t count) {
   const auto s = static_cast<float>(scale);
   for (int64_t i = 0; i < count; ++i) out[i] = uncond[i] + s * (cond[i] - uncond[i]);
+}
+
+void put_first_frame(const TensorView& first_frame, int64_t frames, float* video) {
+  const int64_t channels = first_frame.size(1), plane = first_frame.size(3) * first_frame.size(4);
+  for (int64_t channel = 0; channel < channels; ++channel)
+    std::memcpy(video + channel * frames * plane, first_frame.data_as<float>() + channel * plane, static_cast<size_t>(plane) * sizeof(float));
+}
+
+void fill_step_timesteps(float* out, int64_t rows, int64_t per_row, int64_t zeros, float timestep) {
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t i = 0; i < per_row; ++i) out[row * per_row + i] = i < zeros ? 0.0f : timestep;
 }
 
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request) {

@@ -47,6 +47,15 @@ class WanFlowPredictor {
 // The guided flow on the host: out = uncond + scale * (cond - uncond), in fp32 (the CPU predictors').
 void combine_guidance(const float* cond, const float* uncond, double scale, float* out, int64_t count);
 
+// TI2V's image (diffusers' expand_timesteps): `first_frame` (1, C, 1, H, W) fp32 CPU over latent
+// frame 0 of every channel of `video`, one batch row (C, frames, H, W) of latents.
+void put_first_frame(const TensorView& first_frame, int64_t frames, float* video);
+// The (rows, per_row) timesteps of a step: each row's first `zeros` at 0, the others at
+// `timestep`. A given first frame is clean: with one timestep per latent frame (the transformer
+// computes its conditioning once per frame, not per token) frame 0 is at 0 (zeros = 1); without
+// one, per_row = 1 and zeros = 0.
+void fill_step_timesteps(float* out, int64_t rows, int64_t per_row, int64_t zeros, float timestep);
+
 std::unique_ptr<WanFlowPredictor> make_cpu_flow_predictor(const WanFlowRequest& request);
 #ifdef TESSEL_WITH_CUDA
 // For a transformer on a CUDA device; under CFG-parallel the group must be a NCCL communicator of

@@ -296,9 +296,6 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   const std::string& dir = impl->model.path;
   impl->options = options;
   const bool image_to_video = impl->model.task == WanTask::kImageToVideo;
-  if (image_to_video && !options.device.is_cpu())
-    fail_argument("device for image to video (" + impl->model.path + ")",
-                  "cpu: the CUDA forward, flow predictor and VAE encoder take no image condition in this version", options.device.str());
 
   if (options.residency == WanWeightResidency::kOffloadBlocks && !options.device.is_cuda())
     fail_argument("block offload (WanLoadOptions::residency)", "a CUDA device", options.device.str());
@@ -424,6 +421,8 @@ void WanGenerator::Impl::set_image_condition(const ExecContext& ctx, const WanRe
     // diffusers hands the transformer (images, tokens, width), which its embedder views as one row
     // of images x tokens: the same memory as (1, images x tokens, width).
     options.image_embeds = Tensor::empty({1, pixels.size(0) * clip.tokens(), clip.hidden_size}, DType::kF32);
+    // On the encoder's device (ctx's stream when ctx is on it); the features come back to the host
+    // and the CUDA predictor uploads them once per request.
     image_encoder->forward(ctx, pixels,
                            TensorView(options.image_embeds.data(), DType::kF32, Device::cpu(), {pixels.size(0), clip.tokens(), clip.hidden_size}));
   }
@@ -517,9 +516,11 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   options.cache = state->cache.get();
   options.cache_2 = state->cache_2.get();
   options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
-  g.set_image_condition(ctx, request, size, options);
   ExecContext run_ctx = ctx;
   run_ctx.device = g.options.device;
+  // The image encoders run on the generator's device (CLIP where it was loaded, the VAE's encoder
+  // where the conditioning video is put), their results come back as host tensors.
+  g.set_image_condition(run_ctx, request, size, options);
   state->denoise = experts.pipeline->begin(run_ctx, prompt, guided ? negative.view() : TensorView{}, options,
                                            request.noise.defined() ? request.noise.view() : TensorView{},
                                            make_scheduler(g.scheduler));

@@ -28,11 +28,7 @@ Tensor encoded_mu(const ExecContext& ctx, const WanVae& vae, const TensorView& v
       ctx.log(LogLevel::kWarning, std::string("the VAE encodes on the CPU: the CUDA encoder failed: ") + e.what());
     }
   }
-  ExecContext cpu = ctx;
-  cpu.device = Device::cpu();
-  cpu.stream = nullptr;
-  cpu.workspace = nullptr;
-  return vae.encode(cpu, video, control);
+  return vae.encode(ctx.on_cpu(), video, control);
 }
 
 }  // namespace

@@ -186,11 +186,7 @@ VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_la
     }
     if (decoded) return decoded->defined() ? frames_of_decoded(decoded->to(Device::cpu())) : VideoFrames{};
   }
-  ExecContext cpu_ctx = ctx;
-  cpu_ctx.device = Device::cpu();
-  cpu_ctx.stream = nullptr;
-  cpu_ctx.workspace = nullptr;
-  const Tensor decoded = vae_->decode(cpu_ctx, host_latents, control);
+  const Tensor decoded = vae_->decode(ctx.on_cpu(), host_latents, control);
   return decoded.defined() ? frames_of_decoded(decoded) : VideoFrames{};
 }
 
@@ -271,9 +267,6 @@ void check_image_condition(const WanGenerationOptions& options, const Shape& lat
       fail_argument("cache", "none with a first frame (its tokens have their own timestep)",
                     (options.cache ? options.cache : options.cache_2)->name());
   }
-  if ((channels > 0 || options.image_embeds.defined() || options.first_frame.defined()) && !transformer.device().is_cpu())
-    fail_argument("transformer device for image-to-video", "cpu: the CUDA predictor and forward take no image condition yet",
-                  transformer.device().str());
 }
 
 Tensor host_copy(const TensorView& view) {
@@ -510,12 +503,7 @@ WanGenerationResult WanPipeline::finish(const ExecContext& ctx, WanDenoiseState&
   WanGenerationResult result = std::move(s.result);
   // TI2V's image: the loop's first latent frame gives way to the image's (diffusers does this after
   // the last step, before the decode).
-  if (s.options.first_frame.defined()) {
-    const int64_t channels = s.latents.size(1), frames = s.latents.size(2), plane = s.latents.size(3) * s.latents.size(4);
-    for (int64_t channel = 0; channel < channels; ++channel)
-      std::memcpy(s.latents.data_as<float>() + channel * frames * plane, s.options.first_frame.data_as<float>() + channel * plane,
-                  static_cast<size_t>(plane) * sizeof(float));
-  }
+  if (s.options.first_frame.defined()) put_first_frame(s.options.first_frame, s.latents.size(2), s.latents.data_as<float>());
   if (vae_ != nullptr && s.options.decode && !result.cancelled) {
     const WanDecodeControl control{s.options.on_decode_chunk, s.options.cancel};
     result.frames = decode_on(ctx, s.latents, &control);

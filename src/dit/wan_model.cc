@@ -176,8 +176,8 @@ struct WanTransformer::Impl {
   };
   // The CUDA forward's sizes, this rank's shard among them under sequence parallelism.
   WanForwardShapeAndShards cuda_shape(int64_t batch, int64_t frames, int64_t height, int64_t width, int64_t text_len,
-                                      bool per_token_timestep) const {
-    dit::cuda::WanForwardShape shape{batch, frames, height, width, text_len, per_token_timestep};
+                                      int64_t image_len, int64_t timesteps_per_entry) const {
+    dit::cuda::WanForwardShape shape{batch, frames, height, width, text_len, image_len, timesteps_per_entry};
     const int64_t seq = frames / config.patch_size[0] * (height / config.patch_size[1]) * (width / config.patch_size[2]);
     WanSequenceParallel* const sp = sequence_parallel_for(batch, seq);
     if (sp) {
@@ -420,10 +420,14 @@ size_t WanTransformer::offloaded_weight_bytes() const {
 }
 
 size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height,
-                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep) const {
+                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep, int64_t image_tokens) const {
 #ifdef TESSEL_WITH_CUDA
   if (impl_->cuda) {
-    const auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, per_token_timestep);
+    // Per token is the most a forward takes (per frame takes as much or less).
+    const int64_t seq = latent_frames / impl_->config.patch_size[0] * (latent_height / impl_->config.patch_size[1]) *
+                        (latent_width / impl_->config.patch_size[2]);
+    const auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, image_tokens,
+                                       per_token_timestep ? seq : 1);
     return impl_->cuda->workspace_bytes(run.shape);
   }
 #endif
@@ -431,7 +435,8 @@ size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, in
   const int64_t seq = latent_frames / c.patch_size[0] * (latent_height / c.patch_size[1]) * (latent_width / c.patch_size[2]);
   const int64_t heads = c.num_attention_heads, head_dim = c.attention_head_dim;
   return std::max(attention_workspace_bytes(ctx, Device::cpu(), AttentionDims{batch, seq, seq, heads, heads, head_dim}),
-                  attention_workspace_bytes(ctx, Device::cpu(), AttentionDims{batch, seq, text_tokens, heads, heads, head_dim}));
+                  attention_workspace_bytes(ctx, Device::cpu(),
+                                            AttentionDims{batch, seq, std::max(text_tokens, image_tokens), heads, heads, head_dim}));
 }
 
 const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
@@ -516,10 +521,15 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                     detail::concat(layout->frames, " x ", layout->grid_height(), " x ", layout->grid_width()));
   }
   const int64_t seq = grid[0] * grid[1] * grid[2];
-  if (timestep.dim() == 2)
-    check_shape(timestep, {batch, seq}, "timestep (one per token)");
+  // One timestep per batch entry, per latent frame of patches, or per token (each covering the
+  // tokens that follow it in frame-major order).
+  if (timestep.dim() == 2 && timestep.size(1) == grid[0])
+    check_shape(timestep, {batch, grid[0]}, "timestep (one per latent frame)");
+  else if (timestep.dim() == 2)
+    check_shape(timestep, {batch, seq}, "timestep (one per token, or one per latent frame)");
   else
     check_shape(timestep, {batch}, "timestep");
+  const int64_t timesteps_per_entry = timestep.dim() == 2 ? timestep.size(1) : 1;
   check_rank(text, 3, "text");
   const int64_t text_len = text.size(1);
   if (text_len < 1) fail_argument("text tokens", "at least 1", text_len);
@@ -532,19 +542,17 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                 c.pos_embed_seq_len > 0 ? "image (FLF2V: pos_embed_seq_len tokens, the first and last frames')" : "image");
   }
   if (block_cache && timestep.dim() == 2)
-    fail_argument("block_cache", "a (B) timestep (one per batch entry)", "a (B, S) timestep");
+    fail_argument("block_cache", "a (B) timestep (one per batch entry)", "a (B, S) or (B, F) timestep");
 
 #ifdef TESSEL_WITH_CUDA
   if (cuda) {
-    if (c.has_image_branch())
-      fail_argument("WanTransformer device for an image branch (image_dim)", "cpu: the CUDA forward has no image branch yet",
-                    device.str());
     if (block_cache && !block_cache->handles_device(device))
       fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
-    WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, timestep.dim() == 2);
+    WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, image_len, timesteps_per_entry);
     run.shape.block_cache = block_cache != nullptr;
-    cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(), out.data_as<float>(),
-                  self_attention, profile, run.sequence_parallel, block_cache);
+    cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(),
+                  c.has_image_branch() ? image.data_as<float>() : nullptr, out.data_as<float>(), self_attention, profile,
+                  run.sequence_parallel, block_cache);
     return;
   }
 #endif
@@ -553,9 +561,11 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   WanSequenceParallel* const sp = sequence_parallel_for(batch, seq);
   const int64_t tokens = sp ? sp->shard_length() : seq;
   const int64_t rows = batch * tokens, text_rows = batch * text_len;
-  // Conditioning groups: one per batch entry, or one per token with a (B, S) timestep (Wan 2.2's
-  // per-token timesteps); the rows of a group share its modulation vectors.
-  const int64_t groups = timestep.dim() == 2 ? rows : batch, group_rows = rows / groups;
+  // Conditioning groups: one per timestep (per batch entry, per latent frame or per token, as Wan
+  // 2.2 conditions a first frame), each over the consecutive rows it covers; under sequence
+  // parallelism with several per entry, one per row of the shard. The rows of a group share its
+  // modulation vectors.
+  const int64_t groups = sp && timesteps_per_entry > 1 ? rows : batch * timesteps_per_entry, group_rows = rows / groups;
   const int64_t patch_len = c.in_channels * c.patch_volume();
   const auto buffer = [](int64_t count) { return std::vector<float>(static_cast<size_t>(count)); };
   Stopwatch clock(profile);
@@ -588,11 +598,16 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
                   *row++ = src[(((b * c.in_channels + ch) * frames + f * pt + i) * height + y * ph + j) * width + x * pw + k];
         }
   const float* group_timesteps = timestep.data_as<float>();
-  std::vector<float> shard_patches, shard_timesteps;
+  std::vector<float> shard_patches, token_timesteps, shard_timesteps;
   if (sp) {
     sp->take_rows(ctx, patches.data(), patch_len, (shard_patches = buffer(rows * patch_len)).data());
     patches.swap(shard_patches);
-    if (timestep.dim() == 2) {
+    if (timesteps_per_entry > 1) {
+      if (timesteps_per_entry < seq) {  // one per frame: repeated over the frame's tokens first
+        token_timesteps = buffer(batch * seq);
+        for (int64_t i = 0; i < batch * seq; ++i) token_timesteps[i] = group_timesteps[i / (seq / timesteps_per_entry)];
+        group_timesteps = token_timesteps.data();
+      }
       sp->take_rows(ctx, group_timesteps, 1, (shard_timesteps = buffer(rows)).data());
       group_timesteps = shard_timesteps.data();
     }

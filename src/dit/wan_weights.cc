@@ -65,7 +65,10 @@ DType wan_cuda_weight_dtype(const std::string& name) {
   const bool table = name.find("scale_shift_table") != std::string::npos;
   const bool norm = name.find("norm") != std::string::npos;
   const bool fp32_output_bias = name == "patch_embedding.bias" || name == "proj_out.bias";
-  return conditioning || table || norm || fp32_output_bias ? DType::kF32 : DType::kBF16;
+  // The image embedder (diffusers' FP32LayerNorm around its MLP): its GEMMs write fp32 for the
+  // norms and the GELU, so their biases are fp32, and so is FLF2V's position table it adds in fp32.
+  const bool image_embedder_vector = name.starts_with("condition_embedder.image_embedder.") && !name.ends_with(".weight");
+  return conditioning || table || norm || fp32_output_bias || image_embedder_vector ? DType::kF32 : DType::kBF16;
 }
 
 WanRandomInit wan_random_init(const WanConfig& config, const WeightSpec& spec) {

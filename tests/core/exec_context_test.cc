@@ -111,6 +111,23 @@ TEST(ExecContext, WithWorkspaceKeepsTheRest) {
   EXPECT_EQ(ctx.workspace, nullptr);
 }
 
+TEST(ExecContext, OnCpuDropsTheDeviceStreamAndWorkspaceAndKeepsTheRest) {
+  Workspace ws;
+  ExecContext ctx;
+  ctx.device = Device::cuda(1);
+  ctx.stream = reinterpret_cast<StreamHandle>(0x10);
+  ctx.workspace = &ws;
+  ctx.num_threads = 3;
+  ctx.log_level = LogLevel::kError;
+  const ExecContext cpu = ctx.on_cpu();
+  EXPECT_TRUE(cpu.device.is_cpu());
+  EXPECT_EQ(cpu.stream, nullptr);
+  EXPECT_EQ(cpu.workspace, nullptr);
+  EXPECT_EQ(cpu.num_threads, 3);
+  EXPECT_EQ(cpu.log_level, LogLevel::kError);
+  EXPECT_EQ(ctx.workspace, &ws);  // the original is untouched
+}
+
 TEST(Log, ParsesLevelNames) {
   EXPECT_EQ(parse_log_level("debug"), LogLevel::kDebug);
   EXPECT_EQ(parse_log_level("error"), LogLevel::kError);

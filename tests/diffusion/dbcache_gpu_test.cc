@@ -51,8 +51,6 @@ WanConfig four_layer_config() {
   return c;
 }
 
-Tensor bf16_rounded(const Tensor& t) { return t.to(DType::kBF16).to(DType::kF32); }
-
 // Random weights with the tensors the CUDA model keeps in bf16 rounded to bf16: both devices hold
 // the same numbers, and what differs is the CUDA forward's arithmetic alone.
 std::map<std::string, Tensor> shared_weights(const WanConfig& config) {

@@ -18,6 +18,9 @@
 #include "tessel/diffusion/scheduler.h"
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/diffusion/video_frames.h"
+#include "tessel/diffusion/wan_pipeline.h"
+#include "tessel/dit/wan_config.h"
+#include "tessel/dit/wan_weights.h"
 
 namespace tessel {
 
@@ -73,6 +76,26 @@ inline std::pair<UMT5Config, std::map<std::string, Tensor>> load_umt5_fixture(co
   return {parse_umt5_config(text.str()), std::move(weights)};
 }
 
+// The values of a CPU view rounded to bf16 and back: what a CUDA model keeps of what it stores in bf16.
+inline Tensor bf16_rounded(const TensorView& t) {
+  Tensor copy = Tensor::empty(t.shape(), DType::kF32);
+  std::memcpy(copy.data(), t.data(), t.nbytes());
+  return copy.to(DType::kBF16).to(DType::kF32);
+}
+
+// A Wan transformer directory's tensors (wan_weight_specs of its config.json); with
+// round_like_cuda, those a CUDA model keeps in bf16 rounded to bf16 (the CUDA-vs-CPU tests'
+// yardstick: what bf16 storage alone changes).
+inline std::map<std::string, Tensor> wan_transformer_weights(const std::string& transformer_dir, bool round_like_cuda) {
+  const SafetensorsFile file = SafetensorsFile::open(transformer_dir + "/diffusion_pytorch_model.safetensors");
+  std::map<std::string, Tensor> out;
+  for (const WeightSpec& spec : wan_weight_specs(load_wan_config(transformer_dir))) {
+    Tensor t = file.load(spec.name);
+    out[spec.name] = round_like_cuda && wan_cuda_weight_dtype(spec.name) == DType::kBF16 ? bf16_rounded(t) : std::move(t);
+  }
+  return out;
+}
+
 // Wan 2.1's schedulers at flow shift 3: UniPC (its default configuration) and Euler.
 inline SchedulerConfig wan_unipc() {
   SchedulerConfig config;
@@ -104,6 +127,23 @@ inline void rewrite_tensor(const std::string& path, const std::string& name, con
   std::vector<std::pair<std::string, TensorView>> views;
   for (auto& [tensor_name, tensor] : tensors) views.emplace_back(tensor_name, tensor.view());
   write_safetensors(path, views);
+}
+
+// A seeded denoising loop (seed 7, 2 CPU threads) of `steps` steps on `transformer`'s device, with
+// a pipeline of its own (`vae` to decode, or none) and the scheduler of `scheduler_config`.
+inline WanGenerationResult run_wan_loop(const WanTransformer& transformer, const SchedulerConfig& scheduler_config, double guidance,
+                                        const WanVideoSize& size, int64_t steps, const TensorView& prompt, const TensorView& negative,
+                                        const WanVae* vae = nullptr, WanGenerationOptions options = {}) {
+  auto scheduler = make_scheduler(scheduler_config);
+  const WanPipeline pipeline(transformer, *scheduler, vae);
+  options.num_inference_steps = steps;
+  options.guidance_scale = guidance;
+  options.seed = 7;
+  options.size = size;
+  ExecContext ctx;
+  ctx.device = transformer.device();
+  ctx.num_threads = 2;
+  return pipeline.generate(ctx, prompt, negative, options);
 }
 
 }  // namespace tessel

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "diffusion/diffusion_test_util.h"
@@ -48,12 +49,6 @@ namespace fs = std::filesystem;
 
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped"
-
-Tensor bf16_rounded(const TensorView& t) {
-  Tensor copy = Tensor::empty(t.shape(), DType::kF32);
-  std::memcpy(copy.data(), t.data(), t.nbytes());
-  return copy.to(DType::kBF16).to(DType::kF32);
-}
 
 // The tiny model written once for the suite, and its text embeddings of one prompt.
 class WanPipelineCudaTest : public ::testing::Test {
@@ -81,29 +76,12 @@ class WanPipelineCudaTest : public ::testing::Test {
   static std::string transformer_dir() { return (*dir_ / "transformer").string(); }
 
   // The checkpoint's tensors, optionally with the ones the CUDA model keeps in bf16 rounded to bf16.
-  static std::map<std::string, Tensor> weights(bool round_like_cuda) {
-    const SafetensorsFile file = SafetensorsFile::open(transformer_dir() + "/diffusion_pytorch_model.safetensors");
-    std::map<std::string, Tensor> out;
-    for (const WeightSpec& spec : wan_weight_specs(load_wan_config(transformer_dir()))) {
-      Tensor t = file.load(spec.name);
-      out[spec.name] = round_like_cuda && wan_cuda_weight_dtype(spec.name) == DType::kBF16 ? bf16_rounded(t) : std::move(t);
-    }
-    return out;
-  }
+  static std::map<std::string, Tensor> weights(bool round_like_cuda) { return wan_transformer_weights(transformer_dir(), round_like_cuda); }
 
   static WanGenerationResult run(const WanTransformer& transformer, const SchedulerConfig& scheduler_config, double guidance,
                                  const WanVideoSize& size, int64_t steps, const TensorView& prompt, const TensorView& negative,
                                  const WanVae* vae = nullptr, WanGenerationOptions options = {}) {
-    auto scheduler = make_scheduler(scheduler_config);
-    const WanPipeline pipeline(transformer, *scheduler, vae);
-    options.num_inference_steps = steps;
-    options.guidance_scale = guidance;
-    options.seed = 7;
-    options.size = size;
-    ExecContext ctx;
-    ctx.device = transformer.device();
-    ctx.num_threads = 2;
-    return pipeline.generate(ctx, prompt, negative, options);
+    return run_wan_loop(transformer, scheduler_config, guidance, size, steps, prompt, negative, vae, std::move(options));
   }
 
   static fs::path* dir_;

@@ -121,5 +121,18 @@ TEST(WanI2v, ConfigFieldsOfTheImageBranchAreValidated) {
   EXPECT_EQ(image_specs, 8u + 5u * 40u);  // the embedder's 8, five per block of the default 40 layers
 }
 
+// A CUDA model keeps the image embedder's GEMM weights and the blocks' image keys and values in
+// bf16, and in fp32 what its fp32 path reads: the norms, the biases of the embedder's two linears
+// (which write fp32 for the norm and the GELU) and FLF2V's position table.
+TEST(WanI2v, CudaWeightDtypesOfTheImageBranch) {
+  const std::string embedder = "condition_embedder.image_embedder.";
+  for (const char* name : {"norm1.weight", "norm1.bias", "ff.net.0.proj.bias", "ff.net.2.bias", "norm2.weight", "norm2.bias", "pos_embed"})
+    EXPECT_EQ(wan_cuda_weight_dtype(embedder + name), DType::kF32) << name;
+  for (const char* name : {"ff.net.0.proj.weight", "ff.net.2.weight"}) EXPECT_EQ(wan_cuda_weight_dtype(embedder + name), DType::kBF16) << name;
+  for (const char* name : {"attn2.add_k_proj.weight", "attn2.add_k_proj.bias", "attn2.add_v_proj.weight", "attn2.add_v_proj.bias"})
+    EXPECT_EQ(wan_cuda_weight_dtype(wan_block_tensor(3, name)), DType::kBF16) << name;
+  EXPECT_EQ(wan_cuda_weight_dtype(wan_block_tensor(3, "attn2.norm_added_k.weight")), DType::kF32);
+}
+
 }  // namespace
 }  // namespace tessel

@@ -86,6 +86,35 @@ TEST(WanParity, PerTokenTimestepsMatchDiffusers) {
   EXPECT_GT(rel_l2(fixture.io.at("output_per_token_fp64"), fixture.io.at("output_fp64")), 1e-3);
 }
 
+// The same timesteps given once per latent frame (the fixture's per-token ones are constant over
+// each frame's 15 tokens): the conditioning runs once per frame, the output is diffusers' per-token
+// one. A second dimension that is neither the frames nor the tokens is an Error naming timestep.
+TEST(WanParity, PerFrameTimestepsMatchDiffusersPerTokenOnes) {
+  const Fixture fixture;
+  const WanTransformer model = WanTransformer::load(wan_fixture_dir() / "checkpoint");
+  const Tensor& per_token = fixture.io.at("timestep_per_token");
+  const int64_t batch = per_token.size(0), tokens = per_token.size(1), frames = fixture.io.at("hidden_states").size(2);
+  Tensor per_frame = Tensor::empty({batch, frames}, DType::kF32);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t f = 0; f < frames; ++f)
+      per_frame.data_as<float>()[b * frames + f] = per_token.data_as<float>()[b * tokens + f * (tokens / frames)];
+  Tensor out = Tensor::empty(fixture.io.at("output_fp64").shape(), DType::kF32);
+  fill(out.view(), std::nan(""));
+  ExecContext ctx;
+  ctx.num_threads = 1;
+  model.forward(ctx, {}, fixture.io.at("hidden_states"), per_frame, fixture.io.at("encoder_hidden_states"), out);
+  const double error = rel_l2(out, fixture.io.at("output_per_token_fp64"));
+  std::printf("per-frame timesteps: rel-L2 vs diffusers' per-token float64 %.3e\n", error);
+  EXPECT_LE(error, 4e-6);
+  Tensor odd = Tensor::zeros({batch, frames + 1}, DType::kF32);
+  try {
+    model.forward(ctx, {}, fixture.io.at("hidden_states"), odd, fixture.io.at("encoder_hidden_states"), out);
+    FAIL() << "a (B, frames + 1) timestep was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("timestep"), std::string::npos) << e.what();
+  }
+}
+
 // The CUDA forward's fixture (2 heads of 64, bf16-stored weights; its test is wan_cuda_gpu_test):
 // the CPU fp32 forward holds it to diffusers' float64 forward too, so the fixture itself is checked
 // where there is no GPU.
@@ -183,7 +212,7 @@ TEST(WanParity, BadInputsNameTheArgument) {
   const Tensor odd_width = Tensor::zeros({2, 16, 3, 10, 5}, DType::kF32);
   expect_error(odd_width, timestep, text, Tensor::zeros({2, 16, 3, 10, 5}, DType::kF32), "latents width");
   expect_error(latents, Tensor::zeros({3}, DType::kF32), text, out, "timestep");
-  expect_error(latents, Tensor::zeros({2, 44}, DType::kF32), text, out, "timestep (one per token)");
+  expect_error(latents, Tensor::zeros({2, 44}, DType::kF32), text, out, "timestep (one per token, or one per latent frame)");
   expect_error(latents, timestep, Tensor::zeros({2, 7, 23}, DType::kF32), out, "text");
   expect_error(latents, timestep, text, Tensor::zeros({2, 16, 3, 10, 6}, DType::kF16), "out");
   const Tensor too_long = Tensor::zeros({1, 16, 33, 2, 2}, DType::kF32);

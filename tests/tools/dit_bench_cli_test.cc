@@ -26,10 +26,28 @@ const std::string kFixtureRun = "--from-dir '" + std::string(TESSEL_SOURCE_DIR) 
 TEST(DitBenchCli, HelpNamesEveryFlag) {
   const TesselRun run = dit_bench("--help");
   EXPECT_EQ(run.status, 0) << run.out;
-  for (const char* flag : {"--model", "--from-dir", "--frames", "--height", "--width", "--batch", "--text-tokens", "--layers", "--steps",
+  for (const char* flag : {"--model", "--from-dir", "--frames", "--height", "--width", "--batch", "--text-tokens", "--image-tokens", "--layers", "--steps",
                            "--warmup", "--threads", "--seed", "--json", "--compare-dense", "--sparse-attn-layers", "--sparse-attn-backend", "--sparse-attn-topk",
                            "--sparse-attn-schedule", "--sparse-attn-pattern", "--sparse-attn-config"})
     EXPECT_NE(run.out.find(flag), std::string::npos) << flag << " missing from:\n" << run.out;
+}
+
+// A checkpoint with Wan 2.1 I2V's image branch (36 input channels) runs on random CLIP features of
+// --image-tokens tokens; FLF2V's takes its position table's 10 whatever the flag says.
+TEST(DitBenchCli, RunsImageBranchCheckpointsOnRandomClipFeatures) {
+  const std::string fixtures = std::string(TESSEL_SOURCE_DIR) + "/tests/fixtures/wan_i2v/";
+  const std::string size = " --frames 9 --height 32 --width 32 --text-tokens 7 --threads 1 --steps 1 --json --image-tokens 3";
+  for (const auto& [variant, tokens] : {std::pair{"i2v", 3}, {"flf2v", 10}}) {
+    const TesselRun run = dit_bench("--from-dir '" + fixtures + variant + "'" + size);
+    ASSERT_EQ(run.status, 0) << variant << "\n" << run.out;
+    const nlohmann::json report = nlohmann::json::parse(run.out);
+    EXPECT_EQ(report["image_tokens"], tokens) << variant;
+    EXPECT_EQ(report["tokens"], 12) << variant;
+  }
+  // A text-to-video model has none.
+  const TesselRun t2v = dit_bench(kFixtureRun);
+  ASSERT_EQ(t2v.status, 0) << t2v.out;
+  EXPECT_EQ(nlohmann::json::parse(t2v.out)["image_tokens"], 0);
 }
 
 TEST(DitBenchCli, RunsTheFixtureCheckpointDenseAndSparse) {

@@ -502,7 +502,6 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("generate flf2v without --last-image", ierr(["--image", fx["img_good.png"]], flf2v), ["--last-image"])
     err("generate flf2v bad --last-image", ierr(["--image", fx["img_good.png"], "--last-image", fx["img_gif.png"]], flf2v),
         ["--last-image"])
-    err("generate i2v on cuda", ierr(["--image", fx["img_good.png"], "--device", "cuda"]), ["--device"])
     err("generate --image on a text-to-video model", g(["--image", fx["img_good.png"]]), ["--image"])
     err("generate --last-image on a text-to-video model", g(["--last-image", fx["img_good.png"]]), ["--last-image"])
 

@@ -106,6 +106,9 @@ struct ExecContext {
   void log(LogLevel level, std::string_view message) const;
   // This context with another workspace (same device, stream, threads and logging).
   ExecContext with_workspace(Workspace* other) const;
+  // This context for work on the host whatever its device: the CPU, no stream, no workspace (the
+  // caller's would be the device's), the same threads and logging.
+  ExecContext on_cpu() const;
 };
 
 }  // namespace tessel

@@ -158,9 +158,9 @@ class WanGenerator {
  public:
   // Opens `dir` (WanModelDir::open) and loads what requests need: the transformer(s) on
   // options.device with the default sparse setting, the text encoder (unless load_text_encoder is
-  // false or the directory has none), the VAE (unless load_vae is false or there is none). Throws
-  // Error naming the option or file: an image-to-video directory on a CUDA device (the image
-  // condition runs on the CPU only in this version), a sparse setting for
+  // false or the directory has none), the VAE (unless load_vae is false or there is none). Image
+  // to video's CLIP features and VAE encode run on the CPU on every device (a CUDA transformer takes
+  // them through its predictor). Throws Error naming the option or file: a sparse setting for
   // transformer_2 of a one-expert model, a bad cache or scheduler name.
   static WanGenerator load(const ExecContext& ctx, const std::string& dir, const WanLoadOptions& options);
   // The same from a directory the caller has opened already (its flags checked against it), so

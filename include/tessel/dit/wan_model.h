@@ -20,8 +20,8 @@
 //     forward allocates its activations; the attention kernels take their scratch from
 //     ctx.workspace (grown to what the shapes need), or from one workspace of the call's own.
 //   CUDA (builds with CUDA): bf16 weights and GEMMs (cuBLASLt, fp32 accumulation), the residual
-//     stream and the timestep conditioning in fp32, fused norm / modulation / RoPE / gated-residual
-//     kernels, tessel's attention kernels. Every activation is a slice of ctx.workspace, grown on
+//     stream and the timestep conditioning in fp32 (and the image embedder's norms and GELU),
+//     fused norm / modulation / RoPE / gated-residual kernels, tessel's attention kernels. Every activation is a slice of ctx.workspace, grown on
 //     the first forward of a shape (workspace_bytes() tells how much): later forwards allocate
 //     nothing and do not wait for the device, all work on ctx.stream. Inputs and output stay fp32
 //     device tensors.
@@ -168,15 +168,17 @@ class WanTransformer {
   static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {},
                                Device device = Device::cpu(), WanWeightResidency residency = WanWeightResidency::kDevice);
 
-  // One transformer forward. latents (B, in_channels, F, H, W), timestep (B) or (B, S) (one per
-  // token, as Wan 2.2 conditions a first frame), text (B, L, text_dim) and out
+  // One transformer forward. latents (B, in_channels, F, H, W), timestep (B), (B, S) (one per
+  // token, as diffusers' Wan 2.2 conditions a first frame) or (B, F / patch_t) (one per latent
+  // frame of patches: the same conditioning for the frame's tokens, computed once per frame instead
+  // of per token), text (B, L, text_dim) and out
   // (B, out_channels, F, H, W): fp32, contiguous, on the model's device; F, H, W multiples of the patch size
   // with at most rope_max_seq_len patches along each axis; a spatial layout in the attention
   // config must be wan_spatial_layout of this latent. `step` reaches every block's attention
   // with its layer index filled in (step.layer is ignored). Throws Error naming the argument for
   // any other shape, dtype or device. `profile`, when given, accumulates the time per kind of work.
   // `block_cache`, when given, is asked before the span of blocks it covers whether to run it (it
-  // needs one timestep per batch entry: a (B, S) timestep is an Error, and so are leading and
+  // needs one timestep per batch entry: a (B, S) or per-frame timestep is an Error, and so are leading and
   // trailing blocks outside [0, num_layers]; a CUDA model takes only a cache whose hooks handle its
   // device, WanBlockCache::handles_device).
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
@@ -203,9 +205,9 @@ class WanTransformer {
 
   // Bytes of ctx.workspace a forward of this shape takes on the model's device (CUDA: the
   // activations; CPU: the attention kernels' scratch). text_tokens = L; per_token_timestep: a
-  // (B, S) timestep.
+  // (B, S) or (B, F / patch_t) timestep; image_tokens = I for a model with an image branch.
   size_t workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height, int64_t latent_width,
-                         int64_t text_tokens, bool per_token_timestep = false) const;
+                         int64_t text_tokens, bool per_token_timestep = false, int64_t image_tokens = 0) const;
   // Bytes the weights take on the model's device (with offloaded blocks: the resident tensors and
   // the two block slots), and the bytes of the blocks kept in pinned host memory (0 unless offloaded).
   size_t weight_bytes() const;

@@ -1,5 +1,6 @@
-// The tensors of a diffusers WanTransformer3DModel checkpoint (text-to-video), by name and shape,
-// for a given config — what load_weights checks a checkpoint directory against. Linear weights are
+// The tensors of a diffusers WanTransformer3DModel checkpoint (text-to-video, with Wan 2.1 I2V /
+// FLF2V's image branch when the config has one), by name and shape, for a given config — what
+// load_weights checks a checkpoint directory against. Linear weights are
 // (out_features, in_features) as PyTorch stores them; the patch embedding is the Conv3d kernel
 // (inner_dim, in_channels, patch_t, patch_h, patch_w).
 #pragma once
@@ -17,7 +18,8 @@ std::vector<WeightSpec> wan_weight_specs(const WanConfig& config);
 // The element type a tensor is kept in by a CUDA model: bf16 for the linear layers of the blocks,
 // the patch embedding, the text embedder and the output projection; fp32 for the time embedder
 // and time projection, the modulation tables, the norm weights, and the biases of the GEMMs that
-// write fp32 (patch embedding into the residual stream, output projection).
+// write fp32 (patch embedding into the residual stream, output projection, the image embedder's
+// two linears) and the image embedder's FLF2V position table.
 DType wan_cuda_weight_dtype(const std::string& tensor_name);
 
 // How random weights for benchmarks are drawn, at the scale of diffusers' initialization: uniform

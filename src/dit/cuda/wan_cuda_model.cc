@@ -49,16 +49,31 @@ struct Activations {
   void* gemm_scratch;
   bf16 *patches, *text, *text_hidden, *context, *normed, *q, *k, *v, *attended, *ffn_hidden, *text_k, *text_v;
   float *sinusoid, *time_hidden, *temb, *temb_act, *modulation_input, *hidden, *out_patches, *rope_cos, *rope_sin;
-  // Sequence parallelism only (else null): the whole latent's patches and output patches, and this
-  // rank's per-token timesteps.
+  // Sequence parallelism only (else null): the whole latent's patches and output patches, and with
+  // several timesteps per entry, one per token of the whole latent and of this rank's shard.
   bf16* all_patches;
-  float *all_out_patches, *shard_timestep;
+  float *all_out_patches, *token_timestep, *shard_timestep;
   // With a step cache: the patch embeddings until its hook has judged them, then the hidden states
   // entering its span of blocks (one buffer: the hook needs the embeddings only before the span).
   float* blocks_input;
+  // With an image branch (else null): FLF2V's features plus the position table (fp32), the
+  // embedder's LayerNorm output (bf16; then its GELU's, the norm's being dead by then), its two
+  // linears' outputs (fp32), the image context the blocks attend to and one block's image keys
+  // and values (bf16).
+  float *image_positioned, *image_ff, *image_embedded;
+  bf16 *image_normed, *image_context, *image_k, *image_v;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
+  // The cross-attention's image half writes into k (the self-attention's keys are dead by then).
+  bf16* image_attended() const { return k; }
 };
+
+// The conditioning groups of `rows` token rows: one per timestep (each covering tokens /
+// timesteps_per_entry consecutive rows), or under sequence parallelism with several timesteps per
+// entry one per row of the shard (a shard need not start at a group's first token).
+int64_t conditioning_groups(const WanForwardShape& s, int64_t rows) {
+  return s.shard_tokens > 0 && s.timesteps_per_entry > 1 ? rows : s.batch * s.timesteps_per_entry;
+}
 
 Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanForwardShape& s) {
   const int64_t seq = s.frames / c.patch_size[0] * (s.height / c.patch_size[1]) * (s.width / c.patch_size[2]);
@@ -66,7 +81,7 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
   const int64_t rows = s.batch * (sharded ? s.shard_tokens : seq), text_rows = s.batch * s.text_len, dim = c.inner_dim();
   // The rotary tables cover every shard's positions (padding rows read zeros).
   const int64_t rope_rows = sharded ? std::max(seq, s.shards * s.shard_tokens) : seq;
-  const int64_t groups = s.per_token_timestep ? rows : s.batch;
+  const int64_t groups = conditioning_groups(s, rows);
   Activations a{};
   a.gemm_scratch = taker.take<std::byte>(static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes), "GEMM scratch");
   a.patches = taker.take<bf16>(rows * c.in_channels * c.patch_volume(), "patches");
@@ -93,9 +108,22 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
   if (sharded) {
     a.all_patches = taker.take<bf16>(s.batch * seq * c.in_channels * c.patch_volume(), "patches of every shard");
     a.all_out_patches = taker.take<float>(s.batch * seq * c.out_channels * c.patch_volume(), "output patches of every shard");
-    if (s.per_token_timestep) a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
+    if (s.timesteps_per_entry > 1) {
+      a.token_timestep = taker.take<float>(s.batch * seq, "per-token timesteps");
+      a.shard_timestep = taker.take<float>(rows, "this shard's timesteps");
+    }
   }
   a.blocks_input = s.block_cache ? taker.take<float>(rows * dim, "embeddings, then blocks input (step cache)") : nullptr;
+  if (s.image_len > 0) {
+    const int64_t image_rows = s.batch * s.image_len;
+    if (c.pos_embed_seq_len > 0) a.image_positioned = taker.take<float>(image_rows * c.image_dim, "image + position table");
+    a.image_normed = taker.take<bf16>(image_rows * c.image_dim, "image embedder norm / GELU");
+    a.image_ff = taker.take<float>(image_rows * c.image_dim, "image embedder hidden");
+    a.image_embedded = taker.take<float>(image_rows * dim, "image embedder output");
+    a.image_context = taker.take<bf16>(image_rows * dim, "image context");
+    a.image_k = taker.take<bf16>(image_rows * dim, "image k");
+    a.image_v = taker.take<bf16>(image_rows * dim, "image v");
+  }
   return a;
 }
 
@@ -275,7 +303,7 @@ size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
 }
 
 void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
-                           const float* timestep, const float* text, float* out,
+                           const float* timestep, const float* text, const float* image, float* out,
                            const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
                            WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache) const {
   const WanConfig& c = config_;
@@ -293,7 +321,13 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
                   detail::concat(shape.shard_tokens, " x ", shape.shards));
   const int64_t tokens = sp ? sp->shard_length() : seq, first_token = sp ? sp->first_token() : 0;
   const int64_t rows = batch * tokens, text_rows = batch * text_len;
-  const int64_t groups = shape.per_token_timestep ? rows : batch, group_rows = rows / groups;
+  const int64_t image_len = shape.image_len, image_rows = batch * image_len;
+  if (c.has_image_branch() != (image != nullptr && image_len > 0))
+    fail_argument("Wan CUDA forward image", c.has_image_branch() ? "the CLIP features (the model has an image branch)" : "none",
+                  image != nullptr ? detail::concat(image_len, " tokens") : "none");
+  if (shape.timesteps_per_entry < 1 || seq % shape.timesteps_per_entry != 0)
+    fail_argument("WanForwardShape timesteps_per_entry", detail::concat("a divisor of the ", seq, " tokens"), shape.timesteps_per_entry);
+  const int64_t groups = conditioning_groups(shape, rows), group_rows = rows / groups;
   const float eps = static_cast<float>(c.eps);
   // Offloaded blocks: one forward at a time moves blocks through the slots; the first blocks are
   // copied while the embeddings run.
@@ -321,6 +355,9 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   size_t attention_bytes = std::max(
       attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, seq, heads, heads, head_dim}),
       attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, text_len, heads, heads, head_dim}));
+  if (image_len > 0)
+    attention_bytes = std::max(attention_bytes,
+                               attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, image_len, heads, heads, head_dim}));
   for (size_t layer = 0; layer < self_attention.size(); ++layer) {
     StepInfo layer_step = step;
     layer_step.layer = static_cast<int64_t>(layer);
@@ -358,8 +395,13 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const float* group_timesteps = timestep;
   if (sp) {
     sp->take_rows(ctx, a.all_patches, DType::kBF16, patch_len, a.patches);
-    if (shape.per_token_timestep) {
-      sp->take_rows(ctx, timestep, 1, a.shard_timestep);
+    if (shape.timesteps_per_entry > 1) {
+      const float* token_timesteps = timestep;
+      if (shape.timesteps_per_entry < seq) {  // one per frame: repeated over the frame's tokens first
+        launch_repeat_values(timestep, batch * shape.timesteps_per_entry, seq / shape.timesteps_per_entry, a.token_timestep, stream);
+        token_timesteps = a.token_timestep;
+      }
+      sp->take_rows(ctx, token_timesteps, 1, a.shard_timestep);
       group_timesteps = a.shard_timestep;
     }
   }
@@ -386,6 +428,30 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
          GemmEpilogue::kBiasGeluTanh);
   linear("condition_embedder.text_embedder.linear_2", a.text_hidden, text_rows, dim, dim, a.context);
   timeline.charge(&WanForwardProfile::gemm_s);
+  if (image_len > 0) {
+    // The image embedder: (+ FLF2V's position table), FP32 LayerNorm, linear, exact GELU, linear,
+    // FP32 LayerNorm (PyTorch's default eps, not the config's).
+    constexpr float kImageNormEps = 1e-5f;
+    const std::string embedder = "condition_embedder.image_embedder.";
+    const float* features = image;
+    if (c.pos_embed_seq_len > 0) {
+      launch_add_periodic_rows(image, f32(embedder + "pos_embed"), image_rows, c.image_dim, c.pos_embed_seq_len, a.image_positioned,
+                               stream);
+      features = a.image_positioned;
+    }
+    launch_layer_norm(features, a.image_normed, image_rows, c.image_dim, image_rows, kImageNormEps,
+                      RowNormOutput{{}, {}, f32(embedder + "norm1.weight"), f32(embedder + "norm1.bias")}, stream);
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+    linear(embedder + "ff.net.0.proj", a.image_normed, image_rows, c.image_dim, c.image_dim, a.image_ff, DType::kBF16, DType::kF32);
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_gelu_to_bf16(a.image_ff, a.image_normed, image_rows * c.image_dim, stream);
+    timeline.charge(&WanForwardProfile::other_s);
+    linear(embedder + "ff.net.2", a.image_normed, image_rows, c.image_dim, dim, a.image_embedded, DType::kBF16, DType::kF32);
+    timeline.charge(&WanForwardProfile::gemm_s);
+    launch_layer_norm(a.image_embedded, a.image_context, image_rows, dim, image_rows, kImageNormEps,
+                      RowNormOutput{{}, {}, f32(embedder + "norm2.weight"), f32(embedder + "norm2.bias")}, stream);
+    timeline.charge(&WanForwardProfile::norm_rope_s);
+  }
 
   // A step cache stands in for its span [span_first, span_last) of the blocks when it says so,
   // deciding on the host from the conditioning (copied down once) and from the device's hidden
@@ -491,6 +557,20 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     attention_forward(attention_ctx, bshd(a.q, tokens), bshd(a.text_k, text_len), bshd(a.text_v, text_len), bshd(a.attended, tokens),
                       TensorView{});
     timeline.charge(&WanForwardProfile::attention_s);
+    if (image_len > 0) {
+      // The same queries over the image tokens; the two outputs summed before the output projection.
+      linear(block("attn2.add_k_proj"), a.image_context, image_rows, c.added_kv_proj_dim, dim, a.image_k);
+      linear(block("attn2.add_v_proj"), a.image_context, image_rows, c.added_kv_proj_dim, dim, a.image_v);
+      timeline.charge(&WanForwardProfile::gemm_s);
+      launch_rms_norm_rope(a.image_k, image_rows, image_len, heads, head_dim, eps, f32(block("attn2.norm_added_k.weight")), nullptr,
+                           nullptr, stream);
+      timeline.charge(&WanForwardProfile::norm_rope_s);
+      attention_forward(attention_ctx, bshd(a.q, tokens), bshd(a.image_k, image_len), bshd(a.image_v, image_len),
+                        bshd(a.image_attended(), tokens), TensorView{});
+      timeline.charge(&WanForwardProfile::attention_s);
+      launch_add_bf16(a.attended, a.image_attended(), rows * dim, stream);
+      timeline.charge(&WanForwardProfile::other_s);
+    }
     linear(block("attn2.to_out.0"), a.attended, rows, dim, dim, a.projected());
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, ModulationVector{}, stream);

@@ -9,6 +9,11 @@
 //     kernel (LayerNorm + AdaLN modulation, RMSNorm + 3-D RoPE, gate + residual);
 //   - self-attention through tessel's dense kernel or the blocks' SparseAttention modules,
 //     cross-attention through the dense kernel;
+//   - with an image branch (Wan 2.1 I2V / FLF2V): the image embedder's norms, GELU and position
+//     table in fp32 around bf16 GEMMs, and in every block the image tokens' keys and values
+//     (RMSNorm on the keys) attended to by the cross-attention's queries, the result added to the
+//     text attention's before the output projection (diffusers' WanAttnProcessor, in bf16 as its
+//     bf16 forward adds them);
 //   - every activation a slice of ctx.workspace, sized once per shape by workspace_bytes(): a
 //     forward after the first of its shape allocates nothing and never waits for the device
 //     (unless a profile is asked for, which reads CUDA events at the end).
@@ -48,7 +53,11 @@ using WeightSource = std::function<TensorView(const WeightSpec&)>;
 struct WanForwardShape {
   int64_t batch = 1, frames = 0, height = 0, width = 0;  // the latent
   int64_t text_len = 0;
-  bool per_token_timestep = false;  // timestep (B, S) instead of (B)
+  // Image tokens per batch entry the image branch attends to (Wan 2.1 I2V / FLF2V); 0 without one.
+  int64_t image_len = 0;
+  // Timesteps per batch entry: 1 (a (B) timestep), the latent's patch frames (one per frame) or its
+  // tokens (one per token). Each covers tokens / timesteps_per_entry consecutive tokens (frame-major).
+  int64_t timesteps_per_entry = 1;
   // Under sequence parallelism (WanSequenceParallel): this rank's token rows per batch entry and
   // the number of shards; 0 and 1 when this process runs every token.
   int64_t shard_tokens = 0, shards = 1;
@@ -75,14 +84,15 @@ class WanCudaModel {
   size_t offloaded_weight_bytes() const;  // in pinned host memory (offloaded blocks), else 0
 
   // latents, timestep, text, out: fp32 device pointers of the shapes WanTransformer::forward
-  // checked. self_attention: one module per block, or empty for dense attention everywhere.
+  // checked; image: the (B, shape.image_len, image_dim) fp32 CLIP features with an image branch,
+  // else null. self_attention: one module per block, or empty for dense attention everywhere.
   // sequence_parallel: null, or the shards of shape.shard_tokens rows the blocks run on (the
   // forward is then collective over its sequence group; every rank gets the whole output).
   // block_cache (with shape.block_cache): asked before its span of blocks whether to run it, with
   // host copies of the conditioning (the forward waits for them: one small copy per forward), the
   // device's hidden states and the patch embeddings (this rank's rows).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
-               const float* timestep, const float* text, float* out,
+               const float* timestep, const float* text, const float* image, float* out,
                const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
                WanSequenceParallel* sequence_parallel = nullptr, WanBlockCache* block_cache = nullptr) const;
 

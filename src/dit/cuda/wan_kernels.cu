@@ -73,6 +73,33 @@ __global__ void convert_to_bf16_kernel(const float* __restrict__ x, bf16* __rest
     y[i] = __float2bfloat16_rn(x[i]);
 }
 
+__global__ void gelu_to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    y[i] = __float2bfloat16_rn(0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+  }
+}
+
+__global__ void add_bf16_kernel(bf16* __restrict__ x, const bf16* __restrict__ y, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) + __bfloat162float(y[i]));
+}
+
+__global__ void add_periodic_rows_kernel(const float* __restrict__ x, const float* __restrict__ table, int64_t rows, int64_t dim,
+                                         int64_t period, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * dim;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = x[i] + table[(i / dim) % period * dim + i % dim];
+}
+
+__global__ void repeat_values_kernel(const float* __restrict__ values, int64_t count, int64_t repeat, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count * repeat;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = values[i / repeat];
+}
+
 __global__ void silu_kernel(const float* x, float* out, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -229,6 +256,23 @@ void launch_unpatchify(const float* patches, float* out, int64_t batch, int64_t 
 
 void launch_convert_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream) {
   convert_to_bf16_kernel<<<element_blocks(count), kElementThreads, 0, stream>>>(x, y, count);
+}
+
+void launch_gelu_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream) {
+  gelu_to_bf16_kernel<<<element_blocks(count), kElementThreads, 0, stream>>>(x, y, count);
+}
+
+void launch_add_bf16(bf16* x, const bf16* y, int64_t count, cudaStream_t stream) {
+  add_bf16_kernel<<<element_blocks(count), kElementThreads, 0, stream>>>(x, y, count);
+}
+
+void launch_add_periodic_rows(const float* x, const float* table, int64_t rows, int64_t dim, int64_t period, float* out,
+                              cudaStream_t stream) {
+  add_periodic_rows_kernel<<<element_blocks(rows * dim), kElementThreads, 0, stream>>>(x, table, rows, dim, period, out);
+}
+
+void launch_repeat_values(const float* values, int64_t count, int64_t repeat, float* out, cudaStream_t stream) {
+  repeat_values_kernel<<<element_blocks(count * repeat), kElementThreads, 0, stream>>>(values, count, repeat, out);
 }
 
 void launch_silu(const float* x, float* out, int64_t count, cudaStream_t stream) {

@@ -35,6 +35,20 @@ void launch_unpatchify(const float* patches, float* out, int64_t batch, int64_t 
 
 void launch_convert_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream);
 
+// y[i] = GELU(x[i]) with the exact erf form (diffusers' "gelu", the image embedder's), fp32 in, bf16 out.
+void launch_gelu_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream);
+
+// x[i] += y[i] on bf16 (the sum in fp32, rounded once), as PyTorch adds two bf16 tensors.
+void launch_add_bf16(bf16* x, const bf16* y, int64_t count, cudaStream_t stream);
+
+// out (rows, dim) = x + table[row % period] fp32: a learned position table added to every batch
+// entry's rows (FLF2V's image tokens).
+void launch_add_periodic_rows(const float* x, const float* table, int64_t rows, int64_t dim, int64_t period, float* out,
+                              cudaStream_t stream);
+
+// out[i * repeat + j] = values[i] for j < repeat, fp32: per-frame timesteps as per-token ones.
+void launch_repeat_values(const float* values, int64_t count, int64_t repeat, float* out, cudaStream_t stream);
+
 // out[i] = x[i] * sigmoid(x[i]), fp32 (out may alias x).
 void launch_silu(const float* x, float* out, int64_t count, cudaStream_t stream);
 
