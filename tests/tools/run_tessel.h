@@ -13,6 +13,20 @@
 #include <sstream>
 #include <string>
 
+// Whether this test (and the `tessel` it starts, built alike) runs under a sanitizer: memory peaks
+// are then the sanitizer's (shadow memory, redzones) and Open MPI's start-up leaks are reported.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kBuiltWithMemorySanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kBuiltWithMemorySanitizer = true;
+#else
+inline constexpr bool kBuiltWithMemorySanitizer = false;
+#endif
+#else
+inline constexpr bool kBuiltWithMemorySanitizer = false;
+#endif
+
 namespace tessel {
 
 struct TesselRun {

@@ -29,19 +29,6 @@
 #include "tessel/diffusion/video_io.h"
 #include "tessel/dit/wan_config.h"
 
-// Whether this test (and the server it starts, built alike) runs under a sanitizer.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kBuiltWithMemorySanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kBuiltWithMemorySanitizer = true;
-#else
-constexpr bool kBuiltWithMemorySanitizer = false;
-#endif
-#else
-constexpr bool kBuiltWithMemorySanitizer = false;
-#endif
-
 namespace tessel {
 namespace {
 
