@@ -40,6 +40,7 @@ class WanBlockOffload {
 
   // One forward at a time enqueues copies (the slots' contents are this object's state).
   std::mutex& mutex() { return mutex_; }
+  size_t block_bytes() const { return block_bytes_; }
   size_t device_bytes() const { return static_cast<size_t>(kSlots) * block_bytes_; }
   size_t host_bytes() const { return static_cast<size_t>(blocks_) * block_bytes_; }
   int64_t copies() const { return copies_; }  // blocks copied so far (tests: a resident block is not copied again)

@@ -245,7 +245,7 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResi
   int64_t drawn_block = -1;
   const auto flush_block = [&] {
     if (drawn_block < 0) return;
-    check_cuda(cudaMemcpy(offload_->host_block(drawn_block), offload_->slot(drawn_block), offload_->device_bytes() / WanBlockOffload::kSlots,
+    check_cuda(cudaMemcpy(offload_->host_block(drawn_block), offload_->slot(drawn_block), offload_->block_bytes(),
                           cudaMemcpyDeviceToHost),
                "random block download");
     drawn_block = -1;
