@@ -128,8 +128,11 @@ CublasLtGemm::~CublasLtGemm() {
 namespace {
 
 // The best algorithm cuBLASLt's heuristic has for the described matmul; false when it has none.
+// `strict`: a failing heuristic call is an Error; else it counts as "none" too (a combination the
+// installed cuBLASLt rejects outright, as it may an epilogue under outer-vector scales).
 bool find_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation, cublasLtMatrixLayout_t weight,
-                    cublasLtMatrixLayout_t input, cublasLtMatrixLayout_t output, const GemmShape& shape, cublasLtMatmulAlgo_t& algo) {
+                    cublasLtMatrixLayout_t input, cublasLtMatrixLayout_t output, const GemmShape& shape, bool strict,
+                    cublasLtMatmulAlgo_t& algo) {
   cublasLtMatmulPreference_t preference = nullptr;
   check(cublaslt().cublasLtMatmulPreferenceCreate(&preference), "preference", shape);
   const uint64_t workspace_bytes = CublasLtGemm::kWorkspaceBytes;
@@ -147,7 +150,7 @@ bool find_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation, cub
                                             &found_algorithms);
   cublaslt().cublasLtMatmulPreferenceDestroy(preference);
   // The heuristic answers "not supported" for a combination it has no kernel for.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (!strict && status != CUBLAS_STATUS_SUCCESS)) return false;
   check(status, "algorithm heuristic", shape);
   if (found_algorithms == 0) return false;
   algo = result.algo;
@@ -185,11 +188,13 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   check(cublaslt().cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
 
   const auto handle = static_cast<cublasLtHandle_t>(handle_);
-  bool found_algorithm = find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, plan->algo);
-  if (!found_algorithm && shape.fp8_row_scaled && shape.epilogue != GemmEpilogue::kNone) {
+  const bool fallback = shape.fp8_row_scaled && shape.epilogue != GemmEpilogue::kNone;
+  bool found_algorithm =
+      find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, !fallback, plan->algo);
+  if (!found_algorithm && fallback) {
     set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT, "epilogue (none, ours after)");
     plan->own_epilogue = true;
-    found_algorithm = find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, plan->algo);
+    found_algorithm = find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, true, plan->algo);
   }
   if (!found_algorithm)
     throw Error(detail::concat("cuBLASLt has no algorithm for ", describe(shape),
