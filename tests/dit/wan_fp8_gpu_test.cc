@@ -16,7 +16,8 @@
 //
 // Also: the fp8 model is deterministic (bit-equal over two forwards); with offloaded blocks it is
 // bit-equal to the in-memory fp8 model (random and loaded weights), its device bytes shrink by
-// the block linear weights' half (less the scales).
+// the block linear weights' half (less the scales); the LayerNorm kernel's fused quantisation
+// gives the row quantiser's bytes.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -36,6 +37,9 @@
 
 #ifdef TESSEL_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/wan_kernels.h"
+#include "tessel/kernels/cuda/fp8_rows.h"
 #endif
 
 namespace tessel {
@@ -163,6 +167,59 @@ TEST(WanFp8, LoadedFixtureCheckpointInFp8) {
   EXPECT_GE(fp8_vs_bf16, kMinFp8RelativeL2);
   EXPECT_TRUE(bit_equal(out_fp8, cuda_forward(fp8_offloaded, latents, timestep, text)));
 }
+
+#ifdef TESSEL_WITH_CUDA
+// The LayerNorm that feeds the block GEMMs quantises its bf16 output itself (fused): its e4m3 bytes
+// and scales equal the row quantiser's over that output, bit for bit (AdaLN, affine and plain rows,
+// odd row count, a row of zeros: its scale is 1).
+TEST(WanFp8, FusedLayerNormQuantisationEqualsTheRowQuantiser) {
+  SKIP_WITHOUT_FP8_GPU();
+  const int64_t rows = 37, dim = 320, group_rows = rows;
+  const Device gpu = Device::cuda();
+  Tensor x = Tensor::empty({rows, dim}, DType::kF32), table = Tensor::empty({2, dim}, DType::kF32),
+         projection = Tensor::empty({1, 2 * dim}, DType::kF32), weight = Tensor::empty({dim}, DType::kF32),
+         bias = Tensor::empty({dim}, DType::kF32);
+  fill_normal(x.view(), 61);
+  for (int64_t i = 0; i < dim; ++i) x.data_as<float>()[4 * dim + i] = 1.5f;  // a constant row: normed to zeros
+  fill_normal(table.view(), 62, 0.0, 0.3);
+  fill_normal(projection.view(), 63, 0.0, 0.3);
+  fill_normal(weight.view(), 64, 1.0, 0.2);
+  fill_normal(bias.view(), 65, 0.0, 0.1);
+  const Tensor x_d = x.to(gpu), table_d = table.to(gpu), projection_d = projection.to(gpu), weight_d = weight.to(gpu),
+               bias_d = bias.to(gpu);
+  const float *t = table_d.data_as<float>(), *p = projection_d.data_as<float>();
+  for (int kind = 0; kind < 3; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "AdaLN" : kind == 1 ? "affine" : "plain");
+    dit::cuda::RowNormOutput output;
+    if (kind == 0) {
+      output.shift = dit::cuda::ModulationVector{t, p, 2 * dim};
+      output.scale = dit::cuda::ModulationVector{t + dim, p + dim, 2 * dim};
+    } else if (kind == 1) {
+      output.weight = weight_d.data_as<float>();
+      output.bias = bias_d.data_as<float>();
+    }
+    Tensor normed = Tensor::empty({rows, dim}, DType::kBF16, gpu);
+    Tensor fused = Tensor::zeros({rows * dim}, DType::kU8, gpu), separate = Tensor::zeros({rows * dim}, DType::kU8, gpu);
+    Tensor fused_scales = Tensor::zeros({rows}, DType::kF32, gpu), separate_scales = Tensor::zeros({rows}, DType::kF32, gpu);
+    output.fp8 = fused.data_as<uint8_t>();
+    output.fp8_scales = fused_scales.data_as<float>();
+    dit::cuda::launch_layer_norm(x_d.data_as<float>(), static_cast<dit::cuda::bf16*>(normed.data()), rows, dim, group_rows, 1e-6f, output,
+                                 nullptr);
+    tessel::cuda::launch_quantize_rows_fp8(normed.data(), DType::kBF16, rows, dim, separate.data_as<uint8_t>(),
+                                           separate_scales.data_as<float>(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor a = fused.to(Device::cpu()), b = separate.to(Device::cpu());
+    const Tensor as = fused_scales.to(Device::cpu()), bs = separate_scales.to(Device::cpu());
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < rows * dim; ++i) mismatches += a.data_as<uint8_t>()[i] != b.data_as<uint8_t>()[i];
+    std::printf("[fused LayerNorm + e4m3, kind %d] %lld byte mismatches against the row quantiser\n", kind,
+                static_cast<long long>(mismatches));
+    EXPECT_EQ(mismatches, 0);
+    EXPECT_EQ(std::memcmp(as.data(), bs.data(), as.nbytes()), 0);
+    if (kind == 2) EXPECT_EQ(as.data_as<float>()[4], 1.0f);  // the constant row normalises to zeros
+  }
+}
+#endif
 
 // FP8 is a CUDA precision: the CPU model refuses it, naming it.
 TEST(WanFp8, TheCpuModelRefusesFp8Weights) {

@@ -430,6 +430,15 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     if (fp8) tessel::cuda::launch_quantize_rows_fp8(x, DType::kBF16, m, k, values, scales, stream);
     return Fp8Rows{values, scales};
   };
+  // A LayerNorm whose output feeds block GEMMs quantises it too (fused), into the input rows.
+  const Fp8Rows normed_fp8{a.input_fp8, a.input_scales};
+  const auto feeding_gemms = [&](RowNormOutput output) {
+    if (fp8) {
+      output.fp8 = a.input_fp8;
+      output.fp8_scales = a.input_scales;
+    }
+    return output;
+  };
   const auto block_linear = [&](const std::string& name, const bf16* x, const Fp8Rows& input, int64_t m, int64_t k, int64_t n,
                                 bf16* y, GemmEpilogue epilogue = GemmEpilogue::kBias) {
     if (!fp8) {
@@ -537,9 +546,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     };
 
     // Self-attention: AdaLN, q/k/v, RMSNorm + RoPE on q and k, attention, output projection, gated residual.
-    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, RowNormOutput{modulation(0), modulation(1)}, stream);
+    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, feeding_gemms(RowNormOutput{modulation(0), modulation(1)}), stream);
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    const Fp8Rows normed_fp8 = quantize_input(a.normed, rows, dim, a.input_fp8, a.input_scales);
     block_linear(block("attn1.to_q"), a.normed, normed_fp8, rows, dim, dim, a.q);
     block_linear(block("attn1.to_k"), a.normed, normed_fp8, rows, dim, dim, a.k);
     block_linear(block("attn1.to_v"), a.normed, normed_fp8, rows, dim, dim, a.v);
@@ -574,12 +582,13 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     if (c.cross_attn_norm) {
       cross_norm.weight = f32(block("norm2.weight"));
       cross_norm.bias = f32(block("norm2.bias"));
-      launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, cross_norm, stream);
+      launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, feeding_gemms(cross_norm), stream);
     } else {
       launch_convert_to_bf16(a.hidden, a.normed, rows * dim, stream);
+      quantize_input(a.normed, rows, dim, a.input_fp8, a.input_scales);
     }
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    block_linear(block("attn2.to_q"), a.normed, quantize_input(a.normed, rows, dim, a.input_fp8, a.input_scales), rows, dim, dim, a.q);
+    block_linear(block("attn2.to_q"), a.normed, normed_fp8, rows, dim, dim, a.q);
     block_linear(block("attn2.to_k"), a.context, context_fp8, text_rows, dim, dim, a.text_k);
     block_linear(block("attn2.to_v"), a.context, context_fp8, text_rows, dim, dim, a.text_v);
     timeline.charge(&WanForwardProfile::gemm_s);
@@ -597,10 +606,9 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     timeline.charge(&WanForwardProfile::other_s);
 
     // Feed-forward: AdaLN, linear with GELU-tanh in the epilogue, linear, gated residual.
-    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, RowNormOutput{modulation(3), modulation(4)}, stream);
+    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, feeding_gemms(RowNormOutput{modulation(3), modulation(4)}), stream);
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    block_linear(block("ffn.net.0.proj"), a.normed, quantize_input(a.normed, rows, dim, a.input_fp8, a.input_scales), rows, dim,
-                 c.ffn_dim, a.ffn_hidden, GemmEpilogue::kBiasGeluTanh);
+    block_linear(block("ffn.net.0.proj"), a.normed, normed_fp8, rows, dim, c.ffn_dim, a.ffn_hidden, GemmEpilogue::kBiasGeluTanh);
     block_linear(block("ffn.net.2"), a.ffn_hidden, quantize_input(a.ffn_hidden, rows, c.ffn_dim, a.input_fp8, a.input_scales), rows,
                  c.ffn_dim, dim, a.projected());
     timeline.charge(&WanForwardProfile::gemm_s);

@@ -7,8 +7,9 @@
 //   - GEMMs through cuBLASLt (bf16 in, fp32 accumulation, bias and GELU-tanh in the epilogue);
 //     with WanWeightPrecision::kFp8 the blocks' linear weights are e4m3 with a scale per output
 //     channel (quantised on the device at load, wan_block_linear_weight; "<name>_scale" holds the
-//     scales) and their inputs are quantised per token before the GEMMs that read them (once for
-//     q/k/v, once per forward for the text context), then FP8 GEMMs (CublasLtGemm::linear_fp8);
+//     scales) and their inputs are quantised per token before the GEMMs that read them (by the
+//     LayerNorm that makes them where there is one, once for q/k/v, once per forward for the text
+//     context), then FP8 GEMMs (CublasLtGemm::linear_fp8);
 //   - the residual stream in fp32, what feeds a GEMM or attention rounded once to bf16 by a fused
 //     kernel (LayerNorm + AdaLN modulation, RMSNorm + 3-D RoPE, gate + residual);
 //   - self-attention through tessel's dense kernel or the blocks' SparseAttention modules,

@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_kernel(const T* x, 
 #pragma unroll
   for (int w = 1; w < kRowThreads / 32; ++w) absmax = fmaxf(absmax, warp_max[w]);
   // The host reference (tests) computes the same two fp32 operations: 448 / absmax, then x * factor.
-  const float factor = absmax > 0.f ? kFp8E4M3Max / absmax : 1.f;
-  if (threadIdx.x == 0) scales[row] = absmax > 0.f ? absmax / kFp8E4M3Max : 1.f;
+  const float factor = fp8_row_factor(absmax);
+  if (threadIdx.x == 0) scales[row] = fp8_row_scale(absmax);
   uint2* out = reinterpret_cast<uint2*>(q + row * cols);
   for (int64_t c = threadIdx.x; c < chunks; c += kRowThreads) {
     const Eight<T> chunk = in[c];
