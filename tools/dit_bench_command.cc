@@ -25,6 +25,7 @@
 #include "command.h"
 #include "device_memory.h"
 #include "offload_flags.h"
+#include "weights_flags.h"
 #include "option_checks.h"
 #include "parallel_flags.h"
 #include "work_budget.h"
@@ -68,6 +69,7 @@ struct DitBenchOptions {
   std::string inputs;         // safetensors with the forward's inputs instead of random ones
   std::string save_output;    // safetensors to write the last timed step's output to
   std::string offload = "none";
+  std::string weights = "bf16";
   double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
   BudgetFlags budget;
 };
@@ -299,6 +301,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
   }
   const WanWeightResidency residency = offload_residency(o.offload, device);
+  const WanWeightPrecision precision = weights_precision(o.weights, device);
   std::shared_ptr<void> held_memory;  // what a smaller card would not have, held until the end
   if (o.device_memory_limit_gib > 0.0)
     held_memory = hold_device_memory_beyond(device, static_cast<size_t>(o.device_memory_limit_gib * double(1 << 30)),
@@ -306,8 +309,8 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   const std::optional<DeviceMemory> memory_before = device_memory(device);
   const auto load_start = std::chrono::steady_clock::now();
   const WanTransformer model = o.from_dir.empty()
-                                   ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device, residency)
-                                   : WanTransformer::load(o.from_dir, attention, device, nullptr, residency);
+                                   ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device, residency, precision)
+                                   : WanTransformer::load(o.from_dir, attention, device, nullptr, residency, precision);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
   // The inputs move to the model's device once: this rank's branch, and the whole batch when a
@@ -442,6 +445,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                           : timeline      ? nlohmann::json(exchange_ms / 1000.0 / n)
                                           : nlohmann::json()},
       {"sent_mb_per_step", communication.bytes / n / 1e6},
+      {"weights", o.weights},
       {"weights_bytes", model.weight_bytes()},
       {"offloaded_weights_bytes", model.offloaded_weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
@@ -462,7 +466,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     std::cout << report.dump() << "\n";
     return check_pass ? 0 : 1;
   }
-  const std::string where = device.is_cuda() ? device.str() + " bf16" : detail::concat("cpu fp32, ", ctx.threads(), " threads");
+  const std::string where = device.is_cuda() ? device.str() + (o.weights == "fp8" ? " bf16, fp8 block weights and GEMMs" : " bf16") : detail::concat("cpu fp32, ", ctx.threads(), " threads");
   std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; %s; attention: %s\n", report["model"].get<std::string>().c_str(),
               static_cast<long long>(config.num_layers), static_cast<long long>(config.inner_dim()),
               static_cast<long long>(config.num_attention_heads), where.c_str(), backend.c_str());
@@ -476,7 +480,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   for (const auto& [name, seconds] : {std::pair{"attention", profile.attention_s}, {"estimation", profile.estimation_s},
                                       {"gemm", profile.gemm_s}, {"norm/rope", profile.norm_rope_s}, {"other", profile.other_s}})
     std::printf("  %-10s %9.4f s  %5.1f%%\n", name, seconds / n, total > 0 ? 100.0 * seconds / total : 0.0);
-  std::printf("memory: weights %s", format_bytes(static_cast<double>(model.weight_bytes())).c_str());
+  std::printf("memory: weights (%s blocks) %s", o.weights.c_str(), format_bytes(static_cast<double>(model.weight_bytes())).c_str());
   if (model.offloaded_weight_bytes() > 0)
     std::printf(" (blocks offloaded: %s in pinned host memory)", format_bytes(static_cast<double>(model.offloaded_weight_bytes())).c_str());
   std::printf(", workspace %s", format_bytes(static_cast<double>(workspace.capacity())).c_str());
@@ -552,6 +556,7 @@ CommandRegistration registration{
       app.add_option("--save-output", options->save_output, "write the last timed step's output (fp32, tensor 'output') to this safetensors file")
           ->check(writable_file_path());
       add_offload_flag(app, options->offload);
+      add_weights_flag(app, options->weights);
       app.add_option("--device-memory-limit", options->device_memory_limit_gib,
                      "GiB: hold the rest of the GPU's memory for the run, as on a card of this size (with --device cuda)")
           ->check(number_in(0.25, 1e6));

@@ -21,6 +21,7 @@
 #include "cache_flags.h"
 #include "lora_flags.h"
 #include "offload_flags.h"
+#include "weights_flags.h"
 #include "command.h"
 #include "device_memory.h"
 #include "generate_output.h"
@@ -69,6 +70,7 @@ struct GenerateOptions {
   std::string cache = "none";
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
+  std::string weights = "bf16";
   std::string out;
   BudgetFlags budget;
 };
@@ -283,6 +285,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   WanLoadOptions load;
   load.device = device;
   load.residency = offload_residency(o.offload, device);
+  load.precision = weights_precision(o.weights, device);
   if (sparse_attn_requested(flags, env)) load.sparse.config = sparse_attn_config_from(flags, env);
   if (o.sparse_config_2) {
     try {
@@ -436,6 +439,7 @@ CommandRegistration registration{
       auto lora = std::make_shared<LoraFlags>();
       add_lora_flags(app, *lora);
       add_offload_flag(app, options->offload);
+      add_weights_flag(app, options->weights);
       auto parallel = std::make_shared<ParallelFlags>();
       add_parallel_flags(app, *parallel);
       add_budget_flags(app, options->budget);

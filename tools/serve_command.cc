@@ -19,6 +19,7 @@
 #include "cache_flags.h"
 #include "lora_flags.h"
 #include "offload_flags.h"
+#include "weights_flags.h"
 #include "command.h"
 #include "option_checks.h"
 #include "text_embeddings.h"
@@ -68,6 +69,7 @@ struct ServeOptions {
   std::string cache = "none";
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
+  std::string weights = "bf16";
   int64_t request_timeout_s = 0;
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
@@ -181,6 +183,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   const Device device = present_device(o.device, "--device");
   runner.device = device.str();
   runner.offload_blocks = offload_residency(o.offload, device) == WanWeightResidency::kOffloadBlocks;
+  runner.fp8_weights = weights_precision(o.weights, device) == WanWeightPrecision::kFp8;
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
   if (o.sparse_config_2) {
     const SparseAttnEnv& env = process_sparse_attn_env();
@@ -372,6 +375,7 @@ CommandRegistration registration{
       auto lora = std::make_shared<LoraFlags>();
       add_lora_flags(app, *lora);
       add_offload_flag(app, o->offload);
+      add_weights_flag(app, o->weights);
       return CommandRunner([o, flags, lora] { return run_serve(*o, *flags, *lora); });
     }};
 

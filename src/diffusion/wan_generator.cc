@@ -193,13 +193,13 @@ struct WanGenerator::Impl {
     Experts experts;
     experts.high = std::make_unique<WanTransformer>(
         WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device,
-                             &lora, options.residency));
+                             &lora, options.residency, options.precision));
     const WanVae* decoder = vae && options.load_vae ? &*vae : nullptr;
     if (model.two_experts) {
       const std::optional<SparseAttnConfig>& low = setting->config_2 ? setting->config_2 : setting->config;
       experts.low = std::make_unique<WanTransformer>(
           WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device,
-                               &lora_2, options.residency));
+                               &lora_2, options.residency, options.precision));
       // No scheduler of the pipeline's own: every generation brings its own (begin).
       experts.pipeline = std::make_unique<WanPipeline>(
           *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps}, decoder);
@@ -299,6 +299,8 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
 
   if (options.residency == WanWeightResidency::kOffloadBlocks && !options.device.is_cuda())
     fail_argument("block offload (WanLoadOptions::residency)", "a CUDA device", options.device.str());
+  if (options.precision == WanWeightPrecision::kFp8 && !options.device.is_cuda())
+    fail_argument("fp8 weights (WanLoadOptions::precision)", "a CUDA device", options.device.str());
   if (!impl->model.two_experts) {
     if (options.sparse.config_2)
       fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");

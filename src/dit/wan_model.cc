@@ -206,7 +206,7 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
   if (device.is_cuda()) {
 #ifdef TESSEL_WITH_CUDA
     impl_->cuda = std::make_shared<const dit::cuda::WanCudaModel>(
-        config, device, WanWeightResidency::kDevice, [&](const WeightSpec& spec) { return weights.at(spec.name).view(); });
+        config, device, WanWeightResidency::kDevice, WanWeightPrecision::kBf16, [&](const WeightSpec& spec) { return weights.at(spec.name).view(); });
 #else
     fail_without_cuda(device);
 #endif
@@ -314,16 +314,19 @@ WanTransformer& WanTransformer::operator=(WanTransformer&&) noexcept = default;
 
 namespace {
 
-void check_residency(WanWeightResidency residency, Device device) {
+void check_residency(WanWeightResidency residency, WanWeightPrecision precision, Device device) {
   if (residency == WanWeightResidency::kOffloadBlocks && !device.is_cuda())
     fail_argument("block offload", "a CUDA device (the CPU model keeps its weights in host memory already)", device.str());
+  if (precision == WanWeightPrecision::kFp8 && !device.is_cuda())
+    fail_argument("weight precision fp8 (WanWeightPrecision::kFp8)", "a CUDA device (the CPU model computes in fp32 weights)",
+                  device.str());
 }
 
 }  // namespace
 
 WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention, Device device,
-                                   const WanLora* lora, WanWeightResidency residency) {
-  check_residency(residency, device);
+                                   const WanLora* lora, WanWeightResidency residency, WanWeightPrecision precision) {
+  check_residency(residency, precision, device);
   const WanConfig config = load_wan_config(checkpoint_dir);
   const Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   if (lora != nullptr && lora->empty()) lora = nullptr;
@@ -340,7 +343,7 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->device = device;
-  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency,
+  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency, precision,
                                                          [&](const WeightSpec& spec) {
                                                            const TensorView stored = checkpoint.view(spec.name);
                                                            check_finite(stored, checkpoint_dir + ": tensor \"" + spec.name + "\"",
@@ -356,14 +359,14 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
 }
 
 WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention, Device device,
-                                     WanWeightResidency residency) {
-  check_residency(residency, device);
+                                     WanWeightResidency residency, WanWeightPrecision precision) {
+  check_residency(residency, precision, device);
   if (device.is_cuda()) {
 #ifdef TESSEL_WITH_CUDA
     auto impl = std::make_unique<Impl>();
     impl->config = config;
     impl->device = device;
-    impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency, seed);
+    impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency, precision, seed);
     return WanTransformer(std::move(impl), attention);
 #else
     fail_without_cuda(device);

@@ -27,6 +27,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   config.loras_2 = {{"/c.safetensors", 1.0}};
   config.lora_ignore_unmatched = true;
   config.offload_blocks = true;
+  config.fp8_weights = true;
   const WanRunnerConfig back = wan_runner_config_from_json(wan_runner_config_to_json(config));
   EXPECT_EQ(back.embeddings_file, config.embeddings_file);
   EXPECT_EQ(back.num_threads, 3);
@@ -49,11 +50,13 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   EXPECT_EQ(back.loras_2[0].path, "/c.safetensors");
   EXPECT_TRUE(back.lora_ignore_unmatched);
   EXPECT_TRUE(back.offload_blocks);
+  EXPECT_TRUE(back.fp8_weights);
 
   const WanRunnerConfig defaults = wan_runner_config_from_json("{}");
   EXPECT_TRUE(defaults.loras.empty());
   EXPECT_FALSE(defaults.lora_ignore_unmatched);
   EXPECT_FALSE(defaults.offload_blocks);
+  EXPECT_FALSE(defaults.fp8_weights);
   EXPECT_EQ(defaults.device, "cpu");
 }
 

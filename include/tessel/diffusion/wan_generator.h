@@ -98,6 +98,9 @@ struct WanLoadOptions {
   // Where the transformers' blocks live on a CUDA device: all on it, or streamed from pinned host
   // memory two blocks at a time (WanWeightResidency: small cards; bit-equal results).
   WanWeightResidency residency = WanWeightResidency::kDevice;
+  // The transformers' block linear weights in bf16 or quantised to FP8 with FP8 GEMMs
+  // (WanWeightPrecision; CUDA only).
+  WanWeightPrecision precision = WanWeightPrecision::kBf16;
   bool load_text_encoder = true;  // false: requests bring embeddings
   bool load_vae = true;           // false: results are latents only (image to video still encodes with it)
 };

@@ -145,6 +145,16 @@ SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames,
 // are bit-equal to kDevice's. The CPU model takes kDevice only.
 enum class WanWeightResidency : uint8_t { kDevice, kOffloadBlocks };
 
+// The precision of a CUDA transformer's block linear weights (self- and cross-attention q/k/v/out,
+// the FFN: wan_block_linear_weight). kFp8: quantised at load to float8 e4m3 with one fp32 scale per
+// output channel (absmax / 448), a byte per weight instead of two (Wan 14B's blocks: 14 GB instead
+// of 28); each GEMM quantises its activation rows (tokens) on the fly the same way and runs on the
+// FP8 tensor cores with fp32 accumulation (tessel/kernels/cuda/cublaslt_gemm.h, linear_fp8). The
+// embeddings, norms, modulation and output projection stay as with kBf16. Outputs differ from
+// kBf16's by e4m3's rounding (docs/dit.md gives the measured error). Works with either residency
+// (offloaded blocks move the fp8 bytes). The CPU model takes kBf16 only (it keeps fp32 weights).
+enum class WanWeightPrecision : uint8_t { kBf16, kFp8 };
+
 class WanTransformer {
  public:
   // `weights` holds exactly the tensors of wan_weight_specs(config) (any float dtype, on the CPU;
@@ -159,14 +169,16 @@ class WanTransformer {
   // Reads config.json and the (sharded) safetensors of a diffusers checkpoint directory.
   // On CUDA the tensors go from the mapped shards to the device one at a time. `lora`, when given
   // (loaded for this checkpoint's config), is merged into the tensors it changes on the way, in fp32
-  // before they take their device dtype.
+  // before they take their device dtype (so before FP8 quantisation).
   static WanTransformer load(const std::string& checkpoint_dir, const WanAttentionOptions& attention = {},
                              Device device = Device::cpu(), const WanLora* lora = nullptr,
-                             WanWeightResidency residency = WanWeightResidency::kDevice);
+                             WanWeightResidency residency = WanWeightResidency::kDevice,
+                             WanWeightPrecision precision = WanWeightPrecision::kBf16);
   // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`. On
   // CUDA they are drawn on the device (another stream of numbers than the CPU's for one seed).
   static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {},
-                               Device device = Device::cpu(), WanWeightResidency residency = WanWeightResidency::kDevice);
+                               Device device = Device::cpu(), WanWeightResidency residency = WanWeightResidency::kDevice,
+                               WanWeightPrecision precision = WanWeightPrecision::kBf16);
 
   // One transformer forward. latents (B, in_channels, F, H, W), timestep (B), (B, S) (one per
   // token, as diffusers' Wan 2.2 conditions a first frame) or (B, F / patch_t) (one per latent

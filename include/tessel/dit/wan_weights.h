@@ -22,6 +22,10 @@ std::vector<WeightSpec> wan_weight_specs(const WanConfig& config);
 // two linears) and the image embedder's FLF2V position table.
 DType wan_cuda_weight_dtype(const std::string& tensor_name);
 
+// Whether a tensor is the weight matrix of one of the blocks' linear layers (attention q/k/v/out,
+// the image branch's add_k/add_v, the FFN): what WanWeightPrecision::kFp8 quantises.
+bool wan_block_linear_weight(const std::string& tensor_name);
+
 // How random weights for benchmarks are drawn, at the scale of diffusers' initialization: uniform
 // in +-1/sqrt(fan_in) for the linear and Conv3d weights (PyTorch's default), ones for norm weights,
 // normal(0, 1/sqrt(dim)) for the modulation tables, uniform in +-0.01 for biases.

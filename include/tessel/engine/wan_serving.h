@@ -60,6 +60,8 @@ struct WanRunnerConfig {
   bool lora_ignore_unmatched = false;
   // The transformers' blocks in pinned host memory, streamed to the GPU (WanWeightResidency).
   bool offload_blocks = false;
+  // The transformers' block linear weights in FP8 with FP8 GEMMs (WanWeightPrecision::kFp8).
+  bool fp8_weights = false;
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text);

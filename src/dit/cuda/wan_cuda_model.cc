@@ -14,6 +14,7 @@
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/cuda/device_guard.h"
+#include "tessel/kernels/cuda/fp8_rows.h"
 #include "tessel/kernels/cuda/launch_check.h"
 #include "tessel/sparse/sparse_attention.h"
 #include "wan_sequence_parallel.h"
@@ -62,6 +63,10 @@ struct Activations {
   // and values (bf16).
   float *image_positioned, *image_ff, *image_embedded;
   bf16 *image_normed, *image_context, *image_k, *image_v;
+  // FP8 weights only (else null): the e4m3 rows (and their scales) of the input the next block GEMMs
+  // read, and the text context's, quantised once per forward.
+  uint8_t *input_fp8, *context_fp8;
+  float *input_scales, *context_scales;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
   // The cross-attention's image half writes into k (the self-attention's keys are dead by then).
@@ -75,7 +80,7 @@ int64_t conditioning_groups(const WanForwardShape& s, int64_t rows) {
   return s.shard_tokens > 0 && s.timesteps_per_entry > 1 ? rows : s.batch * s.timesteps_per_entry;
 }
 
-Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanForwardShape& s) {
+Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanForwardShape& s, bool fp8_weights) {
   const int64_t seq = s.frames / c.patch_size[0] * (s.height / c.patch_size[1]) * (s.width / c.patch_size[2]);
   const bool sharded = s.shard_tokens > 0;
   const int64_t rows = s.batch * (sharded ? s.shard_tokens : seq), text_rows = s.batch * s.text_len, dim = c.inner_dim();
@@ -123,6 +128,12 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
     a.image_context = taker.take<bf16>(image_rows * dim, "image context");
     a.image_k = taker.take<bf16>(image_rows * dim, "image k");
     a.image_v = taker.take<bf16>(image_rows * dim, "image v");
+  }
+  if (fp8_weights) {
+    a.input_fp8 = taker.take<uint8_t>(rows * std::max(dim, c.ffn_dim), "block GEMM input (e4m3)");
+    a.input_scales = taker.take<float>(rows, "block GEMM input scales");
+    a.context_fp8 = taker.take<uint8_t>(text_rows * dim, "text context (e4m3)");
+    a.context_scales = taker.take<float>(text_rows, "text context scales");
   }
   return a;
 }
@@ -190,29 +201,66 @@ bool split_block_tensor(const std::string& name, int64_t& block, std::string& wi
 
 void WanCudaModel::allocate_weights(WanWeightResidency residency) {
   const bool offload = residency == WanWeightResidency::kOffloadBlocks;
-  size_t block_bytes = 0;
-  for (const WeightSpec& spec : wan_weight_specs(config_)) {
-    const DType dtype = wan_cuda_weight_dtype(spec.name);
-    const size_t bytes = workspace_slice_bytes(static_cast<size_t>(shape_numel(spec.shape)) * dtype_size(dtype));
+  size_t block_bytes = 0, largest_fp8 = 0;
+  const auto place = [&](const std::string& name, int64_t numel, DType dtype) {
+    const size_t bytes = workspace_slice_bytes(static_cast<size_t>(numel) * dtype_size(dtype));
     int64_t block = 0;
     std::string within;
-    if (offload && split_block_tensor(spec.name, block, within)) {
+    if (offload && split_block_tensor(name, block, within)) {
       // Every block has the same tensors: block 0's offsets serve them all.
       if (block == 0) {
         block_layout_[within] = {block_bytes, dtype};
         block_bytes += bytes;
       }
+      return;
+    }
+    layout_[name] = {weight_bytes_, dtype};
+    weight_bytes_ += bytes;
+  };
+  for (const WeightSpec& spec : wan_weight_specs(config_)) {
+    if (!fp8_weight(spec.name)) {
+      place(spec.name, shape_numel(spec.shape), wan_cuda_weight_dtype(spec.name));
       continue;
     }
-    layout_[spec.name] = {weight_bytes_, dtype};
-    weight_bytes_ += bytes;
+    // e4m3 bytes (kU8) and one fp32 scale per output channel.
+    place(spec.name, shape_numel(spec.shape), DType::kU8);
+    place(spec.name + "_scale", spec.shape[0], DType::kF32);
+    largest_fp8 = std::max(largest_fp8, static_cast<size_t>(shape_numel(spec.shape)));
   }
   arena_ = allocate(weight_bytes_, MemoryKind::kDevice, device_.index);
+  if (largest_fp8 > 0) {
+    staging_bf16_ = allocate(largest_fp8 * sizeof(bf16), MemoryKind::kDevice, device_.index);
+    if (offload) {
+      staging_fp8_ = allocate(largest_fp8, MemoryKind::kDevice, device_.index);
+      staging_scales_ = allocate(largest_fp8 * sizeof(float), MemoryKind::kDevice, device_.index);
+    }
+  }
   if (offload) offload_ = std::make_unique<WanBlockOffload>(device_, config_.num_layers, block_bytes);
 }
 
-WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, const WeightSource& source)
-    : config_(config), device_(device) {
+bool WanCudaModel::fp8_weight(const std::string& name) const {
+  // The image branch's add_k_proj / add_v_proj stay bf16: they read a few hundred image tokens
+  // once per block, nothing an FP8 GEMM would gain on, through the bf16 path the branch shares.
+  return precision_ == WanWeightPrecision::kFp8 && wan_block_linear_weight(name) && name.find(".add_") == std::string::npos;
+}
+
+void WanCudaModel::quantize_weight(const WeightSpec& spec, const void* bf16_rows, void* destination, void* scales, bool to_host) {
+  const int64_t rows = spec.shape.at(0), cols = shape_numel(spec.shape) / rows;
+  if (!to_host) {
+    tessel::cuda::launch_quantize_rows_fp8(bf16_rows, DType::kBF16, rows, cols, static_cast<uint8_t*>(destination),
+                                           static_cast<float*>(scales), nullptr);
+    return;
+  }
+  tessel::cuda::launch_quantize_rows_fp8(bf16_rows, DType::kBF16, rows, cols, static_cast<uint8_t*>(staging_fp8_.get()),
+                                         static_cast<float*>(staging_scales_.get()), nullptr);
+  // Synchronous copies on the legacy stream: after the kernel, before the staging is reused.
+  copy_bytes(destination, Device::cpu(), staging_fp8_.get(), device_, static_cast<size_t>(rows * cols));
+  copy_bytes(scales, Device::cpu(), staging_scales_.get(), device_, static_cast<size_t>(rows) * sizeof(float));
+}
+
+WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, WanWeightPrecision precision,
+                           const WeightSource& source)
+    : config_(config), device_(device), precision_(precision) {
   const tessel::cuda::DeviceGuard guard(device.index);
   allocate_weights(residency);
   for (const WeightSpec& spec : wan_weight_specs(config_)) {
@@ -223,7 +271,17 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResi
     int64_t block = 0;
     std::string within;
     const Device to = offload_ && split_block_tensor(spec.name, block, within) ? Device::cpu() : device_;
-    if (stored.dtype() == dtype && stored.is_contiguous()) {
+    if (fp8_weight(spec.name)) {
+      // The bf16 values the bf16 model would keep, quantised on the device.
+      if (stored.dtype() == DType::kBF16 && stored.is_contiguous()) {
+        copy_bytes(staging_bf16_.get(), device_, stored.data(), Device::cpu(), stored.nbytes());
+      } else {
+        const Tensor converted = Tensor::empty(spec.shape, DType::kBF16);
+        copy_convert(stored, converted.view());
+        copy_bytes(staging_bf16_.get(), device_, converted.data(), Device::cpu(), converted.nbytes());
+      }
+      quantize_weight(spec, staging_bf16_.get(), destination, weight_destination(spec.name + "_scale"), to.is_cpu());
+    } else if (stored.dtype() == dtype && stored.is_contiguous()) {
       copy_bytes(destination, to, stored.data(), Device::cpu(), stored.nbytes());
     } else if (to.is_cpu()) {
       copy_convert(stored, TensorView(destination, dtype, Device::cpu(), spec.shape));
@@ -233,10 +291,15 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResi
       copy_bytes(destination, device_, converted.data(), Device::cpu(), converted.nbytes());
     }
   }
+  check_cuda(cudaDeviceSynchronize(), "weight upload");
+  staging_bf16_.reset();
+  staging_fp8_.reset();
+  staging_scales_.reset();
 }
 
-WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, uint64_t seed)
-    : config_(config), device_(device) {
+WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, WanWeightPrecision precision,
+                           uint64_t seed)
+    : config_(config), device_(device), precision_(precision) {
   const tessel::cuda::DeviceGuard guard(device.index);
   allocate_weights(residency);
   uint64_t stream = seed;
@@ -254,13 +317,22 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResi
     const WanRandomInit init = wan_random_init(config_, spec);
     int64_t block = 0;
     std::string within;
-    void* destination = nullptr;
-    if (offload_ && split_block_tensor(spec.name, block, within)) {
-      if (block != drawn_block) flush_block();
-      drawn_block = block;
-      destination = static_cast<std::byte*>(offload_->slot(block)) + block_layout_.at(within).first;
-    } else {
-      destination = const_cast<void*>(weight(spec.name));
+    // Drawn where it will stay (an offloaded block's tensor in its slot, for now).
+    const auto device_address = [&](const std::string& name) -> void* {
+      if (offload_ && split_block_tensor(name, block, within)) {
+        if (block != drawn_block) flush_block();
+        drawn_block = block;
+        return static_cast<std::byte*>(offload_->slot(block)) + block_layout_.at(within).first;
+      }
+      return const_cast<void*>(weight(name));
+    };
+    void* destination = device_address(spec.name);
+    if (fp8_weight(spec.name)) {
+      // kBf16's draws, then quantised.
+      launch_fill_random(staging_bf16_.get(), true, shape_numel(spec.shape), ++stream, init.normal, static_cast<float>(init.first),
+                         static_cast<float>(init.second), nullptr);
+      quantize_weight(spec, staging_bf16_.get(), destination, device_address(spec.name + "_scale"), false);
+      continue;
     }
     launch_fill_random(destination, wan_cuda_weight_dtype(spec.name) == DType::kBF16, shape_numel(spec.shape), ++stream, init.normal,
                        static_cast<float>(init.first), static_cast<float>(init.second), nullptr);
@@ -268,6 +340,9 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResi
   tessel::cuda::check_launch("Wan random weights");
   flush_block();
   check_cuda(cudaDeviceSynchronize(), "random weights");
+  staging_bf16_.reset();
+  staging_fp8_.reset();
+  staging_scales_.reset();
 }
 
 WanCudaModel::~WanCudaModel() = default;
@@ -298,7 +373,7 @@ void* WanCudaModel::weight_destination(const std::string& name) {
 
 size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
   SliceTaker counter(nullptr);
-  take_activations(counter, config_, shape);
+  take_activations(counter, config_, shape, precision_ == WanWeightPrecision::kFp8);
   return counter.counted();
 }
 
@@ -373,7 +448,7 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   workspace.reserve(workspace_slice_bytes(workspace_bytes(shape)) + attention_bytes);
   WorkspaceSlicer slicer(workspace);
   SliceTaker taker(&slicer);
-  const Activations a = take_activations(taker, c, shape);
+  const Activations a = take_activations(taker, c, shape, precision_ == WanWeightPrecision::kFp8);
   Workspace attention_workspace = slicer.rest();
   const ExecContext attention_ctx = ctx.with_workspace(&attention_workspace);
 
@@ -383,6 +458,37 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     gemm_.linear(GemmShape{m, n, k, input, output, epilogue}, x, w(name + ".weight"), w(name + ".bias"), y, a.gemm_scratch, stream);
   };
   const auto f32 = [&](const std::string& name) { return static_cast<const float*>(weight(name)); };
+  // The blocks' linear layers: bf16 GEMMs, or with fp8 weights FP8 GEMMs over `input`'s e4m3 rows,
+  // quantised by quantize_input before the GEMMs that read them.
+  const bool fp8 = precision_ == WanWeightPrecision::kFp8;
+  struct Fp8Rows {
+    const uint8_t* values = nullptr;
+    const float* scales = nullptr;
+  };
+  const auto quantize_input = [&](const bf16* x, int64_t m, int64_t k, uint8_t* values, float* scales) {
+    if (fp8) tessel::cuda::launch_quantize_rows_fp8(x, DType::kBF16, m, k, values, scales, stream);
+    return Fp8Rows{values, scales};
+  };
+  // A LayerNorm whose output feeds block GEMMs quantises it too (fused), into the input rows.
+  const Fp8Rows normed_fp8{a.input_fp8, a.input_scales};
+  const auto feeding_gemms = [&](RowNormOutput output) {
+    if (fp8) {
+      output.fp8 = a.input_fp8;
+      output.fp8_scales = a.input_scales;
+    }
+    return output;
+  };
+  const auto block_linear = [&](const std::string& name, const bf16* x, const Fp8Rows& input, int64_t m, int64_t k, int64_t n,
+                                bf16* y, GemmEpilogue epilogue = GemmEpilogue::kBias) {
+    if (!fp8) {
+      linear(name, x, m, k, n, y, DType::kBF16, DType::kBF16, epilogue);
+      return;
+    }
+    GemmShape gemm_shape{m, n, k, DType::kBF16, DType::kBF16, epilogue};
+    gemm_shape.fp8_row_scaled = true;
+    gemm_.linear_fp8(gemm_shape, input.values, input.scales, static_cast<const uint8_t*>(w(name + ".weight")),
+                     f32(name + ".weight_scale"), w(name + ".bias"), y, a.gemm_scratch, stream);
+  };
   const auto bshd = [&](bf16* data, int64_t length) {
     return TensorView(data, DType::kBF16, device_, {batch, length, heads, head_dim});
   };
@@ -427,6 +533,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   linear("condition_embedder.text_embedder.linear_1", a.text, text_rows, c.text_dim, dim, a.text_hidden, DType::kBF16, DType::kBF16,
          GemmEpilogue::kBiasGeluTanh);
   linear("condition_embedder.text_embedder.linear_2", a.text_hidden, text_rows, dim, dim, a.context);
+  // Every block's cross-attention k and v read the same context: quantised once.
+  const Fp8Rows context_fp8 = quantize_input(a.context, text_rows, dim, a.context_fp8, a.context_scales);
   timeline.charge(&WanForwardProfile::gemm_s);
   if (image_len > 0) {
     // The image embedder: (+ FLF2V's position table), FP32 LayerNorm, linear, exact GELU, linear,
@@ -506,11 +614,11 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     };
 
     // Self-attention: AdaLN, q/k/v, RMSNorm + RoPE on q and k, attention, output projection, gated residual.
-    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, RowNormOutput{modulation(0), modulation(1)}, stream);
+    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, feeding_gemms(RowNormOutput{modulation(0), modulation(1)}), stream);
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    linear(block("attn1.to_q"), a.normed, rows, dim, dim, a.q);
-    linear(block("attn1.to_k"), a.normed, rows, dim, dim, a.k);
-    linear(block("attn1.to_v"), a.normed, rows, dim, dim, a.v);
+    block_linear(block("attn1.to_q"), a.normed, normed_fp8, rows, dim, dim, a.q);
+    block_linear(block("attn1.to_k"), a.normed, normed_fp8, rows, dim, dim, a.k);
+    block_linear(block("attn1.to_v"), a.normed, normed_fp8, rows, dim, dim, a.v);
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_rms_norm_rope(a.q, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), rope_cos, rope_sin, stream);
     launch_rms_norm_rope(a.k, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), rope_cos, rope_sin, stream);
@@ -531,7 +639,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     }
     if (profile) profile->add_self_attention(report);
     timeline.charge(&WanForwardProfile::attention_s);
-    linear(block("attn1.to_out.0"), a.attended, rows, dim, dim, a.projected());
+    block_linear(block("attn1.to_out.0"), a.attended, quantize_input(a.attended, rows, dim, a.input_fp8, a.input_scales), rows, dim,
+                 dim, a.projected());
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, modulation(2), stream);
     timeline.charge(&WanForwardProfile::other_s);
@@ -541,14 +650,15 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     if (c.cross_attn_norm) {
       cross_norm.weight = f32(block("norm2.weight"));
       cross_norm.bias = f32(block("norm2.bias"));
-      launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, cross_norm, stream);
+      launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, feeding_gemms(cross_norm), stream);
     } else {
       launch_convert_to_bf16(a.hidden, a.normed, rows * dim, stream);
+      quantize_input(a.normed, rows, dim, a.input_fp8, a.input_scales);
     }
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    linear(block("attn2.to_q"), a.normed, rows, dim, dim, a.q);
-    linear(block("attn2.to_k"), a.context, text_rows, dim, dim, a.text_k);
-    linear(block("attn2.to_v"), a.context, text_rows, dim, dim, a.text_v);
+    block_linear(block("attn2.to_q"), a.normed, normed_fp8, rows, dim, dim, a.q);
+    block_linear(block("attn2.to_k"), a.context, context_fp8, text_rows, dim, dim, a.text_k);
+    block_linear(block("attn2.to_v"), a.context, context_fp8, text_rows, dim, dim, a.text_v);
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_rms_norm_rope(a.q, rows, tokens, heads, head_dim, eps, f32(block("attn2.norm_q.weight")), nullptr, nullptr, stream);
     launch_rms_norm_rope(a.text_k, text_rows, text_len, heads, head_dim, eps, f32(block("attn2.norm_k.weight")), nullptr, nullptr,
@@ -571,17 +681,18 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
       launch_add_bf16(a.attended, a.image_attended(), rows * dim, stream);
       timeline.charge(&WanForwardProfile::other_s);
     }
-    linear(block("attn2.to_out.0"), a.attended, rows, dim, dim, a.projected());
+    block_linear(block("attn2.to_out.0"), a.attended, quantize_input(a.attended, rows, dim, a.input_fp8, a.input_scales), rows, dim,
+                 dim, a.projected());
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, ModulationVector{}, stream);
     timeline.charge(&WanForwardProfile::other_s);
 
     // Feed-forward: AdaLN, linear with GELU-tanh in the epilogue, linear, gated residual.
-    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, RowNormOutput{modulation(3), modulation(4)}, stream);
+    launch_layer_norm(a.hidden, a.normed, rows, dim, group_rows, eps, feeding_gemms(RowNormOutput{modulation(3), modulation(4)}), stream);
     timeline.charge(&WanForwardProfile::norm_rope_s);
-    linear(block("ffn.net.0.proj"), a.normed, rows, dim, c.ffn_dim, a.ffn_hidden, DType::kBF16, DType::kBF16,
-           GemmEpilogue::kBiasGeluTanh);
-    linear(block("ffn.net.2"), a.ffn_hidden, rows, c.ffn_dim, dim, a.projected());
+    block_linear(block("ffn.net.0.proj"), a.normed, normed_fp8, rows, dim, c.ffn_dim, a.ffn_hidden, GemmEpilogue::kBiasGeluTanh);
+    block_linear(block("ffn.net.2"), a.ffn_hidden, quantize_input(a.ffn_hidden, rows, c.ffn_dim, a.input_fp8, a.input_scales), rows,
+                 c.ffn_dim, dim, a.projected());
     timeline.charge(&WanForwardProfile::gemm_s);
     launch_gated_residual(a.hidden, a.projected(), rows, dim, group_rows, modulation(5), stream);
     timeline.charge(&WanForwardProfile::other_s);

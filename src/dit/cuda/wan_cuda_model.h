@@ -5,6 +5,11 @@
 //     projection, the modulation tables and the norm weights in fp32 (diffusers keeps the
 //     conditioning in fp32 too);
 //   - GEMMs through cuBLASLt (bf16 in, fp32 accumulation, bias and GELU-tanh in the epilogue);
+//     with WanWeightPrecision::kFp8 the blocks' linear weights are e4m3 with a scale per output
+//     channel (quantised on the device at load, wan_block_linear_weight; "<name>_scale" holds the
+//     scales) and their inputs are quantised per token before the GEMMs that read them (by the
+//     LayerNorm that makes them where there is one, once for q/k/v, once per forward for the text
+//     context), then FP8 GEMMs (CublasLtGemm::linear_fp8);
 //   - the residual stream in fp32, what feeds a GEMM or attention rounded once to bf16 by a fused
 //     kernel (LayerNorm + AdaLN modulation, RMSNorm + 3-D RoPE, gate + residual);
 //   - self-attention through tessel's dense kernel or the blocks' SparseAttention modules,
@@ -70,9 +75,11 @@ class WanCudaModel {
  public:
   // Uploads the tensors `source` gives, one at a time (a host copy of one tensor at most); with
   // offloaded blocks, the blocks' tensors go to pinned host memory instead.
-  WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, const WeightSource& source);
-  // Random weights drawn on the device with the distributions of WanTransformer::random.
-  WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, uint64_t seed);
+  WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, WanWeightPrecision precision,
+               const WeightSource& source);
+  // Random weights drawn on the device with the distributions of WanTransformer::random (with fp8
+  // weights: the same bf16 draws as kBf16's, then quantised).
+  WanCudaModel(const WanConfig& config, Device device, WanWeightResidency residency, WanWeightPrecision precision, uint64_t seed);
   ~WanCudaModel();
   WanCudaModel(const WanCudaModel&) = delete;
   WanCudaModel& operator=(const WanCudaModel&) = delete;
@@ -103,9 +110,18 @@ class WanCudaModel {
   // Where the constructors write a tensor: its device address, or an offloaded block's host copy.
   void* weight_destination(const std::string& name);
   void allocate_weights(WanWeightResidency residency);
+  // Whether `name` is kept as e4m3 bytes with per-row scales (fp8 precision, a block linear weight).
+  bool fp8_weight(const std::string& name) const;
+  // Quantises the bf16 device matrix `bf16_rows` of the fp8 weight `spec` into `destination` and its
+  // scales into `scales` (device addresses, or an offloaded block's host copy: through `staging`).
+  void quantize_weight(const WeightSpec& spec, const void* bf16_rows, void* destination, void* scales, bool to_host);
 
   WanConfig config_;
   Device device_;
+  WanWeightPrecision precision_ = WanWeightPrecision::kBf16;
+  // fp8 precision only: device buffers for one block linear weight on its way to e4m3 (its bf16
+  // values, and for offloaded blocks its bytes and scales before they go to the host copy).
+  std::shared_ptr<void> staging_bf16_, staging_fp8_, staging_scales_;
   std::shared_ptr<void> arena_;
   size_t weight_bytes_ = 0;
   std::map<std::string, std::pair<size_t, DType>> layout_;  // tensor name -> (arena offset, device dtype)

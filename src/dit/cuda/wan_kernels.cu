@@ -2,7 +2,11 @@
 // block per row and reduce in fp32 through warp shuffles; element kernels use grid-stride loops.
 #include "cuda/wan_kernels.h"
 
+#include <cuda_fp8.h>
+
 #include <algorithm>
+
+#include "tessel/kernels/cuda/fp8_rows.h"
 
 namespace tessel::dit::cuda {
 namespace {
@@ -16,23 +20,33 @@ unsigned element_blocks(int64_t count) {
   return static_cast<unsigned>(std::clamp<int64_t>((count + kElementThreads - 1) / kElementThreads, 1, kMaxElementBlocks));
 }
 
-// The sum of `value` over the block (kRowThreads threads), returned to every thread.
-__device__ float block_sum(float value) {
-  __shared__ float warp_sums[kRowThreads / 32];
+// `combine` (sum or max) of `value` over the block (kRowThreads threads), returned to every thread;
+// `identity` fills the lanes past the warps.
+template <typename Combine>
+__device__ float block_reduce(float value, float identity, Combine combine) {
+  __shared__ float warp_results[kRowThreads / 32];
   __shared__ float total;
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = value;
+  if (lane == 0) warp_results[warp] = value;
   __syncthreads();
   if (warp == 0) {
-    float sum = lane < kRowThreads / 32 ? warp_sums[lane] : 0.0f;
-    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) total = sum;
+    float result = lane < kRowThreads / 32 ? warp_results[lane] : identity;
+    for (int offset = 16; offset > 0; offset >>= 1) result = combine(result, __shfl_xor_sync(0xffffffffu, result, offset));
+    if (lane == 0) total = result;
   }
   __syncthreads();
   const float result = total;
   __syncthreads();  // the shared slots are reused by the next call
   return result;
+}
+
+__device__ float block_sum(float value) {
+  return block_reduce(value, 0.0f, [](float a, float b) { return a + b; });
+}
+
+__device__ float block_max(float value) {
+  return block_reduce(value, 0.0f, [](float a, float b) { return fmaxf(a, b); });
 }
 
 __device__ __forceinline__ float modulation_at(const ModulationVector& m, int64_t group, int64_t column) {
@@ -159,14 +173,25 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, bf16* __restrict_
   }
   const float inv_std = rsqrtf(block_sum(squares) / static_cast<float>(dim) + eps);
   const int64_t group = row / group_rows;
+  float absmax = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     float v = (in[i] - mean) * inv_std;
     if (output.shift.table != nullptr)
       v = v * (1.0f + modulation_at(output.scale, group, i)) + modulation_at(output.shift, group, i);
     else if (output.weight != nullptr)
       v = v * output.weight[i] + output.bias[i];
-    out[i] = __float2bfloat16_rn(v);
+    const bf16 stored = __float2bfloat16_rn(v);
+    out[i] = stored;
+    absmax = fmaxf(absmax, fabsf(__bfloat162float(stored)));
   }
+  if (output.fp8 == nullptr) return;
+  // The e4m3 row of the bf16 values just stored (each thread reads back its own elements).
+  absmax = block_max(absmax);
+  const float factor = tessel::cuda::fp8_row_factor(absmax);
+  if (threadIdx.x == 0) output.fp8_scales[row] = tessel::cuda::fp8_row_scale(absmax);
+  uint8_t* fp8 = output.fp8 + row * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    fp8[i] = __nv_cvt_float_to_fp8(__bfloat162float(out[i]) * factor, __NV_SATFINITE, __NV_E4M3);
 }
 
 __global__ void rms_norm_rope_kernel(bf16* __restrict__ x, int64_t seq, int64_t heads, int64_t head_dim, float eps,

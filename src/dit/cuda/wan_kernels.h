@@ -64,11 +64,15 @@ void launch_wan_rope_tables(int64_t frames, int64_t height, int64_t width, int64
 //   AdaLN:  y * (1 + scale) + shift   (shift.table non-null), or
 //   affine: y * weight + bias          (weight non-null), or
 //   plain:  y,
-// stored as bf16.
+// stored as bf16; with fp8 non-null, the stored bf16 row also quantised to e4m3 into fp8 (rows,
+// dim) with its scale in fp8_scales (rows): the bytes launch_quantize_rows_fp8 would make of y,
+// without reading y again from memory (FP8 weights: the GEMMs after the norm read these).
 struct RowNormOutput {
   ModulationVector shift, scale;
   const float* weight = nullptr;
   const float* bias = nullptr;
+  uint8_t* fp8 = nullptr;
+  float* fp8_scales = nullptr;
 };
 void launch_layer_norm(const float* x, bf16* y, int64_t rows, int64_t dim, int64_t group_rows, float eps,
                        const RowNormOutput& output, cudaStream_t stream);

@@ -12,6 +12,10 @@
 
 #include <cublasLt.h>
 
+#include <string>
+#include <string_view>
+
+#include "cuda/linear_epilogue.h"
 #include "tessel/core/dynamic_library.h"
 #include "tessel/core/error.h"
 
@@ -58,11 +62,15 @@ const CublasLtApi& cublaslt() {
   return api;
 }
 
+std::string describe(const GemmShape& shape) {
+  return detail::concat("the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
+                        shape.fp8_row_scaled ? std::string_view("e4m3 with row scales") : dtype_name(shape.input), " -> ",
+                        dtype_name(shape.output), ")");
+}
+
 void check(cublasStatus_t status, const char* what, const GemmShape& shape) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw Error(detail::concat("cuBLASLt ", what, " failed for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
-                               dtype_name(shape.input), " -> ", dtype_name(shape.output),
-                               "): ", cublaslt().cublasLtGetStatusString(status)));
+    throw Error(detail::concat("cuBLASLt ", what, " failed for ", describe(shape), ": ", cublaslt().cublasLtGetStatusString(status)));
 }
 
 cudaDataType_t cuda_type(DType dtype) {
@@ -91,6 +99,8 @@ struct CublasLtGemm::Plan {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t weight = nullptr, input = nullptr, output = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // The fused epilogue had no algorithm (FP8 with outer-vector scales): ours runs after the matmul.
+  bool own_epilogue = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -115,27 +125,17 @@ CublasLtGemm::~CublasLtGemm() {
   if (handle_) cublaslt().cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
-  const auto found = plans_.find(shape);
-  if (found != plans_.end()) return *found->second;
-  auto plan = std::make_unique<Plan>();
-  const cudaDataType_t input_type = cuda_type(shape.input), output_type = cuda_type(shape.output);
-  check(cublaslt().cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
-  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA",
-        shape);
-  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)), "TRANSB", shape);
-  const cublasLtEpilogue_t epilogue = epilogue_of(shape.epilogue);
-  check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "epilogue",
-        shape);
-  const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
-  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
-  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
-  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
+namespace {
 
+// The best algorithm cuBLASLt's heuristic has for the described matmul; false when it has none.
+// `strict`: a failing heuristic call is an Error; else it counts as "none" too (a combination the
+// installed cuBLASLt rejects outright, as it may an epilogue under outer-vector scales).
+bool find_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation, cublasLtMatrixLayout_t weight,
+                    cublasLtMatrixLayout_t input, cublasLtMatrixLayout_t output, const GemmShape& shape, bool strict,
+                    cublasLtMatmulAlgo_t& algo) {
   cublasLtMatmulPreference_t preference = nullptr;
   check(cublaslt().cublasLtMatmulPreferenceCreate(&preference), "preference", shape);
-  const uint64_t workspace_bytes = kWorkspaceBytes;
+  const uint64_t workspace_bytes = CublasLtGemm::kWorkspaceBytes;
   cublasStatus_t status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &workspace_bytes, sizeof(workspace_bytes));
   // Split-k partial sums only in fp32 (the in-place and output-type schemes would add them in bf16).
@@ -146,19 +146,65 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   cublasLtMatmulHeuristicResult_t result{};
   int found_algorithms = 0;
   if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublaslt().cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->operation, plan->weight, plan->input,
-                                            plan->output, plan->output, preference, 1, &result, &found_algorithms);
+    status = cublaslt().cublasLtMatmulAlgoGetHeuristic(handle, operation, weight, input, output, output, preference, 1, &result,
+                                            &found_algorithms);
   cublaslt().cublasLtMatmulPreferenceDestroy(preference);
+  // The heuristic answers "not supported" for a combination it has no kernel for.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (!strict && status != CUBLAS_STATUS_SUCCESS)) return false;
   check(status, "algorithm heuristic", shape);
-  if (found_algorithms == 0)
-    throw Error(detail::concat("cuBLASLt has no algorithm for the linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, ", ",
-                               dtype_name(shape.input), " -> ", dtype_name(shape.output), ")"));
-  plan->algo = result.algo;
+  if (found_algorithms == 0) return false;
+  algo = result.algo;
+  return true;
+}
+
+}  // namespace
+
+const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
+  const auto found = plans_.find(shape);
+  if (found != plans_.end()) return *found->second;
+  auto plan = std::make_unique<Plan>();
+  const cudaDataType_t input_type = shape.fp8_row_scaled ? CUDA_R_8F_E4M3 : cuda_type(shape.input);
+  const cudaDataType_t output_type = cuda_type(shape.output);
+  check(cublaslt().cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
+  const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const auto& value, const char* what) {
+    check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, attribute, &value, sizeof(value)), what, shape);
+  };
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  set(CUBLASLT_MATMUL_DESC_TRANSA, transpose, "TRANSA");
+  set(CUBLASLT_MATMUL_DESC_TRANSB, keep, "TRANSB");
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(shape.epilogue), "epilogue");
+  if (shape.fp8_row_scaled) {
+    // One fp32 scale per row of op(A) = w (its n output channels) and per column of B = x (its m tokens).
+    const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer_vector, "A scale mode (outer vector)");
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer_vector, "B scale mode (outer vector)");
+    // FP8 matmuls take the bias type as an attribute; the output's, as the bf16 path's epilogue.
+    const int32_t bias_type = output_type;
+    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "bias data type");
+  }
+  const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
+  check(cublaslt().cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
+
+  const auto handle = static_cast<cublasLtHandle_t>(handle_);
+  const bool fallback = shape.fp8_row_scaled && shape.epilogue != GemmEpilogue::kNone;
+  bool found_algorithm =
+      find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, !fallback, plan->algo);
+  if (!found_algorithm && fallback) {
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT, "epilogue (none, ours after)");
+    plan->own_epilogue = true;
+    found_algorithm = find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, true, plan->algo);
+  }
+  if (!found_algorithm)
+    throw Error(detail::concat("cuBLASLt has no algorithm for ", describe(shape),
+                               shape.fp8_row_scaled ? " (FP8 with per-row scales needs cuBLAS 12.9 or later and an sm_89+ GPU)" : ""));
   return *plans_.emplace(shape, std::move(plan)).first->second;
 }
 
 void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
                           cudaStream_t stream) const {
+  if (shape.fp8_row_scaled) fail_argument("CublasLtGemm::linear shape.fp8_row_scaled", "false (FP8 operands go through linear_fp8)", "true");
   if (shape.m == 0) return;
   const std::lock_guard lock(mutex_);
   const Plan& plan = plan_for(shape);
@@ -170,6 +216,39 @@ void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, 
   check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
                        plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
         "matmul", shape);
+}
+
+void CublasLtGemm::linear_fp8(const GemmShape& shape, const uint8_t* x, const float* x_scales, const uint8_t* w, const float* w_scales,
+                              const void* bias, void* y, void* workspace, cudaStream_t stream) const {
+  if (!shape.fp8_row_scaled) fail_argument("CublasLtGemm::linear_fp8 shape.fp8_row_scaled", "true", "false");
+  if (shape.output != DType::kBF16)
+    fail_argument("FP8 linear output type", "bf16 (row-scaled FP8 matmuls write bf16)", dtype_name(shape.output));
+  if (shape.k % 16 != 0 || shape.n % 16 != 0)
+    fail_argument(detail::concat("FP8 linear k x n (", describe(shape), ")"), "multiples of 16 (cuBLASLt's FP8 alignment)",
+                  detail::concat(shape.k, " x ", shape.n));
+  if (shape.m == 0) return;
+  const std::lock_guard lock(mutex_);
+  const Plan& plan = plan_for(shape);
+  // Pointers live in the cached descriptor; cuBLASLt reads them when the matmul is enqueued.
+  const auto set_pointer = [&](cublasLtMatmulDescAttributes_t attribute, const void* pointer, const char* what) {
+    check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, attribute, &pointer, sizeof(pointer)), what, shape);
+  };
+  set_pointer(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scales, "A (weight) scale pointer");
+  set_pointer(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scales, "B (input) scale pointer");
+  if (has_bias(shape.epilogue) && !plan.own_epilogue) set_pointer(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer");
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
+                       plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
+        "matmul", shape);
+  if (plan.own_epilogue) {
+    const bool gelu = shape.epilogue == GemmEpilogue::kBiasGeluTanh || shape.epilogue == GemmEpilogue::kGeluTanh;
+    launch_linear_epilogue(y, shape.output, has_bias(shape.epilogue) ? bias : nullptr, shape.m, shape.n, gelu, stream);
+  }
+}
+
+bool CublasLtGemm::fused_epilogue(const GemmShape& shape) const {
+  const std::lock_guard lock(mutex_);
+  return !plan_for(shape).own_epilogue;
 }
 
 }  // namespace tessel::cuda

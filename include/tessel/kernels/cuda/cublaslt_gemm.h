@@ -6,6 +6,14 @@
 // into the epilogue on request (cuBLASLt's GELU is that approximation). Shared by the CUDA models
 // (the Wan transformer's linears all have a bias; T5's have none).
 //
+// FP8 (linear_fp8): x and w in e4m3 with one fp32 scale per row (tessel/kernels/cuda/fp8_rows.h:
+// per token and per output channel), fp32 accumulation, the scales applied by cuBLASLt's
+// outer-vector scale mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLAS 12.9+) on A = w and
+// B = x. That is the "TN" layout Hopper's FP8 matmul requires (A transposed, B not: both K-major),
+// which is how these row-major operands read anyway. When cuBLASLt has no algorithm with the fused
+// bias / GELU epilogue under that scale mode, the matmul runs without it and a kernel of ours adds
+// the bias and GELU after it (one more rounding of the output).
+//
 // The algorithm for each (m, n, k, types, epilogue) is chosen once by cuBLASLt's heuristic and
 // cached with its descriptors, so a run after the first of a shape only enqueues the matmul: no
 // allocation, no synchronization, capturable into a CUDA graph.
@@ -33,7 +41,9 @@ struct GemmShape {
   DType input = DType::kBF16;   // x and w
   DType output = DType::kBF16;  // y and bias
   GemmEpilogue epilogue = GemmEpilogue::kBias;
-  auto tie() const { return std::tie(m, n, k, input, output, epilogue); }
+  // x and w are e4m3 with per-row fp32 scales (linear_fp8); `input` is then not read.
+  bool fp8_row_scaled = false;
+  auto tie() const { return std::tie(m, n, k, input, output, epilogue, fp8_row_scaled); }
   bool operator<(const GemmShape& other) const { return tie() < other.tie(); }
 };
 
@@ -53,6 +63,17 @@ class CublasLtGemm {
   // or a call fails.
   void linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
               cudaStream_t stream) const;
+  // Enqueues y[i, j] = x_scales[i] * w_scales[j] * (x · w^T)[i, j] (+ bias[j]) (then GELU-tanh): x
+  // (m, k) and w (n, k) row-major e4m3 bytes, x_scales (m) and w_scales (n) fp32, all on the
+  // device. shape.fp8_row_scaled must be set; the output (and bias) bf16 (cuBLASLt's outer-vector
+  // FP8 matmuls write bf16, as PyTorch's row-wise _scaled_mm requires); k and n
+  // multiples of 16 (cuBLASLt's FP8 alignment). Throws Error naming the shape otherwise, or when
+  // cuBLASLt (an older one without outer-vector scales, a GPU before sm_89) has no algorithm.
+  void linear_fp8(const GemmShape& shape, const uint8_t* x, const float* x_scales, const uint8_t* w, const float* w_scales,
+                  const void* bias, void* y, void* workspace, cudaStream_t stream) const;
+  // Whether the bias / GELU of `shape` runs in cuBLASLt's epilogue (false: in ours after the
+  // matmul). Plans the shape (tests and benchmarks report it).
+  bool fused_epilogue(const GemmShape& shape) const;
 
  private:
   struct Plan;
