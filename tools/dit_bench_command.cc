@@ -235,8 +235,9 @@ WorkEstimate dit_bench_estimate(const DitBenchOptions& o, const WanConfig& confi
                                        static_cast<double>(in.text_tokens * config.text_dim));
   WorkEstimate e;
   if (device.is_cuda()) {
-    e.device_bytes = wan_cuda_weight_bytes(config) + wan_cuda_activation_bytes(config, rank_rows) +
-                     (whole ? wan_cuda_activation_bytes(config, batch * tokens) : 0.0) + 2.0 * inputs;
+    const bool fp8 = o.weights == "fp8";
+    e.device_bytes = wan_cuda_weight_bytes(config, fp8) + wan_cuda_activation_bytes(config, rank_rows, fp8) +
+                     (whole ? wan_cuda_activation_bytes(config, batch * tokens, fp8) : 0.0) + 2.0 * inputs;
     e.host_bytes = 2.0 * inputs;
   } else {
     e.host_bytes = wan_cpu_weight_bytes(config) + 2.0 * inputs +

@@ -229,7 +229,8 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   // under sequence parallelism).
   const Device asked = transformer_device(o);
   const int64_t encoded_frames = o.image.empty() ? 0 : model.task == WanTask::kImageToVideo ? size.frames : 1;
-  const GenerateShape shape{size, o.steps, o.num_outputs, guided, prompt_set, output != GenerateOutput::kLatents, encoded_frames};
+  const GenerateShape shape{size, o.steps, o.num_outputs, guided, prompt_set, output != GenerateOutput::kLatents, encoded_frames,
+                            o.weights == "fp8"};
   const int ranks = parallel.ulysses * parallel.ring * (parallel.cfg_parallel ? 2 : 1);
   const WorkEstimate estimate = generate_estimate(model, shape, parallel, asked);
   if (!check_work_budget(estimate, o.budget, asked, static_cast<int>(o.threads),

@@ -22,6 +22,7 @@ struct GenerateShape {
   // Image to video: the frames the VAE encodes on the CPU (I2V's condition video: all of them;
   // TI2V's first frame: 1); 0 without an image.
   int64_t encoded_frames = 0;
+  bool fp8_weights = false;  // --weights fp8 (CUDA): the block linears in e4m3
 };
 
 // One rank's share under sequence parallelism and CFG-parallel (`parallel`). On the CPU: the

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <optional>
 
 #include <sys/resource.h>
@@ -30,11 +31,18 @@ double wan_parameters(const WanConfig& config) {
 }  // namespace
 
 double wan_cpu_weight_bytes(const WanConfig& config) { return 8.0 * wan_parameters(config); }
-double wan_cuda_weight_bytes(const WanConfig& config) { return 2.0 * wan_parameters(config); }
+double wan_cuda_weight_bytes(const WanConfig& config, bool fp8) {
+  double bytes = 0.0;
+  for (const WeightSpec& spec : wan_weight_specs(config)) {
+    const double numel = static_cast<double>(shape_numel(spec.shape));
+    bytes += fp8 && wan_fp8_weight(spec.name) ? numel + 4.0 * static_cast<double>(spec.shape[0]) : 2.0 * numel;
+  }
+  return bytes;
+}
 
-double wan_cuda_activation_bytes(const WanConfig& config, double rows) {
-  return rows * (4.0 * static_cast<double>(config.inner_dim()) + 2.0 * 5.0 * static_cast<double>(config.inner_dim()) +
-                 2.0 * static_cast<double>(config.ffn_dim));
+double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8) {
+  const double dim = static_cast<double>(config.inner_dim()), ffn = static_cast<double>(config.ffn_dim);
+  return rows * (4.0 * dim + 2.0 * 5.0 * dim + 2.0 * ffn + (fp8 ? std::max(dim, ffn) + 4.0 : 0.0));
 }
 
 double wan_forward_flop(const WanConfig& config, double batch, double tokens, double text_tokens) {

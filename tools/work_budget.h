@@ -41,8 +41,10 @@ double wan_cpu_weight_bytes(const WanConfig& config);
 double wan_cpu_activation_bytes(const WanConfig& config, double rows);
 // The same on a CUDA device (bf16 weights; the workspace of one forward over `rows` tokens: the fp32
 // residual stream, the bf16 normed input, q, k, v and attention output, and the FFN's hidden rows).
-double wan_cuda_weight_bytes(const WanConfig& config);
-double wan_cuda_activation_bytes(const WanConfig& config, double rows);
+// With fp8 weights (`fp8`): the block linears in e4m3 with an fp32 scale per output channel, and the
+// workspace's e4m3 copy of each GEMM's input rows with their scales.
+double wan_cuda_weight_bytes(const WanConfig& config, bool fp8 = false);
+double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8 = false);
 // The arithmetic of one forward over `batch` x `tokens` latent tokens and `text_tokens` of text:
 // every linear (2 x parameters per row), self-attention over the tokens and cross-attention to the
 // text (4 x query rows x key rows x dim per layer, dense).

@@ -71,9 +71,9 @@ DType wan_cuda_weight_dtype(const std::string& name) {
   return conditioning || table || norm || fp32_output_bias || image_embedder_vector ? DType::kF32 : DType::kBF16;
 }
 
-bool wan_block_linear_weight(const std::string& name) {
+bool wan_fp8_weight(const std::string& name) {
   return name.starts_with("blocks.") && name.ends_with(".weight") && name.find("norm") == std::string::npos &&
-         name.find("scale_shift_table") == std::string::npos;
+         name.find("scale_shift_table") == std::string::npos && name.find(".add_") == std::string::npos;
 }
 
 WanRandomInit wan_random_init(const WanConfig& config, const WeightSpec& spec) {

@@ -99,7 +99,7 @@ int64_t expected_saving(const WanConfig& config, int64_t& slack) {
   int64_t saving = 0;
   slack = 0;
   for (const WeightSpec& spec : wan_weight_specs(config)) {
-    if (!wan_block_linear_weight(spec.name) || spec.name.find(".add_") != std::string::npos) continue;  // image branch: bf16
+    if (!wan_fp8_weight(spec.name)) continue;
     saving += shape_numel(spec.shape) - spec.shape[0] * 4;
     slack += 3 * 256;
   }

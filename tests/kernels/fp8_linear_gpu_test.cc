@@ -1,6 +1,7 @@
 // FP8 linear layers on the GPU: the row-wise e4m3 quantiser (tessel/kernels/cuda/fp8_rows.h), the
-// bias / GELU epilogue kernel, and CublasLtGemm::linear_fp8 (per-token x per-channel scales
-// through cuBLASLt's outer-vector scale mode). Skips without a GPU of compute capability 8.9 or
+// scale / bias / GELU epilogue kernel, and CublasLtGemm::linear_fp8 (per-token x per-channel
+// scales through cuBLASLt's outer-vector scale mode where it has one, and through our epilogue
+// kernel: both routes run every case). Skips without a GPU of compute capability 8.9 or
 // later (FP8 tensor cores). Every case prints its measured errors.
 //
 // Bounds:
@@ -203,36 +204,48 @@ TEST(Fp8Rows, QuantiserMatchesTheHostReferenceBitForBit) {
   }
 }
 
-TEST(Fp8Rows, OwnEpilogueKernelAddsBiasAndGelu) {
+TEST(Fp8Rows, OwnEpilogueKernelAppliesScalesBiasAndGelu) {
   SKIP_WITHOUT_FP8_GPU();
-  const int64_t m = 9, n = 48;
-  const std::vector<float> y = bf16_rounded(random_normal(m * n, 5)), bias = bf16_rounded(random_normal(n, 6));
-  for (const DType type : {DType::kF32, DType::kBF16})
-    for (const bool gelu : {false, true}) {
-      std::vector<float> expected(y.size());
-      for (size_t i = 0; i < y.size(); ++i) {
-        const float v = y[i] + bias[i % n];
-        expected[i] = gelu ? gelu_tanh(v) : v;
-      }
-      std::vector<float> got;
-      if (type == DType::kF32) {
-        Tensor out = device_copy(y, DType::kF32);
-        const Tensor b = device_copy(bias, DType::kF32);
-        tessel::cuda::launch_linear_epilogue(out.data(), type, b.data(), m, n, gelu, nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        got = host_copy<float>(out);
-      } else {
-        Tensor out = device_copy(to_bf16_bits(y), DType::kBF16);
-        const Tensor b = device_copy(to_bf16_bits(bias), DType::kBF16);
-        tessel::cuda::launch_linear_epilogue(out.data(), type, b.data(), m, n, gelu, nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        got = from_bf16_bits(host_copy<uint16_t>(out));
-      }
-      const double error = rel_l2(got, expected);
-      std::printf("[own epilogue %s, gelu %d] rel-L2 %.3e\n", dtype_name(type).data(), gelu, error);
-      // fp32: tanhf against std::tanh, a few ulp; bf16: one rounding of the result (2^-9 relative).
-      EXPECT_LE(error, type == DType::kF32 ? 1e-6 : 4e-3);
-    }
+  // n 48 takes the vectorised bf16 kernel, n 44 the element-wise one.
+  for (const int64_t n : {48, 44}) {
+    const int64_t m = 9;
+    const std::vector<float> y = bf16_rounded(random_normal(m * n, 5)), bias = bf16_rounded(random_normal(n, 6));
+    std::vector<float> row_scales = random_normal(m, 7), col_scales = random_normal(n, 8);
+    for (float& v : row_scales) v = std::fabs(v) + 0.1f;
+    for (float& v : col_scales) v = std::fabs(v) + 0.1f;
+    const Tensor rows = device_copy(row_scales, DType::kF32), cols = device_copy(col_scales, DType::kF32);
+    for (const DType type : {DType::kF32, DType::kBF16})
+      for (const bool gelu : {false, true})
+        for (const bool scaled : {false, true}) {
+          std::vector<float> expected(y.size());
+          for (size_t i = 0; i < y.size(); ++i) {
+            const size_t row = i / static_cast<size_t>(n), col = i % static_cast<size_t>(n);
+            const float v = (scaled ? y[i] * row_scales[row] * col_scales[col] : y[i]) + bias[col];
+            expected[i] = gelu ? gelu_tanh(v) : v;
+          }
+          const float* row_pointer = scaled ? rows.data_as<float>() : nullptr;
+          const float* col_pointer = scaled ? cols.data_as<float>() : nullptr;
+          std::vector<float> got;
+          if (type == DType::kF32) {
+            Tensor out = device_copy(y, DType::kF32);
+            const Tensor b = device_copy(bias, DType::kF32);
+            tessel::cuda::launch_linear_epilogue(out.data(), type, b.data(), m, n, gelu, nullptr, row_pointer, col_pointer);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            got = host_copy<float>(out);
+          } else {
+            Tensor out = device_copy(to_bf16_bits(y), DType::kBF16);
+            const Tensor b = device_copy(to_bf16_bits(bias), DType::kBF16);
+            tessel::cuda::launch_linear_epilogue(out.data(), type, b.data(), m, n, gelu, nullptr, row_pointer, col_pointer);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            got = from_bf16_bits(host_copy<uint16_t>(out));
+          }
+          const double error = rel_l2(got, expected);
+          std::printf("[own epilogue n %lld %s, gelu %d, scaled %d] rel-L2 %.3e\n", static_cast<long long>(n), dtype_name(type).data(),
+                      gelu, scaled, error);
+          // fp32: tanhf against std::tanh, a few ulp; bf16: one rounding of the result (2^-9 relative).
+          EXPECT_LE(error, type == DType::kF32 ? 1e-6 : 4e-3);
+        }
+  }
 }
 
 struct GemmCase {
@@ -259,11 +272,13 @@ TEST(Fp8Linear, MatchesTheDequantisedFp32ProductAndStaysNearTheUnquantisedOne) {
       {257, 512, 256, GemmEpilogue::kBias, DType::kBF16, true},
       {95, 1024, 128, GemmEpilogue::kBiasGeluTanh, DType::kBF16, true},
   };
-  const CublasLtGemm gemm;
+  const CublasLtGemm automatic, own_scaling(tessel::cuda::Fp8ScaleRoute::kOwnEpilogue);
   Tensor workspace = Tensor::empty({static_cast<int64_t>(CublasLtGemm::kWorkspaceBytes)}, DType::kU8, Device::cuda());
+  for (const CublasLtGemm* route : {&automatic, &own_scaling}) {
+  const CublasLtGemm& gemm = *route;
   uint64_t seed = 40;
   for (const GemmCase& c : cases) {
-    SCOPED_TRACE(describe(c));
+    SCOPED_TRACE(describe(c) + (route == &automatic ? " (automatic route)" : " (our scaling)"));
     // bf16 operands, as the model's activations and weights are before quantisation.
     std::vector<float> x = random_normal(c.m * c.k, ++seed), w = random_normal(c.n * c.k, ++seed);
     for (float& v : w) v *= 1.0f / std::sqrt(static_cast<float>(c.k));
@@ -322,9 +337,10 @@ TEST(Fp8Linear, MatchesTheDequantisedFp32ProductAndStaysNearTheUnquantisedOne) {
     const std::vector<float> unquantised = reference_linear(x, w, bias_used, c.m, c.k, c.n, gelu);
     const double gemm_error = rel_l2(got, exact_on_quantised);
     const double quantisation_error = rel_l2(got, unquantised, c.n, c.outliers ? ordinary : std::vector<bool>{});
-    std::printf("[fp8 GEMM %s] fused epilogue %s; rel-L2 vs fp32 of the dequantised operands %.3e; vs the unquantised (bf16) "
-                "operands %.3e%s\n",
-                describe(c).c_str(), gemm.fused_epilogue(shape) ? "yes" : "no (ours)", gemm_error, quantisation_error,
+    std::printf("[fp8 GEMM %s] scales in %s, bias/GELU in %s; rel-L2 vs fp32 of the dequantised operands %.3e; vs the "
+                "unquantised (bf16) operands %.3e%s\n",
+                describe(c).c_str(), gemm.fp8_scales_in_cublaslt(shape) ? "cuBLASLt" : "ours",
+                gemm.fused_epilogue(shape) ? "cuBLASLt" : "ours", gemm_error, quantisation_error,
                 c.outliers ? " (ordinary channels)" : "");
     EXPECT_LE(gemm_error, 4e-3);
     EXPECT_LE(quantisation_error, 0.07);
@@ -341,6 +357,8 @@ TEST(Fp8Linear, MatchesTheDequantisedFp32ProductAndStaysNearTheUnquantisedOne) {
       std::printf("[fp8 GEMM %s] per-tensor scales would give %.3e on the ordinary channels\n", describe(c).c_str(), per_tensor);
     }
   }
+  }
+  EXPECT_FALSE(own_scaling.fp8_scales_in_cublaslt(GemmShape{16, 64, 64, DType::kBF16, DType::kBF16, GemmEpilogue::kBias, true}));
 }
 
 TEST(Fp8Linear, RefusesMisalignedShapesAndPlainShapesClearly) {

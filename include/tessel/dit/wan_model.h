@@ -146,7 +146,7 @@ SpatialLayout wan_spatial_layout(const WanConfig& config, int64_t latent_frames,
 enum class WanWeightResidency : uint8_t { kDevice, kOffloadBlocks };
 
 // The precision of a CUDA transformer's block linear weights (self- and cross-attention q/k/v/out,
-// the FFN: wan_block_linear_weight). kFp8: quantised at load to float8 e4m3 with one fp32 scale per
+// the FFN: wan_fp8_weight). kFp8: quantised at load to float8 e4m3 with one fp32 scale per
 // output channel (absmax / 448), a byte per weight instead of two (Wan 14B's blocks: 14 GB instead
 // of 28); each GEMM quantises its activation rows (tokens) on the fly the same way and runs on the
 // FP8 tensor cores with fp32 accumulation (tessel/kernels/cuda/cublaslt_gemm.h, linear_fp8). The

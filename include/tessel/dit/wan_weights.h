@@ -22,9 +22,11 @@ std::vector<WeightSpec> wan_weight_specs(const WanConfig& config);
 // two linears) and the image embedder's FLF2V position table.
 DType wan_cuda_weight_dtype(const std::string& tensor_name);
 
-// Whether a tensor is the weight matrix of one of the blocks' linear layers (attention q/k/v/out,
-// the image branch's add_k/add_v, the FFN): what WanWeightPrecision::kFp8 quantises.
-bool wan_block_linear_weight(const std::string& tensor_name);
+// Whether WanWeightPrecision::kFp8 keeps a tensor in e4m3: the weight matrices of the blocks'
+// linear layers (self- and cross-attention q/k/v/out, the FFN). The image branch's add_k_proj /
+// add_v_proj stay bf16: they read a few hundred image tokens once per block, nothing an FP8 GEMM
+// would gain on, through the bf16 path the branch shares.
+bool wan_fp8_weight(const std::string& tensor_name);
 
 // How random weights for benchmarks are drawn, at the scale of diffusers' initialization: uniform
 // in +-1/sqrt(fan_in) for the linear and Conv3d weights (PyTorch's default), ones for norm weights,

@@ -239,9 +239,7 @@ void WanCudaModel::allocate_weights(WanWeightResidency residency) {
 }
 
 bool WanCudaModel::fp8_weight(const std::string& name) const {
-  // The image branch's add_k_proj / add_v_proj stay bf16: they read a few hundred image tokens
-  // once per block, nothing an FP8 GEMM would gain on, through the bf16 path the branch shares.
-  return precision_ == WanWeightPrecision::kFp8 && wan_block_linear_weight(name) && name.find(".add_") == std::string::npos;
+  return precision_ == WanWeightPrecision::kFp8 && wan_fp8_weight(name);
 }
 
 void WanCudaModel::quantize_weight(const WeightSpec& spec, const void* bf16_rows, void* destination, void* scales, bool to_host) {

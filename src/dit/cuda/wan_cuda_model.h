@@ -6,7 +6,7 @@
 //     conditioning in fp32 too);
 //   - GEMMs through cuBLASLt (bf16 in, fp32 accumulation, bias and GELU-tanh in the epilogue);
 //     with WanWeightPrecision::kFp8 the blocks' linear weights are e4m3 with a scale per output
-//     channel (quantised on the device at load, wan_block_linear_weight; "<name>_scale" holds the
+//     channel (quantised on the device at load, wan_fp8_weight; "<name>_scale" holds the
 //     scales) and their inputs are quantised per token before the GEMMs that read them (by the
 //     LayerNorm that makes them where there is one, once for q/k/v, once per forward for the text
 //     context), then FP8 GEMMs (CublasLtGemm::linear_fp8);

@@ -13,6 +13,7 @@
 #include <cublasLt.h>
 
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "cuda/linear_epilogue.h"
@@ -101,6 +102,9 @@ struct CublasLtGemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   // The fused epilogue had no algorithm (FP8 with outer-vector scales): ours runs after the matmul.
   bool own_epilogue = false;
+  // FP8: cuBLASLt applies the row scales (outer-vector mode); else the matmul runs with unit scales
+  // and our epilogue applies them.
+  bool scales_in_cublaslt = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -113,7 +117,7 @@ struct CublasLtGemm::Plan {
   }
 };
 
-CublasLtGemm::CublasLtGemm() {
+CublasLtGemm::CublasLtGemm(Fp8ScaleRoute fp8_route) : fp8_route_(fp8_route) {
   cublasLtHandle_t handle = nullptr;
   const cublasStatus_t status = cublaslt().cublasLtCreate(&handle);
   if (status != CUBLAS_STATUS_SUCCESS) throw Error(detail::concat("cublasLtCreate failed: ", cublaslt().cublasLtGetStatusString(status)));
@@ -159,46 +163,79 @@ bool find_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation, cub
 
 }  // namespace
 
+// How a plan's matmul is configured: whether cuBLASLt applies FP8 row scales (outer-vector mode)
+// and whether its epilogue adds the bias / GELU.
+struct CublasLtGemm::MatmulChoice {
+  bool outer_vector_scales = false;
+  bool fused_epilogue = true;
+};
+
+// (Re)creates the plan's matmul descriptor for `choice` and asks for an algorithm. false when
+// cuBLASLt refuses the combination (an attribute it does not know, or no algorithm) and `strict`
+// is off; with `strict` on, that is an Error.
+bool CublasLtGemm::configure(Plan& plan, const GemmShape& shape, const MatmulChoice& choice, bool strict) const {
+  if (plan.operation) cublaslt().cublasLtMatmulDescDestroy(plan.operation);
+  plan.operation = nullptr;
+  check(cublaslt().cublasLtMatmulDescCreate(&plan.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
+  bool accepted = true;
+  const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const auto& value, const char* what) {
+    const cublasStatus_t status = cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, attribute, &value, sizeof(value));
+    if (strict) check(status, what, shape);
+    accepted = accepted && status == CUBLAS_STATUS_SUCCESS;
+  };
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  set(CUBLASLT_MATMUL_DESC_TRANSA, transpose, "TRANSA");
+  set(CUBLASLT_MATMUL_DESC_TRANSB, keep, "TRANSB");
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, choice.fused_epilogue ? epilogue_of(shape.epilogue) : CUBLASLT_EPILOGUE_DEFAULT, "epilogue");
+  if (choice.outer_vector_scales) {
+    // One fp32 scale per row of op(A) = w (its n output channels) and per column of B = x (its m tokens).
+    const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer_vector, "A scale mode (outer vector)");
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer_vector, "B scale mode (outer vector)");
+  }
+  if (shape.fp8_row_scaled && choice.fused_epilogue && has_bias(shape.epilogue)) {
+    // FP8 matmuls take the bias type as an attribute; the output's, as the bf16 path's epilogue.
+    const int32_t bias_type = cuda_type(shape.output);
+    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "bias data type");
+  }
+  if (!accepted) return false;
+  return find_algorithm(static_cast<cublasLtHandle_t>(handle_), plan.operation, plan.weight, plan.input, plan.output, shape, strict,
+                        plan.algo);
+}
+
 const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   const auto found = plans_.find(shape);
   if (found != plans_.end()) return *found->second;
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t input_type = shape.fp8_row_scaled ? CUDA_R_8F_E4M3 : cuda_type(shape.input);
   const cudaDataType_t output_type = cuda_type(shape.output);
-  check(cublaslt().cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", shape);
-  const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const auto& value, const char* what) {
-    check(cublaslt().cublasLtMatmulDescSetAttribute(plan->operation, attribute, &value, sizeof(value)), what, shape);
-  };
-  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  set(CUBLASLT_MATMUL_DESC_TRANSA, transpose, "TRANSA");
-  set(CUBLASLT_MATMUL_DESC_TRANSB, keep, "TRANSB");
-  set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(shape.epilogue), "epilogue");
-  if (shape.fp8_row_scaled) {
-    // One fp32 scale per row of op(A) = w (its n output channels) and per column of B = x (its m tokens).
-    const int32_t outer_vector = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, outer_vector, "A scale mode (outer vector)");
-    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, outer_vector, "B scale mode (outer vector)");
-    // FP8 matmuls take the bias type as an attribute; the output's, as the bf16 path's epilogue.
-    const int32_t bias_type = output_type;
-    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, "bias data type");
-  }
   const auto u64 = [](int64_t v) { return static_cast<uint64_t>(v); };
   check(cublaslt().cublasLtMatrixLayoutCreate(&plan->weight, input_type, u64(shape.k), u64(shape.n), shape.k), "weight layout", shape);
   check(cublaslt().cublasLtMatrixLayoutCreate(&plan->input, input_type, u64(shape.k), u64(shape.m), shape.k), "input layout", shape);
   check(cublaslt().cublasLtMatrixLayoutCreate(&plan->output, output_type, u64(shape.n), u64(shape.m), shape.n), "output layout", shape);
 
-  const auto handle = static_cast<cublasLtHandle_t>(handle_);
-  const bool fallback = shape.fp8_row_scaled && shape.epilogue != GemmEpilogue::kNone;
-  bool found_algorithm =
-      find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, !fallback, plan->algo);
-  if (!found_algorithm && fallback) {
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT, "epilogue (none, ours after)");
-    plan->own_epilogue = true;
-    found_algorithm = find_algorithm(handle, plan->operation, plan->weight, plan->input, plan->output, shape, true, plan->algo);
+  bool found_algorithm = false;
+  if (!shape.fp8_row_scaled) {
+    found_algorithm = configure(*plan, shape, MatmulChoice{}, true);
+  } else {
+    // Most fused first: scales and epilogue in cuBLASLt, then scales only, then neither (unit
+    // scales; ours applies them with the bias and GELU). Only the last refusal is an Error.
+    const bool epilogue = shape.epilogue != GemmEpilogue::kNone;
+    std::vector<MatmulChoice> choices;
+    if (fp8_route_ == Fp8ScaleRoute::kAuto) {
+      if (epilogue) choices.push_back({true, true});
+      choices.push_back({true, false});
+    }
+    choices.push_back({false, false});
+    for (size_t i = 0; i < choices.size() && !found_algorithm; ++i) {
+      found_algorithm = configure(*plan, shape, choices[i], i + 1 == choices.size());
+      plan->scales_in_cublaslt = choices[i].outer_vector_scales;
+      plan->own_epilogue = epilogue && !choices[i].fused_epilogue;
+    }
   }
   if (!found_algorithm)
     throw Error(detail::concat("cuBLASLt has no algorithm for ", describe(shape),
-                               shape.fp8_row_scaled ? " (FP8 with per-row scales needs cuBLAS 12.9 or later and an sm_89+ GPU)" : ""));
+                               shape.fp8_row_scaled ? " (FP8 matmuls need an sm_89+ GPU)" : ""));
   return *plans_.emplace(shape, std::move(plan)).first->second;
 }
 
@@ -233,22 +270,31 @@ void CublasLtGemm::linear_fp8(const GemmShape& shape, const uint8_t* x, const fl
   const auto set_pointer = [&](cublasLtMatmulDescAttributes_t attribute, const void* pointer, const char* what) {
     check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, attribute, &pointer, sizeof(pointer)), what, shape);
   };
-  set_pointer(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scales, "A (weight) scale pointer");
-  set_pointer(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scales, "B (input) scale pointer");
+  if (plan.scales_in_cublaslt) {
+    set_pointer(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scales, "A (weight) scale pointer");
+    set_pointer(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scales, "B (input) scale pointer");
+  }
   if (has_bias(shape.epilogue) && !plan.own_epilogue) set_pointer(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias pointer");
   const float alpha = 1.0f, beta = 0.0f;
   check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
                        plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
         "matmul", shape);
-  if (plan.own_epilogue) {
+  if (plan.own_epilogue || !plan.scales_in_cublaslt) {
     const bool gelu = shape.epilogue == GemmEpilogue::kBiasGeluTanh || shape.epilogue == GemmEpilogue::kGeluTanh;
-    launch_linear_epilogue(y, shape.output, has_bias(shape.epilogue) ? bias : nullptr, shape.m, shape.n, gelu, stream);
+    const bool add_bias = plan.own_epilogue && has_bias(shape.epilogue);
+    launch_linear_epilogue(y, shape.output, add_bias ? bias : nullptr, shape.m, shape.n, gelu && plan.own_epilogue, stream,
+                           plan.scales_in_cublaslt ? nullptr : x_scales, plan.scales_in_cublaslt ? nullptr : w_scales);
   }
 }
 
 bool CublasLtGemm::fused_epilogue(const GemmShape& shape) const {
   const std::lock_guard lock(mutex_);
   return !plan_for(shape).own_epilogue;
+}
+
+bool CublasLtGemm::fp8_scales_in_cublaslt(const GemmShape& shape) const {
+  const std::lock_guard lock(mutex_);
+  return plan_for(shape).scales_in_cublaslt;
 }
 
 }  // namespace tessel::cuda

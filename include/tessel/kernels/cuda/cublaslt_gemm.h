@@ -7,12 +7,15 @@
 // (the Wan transformer's linears all have a bias; T5's have none).
 //
 // FP8 (linear_fp8): x and w in e4m3 with one fp32 scale per row (tessel/kernels/cuda/fp8_rows.h:
-// per token and per output channel), fp32 accumulation, the scales applied by cuBLASLt's
-// outer-vector scale mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, cuBLAS 12.9+) on A = w and
-// B = x. That is the "TN" layout Hopper's FP8 matmul requires (A transposed, B not: both K-major),
-// which is how these row-major operands read anyway. When cuBLASLt has no algorithm with the fused
-// bias / GELU epilogue under that scale mode, the matmul runs without it and a kernel of ours adds
-// the bias and GELU after it (one more rounding of the output).
+// per token and per output channel), fp32 accumulation. That is the "TN" layout Hopper's FP8
+// matmul requires (A transposed, B not: both K-major), which is how these row-major operands read
+// anyway. The scales take one of two routes, chosen per shape:
+//  - cuBLASLt's outer-vector scale mode (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) on A = w and
+//    B = x, with the bias / GELU in its epilogue when it has an algorithm for that, else in ours;
+//  - where cuBLASLt refuses that scale mode (CUDA 13.0's does on Hopper, for every shape), the
+//    matmul runs with unit scales into bf16 and a kernel of ours applies both scale vectors, the
+//    bias and GELU in one pass over the output (one more rounding of it, and one more read and
+//    write of the output: about a tenth of the FP8 matmul's time at the Wan shapes).
 //
 // The algorithm for each (m, n, k, types, epilogue) is chosen once by cuBLASLt's heuristic and
 // cached with its descriptors, so a run after the first of a shape only enqueues the matmul: no
@@ -36,6 +39,11 @@ namespace tessel::cuda {
 // (the bias pointer is then ignored and may be null).
 enum class GemmEpilogue { kBias, kBiasGeluTanh, kNone, kGeluTanh };
 
+// Where linear_fp8 applies its per-row scales: kAuto takes cuBLASLt's outer-vector scale mode when
+// it has an algorithm for the shape, else our epilogue kernel; kOwnEpilogue always takes ours (tests
+// and benchmarks compare the two routes on a cuBLASLt that has both).
+enum class Fp8ScaleRoute { kAuto, kOwnEpilogue };
+
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
   DType input = DType::kBF16;   // x and w
@@ -53,7 +61,7 @@ class CublasLtGemm {
   // at least this many bytes, 256-byte aligned.
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-  CublasLtGemm();
+  explicit CublasLtGemm(Fp8ScaleRoute fp8_route = Fp8ScaleRoute::kAuto);
   ~CublasLtGemm();
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
@@ -65,21 +73,26 @@ class CublasLtGemm {
               cudaStream_t stream) const;
   // Enqueues y[i, j] = x_scales[i] * w_scales[j] * (x · w^T)[i, j] (+ bias[j]) (then GELU-tanh): x
   // (m, k) and w (n, k) row-major e4m3 bytes, x_scales (m) and w_scales (n) fp32, all on the
-  // device. shape.fp8_row_scaled must be set; the output (and bias) bf16 (cuBLASLt's outer-vector
-  // FP8 matmuls write bf16, as PyTorch's row-wise _scaled_mm requires); k and n
-  // multiples of 16 (cuBLASLt's FP8 alignment). Throws Error naming the shape otherwise, or when
-  // cuBLASLt (an older one without outer-vector scales, a GPU before sm_89) has no algorithm.
+  // device. shape.fp8_row_scaled must be set; the output (and bias) bf16 (as PyTorch's row-wise
+  // _scaled_mm requires); k and n multiples of 16 (cuBLASLt's FP8 alignment). Throws Error naming
+  // the shape otherwise, or when cuBLASLt has no FP8 algorithm at all (a GPU before sm_89).
   void linear_fp8(const GemmShape& shape, const uint8_t* x, const float* x_scales, const uint8_t* w, const float* w_scales,
                   const void* bias, void* y, void* workspace, cudaStream_t stream) const;
   // Whether the bias / GELU of `shape` runs in cuBLASLt's epilogue (false: in ours after the
   // matmul). Plans the shape (tests and benchmarks report it).
   bool fused_epilogue(const GemmShape& shape) const;
+  // Whether linear_fp8 applies the row scales of `shape` in cuBLASLt (its outer-vector scale mode)
+  // rather than in our epilogue kernel. Plans the shape.
+  bool fp8_scales_in_cublaslt(const GemmShape& shape) const;
 
  private:
   struct Plan;
+  struct MatmulChoice;
   const Plan& plan_for(const GemmShape& shape) const;
+  bool configure(Plan& plan, const GemmShape& shape, const MatmulChoice& choice, bool strict) const;
 
   void* handle_ = nullptr;  // cublasLtHandle_t
+  Fp8ScaleRoute fp8_route_;
   mutable std::mutex mutex_;
   mutable std::map<GemmShape, std::unique_ptr<Plan>> plans_;
 };
