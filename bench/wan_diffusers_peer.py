@@ -7,7 +7,10 @@ the same sizes, shapes and batch, timed the same way (median step, untimed warm-
 
 Needs torch and diffusers==0.42.1. Sizes and the pixel -> latent mapping are dit-bench's: frames
 4k + 1 -> k + 1 latent frames, pixels / 8; batch 2 (classifier-free guidance in one call), 512
-text tokens. Prints the median and mean step, and on CUDA the peak memory.
+text tokens. Prints the median and mean step, and on CUDA the peak memory. wan-i2v-14b also takes
+random CLIP features of --image-tokens tokens (257: ViT-H/14's patches and class token), as
+WanImageToVideoPipeline passes them (it runs its two guidance branches as two calls of batch 1; this
+runs them as one call of batch 2, as dit-bench does).
 """
 import argparse
 import json
@@ -20,6 +23,10 @@ from diffusers import WanTransformer3DModel
 PRESETS = {
     "wan-1.3b": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30),
     "wan-14b": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40),
+    # Wan2.1-I2V-14B's transformer config: the mask and the encoded condition video on 20 more input
+    # channels, and the image branch (CLIP ViT-H/14 features, 1280 wide, into add_k/add_v).
+    "wan-i2v-14b": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36, image_dim=1280,
+                        added_kv_proj_dim=5120),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,6 +40,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--text-tokens", type=int, default=512)
+    parser.add_argument("--image-tokens", type=int, default=257, help="CLIP tokens of an image-to-video model")
     parser.add_argument("--steps", type=int, default=1, help="timed steps")
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -53,10 +61,14 @@ def main() -> None:
     torch.manual_seed(args.seed)
     dtype = DTYPES[args.dtype]
     model = WanTransformer3DModel(**config).to(device=args.device, dtype=dtype).eval()
-    latent = (args.batch, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
+    latent = (args.batch, config.get("in_channels", 16), (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
     hidden_states = torch.randn(latent, device=args.device, dtype=dtype)
     text = torch.randn((args.batch, args.text_tokens, 4096), device=args.device, dtype=dtype)
     tokens = latent[2] * (latent[3] // 2) * (latent[4] // 2)
+    extra = {}
+    if "image_dim" in config:
+        extra["encoder_hidden_states_image"] = torch.randn((args.batch, args.image_tokens, config["image_dim"]), device=args.device,
+                                                           dtype=dtype)
 
     backends = {
         "flash": [torch.nn.attention.SDPBackend.FLASH_ATTENTION],
@@ -76,10 +88,10 @@ def main() -> None:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             if args.sdpa == "default":
-                model(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=text, return_dict=False)
+                model(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=text, return_dict=False, **extra)
             else:
                 with torch.nn.attention.sdpa_kernel(backends[args.sdpa]):
-                    model(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=text, return_dict=False)
+                    model(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=text, return_dict=False, **extra)
             if cuda:
                 torch.cuda.synchronize()
             if step >= args.warmup:
