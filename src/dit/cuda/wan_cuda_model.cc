@@ -9,8 +9,10 @@
 
 #include "cuda/wan_block_offload.h"
 #include "cuda/wan_kernels.h"
+#include "cuda/wan_lora_kernels.h"
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
+#include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/cuda/device_guard.h"
@@ -62,6 +64,8 @@ struct Activations {
   // and values (bf16).
   float *image_positioned, *image_ff, *image_embedded;
   bf16 *image_normed, *image_context, *image_k, *image_v;
+  // Per-request LoRA (else null): the rank-wide intermediate of the widest linear's rows.
+  bf16* lora_shrunk;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
   // The cross-attention's image half writes into k (the self-attention's keys are dead by then).
@@ -123,6 +127,10 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
     a.image_context = taker.take<bf16>(image_rows * dim, "image context");
     a.image_k = taker.take<bf16>(image_rows * dim, "image k");
     a.image_v = taker.take<bf16>(image_rows * dim, "image v");
+  }
+  if (s.lora_rank > 0) {
+    const int64_t widest = std::max({rows, text_rows, groups, s.batch * s.image_len});
+    a.lora_shrunk = taker.take<bf16>(widest * s.lora_rank, "LoRA intermediate");
   }
   return a;
 }
@@ -305,7 +313,8 @@ size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
 void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                            const float* timestep, const float* text, const float* image, float* out,
                            const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-                           WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache) const {
+                           WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache,
+                           const WanLoraBank* lora_bank, const std::vector<LoraRun>& lora_runs) const {
   const WanConfig& c = config_;
   const tessel::cuda::DeviceGuard guard(device_.index);
   cudaStream_t stream = ctx.stream;
@@ -378,9 +387,31 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const ExecContext attention_ctx = ctx.with_workspace(&attention_workspace);
 
   const auto w = [&](const std::string& name) { return weight(name); };
+  if (lora_bank != nullptr && shape.lora_rank < lora_bank->max_rank())
+    fail_argument("WanForwardShape::lora_rank", detail::concat("at least the bank's largest rank ", lora_bank->max_rank()), shape.lora_rank);
+  std::vector<LoraSegment> lora_segments;
+  // y (m, n) = x W^T + b through cuBLASLt; then, when an adapter of the batch changes this layer,
+  // each run's rows get y += s B (A x) (one grouped shrink and one grouped expand for all runs),
+  // before the GELU-tanh an epilogue would otherwise have fused.
   const auto linear = [&](const std::string& name, const void* x, int64_t m, int64_t k, int64_t n, void* y,
                           DType input = DType::kBF16, DType output = DType::kBF16, GemmEpilogue epilogue = GemmEpilogue::kBias) {
-    gemm_.linear(GemmShape{m, n, k, input, output, epilogue}, x, w(name + ".weight"), w(name + ".bias"), y, a.gemm_scratch, stream);
+    const std::vector<WanLoraBank::Pair>* pairs = lora_bank == nullptr || lora_runs.empty() ? nullptr : lora_bank->pairs(name);
+    const bool gelu_after = pairs != nullptr && epilogue == GemmEpilogue::kBiasGeluTanh;
+    gemm_.linear(GemmShape{m, n, k, input, output, gelu_after ? GemmEpilogue::kBias : epilogue}, x, w(name + ".weight"),
+                 w(name + ".bias"), y, a.gemm_scratch, stream);
+    if (pairs == nullptr) return;
+    const int64_t rows_per_entry = m / batch;
+    lora_segments.clear();
+    for (const LoraRun& run : lora_runs) {
+      const WanLoraBank::Pair& pair = (*pairs)[static_cast<size_t>(run.adapter)];
+      if (pair.rank == 0) continue;
+      lora_segments.push_back(LoraSegment{run.first_entry * rows_per_entry, run.entries * rows_per_entry,
+                                          static_cast<const bf16*>(pair.down.data()), static_cast<const bf16*>(pair.up.data()),
+                                          pair.rank, pair.scale});
+    }
+    launch_lora_segments(lora_segments, x, input == DType::kBF16, k, y, output == DType::kBF16, n, a.lora_shrunk, shape.lora_rank,
+                         stream);
+    if (gelu_after) launch_gelu_tanh_bf16(static_cast<bf16*>(y), m * n, stream);
   };
   const auto f32 = [&](const std::string& name) { return static_cast<const float*>(weight(name)); };
   const auto bshd = [&](bf16* data, int64_t length) {
