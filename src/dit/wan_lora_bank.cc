@@ -3,16 +3,37 @@
 #include <tuple>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "tessel/core/error.h"
+#include "tessel/core/random.h"
 #include "tessel/dit/ops.h"
 #include "tessel/dit/wan_weights.h"
 #include "wan_lora_rows.h"
 
 namespace tessel {
 namespace {
+
+// The modules the bank can hold: every linear layer (a weight of two or more dimensions, the patch
+// embedding's Conv3d kernel being a GEMM here too, beside a bias), by name, with its weight's shape.
+// Norms and modulation tables are vectors or biasless.
+std::map<std::string, Shape> linear_layers(const WanConfig& config) {
+  std::map<std::string, Shape> weights;
+  std::set<std::string> biases;
+  const auto strip = [](const std::string& name, const std::string& suffix) {
+    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
+               ? name.substr(0, name.size() - suffix.size())
+               : std::string();
+  };
+  for (const WeightSpec& spec : wan_weight_specs(config)) {
+    if (const std::string module = strip(spec.name, ".bias"); !module.empty()) biases.insert(module);
+    if (const std::string module = strip(spec.name, ".weight"); !module.empty() && spec.shape.size() >= 2) weights.emplace(module, spec.shape);
+  }
+  std::erase_if(weights, [&](const auto& entry) { return !biases.count(entry.first); });
+  return weights;
+}
 
 // (rows, cols) fp32 -> (cols, rows) fp32.
 Tensor transposed(const Tensor& matrix) {
@@ -35,6 +56,28 @@ struct WanLoraBank::Impl {
   std::map<std::string, std::vector<Pair>> modules;  // diffusers module -> one pair per adapter
   int64_t max_rank = 0;
   size_t bytes = 0;
+
+  // Adapter `index` (of `count`) changes `module` by scale * up (out, rank) @ down (rank, in), fp32
+  // CPU: kept in the device's layout. `origin` names the pair in errors.
+  void add_pair(const std::string& module, int64_t index, int64_t count, const Tensor& down, const Tensor& up, double scale,
+                const std::string& origin) {
+    std::vector<Pair>& pairs = modules[module];
+    pairs.resize(static_cast<size_t>(count));
+    Pair& pair = pairs[static_cast<size_t>(index)];
+    // WanLora keeps one pair per module and file, and a bank adapter is one file.
+    if (pair.rank != 0) fail_argument(origin, "one low-rank pair per module", "a second one for " + module);
+    pair.rank = down.size(0);
+    pair.scale = static_cast<float>(scale);
+    if (device.is_cuda()) {
+      pair.down = down.to(DType::kBF16).to(device);
+      pair.up = up.to(DType::kBF16).to(device);
+    } else {
+      pair.down = transposed(down);
+      pair.up = transposed(up);
+    }
+    bytes += pair.down.nbytes() + pair.up.nbytes();
+    max_rank = std::max(max_rank, pair.rank);
+  }
 };
 
 WanLoraBank::WanLoraBank() : impl_(std::make_unique<Impl>()) {}
@@ -44,15 +87,7 @@ WanLoraBank& WanLoraBank::operator=(WanLoraBank&&) noexcept = default;
 
 WanLoraBank WanLoraBank::load(const std::vector<std::pair<std::string, LoraFile>>& adapters, const WanConfig& config, Device device,
                               bool ignore_unmatched) {
-  // The linear layers: every module whose weight is a matrix (or the patch embedding's Conv3d
-  // kernel, a GEMM here too) and has a bias; norms and modulation tables are vectors or biasless.
-  std::map<std::string, Shape> linear_weights;
-  std::set<std::string> biases;
-  for (const WeightSpec& spec : wan_weight_specs(config)) {
-    if (spec.name.size() > 5 && spec.name.compare(spec.name.size() - 5, 5, ".bias") == 0) biases.insert(spec.name.substr(0, spec.name.size() - 5));
-    if (spec.shape.size() >= 2 && spec.name.size() > 7 && spec.name.compare(spec.name.size() - 7, 7, ".weight") == 0)
-      linear_weights.emplace(spec.name.substr(0, spec.name.size() - 7), spec.shape);
-  }
+  const std::map<std::string, Shape> linear_weights = linear_layers(config);
   WanLoraBank bank;
   Impl& b = *bank.impl_;
   b.config = config;
@@ -66,29 +101,35 @@ WanLoraBank WanLoraBank::load(const std::vector<std::pair<std::string, LoraFile>
     b.names.push_back(name);
     const WanLora lora = WanLora::load({file}, config, ignore_unmatched);
     for (WanLoraFactors& factors : lora.factors()) {
-      if (!linear_weights.count(factors.module) || !biases.count(factors.module))
+      if (!linear_weights.count(factors.module))
         fail_argument(factors.origin, "a low-rank pair on a linear layer (a norm or modulation table only merges: --lora)",
                       "a pair on " + factors.module);
       if (factors.up_bias.defined())
         fail_argument(factors.origin, "a low-rank pair without lora_B bias (a bias only merges: --lora)", "a lora_B bias");
-      std::vector<Pair>& pairs = b.modules[factors.module];
-      pairs.resize(static_cast<size_t>(count));
-      Pair& pair = pairs[static_cast<size_t>(index)];
-      // WanLora keeps one pair per module and file, and a bank adapter is one file.
-      if (pair.rank != 0) fail_argument(factors.origin, "one low-rank pair per module", "a second one for " + factors.module);
-      pair.rank = factors.down.size(0);
-      pair.scale = static_cast<float>(factors.scale);
-      if (device.is_cuda()) {
-        pair.down = factors.down.to(DType::kBF16).to(device);
-        pair.up = factors.up.to(DType::kBF16).to(device);
-      } else {
-        pair.down = transposed(factors.down);
-        pair.up = transposed(factors.up);
-      }
-      b.bytes += pair.down.nbytes() + pair.up.nbytes();
-      b.max_rank = std::max(b.max_rank, pair.rank);
+      b.add_pair(factors.module, index, count, factors.down, factors.up, factors.scale, factors.origin);
     }
     b.summaries.push_back("\"" + name + "\": " + (lora.summary().empty() ? file.path : lora.summary().front()));
+  }
+  return bank;
+}
+
+WanLoraBank WanLoraBank::random(const WanConfig& config, Device device, int64_t adapters, int64_t rank, uint64_t seed) {
+  if (adapters < 1) fail_argument("random LoRA adapters", "at least 1", adapters);
+  if (rank < 1) fail_argument("random LoRA rank", "at least 1", rank);
+  WanLoraBank bank;
+  Impl& b = *bank.impl_;
+  b.config = config;
+  b.device = device;
+  for (int64_t index = 0; index < adapters; ++index) {
+    b.names.push_back(std::to_string(index));
+    b.summaries.push_back(detail::concat("\"", index, "\": random, rank ", rank, " on every linear layer"));
+    for (const auto& [module, shape] : linear_layers(config)) {
+      const int64_t out = shape[0], in = shape_numel(shape) / out;
+      Tensor down = Tensor::empty({rank, in}, DType::kF32), up = Tensor::empty({out, rank}, DType::kF32);
+      fill_uniform(down.view(), ++seed, -1.0 / std::sqrt(static_cast<double>(in)), 1.0 / std::sqrt(static_cast<double>(in)));
+      fill_uniform(up.view(), ++seed, -1.0 / std::sqrt(static_cast<double>(rank)), 1.0 / std::sqrt(static_cast<double>(rank)));
+      b.add_pair(module, index, adapters, down, up, 1.0, "random adapter " + b.names.back() + ", " + module);
+    }
   }
   return bank;
 }

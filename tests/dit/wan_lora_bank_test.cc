@@ -223,6 +223,30 @@ TEST(WanLoraBank, BadInputIsAnErrorNamingIt) {
   EXPECT_NE(error_of([&] { forward(smaller, in, &mismatched); }).find("another Wan config"), std::string::npos);
 }
 
+TEST(WanLoraBank, RandomAdaptersCoverEveryLinearLayer) {
+  const WanConfig config = fixture_config();
+  const WanLoraBank bank = WanLoraBank::random(config, Device::cpu(), 3, 5, 1);
+  EXPECT_EQ(bank.size(), 3);
+  EXPECT_EQ(bank.name(2), "2");
+  EXPECT_EQ(bank.max_rank(), 5);
+  for (const char* module : {"patch_embedding", "condition_embedder.time_proj", "blocks.1.attn2.to_out.0", "blocks.0.ffn.net.2", "proj_out"}) {
+    const std::vector<WanLoraBank::Pair>* pairs = bank.pairs(module);
+    ASSERT_NE(pairs, nullptr) << module;
+    ASSERT_EQ(pairs->size(), 3u);
+    EXPECT_EQ((*pairs)[1].rank, 5) << module;
+  }
+  EXPECT_EQ(bank.pairs("blocks.0.norm2"), nullptr);
+  EXPECT_EQ(bank.pairs("scale_shift_table"), nullptr);
+  // Random adapters run like loaded ones: a row with one differs from a row without.
+  const WanTransformer model = WanTransformer::load(checkpoint_dir());
+  const Inputs in = fixture_inputs(2);
+  const WanLoraSelection selection{&bank, {2, -1}};
+  const Tensor with = forward(model, in, &selection), without = forward(model, in);
+  EXPECT_GT(rel_l2(entry(with, 0), entry(without, 0)), 1e-3);
+  EXPECT_EQ(rel_l2(entry(with, 1), entry(without, 1)), 0.0);
+  EXPECT_NE(error_of([&] { WanLoraBank::random(config, Device::cpu(), 1, 0, 1); }).find("rank"), std::string::npos);
+}
+
 TEST(WanLoraBank, AdapterArguments) {
   const auto [name, file] = parse_lora_adapter("style=dir/a.safetensors:0.5", "--lora-adapter");
   EXPECT_EQ(name, "style");

@@ -38,6 +38,10 @@ class WanLoraBank {
   // a linear layer's weight, and whatever WanLora::load refuses).
   static WanLoraBank load(const std::vector<std::pair<std::string, LoraFile>>& adapters, const WanConfig& config, Device device,
                           bool ignore_unmatched = false);
+  // `adapters` adapters named "0", "1", ... of rank `rank` on every linear layer of `config`'s
+  // transformer, with random factors from `seed` (uniform within 1 / sqrt(fan-in), scale 1): what
+  // a benchmark times, as WanTransformer::random. Throws Error for a count or rank below 1.
+  static WanLoraBank random(const WanConfig& config, Device device, int64_t adapters, int64_t rank, uint64_t seed);
 
   WanLoraBank();
   ~WanLoraBank();
