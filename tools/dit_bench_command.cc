@@ -235,13 +235,16 @@ WorkEstimate dit_bench_estimate(const DitBenchOptions& o, const WanConfig& confi
   const bool whole = o.compare_dense || o.check;
   const double inputs = 4.0 * batch * (static_cast<double>(config.in_channels * in.latent.frames * in.latent.height * in.latent.width) +
                                        static_cast<double>(in.text_tokens * config.text_dim));
+  // Per-request LoRA factors: bf16 on the device, fp32 on the CPU.
+  const double lora_elements =
+      o.lora_rank > 0 ? static_cast<double>(o.lora_adapters) * static_cast<double>(wan_lora_elements(config, o.lora_rank)) : 0.0;
   WorkEstimate e;
   if (device.is_cuda()) {
     e.device_bytes = wan_cuda_weight_bytes(config) + wan_cuda_activation_bytes(config, rank_rows) +
-                     (whole ? wan_cuda_activation_bytes(config, batch * tokens) : 0.0) + 2.0 * inputs;
+                     (whole ? wan_cuda_activation_bytes(config, batch * tokens) : 0.0) + 2.0 * inputs + 2.0 * lora_elements;
     e.host_bytes = 2.0 * inputs;
   } else {
-    e.host_bytes = wan_cpu_weight_bytes(config) + 2.0 * inputs +
+    e.host_bytes = wan_cpu_weight_bytes(config) + 2.0 * inputs + 4.0 * lora_elements +
                    std::max(wan_cpu_activation_bytes(config, rank_rows), whole ? wan_cpu_activation_bytes(config, batch * tokens) : 0.0);
   }
   const double text = static_cast<double>(in.text_tokens);

@@ -156,6 +156,12 @@ const std::vector<WanLoraBank::Pair>* WanLoraBank::pairs(const std::string& modu
   return found == impl_->modules.end() ? nullptr : &found->second;
 }
 
+int64_t wan_lora_elements(const WanConfig& config, int64_t rank) {
+  int64_t elements = 0;
+  for (const auto& [module, shape] : linear_layers(config)) elements += rank * (shape[0] + shape_numel(shape) / shape[0]);
+  return elements;
+}
+
 bool WanLoraSelection::any() const {
   return bank != nullptr && std::any_of(adapters.begin(), adapters.end(), [](int32_t adapter) { return adapter >= 0; });
 }

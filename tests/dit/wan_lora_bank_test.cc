@@ -236,6 +236,8 @@ TEST(WanLoraBank, RandomAdaptersCoverEveryLinearLayer) {
     EXPECT_EQ((*pairs)[1].rank, 5) << module;
   }
   EXPECT_EQ(bank.pairs("blocks.0.norm2"), nullptr);
+  // CPU: fp32 factors, three adapters.
+  EXPECT_EQ(bank.bytes(), static_cast<size_t>(3 * wan_lora_elements(config, 5)) * sizeof(float));
   EXPECT_EQ(bank.pairs("scale_shift_table"), nullptr);
   // Random adapters run like loaded ones: a row with one differs from a row without.
   const WanTransformer model = WanTransformer::load(checkpoint_dir());

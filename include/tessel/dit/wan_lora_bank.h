@@ -68,6 +68,10 @@ class WanLoraBank {
   std::unique_ptr<Impl> impl_;
 };
 
+// The factors' elements of one adapter of `rank` on every linear layer of `config`'s transformer
+// (what WanLoraBank::random holds per adapter): rank * (in + out) summed over the layers.
+int64_t wan_lora_elements(const WanConfig& config, int64_t rank);
+
 // Which adapter each batch entry of a forward uses: adapters[b] is an index into `bank`, or -1 for
 // none. WanTransformer::forward checks it against the batch and its own config and device.
 struct WanLoraSelection {
