@@ -37,6 +37,7 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/random.h"
 #include "tessel/diffusion/tiny_model.h"
+#include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_weights.h"
 #include "tessel/parallel/cfg_parallel.h"
@@ -71,6 +72,9 @@ struct DitBenchOptions {
   std::string offload = "none";
   std::string weights = "bf16";
   double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
+  // Per-request LoRA: random adapters of this rank on every linear layer (0: none), the batch's
+  // entries split into lora_adapters contiguous groups, group i using adapter i.
+  int64_t lora_rank = 0, lora_adapters = 1;
   BudgetFlags budget;
 };
 
@@ -233,14 +237,17 @@ WorkEstimate dit_bench_estimate(const DitBenchOptions& o, const WanConfig& confi
   const bool whole = o.compare_dense || o.check;
   const double inputs = 4.0 * batch * (static_cast<double>(config.in_channels * in.latent.frames * in.latent.height * in.latent.width) +
                                        static_cast<double>(in.text_tokens * config.text_dim));
+  // Per-request LoRA factors: bf16 on the device, fp32 on the CPU.
+  const double lora_elements =
+      o.lora_rank > 0 ? static_cast<double>(o.lora_adapters) * static_cast<double>(wan_lora_elements(config, o.lora_rank)) : 0.0;
   WorkEstimate e;
   if (device.is_cuda()) {
     const bool fp8 = o.weights == "fp8";
     e.device_bytes = wan_cuda_weight_bytes(config, fp8) + wan_cuda_activation_bytes(config, rank_rows, fp8) +
-                     (whole ? wan_cuda_activation_bytes(config, batch * tokens, fp8) : 0.0) + 2.0 * inputs;
+                     (whole ? wan_cuda_activation_bytes(config, batch * tokens, fp8) : 0.0) + 2.0 * inputs + 2.0 * lora_elements;
     e.host_bytes = 2.0 * inputs;
   } else {
-    e.host_bytes = wan_cpu_weight_bytes(config) + 2.0 * inputs +
+    e.host_bytes = wan_cpu_weight_bytes(config) + 2.0 * inputs + 4.0 * lora_elements +
                    std::max(wan_cpu_activation_bytes(config, rank_rows), whole ? wan_cpu_activation_bytes(config, batch * tokens) : 0.0);
   }
   const double text = static_cast<double>(in.text_tokens);
@@ -266,6 +273,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   BenchInputs in = bench_inputs(o, config);
   if (parallel.cfg_parallel && in.batch != 2)
     fail_argument("--batch", "2 with --cfg-parallel (each CFG rank runs one of the two guidance branches)", in.batch);
+  if (o.lora_rank > 0 && in.batch % o.lora_adapters != 0)
+    fail_argument("--lora-adapters", detail::concat("a divisor of the batch ", in.batch, " (each adapter takes as many entries)"),
+                  o.lora_adapters);
   const int ranks = parallel.ulysses * parallel.ring * (parallel.cfg_parallel ? 2 : 1);
   const std::string shape_flags =
       (o.from_dir.empty() ? "--model " + o.model : "--from-dir " + quoted_excerpt(o.from_dir)) +
@@ -313,6 +323,17 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                                    ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device, residency, precision)
                                    : WanTransformer::load(o.from_dir, attention, device, nullptr, residency, precision);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  // Per-request LoRA: the adapters resident beside the model, one per group of entries.
+  std::optional<WanLoraBank> lora_bank;
+  WanLoraSelection lora, rank_lora;
+  if (o.lora_rank > 0) {
+    lora_bank.emplace(WanLoraBank::random(config, device, o.lora_adapters, o.lora_rank, static_cast<uint64_t>(o.seed) + 7919));
+    lora.bank = rank_lora.bank = &*lora_bank;
+    for (int64_t b = 0; b < in.batch; ++b) lora.adapters.push_back(static_cast<int32_t>(b / (in.batch / o.lora_adapters)));
+    rank_lora.adapters = cfg_split ? std::vector<int32_t>{lora.adapters[static_cast<size_t>(branch)]} : lora.adapters;
+  }
+  const WanLoraSelection* const whole_lora = lora_bank ? &lora : nullptr;
+  const WanLoraSelection* const step_lora = lora_bank ? &rank_lora : nullptr;
 
   // The inputs move to the model's device once: this rank's branch, and the whole batch when a
   // one-process forward is compared.
@@ -326,11 +347,12 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   };
   // One forward, with the image's CLIP features for a model that takes them.
   const auto forward = [](const WanTransformer& transformer, const ExecContext& run_ctx, const StepInfo& step, const Tensor& x,
-                          const Tensor& t, const Tensor& context, const Tensor& clip, Tensor& y, WanForwardProfile* timing) {
+                          const Tensor& t, const Tensor& context, const Tensor& clip, Tensor& y, WanForwardProfile* timing,
+                          const WanLoraSelection* adapters) {
     if (clip.defined())
-      transformer.forward(run_ctx, step, x, t, context, clip, y, timing);
+      transformer.forward(run_ctx, step, x, t, context, clip, y, timing, nullptr, adapters);
     else
-      transformer.forward(run_ctx, step, x, t, context, y, timing);
+      transformer.forward(run_ctx, step, x, t, context, y, timing, nullptr, adapters);
   };
   Tensor timestep;
   Tensor out = Tensor::empty(output_shape(latents), DType::kF32, device);
@@ -346,7 +368,8 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   // The activations (CUDA) or attention scratch (CPU), sized once before the first step.
   Workspace workspace(device);
   const int64_t image_tokens = in.image.defined() ? in.image.size(1) : 0;
-  workspace.reserve(model.workspace_bytes(ctx, rank_batch, latent.frames, latent.height, latent.width, in.text_tokens, false, image_tokens));
+  workspace.reserve(model.workspace_bytes(ctx, rank_batch, latent.frames, latent.height, latent.width, in.text_tokens, false, image_tokens,
+                                          lora_bank ? lora_bank->max_rank() : 0));
   ctx.workspace = &workspace;
   const std::unique_ptr<BenchTimer> timer = make_bench_timer(ctx);
   const int64_t total_steps = o.warmup + o.steps;
@@ -369,7 +392,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     run.meter().reset();
     timer->start();
     if (timeline) timeline->begin(ctx);
-    forward(model, ctx, StepInfo::at(step, total_steps), latents, timestep, text, image, out, timed ? &profile : nullptr);
+    forward(model, ctx, StepInfo::at(step, total_steps), latents, timestep, text, image, out, timed ? &profile : nullptr, step_lora);
     if (cfg_split) gather_cfg_branches(ctx, *groups->cfg, out, branches);
     const double ms = timer->stop_ms();
     if (!timed) continue;
@@ -398,7 +421,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     Tensor result = Tensor::empty(output_shape(all_latents), DType::kF32, device);
     ExecContext whole_batch = ctx;  // its own scratch: the workspace was sized for this rank's batch
     whole_batch.workspace = nullptr;
-    forward(model.with_attention(options), whole_batch, step, all_latents, all_timestep, all_text, all_image, result, nullptr);
+    forward(model.with_attention(options), whole_batch, step, all_latents, all_timestep, all_text, all_image, result, nullptr, whole_lora);
     return result.to(Device::cpu());
   };
   const Tensor host_whole_out = whole_out.to(Device::cpu());
@@ -450,6 +473,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       {"weights_bytes", model.weight_bytes()},
       {"offloaded_weights_bytes", model.offloaded_weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
+      {"lora_rank", o.lora_rank},
+      {"lora_adapters", o.lora_rank > 0 ? o.lora_adapters : 0},
+      {"lora_bytes", lora_bank ? lora_bank->bytes() : 0},
   };
   // Device memory the run added (weights, workspace, plans; the CUDA context was up before), as
   // the driver counts it after the timed steps: nothing is freed in between, so it is the peak.
@@ -491,6 +517,11 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   std::printf("; peak host memory %s (estimated %s)\n", format_bytes(peak_host_memory_bytes()).c_str(), format_bytes(estimate.host_bytes).c_str());
   std::printf("self-attention: mean density %.3f over %lld calls, %lld of them dense\n", profile.mean_self_attention_density(),
               static_cast<long long>(profile.self_attention_calls), static_cast<long long>(profile.dense_self_attention_calls));
+  if (lora_bank)
+    std::printf("per-request LoRA: %lld adapters of rank %lld on every linear layer (%s), each on %lld of the batch's entries; timed "
+                "with the GEMMs\n",
+                static_cast<long long>(o.lora_adapters), static_cast<long long>(o.lora_rank),
+                format_bytes(static_cast<double>(lora_bank->bytes())).c_str(), static_cast<long long>(in.batch / o.lora_adapters));
   if (groups != nullptr) {
     std::printf("parallel: %d ranks, %s; sent %.2f MB per step per rank", run.world_size(), parallel.describe().c_str(),
                 communication.bytes / n / 1e6);
@@ -558,6 +589,14 @@ CommandRegistration registration{
           ->check(writable_file_path());
       add_offload_flag(app, options->offload);
       add_weights_flag(app, options->weights);
+      app.add_option("--lora-rank", options->lora_rank,
+                     "per-request LoRA: random adapters of this rank on every linear layer, applied unmerged in each forward (0: none)")
+          ->capture_default_str()
+          ->check(integer_in(0, 4096));
+      app.add_option("--lora-adapters", options->lora_adapters,
+                     "with --lora-rank: this many adapters, the batch's entries split into as many contiguous groups, one adapter each")
+          ->capture_default_str()
+          ->check(integer_in(1, 64));
       app.add_option("--device-memory-limit", options->device_memory_limit_gib,
                      "GiB: hold the rest of the GPU's memory for the run, as on a card of this size (with --device cuda)")
           ->check(number_in(0.25, 1e6));

@@ -1,5 +1,7 @@
 #include "lora_flags.h"
 
+#include "tessel/core/error.h"
+
 namespace tessel::cli {
 
 void add_lora_flags(CLI::App& app, LoraFlags& flags) {
@@ -15,6 +17,25 @@ void add_lora_flags(CLI::App& app, LoraFlags& flags) {
       ->allow_extra_args(false);
   app.add_flag("--lora-ignore-unmatched", flags.ignore_unmatched,
                "skip LoRA keys that match no module of the model (default: an error naming them)");
+}
+
+void add_lora_adapter_flag(CLI::App& app, LoraFlags& flags) {
+  app.add_option("--lora-adapter", flags.adapters,
+                 "NAME=PATH[:SCALE] (repeatable): a LoRA kept unmerged beside the transformer, applied to the requests that name it in "
+                 "their \"lora\" field (low-rank pairs only: a full diff merges with --lora); one-expert models")
+      ->take_all()
+      ->allow_extra_args(false);
+}
+
+std::vector<std::pair<std::string, LoraFile>> lora_adapters(const std::vector<std::string>& arguments) {
+  std::vector<std::pair<std::string, LoraFile>> adapters;
+  for (const std::string& argument : arguments) {
+    auto adapter = parse_lora_adapter(argument, "--lora-adapter");
+    for (const auto& [name, unused] : adapters)
+      if (name == adapter.first) fail_argument("--lora-adapter", "each name once", quoted_excerpt(name) + " twice");
+    adapters.push_back(std::move(adapter));
+  }
+  return adapters;
 }
 
 std::vector<LoraFile> lora_files(const std::vector<std::string>& arguments, const std::string& flag) {

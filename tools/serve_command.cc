@@ -169,12 +169,16 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
     fail_argument("--sparse-attn-config-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(*o.sparse_config_2));
   if (!model.two_experts && !lora.loras_2.empty())
     fail_argument("--lora-2", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(lora.loras_2[0]));
-  if (lora.ignore_unmatched && lora.loras.empty() && lora.loras_2.empty())
-    fail_argument("--lora-ignore-unmatched", "a --lora or --lora-2 to apply it to", "none");
+  if (model.two_experts && !lora.adapters.empty())
+    fail_argument("--lora-adapter", "a model with one expert (Wan 2.2's experts take merged LoRAs: --lora, --lora-2)",
+                  quoted_excerpt(lora.adapters[0]));
+  if (lora.ignore_unmatched && lora.loras.empty() && lora.loras_2.empty() && lora.adapters.empty())
+    fail_argument("--lora-ignore-unmatched", "a --lora, --lora-2 or --lora-adapter to apply it to", "none");
   engine::WanRunnerConfig runner;
   // Checked here (paths and scales), read and matched by every worker's generator at start-up.
   for (const LoraFile& file : lora_files(lora.loras, "--lora")) runner.loras.push_back({fs::absolute(file.path).string(), file.scale});
   for (const LoraFile& file : lora_files(lora.loras_2, "--lora-2")) runner.loras_2.push_back({fs::absolute(file.path).string(), file.scale});
+  for (auto& [name, file] : lora_adapters(lora.adapters)) runner.lora_adapters.push_back({name, {fs::absolute(file.path).string(), file.scale}});
   runner.lora_ignore_unmatched = lora.ignore_unmatched;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
   // Read once here so a bad file fails the start, not every request.
@@ -241,6 +245,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   config.max_reference_bytes = limits.takes_image ? o.server.api.max_reference_bytes : 0;
   limits.layout_bound_settings = layout_bound_settings(runner);
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
+  for (const auto& [name, file] : runner.lora_adapters) limits.lora_adapters.push_back(name);
   engine::ProcessorRegistry processors;
   engine::register_wan_processors(processors, limits);
 
@@ -374,6 +379,7 @@ CommandRegistration registration{
                      "NAME=dense|'<json>'|@file.json: a sparse-attention setting requests may ask for by name (repeatable)");
       auto lora = std::make_shared<LoraFlags>();
       add_lora_flags(app, *lora);
+      add_lora_adapter_flag(app, *lora);
       add_offload_flag(app, o->offload);
       add_weights_flag(app, o->weights);
       return CommandRunner([o, flags, lora] { return run_serve(*o, *flags, *lora); });

@@ -66,6 +66,7 @@ struct LoadArguments {
   bool load_vae = true;
   std::vector<std::pair<std::string, double>> loras, loras_2;  // (path, scale)
   bool lora_ignore_unmatched = false;
+  std::vector<std::tuple<std::string, std::string, double>> lora_adapters;  // (name, path, scale)
 };
 
 Device checked_device(const std::string& name) {
@@ -114,6 +115,7 @@ std::unique_ptr<LoadedWanGenerator> load_generator(const LoadArguments& a) {
   for (const auto& [path, scale] : a.loras) options.loras.push_back({path, scale});
   for (const auto& [path, scale] : a.loras_2) options.loras_2.push_back({path, scale});
   options.lora_ignore_unmatched = a.lora_ignore_unmatched;
+  for (const auto& [name, path, scale] : a.lora_adapters) options.lora_adapters.push_back({name, {path, scale}});
   ExecContext ctx;
   ctx.num_threads = loaded->num_threads;
   WanModelDir model = WanModelDir::open(a.directory);
@@ -183,8 +185,10 @@ nb::dict generate(LoadedWanGenerator& loaded, std::optional<std::string> prompt,
                   const std::optional<ReadOnlyArray>& prompt_embeds, const std::optional<ReadOnlyArray>& negative_prompt_embeds,
                   int64_t num_frames, int64_t height, int64_t width, int64_t num_inference_steps, double guidance_scale,
                   std::optional<double> guidance_scale_2, uint64_t seed, const std::optional<ReadOnlyArray>& noise,
-                  bool decode, const std::optional<ImageArray>& image, const std::optional<ImageArray>& last_image) {
+                  bool decode, const std::optional<ImageArray>& image, const std::optional<ImageArray>& last_image,
+                  const std::string& lora) {
   WanRequest request;
+  request.lora = lora;
   request.image = frames_of(image, "image");
   request.last_image = frames_of(last_image, "last_image");
   request.decode = decode;
@@ -270,11 +274,12 @@ void bind_pipeline(nb::module_& m) {
              const std::vector<std::string>& plugin_dirs,
              std::optional<std::tuple<int64_t, int64_t, int64_t>> layout_size, bool load_text_encoder, bool load_vae,
              std::vector<std::pair<std::string, double>> loras, std::vector<std::pair<std::string, double>> loras_2,
-             bool lora_ignore_unmatched) {
+             bool lora_ignore_unmatched, std::vector<std::tuple<std::string, std::string, double>> lora_adapters) {
             LoadArguments a{directory,        device,      std::move(sparse_json), std::move(sparse_json_2),
                             scheduler,        flow_shift,  cache,                  num_threads,
                             backend_override, plugin_dirs, layout_size,            load_text_encoder,
-                            load_vae,         std::move(loras), std::move(loras_2), lora_ignore_unmatched};
+                            load_vae,         std::move(loras), std::move(loras_2), lora_ignore_unmatched,
+                            std::move(lora_adapters)};
             nb::gil_scoped_release release;
             return load_generator(a);
           },
@@ -282,11 +287,12 @@ void bind_pipeline(nb::module_& m) {
           "scheduler"_a = "", "flow_shift"_a = 0.0, "cache"_a = "none", "num_threads"_a = 0, "backend_override"_a = "",
           "plugin_dirs"_a = std::vector<std::string>{}, "layout_size"_a.none() = nb::none(), "load_text_encoder"_a = true,
           "load_vae"_a = true, "loras"_a = std::vector<std::pair<std::string, double>>{},
-          "loras_2"_a = std::vector<std::pair<std::string, double>>{}, "lora_ignore_unmatched"_a = false)
+          "loras_2"_a = std::vector<std::pair<std::string, double>>{}, "lora_ignore_unmatched"_a = false,
+          "lora_adapters"_a = std::vector<std::tuple<std::string, std::string, double>>{})
       .def("generate", &generate, "prompt"_a.none(), "negative_prompt"_a.none(), "prompt_embeds"_a.none(),
            "negative_prompt_embeds"_a.none(), "num_frames"_a, "height"_a, "width"_a, "num_inference_steps"_a,
            "guidance_scale"_a, "guidance_scale_2"_a.none(), "seed"_a, "noise"_a.none(), "decode"_a = true, "image"_a.none() = nb::none(),
-           "last_image"_a.none() = nb::none())
+           "last_image"_a.none() = nb::none(), "lora"_a = "")
       .def_prop_ro("path", [](const LoadedWanGenerator& g) { return model_of(g).path; })
       .def_prop_ro("lora_summary", [](const LoadedWanGenerator& g) { return g.generator->lora_summary(); })
       .def_prop_ro("task", [](const LoadedWanGenerator& g) { return std::string(wan_task_name(model_of(g).task)); })

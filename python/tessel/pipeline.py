@@ -88,6 +88,19 @@ def _lora_pairs(loras, argument: str) -> list[tuple[str, float]]:
     return pairs
 
 
+def _lora_adapters(adapters) -> list[tuple[str, str, float]]:
+    """[(name, path, scale)] from {name: path or (path, scale)}."""
+    if adapters is None:
+        return []
+    if not isinstance(adapters, dict):
+        raise TypeError(f"lora_adapters: expected a dict of name -> path or (path, scale), got {type(adapters).__name__}")
+    result = []
+    for name, entry in adapters.items():
+        (path, scale), = _lora_pairs([entry], f"lora_adapters[{name!r}]")
+        result.append((str(name), path, scale))
+    return result
+
+
 class WanPipeline:
     """A Wan text-to-video pipeline (Wan 2.1 T2V, Wan 2.2 T2V-A14B's two experts, Wan 2.2 TI2V-5B's
     text to video) loaded once from a diffusers model directory; make one with from_pretrained."""
@@ -102,7 +115,7 @@ class WanPipeline:
                         sparse_attention_2=None, scheduler: str | None = None, flow_shift: float | None = None,
                         cache: str = "none", num_threads: int | None = None, sparse_layout_size=None,
                         load_text_encoder: bool = True, load_vae: bool = True, loras=(), loras_2=(),
-                        lora_ignore_unmatched: bool = False) -> "WanPipeline":
+                        lora_ignore_unmatched: bool = False, lora_adapters=None) -> "WanPipeline":
         """Loads the transformer(s), the text encoder and the VAE of a local diffusers Wan directory.
 
         device: "cpu" (fp32), "cuda" or "cuda:N" (bf16 weights and GEMMs; needs a CUDA build).
@@ -119,6 +132,9 @@ class WanPipeline:
             (path, scale) pair (diffusers/PEFT, kohya/musubi, ComfyUI or LightX2V keys; as
             `tessel generate --lora`); loras_2: Wan 2.2's low-noise expert (transformer_2).
             lora_ignore_unmatched: skip keys that match no module instead of raising.
+        lora_adapters: {name: path or (path, scale)}: LoRAs kept unmerged beside the transformer,
+            one of which a call picks with lora="name" (as `tessel serve --lora-adapter`; low-rank
+            pairs only, one-expert models).
         The environment's TESSEL_SPARSE_ATTN_BACKEND (or DIFFUSION_SPARSE_ATTN_BACKEND) overrides the
         sparse backend and TESSEL_PLUGIN_PATH adds plugin folders, as for `tessel generate`.
         """
@@ -132,7 +148,8 @@ class WanPipeline:
             pretrained_model_name_or_path=pretrained_model_name_or_path, device=device, sparse_attention=sparse_attention,
             sparse_attention_2=sparse_attention_2, scheduler=scheduler, flow_shift=flow_shift, cache=cache,
             num_threads=num_threads, sparse_layout_size=sparse_layout_size, load_text_encoder=load_text_encoder,
-            load_vae=load_vae, loras=tuple(loras), loras_2=tuple(loras_2), lora_ignore_unmatched=lora_ignore_unmatched)
+            load_vae=load_vae, loras=tuple(loras), loras_2=tuple(loras_2), lora_ignore_unmatched=lora_ignore_unmatched,
+            lora_adapters=lora_adapters)
         generator = _tessel.WanGenerator.load(
             os.fspath(pretrained_model_name_or_path), device=device,
             sparse_json=_config_json(sparse_attention, "sparse_attention"),
@@ -141,7 +158,7 @@ class WanPipeline:
             num_threads=int(num_threads or 0), backend_override=_backend_override(), plugin_dirs=_plugin_dirs(),
             layout_size=layout, load_text_encoder=bool(load_text_encoder), load_vae=bool(load_vae),
             loras=_lora_pairs(loras, "loras"), loras_2=_lora_pairs(loras_2, "loras_2"),
-            lora_ignore_unmatched=bool(lora_ignore_unmatched))
+            lora_ignore_unmatched=bool(lora_ignore_unmatched), lora_adapters=_lora_adapters(lora_adapters))
         pipeline = cls(generator)
         pipeline._load_arguments = arguments
         return pipeline
@@ -163,7 +180,8 @@ class WanPipeline:
 
     @property
     def lora_summary(self) -> list[str]:
-        """A line per merged LoRA file: the expert, the file, its format and the modules it changed."""
+        """A line per merged LoRA file (the expert, the file, its format and the modules it changed),
+        then one per per-request adapter."""
         return list(self._generator.lora_summary)
 
     @property
@@ -200,7 +218,7 @@ class WanPipeline:
     def __call__(self, prompt: str | None = None, negative_prompt: str | None = None, *, height: int = 480,
                  width: int = 832, num_frames: int = 81, num_inference_steps: int = 50, guidance_scale: float = 5.0,
                  guidance_scale_2: float | None = None, seed: int = 0, noise=None, prompt_embeds=None,
-                 negative_prompt_embeds=None, output_type: str = "np", image=None, last_image=None):
+                 negative_prompt_embeds=None, output_type: str = "np", image=None, last_image=None, lora: str | None = None):
         """Generates one video.
 
         Image to video (a WanImageToVideoPipeline directory): `image` is the first frame and
@@ -213,7 +231,8 @@ class WanPipeline:
         float32 embeddings (1, L, text_dim): prompt_embeds and, with guidance, negative_prompt_embeds.
         guidance_scale_2 is the low-noise expert's guidance (two experts only; None: guidance_scale).
         The starting latents are the seed's standard normal noise, or `noise` (float32, the latent
-        shape). Library errors raise tessel.TesselError naming the argument.
+        shape). `lora` names one of from_pretrained's lora_adapters (None: none).
+        Library errors raise tessel.TesselError naming the argument.
         """
         if output_type not in _OUTPUT_TYPES:
             raise ValueError(f"output_type: expected one of {', '.join(map(repr, _OUTPUT_TYPES))}, got {output_type!r}")
@@ -233,6 +252,6 @@ class WanPipeline:
             num_inference_steps=int(num_inference_steps), guidance_scale=float(guidance_scale),
             guidance_scale_2=None if guidance_scale_2 is None else float(guidance_scale_2),
             seed=int(seed), noise=_host_f32(noise, "noise"), decode=output_type != "latent",
-            image=_rgb_image(image, "image"), last_image=_rgb_image(last_image, "last_image"))
+            image=_rgb_image(image, "image"), last_image=_rgb_image(last_image, "last_image"), lora=lora or "")
         self.last_info = {key: value for key, value in result.items() if key not in ("latents", "frames")}
         return result["latents"] if output_type == "latent" else result["frames"]

@@ -140,6 +140,18 @@ def test_errors_name_the_argument(pipe, models, tmp_path):
         tessel.WanPipeline.from_pretrained(models["tiny"], device="tpu")
 
 
+def write_f32_safetensors(path: Path, tensors: dict) -> None:
+    """float32 arrays by name as a safetensors file."""
+    header, offset, blobs = {}, 0, []
+    for name, array in tensors.items():
+        blob = np.ascontiguousarray(array).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
 def write_diff_lora(model: Path, path: Path, scale: float = 0.05) -> None:
     """A LightX2V-style weight diff of the first block's self-attention query and a kohya-style
     low-rank pair on its FFN output, sized from the model's config.json."""
@@ -151,14 +163,7 @@ def write_diff_lora(model: Path, path: Path, scale: float = 0.05) -> None:
         "lora_unet_blocks_0_ffn_2.lora_down.weight": rng.standard_normal((2, config["ffn_dim"]), dtype=np.float32),
         "lora_unet_blocks_0_ffn_2.lora_up.weight": scale * rng.standard_normal((dim, 2), dtype=np.float32),
     }
-    header, offset, blobs = {}, 0, []
-    for name, array in tensors.items():
-        blob = np.ascontiguousarray(array).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
-    text = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    write_f32_safetensors(path, tensors)
 
 
 def test_loras_merge_at_load_and_load_lora_reloads(pipe, models, tmp_path):
@@ -186,3 +191,35 @@ def test_loras_merge_at_load_and_load_lora_reloads(pipe, models, tmp_path):
     with pytest.raises(tessel.TesselError, match="no key matched"):
         reloaded.load_lora(other)
     assert reloaded("a red cube", **call).tobytes() == merged.tobytes()  # a failed load_lora left it as it was
+
+
+def test_lora_adapters_apply_per_call_unmerged(pipe, models, tmp_path):
+    """A call naming an adapter kept unmerged (lora_adapters) gives what the same call gives from a
+    pipeline that merged it (the same sums in another order: fp32 rounding), and no name, the plain
+    model; a full diff only merges, and unknown names are errors naming the argument."""
+    config = json.loads((models["tiny"] / "transformer" / "config.json").read_text())
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    rng = np.random.default_rng(7)
+    tensors = {"lora_unet_blocks_0_ffn_2.lora_down.weight": rng.standard_normal((2, config["ffn_dim"]), dtype=np.float32),
+               "lora_unet_blocks_0_ffn_2.lora_up.weight": 0.05 * rng.standard_normal((dim, 2), dtype=np.float32)}
+    lora = tmp_path / "pair.safetensors"
+    write_f32_safetensors(lora, tensors)
+    call = dict(num_frames=1, seed=3, output_type="latent", **SMALL)
+    adapters = tessel.WanPipeline.from_pretrained(models["tiny"], num_threads=1, load_vae=False, lora_adapters={"style": (lora, 0.5)})
+    merged = tessel.WanPipeline.from_pretrained(models["tiny"], num_threads=1, load_vae=False, loras=[(lora, 0.5)])("a red cube", **call)
+    unmerged = adapters("a red cube", lora="style", **call)
+    assert np.linalg.norm(unmerged - merged) <= 1e-5 * np.linalg.norm(merged)
+    plain = pipe("a red cube", **call)
+    assert np.linalg.norm(unmerged - plain) > 1e-3 * np.linalg.norm(plain)
+    assert adapters("a red cube", **call).tobytes() == plain.tobytes()
+    assert any("style" in line for line in adapters.lora_summary)
+    with pytest.raises(tessel.TesselError, match="lora"):
+        adapters("a red cube", lora="nope", **call)
+    with pytest.raises(tessel.TesselError, match="lora"):
+        pipe("a red cube", lora="style", **call)
+    diff = tmp_path / "diff.safetensors"
+    write_diff_lora(models["tiny"], diff)
+    with pytest.raises(tessel.TesselError, match=r"diff\.safetensors.*self_attn\.q\.diff"):
+        tessel.WanPipeline.from_pretrained(models["tiny"], load_vae=False, lora_adapters={"fast": diff})
+    with pytest.raises(TypeError, match="lora_adapters"):
+        tessel.WanPipeline.from_pretrained(models["tiny"], lora_adapters=[lora])

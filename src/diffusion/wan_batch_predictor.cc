@@ -17,7 +17,8 @@ namespace tessel {
 WanBatchFlowPredictor::WanBatchFlowPredictor(const WanTransformer& transformer)
     : transformer_(transformer), workspace_(transformer.device()) {}
 
-void WanBatchFlowPredictor::predict(const ExecContext& ctx, const StepInfo& step, std::span<const WanBatchEntry> entries) {
+void WanBatchFlowPredictor::predict(const ExecContext& ctx, const StepInfo& step, std::span<const WanBatchEntry> entries,
+                                    const WanLoraBank* lora_bank) {
   if (entries.empty()) fail_argument("entries", "at least one", 0);
   const WanBatchEntry& first = entries.front();
   const Shape& latent_shape = first.latents.shape();
@@ -29,6 +30,10 @@ void WanBatchFlowPredictor::predict(const ExecContext& ctx, const StepInfo& step
       fail_argument("entries", "one latent shape and text length, each with a flow tensor", e.latents.describe());
     rows += e.negative_prompt_embeds.empty() ? 1 : 2;
   }
+  // Each entry's adapter on each of its rows (the transformer checks them against the bank).
+  WanLoraSelection lora{lora_bank, {}};
+  for (const WanBatchEntry& e : entries) lora.adapters.insert(lora.adapters.end(), e.negative_prompt_embeds.empty() ? 1 : 2, e.lora_adapter);
+  const bool with_lora = lora.any();
   const Device device = transformer_.device();
   const int64_t count = shape_numel(latent_shape), text_count = text_len * text_dim;
   Shape batch_shape = latent_shape;
@@ -46,7 +51,8 @@ void WanBatchFlowPredictor::predict(const ExecContext& ctx, const StepInfo& step
       text_ = Tensor::empty({rows, text_len, text_dim}, DType::kF32, device);
       prediction_ = Tensor::empty(batch_shape, DType::kF32, device);
     }
-    workspace_.reserve(transformer_.workspace_bytes(ctx, rows, latent_shape[2], latent_shape[3], latent_shape[4], text_len));
+    workspace_.reserve(transformer_.workspace_bytes(ctx, rows, latent_shape[2], latent_shape[3], latent_shape[4], text_len, false, 0,
+                                                    lora_bank != nullptr ? lora_bank->max_rank() : 0));
     rows_ = rows, latent_shape_ = latent_shape, text_len_ = text_len;
     text_ids_.clear();
   }
@@ -74,7 +80,7 @@ void WanBatchFlowPredictor::predict(const ExecContext& ctx, const StepInfo& step
   text_ids_ = std::move(text_ids);
   ExecContext run_ctx = ctx.with_workspace(&workspace_);
   run_ctx.device = device;
-  transformer_.forward(run_ctx, step, input_, timestep_, text_, prediction_);
+  transformer_.forward(run_ctx, step, input_, timestep_, text_, prediction_, nullptr, nullptr, with_lora ? &lora : nullptr);
 #ifdef TESSEL_WITH_CUDA
   // copy_bytes is ordered after the legacy default stream only: wait for the caller's stream.
   if (!device.is_cpu() && cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream)) != cudaSuccess)

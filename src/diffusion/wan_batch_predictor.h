@@ -21,6 +21,7 @@
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
+#include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_model.h"
 
 namespace tessel {
@@ -35,6 +36,7 @@ struct WanBatchEntry {
   // Names the entry's texts for as long as they live (a generation's id): a batch of the same ids
   // in the same order as the last step reuses the text already on the device.
   uint64_t text_id = 0;
+  int32_t lora_adapter = -1;  // per-request LoRA: an adapter of predict's bank for the entry's rows, -1 none
 };
 
 class WanBatchFlowPredictor {
@@ -42,8 +44,10 @@ class WanBatchFlowPredictor {
   explicit WanBatchFlowPredictor(const WanTransformer& transformer);
 
   // One forward for every entry (at least one) at `step`; writes each entry's flow:
-  // uncond + scale * (cond - uncond) when guided, the conditional prediction without.
-  void predict(const ExecContext& ctx, const StepInfo& step, std::span<const WanBatchEntry> entries);
+  // uncond + scale * (cond - uncond) when guided, the conditional prediction without. `lora_bank`
+  // holds the entries' adapters (null when none names one); a batch mixes them, row by row.
+  void predict(const ExecContext& ctx, const StepInfo& step, std::span<const WanBatchEntry> entries,
+               const WanLoraBank* lora_bank = nullptr);
 
  private:
   const WanTransformer& transformer_;

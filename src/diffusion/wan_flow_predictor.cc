@@ -69,10 +69,12 @@ class CpuFlowPredictor final : public WanFlowPredictor {
     fill_step_timesteps(timestep_.data_as<float>(), batch_, timestep_.numel() / batch_, request_.first_frame.empty() ? 0 : 1,
                         static_cast<float>(timestep));
     const StepInfo info = StepInfo::at(step, total_steps, 0, branch_);
+    WanLoraSelection selection;
+    const WanLoraSelection* lora = flow_lora(request_, batch_, selection);
     if (image_.defined())
-      request_.transformer->forward(ctx, info, model_input_, timestep_, text_, image_, prediction_, nullptr, request_.block_cache);
+      request_.transformer->forward(ctx, info, model_input_, timestep_, text_, image_, prediction_, nullptr, request_.block_cache, lora);
     else
-      request_.transformer->forward(ctx, info, model_input_, timestep_, text_, prediction_, nullptr, request_.block_cache);
+      request_.transformer->forward(ctx, info, model_input_, timestep_, text_, prediction_, nullptr, request_.block_cache, lora);
     if (cfg_parallel_) gather_cfg_branches(ctx, *request_.cfg_group, prediction_.view(), branches_.view());
     // Without guidance the prediction is the conditional branch's alone, of the latent shape.
     if (!guided_) return TensorView(prediction_.data(), DType::kF32, Device::cpu(), request_.latent_shape);
@@ -91,6 +93,13 @@ class CpuFlowPredictor final : public WanFlowPredictor {
 };
 
 }  // namespace
+
+const WanLoraSelection* flow_lora(const WanFlowRequest& request, int64_t rows, WanLoraSelection& storage) {
+  if (request.lora_bank == nullptr || request.lora_adapter < 0) return nullptr;
+  storage.bank = request.lora_bank;
+  storage.adapters.assign(static_cast<size_t>(rows), request.lora_adapter);
+  return &storage;
+}
 
 void combine_guidance(const float* cond, const float* uncond, double scale, float* out, int64_t count) {
   const auto s = static_cast<float>(scale);

@@ -15,6 +15,7 @@
 
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
+#include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/parallel/communicator.h"
 
@@ -32,7 +33,13 @@ struct WanFlowRequest {
   double guidance_scale = 1.0;        // this transformer's scale (Wan 2.2's experts have one each)
   Communicator* cfg_group = nullptr;  // a group of two: one branch per rank
   WanBlockCache* block_cache = nullptr;
+  const WanLoraBank* lora_bank = nullptr;  // per-request LoRA: lora_adapter of it on every row, -1 none
+  int32_t lora_adapter = -1;
 };
+
+// The per-request LoRA selection of a predictor's forward of `rows` rows (every row the request's
+// adapter), or null when the request has none.
+const WanLoraSelection* flow_lora(const WanFlowRequest& request, int64_t rows, WanLoraSelection& storage);
 
 class WanFlowPredictor {
  public:

@@ -153,6 +153,9 @@ struct WanGenerator::Impl {
   std::optional<ClipVisionEncoder> image_encoder;  // Wan 2.1 I2V's, with an image branch
   ClipImageProcessing image_processing;            // its image_processor/ settings
   WanLora lora, lora_2;  // merged into each expert's weights as it loads
+  // Per-request adapters beside every setting's `transformer` (one bank: the settings share its
+  // config and device). Held by pointer so that the states' pointers survive a move of the generator.
+  std::unique_ptr<WanLoraBank> lora_bank;
   struct Experts {
     std::unique_ptr<WanTransformer> high, low;
     std::unique_ptr<WanPipeline> pipeline;
@@ -241,6 +244,8 @@ std::vector<std::string> WanGenerator::lora_summary() const {
   std::vector<std::string> lines;
   for (const std::string& line : impl_->lora.summary()) lines.push_back("transformer: " + line);
   for (const std::string& line : impl_->lora_2.summary()) lines.push_back("transformer_2: " + line);
+  if (impl_->lora_bank)
+    for (const std::string& line : impl_->lora_bank->summary()) lines.push_back("per-request adapter " + line);
   return lines;
 }
 
@@ -311,6 +316,13 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
   impl->lora = WanLora::load(options.loras, impl->model.transformer, options.lora_ignore_unmatched);
   if (impl->model.two_experts)
     impl->lora_2 = WanLora::load(options.loras_2, *impl->model.transformer_2, options.lora_ignore_unmatched);
+  if (!options.lora_adapters.empty()) {
+    if (impl->model.two_experts)
+      fail_argument("lora_adapters (--lora-adapter)", "none for a model with two experts (per-request adapters: one expert; merge with "
+                    "--lora and --lora-2)", options.lora_adapters[0].first);
+    impl->lora_bank = std::make_unique<WanLoraBank>(
+        WanLoraBank::load(options.lora_adapters, impl->model.transformer, options.device, options.lora_ignore_unmatched));
+  }
   impl->scheduler = impl->model.scheduler;
   if (!options.scheduler.empty()) {
     SchedulerConfig replacement;
@@ -518,6 +530,11 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   options.cache = state->cache.get();
   options.cache_2 = state->cache_2.get();
   options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
+  if (!request.lora.empty()) {
+    if (!g.lora_bank) fail_argument("lora", "no adapter (the model was loaded without per-request adapters)", quoted_excerpt(request.lora));
+    options.lora_bank = g.lora_bank.get();
+    options.lora_adapter = g.lora_bank->index(request.lora, "lora");
+  }
   ExecContext run_ctx = ctx;
   run_ctx.device = g.options.device;
   // The image encoders run on the generator's device (CLIP where it was loaded, the VAE's encoder

@@ -309,6 +309,14 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
     fail_argument("cache_2", "another backend than cache (each expert keeps its own residuals)", "the same");
   if (options.cfg_group != nullptr && options.cfg_group->size() > 2)
     fail_argument("cfg_group size", "1 or 2 (the conditional and the unconditional branch)", options.cfg_group->size());
+  if (options.lora_adapter >= 0) {
+    if (options.lora_bank == nullptr) fail_argument("lora_bank", "the bank of lora_adapter", "null");
+    if (two_experts) fail_argument("lora_adapter", "-1 for a pipeline with two experts (per-request adapters: one expert)", options.lora_adapter);
+    if (options.lora_adapter >= options.lora_bank->size())
+      fail_argument("lora_adapter", detail::concat("-1 or an adapter of lora_bank in [0, ", options.lora_bank->size(), ")"), options.lora_adapter);
+  } else if (options.lora_adapter != -1) {
+    fail_argument("lora_adapter", "-1 (none) or an adapter index", options.lora_adapter);
+  }
 
   require_cpu_f32(prompt_embeds, "prompt_embeds");
   // L >= 1: an empty text used to pass here and fail in the first step.
@@ -360,6 +368,7 @@ std::unique_ptr<WanDenoiseState> WanPipeline::begin(const ExecContext& ctx, cons
   impl->request.first_frame = impl->options.first_frame.defined() ? impl->options.first_frame.view() : TensorView{};
   impl->request.guided = guided;
   impl->request.cfg_group = options.cfg_group;
+  if (options.lora_adapter >= 0) impl->request.lora_bank = options.lora_bank, impl->request.lora_adapter = options.lora_adapter;
   for (CacheBackend* cache : {options.cache, options.cache_2})
     if (cache) cache->refresh(impl->steps);
   static std::atomic<uint64_t> next_id{1};
@@ -430,15 +439,22 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
   for (size_t i = 0; i < pending.size(); ++i) {
     if (batched[i] || !batchable(pending[i])) continue;
     std::vector<size_t> members{i};
-    for (size_t j = i + 1; j < pending.size(); ++j)
-      if (!batched[j] && batchable(pending[j]) && same_batch(pending[i], pending[j])) members.push_back(j);
+    // Generations with per-request adapters share a forward when their adapters are of one bank.
+    const WanLoraBank* lora_bank = pending[i].state->impl_->request.lora_bank;
+    for (size_t j = i + 1; j < pending.size(); ++j) {
+      const WanLoraBank* bank = pending[j].state->impl_->request.lora_bank;
+      if (batched[j] || !batchable(pending[j]) || !same_batch(pending[i], pending[j])) continue;
+      if (bank != nullptr && lora_bank != nullptr && bank != lora_bank) continue;
+      if (bank != nullptr) lora_bank = bank;
+      members.push_back(j);
+    }
     if (members.size() < 2) continue;
     std::vector<WanBatchEntry> entries;
     for (const size_t m : members) {
       PendingStep& p = pending[m];
       WanDenoiseState::Impl& s = *p.state->impl_;
       entries.push_back({s.latents.view(), p.t, s.request.prompt_embeds, s.request.negative_prompt_embeds,
-                         p.expert == 1 ? s.guidance_2 : s.options.guidance_scale, &s.batched_flow, s.id});
+                         p.expert == 1 ? s.guidance_2 : s.options.guidance_scale, &s.batched_flow, s.id, s.request.lora_adapter});
       batched[m] = true;
     }
     const int expert = pending[i].expert;
@@ -446,7 +462,7 @@ void WanPipeline::step(const ExecContext& ctx, std::span<WanDenoiseState* const>
       const std::lock_guard<std::mutex> lock(batch_->mutex);
       std::unique_ptr<WanBatchFlowPredictor>& predictor = batch_->predictors[expert];
       if (!predictor) predictor = std::make_unique<WanBatchFlowPredictor>(*transformer_of(expert));
-      predictor->predict(ctx, StepInfo::at(pending[i].step, pending[i].state->impl_->steps), entries);
+      predictor->predict(ctx, StepInfo::at(pending[i].step, pending[i].state->impl_->steps), entries, lora_bank);
     }
     for (const size_t m : members) pending[m].flow = pending[m].state->impl_->batched_flow.view();
   }

@@ -1,6 +1,7 @@
 #include "tessel/dit/wan_lora.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -187,6 +188,17 @@ LoraFile parse_lora_file(std::string_view text, const std::string& what) {
   return file;
 }
 
+std::pair<std::string, LoraFile> parse_lora_adapter(std::string_view text, const std::string& what) {
+  const size_t equals = text.find('=');
+  if (equals == std::string_view::npos) fail_argument(what, "name=path[:scale]", std::string(text));
+  const std::string name(text.substr(0, equals));
+  const bool name_ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-' || ch == '.';
+  });
+  if (!name_ok) fail_argument(what + " name", "1 to 64 letters, digits, '_', '-' or '.'", std::string(text));
+  return {name, parse_lora_file(text.substr(equals + 1), what)};
+}
+
 std::vector<std::pair<std::string, std::string>> wan_lora_module_aliases(const WanConfig& config) {
   std::vector<std::pair<std::string, std::string>> aliases;
   std::set<std::string> seen;
@@ -204,6 +216,8 @@ struct LoraDelta {
   Tensor full;      // otherwise: the tensor's shape
   int64_t rows = 0, rank = 0, rest = 0;
   double scale = 1.0;
+  bool pair_bias = false;  // `full` is lora_B's bias of a low-rank pair (not a LightX2V diff)
+  std::string origin;      // "file: \"key\"" of the tensor it came from
 };
 
 struct WanLora::Impl {
@@ -339,6 +353,7 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
         delta.up = std::move(up);
         delta.rows = out, delta.rank = rank, delta.rest = rest;
         delta.scale = scale;
+        delta.origin = path + ": \"" + *down_key + "\"";
         deltas[weight].push_back(std::move(delta));
         if (const std::string* bias_key = key_of(Part::kUpBias)) {
           const std::string bias = target("bias", *bias_key);
@@ -348,6 +363,8 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
           LoraDelta bias_delta;
           bias_delta.full = std::move(full);
           bias_delta.scale = scale;
+          bias_delta.pair_bias = true;
+          bias_delta.origin = path + ": \"" + *bias_key + "\"";
           deltas[bias].push_back(std::move(bias_delta));
         }
       }
@@ -362,6 +379,7 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
         LoraDelta delta;
         delta.full = std::move(full);
         delta.scale = source.scale;
+        delta.origin = path + ": \"" + *key + "\"";
         deltas[tensor].push_back(std::move(delta));
       }
     }
@@ -371,6 +389,49 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
                                                  " modules", unmatched.empty() ? "" : detail::concat(", ", unmatched.size(), " keys ignored")));
   }
   return lora;
+}
+
+std::vector<WanLoraFactors> WanLora::factors() const {
+  // A contiguous fp32 tensor (a Conv3d's lora_down is (rank, C, pt, ph, pw)) as a (rows, cols) copy.
+  const auto matrix = [](const Tensor& tensor, int64_t rows, int64_t cols) {
+    Tensor copy = Tensor::empty({rows, cols}, DType::kF32);
+    std::copy_n(tensor.data_as<float>(), rows * cols, copy.data_as<float>());
+    return copy;
+  };
+  std::map<std::string, std::vector<WanLoraFactors>> by_module;  // pairs in file order per module
+  std::map<std::string, std::vector<const LoraDelta*>> biases;   // lora_B biases in the same order
+  for (const auto& [tensor, list] : impl_->deltas)
+    for (const LoraDelta& delta : list) {
+      if (!delta.low_rank && !delta.pair_bias)
+        fail_argument(delta.origin, "a low-rank pair (a full diff only merges into the weights: --lora)",
+                      "a full diff of " + tensor);
+      const std::string module = split_parameter(tensor).first;
+      if (delta.pair_bias) {
+        biases[module].push_back(&delta);
+        continue;
+      }
+      WanLoraFactors factors;
+      factors.module = module;
+      factors.down = matrix(delta.down, delta.rank, delta.rest);
+      factors.up = matrix(delta.up, delta.rows, delta.rank);
+      factors.scale = delta.scale;
+      factors.origin = delta.origin;
+      by_module[module].push_back(std::move(factors));
+    }
+  std::vector<WanLoraFactors> all;
+  for (auto& [module, list] : by_module) {
+    // A pair's bias came from the same file as the pair: the i-th bias of a module belongs to the
+    // i-th pair that has one, matched by its scale's origin file.
+    for (const LoraDelta* bias : biases[module])
+      for (WanLoraFactors& factors : list)
+        if (!factors.up_bias.defined() && factors.origin.substr(0, factors.origin.find(": \"")) ==
+                                              bias->origin.substr(0, bias->origin.find(": \""))) {
+          factors.up_bias = bias->full.clone();
+          break;
+        }
+    for (WanLoraFactors& factors : list) all.push_back(std::move(factors));
+  }
+  return all;
 }
 
 Tensor WanLora::merged(const std::string& tensor, const TensorView& stored) const {

@@ -1,6 +1,7 @@
 // The Wan transformer forward over the dit ops (see wan_model.h for the data flow).
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_lora.h"
+#include "tessel/dit/wan_lora_bank.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "tessel/dit/checkpoint.h"
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
+#include "wan_lora_rows.h"
 #include "wan_rope.h"
 #ifdef TESSEL_WITH_CUDA
 #include "cuda/wan_cuda_model.h"
@@ -24,13 +26,23 @@
 namespace tessel {
 namespace {
 
+// A forward's per-request adapters (WanLoraSelection) as its linear layers apply them.
+struct LoraRows {
+  const WanLoraBank* bank = nullptr;
+  std::vector<LoraRun> runs;  // empty: no entry uses an adapter
+  int64_t batch = 1;          // the rows of every linear are batch-major over these entries
+};
+
 // A Linear layer converted for dit::linear: the weight transposed to (in, out), fp32.
 struct Linear {
   Tensor weight_t;
   Tensor bias;
   int64_t in = 0, out = 0;
-  void operator()(const ExecContext& ctx, const float* x, int64_t rows, float* y) const {
+  std::string module;  // the diffusers module name, which adapters key their pairs by
+  // y = x W^T + b, then each adapter's y += s B (A x) over the rows of the entries that use it.
+  void operator()(const ExecContext& ctx, const float* x, int64_t rows, float* y, const LoraRows& lora) const {
     dit::linear(ctx, x, rows, in, weight_t.data_as<float>(), bias.data_as<float>(), out, y);
+    if (!lora.runs.empty()) add_lora_cpu(ctx, *lora.bank, lora.runs, lora.batch, module, x, rows, y);
   }
 };
 
@@ -49,6 +61,7 @@ Linear make_linear(const std::map<std::string, Tensor>& weights, const std::stri
   for (int64_t o = 0; o < linear.out; ++o)
     for (int64_t i = 0; i < linear.in; ++i) dst[i * linear.out + o] = src[o * linear.in + i];
   linear.bias = to_f32(weights.at(name + ".bias"));
+  linear.module = name;
   return linear;
 }
 
@@ -76,10 +89,10 @@ struct AttentionWeights {
   // q = RMSNorm(to_q(x)) over `rows`; k = RMSNorm(to_k(kv_source)), v = to_v(kv_source) over
   // `kv_rows` (kv_source is x itself for self-attention, the text for cross-attention).
   void project(const ExecContext& ctx, double eps, const float* x, int64_t rows, const float* kv_source, int64_t kv_rows,
-               float* q_out, float* k_out, float* v_out, Stopwatch& clock) const {
-    q(ctx, x, rows, q_out);
-    k(ctx, kv_source, kv_rows, k_out);
-    v(ctx, kv_source, kv_rows, v_out);
+               float* q_out, float* k_out, float* v_out, Stopwatch& clock, const LoraRows& lora) const {
+    q(ctx, x, rows, q_out, lora);
+    k(ctx, kv_source, kv_rows, k_out, lora);
+    v(ctx, kv_source, kv_rows, v_out, lora);
     clock.charge(&WanForwardProfile::gemm_s);
     dit::rms_norm(ctx, q_out, rows, q.out, eps, norm_q.data_as<float>());
     dit::rms_norm(ctx, k_out, kv_rows, k.out, eps, norm_k.data_as<float>());
@@ -191,10 +204,10 @@ struct WanTransformer::Impl {
   void make_self_attention(const WanAttentionOptions& attention);
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& image, const TensorView& out, WanForwardProfile* profile,
-               WanBlockCache* block_cache) const;
+               WanBlockCache* block_cache, const WanLoraSelection* lora) const;
   // The image embedder over `image` (B, I, image_dim): (B, I', dim) rows of image context, I' = I
   // (FLF2V: its position table added first).
-  std::vector<float> embed_image(const ExecContext& ctx, const TensorView& image) const;
+  std::vector<float> embed_image(const ExecContext& ctx, const TensorView& image, const LoraRows& lora) const;
 };
 
 WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights,
@@ -423,14 +436,16 @@ size_t WanTransformer::offloaded_weight_bytes() const {
 }
 
 size_t WanTransformer::workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height,
-                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep, int64_t image_tokens) const {
+                                       int64_t latent_width, int64_t text_tokens, bool per_token_timestep, int64_t image_tokens,
+                                       int64_t lora_rank) const {
 #ifdef TESSEL_WITH_CUDA
   if (impl_->cuda) {
     // Per token is the most a forward takes (per frame takes as much or less).
     const int64_t seq = latent_frames / impl_->config.patch_size[0] * (latent_height / impl_->config.patch_size[1]) *
                         (latent_width / impl_->config.patch_size[2]);
-    const auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, image_tokens,
+    auto run = impl_->cuda_shape(batch, latent_frames, latent_height, latent_width, text_tokens, image_tokens,
                                        per_token_timestep ? seq : 1);
+    run.shape.lora_rank = lora_rank;
     return impl_->cuda->workspace_bytes(run.shape);
   }
 #endif
@@ -450,17 +465,17 @@ const SparseAttention* WanTransformer::block_attention(int64_t layer) const {
 
 void WanTransformer::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
                              const TensorView& timestep, const TensorView& text, const TensorView& out,
-                             WanForwardProfile* profile, WanBlockCache* block_cache) const {
-  impl_->forward(ctx, step, latents, timestep, text, TensorView{}, out, profile, block_cache);
+                             WanForwardProfile* profile, WanBlockCache* block_cache, const WanLoraSelection* lora) const {
+  impl_->forward(ctx, step, latents, timestep, text, TensorView{}, out, profile, block_cache, lora);
 }
 
 void WanTransformer::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
                              const TensorView& timestep, const TensorView& text, const TensorView& image, const TensorView& out,
-                             WanForwardProfile* profile, WanBlockCache* block_cache) const {
-  impl_->forward(ctx, step, latents, timestep, text, image, out, profile, block_cache);
+                             WanForwardProfile* profile, WanBlockCache* block_cache, const WanLoraSelection* lora) const {
+  impl_->forward(ctx, step, latents, timestep, text, image, out, profile, block_cache, lora);
 }
 
-std::vector<float> WanTransformer::Impl::embed_image(const ExecContext& ctx, const TensorView& image) const {
+std::vector<float> WanTransformer::Impl::embed_image(const ExecContext& ctx, const TensorView& image, const LoraRows& lora) const {
   const WanConfig& c = config;
   const int64_t rows = image.size(0) * image.size(1), dim = c.inner_dim();
   std::vector<float> x(image.data_as<float>(), image.data_as<float>() + rows * c.image_dim);
@@ -474,9 +489,9 @@ std::vector<float> WanTransformer::Impl::embed_image(const ExecContext& ctx, con
   dit::layer_norm(ctx, x.data(), rows, c.image_dim, kLayerNormEps, image_norm1_weight.data_as<float>(), image_norm1_bias.data_as<float>(),
                   x.data());
   std::vector<float> hidden(static_cast<size_t>(rows * c.image_dim)), context(static_cast<size_t>(rows * dim));
-  image_linear_1(ctx, x.data(), rows, hidden.data());
+  image_linear_1(ctx, x.data(), rows, hidden.data(), lora);
   dit::gelu(ctx, hidden.data(), rows * c.image_dim);
-  image_linear_2(ctx, hidden.data(), rows, context.data());
+  image_linear_2(ctx, hidden.data(), rows, context.data(), lora);
   dit::layer_norm(ctx, context.data(), rows, dim, kLayerNormEps, image_norm2_weight.data_as<float>(), image_norm2_bias.data_as<float>(),
                   context.data());
   return context;
@@ -484,7 +499,7 @@ std::vector<float> WanTransformer::Impl::embed_image(const ExecContext& ctx, con
 
 void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents,
                                    const TensorView& timestep, const TensorView& text, const TensorView& image, const TensorView& out,
-                                   WanForwardProfile* profile, WanBlockCache* block_cache) const {
+                                   WanForwardProfile* profile, WanBlockCache* block_cache, const WanLoraSelection* lora) const {
   const WanConfig& c = config;
   for (const auto& [view, name] : {std::pair{&latents, "latents"}, {&timestep, "timestep"}, {&text, "text"}, {&out, "out"}}) {
     check_device(*view, device, name);
@@ -546,6 +561,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   }
   if (block_cache && timestep.dim() == 2)
     fail_argument("block_cache", "a (B) timestep (one per batch entry)", "a (B, S) or (B, F) timestep");
+  LoraRows lora_rows;
+  if (lora != nullptr) lora_rows = LoraRows{lora->bank, lora_runs(*lora, c, device, batch), batch};
 
 #ifdef TESSEL_WITH_CUDA
   if (cuda) {
@@ -553,9 +570,10 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       fail_argument("block_cache", "a step cache whose hooks handle " + device.str() + " memory", "a host-only cache");
     WanForwardShapeAndShards run = cuda_shape(batch, frames, height, width, text_len, image_len, timesteps_per_entry);
     run.shape.block_cache = block_cache != nullptr;
+    if (!lora_rows.runs.empty()) run.shape.lora_rank = lora->bank->max_rank();
     cuda->forward(ctx, step, run.shape, latents.data_as<float>(), timestep.data_as<float>(), text.data_as<float>(),
                   c.has_image_branch() ? image.data_as<float>() : nullptr, out.data_as<float>(), self_attention, profile,
-                  run.sequence_parallel, block_cache);
+                  run.sequence_parallel, block_cache, lora_rows.runs.empty() ? nullptr : lora_rows.bank, lora_rows.runs);
     return;
   }
 #endif
@@ -622,28 +640,28 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   clock.charge(&WanForwardProfile::other_s);
 
   std::vector<float> hidden_states = buffer(rows * dim);
-  patch_embedding(ctx, patches.data(), rows, hidden_states.data());
-  time_linear_1(ctx, sinusoid.data(), groups, time_hidden.data());
+  patch_embedding(ctx, patches.data(), rows, hidden_states.data(), lora_rows);
+  time_linear_1(ctx, sinusoid.data(), groups, time_hidden.data(), lora_rows);
   clock.charge(&WanForwardProfile::gemm_s);
   dit::silu(ctx, time_hidden.data(), groups * dim);
   clock.charge(&WanForwardProfile::other_s);
-  time_linear_2(ctx, time_hidden.data(), groups, temb.data());
+  time_linear_2(ctx, time_hidden.data(), groups, temb.data(), lora_rows);
   std::vector<float> temb_act = temb, modulation_input = buffer(groups * 6 * dim);
   dit::silu(ctx, temb_act.data(), groups * dim);
-  time_projection(ctx, temb_act.data(), groups, modulation_input.data());
+  time_projection(ctx, temb_act.data(), groups, modulation_input.data(), lora_rows);
   // Text: linear -> GELU-tanh -> linear.
   std::vector<float> text_hidden = buffer(text_rows * dim), context = buffer(text_rows * dim);
-  text_linear_1(ctx, text.data_as<float>(), text_rows, text_hidden.data());
+  text_linear_1(ctx, text.data_as<float>(), text_rows, text_hidden.data(), lora_rows);
   clock.charge(&WanForwardProfile::gemm_s);
   dit::gelu_tanh(ctx, text_hidden.data(), text_rows * dim);
   clock.charge(&WanForwardProfile::other_s);
-  text_linear_2(ctx, text_hidden.data(), text_rows, context.data());
+  text_linear_2(ctx, text_hidden.data(), text_rows, context.data(), lora_rows);
   clock.charge(&WanForwardProfile::gemm_s);
   // Image: the embedder's rows, attended to by every block's cross-attention beside the text.
   const int64_t image_rows = batch * image_len;
   std::vector<float> image_context, image_k, image_v;
   if (c.has_image_branch()) {
-    image_context = embed_image(ctx, image);
+    image_context = embed_image(ctx, image, lora_rows);
     image_k = buffer(image_rows * dim);
     image_v = buffer(image_rows * dim);
     clock.charge(&WanForwardProfile::other_s);
@@ -671,7 +689,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod, mod + dim, mod_stride, normed.data());
       clock.charge(&WanForwardProfile::norm_rope_s);
       const AttentionWeights& sa = block.self_attention;
-      sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock);
+      sa.project(ctx, c.eps, normed.data(), rows, normed.data(), rows, q.data(), k.data(), v.data(), clock, lora_rows);
       for (float* x : {q.data(), k.data()}) {
         if (sp)
           sp->rotate(ctx, x, rope.cos(), rope.sin());
@@ -692,7 +710,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       }
       clock.charge(&WanForwardProfile::attention_s);
       if (profile) profile->add_self_attention(report);
-      sa.out(ctx, attended.data(), rows, projected.data());
+      sa.out(ctx, attended.data(), rows, projected.data(), lora_rows);
       clock.charge(&WanForwardProfile::gemm_s);
       dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 2 * dim, mod_stride);
       clock.charge(&WanForwardProfile::other_s);
@@ -706,7 +724,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       }
       clock.charge(&WanForwardProfile::norm_rope_s);
       const AttentionWeights& ca = block.cross_attention;
-      ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock);
+      ca.project(ctx, c.eps, normed.data(), rows, context.data(), text_rows, q.data(), text_k.data(), text_v.data(), clock, lora_rows);
       clock.charge(&WanForwardProfile::norm_rope_s);
       attention_forward(run_ctx, bshd(q, tokens), bshd(text_k, text_len), bshd(text_v, text_len), bshd(attended, tokens),
                         TensorView{});
@@ -714,8 +732,8 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       if (c.has_image_branch()) {
         // diffusers sums the two attentions' outputs before the output projection.
         const ImageKeyValueWeights& kv = block.image;
-        kv.k(ctx, image_context.data(), image_rows, image_k.data());
-        kv.v(ctx, image_context.data(), image_rows, image_v.data());
+        kv.k(ctx, image_context.data(), image_rows, image_k.data(), lora_rows);
+        kv.v(ctx, image_context.data(), image_rows, image_v.data(), lora_rows);
         clock.charge(&WanForwardProfile::gemm_s);
         dit::rms_norm(ctx, image_k.data(), image_rows, dim, c.eps, kv.norm_k.data_as<float>());
         clock.charge(&WanForwardProfile::norm_rope_s);
@@ -724,7 +742,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
         for (int64_t i = 0; i < rows * dim; ++i) attended[i] += projected[i];
         clock.charge(&WanForwardProfile::attention_s);
       }
-      ca.out(ctx, attended.data(), rows, projected.data());
+      ca.out(ctx, attended.data(), rows, projected.data(), lora_rows);
       clock.charge(&WanForwardProfile::gemm_s);
       dit::gated_residual(ctx, hidden_states.data(), projected.data(), batch, tokens, dim, nullptr, 0);
       clock.charge(&WanForwardProfile::other_s);
@@ -733,11 +751,11 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
       dit::layer_norm_modulate(ctx, hidden_states.data(), groups, group_rows, dim, c.eps, mod + 3 * dim, mod + 4 * dim, mod_stride,
                                normed.data());
       clock.charge(&WanForwardProfile::norm_rope_s);
-      block.ffn_in(ctx, normed.data(), rows, ffn_hidden.data());
+      block.ffn_in(ctx, normed.data(), rows, ffn_hidden.data(), lora_rows);
       clock.charge(&WanForwardProfile::gemm_s);
       dit::gelu_tanh(ctx, ffn_hidden.data(), rows * c.ffn_dim);
       clock.charge(&WanForwardProfile::other_s);
-      block.ffn_out(ctx, ffn_hidden.data(), rows, projected.data());
+      block.ffn_out(ctx, ffn_hidden.data(), rows, projected.data(), lora_rows);
       clock.charge(&WanForwardProfile::gemm_s);
       dit::gated_residual(ctx, hidden_states.data(), projected.data(), groups, group_rows, dim, mod + 5 * dim, mod_stride);
       clock.charge(&WanForwardProfile::other_s);
@@ -775,7 +793,7 @@ void WanTransformer::Impl::forward(const ExecContext& ctx, const StepInfo& step,
   clock.charge(&WanForwardProfile::norm_rope_s);
   const int64_t out_patch = c.out_channels * c.patch_volume();
   std::vector<float> patches_out = buffer(rows * out_patch);
-  proj_out(ctx, normed.data(), rows, patches_out.data());
+  proj_out(ctx, normed.data(), rows, patches_out.data(), lora_rows);
   clock.charge(&WanForwardProfile::gemm_s);
   if (sp) {  // every rank unpatchifies the whole output
     std::vector<float> all_patches = buffer(batch * seq * out_patch);

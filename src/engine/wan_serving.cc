@@ -132,6 +132,7 @@ class WanRunner final : public PipelineRunner {
     load.loras = config_.loras;
     load.loras_2 = config_.loras_2;
     load.lora_ignore_unmatched = config_.lora_ignore_unmatched;
+    load.lora_adapters = config_.lora_adapters;
     load.residency = config_.offload_blocks ? WanWeightResidency::kOffloadBlocks : WanWeightResidency::kDevice;
     load.precision = config_.fp8_weights ? WanWeightPrecision::kFp8 : WanWeightPrecision::kBf16;
     load.load_text_encoder = config_.embeddings_file.empty();
@@ -178,6 +179,7 @@ class WanRunner final : public PipelineRunner {
       w.seed = request.seed + static_cast<uint64_t>(i);
       w.sparse_setting = setting_name(request);
       if (!request.cache.empty()) w.cache = request.cache;
+      w.lora = request.lora;
       w.cancel = cancel;
       w.on_phase = [&j](std::string_view name) {
         j.phase = name;
@@ -354,7 +356,7 @@ void set_image_limits(WanRequestLimits& limits, const WanModelDir& model) {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
                                                 sparse_attn_config_2_json, sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
                                                 cache_config, flow_shift, ulysses, ring, cfg_parallel, loras, loras_2,
-                                                lora_ignore_unmatched, offload_blocks, fp8_weights)
+                                                lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }
 
@@ -415,6 +417,12 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
       std::string names = "\"default\"";
       for (const std::string& name : limits.sparse_attention_settings) names += ", \"" + name + "\"";
       fail_argument("sparse_attention", "one of " + names, quoted_excerpt(r.sparse_attention));
+    }
+    if (!r.lora.empty() && std::find(limits.lora_adapters.begin(), limits.lora_adapters.end(), r.lora) == limits.lora_adapters.end()) {
+      std::string names;
+      for (const std::string& name : limits.lora_adapters) names += (names.empty() ? "\"" : ", \"") + name + "\"";
+      fail_argument("lora", names.empty() ? std::string("absent (the server has no per-request adapters: --lora-adapter)") : "one of " + names,
+                    quoted_excerpt(r.lora));
     }
   };
   PostProcessor post = [](const GenerationRequest& r, const std::vector<Tensor>& outputs) {

@@ -10,7 +10,7 @@ namespace tessel::engine {
 // field; every key is required when reading (a message missing one is malformed).
 NLOHMANN_JSON_SERIALIZE_ENUM(OutputKind, {{OutputKind::kImage, "image"}, {OutputKind::kVideo, "video"}})
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(GenerationRequest, id, kind, prompt, negative_prompt, width, height, frames, num_outputs,
-                                   num_inference_steps, guidance_scale, guidance_scale_2, seed, fps, sparse_attention, cache)
+                                   num_inference_steps, guidance_scale, guidance_scale_2, seed, fps, sparse_attention, cache, lora)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RequestProgress, phase, step_finished, step, total_steps, step_seconds, elapsed_seconds, eta_seconds,
                                    attention_density, device_memory_used_bytes)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RunnerSetup, model_dir, rank, world_size, config_json, group_world)

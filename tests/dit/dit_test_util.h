@@ -8,12 +8,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/core/random.h"
 #include "tessel/core/tensor.h"
+#include "tessel/dit/wan_weights.h"
 #include "test_source_dir.h"
 
 namespace tessel {
@@ -64,6 +67,24 @@ inline double rel_l2(const Tensor& actual, const Tensor& expected) {
     norm += e * e;
   }
   return std::sqrt(diff / norm);
+}
+
+// Every tensor of `config`'s transformer drawn as WanTransformer::random draws it, but the norm
+// weights drawn around 1 (not exactly 1) so that a missed norm weight shows.
+inline std::map<std::string, Tensor> random_wan_weights(const WanConfig& config, uint64_t seed) {
+  std::map<std::string, Tensor> weights;
+  for (const WeightSpec& spec : wan_weight_specs(config)) {
+    Tensor tensor = Tensor::empty(spec.shape, DType::kF32);
+    const WanRandomInit init = wan_random_init(config, spec);
+    if (init.normal)
+      fill_normal(tensor.view(), ++seed, init.first, init.second);
+    else if (init.first == init.second)
+      fill_uniform(tensor.view(), ++seed, 0.5 * init.first, 1.5 * init.first);
+    else
+      fill_uniform(tensor.view(), ++seed, init.first, init.second);
+    weights.emplace(spec.name, std::move(tensor));
+  }
+  return weights;
 }
 
 inline nlohmann::json read_json(const std::filesystem::path& path) {

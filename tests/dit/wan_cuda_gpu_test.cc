@@ -67,23 +67,6 @@ using wan_test::with_image_branch;
 
 Tensor bf16_rounded(const Tensor& t) { return t.to(DType::kBF16).to(DType::kF32); }
 
-std::map<std::string, Tensor> random_weights(const WanConfig& config, uint64_t seed) {
-  std::map<std::string, Tensor> weights;
-  for (const WeightSpec& spec : wan_weight_specs(config)) {
-    Tensor tensor = Tensor::empty(spec.shape, DType::kF32);
-    const WanRandomInit init = wan_random_init(config, spec);
-    // Norm weights drawn around 1 (not exactly 1) so a missed norm weight shows.
-    if (init.normal)
-      fill_normal(tensor.view(), ++seed, init.first, init.second);
-    else if (init.first == init.second)
-      fill_uniform(tensor.view(), ++seed, 0.5 * init.first, 1.5 * init.first);
-    else
-      fill_uniform(tensor.view(), ++seed, init.first, init.second);
-    weights.emplace(spec.name, std::move(tensor));
-  }
-  return weights;
-}
-
 Tensor cpu_forward(const WanTransformer& model, const Tensor& latents, const Tensor& timestep, const Tensor& text,
                    const Tensor& image = {}) {
   Tensor out = Tensor::empty(output_shape(model.config(), latents), DType::kF32);
@@ -136,7 +119,7 @@ TEST(WanCuda, Bf16ForwardMatchesCpuFp32WithinTheBf16RoundingBound) {
   uint64_t seed = 100;
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
-    const auto weights = random_weights(c.config, seed += 50);
+    const auto weights = random_wan_weights(c.config, seed += 50);
     const Inputs in(c, seed);
     const Tensor reference = cpu_forward(WanTransformer(c.config, weights), in.latents, in.timestep, in.text, in.image);
 
@@ -174,7 +157,7 @@ TEST(WanCuda, WorkspaceIsSizedOnceAndForwardIsDeterministic) {
   SKIP_WITHOUT_GPU();
   for (const Case& c : workspace_and_graph_cases()) {
     SCOPED_TRACE(c.name);
-    const WanTransformer model(c.config, random_weights(c.config, 7), {}, Device::cuda());
+    const WanTransformer model(c.config, random_wan_weights(c.config, 7), {}, Device::cuda());
     const Inputs in(c, 7);
     Workspace workspace(Device::cuda());
     ExecContext ctx;
@@ -198,7 +181,7 @@ TEST(WanCuda, SelfAttentionThroughSparseModulesWithWarmupAndPerBlockConfigs) {
   SKIP_WITHOUT_GPU();
   // 768 tokens (a 3 x 16 x 16 patch grid): several 128-token query blocks for a sparse pattern.
   const Case c{"2x64_batch2_grid3x16x16", tiny_config(2, 64, 256, 48, 2, true), 2, 3, 32, 32, 7, Timesteps::kPerEntry};
-  const auto weights = random_weights(c.config, 11);
+  const auto weights = random_wan_weights(c.config, 11);
   const Inputs in(c, 11);
   BackendRegistry registry(false);
   register_builtin_backends(registry);
@@ -245,7 +228,7 @@ TEST(WanCuda, ForwardReplaysFromACapturedCudaGraph) {
   SKIP_WITHOUT_GPU();
   for (const Case& c : workspace_and_graph_cases()) {
     SCOPED_TRACE(c.name);
-    const WanTransformer model(c.config, random_weights(c.config, 13), {}, Device::cuda());
+    const WanTransformer model(c.config, random_wan_weights(c.config, 13), {}, Device::cuda());
     const Inputs in(c, 13);
     const Device gpu = Device::cuda();
     const Tensor latents = in.latents.to(gpu), timestep = in.timestep.to(gpu), text = in.text.to(gpu);
@@ -363,7 +346,7 @@ TEST(WanCudaOffload, TheCpuModelRefusesOffloadedBlocks) {
 TEST(WanCuda, RejectsHostTensorsForADeviceModel) {
   SKIP_WITHOUT_GPU();
   const Case c = cases()[0];
-  const WanTransformer model(c.config, random_weights(c.config, 17), {}, Device::cuda());
+  const WanTransformer model(c.config, random_wan_weights(c.config, 17), {}, Device::cuda());
   const Inputs in(c, 17);
   Tensor out = Tensor::empty(in.latents.shape(), DType::kF32);
   try {

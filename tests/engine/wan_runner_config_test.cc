@@ -26,6 +26,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   config.loras = {{"/a.safetensors", 0.75}, {"/b.safetensors", -1.0}};
   config.loras_2 = {{"/c.safetensors", 1.0}};
   config.lora_ignore_unmatched = true;
+  config.lora_adapters = {{"style", {"/s.safetensors", 0.5}}};
   config.offload_blocks = true;
   config.fp8_weights = true;
   const WanRunnerConfig back = wan_runner_config_from_json(wan_runner_config_to_json(config));
@@ -49,6 +50,10 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   ASSERT_EQ(back.loras_2.size(), 1u);
   EXPECT_EQ(back.loras_2[0].path, "/c.safetensors");
   EXPECT_TRUE(back.lora_ignore_unmatched);
+  ASSERT_EQ(back.lora_adapters.size(), 1u);
+  EXPECT_EQ(back.lora_adapters[0].first, "style");
+  EXPECT_EQ(back.lora_adapters[0].second.path, "/s.safetensors");
+  EXPECT_EQ(back.lora_adapters[0].second.scale, 0.5);
   EXPECT_TRUE(back.offload_blocks);
   EXPECT_TRUE(back.fp8_weights);
 

@@ -154,6 +154,7 @@ void parse_common(const nlohmann::json& body, GenerationRequest& request, const 
   }
   request.sparse_attention = string_field(body, "sparse_attention", "");
   request.cache = string_field(body, "cache", "");
+  request.lora = string_field(body, "lora", "");
   parse_size(body, request, defaults);
 }
 
@@ -232,7 +233,7 @@ int64_t unix_seconds(std::chrono::system_clock::time_point at) {
 GenerationRequest parse_image_request(const std::string& body_text, const ApiDefaults& defaults) {
   const nlohmann::json body = parse_body(body_text);
   check_fields(body, {"prompt", "model", "n", "size", "response_format", "quality", "style", "user", "negative_prompt",
-                      "num_inference_steps", "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache"});
+                      "num_inference_steps", "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "lora"});
   GenerationRequest request;
   request.kind = OutputKind::kImage;
   request.frames = 1;
@@ -252,7 +253,8 @@ GenerationRequest parse_video_request(const nlohmann::json& body, const ApiDefau
                                       const std::map<std::string, std::string>& file_parts) {
   if (!body.is_object()) bad_field("body", "a JSON object", json_excerpt(body));
   check_fields(body, {"prompt", "model", "size", "seconds", "num_frames", "fps", "negative_prompt", "num_inference_steps",
-                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "user", "input_reference", "last_frame"});
+                      "guidance_scale", "guidance_scale_2", "seed", "sparse_attention", "cache", "lora", "user", "input_reference",
+                      "last_frame"});
   for (const auto& [name, bytes] : file_parts)
     if (!is_reference_field(name))
       throw ApiError(400, "", "unknown file part " + quoted_excerpt(name) + " (expected input_reference or last_frame)");

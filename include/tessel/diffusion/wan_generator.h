@@ -95,6 +95,10 @@ struct WanLoadOptions {
   // come as one file per expert). Unmatched keys are an Error unless lora_ignore_unmatched.
   std::vector<LoraFile> loras, loras_2;
   bool lora_ignore_unmatched = false;
+  // Per-request LoRA adapters (WanLoraBank): (name, file) pairs kept resident and unmerged beside
+  // `transformer`; a request names one in WanRequest::lora. Low-rank pairs only (a full diff is an
+  // Error naming its file and key: merge it through `loras`). One-expert models only.
+  std::vector<std::pair<std::string, LoraFile>> lora_adapters;
   // Where the transformers' blocks live on a CUDA device: all on it, or streamed from pinned host
   // memory two blocks at a time (WanWeightResidency: small cards; bit-equal results).
   WanWeightResidency residency = WanWeightResidency::kDevice;
@@ -124,6 +128,7 @@ struct WanRequest {
   uint64_t seed = 0;
   Tensor noise;                // the starting latents (fp32 CPU, latent shape) instead of the seed's
   std::string sparse_setting;  // empty or "default": the load's; else a name of named_sparse
+  std::string lora;            // empty: no per-request adapter; else a name of WanLoadOptions::lora_adapters
   std::optional<std::string> cache;  // "none" or the load's cache name; unset: the load's
   bool decode = true;  // false: the result holds the latents only (no VAE decode, as output_type="latent")
   // Read between steps and between the decode's chunks: set, the generation stops (result cancelled).
@@ -175,7 +180,8 @@ class WanGenerator {
 
   const WanModelDir& model() const;
   const WanLoadOptions& options() const;
-  // A line per LoRA file merged at load: the expert, the file, its format and the modules it changed.
+  // A line per LoRA file merged at load (the expert, the file, its format and the modules it
+  // changed), then one per per-request adapter.
   std::vector<std::string> lora_summary() const;
   // The video size of a request (frames, height, width and the model's VAE stride), validated.
   WanVideoSize size_of(const WanRequest& request) const;

@@ -21,6 +21,7 @@
 #include "tessel/diffusion/umt5_encoder.h"
 #include "tessel/diffusion/video_frames.h"
 #include "tessel/diffusion/wan_vae.h"
+#include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/parallel/communicator.h"
 
@@ -98,6 +99,12 @@ struct WanGenerationOptions {
   // replaced by them before the decode. For a transformer that takes the latents alone, with a
   // patch of one frame.
   Tensor first_frame;
+  // Per-request LoRA (not owned; outlives the generation): adapter `lora_adapter` of `lora_bank`
+  // (on the transformer's device, loaded for its config) runs unmerged in every forward of this
+  // generation, both CFG branches; -1: none. Batched steps mix generations of different adapters
+  // of one bank. One-expert pipelines only (Wan 2.2's experts would each need their own adapter).
+  const WanLoraBank* lora_bank = nullptr;
+  int32_t lora_adapter = -1;
 };
 
 struct WanGenerationResult {

@@ -16,6 +16,9 @@
 // bias += scale * (alpha / rank) * lora_B.bias, and W += scale * diff, bias += scale * diff_b for the
 // full diffs (alpha does not scale those), in fp32 on the host before the weights take their
 // device dtype; several files add up.
+//
+// The low-rank pairs can also stay unmerged (factors(): what WanLoraBank keeps resident to apply
+// y += scale * B (A x) per request); full diffs have no cheap unmerged form, so factors() refuses them.
 #pragma once
 
 #include <map>
@@ -45,6 +48,21 @@ LoraFile parse_lora_file(std::string_view text, const std::string& what);
 // "blocks.0.modulation"): what the key mapping resolves against (also the table its test walks).
 std::vector<std::pair<std::string, std::string>> wan_lora_module_aliases(const WanConfig& config);
 
+// "name=path[:scale]" as the server takes a per-request adapter (`--lora-adapter`): the name is what
+// requests ask for (letters, digits, '_', '-', '.'; at most 64 characters), the rest parse_lora_file's.
+// Throws Error naming `what` for a missing '=', a bad name, or a bad path[:scale].
+std::pair<std::string, LoraFile> parse_lora_adapter(std::string_view text, const std::string& what);
+
+// One low-rank pair of one linear layer, unmerged: its delta is scale * up (out, rank) @ down (rank, in).
+struct WanLoraFactors {
+  std::string module;  // the diffusers module, e.g. "blocks.0.attn1.to_q" (its weight is module + ".weight")
+  Tensor down;         // A: (rank, in) fp32 CPU, `in` the weight's trailing dimensions flattened
+  Tensor up;           // B: (out, rank) fp32 CPU
+  Tensor up_bias;      // lora_B's bias (out) fp32 CPU, undefined when the file has none
+  double scale = 1.0;  // the file's weight times alpha / rank (or alpha / sqrt(rank) for rsLoRA)
+  std::string origin;  // "file: \"key\"" of its lora_A / lora_down tensor, for errors
+};
+
 class WanLora {
  public:
   // Reads `files` and resolves every key against `config`'s tensors, checking ranks, shapes and
@@ -61,6 +79,9 @@ class WanLora {
   bool changes(const std::string& tensor) const;
   // `stored` (any float dtype, CPU) with every delta of `tensor` added, as a new fp32 CPU tensor.
   Tensor merged(const std::string& tensor, const TensorView& stored) const;
+  // Every low-rank pair, by module name order then file order. Throws Error naming the file and
+  // the key of the first full diff (`.diff`, `.diff_b`): those only merge (WanTransformer::load).
+  std::vector<WanLoraFactors> factors() const;
   // One line per file for logs: its format, the modules it changes and the keys it left unmatched.
   const std::vector<std::string>& summary() const;
 

@@ -45,6 +45,7 @@
 namespace tessel {
 
 class WanLora;
+struct WanLoraSelection;
 
 class BackendRegistry;
 
@@ -193,9 +194,15 @@ class WanTransformer {
   // needs one timestep per batch entry: a (B, S) or per-frame timestep is an Error, and so are leading and
   // trailing blocks outside [0, num_layers]; a CUDA model takes only a cache whose hooks handle its
   // device, WanBlockCache::handles_device).
+  // `lora`, when given, names an adapter of its bank (or none) per batch entry (wan_lora_bank.h):
+  // after each linear layer an adapter changes, y += scale * B (A x) over the rows of the entries
+  // that use it (CPU: fp32; CUDA: bf16 factors, one grouped shrink and one grouped expand launch
+  // per layer for all the batch's adapters, the layer's GELU-tanh then applied after the sum
+  // instead of in the GEMM's epilogue). The bank must be on the model's device and loaded for its
+  // config; an entry's -1 means no adapter.
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& out, WanForwardProfile* profile = nullptr,
-               WanBlockCache* block_cache = nullptr) const;
+               WanBlockCache* block_cache = nullptr, const WanLoraSelection* lora = nullptr) const;
   // The same for a model with an image branch (config().has_image_branch(): Wan 2.1 I2V / FLF2V):
   // `image` (B, I, image_dim) fp32 on the model's device holds the CLIP features of the
   // conditioning image (I = 257 for ViT-H/14), FLF2V's first and last frames side by side
@@ -204,7 +211,7 @@ class WanTransformer {
   // takes an empty `image` only, and one with it refuses the overload above.
   void forward(const ExecContext& ctx, const StepInfo& step, const TensorView& latents, const TensorView& timestep,
                const TensorView& text, const TensorView& image, const TensorView& out, WanForwardProfile* profile = nullptr,
-               WanBlockCache* block_cache = nullptr) const;
+               WanBlockCache* block_cache = nullptr, const WanLoraSelection* lora = nullptr) const;
 
   // Benchmarks: under sequence parallelism, every block's self-attention marks its phases on
   // `timeline` (the all-to-alls, ring exchanges, attention, and "outside attention" for the rest:
@@ -217,9 +224,10 @@ class WanTransformer {
 
   // Bytes of ctx.workspace a forward of this shape takes on the model's device (CUDA: the
   // activations; CPU: the attention kernels' scratch). text_tokens = L; per_token_timestep: a
-  // (B, S) or (B, F / patch_t) timestep; image_tokens = I for a model with an image branch.
+  // (B, S) or (B, F / patch_t) timestep; image_tokens = I for a model with an image branch;
+  // lora_rank: the largest rank of per-request adapters (WanLoraBank::max_rank), 0 without.
   size_t workspace_bytes(const ExecContext& ctx, int64_t batch, int64_t latent_frames, int64_t latent_height, int64_t latent_width,
-                         int64_t text_tokens, bool per_token_timestep = false, int64_t image_tokens = 0) const;
+                         int64_t text_tokens, bool per_token_timestep = false, int64_t image_tokens = 0, int64_t lora_rank = 0) const;
   // Bytes the weights take on the model's device (with offloaded blocks: the resident tensors and
   // the two block slots), and the bytes of the blocks kept in pinned host memory (0 unless offloaded).
   size_t weight_bytes() const;

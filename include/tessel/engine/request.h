@@ -35,6 +35,9 @@ struct GenerationRequest {
   std::string sparse_attention;
   // The step cache: empty for the server's, or "none", or the server's own name.
   std::string cache;
+  // The per-request LoRA adapter: empty for none, else a name the server was started with
+  // (`tessel serve --lora-adapter NAME=PATH`). Requests of different adapters share batches.
+  std::string lora;
   // Image to video: the first frame (the API's input_reference) and the last frame (last_frame), as
   // the client sent them: PNG or JPEG bytes the HTTP layer has decoded once to check them. Null:
   // none. Shared, since snapshots copy requests; they reach the workers as a message's payload

@@ -58,6 +58,8 @@ struct WanRunnerConfig {
   // LoRAs merged into every request's transformers at start-up (WanLoadOptions::loras / loras_2).
   std::vector<LoraFile> loras, loras_2;
   bool lora_ignore_unmatched = false;
+  // Per-request adapters (WanLoadOptions::lora_adapters): (name, file), named by a request's `lora`.
+  std::vector<std::pair<std::string, LoraFile>> lora_adapters;
   // The transformers' blocks in pinned host memory, streamed to the GPU (WanWeightResidency).
   bool offload_blocks = false;
   // The transformers' block linear weights in FP8 with FP8 GEMMs (WanWeightPrecision::kFp8).
@@ -85,6 +87,7 @@ struct WanRequestLimits {
   bool two_experts = false;  // the model has transformer_2: requests may set guidance_scale_2
   std::vector<std::string> sparse_attention_settings;  // names allowed besides "default"
   std::string cache = "none";  // the server's step cache: a request may name it or "none"
+  std::vector<std::string> lora_adapters;  // the names a request's `lora` may take (empty: none)
   // Image to video, from the model's task: whether a video request may or must bring a first frame
   // (the API's input_reference) and a last frame (last_frame). Text to video: neither.
   bool takes_image = false, requires_image = false;
@@ -97,7 +100,8 @@ void set_image_limits(WanRequestLimits& limits, const WanModelDir& model);
 
 void register_wan_runner(RunnerRegistry& runners);
 // Pre-processing: size (multiples of 16 within the limits), frames (4k + 1; 1 for an image),
-// steps, n, guidance, prompt length, the reference images the model takes; each refusal an Error starting with the request field's name.
+// steps, n, guidance, prompt length, the reference images the model takes, the LoRA adapter's name; each refusal an Error starting with
+// the request field's name.
 // Post-processing: with a vae/ the worker decodes each output to 8-bit frames and they become a PNG
 // per image or one MP4 per video (a safetensors of the frames when the build has no libav);
 // without one, each output's latents become a safetensors file whose tensor is "output_0".

@@ -80,7 +80,8 @@ class CudaFlowPredictor final : public WanFlowPredictor {
     // The transformer's activations: sized once here, so no step allocates.
     workspace_.reserve(request.transformer->workspace_bytes(ctx, batch_, latent[2], latent[3], latent[4], text_len_,
                                                             !request.first_frame.empty(),
-                                                            request.image_embeds.empty() ? 0 : request.image_embeds.size(1)));
+                                                            request.image_embeds.empty() ? 0 : request.image_embeds.size(1),
+                                                            request.lora_bank != nullptr ? request.lora_bank->max_rank() : 0));
   }
 
   TensorView predict(const ExecContext& ctx, int64_t step, int64_t total_steps, const TensorView& latents,
@@ -110,14 +111,16 @@ class CudaFlowPredictor final : public WanFlowPredictor {
     const Shape timestep_shape = request_.first_frame.empty() ? Shape{batch_} : Shape{batch_, timesteps_per_row_};
     const ExecContext run_ctx = device_context(ctx);
     const StepInfo info = StepInfo::at(step, total_steps, 0, branch_);
+    WanLoraSelection selection;
+    const WanLoraSelection* lora = flow_lora(request_, batch_, selection);
     const TensorView input_view(input, DType::kF32, device_, input_shape), timestep_view(timestep_.get(), DType::kF32, device_, timestep_shape);
     const TensorView text_view(text_.get(), DType::kF32, device_, text_shape), out_view(prediction_.get(), DType::kF32, device_, batch_shape);
     if (image_) {
       const Shape image_shape{batch_, request_.image_embeds.size(1), request_.image_embeds.size(2)};
       request_.transformer->forward(run_ctx, info, input_view, timestep_view, text_view, TensorView(image_.get(), DType::kF32, device_, image_shape),
-                                    out_view, nullptr, request_.block_cache);
+                                    out_view, nullptr, request_.block_cache, lora);
     } else {
-      request_.transformer->forward(run_ctx, info, input_view, timestep_view, text_view, out_view, nullptr, request_.block_cache);
+      request_.transformer->forward(run_ctx, info, input_view, timestep_view, text_view, out_view, nullptr, request_.block_cache, lora);
     }
     const auto* prediction = static_cast<const float*>(prediction_.get());
     if (cfg_parallel_) {  // both branches on both ranks, in branch order

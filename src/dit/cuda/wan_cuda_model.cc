@@ -9,8 +9,10 @@
 
 #include "cuda/wan_block_offload.h"
 #include "cuda/wan_kernels.h"
+#include "cuda/wan_lora_kernels.h"
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
+#include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/kernels/cuda/device_guard.h"
@@ -67,6 +69,8 @@ struct Activations {
   // read, and the text context's, quantised once per forward.
   uint8_t *input_fp8, *context_fp8;
   float *input_scales, *context_scales;
+  // Per-request LoRA (else null): the rank-wide intermediate of the widest linear's rows.
+  bf16* lora_shrunk;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
   // The cross-attention's image half writes into k (the self-attention's keys are dead by then).
@@ -134,6 +138,10 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
     a.input_scales = taker.take<float>(rows, "block GEMM input scales");
     a.context_fp8 = taker.take<uint8_t>(text_rows * dim, "text context (e4m3)");
     a.context_scales = taker.take<float>(text_rows, "text context scales");
+  }
+  if (s.lora_rank > 0) {
+    const int64_t widest = std::max({rows, text_rows, groups, s.batch * s.image_len});
+    a.lora_shrunk = taker.take<bf16>(widest * s.lora_rank, "LoRA intermediate");
   }
   return a;
 }
@@ -378,7 +386,8 @@ size_t WanCudaModel::workspace_bytes(const WanForwardShape& shape) const {
 void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                            const float* timestep, const float* text, const float* image, float* out,
                            const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-                           WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache) const {
+                           WanSequenceParallel* sequence_parallel, WanBlockCache* block_cache,
+                           const WanLoraBank* lora_bank, const std::vector<LoraRun>& lora_runs) const {
   const WanConfig& c = config_;
   const tessel::cuda::DeviceGuard guard(device_.index);
   cudaStream_t stream = ctx.stream;
@@ -451,9 +460,39 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const ExecContext attention_ctx = ctx.with_workspace(&attention_workspace);
 
   const auto w = [&](const std::string& name) { return weight(name); };
+  if (lora_bank != nullptr && shape.lora_rank < lora_bank->max_rank())
+    fail_argument("WanForwardShape::lora_rank", detail::concat("at least the bank's largest rank ", lora_bank->max_rank()), shape.lora_rank);
+  std::vector<LoraSegment> lora_segments;
+  // The adapters' pairs on this layer when an adapter of the batch changes it, else null.
+  const auto lora_pairs = [&](const std::string& name) -> const std::vector<WanLoraBank::Pair>* {
+    return lora_bank == nullptr || lora_runs.empty() ? nullptr : lora_bank->pairs(name);
+  };
+  // After a layer's GEMM: each run's rows get y += s B (A x) (one grouped shrink and one grouped
+  // expand for all runs), then the GELU-tanh the GEMM's epilogue left out (`gelu_after`).
+  const auto add_lora = [&](const std::vector<WanLoraBank::Pair>& pairs, const void* x, DType input, int64_t m, int64_t k, int64_t n,
+                            void* y, DType output, bool gelu_after) {
+    const int64_t rows_per_entry = m / batch;
+    lora_segments.clear();
+    for (const LoraRun& run : lora_runs) {
+      const WanLoraBank::Pair& pair = pairs[static_cast<size_t>(run.adapter)];
+      if (pair.rank == 0) continue;
+      lora_segments.push_back(LoraSegment{run.first_entry * rows_per_entry, run.entries * rows_per_entry,
+                                          static_cast<const bf16*>(pair.down.data()), static_cast<const bf16*>(pair.up.data()),
+                                          pair.rank, pair.scale});
+    }
+    launch_lora_segments(lora_segments, x, input == DType::kBF16, k, y, output == DType::kBF16, n, a.lora_shrunk, shape.lora_rank,
+                         stream);
+    if (gelu_after) launch_gelu_tanh_bf16(static_cast<bf16*>(y), m * n, stream);
+  };
+  // y (m, n) = x W^T + b through cuBLASLt, then the batch's adapters on this layer (before the
+  // GELU-tanh an epilogue would otherwise have fused).
   const auto linear = [&](const std::string& name, const void* x, int64_t m, int64_t k, int64_t n, void* y,
                           DType input = DType::kBF16, DType output = DType::kBF16, GemmEpilogue epilogue = GemmEpilogue::kBias) {
-    gemm_.linear(GemmShape{m, n, k, input, output, epilogue}, x, w(name + ".weight"), w(name + ".bias"), y, a.gemm_scratch, stream);
+    const std::vector<WanLoraBank::Pair>* pairs = lora_pairs(name);
+    const bool gelu_after = pairs != nullptr && epilogue == GemmEpilogue::kBiasGeluTanh;
+    gemm_.linear(GemmShape{m, n, k, input, output, gelu_after ? GemmEpilogue::kBias : epilogue}, x, w(name + ".weight"),
+                 w(name + ".bias"), y, a.gemm_scratch, stream);
+    if (pairs != nullptr) add_lora(*pairs, x, input, m, k, n, y, output, gelu_after);
   };
   const auto f32 = [&](const std::string& name) { return static_cast<const float*>(weight(name)); };
   // The blocks' linear layers: bf16 GEMMs, or with fp8 weights FP8 GEMMs over `input`'s e4m3 rows,
@@ -482,10 +521,14 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
       linear(name, x, m, k, n, y, DType::kBF16, DType::kBF16, epilogue);
       return;
     }
-    GemmShape gemm_shape{m, n, k, DType::kBF16, DType::kBF16, epilogue};
+    // Per-request adapters read the layer's bf16 input rows (the norms write them beside the e4m3 ones).
+    const std::vector<WanLoraBank::Pair>* pairs = lora_pairs(name);
+    const bool gelu_after = pairs != nullptr && epilogue == GemmEpilogue::kBiasGeluTanh;
+    GemmShape gemm_shape{m, n, k, DType::kBF16, DType::kBF16, gelu_after ? GemmEpilogue::kBias : epilogue};
     gemm_shape.fp8_row_scaled = true;
     gemm_.linear_fp8(gemm_shape, input.values, input.scales, static_cast<const uint8_t*>(w(name + ".weight")),
                      f32(name + ".weight_scale"), w(name + ".bias"), y, a.gemm_scratch, stream);
+    if (pairs != nullptr) add_lora(*pairs, x, DType::kBF16, m, k, n, y, DType::kBF16, gelu_after);
   };
   const auto bshd = [&](bf16* data, int64_t length) {
     return TensorView(data, DType::kBF16, device_, {batch, length, heads, head_dim});

@@ -38,6 +38,7 @@
 #include "tessel/dit/wan_config.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/kernels/cuda/cublaslt_gemm.h"
+#include "wan_lora_rows.h"
 
 namespace tessel {
 class WanSequenceParallel;
@@ -69,6 +70,9 @@ struct WanForwardShape {
   // A step cache's hooks run: the patch embeddings (what the hook judges the leading blocks by) and
   // then the skippable span's input are kept, one after the other in one buffer.
   bool block_cache = false;
+  // Per-request LoRA: the largest rank of the bank's adapters (0 without), the width of the scratch
+  // their rank-wide intermediates take.
+  int64_t lora_rank = 0;
 };
 
 class WanCudaModel {
@@ -98,10 +102,14 @@ class WanCudaModel {
   // block_cache (with shape.block_cache): asked before its span of blocks whether to run it, with
   // host copies of the conditioning (the forward waits for them: one small copy per forward), the
   // device's hidden states and the patch embeddings (this rank's rows).
+  // lora_bank: null, or adapters on this device (shape.lora_rank at least its max_rank) that the
+  // entries of `lora_runs` (checked by lora_runs()) use; every linear an adapter changes adds the
+  // runs' low-rank updates (wan_lora_kernels.h).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, const float* image, float* out,
                const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,
-               WanSequenceParallel* sequence_parallel = nullptr, WanBlockCache* block_cache = nullptr) const;
+               WanSequenceParallel* sequence_parallel = nullptr, WanBlockCache* block_cache = nullptr,
+               const WanLoraBank* lora_bank = nullptr, const std::vector<LoraRun>& lora_runs = {}) const;
 
  private:
   // A tensor's device address. An offloaded block's tensor is in the slot its block maps to, valid

@@ -95,6 +95,14 @@ __global__ void gelu_to_bf16_kernel(const float* __restrict__ x, bf16* __restric
   }
 }
 
+__global__ void gelu_tanh_bf16_kernel(bf16* __restrict__ x, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = __bfloat162float(x[i]);
+    x[i] = __float2bfloat16_rn(0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))));
+  }
+}
+
 __global__ void add_bf16_kernel(bf16* __restrict__ x, const bf16* __restrict__ y, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -281,6 +289,10 @@ void launch_unpatchify(const float* patches, float* out, int64_t batch, int64_t 
 
 void launch_convert_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream) {
   convert_to_bf16_kernel<<<element_blocks(count), kElementThreads, 0, stream>>>(x, y, count);
+}
+
+void launch_gelu_tanh_bf16(bf16* x, int64_t count, cudaStream_t stream) {
+  gelu_tanh_bf16_kernel<<<element_blocks(count), kElementThreads, 0, stream>>>(x, count);
 }
 
 void launch_gelu_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream) {

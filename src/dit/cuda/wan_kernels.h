@@ -38,6 +38,10 @@ void launch_convert_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t
 // y[i] = GELU(x[i]) with the exact erf form (diffusers' "gelu", the image embedder's), fp32 in, bf16 out.
 void launch_gelu_to_bf16(const float* x, bf16* y, int64_t count, cudaStream_t stream);
 
+// In place on bf16, x[i] = GELU-tanh(x[i]) in fp32: the activation a GEMM's epilogue applies, run
+// apart when a per-request LoRA adds to the GEMM's output first.
+void launch_gelu_tanh_bf16(bf16* x, int64_t count, cudaStream_t stream);
+
 // x[i] += y[i] on bf16 (the sum in fp32, rounded once), as PyTorch adds two bf16 tensors.
 void launch_add_bf16(bf16* x, const bf16* y, int64_t count, cudaStream_t stream);
 
