@@ -9,7 +9,7 @@
 
 #include "cuda/wan_block_offload.h"
 #include "cuda/wan_kernels.h"
-#include "cuda/wan_lora_kernels.h"
+#include "cuda/wan_lora_gemm.h"
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
 #include "tessel/dit/wan_lora_bank.h"
@@ -64,8 +64,9 @@ struct Activations {
   // and values (bf16).
   float *image_positioned, *image_ff, *image_embedded;
   bf16 *image_normed, *image_context, *image_k, *image_v;
-  // Per-request LoRA (else null): the rank-wide intermediate of the widest linear's rows.
-  bf16* lora_shrunk;
+  // Per-request LoRA (else null): the rank-wide intermediate of the widest linear's rows, and the
+  // fp32-input linears' (the time embedder's and projection's) input rounded to bf16.
+  bf16 *lora_shrunk, *lora_input;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
   // The cross-attention's image half writes into k (the self-attention's keys are dead by then).
@@ -131,6 +132,7 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
   if (s.lora_rank > 0) {
     const int64_t widest = std::max({rows, text_rows, groups, s.batch * s.image_len});
     a.lora_shrunk = taker.take<bf16>(widest * s.lora_rank, "LoRA intermediate");
+    a.lora_input = taker.take<bf16>(groups * std::max(c.freq_dim, dim), "LoRA input (bf16)");
   }
   return a;
 }
@@ -391,7 +393,7 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     fail_argument("WanForwardShape::lora_rank", detail::concat("at least the bank's largest rank ", lora_bank->max_rank()), shape.lora_rank);
   std::vector<LoraSegment> lora_segments;
   // y (m, n) = x W^T + b through cuBLASLt; then, when an adapter of the batch changes this layer,
-  // each run's rows get y += s B (A x) (one grouped shrink and one grouped expand for all runs),
+  // each run's rows get y += s B (A x) (a shrink and an in-place expand GEMM per run of entries),
   // before the GELU-tanh an epilogue would otherwise have fused.
   const auto linear = [&](const std::string& name, const void* x, int64_t m, int64_t k, int64_t n, void* y,
                           DType input = DType::kBF16, DType output = DType::kBF16, GemmEpilogue epilogue = GemmEpilogue::kBias) {
@@ -409,8 +411,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
                                           static_cast<const bf16*>(pair.down.data()), static_cast<const bf16*>(pair.up.data()),
                                           pair.rank, pair.scale});
     }
-    launch_lora_segments(lora_segments, x, input == DType::kBF16, k, y, output == DType::kBF16, n, a.lora_shrunk, shape.lora_rank,
-                         stream);
+    add_lora_segments(gemm_, lora_segments, LoraLayer{x, input, k, y, output, n},
+                      LoraScratch{a.lora_shrunk, shape.lora_rank, a.lora_input, a.gemm_scratch}, stream);
     if (gelu_after) launch_gelu_tanh_bf16(static_cast<bf16*>(y), m * n, stream);
   };
   const auto f32 = [&](const std::string& name) { return static_cast<const float*>(weight(name)); };

@@ -138,6 +138,12 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   const uint64_t workspace_bytes = kWorkspaceBytes;
   cublasStatus_t status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &workspace_bytes, sizeof(workspace_bytes));
+  // The algorithm must take pointers of the shape's alignment (the default assumes 256 bytes).
+  for (const cublasLtMatmulPreferenceAttributes_t attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &shape.alignment, sizeof(shape.alignment));
   // Split-k partial sums only in fp32 (the in-place and output-type schemes would add them in bf16).
   const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   if (status == CUBLAS_STATUS_SUCCESS)
@@ -157,16 +163,39 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   return *plans_.emplace(shape, std::move(plan)).first->second;
 }
 
+uint32_t CublasLtGemm::alignment_of(std::initializer_list<const void*> pointers) {
+  uintptr_t bits = 256;
+  for (const void* pointer : pointers)
+    if (pointer != nullptr) bits |= reinterpret_cast<uintptr_t>(pointer);
+  return static_cast<uint32_t>(bits & (~bits + 1));  // the lowest set bit
+}
+
 void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
                           cudaStream_t stream) const {
+  enqueue(shape, x, w, bias, 1.0f, 0.0f, y, workspace, stream);
+}
+
+void CublasLtGemm::accumulate(const GemmShape& shape, const void* x, const void* w, float alpha, void* y, void* workspace,
+                              cudaStream_t stream) const {
+  if (shape.epilogue != GemmEpilogue::kNone)
+    throw Error(detail::concat("cuBLASLt accumulate (m ", shape.m, ", n ", shape.n, ", k ", shape.k,
+                               "): the epilogue must be none (it would act on what y held before)"));
+  enqueue(shape, x, w, nullptr, alpha, 1.0f, y, workspace, stream);
+}
+
+void CublasLtGemm::enqueue(const GemmShape& shape, const void* x, const void* w, const void* bias, float alpha, float beta, void* y,
+                           void* workspace, cudaStream_t stream) const {
   if (shape.m == 0) return;
+  if (alignment_of({x, w, y, bias}) < shape.alignment)
+    throw Error(detail::concat("cuBLASLt linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, "): a pointer is aligned to fewer than the ",
+                               shape.alignment, " bytes its shape's alignment says"));
   const std::lock_guard lock(mutex_);
   const Plan& plan = plan_for(shape);
   // The bias pointer lives in the cached descriptor; cuBLASLt reads it when the matmul is enqueued.
   if (has_bias(shape.epilogue))
     check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
           "bias pointer", shape);
-  const float alpha = 1.0f, beta = 0.0f;
+  // C = D = y: with beta = 1 the matmul adds into y in place (same layout, as cuBLASLt requires).
   check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
                        plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
         "matmul", shape);

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,7 +34,10 @@ struct GemmShape {
   DType input = DType::kBF16;   // x and w
   DType output = DType::kBF16;  // y and bias
   GemmEpilogue epilogue = GemmEpilogue::kBias;
-  auto tie() const { return std::tie(m, n, k, input, output, epilogue); }
+  // The alignment in bytes (a power of two, at most 256) that every pointer of the call has: the
+  // algorithm is chosen for it. Whole buffers are 256-byte aligned; a slice of rows may be less.
+  uint32_t alignment = 256;
+  auto tie() const { return std::tie(m, n, k, input, output, epilogue, alignment); }
   bool operator<(const GemmShape& other) const { return tie() < other.tie(); }
 };
 
@@ -49,14 +53,26 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   // Enqueues y = x · w^T (+ bias) (then GELU-tanh) on `stream`, as shape.epilogue says.
-  // `workspace` holds kWorkspaceBytes. Throws Error when cuBLASLt has no algorithm for the shape
-  // or a call fails.
+  // `workspace` holds kWorkspaceBytes. Throws Error when cuBLASLt has no algorithm for the shape,
+  // a pointer is less aligned than shape.alignment, or a call fails.
   void linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
               cudaStream_t stream) const;
+
+  // Enqueues y += alpha · x · w^T in place (beta = 1: cuBLASLt reads y in its type, adds in fp32 and
+  // rounds once to y's type), for adding a low-rank update into a linear's output. The shape's
+  // epilogue must be kNone (an epilogue after the sum would act on y's earlier part too).
+  void accumulate(const GemmShape& shape, const void* x, const void* w, float alpha, void* y, void* workspace,
+                  cudaStream_t stream) const;
+
+  // The largest power of two up to 256 that divides every one of `pointers`' addresses (null ones
+  // are ignored): the GemmShape::alignment of a call on them.
+  static uint32_t alignment_of(std::initializer_list<const void*> pointers);
 
  private:
   struct Plan;
   const Plan& plan_for(const GemmShape& shape) const;
+  void enqueue(const GemmShape& shape, const void* x, const void* w, const void* bias, float alpha, float beta, void* y,
+               void* workspace, cudaStream_t stream) const;
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable std::mutex mutex_;
