@@ -12,6 +12,9 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "tessel/core/dynamic_library.h"
 #include "tessel/core/error.h"
 
@@ -138,12 +141,17 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   const uint64_t workspace_bytes = kWorkspaceBytes;
   cublasStatus_t status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &workspace_bytes, sizeof(workspace_bytes));
-  // The algorithm must take pointers of the shape's alignment (the default assumes 256 bytes).
-  for (const cublasLtMatmulPreferenceAttributes_t attribute :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+  // The algorithm must take pointers of the shape's alignment (the default assumes 256 bytes) and
+  // rows of the matrices' widths in bytes (a rank-5 bf16 row is 10 bytes).
+  const auto lowest_bit = [](int64_t v) { return static_cast<uint32_t>(v & -v); };
+  const uint32_t input_alignment = std::min(shape.alignment, lowest_bit(shape.k * static_cast<int64_t>(dtype_size(shape.input))));
+  const uint32_t output_alignment = std::min(shape.alignment, lowest_bit(shape.n * static_cast<int64_t>(dtype_size(shape.output))));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, input_alignment}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, input_alignment},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, output_alignment}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, output_alignment}};
+  for (const auto& [attribute, bytes] : alignments)
     if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &shape.alignment, sizeof(shape.alignment));
+      status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes));
   // Split-k partial sums only in fp32 (the in-place and output-type schemes would add them in bf16).
   const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   if (status == CUBLAS_STATUS_SUCCESS)

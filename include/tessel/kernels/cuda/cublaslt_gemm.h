@@ -35,7 +35,8 @@ struct GemmShape {
   DType output = DType::kBF16;  // y and bias
   GemmEpilogue epilogue = GemmEpilogue::kBias;
   // The alignment in bytes (a power of two, at most 256) that every pointer of the call has: the
-  // algorithm is chosen for it. Whole buffers are 256-byte aligned; a slice of rows may be less.
+  // algorithm is chosen for it and for the rows' widths in bytes. Whole buffers are 256-byte
+  // aligned; a slice of rows may be less.
   uint32_t alignment = 256;
   auto tie() const { return std::tie(m, n, k, input, output, epilogue, alignment); }
   bool operator<(const GemmShape& other) const { return tie() < other.tie(); }
