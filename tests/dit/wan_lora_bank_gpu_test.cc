@@ -1,10 +1,10 @@
 // Per-request (unmerged) LoRA on the bf16 CUDA transformer (tessel/dit/wan_lora_bank.h,
-// src/dit/cuda/wan_lora_kernels.cu), on random tiny configs with odd patch grids: text-to-video
+// src/dit/cuda/wan_lora_gemm.cc), on random tiny configs with odd patch grids: text-to-video
 // with one timestep per entry and one per token (the time embedder's rows are then tokens), and
 // Wan 2.1 I2V's image branch. Two adapters written by the test: "wide" of rank 8 on every linear
 // layer (PEFT names, so the patch embedding's Conv3d, the fp32 conditioning linears, the GELU-tanh
 // layers whose activation then runs after the sum, and the fp32 output projection all take it) and
-// "narrow" of rank 5 (not a multiple of the 16-wide tensor-core tiles: the edges are zero-filled)
+// "narrow" of rank 5 (its intermediate's rows are 10 bytes: cuBLASLt runs less aligned algorithms)
 // on a few (kohya names, alpha 10).
 //
 // Yardstick: E = the plain CUDA forward's distance from the CPU fp32 forward of the same weights

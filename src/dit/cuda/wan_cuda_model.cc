@@ -9,7 +9,7 @@
 
 #include "cuda/wan_block_offload.h"
 #include "cuda/wan_kernels.h"
-#include "cuda/wan_lora_kernels.h"
+#include "cuda/wan_lora_gemm.h"
 #include "tessel/core/allocator.h"
 #include "tessel/core/error.h"
 #include "tessel/dit/wan_lora_bank.h"
@@ -69,8 +69,9 @@ struct Activations {
   // read, and the text context's, quantised once per forward.
   uint8_t *input_fp8, *context_fp8;
   float *input_scales, *context_scales;
-  // Per-request LoRA (else null): the rank-wide intermediate of the widest linear's rows.
-  bf16* lora_shrunk;
+  // Per-request LoRA (else null): the rank-wide intermediate of the widest linear's rows, and the
+  // fp32-input linears' (the time embedder's and projection's) input rounded to bf16.
+  bf16 *lora_shrunk, *lora_input;
   // The output projection of each attention and of the FFN reuses q (dead by then).
   bf16* projected() const { return q; }
   // The cross-attention's image half writes into k (the self-attention's keys are dead by then).
@@ -142,6 +143,7 @@ Activations take_activations(SliceTaker& taker, const WanConfig& c, const WanFor
   if (s.lora_rank > 0) {
     const int64_t widest = std::max({rows, text_rows, groups, s.batch * s.image_len});
     a.lora_shrunk = taker.take<bf16>(widest * s.lora_rank, "LoRA intermediate");
+    a.lora_input = taker.take<bf16>(groups * std::max(c.freq_dim, dim), "LoRA input (bf16)");
   }
   return a;
 }
@@ -467,8 +469,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const auto lora_pairs = [&](const std::string& name) -> const std::vector<WanLoraBank::Pair>* {
     return lora_bank == nullptr || lora_runs.empty() ? nullptr : lora_bank->pairs(name);
   };
-  // After a layer's GEMM: each run's rows get y += s B (A x) (one grouped shrink and one grouped
-  // expand for all runs), then the GELU-tanh the GEMM's epilogue left out (`gelu_after`).
+  // After a layer's GEMM: each run's rows get y += s B (A x) (a shrink and an in-place expand GEMM
+  // per run of entries), then the GELU-tanh the GEMM's epilogue left out (`gelu_after`).
   const auto add_lora = [&](const std::vector<WanLoraBank::Pair>& pairs, const void* x, DType input, int64_t m, int64_t k, int64_t n,
                             void* y, DType output, bool gelu_after) {
     const int64_t rows_per_entry = m / batch;
@@ -480,8 +482,8 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
                                           static_cast<const bf16*>(pair.down.data()), static_cast<const bf16*>(pair.up.data()),
                                           pair.rank, pair.scale});
     }
-    launch_lora_segments(lora_segments, x, input == DType::kBF16, k, y, output == DType::kBF16, n, a.lora_shrunk, shape.lora_rank,
-                         stream);
+    add_lora_segments(gemm_, lora_segments, LoraLayer{x, input, k, y, output, n},
+                      LoraScratch{a.lora_shrunk, shape.lora_rank, a.lora_input, a.gemm_scratch}, stream);
     if (gelu_after) launch_gelu_tanh_bf16(static_cast<bf16*>(y), m * n, stream);
   };
   // y (m, n) = x W^T + b through cuBLASLt, then the batch's adapters on this layer (before the

@@ -104,7 +104,7 @@ class WanCudaModel {
   // device's hidden states and the patch embeddings (this rank's rows).
   // lora_bank: null, or adapters on this device (shape.lora_rank at least its max_rank) that the
   // entries of `lora_runs` (checked by lora_runs()) use; every linear an adapter changes adds the
-  // runs' low-rank updates (wan_lora_kernels.h).
+  // runs' low-rank updates (wan_lora_gemm.h).
   void forward(const ExecContext& ctx, const StepInfo& step, const WanForwardShape& shape, const float* latents,
                const float* timestep, const float* text, const float* image, float* out,
                const std::vector<std::shared_ptr<SparseAttention>>& self_attention, WanForwardProfile* profile,

@@ -12,9 +12,11 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "cuda/linear_epilogue.h"
 #include "tessel/core/dynamic_library.h"
@@ -142,6 +144,18 @@ bool find_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t operation, cub
   const uint64_t workspace_bytes = CublasLtGemm::kWorkspaceBytes;
   cublasStatus_t status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                &workspace_bytes, sizeof(workspace_bytes));
+  // The algorithm must take pointers of the shape's alignment (the default assumes 256 bytes) and
+  // rows of the matrices' widths in bytes (a rank-5 bf16 row is 10 bytes; e4m3 rows 1 byte a value).
+  const auto lowest_bit = [](int64_t v) { return static_cast<uint32_t>(v & -v); };
+  const int64_t input_bytes = shape.fp8_row_scaled ? 1 : static_cast<int64_t>(dtype_size(shape.input));
+  const uint32_t input_alignment = std::min(shape.alignment, lowest_bit(shape.k * input_bytes));
+  const uint32_t output_alignment = std::min(shape.alignment, lowest_bit(shape.n * static_cast<int64_t>(dtype_size(shape.output))));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, input_alignment}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, input_alignment},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, output_alignment}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, output_alignment}};
+  for (const auto& [attribute, bytes] : alignments)
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes));
   // Split-k partial sums only in fp32 (the in-place and output-type schemes would add them in bf16).
   const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   if (status == CUBLAS_STATUS_SUCCESS)
@@ -239,17 +253,40 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const GemmShape& shape) const {
   return *plans_.emplace(shape, std::move(plan)).first->second;
 }
 
+uint32_t CublasLtGemm::alignment_of(std::initializer_list<const void*> pointers) {
+  uintptr_t bits = 256;
+  for (const void* pointer : pointers)
+    if (pointer != nullptr) bits |= reinterpret_cast<uintptr_t>(pointer);
+  return static_cast<uint32_t>(bits & (~bits + 1));  // the lowest set bit
+}
+
 void CublasLtGemm::linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
                           cudaStream_t stream) const {
+  enqueue(shape, x, w, bias, 1.0f, 0.0f, y, workspace, stream);
+}
+
+void CublasLtGemm::accumulate(const GemmShape& shape, const void* x, const void* w, float alpha, void* y, void* workspace,
+                              cudaStream_t stream) const {
+  if (shape.epilogue != GemmEpilogue::kNone)
+    throw Error(detail::concat("cuBLASLt accumulate (m ", shape.m, ", n ", shape.n, ", k ", shape.k,
+                               "): the epilogue must be none (it would act on what y held before)"));
+  enqueue(shape, x, w, nullptr, alpha, 1.0f, y, workspace, stream);
+}
+
+void CublasLtGemm::enqueue(const GemmShape& shape, const void* x, const void* w, const void* bias, float alpha, float beta, void* y,
+                           void* workspace, cudaStream_t stream) const {
   if (shape.fp8_row_scaled) fail_argument("CublasLtGemm::linear shape.fp8_row_scaled", "false (FP8 operands go through linear_fp8)", "true");
   if (shape.m == 0) return;
+  if (alignment_of({x, w, y, bias}) < shape.alignment)
+    throw Error(detail::concat("cuBLASLt linear (m ", shape.m, ", n ", shape.n, ", k ", shape.k, "): a pointer is aligned to fewer than the ",
+                               shape.alignment, " bytes its shape's alignment says"));
   const std::lock_guard lock(mutex_);
   const Plan& plan = plan_for(shape);
   // The bias pointer lives in the cached descriptor; cuBLASLt reads it when the matmul is enqueued.
   if (has_bias(shape.epilogue))
     check(cublaslt().cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
           "bias pointer", shape);
-  const float alpha = 1.0f, beta = 0.0f;
+  // C = D = y: with beta = 1 the matmul adds into y in place (same layout, as cuBLASLt requires).
   check(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan.operation, &alpha, w, plan.weight, x, plan.input, &beta, y,
                        plan.output, y, plan.output, &plan.algo, workspace, kWorkspaceBytes, stream),
         "matmul", shape);

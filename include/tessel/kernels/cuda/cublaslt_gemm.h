@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,7 +52,11 @@ struct GemmShape {
   GemmEpilogue epilogue = GemmEpilogue::kBias;
   // x and w are e4m3 with per-row fp32 scales (linear_fp8); `input` is then not read.
   bool fp8_row_scaled = false;
-  auto tie() const { return std::tie(m, n, k, input, output, epilogue, fp8_row_scaled); }
+  // The alignment in bytes (a power of two, at most 256) that every pointer of the call has: the
+  // algorithm is chosen for it and for the rows' widths in bytes. Whole buffers are 256-byte
+  // aligned; a slice of rows may be less.
+  uint32_t alignment = 256;
+  auto tie() const { return std::tie(m, n, k, input, output, epilogue, fp8_row_scaled, alignment); }
   bool operator<(const GemmShape& other) const { return tie() < other.tie(); }
 };
 
@@ -67,10 +72,18 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   // Enqueues y = x · w^T (+ bias) (then GELU-tanh) on `stream`, as shape.epilogue says.
-  // `workspace` holds kWorkspaceBytes. Throws Error when cuBLASLt has no algorithm for the shape
-  // or a call fails.
+  // `workspace` holds kWorkspaceBytes. Throws Error when cuBLASLt has no algorithm for the shape,
+  // a pointer is less aligned than shape.alignment, or a call fails.
   void linear(const GemmShape& shape, const void* x, const void* w, const void* bias, void* y, void* workspace,
               cudaStream_t stream) const;
+  // Enqueues y += alpha · x · w^T in place (beta = 1: cuBLASLt reads y in its type, adds in fp32 and
+  // rounds once to y's type), for adding a low-rank update into a linear's output. The shape's
+  // epilogue must be kNone (an epilogue after the sum would act on y's earlier part too).
+  void accumulate(const GemmShape& shape, const void* x, const void* w, float alpha, void* y, void* workspace,
+                  cudaStream_t stream) const;
+  // The largest power of two up to 256 that divides every one of `pointers`' addresses (null ones
+  // are ignored): the GemmShape::alignment of a call on them.
+  static uint32_t alignment_of(std::initializer_list<const void*> pointers);
   // Enqueues y[i, j] = x_scales[i] * w_scales[j] * (x · w^T)[i, j] (+ bias[j]) (then GELU-tanh): x
   // (m, k) and w (n, k) row-major e4m3 bytes, x_scales (m) and w_scales (n) fp32, all on the
   // device. shape.fp8_row_scaled must be set; the output (and bias) bf16 (as PyTorch's row-wise
@@ -90,6 +103,8 @@ class CublasLtGemm {
   struct MatmulChoice;
   const Plan& plan_for(const GemmShape& shape) const;
   bool configure(Plan& plan, const GemmShape& shape, const MatmulChoice& choice, bool strict) const;
+  void enqueue(const GemmShape& shape, const void* x, const void* w, const void* bias, float alpha, float beta, void* y,
+               void* workspace, cudaStream_t stream) const;
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   Fp8ScaleRoute fp8_route_;
