@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tessel/core/parallel.h"
+
 namespace tessel {
 
 float e4m3_to_float(uint8_t byte) {
@@ -34,14 +36,14 @@ uint8_t float_to_e4m3(float value) {
 }
 
 void quantize_rows_e4m3(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales) {
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(rows, [&](int64_t r) {
     const float* row = x + r * cols;
     float absmax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) absmax = std::max(absmax, std::fabs(row[c]));
     const float factor = absmax > 0.0f ? kE4M3Max / absmax : 1.0f;
     scales[r] = absmax > 0.0f ? absmax / kE4M3Max : 1.0f;
     for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = float_to_e4m3(row[c] * factor);
-  }
+  });
 }
 
 }  // namespace tessel

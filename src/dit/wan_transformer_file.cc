@@ -8,6 +8,7 @@
 #include "tessel/core/finite_check.h"
 #include "tessel/core/float8.h"
 #include "tessel/core/io/safetensors.h"
+#include "tessel/core/parallel.h"
 #include "tessel/dit/wan_lora.h"
 #include "tessel/dit/wan_weights.h"
 
@@ -231,8 +232,11 @@ Tensor WanTransformerFile::dequantised(const std::string& tensor) const {
   const uint8_t* bytes = s.values.data_as<const uint8_t>();
   const float* scales = s.row_scales.data_as<const float>();
   float* values = out.data_as<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) values[r * cols + c] = e4m3_to_float(bytes[r * cols + c]) * scales[r];
+  float decoded[256];
+  for (int b = 0; b < 256; ++b) decoded[b] = e4m3_to_float(static_cast<uint8_t>(b));
+  parallel_for(rows, [&](int64_t r) {
+    for (int64_t c = 0; c < cols; ++c) values[r * cols + c] = decoded[bytes[r * cols + c]] * scales[r];
+  });
   return out;
 }
 
