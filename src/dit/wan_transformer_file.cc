@@ -108,7 +108,8 @@ WanTransformerFile WanTransformerFile::open(const std::string& path, const WanCo
     if (!matched && ends_with(name, kComfyInputScale)) {
       const std::string tensor = resolve(name.substr(0, name.size() - std::char_traits<char>::length(kComfyInputScale)), ".weight");
       if (tensor.empty()) fail_argument(key_text(path, key), "the input scale of a linear layer this model has", "none of that name");
-      if (scale_values(file, key).size() != 1) fail_argument(key_text(path, key), "one value", shape_str(stored.shape));
+      if (shape_numel(stored.shape) != 1) fail_argument(key_text(path, key) + " shape", "one value", shape_str(stored.shape));
+      (void)scale_values(file, key);  // its dtype and value checked
       continue;  // activations are quantised per token on the fly instead
     }
     if (matched) continue;
@@ -181,9 +182,6 @@ WanTransformerFile WanTransformerFile::open(const std::string& path, const WanCo
     for (int64_t r = 0; r < rows; ++r) entry.row_scales.data_as<float>()[r] = values[count == 1 ? 0 : static_cast<size_t>(r)];
     ++float8_count;
   }
-  for (const auto* scales : {&comfy_scales, &lightx2v_scales})
-    for (const auto& [tensor, key] : *scales)
-      if (!out.entries_.count(tensor)) fail_argument(key_text(path, key), "the scale of a weight the file holds", "a scale alone");
   out.format_ = float8_count == 0 ? "no e4m3 tensors"
                                   : detail::concat(float8_count, " e4m3 weights, ", !comfy_scales.empty() ? "ComfyUI scale_weight" : "",
                                                    !comfy_scales.empty() && !lightx2v_scales.empty() ? " and " : "",

@@ -8,7 +8,7 @@
 //  - the CPU model loaded from the file (dequantised) equals the model built from the dequantised
 //    values bit for bit, with or without a "model.diffusion_model." prefix, and differs from the
 //    unquantised model by FP8's error only;
-//  - hostile files: every refusal names the file and the key.
+//  - hostile files (22): every refusal names the file and the key.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -282,6 +282,8 @@ TEST(WanTransformerFile, HostileFilesAreRefusedNamingTheFileAndTheKey) {
        "blocks.0.self_attn.zz.weight_scale", "the scale of a weight this model has"},
       {"bad input scale", &comfy, [&](FileTensors& f) { f.put(q + ".scale_input", filled({}, DType::kF32, -1)); }, q + ".scale_input",
        "a finite scale > 0"},
+      {"input scale per channel", &comfy, [&](FileTensors& f) { f.put(q + ".scale_input", filled({dim}, DType::kF32, 0.02)); },
+       q + ".scale_input", "shape: expected one value"},
       {"float32 marker", &comfy, [](FileTensors& f) { f.put("scaled_fp8", filled({0}, DType::kF32, 0)); }, "scaled_fp8", "marker"},
       {"the same tensor twice", &lightx2v,
        [&](FileTensors& f) { f.put("model.diffusion_model." + q + ".bias", filled({dim}, DType::kF32, 0)); },
