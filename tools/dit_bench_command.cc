@@ -71,6 +71,7 @@ struct DitBenchOptions {
   std::string save_output;    // safetensors to write the last timed step's output to
   std::string offload = "none";
   std::string weights = "bf16";
+  std::string transformer_file;
   double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
   // Per-request LoRA: random adapters of this rank on every linear layer (0: none), the batch's
   // entries split into lora_adapters contiguous groups, group i using adapter i.
@@ -268,6 +269,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                   "dense attention already");
   if (o.layers > 0 && !o.from_dir.empty())
     fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
+  if (!o.transformer_file.empty() && o.from_dir.empty())
+    fail_argument("--transformer-file", "given with --from-dir (the directory's config.json describes the model)",
+                  quoted_excerpt(o.transformer_file));
   WanConfig config = o.from_dir.empty() ? bench_preset(o.model) : load_wan_config(o.from_dir);
   if (o.layers > 0) config.num_layers = o.layers;
   BenchInputs in = bench_inputs(o, config);
@@ -321,7 +325,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   const auto load_start = std::chrono::steady_clock::now();
   const WanTransformer model = o.from_dir.empty()
                                    ? WanTransformer::random(config, static_cast<uint64_t>(o.seed), attention, device, residency, precision)
-                                   : WanTransformer::load(o.from_dir, attention, device, nullptr, residency, precision);
+                                   : WanTransformer::load(o.from_dir, attention, device, nullptr, residency, precision, o.transformer_file);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   // Per-request LoRA: the adapters resident beside the model, one per group of entries.
   std::optional<WanLoraBank> lora_bank;
@@ -597,6 +601,7 @@ CommandRegistration registration{
                      "with --lora-rank: this many adapters, the batch's entries split into as many contiguous groups, one adapter each")
           ->capture_default_str()
           ->check(integer_in(1, 64));
+      add_transformer_file_flags(app, options->transformer_file, nullptr);
       app.add_option("--device-memory-limit", options->device_memory_limit_gib,
                      "GiB: hold the rest of the GPU's memory for the run, as on a card of this size (with --device cuda)")
           ->check(number_in(0.25, 1e6));

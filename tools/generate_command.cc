@@ -71,6 +71,8 @@ struct GenerateOptions {
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
   std::string weights = "bf16";
+  std::string transformer_file;
+  std::string transformer_2_file;
   std::string out;
   BudgetFlags budget;
 };
@@ -287,6 +289,8 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   load.device = device;
   load.residency = offload_residency(o.offload, device);
   load.precision = weights_precision(o.weights, device);
+  load.transformer_file = o.transformer_file;
+  load.transformer_2_file = o.transformer_2_file;
   if (sparse_attn_requested(flags, env)) load.sparse.config = sparse_attn_config_from(flags, env);
   if (o.sparse_config_2) {
     try {
@@ -441,6 +445,7 @@ CommandRegistration registration{
       add_lora_flags(app, *lora);
       add_offload_flag(app, options->offload);
       add_weights_flag(app, options->weights);
+      add_transformer_file_flags(app, options->transformer_file, &options->transformer_2_file);
       auto parallel = std::make_shared<ParallelFlags>();
       add_parallel_flags(app, *parallel);
       add_budget_flags(app, options->budget);

@@ -70,6 +70,8 @@ struct ServeOptions {
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
   std::string weights = "bf16";
+  std::string transformer_file;
+  std::string transformer_2_file;
   int64_t request_timeout_s = 0;
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
@@ -188,6 +190,11 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   runner.device = device.str();
   runner.offload_blocks = offload_residency(o.offload, device) == WanWeightResidency::kOffloadBlocks;
   runner.fp8_weights = weights_precision(o.weights, device) == WanWeightPrecision::kFp8;
+  if (!model.two_experts && !o.transformer_2_file.empty())
+    fail_argument("--transformer-2-file", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(o.transformer_2_file));
+  // Absolute: the workers may start in another directory.
+  if (!o.transformer_file.empty()) runner.transformer_file = fs::absolute(o.transformer_file).string();
+  if (!o.transformer_2_file.empty()) runner.transformer_2_file = fs::absolute(o.transformer_2_file).string();
   runner.sparse_attn_config_json = sparse_config_json(o, flags, width, height);
   if (o.sparse_config_2) {
     const SparseAttnEnv& env = process_sparse_attn_env();
@@ -382,6 +389,7 @@ CommandRegistration registration{
       add_lora_adapter_flag(app, *lora);
       add_offload_flag(app, o->offload);
       add_weights_flag(app, o->weights);
+      add_transformer_file_flags(app, o->transformer_file, &o->transformer_2_file);
       return CommandRunner([o, flags, lora] { return run_serve(*o, *flags, *lora); });
     }};
 

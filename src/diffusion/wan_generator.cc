@@ -196,13 +196,13 @@ struct WanGenerator::Impl {
     Experts experts;
     experts.high = std::make_unique<WanTransformer>(
         WanTransformer::load(model.component("transformer"), attention_for(setting->config, model.transformer), options.device,
-                             &lora, options.residency, options.precision));
+                             &lora, options.residency, options.precision, options.transformer_file));
     const WanVae* decoder = vae && options.load_vae ? &*vae : nullptr;
     if (model.two_experts) {
       const std::optional<SparseAttnConfig>& low = setting->config_2 ? setting->config_2 : setting->config;
       experts.low = std::make_unique<WanTransformer>(
           WanTransformer::load(model.component("transformer_2"), attention_for(low, *model.transformer_2), options.device,
-                               &lora_2, options.residency, options.precision));
+                               &lora_2, options.residency, options.precision, options.transformer_2_file));
       // No scheduler of the pipeline's own: every generation brings its own (begin).
       experts.pipeline = std::make_unique<WanPipeline>(
           *experts.high, WanLowNoiseExpert{experts.low.get(), model.boundary_ratio, scheduler.num_train_timesteps}, decoder);
@@ -310,6 +310,9 @@ WanGenerator WanGenerator::load(const ExecContext& ctx, WanModelDir model, const
     if (options.sparse.config_2)
       fail_argument("sparse config for transformer_2", "none: the model has one expert (no transformer_2)", "a config");
   }
+  if (!impl->model.two_experts && !options.transformer_2_file.empty())
+    fail_argument("transformer_2_file (--transformer-2-file)", "none: the model has one expert (no transformer_2)",
+                  quoted_excerpt(options.transformer_2_file, 200));
   if (!impl->model.two_experts && !options.loras_2.empty())
     fail_argument("loras_2 (--lora-2)", "none: the model has one expert (no transformer_2)", options.loras_2[0].path);
   // Read and checked against the transformers' configs before any weight loads.

@@ -138,6 +138,15 @@ Checkpoint Checkpoint::open(const std::string& directory) {
   return checkpoint;
 }
 
+Checkpoint Checkpoint::open_file(const std::string& path) {
+  require_regular_file(path, "checkpoint file");
+  Checkpoint checkpoint;
+  checkpoint.directory_ = path;
+  auto shard = std::make_shared<const MappedShard>(path);
+  for (const SafetensorsEntry& entry : shard->file.entries()) checkpoint.tensors_[entry.name] = Location{shard, &entry};
+  return checkpoint;
+}
+
 std::vector<std::string> Checkpoint::tensor_names() const {
   std::vector<std::string> names;
   names.reserve(tensors_.size());
@@ -172,6 +181,10 @@ void check_checkpoint(const Checkpoint& checkpoint, const std::vector<WeightSpec
     if (entry->shape != spec.shape)
       throw Error(detail::concat(where, ": tensor ", quoted_excerpt(spec.name, 120), " has shape ", shape_str(entry->shape),
                                  ", the model expects ", shape_str(spec.shape)));
+    if (entry->float8_e4m3)
+      throw Error(detail::concat(where, ": tensor ", quoted_excerpt(spec.name, 120),
+                                 " is stored as float8 e4m3 (an FP8 checkpoint: give it as a transformer file, "
+                                 "WanTransformer::load's weights_file), expected fp32, fp16 or bf16"));
     if (entry->dtype != DType::kF32 && entry->dtype != DType::kF16 && entry->dtype != DType::kBF16)
       throw Error(detail::concat(where, ": tensor ", quoted_excerpt(spec.name, 120), " is stored as ", dtype_name(entry->dtype),
                                  ", expected fp32, fp16 or bf16"));

@@ -51,6 +51,9 @@ std::string original_module(const std::string& name) {
       {"condition_embedder.text_embedder.linear_2", "text_embedding.2"},
       {"condition_embedder.image_embedder.ff.net.0.proj", "img_emb.proj.1"},
       {"condition_embedder.image_embedder.ff.net.2", "img_emb.proj.3"},
+      {"condition_embedder.image_embedder.norm1", "img_emb.proj.0"},
+      {"condition_embedder.image_embedder.norm2", "img_emb.proj.4"},
+      {"condition_embedder.image_embedder.pos_embed", "img_emb.emb_pos"},  // FLF2V's position table
       {"proj_out", "head.head"},
       {"scale_shift_table", "head.modulation"},
       {"patch_embedding", "patch_embedding"}};
@@ -209,6 +212,24 @@ std::vector<std::pair<std::string, std::string>> wan_lora_module_aliases(const W
   return aliases;
 }
 
+std::map<std::string, std::string> wan_module_spellings(const WanConfig& config) {
+  std::map<std::string, std::string> by_name;
+  for (const auto& [diffusers, original] : wan_lora_module_aliases(config)) {
+    by_name[diffusers] = diffusers;
+    by_name[original] = diffusers;
+  }
+  return by_name;
+}
+
+std::string strip_wan_key_prefixes(std::string name) {
+  for (bool stripped = true; stripped;) {
+    stripped = false;
+    for (const char* prefix : {"base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer."})
+      if (starts_with(name, prefix)) name = name.substr(std::char_traits<char>::length(prefix)), stripped = true;
+  }
+  return name;
+}
+
 // One delta of one tensor.
 struct LoraDelta {
   bool low_rank = false;
@@ -237,13 +258,9 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
   std::map<std::string, Shape> shapes;
   for (const WeightSpec& spec : wan_weight_specs(config)) shapes.emplace(spec.name, spec.shape);
   // Every spelling of every module -> its diffusers name; kohya's names are the underscored ones.
-  std::map<std::string, std::string> by_name, by_underscored;
-  for (const auto& [diffusers, original] : wan_lora_module_aliases(config)) {
-    by_name[diffusers] = diffusers;
-    by_name[original] = diffusers;
-    by_underscored[underscored(diffusers)] = diffusers;
-    by_underscored[underscored(original)] = diffusers;
-  }
+  const std::map<std::string, std::string> by_name = wan_module_spellings(config);
+  std::map<std::string, std::string> by_underscored;
+  for (const auto& [spelling, diffusers] : by_name) by_underscored[underscored(spelling)] = diffusers;
 
   WanLora lora;
   for (const LoraFile& source : files) {
@@ -273,11 +290,7 @@ WanLora WanLora::load(const std::vector<LoraFile>& files, const WanConfig& confi
         const auto found = by_underscored.find(name.substr(10));
         if (found != by_underscored.end()) module = found->second, format.kohya = true;
       } else {
-        for (bool stripped = true; stripped;) {
-          stripped = false;
-          for (const char* prefix : {"base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer."})
-            if (starts_with(name, prefix)) name = name.substr(std::char_traits<char>::length(prefix)), stripped = true;
-        }
+        name = strip_wan_key_prefixes(name);
         if (const auto found = by_name.find(name); found != by_name.end()) {
           module = found->second;
           (name == found->second ? format.diffusers_names : format.original_names) = true;

@@ -2,6 +2,7 @@
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_lora.h"
 #include "tessel/dit/wan_lora_bank.h"
+#include "tessel/dit/wan_transformer_file.h"
 
 #include <algorithm>
 #include <chrono>
@@ -219,7 +220,8 @@ WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Ten
   if (device.is_cuda()) {
 #ifdef TESSEL_WITH_CUDA
     impl_->cuda = std::make_shared<const dit::cuda::WanCudaModel>(
-        config, device, WanWeightResidency::kDevice, WanWeightPrecision::kBf16, [&](const WeightSpec& spec) { return weights.at(spec.name).view(); });
+        config, device, WanWeightResidency::kDevice, WanWeightPrecision::kBf16,
+        [&](const WeightSpec& spec) { return dit::cuda::StoredWeight{weights.at(spec.name).view(), {}}; });
 #else
     fail_without_cuda(device);
 #endif
@@ -338,33 +340,57 @@ void check_residency(WanWeightResidency residency, WanWeightPrecision precision,
 }  // namespace
 
 WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const WanAttentionOptions& attention, Device device,
-                                   const WanLora* lora, WanWeightResidency residency, WanWeightPrecision precision) {
+                                   const WanLora* lora, WanWeightResidency residency, WanWeightPrecision precision,
+                                   const std::string& weights_file) {
   check_residency(residency, precision, device);
   const WanConfig config = load_wan_config(checkpoint_dir);
-  const Checkpoint checkpoint = Checkpoint::open(checkpoint_dir);
   if (lora != nullptr && lora->empty()) lora = nullptr;
+  // The weights: the directory's diffusers checkpoint, or one file in the original Wan names
+  // (FP8 or not); either is checked whole against the config before anything is converted.
+  std::optional<Checkpoint> checkpoint;
+  std::optional<WanTransformerFile> file;
+  if (weights_file.empty())
+    checkpoint = Checkpoint::open(checkpoint_dir);
+  else
+    file = WanTransformerFile::open(weights_file, config);
   if (!device.is_cuda()) {
-    std::map<std::string, Tensor> weights = load_weights(checkpoint, wan_weight_specs(config), DType::kF32);
+    std::map<std::string, Tensor> weights;
+    if (checkpoint) {
+      weights = load_weights(*checkpoint, wan_weight_specs(config), DType::kF32);
+    } else {
+      for (const WeightSpec& spec : wan_weight_specs(config)) weights.emplace(spec.name, file->dequantised(spec.name));
+    }
     if (lora != nullptr)
       for (auto& [name, tensor] : weights)
         if (lora->changes(name)) tensor = lora->merged(name, tensor.view());
     return WanTransformer(config, weights, attention);
   }
 #ifdef TESSEL_WITH_CUDA
-  check_checkpoint(checkpoint, wan_weight_specs(config));
-  Tensor merged;
+  if (checkpoint) check_checkpoint(*checkpoint, wan_weight_specs(config));
+  Tensor held;  // a converted tensor, used before the next call
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->device = device;
-  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency, precision,
-                                                         [&](const WeightSpec& spec) {
-                                                           const TensorView stored = checkpoint.view(spec.name);
-                                                           check_finite(stored, checkpoint_dir + ": tensor \"" + spec.name + "\"",
-                                                                        "the checkpoint is damaged or was saved with overflowed values");
-                                                           if (lora == nullptr || !lora->changes(spec.name)) return stored;
-                                                           merged = lora->merged(spec.name, stored);  // used before the next call
-                                                           return merged.view();
-                                                         });
+  impl->cuda = std::make_shared<const dit::cuda::WanCudaModel>(config, device, residency, precision, [&](const WeightSpec& spec) {
+    const bool changed = lora != nullptr && lora->changes(spec.name);
+    if (file) {
+      // e4m3 bytes go to the device as they are where the model keeps that tensor in e4m3 and no
+      // LoRA changes it; elsewhere they are dequantised (fp32) and take the tensor's device type.
+      if (file->float8(spec.name) && precision == WanWeightPrecision::kFp8 && wan_fp8_weight(spec.name) && !changed) {
+        const WanStoredTensor stored = file->stored(spec.name);
+        return dit::cuda::StoredWeight{stored.values, stored.row_scales};
+      }
+      if (!file->float8(spec.name) && !changed) return dit::cuda::StoredWeight{file->stored(spec.name).values, {}};
+      held = file->dequantised(spec.name);
+      if (changed) held = lora->merged(spec.name, held.view());
+      return dit::cuda::StoredWeight{held.view(), {}};
+    }
+    const TensorView stored = checkpoint->view(spec.name);
+    check_finite(stored, checkpoint_dir + ": tensor \"" + spec.name + "\"", "the checkpoint is damaged or was saved with overflowed values");
+    if (!changed) return dit::cuda::StoredWeight{stored, {}};
+    held = lora->merged(spec.name, stored);
+    return dit::cuda::StoredWeight{held.view(), {}};
+  });
   return WanTransformer(std::move(impl), attention);
 #else
   fail_without_cuda(device);

@@ -135,6 +135,8 @@ class WanRunner final : public PipelineRunner {
     load.lora_adapters = config_.lora_adapters;
     load.residency = config_.offload_blocks ? WanWeightResidency::kOffloadBlocks : WanWeightResidency::kDevice;
     load.precision = config_.fp8_weights ? WanWeightPrecision::kFp8 : WanWeightPrecision::kBf16;
+    load.transformer_file = config_.transformer_file;
+    load.transformer_2_file = config_.transformer_2_file;
     load.load_text_encoder = config_.embeddings_file.empty();
     load.load_vae = setup.rank == 0;  // only rank 0 decodes: the others' latents are the same and nobody reads them
     generator_.emplace(WanGenerator::load(ExecContext{}, setup.model_dir, load));
@@ -356,7 +358,8 @@ void set_image_limits(WanRequestLimits& limits, const WanModelDir& model) {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
                                                 sparse_attn_config_2_json, sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
                                                 cache_config, flow_shift, ulysses, ring, cfg_parallel, loras, loras_2,
-                                                lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights)
+                                                lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights, transformer_file,
+                                                transformer_2_file)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }
 

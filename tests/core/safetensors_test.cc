@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/core/random.h"
@@ -54,6 +56,45 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   }
   EXPECT_EQ(f.find("zzz"), nullptr);
   EXPECT_THROW(f.load("zzz"), Error);
+}
+
+// F8_E4M3 (FP8 checkpoints) reads as kU8 bytes marked float8_e4m3, and writes back as F8_E4M3; U8
+// stays plain bytes. The streamed writer gives the same bytes as the in-memory one.
+TEST(Safetensors, Float8E4M3TensorsRoundTripAsMarkedBytes) {
+  Tensor w = Tensor::empty({3, 4}, DType::kU8), u = Tensor::empty({2}, DType::kU8), s = Tensor::empty({3, 1}, DType::kF32);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data_as<uint8_t>()[i] = static_cast<uint8_t>(0x30 + i);
+  u.data_as<uint8_t>()[0] = 7, u.data_as<uint8_t>()[1] = 9;
+  fill_normal(s.view(), 4);
+  const std::vector<std::pair<std::string, TensorView>> tensors = {{"w", w.view()}, {"u", u.view()}, {"s", s.view()}};
+  const std::string path = temp_path("float8.safetensors");
+  write_safetensors(path, tensors, {}, {"w"});
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  ASSERT_NE(f.find("w"), nullptr);
+  EXPECT_TRUE(f.find("w")->float8_e4m3);
+  EXPECT_EQ(f.find("w")->dtype, DType::kU8);
+  EXPECT_FALSE(f.find("u")->float8_e4m3);
+  EXPECT_EQ(std::memcmp(f.load("w").data(), w.data(), w.nbytes()), 0);
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(bytes.find("\"F8_E4M3\""), std::string::npos);
+  EXPECT_EQ(bytes, safetensors_bytes(tensors, {}, {"w"}));
+
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, view] : tensors) entries.push_back({name, view.dtype(), view.shape(), 0, 0, name == "w"});
+  const std::string streamed = temp_path("float8_streamed.safetensors");
+  write_safetensors_streamed(streamed, entries, {}, [&](size_t i) { return tensors[i].second; });
+  std::ifstream in2(streamed, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in2)), std::istreambuf_iterator<char>()), bytes);
+  // A producer that gives another shape is refused, naming the tensor.
+  EXPECT_THROW(write_safetensors_streamed(streamed, entries, {}, [&](size_t i) { return tensors[(i + 1) % 3].second; }), Error);
+  // Only kU8 tensors are written as F8_E4M3, and only names being written.
+  EXPECT_THROW(write_safetensors(path, tensors, {}, {"s"}), Error);
+  EXPECT_THROW(write_safetensors(path, tensors, {}, {"absent"}), Error);
+  // F8_E4M3 keeps every span check: one byte per element.
+  expect_open_error(raw_file("float8_span.safetensors", R"({"x":{"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,8]}})", 8),
+                    "4 bytes (shape (2, 2) x uint8)");
+  expect_open_error(raw_file("float8_e5m2.safetensors", R"({"x":{"dtype":"F8_E5M2","shape":[2],"data_offsets":[0,2]}})", 2),
+                    "F8_E4M3, got 'F8_E5M2'");
 }
 
 TEST(Safetensors, MalformedFilesGiveClearErrors) {

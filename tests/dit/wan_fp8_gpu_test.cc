@@ -14,6 +14,12 @@
 // model run twice is bit-equal). Against diffusers' float64 output the fp8 model is allowed
 // 0.1 as well, printed beside the bf16 model's error.
 //
+// FP8 checkpoints (tessel/dit/wan_transformer_file.h): a LightX2V file written from a model
+// directory (init-model --weights fp8) and loaded with kFp8 gives the in-memory fp8 model of the
+// directory bit for bit (same e4m3 bytes and scales, so the same output: compared through the
+// forward, which is deterministic), in memory and offloaded; each format's file loaded with kFp8
+// (bytes as stored) stays within the FP8 bound of the bf16 model of its dequantised values.
+//
 // Also: the fp8 model is deterministic (bit-equal over two forwards); with offloaded blocks it is
 // bit-equal to the in-memory fp8 model (random and loaded weights), its device bytes shrink by
 // the block linear weights' half (less the scales); the LayerNorm kernel's fused quantisation
@@ -32,7 +38,9 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/io/safetensors.h"
 #include "tessel/core/random.h"
+#include "tessel/diffusion/tiny_model.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/dit/wan_transformer_file.h"
 #include "tessel/dit/wan_weights.h"
 
 #ifdef TESSEL_WITH_CUDA
@@ -177,6 +185,66 @@ TEST(WanFp8, LoadedFixtureCheckpointInFp8) {
   EXPECT_LE(fp8_vs_bf16, kMaxFp8RelativeL2);
   EXPECT_GE(fp8_vs_bf16, kMinFp8RelativeL2);
   EXPECT_TRUE(bit_equal(out_fp8, cuda_forward(fp8_offloaded, latents, timestep, text)));
+}
+
+// A tiny CUDA-sized model directory and its FP8 files, as `init-model --weights fp8` writes them.
+struct Fp8Files {
+  ScratchDir scratch;
+  std::string transformer, lightx2v, comfy;
+  Fp8Files() {
+    write_tiny_wan_model(scratch.path().string(), 17, TinyWanLayout::kOneExpert, tiny_cuda_wan_transformer_config());
+    transformer = (scratch.path() / "transformer").string();
+    const WanConfig config = tiny_cuda_wan_transformer_config();
+    lightx2v = (scratch.path() / "transformer_fp8_lightx2v.safetensors").string();
+    comfy = (scratch.path() / "transformer_fp8_comfyui.safetensors").string();
+    write_wan_fp8_transformer_file(Checkpoint::open(transformer), config, lightx2v, WanFp8FileFormat::kLightX2V);
+    write_wan_fp8_transformer_file(Checkpoint::open(transformer), config, comfy, WanFp8FileFormat::kComfyUi);
+  }
+};
+
+Case fp8_file_case() { return Case{"tiny_cuda", tiny_cuda_wan_transformer_config(), 2, 3, 10, 6, 7, wan_test::Timesteps::kPerEntry}; }
+
+TEST(WanFp8, Lightx2vFileReloadsTheInMemoryFp8ModelBitForBit) {
+  SKIP_WITHOUT_FP8_GPU();
+  const Fp8Files files;
+  const Device gpu = Device::cuda();
+  const WanTransformer in_memory =
+      WanTransformer::load(files.transformer, {}, gpu, nullptr, WanWeightResidency::kDevice, WanWeightPrecision::kFp8);
+  const WanTransformer from_file =
+      WanTransformer::load(files.transformer, {}, gpu, nullptr, WanWeightResidency::kDevice, WanWeightPrecision::kFp8, files.lightx2v);
+  const WanTransformer from_file_offloaded = WanTransformer::load(files.transformer, {}, gpu, nullptr, WanWeightResidency::kOffloadBlocks,
+                                                                  WanWeightPrecision::kFp8, files.lightx2v);
+  EXPECT_EQ(in_memory.weight_bytes(), from_file.weight_bytes());
+  for (uint64_t seed : {51u, 53u}) {
+    const Inputs in(fp8_file_case(), seed);
+    const Tensor expected = cuda_forward(in_memory, in), got = cuda_forward(from_file, in);
+    std::printf("[seed %llu] LightX2V file vs the in-memory fp8 model: bit-equal %s, offloaded bit-equal %s\n",
+                static_cast<unsigned long long>(seed), bit_equal(got, expected) ? "yes" : "NO",
+                bit_equal(cuda_forward(from_file_offloaded, in), expected) ? "yes" : "NO");
+    EXPECT_TRUE(bit_equal(got, expected));
+    EXPECT_TRUE(bit_equal(cuda_forward(from_file_offloaded, in), expected));
+  }
+}
+
+TEST(WanFp8, Fp8FilesRunNearTheBf16ModelOfTheirDequantisedValues) {
+  SKIP_WITHOUT_FP8_GPU();
+  const Fp8Files files;
+  const Device gpu = Device::cuda();
+  const Inputs in(fp8_file_case(), 57);
+  for (const std::string* file : {&files.lightx2v, &files.comfy}) {
+    SCOPED_TRACE(*file);
+    // kBf16 dequantises the e4m3 weights (fp32 multiply, then bf16); kFp8 runs the bytes as stored.
+    const WanTransformer bf16 =
+        WanTransformer::load(files.transformer, {}, gpu, nullptr, WanWeightResidency::kDevice, WanWeightPrecision::kBf16, *file);
+    const WanTransformer fp8 =
+        WanTransformer::load(files.transformer, {}, gpu, nullptr, WanWeightResidency::kDevice, WanWeightPrecision::kFp8, *file);
+    const Tensor reference = cuda_forward(bf16, in), out = cuda_forward(fp8, in);
+    const double error = rel_l2(out, reference);
+    std::printf("[%s] fp8 forward of the file vs the bf16 model of its dequantised weights: rel-L2 %.3e (bound %.2f)\n",
+                file->c_str(), error, kMaxFp8RelativeL2);
+    EXPECT_LE(error, kMaxFp8RelativeL2);
+    EXPECT_TRUE(bit_equal(out, cuda_forward(fp8, in)));
+  }
 }
 
 #ifdef TESSEL_WITH_CUDA

@@ -2,7 +2,8 @@
 // reaches diffusers' latents (--guidance-2 as guidance_scale_2); `init-model --preset tiny-a14b`
 // writes a directory it runs, each expert with its own sparse config and cache; a bad layout
 // (transformer_2 without boundary_ratio, a ratio outside (0, 1), an expand_timesteps that is no boolean) and the
-// second expert's flags on a one-expert model are errors.
+// second expert's flags on a one-expert model are errors. `init-model --weights fp8` writes FP8
+// files of both experts that --transformer-file / --transformer-2-file run (dequantised on the CPU).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -93,6 +94,34 @@ TEST(GenerateTwoExpertsCli, TinyA14bRunsEachExpertWithItsOwnSparseConfigAndCache
   EXPECT_NE(bad_json.out.find("--sparse-attn-config-2"), std::string::npos) << bad_json.out;
 }
 
+TEST(GenerateTwoExpertsCli, Fp8FilesOfInitModelReplaceBothExpertsWeights) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("tiny_a14b_fp8_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const TesselRun refused = run_tessel_binary("init-model --preset tiny --out '" + dir.string() + "' --fp8-format comfyui", dir.string() + ".log");
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.out.find("--fp8-format: expected given with --weights fp8"), std::string::npos) << refused.out;
+  const TesselRun init = run_tessel_binary("init-model --preset tiny-a14b --out '" + dir.string() + "' --weights fp8 --fp8-format lightx2v",
+                                           dir.string() + ".log");
+  ASSERT_EQ(init.status, 0) << init.out;
+  const fs::path file = dir / "transformer_fp8_lightx2v.safetensors", file_2 = dir / "transformer_2_fp8_lightx2v.safetensors";
+  ASSERT_TRUE(fs::is_regular_file(file) && fs::is_regular_file(file_2)) << init.out;
+  const std::string common = "--model '" + dir.string() + "' --prompt 'a cat' --size 32x32 --frames 5 --steps 2 --threads 1";
+  const auto run_to = [&](const std::string& name, const std::string& flags) {
+    const fs::path out = dir / (name + ".safetensors");
+    const TesselRun run = generate(common + " " + flags + " --out '" + out.string() + "'");
+    EXPECT_EQ(run.status, 0) << flags << "\n" << run.out;
+    return run.status == 0 ? latents_of(out) : Tensor{};
+  };
+  const Tensor plain = run_to("plain", "");
+  const Tensor fp8 = run_to("fp8", "--transformer-file '" + file.string() + "' --transformer-2-file '" + file_2.string() + "'");
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const double error = rel_l2(fp8.data_as<float>(), plain.data_as<float>(), plain.numel());
+  EXPECT_GT(error, 0.0);  // the FP8 weights were read
+  EXPECT_LT(error, 0.1);  // and are the model's, quantised
+  // The file of the other expert is a model of the same config: it loads, with other weights.
+  EXPECT_FALSE(same_bits(run_to("swapped", "--transformer-file '" + file_2.string() + "'"), plain));
+}
+
 TEST(GenerateTwoExpertsCli, BadLayoutsAndSecondExpertFlagsAreErrors) {
   const std::string common = " --embeddings '" + kPipelineFixture + "' --size 48x80 --frames 9 --out '" +
                              (fs::path(::testing::TempDir()) / "x.safetensors").string() + "'";
@@ -108,6 +137,7 @@ TEST(GenerateTwoExpertsCli, BadLayoutsAndSecondExpertFlagsAreErrors) {
       {model(make_model_dir("wan22_ti2v", "WanPipeline", R"("transformer_2": null, "expand_timesteps": "yes")")), "expand_timesteps"},
       {model(one_expert) + " --guidance-2 3", "--guidance-2"},
       {model(one_expert) + " --sparse-attn-config-2 '{}'", "--sparse-attn-config-2"},
+      {model(one_expert) + " --transformer-2-file '" + kPipelineFixture + "'", "--transformer-2-file"},
   };
   for (const auto& [args, fragment] : cases) {
     const TesselRun run = generate(args + common);

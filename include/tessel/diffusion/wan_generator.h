@@ -105,6 +105,11 @@ struct WanLoadOptions {
   // The transformers' block linear weights in bf16 or quantised to FP8 with FP8 GEMMs
   // (WanWeightPrecision; CUDA only).
   WanWeightPrecision precision = WanWeightPrecision::kBf16;
+  // A single-file checkpoint replacing a transformer's weights (its config.json still gives the
+  // model): the original Wan names, bf16 / fp32 or FP8 as ComfyUI and LightX2V publish them
+  // (WanTransformer::load's weights_file; tessel/dit/wan_transformer_file.h). Empty: the
+  // directory's. transformer_2_file is the low-noise expert's (a model with transformer_2).
+  std::string transformer_file, transformer_2_file;
   bool load_text_encoder = true;  // false: requests bring embeddings
   bool load_vae = true;           // false: results are latents only (image to video still encodes with it)
 };

@@ -34,6 +34,8 @@ class Checkpoint {
  public:
   // Opens the index (or the single file) of `directory` and maps every shard it names.
   static Checkpoint open(const std::string& directory);
+  // Maps one safetensors file (a single-file checkpoint); directory() is then the file's path.
+  static Checkpoint open_file(const std::string& path);
 
   const std::string& directory() const { return directory_; }
   // Every tensor of the checkpoint, by name.

@@ -47,6 +47,12 @@ LoraFile parse_lora_file(std::string_view text, const std::string& what);
 // ("blocks.0.attn1.to_q", "blocks.0.self_attn.q"), ("blocks.0.scale_shift_table",
 // "blocks.0.modulation"): what the key mapping resolves against (also the table its test walks).
 std::vector<std::pair<std::string, std::string>> wan_lora_module_aliases(const WanConfig& config);
+// Every spelling of those modules (both namings) -> the diffusers module name: what the keys of
+// LoRA files and of single-file checkpoints (wan_transformer_file.h) resolve against.
+std::map<std::string, std::string> wan_module_spellings(const WanConfig& config);
+// `key` without the prefixes files put before the module names ("base_model.model.",
+// "model.diffusion_model.", "diffusion_model.", "transformer."), however many are stacked.
+std::string strip_wan_key_prefixes(std::string key);
 
 // "name=path[:scale]" as the server takes a per-request adapter (`--lora-adapter`): the name is what
 // requests ask for (letters, digits, '_', '-', '.'; at most 64 characters), the rest parse_lora_file's.

@@ -170,11 +170,17 @@ class WanTransformer {
   // Reads config.json and the (sharded) safetensors of a diffusers checkpoint directory.
   // On CUDA the tensors go from the mapped shards to the device one at a time. `lora`, when given
   // (loaded for this checkpoint's config), is merged into the tensors it changes on the way, in fp32
-  // before they take their device dtype (so before FP8 quantisation).
+  // before they take their device dtype (so before FP8 quantisation). `weights_file`, when not
+  // empty, replaces the directory's weights (its config.json still gives the model): one
+  // safetensors file in the original Wan names, bf16 / fp32 or with FP8 linear weights as ComfyUI
+  // and LightX2V publish them (wan_transformer_file.h: formats and checks). With kFp8 its e4m3 block
+  // linear weights are used as stored (a per-tensor scale repeated per output channel), with no
+  // requantisation; every other e4m3 weight (kBf16, the CPU model, a LoRA's tensors) is dequantised
+  // in fp32 and then takes the model's dtype.
   static WanTransformer load(const std::string& checkpoint_dir, const WanAttentionOptions& attention = {},
                              Device device = Device::cpu(), const WanLora* lora = nullptr,
                              WanWeightResidency residency = WanWeightResidency::kDevice,
-                             WanWeightPrecision precision = WanWeightPrecision::kBf16);
+                             WanWeightPrecision precision = WanWeightPrecision::kBf16, const std::string& weights_file = {});
   // Random weights at the scale of diffusers' initialization (for benchmarks), from `seed`. On
   // CUDA they are drawn on the device (another stream of numbers than the CPU's for one seed).
   static WanTransformer random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention = {},

@@ -64,6 +64,9 @@ struct WanRunnerConfig {
   bool offload_blocks = false;
   // The transformers' block linear weights in FP8 with FP8 GEMMs (WanWeightPrecision::kFp8).
   bool fp8_weights = false;
+  // Single-file checkpoints replacing the transformers' weights (WanLoadOptions::transformer_file /
+  // transformer_2_file); empty: the directory's.
+  std::string transformer_file, transformer_2_file;
 };
 std::string wan_runner_config_to_json(const WanRunnerConfig& config);
 WanRunnerConfig wan_runner_config_from_json(const std::string& json_text);

@@ -25,17 +25,20 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
-DType dtype_from_safetensors(const std::string& file, const std::string& tensor, const std::string& name) {
+DType dtype_from_safetensors(const std::string& file, const std::string& tensor, const std::string& name, bool& float8_e4m3) {
+  float8_e4m3 = name == "F8_E4M3";
+  if (float8_e4m3) return DType::kU8;  // the bytes, as the FP8 kernels take them
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   if (name == "F64") return DType::kF64;
   if (name == "I32") return DType::kI32;
   if (name == "U8") return DType::kU8;
-  fail_argument(file + ": tensor " + quoted_excerpt(tensor) + " dtype", "one of F32, F16, BF16, F64, I32, U8", quoted_excerpt(name));
+  fail_argument(file + ": tensor " + quoted_excerpt(tensor) + " dtype", "one of F32, F16, BF16, F64, I32, U8, F8_E4M3", quoted_excerpt(name));
 }
 
-std::string dtype_to_safetensors(DType dtype) {
+std::string dtype_to_safetensors(DType dtype, bool float8_e4m3) {
+  if (float8_e4m3) return "F8_E4M3";
   switch (dtype) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
@@ -96,7 +99,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     if (!value["dtype"].is_string()) fail_argument(where + " dtype", "a string", json_excerpt(value["dtype"]));
     SafetensorsEntry entry;
     entry.name = name;
-    entry.dtype = dtype_from_safetensors(path, name, value["dtype"].get<std::string>());
+    entry.dtype = dtype_from_safetensors(path, name, value["dtype"].get<std::string>(), entry.float8_e4m3);
     if (!value["shape"].is_array()) fail_argument(where + " shape", "an array", json_excerpt(value["shape"]));
     uint64_t numel = 1;
     for (const auto& extent : value["shape"]) {
@@ -155,39 +158,82 @@ Tensor SafetensorsFile::load(const std::string& name) const {
   return t;
 }
 
-std::string safetensors_bytes(const std::vector<std::pair<std::string, TensorView>>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+namespace {
+
+void check_tensor_name(const std::string& name, std::set<std::string>& names) {
+  if (name.rfind("__", 0) == 0) fail_argument("write_safetensors tensor name", "not starting with __", name);
+  if (!names.insert(name).second) fail_argument("write_safetensors tensor name", "unique names", name);
+}
+
+// The 8-byte length and the padded JSON header of `entries` (their offsets assigned in order).
+std::string header_bytes(std::vector<SafetensorsEntry>& entries, const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   std::set<std::string> names;
-  std::vector<Tensor> contiguous;
   uint64_t offset = 0;
-  for (const auto& [name, view] : tensors) {
-    if (name.rfind("__", 0) == 0) fail_argument("write_safetensors tensor name", "not starting with __", name);
-    if (!names.insert(name).second) fail_argument("write_safetensors tensor name", "unique names", name);
-    check_device(view, Device::cpu(), "write_safetensors " + name);
-    Tensor copy = Tensor::empty(view.shape(), view.dtype());
-    copy_convert(view, copy.view());
-    header[name] = {{"dtype", dtype_to_safetensors(view.dtype())}, {"shape", view.shape()}, {"data_offsets", {offset, offset + copy.nbytes()}}};
-    offset += copy.nbytes();
-    contiguous.push_back(std::move(copy));
+  for (SafetensorsEntry& entry : entries) {
+    check_tensor_name(entry.name, names);
+    if (entry.float8_e4m3 && entry.dtype != DType::kU8)
+      fail_argument("write_safetensors " + entry.name + " (F8_E4M3)", "uint8 bytes", dtype_name(entry.dtype));
+    entry.begin = offset;
+    entry.end = offset += static_cast<uint64_t>(shape_numel(entry.shape)) * dtype_size(entry.dtype);
+    header[entry.name] = {{"dtype", dtype_to_safetensors(entry.dtype, entry.float8_e4m3)}, {"shape", entry.shape},
+                          {"data_offsets", {entry.begin, entry.end}}};
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // the format pads the header with spaces
   std::string bytes(8, '\0');
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
-  bytes.reserve(8 + text.size() + offset);
-  bytes += text;
+  return bytes + text;
+}
+
+}  // namespace
+
+std::string safetensors_bytes(const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const std::map<std::string, std::string>& metadata, const std::set<std::string>& float8_e4m3) {
+  std::vector<SafetensorsEntry> entries;
+  std::vector<Tensor> contiguous;
+  for (const auto& [name, view] : tensors) {
+    check_device(view, Device::cpu(), "write_safetensors " + name);
+    Tensor copy = Tensor::empty(view.shape(), view.dtype());
+    copy_convert(view, copy.view());
+    entries.push_back({name, view.dtype(), view.shape(), 0, 0, float8_e4m3.count(name) > 0});
+    contiguous.push_back(std::move(copy));
+  }
+  for (const std::string& name : float8_e4m3)
+    if (std::none_of(entries.begin(), entries.end(), [&](const SafetensorsEntry& e) { return e.name == name; }))
+      fail_argument("write_safetensors float8_e4m3 name", "a tensor being written", name);
+  std::string bytes = header_bytes(entries, metadata);
+  bytes.reserve(bytes.size() + (entries.empty() ? 0 : entries.back().end));
   for (const Tensor& t : contiguous) bytes.append(static_cast<const char*>(t.data()), t.nbytes());
   return bytes;
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::string bytes = safetensors_bytes(tensors, metadata);
+                       const std::map<std::string, std::string>& metadata, const std::set<std::string>& float8_e4m3) {
+  const std::string bytes = safetensors_bytes(tensors, metadata, float8_e4m3);
   std::ofstream out(path, std::ios::binary);
   if (!out) fail_argument("write_safetensors path", "a writable file", path);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw Error("write_safetensors: I/O error writing " + path);
+}
+
+void write_safetensors_streamed(const std::string& path, std::vector<SafetensorsEntry> entries,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<TensorView(size_t index)>& produce) {
+  const std::string header = header_bytes(entries, metadata);
+  std::ofstream out(path, std::ios::binary);
+  if (!out) fail_argument("write_safetensors path", "a writable file", path);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TensorView view = produce(i);
+    check_device(view, Device::cpu(), "write_safetensors " + entries[i].name);
+    if (view.dtype() != entries[i].dtype || view.shape() != entries[i].shape || !view.is_contiguous())
+      fail_argument("write_safetensors " + entries[i].name, detail::concat("a contiguous ", dtype_name(entries[i].dtype), " tensor of shape ",
+                                                                           shape_str(entries[i].shape)),
+                    detail::concat(dtype_name(view.dtype()), " ", shape_str(view.shape())));
+    out.write(static_cast<const char*>(view.data()), static_cast<std::streamsize>(view.nbytes()));
+  }
   if (!out) throw Error("write_safetensors: I/O error writing " + path);
 }
 

@@ -272,14 +272,24 @@ WanCudaModel::WanCudaModel(const WanConfig& config, Device device, WanWeightResi
   const tessel::cuda::DeviceGuard guard(device.index);
   allocate_weights(residency);
   for (const WeightSpec& spec : wan_weight_specs(config_)) {
-    const TensorView stored = source(spec);
+    const StoredWeight given = source(spec);
+    const TensorView& stored = given.values;
     const DType dtype = wan_cuda_weight_dtype(spec.name);
     void* destination = weight_destination(spec.name);
     // An offloaded block's tensor is written into its pinned host copy directly.
     int64_t block = 0;
     std::string within;
     const Device to = offload_ && split_block_tensor(spec.name, block, within) ? Device::cpu() : device_;
-    if (fp8_weight(spec.name)) {
+    if (stored.dtype() == DType::kU8) {
+      // An FP8 checkpoint's e4m3 bytes and scales, as they are (the caller dequantises the others).
+      const TensorView& scales = given.row_scales;
+      if (!fp8_weight(spec.name) || !stored.is_contiguous() || scales.dtype() != DType::kF32 || !scales.is_contiguous() ||
+          scales.numel() != spec.shape.at(0))
+        throw Error(detail::concat("Wan CUDA model: e4m3 bytes for ", spec.name, " need fp8 precision, a block linear weight and ",
+                                   spec.shape.at(0), " fp32 row scales"));
+      copy_bytes(destination, to, stored.data(), Device::cpu(), stored.nbytes());
+      copy_bytes(weight_destination(spec.name + "_scale"), to, scales.data(), Device::cpu(), scales.nbytes());
+    } else if (fp8_weight(spec.name)) {
       // The bf16 values the bf16 model would keep, quantised on the device.
       if (stored.dtype() == DType::kBF16 && stored.is_contiguous()) {
         copy_bytes(staging_bf16_.get(), device_, stored.data(), Device::cpu(), stored.nbytes());

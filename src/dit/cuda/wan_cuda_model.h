@@ -51,9 +51,15 @@ using tessel::cuda::CublasLtGemm;
 using tessel::cuda::GemmEpilogue;
 using tessel::cuda::GemmShape;
 
-// One stored tensor per spec of wan_weight_specs(config): a CPU view of any float dtype, read
-// while the call lasts (a loaded map's tensor, or a checkpoint's memory-mapped bytes).
-using WeightSource = std::function<TensorView(const WeightSpec&)>;
+// One stored tensor: a CPU view of any float dtype, or (an FP8 checkpoint's block linear weight,
+// wan_fp8_weight, with WanWeightPrecision::kFp8) e4m3 bytes (kU8) and their (rows) fp32 scales, used
+// as they are. Read while the call lasts (a loaded map's tensor, or a checkpoint's mapped bytes).
+struct StoredWeight {
+  TensorView values;
+  TensorView row_scales;  // e4m3 values only
+};
+// One stored tensor per spec of wan_weight_specs(config).
+using WeightSource = std::function<StoredWeight(const WeightSpec&)>;
 
 // The sizes of one forward, validated by the caller.
 struct WanForwardShape {

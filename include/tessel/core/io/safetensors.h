@@ -1,14 +1,17 @@
 // A safetensors reader and writer (format: 8-byte little-endian header length N, N bytes of JSON
 // header {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
 // "__metadata__": {"k": "v"}}, then the raw little-endian data; offsets are relative to the data
-// start). open() validates the whole header against the file before any tensor is read: file
+// start). F8_E4M3 (float8 e4m3fn, FP8 checkpoints) is read as DType::kU8 bytes marked
+// float8_e4m3 (tessel/core/float8.h converts them). open() validates the whole header against the file before any tensor is read: file
 // shorter than 8 bytes, header longer than the file, malformed JSON, unknown or unsupported
 // dtypes, negative shapes, offsets past the data or overlapping another tensor, and byte spans
 // that differ from shape × dtype size each give an Error naming the file and the tensor.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,11 +26,13 @@ struct SafetensorsEntry {
   Shape shape;
   uint64_t begin = 0;  // byte offsets relative to the data section
   uint64_t end = 0;
+  // "F8_E4M3": the bytes are float8 e4m3fn values (dtype kU8), not integers.
+  bool float8_e4m3 = false;
 };
 
 class SafetensorsFile {
  public:
-  // Reads and validates the header. Supported dtypes: F32, F16, BF16, F64, I32, U8.
+  // Reads and validates the header. Supported dtypes: F32, F16, BF16, F64, I32, U8, F8_E4M3.
   static SafetensorsFile open(const std::string& path);
 
   const std::string& path() const { return path_; }
@@ -48,12 +53,19 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes CPU views (any strides) in the order given. Throws Error on duplicate names, names that
-// start with "__", non-CPU views, or I/O failure.
+// Writes CPU views (any strides) in the order given; the kU8 tensors named in `float8_e4m3` as
+// F8_E4M3. Throws Error on duplicate names, names that start with "__", non-CPU views, a float8
+// name that is not a kU8 tensor, or I/O failure.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, const std::set<std::string>& float8_e4m3 = {});
 // The bytes write_safetensors writes, in memory (same checks).
 std::string safetensors_bytes(const std::vector<std::pair<std::string, TensorView>>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {}, const std::set<std::string>& float8_e4m3 = {});
+// Writes a file too large to hold in memory: the header from `entries` (name, dtype, shape,
+// float8_e4m3; offsets are assigned here in order), then each tensor as `produce(i)` returns it (a
+// contiguous CPU view of entry i's dtype and shape, used before the next call). Same name checks.
+void write_safetensors_streamed(const std::string& path, std::vector<SafetensorsEntry> entries,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<TensorView(size_t index)>& produce);
 
 }  // namespace tessel
