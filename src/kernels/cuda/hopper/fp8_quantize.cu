@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kBlockThreads) quantize_token_blocks_kernel(co
   const int s0 = block * kFp8ScaleBlock;
   const int rows = min(kFp8ScaleBlock, seq - s0);
   const T* base = src + batch * stride_b + head * stride_h;
-  const float* offset =
+  const float* mean_row =
       smoothing.channel_mean ? smoothing.channel_mean + (static_cast<int64_t>(batch) * heads + head) * kHeadDim : nullptr;
   // Chunk c's 8 values, less the channel means with K smoothing.
   auto chunk_at = [&](int c, float (&x)[8]) {
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kBlockThreads) quantize_token_blocks_kernel(co
                                                       (c % kChunksPerRow) * 8);
     const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = to_float(v[e]) - (offset ? __ldg(offset + (c % kChunksPerRow) * 8 + e) : 0.f);
+    for (int e = 0; e < 8; ++e) x[e] = to_float(v[e]) - (mean_row ? __ldg(mean_row + (c % kChunksPerRow) * 8 + e) : 0.f);
   };
   float absmax = 0.f;
   for (int c = threadIdx.x; c < rows * kChunksPerRow; c += kBlockThreads) {
