@@ -386,12 +386,14 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // FP8: the current item's row-block q scale and the kv head's scale rows (fp8_operands.h).
   float q_dequant = 1.f;
   const float* k_scales = nullptr;
-  float k_factor[2] = {0.f, 0.f};  // the current stage's sub-tiles: q scale x k scale x scale log2(e)
+  // The current stage's sub-tiles: q scale x k scale x scale log2(e); 1 for a missing second
+  // sub-tile, whose masked -inf scores must stay -inf (not NaN) through the products.
+  float k_factor[2] = {1.f, 1.f};
   // Loaded as soon as a stage's offsets are known, so the loads overlap its QK^T product.
   auto load_k_factors = [&](int n0, int n1) {
     if constexpr (kFp8) {
       k_factor[0] = q_dequant * __ldg(k_scales + n0 / kFp8ScaleBlock) * p.scale_log2;
-      k_factor[1] = n1 >= 0 ? q_dequant * __ldg(k_scales + n1 / kFp8ScaleBlock) * p.scale_log2 : 0.f;
+      k_factor[1] = n1 >= 0 ? q_dequant * __ldg(k_scales + n1 / kFp8ScaleBlock) * p.scale_log2 : 1.f;
     }
   };
   float row_max[2];
@@ -447,17 +449,18 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
   // turns it into unnormalized probabilities against the new running max; returns each row's
   // rescale factor for O. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
-  // FP8: S is first multiplied by q scale x k scale x scale log2(e) per sub-tile (the scores are
-  // then in the log2 domain), and P comes out times 448 (e4m3's largest value at a row's maximum;
-  // the row sums carry the same factor, so the normalization removes it), or times
-  // 448 / 2^kRescaleThreshold with kLazyRescale (P may exceed the kept maximum by that much).
+  // FP8: each sub-tile's scores carry the factor q scale x k scale x scale log2(e) (k_factor,
+  // positive), folded into the row max (each sub-tile's max of the raw products, then scaled) and
+  // into the exponent's FFMA rather than multiplied into S first (one instruction less per score
+  // on the softmax chain); row_max is in the log2 domain. P comes out times 448 (e4m3's largest
+  // value at a row's maximum; the row sums carry the same factor, so the normalization removes
+  // it), or times 448 / 2^kRescaleThreshold with kLazyRescale (P may exceed the kept maximum by
+  // that much).
   const float score_scale = kFp8 ? 1.f : p.scale_log2;
   constexpr float kLog2PFactor = kFp8 ? 8.807354922057604f - (kLazyRescale ? kRescaleThreshold : 0.f) : 0.f;
+  // The factor of n8 tile j's raw products in the exponent (FP8: its sub-tile's k_factor).
+  auto exponent_scale = [&](int j) { return kFp8 ? k_factor[j < 8 ? 0 : 1] : score_scale; };
   auto softmax = [&](int n0, int n1, float (&alpha)[2]) {
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) s_acc[i] *= k_factor[i < 32 ? 0 : 1];
-    }
     const bool mask0 = n0 + kSubTile - 1 > all_rows_hi || n0 < all_rows_lo;
     const bool mask1 = kSubTiles == 2 && (n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo);
     if (mask0 || mask1) {
@@ -480,8 +483,16 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = row_max[h];
+      if constexpr (kFp8) {
+        float sub_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+        for (int j = 0; j < kSTiles; ++j)
+          sub_max[j < 8 ? 0 : 1] = fmaxf(sub_max[j < 8 ? 0 : 1], fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+        mx = fmaxf(mx, fmaxf(sub_max[0] * k_factor[0], sub_max[1] * k_factor[1]));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // A small growth (log2 units) keeps the stale maximum (the first stage's -inf always moves;
@@ -496,12 +507,13 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
         // kPolyExp2: every eighth n8 tile on the FMA units. Per warp-wide score instruction the
-        // MUFU takes 8 cycles and the softmax issues about 7 instructions (6 with lazy
+        // MUFU takes 8 cycles and the softmax issues about 6 instructions (5 with lazy
         // rescaling), so moving a fraction r to the polynomial's 9 instructions balances the two
-        // at r = 1/8 with lazy rescaling (1/16 without); more would make issue the limit.
+        // at r = 1/8 (3/16 with lazy rescaling); more would make issue the limit.
         auto exp2_of = [&](float x) { return kPolyExp2 && (j & 7) == 7 ? exp2_polynomial(x) : fast_exp2(x); };
-        const float p0 = exp2_of(s_acc[4 * j + 2 * h] * score_scale - p_shift);
-        const float p1 = exp2_of(s_acc[4 * j + 2 * h + 1] * score_scale - p_shift);
+        const float scale = exponent_scale(j);
+        const float p0 = exp2_of(fmaf(s_acc[4 * j + 2 * h], scale, -p_shift));
+        const float p1 = exp2_of(fmaf(s_acc[4 * j + 2 * h + 1], scale, -p_shift));
         s_acc[4 * j + 2 * h] = p0;
         s_acc[4 * j + 2 * h + 1] = p1;
         sum += p0 + p1;
