@@ -10,13 +10,14 @@
 // Bounds: scripts/fp8_attention_emulation.py emulates the quantization and the kernel's online
 // softmax (e4m3 rounding of the scaled q/k blocks, of the channel-scaled v and of P over 128-key
 // stages, with and without lazy rescaling; the polynomial exp2's 7.5e-5 is far below P's e4m3
-// rounding). On the tests' inputs (normal q and k, uniform v on [-1, 1], D = 128; 48 draws of
-// 65 to 2049 keys) it gives a relative L2 output error of 0.047-0.055 and a max error of
-// 0.046-0.093 of the largest output for every variant, and the same with K smoothing on keys
-// with channel offsets of standard deviation 4, where the variant without smoothing reaches
-// 0.10-0.13 (max 0.24). The tests allow 0.065 and 0.13, and on offset keys require smoothing to
-// cut the plain variant's relative L2 error by a quarter at least. A wrong scale, key order,
-// fragment layout or mean gives errors of order 1.
+// rounding). On the tests' kinds of cases (--test-cases: normal q and k, uniform v on [-1, 1],
+// D = 128, 65 to 2049 keys, causal and window limits, 4 draws) it gives a relative L2 output
+// error of 0.041-0.055 and a max error of 0.040-0.118 of the largest output for every variant,
+// and 0.040-0.054 (max 0.118) with K smoothing on keys with channel offsets of standard
+// deviation 4, where the variants without smoothing reach 0.086-0.132 (max 0.26); on the same
+// draw, smoothing leaves 0.40-0.49 of the unsmoothed relative L2 error. The tests allow 0.065
+// and 0.15, and on offset keys a ratio of 0.75. A wrong scale, key order, fragment layout or mean
+// gives errors of order 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,9 +46,9 @@ using testing::Qkv;
 
 constexpr int64_t kDim = 128;  // the FP8 mode's head dim
 constexpr double kMaxRelativeL2 = 0.065;
-constexpr double kMaxRelativeAbs = 0.13;
+constexpr double kMaxRelativeAbs = 0.15;
 constexpr double kMaxLseError = 0.5;  // one-key rows carry the whole score's quantization error
-// Keys with channel offsets: smoothing's error over the unsmoothed variant's (emulated: 0.4-0.55).
+// Keys with channel offsets: smoothing's error over the unsmoothed variant's (emulated: 0.40-0.49).
 constexpr double kMaxSmoothedOverPlain = 0.75;
 constexpr double kKeyOffsetStddev = 4.0;
 
