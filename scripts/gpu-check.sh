@@ -9,8 +9,9 @@
 #   3. time the device mask estimator (`tessel bench-estimate`, S=29700) and benchmark
 #      `tessel bench --device cuda` at the benchmark shapes (B=1, H=40, D=128, bf16,
 #      S in 6630 12870 29700, densities 1 0.5 0.3 0.2 0.1; head dims 64, 96, 192, 256 at S=6630;
-#      FP8 against bf16 with --fp8 at every S; every Hopper kernel variant with the plan-time
-#      tuning's choice at every S and at short lengths, D=64/128) and the peers of bench/peer_attention.py
+#      FP8 against bf16 under every variant of both at every S (bench/fp8_attention_variants.sh);
+#      every Hopper kernel variant with the plan-time tuning's choice at every S and at short
+#      lengths, D=64/128) and the peers of bench/peer_attention.py
 #      (PyTorch SDPA FlashAttention-2 and cuDNN, FlexAttention on the very same masks);
 #   4. the KV offload prefill (`tessel prefill-bench`, Full and XAttention-BSA at 32K/64K/128K);
 #      per-head calibration on the device (`tessel calibrate --device cuda`, synthetic video data,
@@ -190,13 +191,10 @@ if [[ $RUN_BENCH == 1 ]]; then
     "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim "$d" --seq 6630 \
       --density 1,0.2 --iters "$ITERS" --warmup 3 >>"$OUTDIR/head_dims.txt" 2>&1 || echo "bench D=$d FAILED" >>"$OUTDIR/head_dims.txt"
   done
-  # FP8 (e4m3) attention against bf16 in one run per length: dense and d=0.2, each with its FP8 row.
-  : >"$OUTDIR/fp8.txt"
-  for s in $SEQS; do
-    echo "== tessel bench --fp8 S=$s"
-    "$TESSEL" bench --device cuda --dtype bf16 --batch 1 --heads 40 --head-dim 128 --seq "$s" \
-      --density 1,0.2 --fp8 --iters "$ITERS" --warmup 3 >>"$OUTDIR/fp8.txt" 2>&1 || echo "bench --fp8 S=$s FAILED" >>"$OUTDIR/fp8.txt"
-  done
+  # FP8 (e4m3) attention against bf16 in one run per length: dense and d=0.2, every variant of both.
+  echo "== bench/fp8_attention_variants.sh"
+  SEQS="$SEQS" ITERS="$ITERS" bash "$ROOT/bench/fp8_attention_variants.sh" "$TESSEL" >"$OUTDIR/fp8.txt" 2>&1 ||
+    echo "bench/fp8_attention_variants.sh FAILED" >>"$OUTDIR/fp8.txt"
   # The Hopper kernel's variants (64-key stages, ping-pong) side by side in one run per shape, each
   # with the plan-time tuning's own choice, and short sequences against SDPA at the same shapes.
   : >"$OUTDIR/variants.txt"

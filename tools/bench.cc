@@ -91,6 +91,14 @@ std::vector<double> time_medians_ms(const BenchConfig& c, const ExecContext& ctx
 }
 
 
+// The variant names --kernel-variants may list: the 16-bit ones, and with --fp8 the FP8 mode's.
+std::vector<std::string> offered_variants(const BenchConfig& c) {
+  std::vector<std::string> names = attention_kernel_variants(c.device, c.head_dim);
+  if (c.fp8)
+    for (const std::string& n : attention_kernel_variants(c.device, c.head_dim, AttentionPrecision::kFp8)) names.push_back(n);
+  return names;
+}
+
 void validate(const BenchConfig& c) {
   if (c.batch < 1) fail_argument("--batch", ">= 1", c.batch);
   if (c.heads < 1) fail_argument("--heads", ">= 1", c.heads);
@@ -106,12 +114,10 @@ void validate(const BenchConfig& c) {
     if (!(d > 0.0 && d <= 1.0)) fail_argument("--density", "values in (0, 1]", d);
   present_device(c.device, "--device");
   if (c.fp8 && !c.device.is_cuda()) fail_argument("--fp8", "--device cuda (FP8 attention runs on CUDA)", c.device.str());
-  if (c.fp8 && !c.kernel_variants.empty())
-    fail_argument("--kernel-variants", "no value with --fp8 (the FP8 mode has one variant)", "a list");
   if ((c.tune || !c.kernel_variants.empty()) && !c.device.is_cuda())
     fail_argument(c.tune ? "--tune" : "--kernel-variants", "--device cuda (the CPU has no kernel variants)", c.device.str());
   if (!c.kernel_variants.empty()) {
-    const std::vector<std::string> offered = attention_kernel_variants(c.device, c.head_dim);
+    const std::vector<std::string> offered = offered_variants(c);
     std::string names;
     for (const std::string& n : offered) names += (names.empty() ? "" : ", ") + n;
     for (const std::string& v : c.kernel_variants)
@@ -124,7 +130,7 @@ void validate(const BenchConfig& c) {
 std::vector<std::string> expanded_variants(const BenchConfig& c) {
   std::vector<std::string> out;
   for (const std::string& v : c.kernel_variants)
-    for (const std::string& name : v == "all" ? attention_kernel_variants(c.device, c.head_dim) : std::vector<std::string>{v})
+    for (const std::string& name : v == "all" ? offered_variants(c) : std::vector<std::string>{v})
       if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
   return out;
 }
@@ -305,26 +311,38 @@ BenchReport run_bench(const BenchConfig& config) {
                                          {true, sparse_sum / sparse_count, config.causal})));
   }
   const std::vector<std::string> variants = expanded_variants(config);
+  const std::vector<std::string> fp8_variants =
+      config.fp8 ? attention_kernel_variants(config.device, config.head_dim, AttentionPrecision::kFp8)
+                 : std::vector<std::string>{};
+  auto lift_forced_variants = [&] {
+    force_attention_kernel_variant(config.device, config.head_dim, "");
+    if (config.fp8) force_attention_kernel_variant(config.device, config.head_dim, "", AttentionPrecision::kFp8);
+  };
   if (!variants.empty()) {
-    // Every plain method once per variant, the variant forced around each call (interleaved
-    // rounds, so the variants see the same clocks); they replace the plain runs.
+    // Every method once per variant of its precision (the 16-bit variants for the plain methods,
+    // the FP8 ones for their FP8 twins), the variant forced around each call (interleaved rounds,
+    // so the variants see the same clocks); they replace the plain runs.
     std::vector<Method> variant_methods;
     std::vector<std::function<void()>> variant_runs;
     std::vector<size_t> variant_plain_of;
     const Device device = config.device;
     const int64_t head_dim = config.head_dim;
-    for (const std::string& v : variants)
-      for (size_t n = 0; n < plain_methods; ++n) {
+    for (const std::string& v : variants) {
+      const bool fp8_variant = std::find(fp8_variants.begin(), fp8_variants.end(), v) != fp8_variants.end();
+      const AttentionPrecision precision = fp8_variant ? AttentionPrecision::kFp8 : AttentionPrecision::kInput;
+      for (size_t n = 0; n < runs.size(); ++n) {
+        if ((n >= plain_methods) != fp8_variant) continue;  // runs past the plain methods are the FP8 twins
         Method m;
         m.result = methods[n].result;
         m.result.method += "@" + v;
         variant_methods.push_back(std::move(m));
-        variant_runs.push_back([device, head_dim, v, run = runs[n]] {
-          force_attention_kernel_variant(device, head_dim, v);
+        variant_runs.push_back([device, head_dim, v, precision, run = runs[n]] {
+          force_attention_kernel_variant(device, head_dim, v, precision);
           run();
         });
-        variant_plain_of.push_back(n);
+        variant_plain_of.push_back(n % plain_methods);
       }
+    }
     for (size_t n = 0; n < plain_methods; ++n) {  // the masks stay with the plain methods
       variant_methods.push_back(std::move(methods[n]));
       variant_methods.back().result.method.clear();
@@ -337,7 +355,7 @@ BenchReport run_bench(const BenchConfig& config) {
   try {
     ms = time_medians_ms(config, ctx, runs);
   } catch (...) {
-    if (!variants.empty()) force_attention_kernel_variant(config.device, config.head_dim, "");
+    if (!variants.empty()) lift_forced_variants();
     throw;
   }
   const size_t mask_base = variants.empty() ? 0 : runs.size();  // where the plain methods (and masks) are
@@ -353,7 +371,7 @@ BenchReport run_bench(const BenchConfig& config) {
     m.result.max_rel_err = sampled_relative_error(config, in.q_host, in.k_host, in.v_host, mask, opt, in.out);
     report.results.push_back(m.result);
   }
-  if (!variants.empty()) force_attention_kernel_variant(config.device, config.head_dim, "");
+  if (!variants.empty()) lift_forced_variants();
   return report;
 }
 

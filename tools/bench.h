@@ -30,7 +30,8 @@ struct BenchConfig {
   uint64_t seed = 0;
   int64_t check_rows = 16;  // query rows compared with the fp64 reference
   std::string save_mask_dir;  // non-empty: write every mask used there (bench_mask_export.h)
-  // Hopper kernel variants (attention_tuning.h) to time each method under, as "<method>@<variant>";
+  // Hopper kernel variants (attention_tuning.h) to time each method under, as "<method>@<variant>":
+  // the 16-bit variants time the plain methods, the FP8 ones ("fp8...", with --fp8) the FP8 twins;
   // "all" stands for every variant the device has. Empty: the variant the calls would run anyway.
   std::vector<std::string> kernel_variants;
   bool tune = false;  // tune_attention for the dense and block-sparse calls first (reported in notes)

@@ -85,7 +85,8 @@ CommandRegistration registration{
                      "write each mask used (FlexAttention's kv_num_blocks/kv_indices) to this directory");
       app.add_option("--kernel-variants", config->kernel_variants,
                      "time every method under each of these CUDA kernel variants (comma-separated; 'all': every "
-                     "one the device has for --head-dim), reported as method@variant")
+                     "one the device has for --head-dim; with --fp8 the FP8 variants 'fp8...' time the FP8 runs "
+                     "and the others the plain ones), reported as method@variant")
           ->delimiter(',');
       app.add_flag("--tune", config->tune,
                    "tune the CUDA kernel variant for the dense and block-sparse calls first (as a plan does) and "

@@ -46,19 +46,20 @@ void tune_attention_if_enabled(const ExecContext& ctx, Device device, DType dtyp
 #endif
 }
 
-std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim) {
+std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim, AttentionPrecision precision) {
 #ifdef TESSEL_WITH_CUDA
-  if (device.is_cuda()) return cuda::attention_kernel_variants(device, head_dim);
+  if (device.is_cuda()) return cuda::attention_kernel_variants(device, head_dim, precision);
 #endif
-  (void)device, (void)head_dim;
+  (void)device, (void)head_dim, (void)precision;
   return {};
 }
 
-void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant) {
+void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant,
+                                    AttentionPrecision precision) {
 #ifdef TESSEL_WITH_CUDA
-  if (device.is_cuda()) return cuda::force_attention_kernel_variant(device, head_dim, variant);
+  if (device.is_cuda()) return cuda::force_attention_kernel_variant(device, head_dim, variant, precision);
 #endif
-  (void)head_dim, (void)variant;
+  (void)head_dim, (void)variant, (void)precision;
   fail_argument("device", "a CUDA device (the CPU has no kernel variants)", device.str());
 }
 

@@ -30,6 +30,7 @@ namespace tessel {
 namespace {
 
 using gpu_test::expect_error_naming;
+using gpu_test::ForcedVariant;
 using gpu_test::hopper_device;
 using testing::compare;
 using testing::Errors;
@@ -378,26 +379,18 @@ INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
                          param_name);
 
 // Every variant of the Hopper kernel (attention_tuning.h: 64-key stages with two Q buffers, the
-// consumer warpgroups' ping-pong) forced in turn, over what stresses them: odd lengths around
+// consumer warpgroups' ping-pong, lazy rescaling of O) forced in turn, over what stresses them: odd lengths around
 // the tiles, GQA, causal and window edges, rows of every kept-block count including empty ones,
 // more items than multiprocessors (the ping-pong turns carry across items), both schedules.
 class VariantsGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
-// Forces a variant for the scope; lifts it afterwards even when a check fails.
-struct ForcedVariant {
-  ForcedVariant(int64_t dim, const std::string& name) : dim(dim) { force_attention_kernel_variant(Device::cuda(), dim, name); }
-  ~ForcedVariant() { force_attention_kernel_variant(Device::cuda(), dim, ""); }
-  ForcedVariant(const ForcedVariant&) = delete;
-  ForcedVariant& operator=(const ForcedVariant&) = delete;
-  int64_t dim;
-};
 
 TEST_P(VariantsGpu, EveryVariantMatchesReference) {
   SKIP_WITHOUT_GPU();
   if (!hopper_device()) GTEST_SKIP() << "kernel variants exist on compute capability 9.0 only";
   const auto [dtype, dim] = GetParam();
   const std::vector<std::string> variants = attention_kernel_variants(Device::cuda(), dim);
-  ASSERT_EQ(variants.size(), 4u);
+  ASSERT_EQ(variants.size(), 6u);
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
@@ -471,7 +464,7 @@ TEST(AttentionGpu, TuningChoosesOnceAndCallsRunTheChoice) {
   ExecContext ctx;
   ctx.device = Device::cuda();
   const AttentionTuning first = tune_attention(ctx, Device::cuda(), DType::kBF16, dims);
-  ASSERT_EQ(first.median_ms.size(), 4u);
+  ASSERT_EQ(first.median_ms.size(), 6u);
   EXPECT_FALSE(first.cached);
   bool listed = false;
   for (const auto& [name, ms] : first.median_ms) {
@@ -488,7 +481,7 @@ TEST(AttentionGpu, TuningChoosesOnceAndCallsRunTheChoice) {
   sparse.rounds = 3;
   const AttentionTuning sparse_tuning = tune_attention(ctx, Device::cuda(), DType::kBF16, dims, sparse);
   EXPECT_FALSE(sparse_tuning.cached);
-  EXPECT_EQ(sparse_tuning.median_ms.size(), 4u);
+  EXPECT_EQ(sparse_tuning.median_ms.size(), 6u);
   // Calls of the tuned classes run the choice and match the oracle.
   check_case({1, 3000, 3000, 2, 1, 128, DType::kBF16, {}}, 951);
   BlockMaskShape shape;

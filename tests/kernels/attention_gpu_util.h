@@ -9,7 +9,9 @@
 #include <functional>
 #include <string>
 
+#include "tessel/core/device.h"
 #include "tessel/core/error.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/kernels/block_mask_view.h"
 #include "tessel/kernels/reference.h"
 
@@ -32,6 +34,20 @@ inline bool hopper_device() {
   return false;
 #endif
 }
+
+// Forces a kernel variant of `precision` on the first GPU for the scope; lifts it afterwards even
+// when a check fails.
+struct ForcedVariant {
+  ForcedVariant(int64_t dim, const std::string& name, AttentionPrecision precision = AttentionPrecision::kInput)
+      : dim(dim), precision(precision) {
+    force_attention_kernel_variant(Device::cuda(), dim, name, precision);
+  }
+  ~ForcedVariant() { force_attention_kernel_variant(Device::cuda(), dim, "", precision); }
+  ForcedVariant(const ForcedVariant&) = delete;
+  ForcedVariant& operator=(const ForcedVariant&) = delete;
+  int64_t dim;
+  AttentionPrecision precision;
+};
 
 // Runs `call` and expects a tessel::Error whose message names `argument`.
 inline void expect_error_naming(const std::function<void()>& call, const std::string& argument) {

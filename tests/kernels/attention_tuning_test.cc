@@ -29,21 +29,26 @@ TEST(AttentionTuning, CpuHasNothingToTune) {
   EXPECT_FALSE(t.cached);
   EXPECT_TRUE(t.median_ms.empty());
   EXPECT_TRUE(attention_kernel_variants(Device::cpu(), 128).empty());
+  EXPECT_TRUE(attention_kernel_variants(Device::cpu(), 128, AttentionPrecision::kFp8).empty());
   clear_attention_tuning();  // nothing tuned: a no-op
 }
 
 TEST(AttentionTuning, ForcingAVariantOnTheCpuIsAnError) {
   expect_error_naming([] { force_attention_kernel_variant(Device::cpu(), 128, "narrow"); }, "device");
+  expect_error_naming([] { force_attention_kernel_variant(Device::cpu(), 128, "fp8", AttentionPrecision::kFp8); },
+                      "device");
 }
 
 TEST(AttentionTuning, AbsentGpuOrUnknownVariantIsAnError) {
   if (cuda_available()) GTEST_SKIP() << "a GPU is present: attention_gpu_test covers the device cases";
   const Device absent = Device::cuda(0);
   EXPECT_TRUE(attention_kernel_variants(absent, 128).empty());
+  EXPECT_TRUE(attention_kernel_variants(absent, 128, AttentionPrecision::kFp8).empty());
   const AttentionDims dims{1, 300, 300, 4, 2, 128};
   if (cuda_compiled()) {
     expect_error_naming([&] { tune_attention(ExecContext{}, absent, DType::kBF16, dims); }, "device");
     expect_error_naming([&] { force_attention_kernel_variant(absent, 128, "narrow"); }, "variant");
+    expect_error_naming([&] { force_attention_kernel_variant(absent, 128, "fp8", AttentionPrecision::kFp8); }, "variant");
   } else {
     expect_error_naming([&] { tune_attention(ExecContext{}, absent, DType::kBF16, dims); }, "device");
   }

@@ -53,13 +53,18 @@ void set_attention_tuning_enabled(bool enabled);
 void tune_attention_if_enabled(const ExecContext& ctx, Device device, DType dtype, const AttentionDims& dims,
                                const AttentionTuneOptions& options = {});
 
-// The variant names `device` offers for `head_dim` (empty on the CPU, without CUDA, or on GPUs
-// without the Hopper kernel).
-std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim);
+// The variant names `device` offers for `head_dim` in `precision` (empty on the CPU, without CUDA,
+// on GPUs without the Hopper kernel, or for FP8 at head dims without the FP8 mode). The FP8 mode's
+// variants ("fp8", "fp8+smoothk", ...: docs/cuda-kernels.md, "FP8 attention") are never tuned:
+// calls run "fp8" unless another is forced.
+std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim,
+                                                   AttentionPrecision precision = AttentionPrecision::kInput);
 
-// Makes every later call with `head_dim` on `device` run `variant` whatever was tuned (benchmarks,
-// tests); "" lifts it. A name attention_kernel_variants does not list is an Error naming `variant`.
-void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant);
+// Makes every later call with `head_dim` and `precision` on `device` run `variant` whatever was
+// tuned (benchmarks, tests); "" lifts it. A name attention_kernel_variants does not list for that
+// precision is an Error naming `variant`.
+void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant,
+                                    AttentionPrecision precision = AttentionPrecision::kInput);
 
 // Forgets every tuned choice and forced variant: later calls run the default until tuned again.
 void clear_attention_tuning();

@@ -172,7 +172,7 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (fp8)
     detail::launch_flash_forward_hopper_fp8(p, q.dtype(), false, batch, static_cast<int>(k.size(2)), {}, fp8_operands,
-                                            ctx.stream);
+                                            detail::chosen_hopper_fp8_variant(q.device().index), ctx.stream);
   else if (detail::flash_forward_hopper_fits(head_dim, false, 0))
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)), {},
                                         chosen_variant(q, k, p, false), ctx.stream);
@@ -215,7 +215,7 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   if (fp8) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper_fp8(p, q.dtype(), true, batch, static_cast<int>(heads_kv), order, fp8_operands,
-                                            ctx.stream);
+                                            detail::chosen_hopper_fp8_variant(q.device().index), ctx.stream);
   } else if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,

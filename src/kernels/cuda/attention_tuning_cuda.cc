@@ -45,6 +45,7 @@ struct Table {
   std::mutex mutex;
   std::map<ClassKey, detail::HopperVariant> tuned;
   std::map<std::pair<int, int>, detail::HopperVariant> forced;  // (device, head dim)
+  std::map<int, detail::HopperFp8Variant> forced_fp8;             // device (the FP8 mode has head dim 128)
 };
 
 Table& table() {
@@ -73,9 +74,17 @@ bool has_hopper_kernel(Device device, int64_t head_dim) {
   return detail::flash_forward_hopper_fits(static_cast<int>(head_dim), false, 0);
 }
 
+constexpr int64_t kFp8HeadDim = 128;  // the FP8 mode's only head dim
+
 std::optional<detail::HopperVariant> variant_named(int64_t head_dim, const std::string& name) {
   for (const detail::HopperVariant& v : detail::hopper_variants_for(static_cast<int>(head_dim)))
     if (detail::hopper_variant_name(v) == name) return v;
+  return std::nullopt;
+}
+
+std::optional<detail::HopperFp8Variant> fp8_variant_named(const std::string& name) {
+  for (const detail::HopperFp8Variant& v : detail::hopper_fp8_variants())
+    if (detail::hopper_fp8_variant_name(v) == name) return v;
   return std::nullopt;
 }
 
@@ -146,27 +155,47 @@ HopperVariant chosen_hopper_variant(const CallClass& call) {
   return HopperVariant{};
 }
 
+HopperFp8Variant chosen_hopper_fp8_variant(int device) {
+  Table& t = table();
+  if (!t.any_choice.load(std::memory_order_acquire)) return HopperFp8Variant{};
+  const std::lock_guard lock(t.mutex);
+  const auto f = t.forced_fp8.find(device);
+  return f != t.forced_fp8.end() ? f->second : HopperFp8Variant{};
+}
+
 }  // namespace detail
 
-std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim) {
+std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim, AttentionPrecision precision) {
   if (!has_hopper_kernel(device, head_dim)) return {};
   std::vector<std::string> names;
+  if (precision == AttentionPrecision::kFp8) {
+    if (head_dim == kFp8HeadDim)
+      for (const detail::HopperFp8Variant& v : detail::hopper_fp8_variants()) names.push_back(detail::hopper_fp8_variant_name(v));
+    return names;
+  }
   for (const detail::HopperVariant& v : detail::hopper_variants_for(static_cast<int>(head_dim)))
     names.push_back(detail::hopper_variant_name(v));
   return names;
 }
 
-void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant) {
+void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant,
+                                    AttentionPrecision precision) {
   if (!device.is_cuda()) fail_argument("device", "a CUDA device", device.str());
   Table& t = table();
+  const bool fp8 = precision == AttentionPrecision::kFp8;
   if (variant.empty()) {
     const std::lock_guard lock(t.mutex);
-    t.forced.erase({device.index, static_cast<int>(head_dim)});
+    if (fp8)
+      t.forced_fp8.erase(device.index);
+    else
+      t.forced.erase({device.index, static_cast<int>(head_dim)});
     return;
   }
-  const std::vector<std::string> names = cuda::attention_kernel_variants(device, head_dim);
-  const std::optional<detail::HopperVariant> v = variant_named(head_dim, variant);
-  if (!v || names.empty()) {
+  const std::vector<std::string> names = cuda::attention_kernel_variants(device, head_dim, precision);
+  const std::optional<detail::HopperVariant> v = fp8 ? std::nullopt : variant_named(head_dim, variant);
+  const std::optional<detail::HopperFp8Variant> v8 =
+      fp8 && head_dim == kFp8HeadDim ? fp8_variant_named(variant) : std::nullopt;
+  if ((!v && !v8) || names.empty()) {
     std::string offered;
     for (const std::string& n : names) offered += (offered.empty() ? "" : ", ") + n;
     fail_argument("variant", offered.empty() ? std::string("none (this device has no kernel variants for head dim ") +
@@ -175,7 +204,10 @@ void force_attention_kernel_variant(Device device, int64_t head_dim, const std::
                   variant);
   }
   const std::lock_guard lock(t.mutex);
-  t.forced[{device.index, static_cast<int>(head_dim)}] = *v;
+  if (v8)
+    t.forced_fp8[device.index] = *v8;
+  else
+    t.forced[{device.index, static_cast<int>(head_dim)}] = *v;
   t.any_choice.store(true, std::memory_order_release);
 }
 
@@ -192,6 +224,7 @@ void clear_attention_tuning() {
   const std::lock_guard lock(t.mutex);
   t.tuned.clear();
   t.forced.clear();
+  t.forced_fp8.clear();
 }
 
 AttentionTuning tune_attention(const ExecContext& ctx, Device device, DType dtype, const AttentionDims& dims,

@@ -16,8 +16,9 @@ AttentionTuning tune_attention(const ExecContext& ctx, Device device, DType dtyp
 // tune_attention, except that a capturing stream or a device without variants returns at once.
 void tune_attention_unless_capturing(const ExecContext& ctx, Device device, DType dtype, const AttentionDims& dims,
                                      const AttentionTuneOptions& options);
-std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim);
-void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant);
+std::vector<std::string> attention_kernel_variants(Device device, int64_t head_dim, AttentionPrecision precision);
+void force_attention_kernel_variant(Device device, int64_t head_dim, const std::string& variant,
+                                    AttentionPrecision precision);
 void clear_attention_tuning();
 
 namespace detail {
@@ -35,6 +36,8 @@ struct CallClass {
 // The variant a call of `call` runs: a variant being timed by tune_attention on this thread, a
 // forced one, the tuned one, else the default.
 HopperVariant chosen_hopper_variant(const CallClass& call);
+// The FP8 variant an FP8 call on `device` runs: the forced one, else the default ("fp8").
+HopperFp8Variant chosen_hopper_fp8_variant(int device);
 
 }  // namespace detail
 }  // namespace tessel::cuda

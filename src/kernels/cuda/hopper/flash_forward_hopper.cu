@@ -116,22 +116,39 @@ void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int hea
 }
 
 std::string hopper_variant_name(const HopperVariant& variant) {
-  return std::string(variant.narrow ? "narrow" : "wide") + (variant.ping_pong ? "+pingpong" : "");
+  return std::string(variant.narrow ? "narrow" : "wide") + (variant.ping_pong ? "+pingpong" : "") +
+         (variant.lazy_rescale ? "+lazy" : "");
 }
 
 std::vector<HopperVariant> hopper_variants_for(int head_dim) {
   if (head_dim != 64 && head_dim != 128) return {HopperVariant{}};
-  return {HopperVariant{false, false}, HopperVariant{false, true}, HopperVariant{true, false}, HopperVariant{true, true}};
+  // {narrow, ping_pong, lazy_rescale}; lazy rescaling is instantiated with wide stages only.
+  return {HopperVariant{false, false, false}, HopperVariant{false, true, false}, HopperVariant{true, false, false},
+          HopperVariant{true, true, false},   HopperVariant{false, false, true}, HopperVariant{false, true, true}};
+}
+
+std::string hopper_fp8_variant_name(const HopperFp8Variant& variant) {
+  return std::string("fp8") + (variant.smooth_k ? "+smoothk" : "") + (variant.poly_exp2 ? "+poly" : "") +
+         (variant.lazy_rescale ? "+lazy" : "") + (variant.ping_pong ? "+pingpong" : "");
+}
+
+std::vector<HopperFp8Variant> hopper_fp8_variants() {
+  // {smooth_k, poly_exp2, lazy_rescale, ping_pong}: K smoothing costs the kernel nothing, so the
+  // kernel's choices are each tried on top of it.
+  return {HopperFp8Variant{false, false, false, false}, HopperFp8Variant{true, false, false, false},
+          HopperFp8Variant{true, true, false, false},   HopperFp8Variant{true, false, true, false},
+          HopperFp8Variant{true, true, true, false},    HopperFp8Variant{true, false, true, true}};
 }
 
 void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
-                                     const WorkOrder& order, const Fp8Operands& operands, cudaStream_t stream) {
+                                     const WorkOrder& order, const Fp8Operands& operands,
+                                     const HopperFp8Variant& variant, cudaStream_t stream) {
   const Fp8Shape shape{batch, params.seq_q, params.seq_kv, params.heads_q, heads_kv, 128};
-  launch_fp8_quantize(params, dtype, shape, operands, stream);
+  launch_fp8_quantize(params, dtype, shape, operands, variant.smooth_k, stream);
   if (dtype == DType::kBF16)
-    launch_flash_forward_hopper_fp8_typed<__nv_bfloat16>(params, sparse, batch, heads_kv, order, operands, stream);
+    launch_flash_forward_hopper_fp8_typed<__nv_bfloat16>(params, sparse, batch, heads_kv, order, operands, variant, stream);
   else
-    launch_flash_forward_hopper_fp8_typed<__half>(params, sparse, batch, heads_kv, order, operands, stream);
+    launch_flash_forward_hopper_fp8_typed<__half>(params, sparse, batch, heads_kv, order, operands, variant, stream);
 }
 
 }  // namespace tessel::cuda::detail

@@ -26,8 +26,10 @@ void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int hea
                                  int heads_kv, const WorkOrder& order, const HopperVariant& variant, cudaStream_t stream);
 
 // The FP8 mode (AttentionPrecision::kFp8; head dim 128, dtype kBF16 or kF16 in and out): quantizes
-// params.q/k/v into `operands` (fp8_operands.h), then runs the kernel on them, both on `stream`.
+// params.q/k/v into `operands` (fp8_operands.h), then runs `variant`'s kernel on them, both on
+// `stream`.
 void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
-                                     const WorkOrder& order, const Fp8Operands& operands, cudaStream_t stream);
+                                     const WorkOrder& order, const Fp8Operands& operands,
+                                     const HopperFp8Variant& variant, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

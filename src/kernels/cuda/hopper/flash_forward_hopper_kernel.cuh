@@ -35,7 +35,10 @@
 // goes to e4m3 A fragments straight from the S accumulators, in the key order in which the
 // transposed V was written; O += P V is 4 FP8 wgmmas reading V^T K-major from two 64-key
 // sub-tiles of 128 channels x 64 bytes (64-byte swizzle); the epilogue multiplies each channel by
-// its V scale.
+// its V scale. The FP8 variants (kernel_variant.h): kPolyExp2 computes an eighth of the P values'
+// exp2 with a polynomial on the FMA units instead of the MUFU unit; kLazyRescale (also a 16-bit
+// variant) keeps a row's stale maximum (and skips rescaling O) until the row max grows past
+// kRescaleThreshold; ping-pong as for 16-bit operands. With K smoothing the quantizer hands the kernel each row's LSE shift.
 #pragma once
 
 #include <cuda.h>
@@ -143,24 +146,50 @@ struct HopperConfig {
   static constexpr int kOChunks = kPaddedD / kOChunkN;
 };
 
+// 2^x from the FMA and integer units (FlashAttention-4's exp2 emulation), for the FP8 mode's P,
+// which e4m3 then rounds to 2^-4 relative: Cody-Waite range reduction x = n + f with n = round(x)
+// (adding 1.5 * 2^23 leaves n in the low mantissa bits of y), a degree-3 fit of 2^f on
+// [-0.5, 0.5] (relative error 7.5e-5, minimax on the relative error), then n added to the
+// exponent bits (y's bits shifted by 23 are n * 2^23 modulo 2^32). x is clamped at -126 (the
+// masked -inf): the result is then at most 2^-126, which e4m3 rounds to 0 and a row sum of at least
+// one never notices. x <= 127.
+__device__ __forceinline__ float exp2_polynomial(float x) {
+  x = fmaxf(x, -126.f);
+  const float y = __fadd_rn(x, 12582912.f);  // the _rn intrinsics are never reassociated away
+  const float f = __fsub_rn(x, __fsub_rn(y, 12582912.f));
+  const float p = fmaf(fmaf(fmaf(0.05517134f, f, 0.24261034f), f, 0.69326097f), f, 0.99992812f);
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(y) << 23));
+}
+
+// kLazyRescale: a row keeps its maximum (and O its scale) until a stage's scores exceed it by more
+// than this many powers of two (FlashAttention-4's rule). P values then reach up to
+// 2^kRescaleThreshold: harmless in bf16/fp16 (P <= 256, O and the sums in fp32); in FP8, P is
+// scaled to put the kept maximum at 448 / 2^kRescaleThreshold, so e4m3 never saturates, for the
+// price of that many fewer exponent steps above e4m3's subnormals (2^-6), which bounds the
+// threshold (docs/cuda-kernels.md, "FP8 attention", has the measured trade-off).
+inline constexpr float kRescaleThreshold = 8.0f;
+
 }  // namespace hopper
 
 // kPingPong: the two consumer warpgroups take turns issuing their GEMMs (two named barriers, as
 // FlashAttention-3 schedules its warpgroups), so one warpgroup's softmax, first product of an item
 // and epilogue run while the other's GEMMs hold the tensor cores; without it both issue at once and
 // their softmaxes coincide. Whether that pays depends on the shape: the plan-time tuning decides.
-template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false>
+// fp8_lse_shift (FP8 with K smoothing, else nullptr): per (batch, head, row), what the LSE lost
+// when the quantizer subtracted K's channel means (softmax scale x q . mean), added back.
+template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false,
+          bool kPolyExp2 = false, bool kLazyRescale = false>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count,
-                                const WorkOrder work_order) {
+                                const WorkOrder work_order, const float* __restrict__ fp8_lse_shift) {
 #if TESSEL_WGMMA_AVAILABLE
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
   constexpr int kPaddedD = (D + 63) / 64 * 64;
   static_assert(D % 16 == 0 && kPaddedD <= 256, "head dims 64, 96, 128, 192 and 256");
   using SharedLayout = hopper::HopperConfig<kPaddedD, kFp8, kNarrow>;
-  static_assert(!kPingPong || !kFp8, "ping-pong: 16-bit operands");
+  static_assert(kFp8 || !kPolyExp2, "polynomial exp2: FP8 mode only");
   constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
   constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
   constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
@@ -357,12 +386,14 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // FP8: the current item's row-block q scale and the kv head's scale rows (fp8_operands.h).
   float q_dequant = 1.f;
   const float* k_scales = nullptr;
-  float k_factor[2] = {0.f, 0.f};  // the current stage's sub-tiles: q scale x k scale x scale log2(e)
+  // The current stage's sub-tiles: q scale x k scale x scale log2(e); 1 for a missing second
+  // sub-tile, whose masked -inf scores must stay -inf (not NaN) through the products.
+  float k_factor[2] = {1.f, 1.f};
   // Loaded as soon as a stage's offsets are known, so the loads overlap its QK^T product.
   auto load_k_factors = [&](int n0, int n1) {
     if constexpr (kFp8) {
       k_factor[0] = q_dequant * __ldg(k_scales + n0 / kFp8ScaleBlock) * p.scale_log2;
-      k_factor[1] = n1 >= 0 ? q_dequant * __ldg(k_scales + n1 / kFp8ScaleBlock) * p.scale_log2 : 0.f;
+      k_factor[1] = n1 >= 0 ? q_dequant * __ldg(k_scales + n1 / kFp8ScaleBlock) * p.scale_log2 : 1.f;
     }
   };
   float row_max[2];
@@ -418,16 +449,18 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   // Masks S where a sub-tile is missing or crosses the sequence end or a causal/window edge, then
   // turns it into unnormalized probabilities against the new running max; returns each row's
   // rescale factor for O. s_acc[4j + 2h + e] is row group + 8h, column 8j + 2 quad + e.
-  // FP8: S is first multiplied by q scale x k scale x scale log2(e) per sub-tile (the scores are
-  // then in the log2 domain), and P comes out times 448 (e4m3's largest value at a row's maximum;
-  // the row sums carry the same factor, so the normalization removes it).
+  // FP8: each sub-tile's scores carry the factor q scale x k scale x scale log2(e) (k_factor,
+  // positive), folded into the row max (each sub-tile's max of the raw products, then scaled) and
+  // into the exponent's FFMA rather than multiplied into S first (one instruction less per score
+  // on the softmax chain); row_max is in the log2 domain. P comes out times 448 (e4m3's largest
+  // value at a row's maximum; the row sums carry the same factor, so the normalization removes
+  // it), or times 448 / 2^kRescaleThreshold with kLazyRescale (P may exceed the kept maximum by
+  // that much).
   const float score_scale = kFp8 ? 1.f : p.scale_log2;
-  constexpr float kLog2PFactor = kFp8 ? 8.807354922057604f : 0.f;  // log2(448)
+  constexpr float kLog2PFactor = kFp8 ? 8.807354922057604f - (kLazyRescale ? kRescaleThreshold : 0.f) : 0.f;
+  // The factor of n8 tile j's raw products in the exponent (FP8: its sub-tile's k_factor).
+  auto exponent_scale = [&](int j) { return kFp8 ? k_factor[j < 8 ? 0 : 1] : score_scale; };
   auto softmax = [&](int n0, int n1, float (&alpha)[2]) {
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) s_acc[i] *= k_factor[i < 32 ? 0 : 1];
-    }
     const bool mask0 = n0 + kSubTile - 1 > all_rows_hi || n0 < all_rows_lo;
     const bool mask1 = kSubTiles == 2 && (n1 < 0 || n1 + kSubTile - 1 > all_rows_hi || n1 < all_rows_lo);
     if (mask0 || mask1) {
@@ -450,10 +483,22 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = row_max[h];
+      if constexpr (kFp8) {
+        float sub_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+        for (int j = 0; j < kSTiles; ++j)
+          sub_max[j < 8 ? 0 : 1] = fmaxf(sub_max[j < 8 ? 0 : 1], fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+        mx = fmaxf(mx, fmaxf(sub_max[0] * k_factor[0], sub_max[1] * k_factor[1]));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A small growth (log2 units) keeps the stale maximum (the first stage's -inf always moves;
+      // NaN compares false).
+      if constexpr (kLazyRescale)
+        if ((mx - row_max[h]) * score_scale <= kRescaleThreshold) mx = row_max[h];
       const float shift = mx == -INFINITY ? 0.f : mx * score_scale;
       alpha[h] = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * score_scale - shift);
       row_max[h] = mx;
@@ -461,8 +506,14 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
-        const float p0 = fast_exp2(s_acc[4 * j + 2 * h] * score_scale - p_shift);
-        const float p1 = fast_exp2(s_acc[4 * j + 2 * h + 1] * score_scale - p_shift);
+        // kPolyExp2: every eighth n8 tile on the FMA units. Per warp-wide score instruction the
+        // MUFU takes 8 cycles and the softmax issues about 6 instructions (5 with lazy
+        // rescaling), so moving a fraction r to the polynomial's 9 instructions balances the two
+        // at r = 1/8 (3/16 with lazy rescaling); more would make issue the limit.
+        auto exp2_of = [&](float x) { return kPolyExp2 && (j & 7) == 7 ? exp2_polynomial(x) : fast_exp2(x); };
+        const float scale = exponent_scale(j);
+        const float p0 = exp2_of(fmaf(s_acc[4 * j + 2 * h], scale, -p_shift));
+        const float p1 = exp2_of(fmaf(s_acc[4 * j + 2 * h + 1], scale, -p_shift));
         s_acc[4 * j + 2 * h] = p0;
         s_acc[4 * j + 2 * h + 1] = p1;
         sum += p0 + p1;
@@ -575,12 +626,16 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kPSlices; ++kk) wgmma_fence_operands(p_frag[kk]);
         mbarrier_arrive(bar_empty + 8 * held);
+        // kLazyRescale: most stages keep every row's maximum, and the warp (16 rows) skips O's
+        // multiplies, which sit between the PV product's end and the next stage's issue.
+        if (!kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < kOutTiles; ++j) {
-          o_at(j, 0) *= alpha[0];
-          o_at(j, 1) *= alpha[0];
-          o_at(j, 2) *= alpha[1];
-          o_at(j, 3) *= alpha[1];
+          for (int j = 0; j < kOutTiles; ++j) {
+            o_at(j, 0) *= alpha[0];
+            o_at(j, 1) *= alpha[0];
+            o_at(j, 2) *= alpha[1];
+            o_at(j, 3) *= alpha[1];
+          }
         }
         pack_probabilities();
         held = stage;
@@ -610,9 +665,11 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       const int i = wg_row0 + warp * 16 + group + 8 * h;
       if (i >= p.seq_q) continue;
       if (p.lse != nullptr && quad == 0) {
-        const float lse =
+        const int64_t lse_index = (static_cast<int64_t>(w.batch) * p.heads_q + w.head) * p.seq_q + i;
+        float lse =
             sum > 0.f ? (row_max[h] * score_scale + __log2f(sum) - kLog2PFactor) * 0.69314718055994531f : -INFINITY;
-        p.lse[(static_cast<int64_t>(w.batch) * p.heads_q + w.head) * p.seq_q + i] = lse;
+        if (kFp8 && fp8_lse_shift != nullptr) lse += fp8_lse_shift[lse_index];  // -inf stays
+        p.lse[lse_index] = lse;
       }
       T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
 #pragma unroll

@@ -15,15 +15,17 @@
 namespace tessel::cuda::detail {
 
 // kFp8: the maps read the e4m3 operands of `fp8` (quantized before, in stream order) and the
-// kernel their scales; otherwise q, k, v of `p` directly.
-template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false>
+// kernel their scales (and, quantized with K smoothing, the LSE shifts); otherwise q, k, v of `p`
+// directly.
+template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false,
+          bool kPolyExp2 = false, bool kLazyRescale = false>
 void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
-                          cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
+                          cudaStream_t stream, const Fp8Operands* fp8 = nullptr, bool fp8_smooth_k = false) {
   constexpr int kPaddedD = (D + 63) / 64 * 64;
   constexpr int kSmem =
       static_cast<int>(hopper::HopperConfig<kPaddedD, kFp8, kNarrow>::bytes(kSparse) + hopper::kAlignmentSlack);
   static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
-  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong>;
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong, kPolyExp2, kLazyRescale>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -53,7 +55,8 @@ void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType d
   // Block masks keep different numbers of blocks per row: hand the rows out longest first.
   const WorkOrder used = kSparse ? order : WorkOrder{};
   if (used.enabled()) launch_longest_first_order(p, batch, used, stream);
-  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, params, batch, used);
+  const float* lse_shift = kFp8 && fp8_smooth_k ? fp8->lse_shift : nullptr;
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, params, batch, used, lse_shift);
 }
 
 // Defined and instantiated in flash_forward_hopper_d{64,128}_narrow.cu (TESSEL_INSTANTIATE_HOPPER_NARROW).
@@ -61,11 +64,13 @@ template <typename T, int D, bool kPingPong>
 void launch_flash_forward_hopper_narrow(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                                         const WorkOrder& order, cudaStream_t stream);
 
-template <typename T, int D, bool kNarrow, bool kPingPong>
+template <typename T, int D, bool kNarrow, bool kPingPong, bool kLazyRescale = false>
 void launch_hopper_variant(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                            const WorkOrder& order, cudaStream_t stream) {
-  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong>(params, batch, heads_kv, dtype, order, stream)
-         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong>(params, batch, heads_kv, dtype, order, stream);
+  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong, false, kLazyRescale>(params, batch, heads_kv,
+                                                                                            dtype, order, stream)
+         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong, false, kLazyRescale>(params, batch, heads_kv,
+                                                                                             dtype, order, stream);
 }
 
 // Head dims 64 and 128 have every variant (kernel_variant.h), each in its own file so that they
@@ -78,13 +83,39 @@ void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, i
       return variant.ping_pong
                  ? launch_flash_forward_hopper_narrow<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
                  : launch_flash_forward_hopper_narrow<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
+    if (variant.lazy_rescale)
+      return variant.ping_pong
+                 ? launch_hopper_variant<T, D, false, true, true>(params, sparse, batch, heads_kv, dtype, order, stream)
+                 : launch_hopper_variant<T, D, false, false, true>(params, sparse, batch, heads_kv, dtype, order, stream);
     if (variant.ping_pong)
       return launch_hopper_variant<T, D, false, true>(params, sparse, batch, heads_kv, dtype, order, stream);
   }
   launch_hopper_variant<T, D, false, false>(params, sparse, batch, heads_kv, dtype, order, stream);
 }
 
+// The FP8 mode's kernel (head dim 128) for output type T and one combination of the kernel's FP8
+// variant choices (kernel_variant.h); TESSEL_INSTANTIATE_HOPPER_FP8 instantiates each combination
+// in one of flash_forward_hopper_fp8*.cu, so that they compile in parallel.
+template <typename T, bool kPolyExp2, bool kLazyRescale, bool kPingPong>
+void launch_hopper_fp8_kernel(const FlashParams& params, bool sparse, int batch, int heads_kv, const WorkOrder& order,
+                              const Fp8Operands& operands, bool smooth_k, cudaStream_t stream) {
+  const DType dtype = std::is_same_v<T, __nv_bfloat16> ? DType::kBF16 : DType::kF16;
+  sparse ? launch_hopper_kernel<T, 128, true, true, false, kPingPong, kPolyExp2, kLazyRescale>(
+               params, batch, heads_kv, dtype, order, stream, &operands, smooth_k)
+         : launch_hopper_kernel<T, 128, false, true, false, kPingPong, kPolyExp2, kLazyRescale>(
+               params, batch, heads_kv, dtype, order, stream, &operands, smooth_k);
+}
+
 }  // namespace tessel::cuda::detail
+
+// The instantiations of one FP8 kernel combination (both output types), inside the namespace;
+// EXTERN `extern` declares them (the dispatch in flash_forward_hopper_fp8.cu), empty defines them.
+#define TESSEL_INSTANTIATE_HOPPER_FP8(EXTERN, POLY, LAZY, PING_PONG)                                                   \
+  EXTERN template void launch_hopper_fp8_kernel<__nv_bfloat16, POLY, LAZY, PING_PONG>(                                 \
+      const FlashParams&, bool, int, int, const WorkOrder&, const Fp8Operands&, bool, cudaStream_t);                    \
+  EXTERN template void launch_hopper_fp8_kernel<__half, POLY, LAZY, PING_PONG>(const FlashParams&, bool, int, int,      \
+                                                                              const WorkOrder&, const Fp8Operands&,   \
+                                                                              bool, cudaStream_t)
 
 // The explicit instantiations of one head dim's file (both element types).
 #define TESSEL_INSTANTIATE_HOPPER_LAUNCH(D)                                                                     \

@@ -32,9 +32,11 @@ template <typename T, int D>
 void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                                        const WorkOrder& order, const HopperVariant& variant, cudaStream_t stream);
 
-// The FP8 mode's launch (head dim 128, output type T), instantiated in flash_forward_hopper_fp8.cu.
+// The FP8 mode's launch (head dim 128, output type T) of `variant`'s kernel (operands quantized
+// as the variant says), instantiated in flash_forward_hopper_fp8.cu.
 template <typename T>
 void launch_flash_forward_hopper_fp8_typed(const FlashParams& params, bool sparse, int batch, int heads_kv,
-                                           const WorkOrder& order, const Fp8Operands& operands, cudaStream_t stream);
+                                           const WorkOrder& order, const Fp8Operands& operands,
+                                           const HopperFp8Variant& variant, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

@@ -9,7 +9,12 @@
 //    a per-key scale could not be taken out of the sum), stored transposed (B, H_kv, D, S_pad) so
 //    that the keys are the contiguous (K-major) axis FP8 wgmma needs for its B operand, with the
 //    keys of each 32-key group permuted into the order in which the S accumulator layout hands P
-//    to the A-register fragment (fp8_key_order below) — no register shuffles in the kernel.
+//    to the A-register fragment (fp8_key_order below) — no register shuffles in the kernel;
+//  - with K smoothing (the FP8 variants' smooth_k), k less its channel means over the whole
+//    sequence before the block scales are taken (q . mean is the same for every key of a row, so
+//    the softmax is unchanged, while the blocks' maxima lose the shared offset that DiT keys carry
+//    and keep more bits for what differs between keys); each row's LSE gets softmax scale x
+//    q . mean back in the kernel's epilogue.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +43,12 @@ struct Fp8Operands {
   float* q_scale = nullptr;     // (B, H_q, q_blocks) dequantization factors
   float* k_scale = nullptr;     // (B, H_kv, kv_blocks)
   uint32_t* v_absmax = nullptr;  // (B, H_kv, D) channel maxima as float bits (scale = max / 448)
+  // K smoothing only: k's channel sums per 256-key slice (B, H_kv, slices, D), summed in order into
+  // the channel means (B, H_kv, D) (no atomics: the same bits every run), and the LSE shifts
+  // (B, H_q, S_q), softmax scale x q . mean in natural-log units.
+  float* k_slice_sums = nullptr;
+  float* k_mean = nullptr;
+  float* lse_shift = nullptr;
   int seq_kv_padded = 0;        // S_kv rounded up to 64 (zeros past S_kv)
 };
 
@@ -50,9 +61,10 @@ size_t fp8_operand_bytes(const Fp8Shape& shape);
 // The operands' slices of `workspace` (throws Error naming the slice when it is short).
 Fp8Operands take_fp8_operands(const Workspace& workspace, const Fp8Shape& shape);
 
-// Quantizes params.q/k/v (dtype bf16 or fp16, head dim 128) into `operands` on `stream`.
+// Quantizes params.q/k/v (dtype bf16 or fp16, head dim 128) into `operands` on `stream`, with K
+// smoothing when `smooth_k` (the operands always have its room).
 void launch_fp8_quantize(const FlashParams& params, DType dtype, const Fp8Shape& shape, const Fp8Operands& operands,
-                         cudaStream_t stream);
+                         bool smooth_k, cudaStream_t stream);
 
 // The key whose P value sits at position `slot` (0..31) of a 32-key group of an FP8 A fragment
 // built from the S accumulators without shuffles: slot 4q + i of the low (high) 16 holds column

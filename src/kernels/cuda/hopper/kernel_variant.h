@@ -1,7 +1,9 @@
 // The variants of the Hopper forward kernel that the plan-time tuning chooses among
-// (variant_tuning.h): the tile shape of the K/V stages and whether the consumer warpgroups take
-// turns issuing their GEMMs. Head dims 64 and 128 (bf16, fp16) have all four; the others, and the
-// FP8 mode, only the default.
+// (variant_tuning.h): the tile shape of the K/V stages, whether the consumer warpgroups take
+// turns issuing their GEMMs, and (wide stages) whether O is rescaled lazily. Head dims 64 and 128
+// (bf16, fp16) have all six; the others only the default. The FP8 mode has its own variants
+// (HopperFp8Variant), chosen only by force_attention_kernel_variant (benchmarks, tests), never by
+// the tuning.
 #pragma once
 
 #include <string>
@@ -12,12 +14,28 @@ namespace tessel::cuda::detail {
 struct HopperVariant {
   bool narrow = false;     // 64-key stages: more of them and two Q buffers (HopperConfig kNarrow)
   bool ping_pong = false;  // the consumer warpgroups alternate their GEMMs (kernel kPingPong)
+  bool lazy_rescale = false;  // O rescaled only when a row max grows past a threshold (kLazyRescale)
   bool operator==(const HopperVariant&) const = default;
 };
 
-// "wide", "wide+pingpong", "narrow", "narrow+pingpong".
+// "wide", "wide+pingpong", "narrow", "narrow+pingpong", "wide+lazy", "wide+pingpong+lazy".
 std::string hopper_variant_name(const HopperVariant& variant);
 // The variants a head dim has instantiations of (the default first).
 std::vector<HopperVariant> hopper_variants_for(int head_dim);
+
+// The FP8 mode's variants (docs/cuda-kernels.md, "FP8 attention"): independent choices, of which
+// hopper_fp8_variants() lists the instantiated combinations.
+struct HopperFp8Variant {
+  bool smooth_k = false;      // the quantizer subtracts K's channel means (SageAttention's smoothing)
+  bool poly_exp2 = false;     // an eighth of the softmax's exp2 on the FMA units (kernel kPolyExp2)
+  bool lazy_rescale = false;  // O rescaled only when a row max grows past a threshold (kLazyRescale)
+  bool ping_pong = false;     // the consumer warpgroups alternate their GEMMs (kPingPong)
+  bool operator==(const HopperFp8Variant&) const = default;
+};
+
+// "fp8" then "+smoothk", "+poly", "+lazy", "+pingpong" for each choice taken, in that order.
+std::string hopper_fp8_variant_name(const HopperFp8Variant& variant);
+// The FP8 variants with instantiations (the default, today's "fp8", first).
+std::vector<HopperFp8Variant> hopper_fp8_variants();
 
 }  // namespace tessel::cuda::detail
