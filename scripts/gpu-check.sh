@@ -36,19 +36,23 @@
 #      whole model on the device, 720p and 480p) and continuous batching through `tessel serve`
 #      (bench/serve_batching.py: 8 images at once against one after another, videos, head-of-line,
 #      100 mixed requests) — --skip-offload, --skip-serve;
-#   9. print the side-by-side table last.
+#   9. weights as users load them (docs/dit.md): Wan 14B 720p, 4 blocks, bf16 against --weights fp8
+#      (dense and dynamic top-k 0.2) and against rank-64 per-request LoRA adapters (one, and a mixed
+#      batch of two), beside PyTorch's bf16 and row-wise FP8 linears (bench/torch_fp8_linear.py) —
+#      --skip-weights;
+#  10. print the side-by-side table last.
 # cuDNN (the VAE's convolutions) is opened at run time: the folder of PyTorch's nvidia-cudnn wheel is
 # put on LD_LIBRARY_PATH when that wheel is installed.
 # Options: --bin DIR, --test-jobs N (test binaries at a time, default 4), --only-tests "NAMES", --out DIR (logs, masks, JSON; default ./gpu-check-out), --seqs "6630 12870 29700",
 #          --skip-tests, --skip-sanitizer, --skip-bench, --skip-peers, --skip-kv,
 #          --kv-contexts "32768,65536,131072", --iters N, --python DIR|installed, --skip-wan,
-#          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --skip-offload, --skip-serve, --wan-pipeline-args "...",
+#          --skip-calibrate, --skip-vae, --skip-wan-pipeline, --skip-offload, --skip-serve, --skip-weights, --wan-pipeline-args "...",
 #          --wan-model DIR (default $OUT/wan-1.3b-random).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="" OUTDIR="$PWD/gpu-check-out" SEQS="6630 12870 29700" ITERS=10
-PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 RUN_OFFLOAD=1 RUN_SERVE=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
+PYTHON_DIR="" RUN_WAN=1 RUN_VAE=1 RUN_WAN_PIPELINE=1 RUN_OFFLOAD=1 RUN_SERVE=1 RUN_WEIGHTS=1 WAN_PIPELINE_ARGS="--frames 21 --steps 4" WAN_MODEL=""
 TEST_JOBS=4 TEST_SHARDS=4 ONLY_TESTS="" SHARDED_TESTS="attention_gpu_test attention_fp8_gpu_test backend_conformance_test"
 RUN_TESTS=1 RUN_SANITIZER=1 RUN_BENCH=1 RUN_PEERS=1 RUN_KV=1 KV_CONTEXTS="32768,65536,131072" RUN_CALIBRATE=1
 while [[ $# -gt 0 ]]; do
@@ -74,6 +78,7 @@ while [[ $# -gt 0 ]]; do
     --skip-calibrate) RUN_CALIBRATE=0; shift ;;
     --skip-offload) RUN_OFFLOAD=0; shift ;;
     --skip-serve) RUN_SERVE=0; shift ;;
+    --skip-weights) RUN_WEIGHTS=0; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -303,6 +308,25 @@ if [[ $RUN_OFFLOAD == 1 ]]; then
   done
 fi
 
+# Weights as users load them (docs/dit.md): FP8 block weights and per-request LoRA adapters on Wan
+# 14B 720p (4 of the 40 blocks), and PyTorch's linears at the same shapes.
+if [[ $RUN_WEIGHTS == 1 ]]; then
+  echo "== Wan 14B weights: --weights fp8, per-request LoRA (dit-bench, 4 blocks, 720p)"
+  : >"$OUTDIR/weights.txt"
+  TOPK='{"backend": "dynamic_topk", "pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.2}, "options": {"similarity_threshold": "-2"}}'
+  for run in "--batch 2" "--batch 2 --weights fp8" "--batch 2 --topk" "--batch 2 --weights fp8 --topk" \
+             "--batch 2 --lora-rank 64 --lora-adapters 1" "--batch 4" "--batch 4 --lora-rank 64 --lora-adapters 2"; do
+    # shellcheck disable=SC2206  # the run's words are its flags
+    args=(${run/--topk/})
+    [[ "$run" == *--topk* ]] && args+=(--sparse-attn-config "$TOPK")
+    echo "dit-bench --model wan-14b --layers 4 --height 720 --width 1280 $run" >>"$OUTDIR/weights.txt"
+    "$TESSEL" dit-bench --device cuda --model wan-14b --layers 4 --height 720 --width 1280 --frames 81 --steps 3 --warmup 1 \
+      "${args[@]}" 2>&1 | grep -E "^step:|^  gemm|^memory:|error" >>"$OUTDIR/weights.txt" || echo "weights run FAILED" >>"$OUTDIR/weights.txt"
+  done
+  PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_fp8_linear.py" --tokens 151200 --iters 15 >>"$OUTDIR/weights.txt" 2>&1 ||
+    echo "torch_fp8_linear FAILED" >>"$OUTDIR/weights.txt"
+fi
+
 # Continuous batching through the HTTP server (docs/server.md): bench/serve_batching.py on the 1.3B
 # random model directory (made with init-model when --wan-model names none that exists).
 if [[ $RUN_SERVE == 1 ]]; then
@@ -336,6 +360,7 @@ for vae_log in "$OUTDIR/vae_decode.txt" "$OUTDIR/vae_encode.txt"; do
 done
 [[ -s "$OUTDIR/fp8.txt" ]] && cat "$OUTDIR/fp8.txt"
 [[ -s "$OUTDIR/offload.txt" ]] && cat "$OUTDIR/offload.txt"
+[[ -s "$OUTDIR/weights.txt" ]] && cat "$OUTDIR/weights.txt"
 [[ -s "$OUTDIR/serve_batching.txt" ]] && sed -n '/^| case/,$p;/FAILED/p' "$OUTDIR/serve_batching.txt"
 [[ -s "$OUTDIR/variants.txt" ]] && cat "$OUTDIR/variants.txt"
 if [[ -s "$OUTDIR/table.txt" ]]; then
