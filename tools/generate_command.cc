@@ -99,6 +99,9 @@ struct GenerateTimings {
   std::vector<double> step_seconds;
   double scheduler_seconds = 0.0;
   size_t peak_device_used = 0;
+  // The transformers' (both experts') weights on the device, and what block offload keeps in host
+  // memory instead; set after the generation.
+  size_t weight_bytes = 0, offloaded_weight_bytes = 0;
 
   void record_step(const WanStepProgress& p, Device device) {
     step_seconds.push_back(p.step_seconds);
@@ -128,10 +131,19 @@ void print_timings(const GenerateTimings& t, Device device, const std::optional<
               device.str().c_str(), t.text_seconds, static_cast<long long>(steps_done), denoise,
               steps_done ? denoise / static_cast<double>(steps_done) : 0.0,
               steps_done ? t.scheduler_seconds * 1000.0 / static_cast<double>(steps_done) : 0.0, t.generate_seconds - denoise);
+  if (device.is_cuda()) {
+    report["weights_bytes"] = t.weight_bytes;
+    report["offloaded_weights_bytes"] = t.offloaded_weight_bytes;
+    std::printf(", transformer weights %s", format_bytes(static_cast<double>(t.weight_bytes)).c_str());
+    if (t.offloaded_weight_bytes > 0)
+      std::printf(" (blocks offloaded: %s in pinned host memory)", format_bytes(static_cast<double>(t.offloaded_weight_bytes)).c_str());
+  }
   if (at_start && t.peak_device_used >= at_start->used) {
     const size_t taken = t.peak_device_used - at_start->used;
     report["peak_device_memory_bytes"] = taken;
     std::printf(", device memory taken (weights and loop) %s", format_bytes(static_cast<double>(taken)).c_str());
+    if (device.is_cuda() && taken >= t.weight_bytes)
+      std::printf(" of which the loop's activations and caches %s", format_bytes(static_cast<double>(taken - t.weight_bytes)).c_str());
   }
   if (device.is_cuda()) {
     report["estimated_device_memory_bytes"] = estimate.device_bytes;
@@ -357,6 +369,11 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   timings.text_encode_seconds = generated.text_encode_seconds;
   timings.text_seconds = timings.load_seconds + timings.text_encode_seconds;
   timings.generate_seconds = seconds_since(generate_start) - generated.text_encode_seconds;
+  for (int expert = 0; expert < (model.two_experts ? 2 : 1); ++expert) {
+    const WanTransformer& transformer = generator.transformer(request.sparse_setting, expert);
+    timings.weight_bytes += transformer.weight_bytes();
+    timings.offloaded_weight_bytes += transformer.offloaded_weight_bytes();
+  }
   if (run.is_root()) print_timings(timings, device, memory_at_start, result.steps_done, estimate);
   if (!run.is_root()) return 0;
   if (model.two_experts) {
