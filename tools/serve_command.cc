@@ -33,6 +33,7 @@
 #include "tessel/diffusion/wan_vae.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/engine/engine.h"
+#include "tessel/engine/wan_deadline.h"
 #include "tessel/engine/wan_serving.h"
 #include "tessel/core/finite_check.h"
 #include "tessel/core/io/safetensors.h"
@@ -72,7 +73,7 @@ struct ServeOptions {
   std::string weights = "bf16";
   std::string transformer_file;
   std::string transformer_2_file;
-  int64_t request_timeout_s = 0;
+  std::string request_timeout = "auto";  // "auto", or whole seconds (0: none): request_timeout_value()
   int64_t drain_timeout_s = 60;
   serve::ServerOptions server;
   int64_t image_timeout_s = 3600;
@@ -83,6 +84,40 @@ struct ServeOptions {
 // Requests one worker keeps in flight by default: enough to fill a GPU's step with small image
 // requests, few enough that a request's step time stays within a small multiple of its own.
 constexpr int64_t kDefaultMaxBatch = 8;
+
+constexpr int64_t kMaxRequestTimeoutSeconds = 1 << 24;
+
+// --request-timeout: "auto" (each request's deadline sized from the model and the request), or
+// whole seconds for every request, 0 for none.
+CLI::Validator request_timeout_value() {
+  const std::string expected = detail::concat("auto, or whole seconds in [0, ", kMaxRequestTimeoutSeconds, "] (0: no limit)");
+  const CLI::Validator seconds = integer_in(0, kMaxRequestTimeoutSeconds);
+  return CLI::Validator(
+      [expected, seconds](std::string& text) -> std::string {
+        if (text == "auto" || seconds(text).empty()) return "";
+        return "expected " + expected + ", got " + quoted_excerpt(text, 40);
+      },
+      expected, "REQUEST_TIMEOUT");
+}
+
+// The start-up log's line on the request deadline: a fixed one, none, or what auto gives the
+// default video and image requests.
+std::string request_timeout_summary(const engine::EngineConfig& config, const engine::WanDeadlineModel& deadline,
+                                    const serve::ApiDefaults& api) {
+  if (!config.request_timeout_auto)
+    return config.request_timeout.count() > 0 ? detail::concat(config.request_timeout.count() / 1000, " s for every request")
+                                              : std::string("none");
+  engine::GenerationRequest request;
+  request.width = api.default_width;
+  request.height = api.default_height;
+  request.num_inference_steps = api.default_steps;
+  request.guidance_scale = api.default_guidance;
+  request.frames = 1;
+  const double image = engine::wan_request_deadline_seconds(deadline, request);
+  request.frames = api.default_frames;
+  const double video = engine::wan_request_deadline_seconds(deadline, request);
+  return detail::concat("auto, sized per request (a default video ", video, " s, a default image ", image, " s)");
+}
 
 std::string this_executable() {
   std::error_code error;
@@ -238,7 +273,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   config.max_batch = static_cast<int>(o.max_batch.value_or(workers > 1 ? 1 : kDefaultMaxBatch));
   config.batch_join = milliseconds(o.batch_join_ms);
   config.runner_config_json = engine::wan_runner_config_to_json(runner);
-  config.request_timeout = seconds(o.request_timeout_s);
+  config.request_timeout_auto = o.request_timeout == "auto";
+  if (!config.request_timeout_auto) config.request_timeout = seconds(std::stoll(o.request_timeout));
   config.worker_stall_timeout = seconds(o.worker_stall_s);
 
   engine::WanRequestLimits limits;
@@ -254,7 +290,8 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   for (const auto& [name, json] : runner.sparse_attention_settings) limits.sparse_attention_settings.push_back(name);
   for (const auto& [name, file] : runner.lora_adapters) limits.lora_adapters.push_back(name);
   engine::ProcessorRegistry processors;
-  engine::register_wan_processors(processors, limits);
+  const engine::WanDeadlineModel deadline_model = engine::wan_deadline_model(model, runner, config.max_batch);
+  engine::register_wan_processors(processors, limits, deadline_model);
 
   o.server.api.model_name = o.served_model_name.empty() ? fs::absolute(o.model_dir).filename().string() : o.served_model_name;
   if (o.server.api.model_name.empty()) o.server.api.model_name = fs::absolute(o.model_dir).parent_path().filename().string();
@@ -281,6 +318,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
     server.stop();
   });
   watcher.detach();
+  std::printf("tessel serve: request timeout: %s\n", request_timeout_summary(config, deadline_model, o.server.api).c_str());
   std::printf("tessel serve: listening on http://%s:%d (model %s, %lld worker(s), queue depth %lld, batch %d)\n",
               o.server.host.c_str(), port, o.server.api.model_name.c_str(), static_cast<long long>(workers),
               static_cast<long long>(o.max_queue), config.max_batch);
@@ -357,9 +395,11 @@ CommandRegistration registration{
       app.add_option("--scheduler", o->scheduler, "unipc or euler (default: the model's scheduler/)")->check(one_of({"unipc", "euler"}));
       app.add_option("--flow-shift", o->flow_shift, "the schedule's shift (default: the scheduler config's)")
           ->check(number_in(0.0, 1000.0, Bounds::kOpenLow));
-      app.add_option("--request-timeout", o->request_timeout_s, "seconds a request may run before it is stopped (0: no limit)")
+      app.add_option("--request-timeout", o->request_timeout,
+                     "seconds a request may run, from its start, before it is stopped and fails: auto (each request's own deadline, "
+                     "sized from the model and the request), or a number for every request (0: no limit)")
           ->capture_default_str()
-          ->check(integer_in(0, 1 << 24));
+          ->check(request_timeout_value());
       app.add_option("--image-timeout", o->image_timeout_s, "seconds an images request waits for its images (then 504)")
           ->capture_default_str()
           ->check(integer_in(1, 1 << 24));

@@ -13,6 +13,7 @@
 #include "option_checks.h"
 #include "tessel/core/error.h"
 #include "tessel/core/parallel.h"
+#include "tessel/dit/wan_flop.h"
 #include "tessel/dit/wan_weights.h"
 
 namespace tessel::cli {
@@ -22,15 +23,7 @@ double wan_cpu_activation_bytes(const WanConfig& config, double rows) {
   return 4.0 * rows * (10.0 * static_cast<double>(config.inner_dim()) + static_cast<double>(config.ffn_dim));
 }
 
-namespace {
-double wan_parameters(const WanConfig& config) {
-  double parameters = 0.0;
-  for (const WeightSpec& spec : wan_weight_specs(config)) parameters += static_cast<double>(shape_numel(spec.shape));
-  return parameters;
-}
-}  // namespace
-
-double wan_cpu_weight_bytes(const WanConfig& config) { return 8.0 * wan_parameters(config); }
+double wan_cpu_weight_bytes(const WanConfig& config) { return 8.0 * wan_parameter_count(config); }
 double wan_cuda_weight_bytes(const WanConfig& config, bool fp8) {
   double bytes = 0.0;
   for (const WeightSpec& spec : wan_weight_specs(config)) {
@@ -45,10 +38,6 @@ double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8)
   return rows * (4.0 * dim + 2.0 * 5.0 * dim + 2.0 * ffn + (fp8 ? std::max(dim, ffn) + 4.0 : 0.0));
 }
 
-double wan_forward_flop(const WanConfig& config, double batch, double tokens, double text_tokens) {
-  const double dim = static_cast<double>(config.inner_dim()), layers = static_cast<double>(config.num_layers);
-  return 2.0 * wan_parameters(config) * batch * tokens + 4.0 * layers * batch * tokens * (tokens + text_tokens) * dim;
-}
 namespace {
 constexpr double kMaxSeconds = 3600.0;  // beyond: --force
 constexpr double kAnnounceSeconds = 10.0;

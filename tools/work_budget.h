@@ -12,6 +12,7 @@
 
 #include "tessel/core/device.h"
 #include "tessel/dit/wan_config.h"
+#include "tessel/dit/wan_flop.h"
 
 namespace tessel::cli {
 
@@ -45,10 +46,7 @@ double wan_cpu_activation_bytes(const WanConfig& config, double rows);
 // workspace's e4m3 copy of each GEMM's input rows with their scales.
 double wan_cuda_weight_bytes(const WanConfig& config, bool fp8 = false);
 double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8 = false);
-// The arithmetic of one forward over `batch` x `tokens` latent tokens and `text_tokens` of text:
-// every linear (2 x parameters per row), self-attention over the tokens and cross-attention to the
-// text (4 x query rows x key rows x dim per layer, dense).
-double wan_forward_flop(const WanConfig& config, double batch, double tokens, double text_tokens);
+// The arithmetic of one forward: the library's wan_forward_flop (tessel/dit/wan_flop.h).
 
 // The peak resident memory of this process so far (getrusage), which the reports print beside the
 // estimate.

@@ -161,13 +161,22 @@ UMT5Encoder::UMT5Encoder(UMT5Config config, const std::map<std::string, Tensor>&
       if (!weights_.count(name)) fail_argument("UMT5 weights", "only the encoder's tensors", "an extra tensor " + quoted_excerpt(name));
 }
 
+UMT5Config load_umt5_config(const std::string& directory) {
+  const std::string config_path = directory + "/config.json";
+  return parse_umt5_config(read_file_bounded(config_path, diffusion::kMaxTransformersJsonBytes, "text encoder config"), config_path);
+}
+
+double umt5_encoder_flop(const UMT5Config& config, double batch, double tokens) {
+  const double model = static_cast<double>(config.d_model), inner = static_cast<double>(config.num_heads * config.d_kv);
+  const double layer_parameters = 4.0 * model * inner + 3.0 * model * static_cast<double>(config.d_ff);
+  return batch * static_cast<double>(config.num_layers) * (2.0 * layer_parameters * tokens + 4.0 * tokens * tokens * inner);
+}
+
 UMT5Encoder UMT5Encoder::load(const std::string& directory, Device device) {
 #ifndef TESSEL_WITH_CUDA
   if (device.is_cuda()) fail_without_cuda(device);
 #endif
-  const std::string config_path = directory + "/config.json";
-  const UMT5Config config =
-      parse_umt5_config(read_file_bounded(config_path, diffusion::kMaxTransformersJsonBytes, "text encoder config"), config_path);
+  const UMT5Config config = load_umt5_config(directory);
   const std::vector<std::string> files = diffusion::transformers_weight_files(directory, "text encoder");
   // Where each expected tensor is stored: (shard, stored name).
   std::vector<SafetensorsFile> shards;

@@ -102,8 +102,9 @@ void BatchDispatcher::start(std::vector<std::shared_ptr<RunningRequest>> joining
   for (size_t i = 0; i < sending.size(); ++i) {
     InFlight entry;
     entry.lane = sent[i].lane;
-    entry.deadline =
-        settings_.request_timeout.count() > 0 ? sending[i]->started_at + settings_.request_timeout : Clock::time_point::max();
+    const double timeout = sending[i]->request.timeout_seconds;
+    entry.deadline = timeout > 0.0 ? sending[i]->started_at + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout))
+                                   : Clock::time_point::max();
     entry.running = std::move(sending[i]);
     lane_taken_[entry.lane] = true;
     in_flight_.emplace(first_seq + i, std::move(entry));
@@ -127,7 +128,8 @@ void BatchDispatcher::take_replies() {
     }
     if (it->second.timed_out && reply->outcome.status == RequestStatus::kCancelled) {
       reply->outcome.status = RequestStatus::kFailed;
-      reply->outcome.error = detail::concat("timed out: stopped after ", reply->outcome.steps_done, " steps");
+      reply->outcome.error = detail::concat("timed out: past its deadline of ", it->second.running->request.timeout_seconds,
+                                            " s, stopped after ", reply->outcome.steps_done, " steps");
     }
     answer(reply->seq, std::move(reply->outcome));
   }

@@ -2,7 +2,8 @@
 // the worker group at once. Between the workers' steps it admits queued requests (each sent at
 // once, so the worker takes it in at its next step boundary; an idle group first waits up to the
 // join window for companions), routes rank 0's replies to their requests by sequence number,
-// forwards cancellations and timeouts to the request's lane, and watches the group: a rank that
+// forwards cancellations and each request's own timeout (GenerationRequest::timeout_seconds, from
+// its admission) to the request's lane, and watches the group: a rank that
 // died or stalled fails every request in flight (they lived in its processes) before the group
 // restarts. Every admitted request gets exactly one outcome.
 #pragma once
@@ -24,7 +25,6 @@ namespace tessel::engine {
 struct DispatchSettings {
   int max_batch = 1;                             // 1..kMaxBatchLanes
   std::chrono::milliseconds batch_join{0};       // an idle group's wait for more requests before the first step
-  std::chrono::milliseconds request_timeout{0};  // from admission; 0: none
 };
 
 struct DispatchHooks {

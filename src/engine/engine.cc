@@ -75,7 +75,8 @@ Engine::Engine(EngineConfig config, ProcessorRegistry processors)
   DispatchSettings settings;
   settings.max_batch = config_.max_batch;
   settings.batch_join = config_.batch_join;
-  settings.request_timeout = config_.request_timeout;
+  if (config_.request_timeout_auto && !processors_.has_deadline(config_.model_type))
+    fail_argument("request timeout", "a fixed one: the model type sizes no deadlines", quoted_excerpt(config_.model_type));
   state_->workers = std::make_unique<WorkerGroup>(std::move(group));
   state_->dispatcher = std::make_unique<BatchDispatcher>(settings, scheduler_, *state_->workers, dispatch_hooks());
   state_->workers->start();
@@ -87,6 +88,8 @@ Engine::~Engine() { shutdown(ShutdownMode::kCancel); }
 
 std::string Engine::submit(GenerationRequest request, const std::string& id_prefix) {
   processors_.pre_process(config_.model_type, request);
+  request.timeout_seconds = config_.request_timeout_auto ? processors_.deadline_seconds(config_.model_type, request)
+                                                         : std::chrono::duration<double>(config_.request_timeout).count();
   // The request ring holds max_batch requests of at most this many image bytes.
   const size_t image_bytes = (request.image ? request.image->size() : 0) + (request.last_image ? request.last_image->size() : 0);
   if (image_bytes > config_.max_reference_bytes)

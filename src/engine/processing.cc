@@ -5,8 +5,8 @@
 
 namespace tessel::engine {
 
-void ProcessorRegistry::add(const std::string& model_type, PreProcessor pre, PostProcessor post) {
-  entries_[model_type] = Entry{std::move(pre), std::move(post)};
+void ProcessorRegistry::add(const std::string& model_type, PreProcessor pre, PostProcessor post, DeadlineEstimator deadline) {
+  entries_[model_type] = Entry{std::move(pre), std::move(post), std::move(deadline)};
 }
 
 const ProcessorRegistry::Entry& ProcessorRegistry::entry(const std::string& model_type) const {
@@ -17,6 +17,12 @@ const ProcessorRegistry::Entry& ProcessorRegistry::entry(const std::string& mode
 
 void ProcessorRegistry::pre_process(const std::string& model_type, GenerationRequest& request) const {
   entry(model_type).pre(request);
+}
+
+double ProcessorRegistry::deadline_seconds(const std::string& model_type, const GenerationRequest& request) const {
+  const Entry& found = entry(model_type);
+  if (!found.deadline) fail_argument("model type", "one with a deadline estimator registered", quoted_excerpt(model_type));
+  return found.deadline(request);
 }
 
 std::vector<EncodedMedia> ProcessorRegistry::post_process(const std::string& model_type, const GenerationRequest& request,

@@ -23,6 +23,7 @@
 #include "tessel/diffusion/wan_generator.h"
 #include "tessel/diffusion/wan_pipeline.h"
 #include "tessel/dit/wan_model.h"
+#include "tessel/engine/wan_deadline.h"
 #include "tessel/parallel/communicator.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/plugin/plugin_loader.h"
@@ -371,7 +372,7 @@ void register_wan_runner(RunnerRegistry& runners) {
   runners.add(kWanModelType, [](const RunnerSetup& setup) { return std::make_unique<WanRunner>(setup); });
 }
 
-void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits) {
+void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits, const WanDeadlineModel& deadline) {
   PreProcessor pre = [limits](GenerationRequest& r) {
     if (r.prompt.empty()) fail_argument("prompt", "a non-empty string", "an empty one");
     if (r.prompt.size() > limits.max_prompt_bytes)
@@ -445,7 +446,8 @@ void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimi
     }
     return media;
   };
-  processors.add(kWanModelType, std::move(pre), std::move(post));
+  processors.add(kWanModelType, std::move(pre), std::move(post),
+                 [deadline](const GenerationRequest& r) { return wan_request_deadline_seconds(deadline, r); });
 }
 
 }  // namespace tessel::engine

@@ -4,7 +4,7 @@
 // naming the worker, the next succeeds, queued requests are not lost), a worker that cannot start,
 // a timeout, drain on shutdown; continuous batching (max_batch > 1): a request arriving while a
 // long one runs joins within 2 steps and finishes first, the join window, cancellation of one
-// request of a batch, a failed begin or step, and one request at a time with max_batch 1. Step
+// request of a batch, each request's own automatic deadline in a batch, a failed begin or step, and one request at a time with max_batch 1. Step
 // counts, not the wall clock, carry the assertions.
 #include "tessel/engine/engine.h"
 
@@ -21,7 +21,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
-ProcessorRegistry test_processors() {
+// The automatic deadline of a TestSteps request: 0.3 s for 100 steps or more (which take at least
+// 2 s at 20 ms a step), else 60 s.
+double test_deadline(const GenerationRequest& request) { return request.num_inference_steps >= 100 ? 0.3 : 60.0; }
+
+ProcessorRegistry test_processors(bool with_deadline = true) {
   ProcessorRegistry processors;
   processors.add(
       "TestSteps",
@@ -30,7 +34,8 @@ ProcessorRegistry test_processors() {
       },
       [](const GenerationRequest&, const std::vector<Tensor>& outputs) {
         return std::vector<EncodedMedia>{encode_safetensors(outputs, {})};
-      });
+      },
+      with_deadline ? DeadlineEstimator(test_deadline) : DeadlineEstimator());
   return processors;
 }
 
@@ -158,6 +163,7 @@ TEST(Engine, ARequestPastItsTimeoutIsStoppedAndFails) {
   const auto snapshot = engine.scheduler().wait(id, milliseconds(5000));
   ASSERT_EQ(snapshot->status, RequestStatus::kFailed);
   EXPECT_NE(snapshot->output->error.find("timed out"), std::string::npos) << snapshot->output->error;
+  EXPECT_DOUBLE_EQ(snapshot->request.timeout_seconds, 0.1);
 }
 
 TEST(Engine, DrainingShutdownFinishesQueuedWorkAndRefusesNew) {
@@ -235,6 +241,38 @@ TEST(EngineBatching, CancellingOneRequestOfABatchLeavesTheOthersRunning) {
   EXPECT_EQ(finished->output->steps_done, 30);
   EXPECT_EQ(first_value(*finished), 2.0f);
   EXPECT_EQ(engine.stats().worker_restarts, 0);
+}
+
+// Automatic deadlines: each request of a batch has its own; the one past it fails alone, its batch
+// companion (which stepped with it) succeeds; without a timeout a request has none. A model type
+// without a deadline estimator takes fixed timeouts only.
+TEST(EngineBatching, EachRequestOfABatchHasItsOwnAutomaticDeadline) {
+  EngineConfig config = test_config(20, 1, false, 4);
+  config.request_timeout_auto = true;
+  Engine engine(config, test_processors());
+  const auto [late, kept] = two_running(engine, 500, 30);
+  const auto failed = engine.scheduler().wait(late, milliseconds(10000));
+  ASSERT_EQ(failed->status, RequestStatus::kFailed);
+  EXPECT_NE(failed->output->error.find("timed out: past its deadline of 0.3 s"), std::string::npos) << failed->output->error;
+  EXPECT_LT(failed->output->steps_done, 500);
+  EXPECT_DOUBLE_EQ(failed->request.timeout_seconds, 0.3);
+  const auto finished = engine.scheduler().wait(kept, milliseconds(10000));
+  ASSERT_EQ(finished->status, RequestStatus::kSucceeded) << finished->output->error;
+  EXPECT_EQ(finished->output->steps_done, 30);
+  EXPECT_DOUBLE_EQ(finished->request.timeout_seconds, 60.0);
+  EXPECT_GT(shared_steps(engine.stats()), 0);
+  EXPECT_EQ(engine.stats().worker_restarts, 0);
+
+  Engine untimed(test_config(1), test_processors());
+  const std::string id = untimed.submit(request(3, 1));
+  EXPECT_DOUBLE_EQ(untimed.scheduler().wait(id, milliseconds(10000))->request.timeout_seconds, 0.0);
+
+  try {
+    Engine refused(config, test_processors(false));
+    FAIL() << "automatic deadlines were taken without an estimator";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("request timeout"), std::string::npos) << e.what();
+  }
 }
 
 TEST(EngineBatching, AFailedBeginFailsAloneAndAFailedSharedStepFailsItsBatch) {

@@ -324,7 +324,9 @@ nlohmann::json video_object(const engine::RequestSnapshot& snapshot, const std::
                            {"phase", p.phase},
                            {"step", p.step},
                            {"total_steps", p.total_steps != 0 ? p.total_steps : r.num_inference_steps},
-                           {"eta_seconds", p.eta_seconds}};
+                           {"eta_seconds", p.eta_seconds},
+                           // The deadline of its run (--request-timeout), from its start; 0: none.
+                           {"timeout_seconds", r.timeout_seconds}};
   if (snapshot.status == RequestStatus::kQueued) object["queue_position"] = snapshot.queue_position;
   if (snapshot.output) {
     object["completed_at"] = unix_seconds(snapshot.created_at) + static_cast<int64_t>(snapshot.output->seconds);

@@ -37,6 +37,14 @@ struct UMT5Config {
 // Parses transformers' config.json of a UMT5EncoderModel (feed_forward_proj must be
 // "gated-gelu"); fields that only concern the decoder or training are ignored.
 UMT5Config parse_umt5_config(std::string_view json_text, const std::string& source = "config.json");
+// The config.json of a transformers model directory (a diffusers pipeline's text_encoder/). Throws
+// Error naming the file when it is missing or malformed.
+UMT5Config load_umt5_config(const std::string& directory);
+
+// The arithmetic of one forward over `batch` sequences of `tokens`: the linears (2 x parameters
+// per token: q, k, v, o and the gated FFN's three per layer) and the attention (4 x tokens^2 x
+// heads x d_kv per sequence and layer), the embedding lookup not counted.
+double umt5_encoder_flop(const UMT5Config& config, double batch, double tokens);
 
 // The tensor names and shapes of the encoder (transformers' names: shared.weight,
 // encoder.block.<i>.layer.<0|1>..., encoder.final_layer_norm.weight).

@@ -35,7 +35,13 @@ struct EngineConfig {
   size_t keep_finished = 256;  // final requests kept for status queries
   std::string runner_config_json = "{}";  // handed unchanged to every worker's runner factory
   std::chrono::milliseconds worker_start_timeout{120000};
-  std::chrono::milliseconds request_timeout{0};  // a running request past it is stopped and fails; 0: none
+  // How long a request may run, from its admission to the workers (the queue has its own bound,
+  // max_queue): past it the request is stopped between steps and fails, alone (the others of its
+  // batch go on). Each request's own deadline: sized from the model and the request by the model
+  // type's DeadlineEstimator when request_timeout_auto (refused for a model type without one), else
+  // request_timeout for every request (0: none). It is the request's timeout_seconds.
+  bool request_timeout_auto = false;
+  std::chrono::milliseconds request_timeout{0};
   // A worker whose heartbeat stops for this long (stopped by a signal, hung) fails its request and
   // the group is restarted; /health reports the group unhealthy meanwhile.
   std::chrono::milliseconds worker_stall_timeout{10000};

@@ -17,11 +17,18 @@ namespace tessel::engine {
 
 using PreProcessor = std::function<void(GenerationRequest& request)>;
 using PostProcessor = std::function<std::vector<EncodedMedia>(const GenerationRequest& request, const std::vector<Tensor>& outputs)>;
+// A pre-processed request's deadline for its run in seconds (> 0), sized from the model and the
+// request: the engine's automatic request timeout (EngineConfig::request_timeout_auto).
+using DeadlineEstimator = std::function<double(const GenerationRequest& request)>;
 
 class ProcessorRegistry {
  public:
-  void add(const std::string& model_type, PreProcessor pre, PostProcessor post);
+  // `deadline` may be empty: the model type then takes fixed request timeouts only.
+  void add(const std::string& model_type, PreProcessor pre, PostProcessor post, DeadlineEstimator deadline = {});
   bool has(const std::string& model_type) const { return entries_.count(model_type) != 0; }
+  bool has_deadline(const std::string& model_type) const { return has(model_type) && entry(model_type).deadline; }
+  // Throws Error naming the model type when it has no deadline estimator.
+  double deadline_seconds(const std::string& model_type, const GenerationRequest& request) const;
   // Throw Error naming the model type when none is registered.
   void pre_process(const std::string& model_type, GenerationRequest& request) const;
   std::vector<EncodedMedia> post_process(const std::string& model_type, const GenerationRequest& request,
@@ -31,6 +38,7 @@ class ProcessorRegistry {
   struct Entry {
     PreProcessor pre;
     PostProcessor post;
+    DeadlineEstimator deadline;
   };
   const Entry& entry(const std::string& model_type) const;
   std::map<std::string, Entry> entries_;

@@ -43,6 +43,10 @@ struct GenerationRequest {
   // none. Shared, since snapshots copy requests; they reach the workers as a message's payload
   // (wire_format.h) and are decoded there.
   std::shared_ptr<const std::string> image, last_image;
+  // The request's deadline for its run, counted from its admission to the workers (its time in the
+  // queue is not counted): set by the engine at submission (EngineConfig::request_timeout), not by
+  // the client. 0: none. Past it the request is stopped between steps and fails.
+  double timeout_seconds = 0.0;
 };
 
 enum class RequestStatus : uint8_t { kQueued, kRunning, kSucceeded, kFailed, kCancelled };

@@ -21,6 +21,8 @@ struct WanModelDir;
 
 namespace tessel::engine {
 
+struct WanDeadlineModel;  // wan_deadline.h
+
 inline constexpr const char* kWanModelType = "WanPipeline";
 
 // What the app configures once for every worker (sent to them as JSON).
@@ -108,6 +110,8 @@ void register_wan_runner(RunnerRegistry& runners);
 // Post-processing: with a vae/ the worker decodes each output to 8-bit frames and they become a PNG
 // per image or one MP4 per video (a safetensors of the frames when the build has no libav);
 // without one, each output's latents become a safetensors file whose tensor is "output_0".
-void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits);
+// Deadline: wan_request_deadline_seconds of `deadline` (wan_deadline.h), for the engine's automatic
+// request timeout.
+void register_wan_processors(ProcessorRegistry& processors, const WanRequestLimits& limits, const WanDeadlineModel& deadline);
 
 }  // namespace tessel::engine
