@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -675,6 +676,82 @@ TEST(ServeCli, BadBatchFlagsAreRefusedNamingThem) {
     EXPECT_NE(run.status, 0) << flags;
     EXPECT_NE(run.out.find(expected), std::string::npos) << flags << ": " << run.out;
   }
+}
+
+TEST(ServeCli, BadRequestTimeoutsAreRefusedNamingTheFlag) {
+  const fs::path log = fs::path(::testing::TempDir()) / ("serve_request_timeout_" + std::to_string(getpid()) + ".txt");
+  for (const std::string value : {"-1", "abc", "1.5", "''", "Auto", "16777217"}) {
+    const TesselRun run = run_tessel_binary("serve --model '" + model_dir() + "' --port 0 --request-timeout " + value, log);
+    EXPECT_NE(run.status, 0) << value;
+    EXPECT_NE(run.out.find("--request-timeout: expected auto, or whole seconds in [0, 16777216] (0: no limit)"), std::string::npos)
+        << value << ": " << run.out;
+  }
+}
+
+// By default (--request-timeout auto) every request gets its own finite deadline sized from the
+// model and the request, stated in the start-up log and the video object; the tiny model's requests
+// meet it. A fixed --request-timeout 0 gives none.
+TEST(ServeCli, EveryRequestHasADeadlineSizedFromTheModelAndTheRequest) {
+  ServeProcess server(server_args());
+  ASSERT_NE(server.port(), 0) << server.log();
+  std::smatch match;
+  const std::string log = server.log();
+  ASSERT_TRUE(std::regex_search(log, match, std::regex("request timeout: auto, sized per request \\(a default video ([0-9]+) s, "
+                                                       "a default image ([0-9]+) s\\)")))
+      << log;
+  const double video_deadline = std::stod(match[1]), image_deadline = std::stod(match[2]);
+  EXPECT_GT(image_deadline, 0.0);
+  EXPECT_GE(video_deadline, image_deadline);
+  EXPECT_LT(video_deadline, 3600.0);
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(120, 0);
+  const std::string id = body_of(client.Post("/v1/videos", R"({"prompt": "a tiny video"})", "application/json"))["id"];
+  const json done = poll_video(client, id, is_final);
+  EXPECT_EQ(done["status"], "completed") << done.dump();
+  EXPECT_DOUBLE_EQ(done["timeout_seconds"].get<double>(), video_deadline);
+  const std::string larger = body_of(client.Post("/v1/videos", R"({"prompt": "a larger one", "size": "64x64", "num_frames": 9})",
+                                                 "application/json"))["id"];
+  const json larger_done = poll_video(client, larger, is_final);
+  EXPECT_EQ(larger_done["status"], "completed") << larger_done.dump();
+  EXPECT_GT(larger_done["timeout_seconds"].get<double>(), video_deadline);  // more frames and pixels
+  const auto images = client.Post("/v1/images/generations", R"({"prompt": "a tiny image"})", "application/json");
+  ASSERT_TRUE(images);
+  EXPECT_EQ(images->status, 200) << images->body;
+
+  ServeProcess unlimited(server_args({"--request-timeout", "0"}));
+  ASSERT_NE(unlimited.port(), 0) << unlimited.log();
+  EXPECT_NE(unlimited.log().find("request timeout: none"), std::string::npos) << unlimited.log();
+  httplib::Client unlimited_client("127.0.0.1", unlimited.port());
+  const std::string untimed = body_of(unlimited_client.Post("/v1/videos", R"({"prompt": "no deadline"})", "application/json"))["id"];
+  const json untimed_done = poll_video(unlimited_client, untimed, is_final);
+  EXPECT_EQ(untimed_done["status"], "completed") << untimed_done.dump();
+  EXPECT_EQ(untimed_done["timeout_seconds"], 0.0);
+}
+
+// A request past a fixed deadline fails naming it (a video job: failed; a request answered in its
+// response, as images and /v1/videos/sync are: 500), while a
+// request that ran beside it in the same batch succeeds.
+TEST(ServeCli, ARequestPastItsDeadlineFailsAloneInItsBatch) {
+  ServeProcess server(server_args({"--request-timeout", "3"}));
+  ASSERT_NE(server.port(), 0) << server.log();
+  EXPECT_NE(server.log().find("request timeout: 3 s for every request"), std::string::npos) << server.log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  const std::string slow = body_of(client.Post("/v1/videos", kSlowVideo, "application/json"))["id"];
+  poll_video(client, slow, [](const json& v) { return v["step"] >= 1; });
+  const auto beside = client.Post("/v1/images/generations", R"({"prompt": "beside the slow video"})", "application/json");
+  ASSERT_TRUE(beside);
+  EXPECT_EQ(beside->status, 200) << beside->body.substr(0, 200);
+  const json failed = poll_video(client, slow, is_final);
+  EXPECT_EQ(failed["status"], "failed") << failed.dump();
+  EXPECT_NE(failed["error"]["message"].get<std::string>().find("timed out: past its deadline of 3 s"), std::string::npos)
+      << failed.dump();
+  EXPECT_EQ(failed["timeout_seconds"], 3.0);
+  const auto late = client.Post("/v1/videos/sync", kSlowVideo, "application/json");  // answered as an images request is
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late->status, 500) << late->body.substr(0, 200);
+  EXPECT_NE(late->body.find("timed out: past its deadline of 3 s"), std::string::npos) << late->body;
+  EXPECT_EQ(body_of(client.Get("/health"))["worker_restarts"], 0);
 }
 
 // After a worker was lost: the group was restarted (once, unless `once` is false: a group's ranks
