@@ -732,6 +732,9 @@ TEST(ServeCli, EveryRequestHasADeadlineSizedFromTheModelAndTheRequest) {
 // response, as images and /v1/videos/sync are: 500), while a
 // request that ran beside it in the same batch succeeds.
 TEST(ServeCli, ARequestPastItsDeadlineFailsAloneInItsBatch) {
+  // The image beside the slow video must finish inside the 3 s that the video overruns: a margin
+  // the plain build keeps with room to spare and a sanitizer build (several times slower) may not.
+  if (kBuiltWithMemorySanitizer) GTEST_SKIP() << "timing-dependent (a 3 s deadline): run in the plain build";
   ServeProcess server(server_args({"--request-timeout", "3"}));
   ASSERT_NE(server.port(), 0) << server.log();
   EXPECT_NE(server.log().find("request timeout: 3 s for every request"), std::string::npos) << server.log();
