@@ -23,7 +23,11 @@ TESSEL_WORLD_SIZE, broken model directories (invalid, deeply nested or foreign m
 symlink loop, missing components, truncated or NaN weights), broken embeddings / noise / inputs /
 latents / capture / calibration files, LoRA files in every way they can be wrong (missing, no key
 matched, one key unmatched, wrong shapes, NaN, half a low-rank pair, bad PATH:SCALE), bad --out
-paths and --device cuda on a machine without a GPU.
+paths and --device cuda on a machine without a GPU; the weights' flags: --transformer-file and
+--transformer-2-file (missing, a directory, a symlink loop, empty, garbage, truncated, a header
+without its data, foreign names, wrong shapes, a config given as weights, an empty path; FP8 files
+of both layouts init-model writes, which must run), --weights, --fp8-format (alone, with bf16),
+serve's --lora-adapter NAME=PATH[:SCALE] and dit-bench's --lora-rank / --lora-adapters.
 
 `serve` is only given start-up errors, and as a guard every serve command line also names a port
 this script holds open on every address (--port BUSY): a check tessel forgets then ends in "cannot
