@@ -81,9 +81,7 @@ void check_eval_args(const EvalArgs& a) {
   }
 }
 
-// What a shape implies: fp32 q, k, v, the dense output, one method's output and a scratch copy,
-// and the block masks; the dense reference once, then every method row's estimate and sparse pass
-// (--repeats times), counted at half density. `flags` names the shape's flags in the refusal.
+// The rows the report will have: one per method and value of its list.
 int64_t eval_method_rows(const EvalArgs& a) {
   int64_t rows = 0;
   for (const std::string& m : a.methods) {
@@ -98,6 +96,10 @@ int64_t eval_method_rows(const EvalArgs& a) {
   return rows;
 }
 
+// What a shape implies: fp32 q, k, v, the dense output, one method's output and a scratch copy,
+// and the block masks; the dense reference once, then every row's estimate and sparse pass
+// (--repeats times, once more for the error), counted at half density. `flags` names the shape's
+// flags in the refusal. False under --dry-run: the command stops.
 [[nodiscard]] bool check_eval_budget(const EvalArgs& a, const BudgetFlags& budget, const std::string& flags, int64_t tokens,
                                      int64_t heads, int64_t head_dim, WorkEstimate& estimate) {
   const double elems = double(tokens) * double(heads) * double(head_dim);
