@@ -9,6 +9,7 @@
 #include "command.h"
 #include "option_checks.h"
 #include "sparse_attn_flags.h"
+#include "work_budget.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
 
@@ -16,7 +17,7 @@ namespace tessel::cli {
 namespace {
 
 // Relations between the options and the memory the run needs, checked before any work.
-void check_bench_config(const BenchConfig& c, const StepsConfig& steps, bool kv_heads_given, bool seq_kv_given) {
+void check_bench_config(const BenchConfig& c, const StepsConfig& steps, bool kv_heads_given) {
   if (kv_heads_given) require_multiple("--heads", c.heads, "--kv-heads", c.kv_heads);
   if (!c.save_mask_dir.empty()) {
     std::error_code error;
@@ -31,16 +32,40 @@ void check_bench_config(const BenchConfig& c, const StepsConfig& steps, bool kv_
   }
   if (steps.steps == 0 && steps.layers != 1)
     fail_argument("--layers", "to be given with --steps N (it sets the layers of the denoising loop)", steps.layers);
-  // Inputs and outputs on the device plus fp32 host copies for the reference check, and the masks.
-  const double q_elems = double(c.batch) * double(c.seq) * double(c.heads) * double(c.head_dim);
-  const double kv_elems = double(c.batch) * double(c.effective_seq_kv()) * double(c.effective_kv_heads()) * double(c.head_dim);
-  const double mask_blocks = double(c.batch) * double(c.heads) * std::ceil(double(c.seq) / double(c.block_q)) *
-                             std::ceil(double(c.effective_seq_kv()) / double(c.block_kv));
-  const double bytes = 2.0 * (q_elems + kv_elems) * double(dtype_size(c.dtype) + 4) + mask_blocks * 8.0;
-  const std::string shape = detail::concat("batch ", c.batch, ", heads ", c.heads, ", seq ", c.seq, ", seq-kv ", c.effective_seq_kv(),
-                                           ", head-dim ", c.head_dim);
-  check_memory_budget(seq_kv_given ? "--seq-kv" : "--seq", std::to_string(seq_kv_given ? c.seq_kv : c.seq), bytes,
-                      "q, k, v, outputs and block masks (" + shape + ")");
+}
+
+// What the run holds and computes: the host's q, k, v (read by the fp64 check of a few rows), their
+// copies on the bench device with the output, the log-sum-exp and (--fp8) the e4m3 copies, and the
+// block masks of the sparse densities; the attention of every method and density at its kept
+// fraction, (--warmup + --iters + 1) times, or with --steps N the loop's N x --layers passes.
+WorkEstimate bench_estimate(const BenchConfig& c, const StepsConfig& steps) {
+  const double element = static_cast<double>(dtype_size(c.dtype));
+  const double q = double(c.batch) * double(c.seq) * double(c.heads) * double(c.head_dim);
+  const double kv = double(c.batch) * double(c.effective_seq_kv()) * double(c.effective_kv_heads()) * double(c.head_dim);
+  const double blocks = double(c.batch) * double(c.heads) * std::ceil(double(c.seq) / double(c.block_q)) *
+                        std::ceil(double(c.effective_seq_kv()) / double(c.block_kv));
+  double kept = 0.0, sparse = 0.0;  // the densities' sum, and how many need a mask
+  for (double d : c.densities) kept += d, sparse += d < 1.0 ? 1.0 : 0.0;
+  const double host_inputs = (q + 2.0 * kv) * element;
+  const double on_device = host_inputs + q * element + 4.0 * double(c.batch) * double(c.heads) * double(c.seq) +
+                           (c.fp8 ? q + 2.0 * kv : 0.0);
+  const double masks = 8.0 * blocks * std::max(1.0, sparse);
+  const double pass = 4.0 * q * double(c.effective_seq_kv()) * (c.causal ? 0.5 : 1.0);
+  const double variants = c.kernel_variants.empty() ? 1.0 : std::max<double>(4.0, double(c.kernel_variants.size()));
+  WorkEstimate e;
+  e.host_bytes = host_inputs + masks + (c.device.is_cuda() ? 0.0 : on_device);
+  e.device_bytes = c.device.is_cuda() ? on_device + masks : 0.0;
+  e.flop = steps.steps > 0 ? pass * double(steps.steps) * double(steps.layers)
+                           : pass * kept * (c.fp8 ? 2.0 : 1.0) * variants * double(c.warmup + c.iters + 1);
+  return e;
+}
+
+// The flags the estimate grows with, as the refusal names them.
+std::string bench_shape_flags(const BenchConfig& c, const StepsConfig& steps) {
+  return detail::concat("--batch ", c.batch, " --seq ", c.seq, " --seq-kv ", c.effective_seq_kv(), " --heads ", c.heads,
+                        " --head-dim ", c.head_dim, " --density ", c.densities.size(), " values",
+                        steps.steps > 0 ? detail::concat(" --steps ", steps.steps, " --layers ", steps.layers)
+                                        : detail::concat(" --iters ", c.iters, " --warmup ", c.warmup));
 }
 
 CommandRegistration registration{
@@ -60,7 +85,7 @@ CommandRegistration registration{
                            ->check(integer_in(1, kMaxHeads));
       app.add_option("--head-dim", config->head_dim, "head dimension")->capture_default_str()->check(integer_in(1, kMaxHeadDim));
       app.add_option("--seq", config->seq, "query tokens")->capture_default_str()->check(integer_in(1, kMaxTokens));
-      auto* seq_kv = app.add_option("--seq-kv", config->seq_kv, "key tokens (default: --seq)")->check(integer_in(1, kMaxTokens));
+      app.add_option("--seq-kv", config->seq_kv, "key tokens (default: --seq)")->check(integer_in(1, kMaxTokens));
       app.add_option("--density", config->densities, "comma-separated kept-block fractions in (0, 1]; 1 = dense kernel")
           ->delimiter(',')
           ->capture_default_str()
@@ -101,10 +126,12 @@ CommandRegistration registration{
           ->capture_default_str()
           ->check(integer_in(1, 1024));
       add_sparse_attn_flags(app, *sparse_flags);
-      return CommandRunner([config, device, dtype, json, steps, sparse_flags, kv_heads, seq_kv] {
-        config->device = parse_device(*device);
+      auto budget = std::make_shared<BudgetFlags>();
+      add_budget_flags(app, *budget);
+      return CommandRunner([config, device, dtype, json, steps, sparse_flags, kv_heads, budget] {
+        config->device = budget_device(*budget, *device, "--device");
         config->dtype = parse_dtype(*dtype);
-        check_bench_config(*config, *steps, kv_heads->count() > 0, seq_kv->count() > 0);
+        check_bench_config(*config, *steps, kv_heads->count() > 0);
         const SparseAttnFlags& f = *sparse_flags;
         if (steps->steps == 0 && f.any())
           fail_argument("--steps", "N >= 1 with the --sparse-attn-* flags (they configure the denoising loop)", 0);
@@ -112,14 +139,22 @@ CommandRegistration registration{
           const SparseAttnEnv& env = process_sparse_attn_env();
           steps->sparse = sparse_attn_config_from(f, env);
           steps->backend_override = backend_override(env);
+        }
+        const WorkEstimate estimate = bench_estimate(*config, *steps);
+        if (!check_work_budget(estimate, *budget, config->device, config->threads, bench_shape_flags(*config, *steps), "bench"))
+          return 0;
+        if (steps->steps != 0) {
           const StepsReport report = run_denoising_steps(*config, *steps);
           std::cout << (*json ? report.to_json().dump() + "\n" : report.to_table());
           return 0;
         }
         const BenchReport report = run_bench(*config);
-        if (*json)
-          std::cout << report.to_json().dump() << "\n";
-        else
+        if (*json) {
+          nlohmann::json out = report.to_json();
+          out["estimated_host_memory_bytes"] = estimate.host_bytes;
+          out["peak_host_memory_bytes"] = peak_host_memory_bytes();
+          std::cout << out.dump() << "\n";
+        } else
           std::cout << report.to_table();
         return 0;
       });

@@ -597,7 +597,7 @@ CommandRegistration registration{
                      "per-request LoRA: random adapters of this rank on every linear layer, applied unmerged in each forward (0: none)")
           ->capture_default_str()
           ->check(integer_in(0, 4096));
-      app.add_option("--lora-adapters", options->lora_adapters,
+      CLI::Option* lora_adapters = app.add_option("--lora-adapters", options->lora_adapters,
                      "with --lora-rank: this many adapters, the batch's entries split into as many contiguous groups, one adapter each")
           ->capture_default_str()
           ->check(integer_in(1, 64));
@@ -612,7 +612,10 @@ CommandRegistration registration{
       add_sparse_attn_flags(app, *flags);
       add_parallel_flags(app, *parallel);
       add_budget_flags(app, options->budget);
-      return CommandRunner([options, flags, parallel] { return run_dit_bench(*options, *flags, *parallel); });
+      return CommandRunner([options, flags, parallel, lora_adapters] {
+        check_applies(lora_adapters, options->lora_rank > 0, "--lora-rank R >= 1 (the adapters it splits the batch among)");
+        return run_dit_bench(*options, *flags, *parallel);
+      });
     }};
 
 }  // namespace

@@ -55,7 +55,6 @@ struct EvalArgs {
   std::string ordering = "hilbert";
   int repeats = 1;
   int threads = 0;  // 0 = default
-  double max_tflop = 5.0;
   bool stride_given = false;
   bool json = false;
 };
@@ -82,19 +81,35 @@ void check_eval_args(const EvalArgs& a) {
   }
 }
 
-// Memory of the buffers and work of the dense reference a shape implies, refused over budget.
-void check_eval_budget(const EvalArgs& a, const std::string& option, const std::string& value, int64_t tokens, int64_t heads,
-                       int64_t head_dim) {
+// The rows the report will have: one per method and value of its list.
+int64_t eval_method_rows(const EvalArgs& a) {
+  int64_t rows = 0;
+  for (const std::string& m : a.methods) {
+    if (m == "random") rows += static_cast<int64_t>((a.densities.empty() ? a.topk : a.densities).size());
+    else if (m == "dynamic_topk") rows += static_cast<int64_t>(a.topk.size()) + (a.topk_per_head.empty() ? 0 : 1);
+    else if (m == "threshold") rows += static_cast<int64_t>(a.thresholds.size());
+    else if (m == "radial") rows += static_cast<int64_t>(a.decays.size());
+    else if (m == "local") rows += static_cast<int64_t>(a.local_windows.size());
+    else if (m == "sliding_window" || m == "spatial_aware") rows += static_cast<int64_t>(a.radii.size());
+    else rows += 1;
+  }
+  return rows;
+}
+
+// What a shape implies: fp32 q, k, v, the dense output, one method's output and a scratch copy,
+// and the block masks; the dense reference once, then every row's estimate and sparse pass
+// (--repeats times, once more for the error), counted at half density. `flags` names the shape's
+// flags in the refusal. False under --dry-run: the command stops.
+[[nodiscard]] bool check_eval_budget(const EvalArgs& a, const BudgetFlags& budget, const std::string& flags, int64_t tokens,
+                                     int64_t heads, int64_t head_dim, WorkEstimate& estimate) {
   const double elems = double(tokens) * double(heads) * double(head_dim);
   const double blocks = double(heads) * std::ceil(double(tokens) / double(a.block_q)) * std::ceil(double(tokens) / double(a.block_kv));
-  // q, k, v, the dense output, one method's output and a scratch copy in fp32, plus the masks.
-  check_memory_budget(option, value, 6.0 * elems * 4.0 + 8.0 * blocks,
-                      detail::concat("fp32 q, k, v, outputs and block masks (", tokens, " tokens x ", heads, " heads x ", head_dim, " dims)"));
-  const double tflop = 4.0 * double(tokens) * double(tokens) * double(heads) * double(head_dim) / 1e12;
-  if (tflop > a.max_tflop)
-    throw Error(detail::concat(option, " ", quoted_excerpt(value), ": dense attention over ", tokens, " tokens needs ", tflop,
-                               " TFLOP per pass (quadratic in the tokens), over --max-tflop ", a.max_tflop,
-                               "; raise --max-tflop to run it anyway"));
+  estimate.host_bytes = 6.0 * elems * 4.0 + 8.0 * blocks;
+  estimate.flop = 4.0 * double(tokens) * elems * (1.0 + 0.5 * double(a.repeats + 1) * double(eval_method_rows(a)));
+  return check_work_budget(estimate, budget, Device::cpu(), a.threads,
+                           detail::concat(flags, " (", tokens, " tokens) --heads ", heads, " --head-dim ", head_dim, " --methods ",
+                                          eval_method_rows(a), " rows --repeats ", a.repeats),
+                           "eval");
 }
 
 struct Row {
@@ -103,19 +118,23 @@ struct Row {
   double density = 0.0, rel_l2 = 0.0, cosine = 0.0, estimate_ms = 0.0, attn_ms = 0.0, plan_ms = 0.0;
 };
 
-int run_eval(const EvalArgs& a) {
+int run_eval(const EvalArgs& a, const BudgetFlags& budget) {
   check_eval_args(a);
+  WorkEstimate estimate;
   if (a.threads > 0) set_num_threads(a.threads);
   Tensor q, k, v;
   std::optional<TokenGrid> grid;
   if (!a.grid.empty()) grid = parse_token_grid(a.grid, "--grid");
   if (a.qkv.empty()) {
     const TokenGrid g = grid.value_or(TokenGrid{9, 16, 16});
-    check_eval_budget(a, "--grid", a.grid.empty() ? "9x16x16" : a.grid, g.numel(), a.heads, a.head_dim);
+    if (!check_eval_budget(a, budget, "--grid " + (a.grid.empty() ? std::string("9x16x16") : a.grid), g.numel(), a.heads, a.head_dim,
+                           estimate))
+      return 0;
   }
   if (!a.qkv.empty()) {
     QkvTensors t = load_qkv_safetensors(a.qkv);
-    check_eval_budget(a, "--qkv", a.qkv, t.q.size(1), t.q.size(2), t.q.size(3));
+    if (!check_eval_budget(a, budget, "--qkv " + quoted_excerpt(a.qkv, 200), t.q.size(1), t.q.size(2), t.q.size(3), estimate))
+      return 0;
     q = t.q.dtype() == DType::kF32 ? std::move(t.q) : t.q.to(DType::kF32);
     k = t.k.dtype() == DType::kF32 ? std::move(t.k) : t.k.to(DType::kF32);
     v = t.v.dtype() == DType::kF32 ? std::move(t.v) : t.v.to(DType::kF32);
@@ -244,6 +263,8 @@ int run_eval(const EvalArgs& a) {
     for (const Row& r : rows)
       out["results"].push_back({{"method", r.method}, {"param", r.param}, {"density", r.density}, {"rel_l2", r.rel_l2},
                                 {"cosine", r.cosine}, {"estimate_ms", r.estimate_ms}, {"attn_ms", r.attn_ms}, {"plan_ms", r.plan_ms}});
+    out["estimated_host_memory_bytes"] = estimate.host_bytes;
+    out["peak_host_memory_bytes"] = peak_host_memory_bytes();
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -304,9 +325,6 @@ CommandRegistration registration{
           ->check(one_of({"raster", "hilbert", "z_curve"}));
       app.add_option("--repeats", a->repeats, "Timed runs per measurement (median)")->check(integer_in(1, 1000));
       app.add_option("--threads", a->threads, "CPU threads (default: all)")->check(integer_in(1, kMaxThreads));
-      app.add_option("--max-tflop", a->max_tflop, "Refuse shapes whose dense attention needs more TFLOP per pass")
-          ->capture_default_str()
-          ->check(number_in(0.0, 1e9, Bounds::kOpenLow));
       app.add_flag("--json", a->json, "Print JSON {config, results} (with --config: the per-layer and per-head report)");
       auto c = std::make_shared<EvalConfigArgs>();
       app.add_option("--config", c->config, "Check this config of `tessel calibrate --out` on held-out steps (--layer files or --grid)")
@@ -321,21 +339,20 @@ CommandRegistration registration{
       app.add_option("--target", c->target, "--config: largest allowed error per head and step (default: the config's)")
           ->check(number_in(0.0, 10.0, Bounds::kOpenLow));
       app.add_flag("--report-only", c->report_only, "--config: report a missed target without failing (exit status 0)");
-      const std::vector<CLI::Option*> budget_options = add_budget_flags(app, c->budget, "--config: ");
+      add_budget_flags(app, c->budget);
       CLI::Option* heads = app.get_option("--heads");
       CLI::Option* head_dim = app.get_option("--head-dim");
       std::vector<const CLI::Option*> config_only, plain_only;
       for (const char* name : {"--synthetic-heldout", "--device", "--metric", "--target", "--report-only"})
         config_only.push_back(app.get_option(name));
-      config_only.insert(config_only.end(), budget_options.begin(), budget_options.end());
-      for (const char* name : {"--methods", "--topk", "--threshold", "--cdf", "--ordering", "--repeats", "--max-tflop"})
+      for (const char* name : {"--methods", "--topk", "--threshold", "--cdf", "--ordering", "--repeats"})
         plain_only.push_back(app.get_option(name));
       return CommandRunner([a, c, heads, head_dim, config_only, plain_only] {
         for (const CLI::Option* option : config_only) check_applies(option, !c->config.empty(), "--config");
         for (const CLI::Option* option : plain_only) check_applies(option, c->config.empty(), "eval without --config");
         if (c->config.empty()) {
           if (!c->layers.empty()) fail_argument("--layer", "given with --config", "without it");
-          return run_eval(*a);
+          return run_eval(*a, c->budget);
         }
         if (!a->qkv.empty()) fail_argument("--qkv", "not given with --config (held-out steps come from --layer or --grid)", a->qkv);
         c->grid = a->grid;

@@ -1,6 +1,7 @@
 #include "lora_flags.h"
 
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
 
 namespace tessel::cli {
 
@@ -31,6 +32,8 @@ std::vector<std::pair<std::string, LoraFile>> lora_adapters(const std::vector<st
   std::vector<std::pair<std::string, LoraFile>> adapters;
   for (const std::string& argument : arguments) {
     auto adapter = parse_lora_adapter(argument, "--lora-adapter");
+    // Here, not in the worker that loads it after the model: the error names the flag and comes at once.
+    require_regular_file(adapter.second.path, "--lora-adapter " + adapter.first);
     for (const auto& [name, unused] : adapters)
       if (name == adapter.first) fail_argument("--lora-adapter", "each name once", quoted_excerpt(name) + " twice");
     adapters.push_back(std::move(adapter));

@@ -11,6 +11,7 @@
 
 #include "command.h"
 #include "option_checks.h"
+#include "work_budget.h"
 #include "sparse_attn_flags.h"
 #include "tessel/core/error.h"
 #include "tessel/sparse/config.h"
@@ -44,10 +45,13 @@ struct MaskArgs {
   int64_t head = -1;
   int64_t pixels_per_block = 0;
   std::string png;
+  BudgetFlags budget;
 };
 
-// The memory the mask, its picture and (dynamic patterns) the synthetic q/k need, refused over budget.
-void check_mask_budget(const MaskArgs& a, const TokenGrid& grid, bool dynamic) {
+// The memory the mask, its picture and (dynamic patterns) the synthetic q/k need, and the work of
+// estimating a dynamic mask (pooled scores over every block pair: about 2 x tokens^2 x heads x
+// head-dim / stride), refused over the budget.
+[[nodiscard]] bool check_mask_budget(const MaskArgs& a, const TokenGrid& grid, bool dynamic) {
   const double tokens = double(grid.numel()) + double(a.text_tokens);
   const double q_blocks = std::ceil(tokens / double(a.block_q)), kv_blocks = std::ceil(tokens / double(a.block_kv));
   const double heads = dynamic ? double(a.heads) : 1.0;
@@ -59,10 +63,16 @@ void check_mask_budget(const MaskArgs& a, const TokenGrid& grid, bool dynamic) {
   const double image = q_blocks * ppb_q * kv_blocks * ppb_kv * 3.0;
   const double mask = heads * q_blocks * kv_blocks * 4.0 + q_blocks * kv_blocks * 4.0;
   const double inputs = dynamic && a.qkv.empty() ? 3.0 * tokens * heads * double(a.head_dim) * 4.0 : 0.0;
-  const std::string option = a.pixels_per_block > 0 && image > mask ? "--pixels-per-block" : "--grid";
-  check_memory_budget(option, option == "--grid" ? a.grid : std::to_string(a.pixels_per_block), image + mask + inputs,
-                      detail::concat("the block mask (", q_blocks, " x ", kv_blocks, " blocks), its ",
-                                     q_blocks * ppb_q, " x ", kv_blocks * ppb_kv, " picture and the inputs"));
+  WorkEstimate e;
+  e.host_bytes = image + mask + inputs;
+  e.flop = dynamic ? 2.0 * tokens * tokens * heads * double(a.head_dim) / double(a.stride.value_or(8)) : q_blocks * kv_blocks;
+  const std::string picture = detail::concat(" (a ", q_blocks * ppb_q, " x ", kv_blocks * ppb_kv, " picture)");
+  return check_work_budget(e, a.budget, Device::cpu(), 0,
+                           detail::concat("--grid ", a.grid, " --text-tokens ", a.text_tokens, " --block-q ", a.block_q, " --block-kv ",
+                                          a.block_kv, dynamic ? detail::concat(" --heads ", a.heads, " --head-dim ", a.head_dim) : "",
+                                          a.pixels_per_block > 0 ? detail::concat(" --pixels-per-block ", a.pixels_per_block) : "",
+                                          picture),
+                           "mask");
 }
 
 int run_mask(const MaskArgs& a) {
@@ -98,7 +108,7 @@ int run_mask(const MaskArgs& a) {
   const PatternSpec& spec = resolved.pattern();
   const TokenLayout layout = token_layout_from_spec(spec);
   const bool dynamic = spec.type == PatternType::kDynamicTopk || spec.type == PatternType::kThreshold;
-  check_mask_budget(a, grid, dynamic);
+  if (!check_mask_budget(a, grid, dynamic)) return 0;
   if (a.head >= 0 && a.head >= (dynamic ? a.heads : 1) && a.qkv.empty())
     fail_argument("--head", detail::concat("-1 (mean) or a head in [0, ", dynamic ? a.heads : 1, ") of this mask"), a.head);
   if (dynamic && a.qkv.empty() && a.head_dim % 2 != 0) fail_argument("--head-dim", "an even number >= 6 for synthetic data", a.head_dim);
@@ -194,6 +204,7 @@ CommandRegistration registration{"mask", "Render a pattern's block mask to a PNG
   app.add_option("--head", a->head, "Mask head to draw (-1 = mean over heads)")->check(integer_in(-1, kMaxHeads));
   app.add_option("--pixels-per-block", a->pixels_per_block, "Pixels per block side (0 = automatic)")->check(integer_in(0, 256));
   app.add_option("--png", a->png, "Output PNG path")->required()->check(writable_file_path());
+  add_budget_flags(app, a->budget);
   return CommandRunner([a] { return run_mask(*a); });
 }};
 

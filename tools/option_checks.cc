@@ -12,6 +12,7 @@
 
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
+#include "tessel/core/io/bounded_read.h"
 
 namespace tessel::cli {
 namespace {
@@ -85,6 +86,10 @@ CLI::Validator parsed_by(const std::string& description, std::function<void(cons
         return "";
       },
       description, "PARSED_BY");
+}
+
+CLI::Validator regular_file() {
+  return parsed_by("a regular file", [](const std::string& path) { require_regular_file(path, "path"); });
 }
 
 CLI::Validator writable_file_path() {
@@ -210,13 +215,6 @@ std::string format_bytes(double bytes) {
   else
     std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
   return text;
-}
-
-void check_memory_budget(const std::string& option, const std::string& value, double bytes, const std::string& what) {
-  const double budget = static_cast<double>(memory_budget_bytes());
-  if (bytes <= budget) return;
-  throw Error(option + " " + echo(value) + ": needs about " + format_bytes(bytes) + " for " + what +
-              ", over the memory budget of " + format_bytes(budget) + " (half of this machine's memory)");
 }
 
 }  // namespace tessel::cli

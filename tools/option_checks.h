@@ -36,6 +36,9 @@ CLI::Validator attention_dtype_name();
 // A path given: not empty (an empty output path would write into the working directory or be
 // ignored; an empty input path would read as "not given" and run something else).
 CLI::Validator non_empty_path();
+// A file to read: present, a regular file (not a directory, a device or a symlink loop) this
+// process may stat, checked when the flag is parsed (not after a model of gigabytes has loaded).
+CLI::Validator regular_file();
 // A file to write: not empty, not a directory, in a directory that exists and this process may
 // write to. Checked when the flag is parsed, so a bad path fails before any work (not after a
 // generation or a calibration of minutes).
@@ -79,8 +82,6 @@ uint64_t memory_budget_bytes();
 // message from the first CUDA call).
 Device present_device(const std::string& text, const std::string& flag);
 Device present_device(Device device, const std::string& flag);
-// Throws Error naming `option` and its value when `bytes` (what `what` needs) exceed the budget.
-void check_memory_budget(const std::string& option, const std::string& value, double bytes, const std::string& what);
 // Bytes as "12.3 GiB".
 std::string format_bytes(double bytes);
 

@@ -7,6 +7,7 @@
 
 #include "command.h"
 #include "option_checks.h"
+#include "work_budget.h"
 #include "prefill_bench.h"
 #include "tessel/core/device.h"
 #include "tessel/core/error.h"
@@ -34,8 +35,8 @@ std::vector<int64_t> parse_contexts(const std::string& list) {
   return contexts;
 }
 
-// Relations between the options and the memory the longest context needs, checked before any
-// work and whatever path the run would take (a small context never reaches some of them).
+// Relations between the options, checked before any work and whatever path the run would take (a
+// small context never reaches some of them).
 void check_prefill_config(const PrefillBenchConfig& c, bool stride_given) {
   require_multiple("--heads", c.heads, "--kv-heads", c.kv_heads);
   require_multiple("--chunk", c.chunk, "--block", c.block);
@@ -44,16 +45,33 @@ void check_prefill_config(const PrefillBenchConfig& c, bool stride_given) {
     fail_argument("--scoring", "auto or host on " + c.device.str() + " (device scoring needs a CUDA device)", "'device'");
   if (c.cpu_copy_bandwidth != 0.0 && c.cpu_copy_bandwidth < 0.1)
     fail_argument("--cpu-copy-bandwidth", "0 (plain memcpy) or at least 0.1 GB/s", c.cpu_copy_bandwidth);
+}
+
+// What the longest context holds: the offloaded KV cache of every layer on the host and every
+// chunk's q, k, v made up front, the fp32 staging of one chunk, and on a CUDA device the ring of
+// --slots KV blocks per layer beside a chunk's q, k, v and output. The work: every context's causal
+// prefill (half of 4 x context^2 x heads x head-dim per layer; the selecting policies at the
+// density the data keeps, counted whole) and its decode steps over the whole context.
+WorkEstimate prefill_estimate(const PrefillBenchConfig& c) {
   const int64_t longest = *std::max_element(c.contexts.begin(), c.contexts.end());
-  const double element = static_cast<double>(dtype_size(c.dtype));
-  // The offloaded KV cache of every layer on the host, plus every chunk's q, k, v made up front.
-  const double cache = double(c.layers) * 2.0 * double(longest + c.decode_steps + 2 * c.block) * double(c.kv_heads) *
-                       double(c.head_dim) * element;
-  const double inputs = double(longest) * double(c.heads + 2 * c.kv_heads) * double(c.head_dim) * element;
-  const double staging = double(c.chunk) * double(c.heads + 2 * c.kv_heads) * double(c.head_dim) * 4.0;
-  check_memory_budget("--context", std::to_string(longest), cache + inputs + staging,
-                      detail::concat("the KV cache (", c.layers, " layers x ", c.kv_heads, " kv heads x ", c.head_dim,
-                                     " dims) and the inputs"));
+  const double element = static_cast<double>(dtype_size(c.dtype)), head_dim = double(c.head_dim), layers = double(c.layers);
+  const double cache = layers * 2.0 * double(longest + c.decode_steps + 2 * c.block) * double(c.kv_heads) * head_dim * element;
+  const double inputs = double(longest) * double(c.heads + 2 * c.kv_heads) * head_dim * element;
+  const double chunk = double(c.chunk) * double(c.heads + 2 * c.kv_heads) * head_dim;
+  const double ring = layers * double(c.slots) * double(c.block) * 2.0 * double(c.kv_heads) * head_dim * element;
+  WorkEstimate e;
+  e.host_bytes = cache + inputs + 4.0 * chunk + (c.device.is_cuda() ? 0.0 : ring);
+  e.device_bytes = c.device.is_cuda() ? ring + chunk * element + double(c.chunk) * double(c.heads) * head_dim * element : 0.0;
+  for (int64_t context : c.contexts)
+    e.flop += layers * double(c.heads) * head_dim * (2.0 * double(context) * double(context) + 4.0 * double(c.decode_steps) * double(context));
+  return e;
+}
+
+std::string prefill_shape_flags(const PrefillBenchConfig& c) {
+  std::string contexts;
+  for (int64_t context : c.contexts) contexts += (contexts.empty() ? "" : ",") + std::to_string(context);
+  return detail::concat("--context ", contexts, " --layers ", c.layers, " --heads ", c.heads, " --kv-heads ", c.kv_heads,
+                        " --head-dim ", c.head_dim, " --decode-steps ", c.decode_steps);
 }
 
 CommandRegistration registration{
@@ -102,13 +120,17 @@ CommandRegistration registration{
       app.add_option("--dtype", *dtype, "fp32, fp16 or bf16 (default: bf16 on cuda, fp32 on cpu)")->check(attention_dtype_name());
       app.add_option("--seed", config->seed, "data seed")->capture_default_str()->check(integer_in(0, INT64_MAX));
       app.add_flag("--json", *json, "print JSON instead of a table");
+      auto budget = std::make_shared<BudgetFlags>();
+      add_budget_flags(app, *budget);
       return CommandRunner([=] {
-        config->device = device->empty() ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : parse_device(*device);
+        config->device = device->empty() ? (cuda_available() ? Device::cuda(0) : Device::cpu()) : budget_device(*budget, *device, "--device");
         config->dtype = dtype->empty() ? (config->device.is_cpu() ? DType::kF32 : DType::kBF16) : parse_dtype(*dtype);
         config->contexts = contexts->empty() ? (config->device.is_cpu() ? std::vector<int64_t>{4096}
                                                                          : std::vector<int64_t>{32768, 65536, 131072})
                                              : parse_contexts(*contexts);
         check_prefill_config(*config, stride->count() > 0);
+        const WorkEstimate estimate = prefill_estimate(*config);
+        if (!check_work_budget(estimate, *budget, config->device, 0, prefill_shape_flags(*config), "prefill-bench")) return 0;
         nlohmann::json results = nlohmann::json::array();
         // H2D GB: everything prefill copied host→device; "keys" the part that was history K copied
         // for device scoring. select s: host time in select_blocks (see prefill_bench.cc).
@@ -117,6 +139,8 @@ CommandRegistration registration{
                        "  keys GB  eff GB/s  peak GB/s  needle\n";
         for (int64_t context : config->contexts) {
           nlohmann::json r = run_prefill_bench(*config, context);
+          r["estimated_host_memory_bytes"] = estimate.host_bytes;  // the longest context's, beside the peak so far
+          r["peak_host_memory_bytes"] = peak_host_memory_bytes();
           if (!*json) {
             std::printf("%7lld  %-6s  %13.0f  %12.1f  %7.3f  %8.3f  %-7s  %8.4f  %6.2f  %7.2f  %8.2f  %9.2f  %s\n",
                         static_cast<long long>(context), r["policy"].get<std::string>().c_str(),

@@ -198,6 +198,8 @@ sigset_t shutdown_signals() {
 
 int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lora) {
   const auto [width, height] = parse_width_height(o.size, "--size");
+  // Each adapter's name, scale and file, before the model is read: the errors name the flag.
+  const std::vector<std::pair<std::string, LoraFile>> adapters = lora_adapters(lora.adapters);
   // The model directory, read and checked once (the workers' generator reads it again).
   const WanModelDir model = WanModelDir::open(o.model_dir);
   // The defaults every request without its own size and frames gets: a model's size, checked now.
@@ -215,7 +217,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   // Checked here (paths and scales), read and matched by every worker's generator at start-up.
   for (const LoraFile& file : lora_files(lora.loras, "--lora")) runner.loras.push_back({fs::absolute(file.path).string(), file.scale});
   for (const LoraFile& file : lora_files(lora.loras_2, "--lora-2")) runner.loras_2.push_back({fs::absolute(file.path).string(), file.scale});
-  for (auto& [name, file] : lora_adapters(lora.adapters)) runner.lora_adapters.push_back({name, {fs::absolute(file.path).string(), file.scale}});
+  for (const auto& [name, file] : adapters) runner.lora_adapters.push_back({name, {fs::absolute(file.path).string(), file.scale}});
   runner.lora_ignore_unmatched = lora.ignore_unmatched;
   runner.embeddings_file = o.embeddings.empty() ? "" : fs::absolute(o.embeddings).string();
   // Read once here so a bad file fails the start, not every request.

@@ -24,9 +24,9 @@ void add_transformer_file_flags(CLI::App& app, std::string& file, std::string* f
       "one safetensors file in the original Wan names (blocks.0.self_attn.q.weight, optionally behind model.diffusion_model.), bf16/fp32 "
       "or FP8 as ComfyUI (scale_weight) and LightX2V (weight_scale) publish them, replacing the directory's weights (its config.json "
       "stays); with --weights fp8 its e4m3 block weights are used as stored, otherwise dequantised";
-  app.add_option("--transformer-file", file, std::string("the transformer's weights: ") + formats)->check(CLI::ExistingFile);
+  app.add_option("--transformer-file", file, std::string("the transformer's weights: ") + formats)->check(regular_file());
   if (file_2 != nullptr)
-    app.add_option("--transformer-2-file", *file_2, "the same for transformer_2 (Wan 2.2's low-noise expert)")->check(CLI::ExistingFile);
+    app.add_option("--transformer-2-file", *file_2, "the same for transformer_2 (Wan 2.2's low-noise expert)")->check(regular_file());
 }
 
 }  // namespace tessel::cli

@@ -1,6 +1,6 @@
 // What a command will hold and compute, estimated from its flags before it starts, and the one
-// check of it: every command whose memory and work grow with its flags (calibrate, eval --config,
-// generate, dit-bench, sp-bench, vae-bench) refuses past a budget naming the flags that asked for
+// check of it: every command whose memory and work grow with its flags (calibrate, eval, generate,
+// dit-bench, sp-bench, vae-bench, bench, mask, prefill-bench) refuses past a budget naming the flags that asked for
 // it, with --max-memory / --force to go beyond, says what it is about to do when it is long, and
 // with --dry-run prints the estimate and the verdict without running.
 #pragma once

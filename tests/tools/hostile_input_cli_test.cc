@@ -168,8 +168,8 @@ TEST(HostileInputCli, FormerHangsAreRefusedUpFront) {
       {"config from a directory", with(kBench, "--steps 1 --sparse-attn-config @/tmp"), {"'/tmp'", "a directory"}},
       {"safetensors from /dev/zero", "eval --qkv /dev/zero", {"/dev/zero", "a character device"}},
       {"tiny simulated bandwidth", with(kPrefill, "--cpu-copy-bandwidth 1e-9"), {"--cpu-copy-bandwidth", "at least 0.1 GB/s"}},
-      {"eval grid 200x200x200", with(kEval, "--grid 200x200x200"), {"--grid '200x200x200'", "memory budget", "GiB"}},
-      {"eval quadratic reference", with(kEval, "--grid 60x60x60 --max-tflop 1"), {"--grid '60x60x60'", "TFLOP", "--max-tflop"}},
+      {"eval grid 200x200x200", with(kEval, "--grid 200x200x200"), {"--grid 200x200x200", "memory budget", "GiB", "--max-memory"}},
+      {"eval quadratic reference", with(kEval, "--grid 100x100x100"), {"--grid 100x100x100 (1000000 tokens)", "TFLOP", "--force"}},
       {"bench seq over the budget", with(kBench, "--seq 100000000"), {"--seq", "memory budget"}},
       {"prefill context over the budget", with(kPrefill, "--context 2000000000"), {"--context", "memory budget"}},
   });
@@ -257,6 +257,46 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
 }
 
 // Inputs that failed with a message that did not name them.
+// The weights' flags (--transformer-file, --weights, --fp8-format, per-request LoRA) and the
+// budgets of bench, eval, mask and prefill-bench: each bad value or lone flag an error naming it.
+TEST(HostileInputCli, WeightFlagsAndBudgetsNameTheInput) {
+  const fs::path loop = test_dir() / "loop.safetensors";
+  fs::remove(loop);
+  fs::create_symlink(loop.filename(), loop);
+  const std::string garbage = raw_safetensors("garbage.safetensors", "not json", 0);
+  const std::string dit = "dit-bench --layers 1 --frames 1 --height 16 --width 16 --steps 1 --warmup 0";
+  const std::string qkv = qkv_file("budget_qkv.safetensors", "", 0.0f);
+  expect_clear_errors({
+      {"--transformer-file a symlink loop", "generate --model /nonexistent --prompt x --out x.png --transformer-file " + quote(loop.string()),
+       {"--transformer-file", "loop.safetensors", "symbolic links"}},
+      {"--transformer-file a directory", "serve --model /nonexistent --transformer-file " + quote(test_dir().string()),
+       {"--transformer-file", "a directory"}},
+      {"--transformer-2-file missing", "generate --model /nonexistent --prompt x --out x.png --transformer-2-file /nonexistent.safetensors",
+       {"--transformer-2-file", "/nonexistent.safetensors"}},
+      {"dit-bench --transformer-file without --from-dir", with(dit, "--transformer-file " + quote(garbage)),
+       {"--transformer-file", "--from-dir"}},
+      {"--weights fp16", with(dit, "--weights fp16"), {"--weights", "'fp16'"}},
+      {"--weights fp8 on the CPU", with(dit, "--weights fp8"), {"--weights fp8", "--device cuda"}},
+      {"--fp8-format without --weights fp8", "init-model --preset tiny --out " + quote((test_dir() / "fp8").string()) + " --fp8-format comfyui",
+       {"--fp8-format", "--weights fp8"}},
+      {"--fp8-format bogus", "init-model --preset tiny --out x --weights fp8 --fp8-format bogus", {"--fp8-format", "'bogus'"}},
+      {"--lora-adapters without --lora-rank", with(dit, "--lora-adapters 2"), {"--lora-adapters", "--lora-rank"}},
+      {"--lora-adapters not dividing the batch", with(dit, "--lora-rank 4 --lora-adapters 3 --batch 2"), {"--lora-adapters", "batch 2"}},
+      {"--lora-adapter a symlink loop", "serve --model /nonexistent --lora-adapter style=" + quote(loop.string()),
+       {"--lora-adapter style", "loop.safetensors"}},
+      {"--lora-adapter without a name", "serve --model /nonexistent --lora-adapter " + quote("=" + garbage), {"--lora-adapter"}},
+      {"--lora-adapter scale nan", "serve --model /nonexistent --lora-adapter " + quote("style=" + garbage + ":nan"),
+       {"--lora-adapter", "finite"}},
+      {"bench over --max-memory", with(kBench, "--seq 4096 --max-memory 1M"), {"--seq 4096", "bench needs", "(--max-memory)", "--force"}},
+      {"bench --max-memory junk", with(kBench, "--max-memory 12Q"), {"--max-memory", "K, M, G or T"}},
+      {"eval --qkv over --max-memory", "eval --qkv " + quote(qkv) + " --block-q 32 --block-kv 16 --max-memory 1K",
+       {"--qkv '", "budget_qkv.safetensors", "(--max-memory)"}},
+      {"mask over --max-memory", "mask --pattern radial --grid 21x45x80 --png x.png --max-memory 1M", {"--grid 21x45x80", "mask needs"}},
+      {"prefill-bench over --max-memory", with(kPrefill, "--max-memory 1K"), {"--context 1024", "prefill-bench needs", "(--max-memory)"}},
+      {"prefill-bench --device tpu with --dry-run", with(kPrefill, "--dry-run --device tpu"), {"--device", "'tpu'"}},
+  });
+}
+
 TEST(HostileInputCli, FormerVagueErrorsNameTheInput) {
   expect_clear_errors({
       {"huge grid", with(kEval, "--grid 99999999999x99999999999x99999999999"), {"--grid", "2147483647 tokens"}},

@@ -23,7 +23,11 @@ TESSEL_WORLD_SIZE, broken model directories (invalid, deeply nested or foreign m
 symlink loop, missing components, truncated or NaN weights), broken embeddings / noise / inputs /
 latents / capture / calibration files, LoRA files in every way they can be wrong (missing, no key
 matched, one key unmatched, wrong shapes, NaN, half a low-rank pair, bad PATH:SCALE), bad --out
-paths and --device cuda on a machine without a GPU.
+paths and --device cuda on a machine without a GPU; the weights' flags: --transformer-file and
+--transformer-2-file (missing, a directory, a symlink loop, empty, garbage, truncated, a header
+without its data, foreign names, wrong shapes, a config given as weights, an empty path; FP8 files
+of both layouts init-model writes, which must run), --weights, --fp8-format (alone, with bf16),
+serve's --lora-adapter NAME=PATH[:SCALE] and dit-bench's --lora-rank / --lora-adapters.
 
 `serve` is only given start-up errors, and as a guard every serve command line also names a port
 this script holds open on every address (--port BUSY): a check tessel forgets then ends in "cannot
@@ -329,6 +333,24 @@ def make_fixtures(root: Path, tessel: str) -> dict[str, str]:
     (root / "init_existing_dir").mkdir()
     (root / "init_existing_dir" / "notes.txt").write_text("someone's file")
     fx["init_existing_dir"] = str(root / "init_existing_dir")
+
+    # Weight files for --transformer-file, --transformer-2-file and --lora-adapter: FP8 files in both
+    # layouts init-model writes, and broken ones (each named after what is wrong with it).
+    for layout in ("lightx2v", "comfyui"):
+        tessel_run("init-model", "--preset", "tiny", "--out", str(root / f"fp8_{layout}"), "--threads", "1", "--weights", "fp8",
+                   "--fp8-format", layout)
+        fx[f"fp8_{layout}"] = str(root / f"fp8_{layout}" / f"transformer_fp8_{layout}.safetensors")
+    weights_bytes = (root / "tiny" / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+    put("w_empty.safetensors", b"")
+    put("w_garbage.safetensors", b"garbage, not a safetensors file\n" * 4)
+    put("w_truncated.safetensors", weights_bytes[:len(weights_bytes) // 2])
+    put("w_header_only.safetensors", weights_bytes[:100])
+    put("w_other_names.safetensors", tensors_bytes({"some.other.weight": ([2, 2], [1.0, 2.0, 3.0, 4.0])}))
+    put("w_wrong_shape.safetensors", tensors_bytes({"blocks.0.self_attn.q.weight": ([2, 2], [1.0, 2.0, 3.0, 4.0])}))
+    (root / "w_dir.safetensors").mkdir()
+    fx["w_dir.safetensors"] = str(root / "w_dir.safetensors")
+    os.symlink("w_loop.safetensors", root / "w_loop.safetensors")
+    fx["w_loop.safetensors"] = str(root / "w_loop.safetensors")
 
     # serve's guard: a port this process listens on, on every address (IPv6 and IPv4 where the
     # machine has both), so that tessel's own bind fails on it whatever --host says.
@@ -789,12 +811,87 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
                                         "--dry-run", "--max-memory", "1T"]), ["--height 4096", "--iters 1000", "hour"])
     err("dit-bench --dry-run with a malformed device", dit(["--device", "cuda:x", "--dry-run"]), ["--device"])
 
+    # ---- the weights' flags: --transformer-file, --transformer-2-file, --weights, --fp8-format,
+    # --lora-adapter, --lora-rank/--lora-adapters ---------------------------------------------------
+    bad_weight_files = [("missing", str(root / "no_such.safetensors"), ["no_such.safetensors"]),
+                        ("directory", fx["w_dir.safetensors"], ["w_dir.safetensors"]),
+                        ("symlink loop", fx["w_loop.safetensors"], ["w_loop.safetensors"]),
+                        ("empty", fx["w_empty.safetensors"], ["w_empty.safetensors"]),
+                        ("garbage", fx["w_garbage.safetensors"], ["w_garbage.safetensors"]),
+                        ("truncated", fx["w_truncated.safetensors"], ["w_truncated.safetensors"]),
+                        ("header only", fx["w_header_only.safetensors"], ["w_header_only.safetensors"]),
+                        ("other names", fx["w_other_names.safetensors"], ["w_other_names.safetensors"]),
+                        ("wrong shape", fx["w_wrong_shape.safetensors"], ["w_wrong_shape.safetensors"]),
+                        ("a config", tiny + "/transformer/config.json", ["config.json"]),
+                        ("empty path", "", ["--transformer-file"])]
+    for what, path, names in bad_weight_files:
+        err(f"generate --transformer-file {what}", g(["--transformer-file", path]),
+            names if what != "empty path" else ["--transformer-file"])
+        err(f"generate two experts --transformer-2-file {what}",
+            ["generate"] + hs.merged(generate_args(a14b, str(root / "err.safetensors")), ["--transformer-2-file", path]),
+            names if what != "empty path" else ["--transformer-2-file"])
+        err(f"dit-bench --transformer-file {what}", dit(["--transformer-file", path]),
+            names if what != "empty path" else ["--transformer-file"])
+    for layout in ("lightx2v", "comfyui"):
+        gen_ok(f"generate --transformer-file fp8 {layout} (dequantised on the CPU)", ["--transformer-file", fx[f"fp8_{layout}"]])
+        ok(f"dit-bench --transformer-file fp8 {layout}", dit(["--transformer-file", fx[f"fp8_{layout}"]]))
+    gen_ok("generate --transformer-file the directory's own weights",
+           ["--transformer-file", tiny + "/transformer/diffusion_pytorch_model.safetensors"], differs=False)
+    err("generate --transformer-2-file on a one-expert model", g(["--transformer-2-file", fx["fp8_lightx2v"]]),
+        ["--transformer-2-file"])
+    err("dit-bench --transformer-file without --from-dir",
+        ["dit-bench"] + hs.strip_option(dbase, "--from-dir") + ["--model", "wan-1.3b", "--layers", "1", "--transformer-file",
+                                                                fx["fp8_lightx2v"]], ["--transformer-file", "--from-dir"])
+    err("dit-bench --transformer-2-file (one transformer)", dit(["--transformer-2-file", fx["fp8_lightx2v"]]),
+        ["--transformer-2-file"])
+    for value in ("fp16", "FP8", "", "int8", "bf16,fp8"):
+        err(f"generate --weights {value!r}", g(["--weights", value]), ["--weights"])
+        err(f"dit-bench --weights {value!r}", dit(["--weights", value]), ["--weights"])
+        err(f"init-model --weights {value!r}", ["init-model"] + hs.merged(ibase, ["--weights", value]), ["--weights"])
+    err("generate --weights fp8 on the CPU", g(["--weights", "fp8"]), ["--weights fp8", "cuda"])
+    err("dit-bench --weights fp8 on the CPU", dit(["--weights", "fp8"]), ["--weights fp8", "cuda"])
+    for value in ("bogus", "", "LIGHTX2V", "comfy"):
+        err(f"init-model --fp8-format {value!r}", ["init-model"] + hs.merged(ibase, ["--weights", "fp8", "--fp8-format", value]),
+            ["--fp8-format"])
+    err("init-model --fp8-format without --weights fp8", ["init-model"] + hs.merged(ibase, ["--fp8-format", "comfyui"]),
+        ["--fp8-format", "--weights fp8"])
+    err("init-model --fp8-format with --weights bf16", ["init-model"] + hs.merged(ibase, ["--weights", "bf16", "--fp8-format", "lightx2v"]),
+        ["--fp8-format", "--weights fp8"])
+    ok("dit-bench --lora-rank 4", dit(["--lora-rank", "4", "--batch", "2"]))
+    ok("dit-bench --lora-rank 4 --lora-adapters 2", dit(["--lora-rank", "4", "--lora-adapters", "2", "--batch", "2"]))
+    err("dit-bench --lora-adapters without --lora-rank", dit(["--lora-adapters", "2"]), ["--lora-adapters", "--lora-rank"])
+    err("dit-bench --lora-adapters 1 without --lora-rank", dit(["--lora-adapters", "1"]), ["--lora-adapters", "--lora-rank"])
+    err("dit-bench --lora-adapters not dividing the batch", dit(["--lora-rank", "4", "--lora-adapters", "3", "--batch", "2"]),
+        ["--lora-adapters", "batch"])
+    opts("dit-bench", dbase, "--lora-rank", ["-1", "4097", "abc", "1.5", "nan", ""])
+    opts("dit-bench", dbase + ["--lora-rank", "4"], "--lora-adapters", ["0", "-1", "65", "abc", ""])
+
     # ---- serve (start-up errors only; the busy port stops any server that slips through) --------
     port = fx["busy_port"]
     vbase_serve = ["--model", tiny, "--host", "127.0.0.1", "--port", port, "--threads", "1", "--size", "64x64", "--frames", "1",
                    "--steps", "2"]
     serve = lambda extra: ["serve"] + hs.merged(vbase_serve, extra)  # noqa: E731
     err("serve on a busy port", serve([]), [port, "listen"])
+    for what, path, names in bad_weight_files:
+        err(f"serve --transformer-file {what}", serve(["--transformer-file", path]),
+            names if what != "empty path" else ["--transformer-file"])
+        if what != "empty path":
+            err(f"serve --lora-adapter {what}", serve(["--lora-adapter", "style=" + path]),
+                ["--lora-adapter style"] if what in ("missing", "directory", "symlink loop") else names)
+    err("serve --transformer-2-file on a one-expert model", serve(["--transformer-2-file", fx["fp8_lightx2v"]]), ["--transformer-2-file"])
+    for value in ("fp16", "", "FP8"):
+        err(f"serve --weights {value!r}", serve(["--weights", value]), ["--weights"])
+    err("serve --weights fp8 on the CPU", serve(["--weights", "fp8"]), ["--weights fp8", "cuda"])
+    for value in ("style", "=" + fx["lora_peft.safetensors"], "style=", "a b=" + fx["lora_peft.safetensors"],
+                  "x" * 65 + "=" + fx["lora_peft.safetensors"], "style=" + fx["lora_peft.safetensors"] + ":nan",
+                  "style=" + fx["lora_peft.safetensors"] + ":inf", "style=" + fx["lora_peft.safetensors"] + ":1e39"):
+        err(f"serve --lora-adapter {short(value)}", serve(["--lora-adapter", value]), ["--lora-adapter"])
+    err("serve --lora-adapter twice by name", serve(["--lora-adapter", "style=" + fx["lora_peft.safetensors"],
+                                                    "--lora-adapter", "style=" + fx["lora_kohya.safetensors"]]),
+        ["--lora-adapter", "'style' twice"])
+    err("serve --lora-adapter on two experts",
+        ["serve"] + hs.merged(hs.merged(vbase_serve, ["--model", a14b]), ["--lora-adapter", "style=" + fx["lora_peft.safetensors"]]),
+        ["--lora-adapter", "one expert"])
     opts("serve", vbase_serve, "--port", ["65536", "-1", "abc", ""])
     opts("serve", vbase_serve, "--max-queue", ["0", "-1", "abc"])
     opts("serve", vbase_serve, "--num-gpus", ["0", "2", "65"])
