@@ -484,11 +484,18 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     for (int h = 0; h < 2; ++h) {
       float mx = row_max[h];
       if constexpr (kFp8) {
-        float sub_max[2] = {-INFINITY, -INFINITY};
+        // Each sub-tile's max as a tree (depth 4, not a chain of 8): FP8's softmax meets half the
+        // tensor time of bf16's, so its dependency chains are what the warps stall on (Nsight
+        // Compute: "wait" is the first stall). max is exact in any order: the same bits.
+        float m[kSTiles];
 #pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
-          sub_max[j < 8 ? 0 : 1] = fmaxf(sub_max[j < 8 ? 0 : 1], fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
-        mx = fmaxf(mx, fmaxf(sub_max[0] * k_factor[0], sub_max[1] * k_factor[1]));
+        for (int j = 0; j < kSTiles; ++j) m[j] = fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]);
+#pragma unroll
+        for (int w = 1; w < 8 && w < kSTiles; w *= 2)
+#pragma unroll
+          for (int j = 0; j + w < kSTiles; j += 2 * w) m[j] = fmaxf(m[j], m[j + w]);
+        const float sub_max0 = m[0], sub_max1 = kSTiles > 8 ? m[kSTiles / 2] : -INFINITY;
+        mx = fmaxf(mx, fmaxf(sub_max0 * k_factor[0], sub_max1 * k_factor[1]));
       } else {
 #pragma unroll
         for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * h], s_acc[4 * j + 2 * h + 1]));
@@ -503,7 +510,10 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       alpha[h] = mx == row_max[h] ? 1.f : fast_exp2(row_max[h] * score_scale - shift);
       row_max[h] = mx;
       const float p_shift = shift - kLog2PFactor;
-      float sum = 0.f;
+      // FP8: four partial sums (a chain of 4 additions instead of 16, as for the max above); the
+      // 16-bit modes keep one chain and so their bits.
+      constexpr int kPartialSums = kFp8 ? 4 : 1;
+      float sums[kPartialSums] = {};
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j) {
         // kPolyExp2: every eighth n8 tile on the FMA units. Per warp-wide score instruction the
@@ -516,8 +526,11 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
         const float p1 = exp2_of(fmaf(s_acc[4 * j + 2 * h + 1], scale, -p_shift));
         s_acc[4 * j + 2 * h] = p0;
         s_acc[4 * j + 2 * h + 1] = p1;
-        sum += p0 + p1;
+        sums[j % kPartialSums] += p0 + p1;
       }
+      float sum = sums[0];
+#pragma unroll
+      for (int i = 1; i < kPartialSums; ++i) sum += sums[i];
       row_sum[h] = row_sum[h] * alpha[h] + sum;
     }
   };

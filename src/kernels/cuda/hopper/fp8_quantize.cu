@@ -157,7 +157,9 @@ __global__ void __launch_bounds__(kHeadDim) channel_mean_kernel(const float* k_s
 // v transposed to (B, H_kv, 128, seq_padded) e4m3 with each channel times 448 / its maximum, 64
 // keys per CTA: staged as floats in shared memory (rows padded by one word: the transposed reads
 // hit distinct banks), then each thread writes 4 consecutive key slots of one channel, slot j of a
-// 32-key group holding key fp8_key_order(j). Keys past seq are zeros.
+// 32-key group holding key fp8_key_order(j). Keys past seq are zeros. The tile is read in 16-byte
+// chunks, all of a thread's chunks loaded before any is stored: with one 2-byte load per thread
+// and iteration the kernel moved about 1 TB/s (0.2 ms of an FP8 call at S = 12,870, H = 40).
 template <typename T>
 __global__ void __launch_bounds__(256) transpose_values_kernel(const T* v, int64_t stride_b, int64_t stride_s,
                                                                int64_t stride_h, int seq, int heads,
@@ -171,9 +173,23 @@ __global__ void __launch_bounds__(256) transpose_values_kernel(const T* v, int64
   for (int d = threadIdx.x; d < kHeadDim; d += blockDim.x) factor[d] = quantization_factor(__uint_as_float(absmax[channel0 + d]));
   __syncthreads();
   const T* base = v + batch * stride_b + head * stride_h;
-  for (int i = threadIdx.x; i < kKeys * kHeadDim; i += blockDim.x) {
-    const int s = i / kHeadDim, d = i % kHeadDim;
-    tile[s][d] = s0 + s < seq ? to_float(base[static_cast<int64_t>(s0 + s) * stride_s + d]) * factor[d] : 0.f;
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  constexpr int kChunksPerThread = kKeys * kChunksPerRow / 256;
+  static_assert(kKeys * kChunksPerRow % 256 == 0, "the launch has 256 threads");
+  uint4 chunk[kChunksPerThread];
+#pragma unroll
+  for (int r = 0; r < kChunksPerThread; ++r) {
+    const int c = threadIdx.x + r * 256, s = c / kChunksPerRow;
+    chunk[r] = s0 + s < seq ? *reinterpret_cast<const uint4*>(base + static_cast<int64_t>(s0 + s) * stride_s +
+                                                              (c % kChunksPerRow) * 8)
+                            : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int r = 0; r < kChunksPerThread; ++r) {
+    const int c = threadIdx.x + r * 256, s = c / kChunksPerRow, d0 = (c % kChunksPerRow) * 8;
+    const T* x = reinterpret_cast<const T*>(&chunk[r]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) tile[s][d0 + e] = to_float(x[e]) * factor[d0 + e];  // zeros stay zeros
   }
   __syncthreads();
   for (int i = threadIdx.x; i < kHeadDim * (kKeys / 4); i += blockDim.x) {
