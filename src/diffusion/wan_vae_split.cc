@@ -31,19 +31,20 @@ TensorView floats(float* data, int64_t count) { return TensorView(data, DType::k
 }  // namespace
 
 void RowSplit::fill_halo(const ExecContext& ctx, FeatureFrames& x) const {
-  const int64_t row = x.width * x.channels, edges = 2 * x.count * row;  // each frame's top row, then each one's bottom row
-  std::vector<float> send(static_cast<size_t>(edges)), all(static_cast<size_t>(edges * bands_.ranks()));
+  // One row of every frame in each: this band's top and bottom rows, the rows above and below it.
+  const int64_t row = x.width * x.channels, edge = x.count * row;
+  const size_t row_bytes = static_cast<size_t>(row) * sizeof(float);
+  std::vector<float> rows(static_cast<size_t>(4 * edge));
+  float *top = rows.data(), *bottom = top + edge, *above = bottom + edge, *below = above + edge;
   for (int64_t t = 0; t < x.count; ++t) {
-    std::memcpy(send.data() + t * row, x.pixel(t, 0, 0), static_cast<size_t>(row) * sizeof(float));
-    std::memcpy(send.data() + (x.count + t) * row, x.pixel(t, x.height - 1, 0), static_cast<size_t>(row) * sizeof(float));
+    std::memcpy(top + t * row, x.pixel(t, 0, 0), row_bytes);
+    std::memcpy(bottom + t * row, x.pixel(t, x.height - 1, 0), row_bytes);
   }
-  group_.all_gather(ctx, floats(send.data(), edges), floats(all.data(), static_cast<int64_t>(all.size())));
-  const int rank = bands_.rank();
+  group_.neighbour_exchange(ctx, floats(top, edge), floats(bottom, edge), floats(above, edge), floats(below, edge));
+  // Border row -1 is the previous rank's bottom row, border row `height` the next rank's top row.
   for (int64_t t = 0; t < x.count; ++t) {
-    // Border row -1 is the previous rank's bottom row, border row `height` the next rank's top row.
-    if (rank > 0) std::memcpy(x.pixel(t, -1, 0), all.data() + (rank - 1) * edges + (x.count + t) * row, static_cast<size_t>(row) * sizeof(float));
-    if (rank + 1 < bands_.ranks())
-      std::memcpy(x.pixel(t, x.height, 0), all.data() + (rank + 1) * edges + t * row, static_cast<size_t>(row) * sizeof(float));
+    if (bands_.rank() > 0) std::memcpy(x.pixel(t, -1, 0), above + t * row, row_bytes);
+    if (bands_.rank() + 1 < bands_.ranks()) std::memcpy(x.pixel(t, x.height, 0), below + t * row, row_bytes);
   }
 }
 

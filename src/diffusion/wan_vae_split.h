@@ -26,7 +26,8 @@ class RowSplit {
   const RowBands& bands() const { return bands_; }
 
   // Writes the neighbours' edge rows into the zero border rows above and below every frame of the
-  // band `x` (the border at the frame's true top or bottom stays zero). Collective.
+  // band `x` (the border at the frame's true top or bottom stays zero): one neighbour exchange.
+  // Collective.
   void fill_halo(const ExecContext& ctx, FeatureFrames& x) const;
   // The whole frames of which `band` is this rank's rows (every rank's band, gathered). Collective.
   FeatureFrames whole(const ExecContext& ctx, const FeatureFrames& band) const;

@@ -116,6 +116,20 @@ class ThreadRankCommunicator final : public Communicator {
     ranks_->meet();
     check(cudaMemcpy(tensor.data(), sum.data(), sum.size() * sizeof(float), cudaMemcpyHostToDevice), "all_reduce result");
   }
+  // Each rank offers its [to_previous, to_next] pair; the neighbours read the half meant for them.
+  void neighbour_exchange(const ExecContext& ctx, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    const void* pair[2] = {to_previous.data(), to_next.data()};
+    offer(ctx, pair);
+    const size_t bytes = to_previous.nbytes();
+    const auto pair_of = [&](int r) { return static_cast<const void* const*>(ranks_->offered[static_cast<size_t>(r)]); };
+    if (rank_ > 0)
+      check(cudaMemcpyAsync(from_previous.data(), pair_of(rank_ - 1)[1], bytes, cudaMemcpyDeviceToDevice, stream_of(ctx)), "copy from previous");
+    if (rank_ + 1 < size())
+      check(cudaMemcpyAsync(from_next.data(), pair_of(rank_ + 1)[0], bytes, cudaMemcpyDeviceToDevice, stream_of(ctx)), "copy from next");
+    check(cudaStreamSynchronize(stream_of(ctx)), "neighbour exchange");
+    ranks_->meet();
+  }
   void all_to_all(const ExecContext&, const TensorView&, const TensorView&) override { unused("all_to_all"); }
   std::unique_ptr<PendingExchange> ring_exchange_async(const ExecContext&, const TensorView&, const TensorView&) override {
     unused("ring_exchange_async");

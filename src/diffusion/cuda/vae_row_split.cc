@@ -35,19 +35,19 @@ ExecContext DeviceRowSplit::context(const DecodeContext& dc) const {
 }
 
 DeviceFrames DeviceRowSplit::with_halo(const DecodeContext& dc, const DeviceFrames& x) const {
-  const int64_t images = x.channels * x.frames, h = x.height, w = x.width, edges = 2 * images * w;
-  // Each image's top row, then each one's bottom row.
-  DeviceFrames send = dc.frames(1, 1, 1, edges), all = dc.frames(1, 1, 1, edges * bands_.ranks());
-  copy_rows(x.data(), h * w, send.data(), w, 1, w, images, dc.stream);
-  copy_rows(x.data() + (h - 1) * w, h * w, send.data() + images * w, w, 1, w, images, dc.stream);
-  group_.all_gather(context(dc), floats(send.data(), edges, device_), floats(all.data(), edges * bands_.ranks(), device_));
+  const int64_t images = x.channels * x.frames, h = x.height, w = x.width, edge = images * w;
+  // One row of every image in each: this band's top and bottom rows, the rows above and below it.
+  DeviceFrames rows = dc.frames(1, 1, 4, edge);
+  float *top = rows.data(), *bottom = top + edge, *above = bottom + edge, *below = above + edge;
+  copy_rows(x.data(), h * w, top, w, 1, w, images, dc.stream);
+  copy_rows(x.data() + (h - 1) * w, h * w, bottom, w, 1, w, images, dc.stream);
+  group_.neighbour_exchange(context(dc), floats(top, edge, device_), floats(bottom, edge, device_), floats(above, edge, device_),
+                            floats(below, edge, device_));
   DeviceFrames out = dc.frames(x.channels, x.frames, h + 2, w);
-  const int rank = bands_.rank();
-  // Row -1 is the previous rank's bottom row, row h the next rank's top row.
-  copy_rows(rank > 0 ? all.data() + (rank - 1) * edges + images * w : nullptr, w, out.data(), (h + 2) * w, 1, w, images, dc.stream);
+  // Row -1 is the previous rank's bottom row, row h the next rank's top row; zeros at the frame's edges.
+  copy_rows(bands_.rank() > 0 ? above : nullptr, w, out.data(), (h + 2) * w, 1, w, images, dc.stream);
   copy_rows(x.data(), h * w, out.data() + w, (h + 2) * w, h, w, images, dc.stream);
-  copy_rows(rank + 1 < bands_.ranks() ? all.data() + (rank + 1) * edges : nullptr, w, out.data() + (h + 1) * w, (h + 2) * w, 1, w,
-            images, dc.stream);
+  copy_rows(bands_.rank() + 1 < bands_.ranks() ? below : nullptr, w, out.data() + (h + 1) * w, (h + 2) * w, 1, w, images, dc.stream);
   return out;
 }
 

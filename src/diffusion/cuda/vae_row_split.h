@@ -1,7 +1,7 @@
 // The CUDA Wan VAE decode split by height over a group of ranks (internal), the device counterpart
 // of wan_vae_split.h (which says what each module reads): each rank decodes a band of the latent
 // rows; before a 3x3 convolution the band is laid out with one halo row above and below (the
-// neighbours' edge rows, gathered over the group; zeros at the frame's true top and bottom) and
+// neighbours' edge rows, exchanged with them; zeros at the frame's true top and bottom) and
 // convolved without padding in height; the mid block's attention and the decoded chunk gather the
 // whole frames. Every transfer is one collective on the decode's stream (NCCL on the decoder's
 // device) and every layout change a few 2-D copies of whole planes; nothing waits for the host but
