@@ -312,6 +312,11 @@ TEST(MeteredCommunicator, CountsWhatThisRankSendsInEveryGroupSplitFromIt) {
   EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * (n - 1) * 2 + (pair->size() > 1 ? 16.0 : 0.0));
   EXPECT_EQ(meter->calls, 3);
   EXPECT_GE(meter->seconds, 0.0);
+  // A neighbour exchange sends to one neighbour at the ends of the line, to two inside it.
+  meter->reset();
+  metered->neighbour_exchange(ctx, floats({4}), floats({4}), floats({4}), floats({4}));
+  const int neighbours = (metered->rank() > 0 ? 1 : 0) + (metered->rank() + 1 < n ? 1 : 0);
+  EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * neighbours);
   meter->reset();
   EXPECT_EQ(meter->bytes, 0.0);
 }
