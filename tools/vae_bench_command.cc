@@ -4,6 +4,9 @@
 // WanVae::encode of a random video instead, on the CPU or a CUDA device. 480p 81 frames are
 // latents of 21 x 60 x 104. With --latents and --save-video it decodes given latents and writes the
 // video, for a comparison with diffusers on the same weights (bench/diffusers_vae_decode.py --parity).
+// Under --ulysses / --ring (--cfg-parallel) the decode is split by height over the sequence group, as
+// `generate` splits it (mpirun on the CPU; one process per GPU, NCCL, with mpirun or the TESSEL_*
+// environment), and --check compares the whole video with this rank's decode alone.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +21,8 @@
 #include "command.h"
 #include "device_memory.h"
 #include "option_checks.h"
+#include "parallel_flags.h"
+#include "quality/output_error.h"
 #include "work_budget.h"
 #include "tessel/core/error.h"
 #include "tessel/core/exec_context.h"
@@ -44,6 +49,7 @@ struct VaeBenchOptions {
   std::string latents;     // safetensors holding "latents" (1, z_dim, T, h, w) instead of random ones
   std::string save_video;  // safetensors to write the last decode's "video" to
   bool encode = false;     // time WanVae::encode of a random video instead
+  bool check = false;      // a split decode's video against this rank's whole-frame decode
   BudgetFlags budget;
 };
 
@@ -171,8 +177,15 @@ int run_encode_bench(const VaeBenchOptions& o, const WanVae& vae, const ExecCont
   return 0;
 }
 
-int run_vae_bench(const VaeBenchOptions& o) {
-  const Device device = budget_device(o.budget, o.device, "--device");
+// --check's bound on the rel-L2 of a split decode against the whole-frame one: on the CPU each pixel
+// is the same sum (bit-equal); on CUDA a band's convolutions are cuDNN calls of other heights, whose
+// algorithms may round otherwise (1e-4 in fp32, 1e-2 with TF32, as wan_vae_split_gpu_test.cc).
+double split_tolerance(Device device, bool tf32) { return device.is_cpu() ? 0.0 : tf32 ? 1e-2 : 1e-4; }
+
+int run_vae_bench(const VaeBenchOptions& o, const ParallelFlags& parallel) {
+  const Device asked = budget_device(o.budget, o.device, "--device");
+  const bool split = parallel.ulysses * parallel.ring * (parallel.cfg_parallel ? 2 : 1) > 1;
+  if (o.encode && split) fail_argument("--encode", "a run of one rank (only the decode splits over --ulysses / --ring)", parallel.describe());
   // The config (and the shapes) first: the budget is checked before any weight is made or read.
   const std::optional<WanVaeConfig> from_dir_config = o.from_dir.empty() ? std::nullopt : std::optional(read_vae_config(o.from_dir));
   const WanVaeConfig config = from_dir_config   ? *from_dir_config
@@ -180,13 +193,19 @@ int run_vae_bench(const VaeBenchOptions& o) {
                               : o.preset == "wan2.2" ? wan22_vae_config()
                                                      : WanVaeConfig{};
   const Shape input = o.encode ? encode_video_shape(o, config) : !o.latents.empty() ? latents_file_shape(o.latents, config) : latent_size(o, config);
-  const WorkEstimate estimate = vae_bench_estimate(o, config, input, device);
+  const WorkEstimate estimate = vae_bench_estimate(o, config, input, asked);
   const std::string shape_flags = (!o.latents.empty() ? "--latents " + quoted_excerpt(o.latents)
                                                       : detail::concat("--frames ", o.frames, " --height ", o.height, " --width ", o.width)) +
                                   detail::concat(" --iters ", o.iters, " --warmup ", o.warmup);
-  if (!check_work_budget(estimate, o.budget, device, static_cast<int>(o.threads), shape_flags,
+  if (!check_work_budget(estimate, o.budget, asked, static_cast<int>(o.threads), shape_flags,
                          o.encode ? "vae-bench --encode" : "vae-bench"))
     return 0;
+  // Several ranks: each on its local GPU; the decode's group is the sequence group.
+  ParallelRun run(parallel, asked);
+  const Device device = run.device();
+  Communicator* group = run.groups() != nullptr ? run.groups()->sequence.get() : nullptr;
+  if (o.check && group == nullptr)
+    fail_argument("--check", "a split decode (--ulysses / --ring, or the TESSEL_* environment)", "one process");
   ExecContext ctx;
   ctx.device = device;
   ctx.num_threads = static_cast<int>(o.threads);
@@ -199,8 +218,10 @@ int run_vae_bench(const VaeBenchOptions& o) {
   const Shape latent_shape = latents.shape();
   Tensor video = Tensor::empty(vae.decoded_shape(latent_shape), DType::kF32, device);
 
-  const std::vector<double> seconds = timed_runs(o, [&] { vae.decode(ctx, latents, video); });  // returns when the device has finished
+  // Returns when the device has finished.
+  const std::vector<double> seconds = timed_runs(o, [&] { vae.decode(ctx, latents, video, nullptr, group); });
   const std::optional<DeviceMemory> memory_after = device_memory(device);
+  if (!run.is_root()) return 0;  // every rank has the whole video: the root reports it
   if (!o.save_video.empty()) {
     const Tensor host_video = video.to(Device::cpu());
     write_safetensors(o.save_video, {{"video", host_video.view()}}, {{"format", "pt"}});
@@ -221,9 +242,24 @@ int run_vae_bench(const VaeBenchOptions& o) {
   if (device.is_cuda()) report["estimated_device_memory_bytes"] = estimate.device_bytes;
   report["estimated_host_memory_bytes"] = estimate.host_bytes;
   report["peak_host_memory_bytes"] = peak_host_memory_bytes();
+  bool check_pass = true;
+  if (group != nullptr) {
+    report["split_ranks"] = group->size();
+    report["parallel"] = parallel.describe();
+  }
+  if (o.check) {
+    // This rank's decode alone, after the timed ones (the same decoder and weights).
+    const Tensor whole = vae.decode(ctx, latents).to(Device::cpu());
+    const double error = compare_outputs(video.to(Device::cpu()), whole).rel_l2;
+    const double tolerance = split_tolerance(device, !o.no_tf32);
+    check_pass = error <= tolerance;
+    report["rel_l2_vs_one_rank"] = error;
+    report["check_tolerance"] = tolerance;
+    report["check_pass"] = check_pass;
+  }
   if (o.json) {
     std::printf("%s\n", report.dump().c_str());
-    return 0;
+    return check_pass ? 0 : 1;
   }
   std::printf("Wan VAE decode (%s, %s, %s): latents (1, %lld, %lld, %lld, %lld) -> video (1, 3, %lld, %lld, %lld): median %.3f s "
               "(min %.3f s, %.1f ms per frame) over %lld runs",
@@ -236,7 +272,11 @@ int run_vae_bench(const VaeBenchOptions& o) {
     std::printf(", device memory held %s (estimated %s)", format_bytes(report["device_memory_bytes"].get<double>()).c_str(),
                 format_bytes(estimate.device_bytes).c_str());
   std::printf("; peak host memory %s (estimated %s)\n", format_bytes(peak_host_memory_bytes()).c_str(), format_bytes(estimate.host_bytes).c_str());
-  return 0;
+  if (group != nullptr) std::printf("split by height over %d ranks (%s)\n", group->size(), parallel.describe().c_str());
+  if (o.check)
+    std::printf("check: rel-L2 %.3g against this rank's whole-frame decode (tolerance %g): %s\n", report["rel_l2_vs_one_rank"].get<double>(),
+                report["check_tolerance"].get<double>(), check_pass ? "ok" : "FAIL");
+  return check_pass ? 0 : 1;
 }
 
 CommandRegistration registration{
@@ -273,10 +313,15 @@ CommandRegistration registration{
       CLI::Option* encode = app.add_flag("--encode", options->encode,
                                          "time the encoder (WanVae::encode) on a random video of --frames x --height x --width");
       encode->excludes(latents)->excludes("--save-video");
+      app.add_flag("--check", options->check,
+                   "with --ulysses / --ring: compare the split decode's video with this rank's whole-frame decode "
+                   "(rel-L2; exit status 1 above the tolerance)");
+      auto parallel = std::make_shared<ParallelFlags>();
+      add_parallel_flags(app, *parallel);
       add_budget_flags(app, options->budget);
-      return CommandRunner([options, no_tf32] {
+      return CommandRunner([options, no_tf32, parallel] {
         check_applies(no_tf32, options->device.rfind("cuda", 0) == 0, "--device cuda");
-        return run_vae_bench(*options);
+        return run_vae_bench(*options, *parallel);
       });
     }};
 

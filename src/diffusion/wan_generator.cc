@@ -533,6 +533,7 @@ std::unique_ptr<WanGenerationState> WanGenerator::begin(const ExecContext& ctx, 
   options.cache = state->cache.get();
   options.cache_2 = state->cache_2.get();
   options.cfg_group = g.options.parallel != nullptr ? g.options.parallel->cfg.get() : nullptr;
+  options.decode_group = g.options.parallel != nullptr && g.options.split_decode ? g.options.parallel->sequence.get() : nullptr;
   if (!request.lora.empty()) {
     if (!g.lora_bank) fail_argument("lora", "no adapter (the model was loaded without per-request adapters)", quoted_excerpt(request.lora));
     options.lora_bank = g.lora_bank.get();

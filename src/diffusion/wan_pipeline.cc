@@ -174,19 +174,22 @@ WanPipeline::WanPipeline(const WanTransformer& transformer, const WanLowNoiseExp
 }
 
 // On a CUDA context the VAE decodes on that device (the final latents go up once, the video comes
-// back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning.
-VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control) const {
+// back once); should the device decoder be unavailable (no cuDNN), the CPU decodes, with a warning
+// (whole frames on each rank of a device group: its communicator moves no CPU tensors).
+VideoFrames WanPipeline::decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control,
+                                   Communicator* group) const {
   if (vae_ == nullptr) fail_argument("WanPipeline::decode", "a pipeline built with a VAE", "none");
   if (ctx.device.is_cuda()) {
     std::optional<Tensor> decoded;
     try {
-      decoded = vae_->decode(ctx, host_latents.to(ctx.device), control);
+      decoded = vae_->decode(ctx, host_latents.to(ctx.device), control, group);
     } catch (const Error& e) {
       ctx.log(LogLevel::kWarning, std::string("the VAE decodes on the CPU: the CUDA decoder failed: ") + e.what());
     }
     if (decoded) return decoded->defined() ? frames_of_decoded(decoded->to(Device::cpu())) : VideoFrames{};
   }
-  const Tensor decoded = vae_->decode(ctx.on_cpu(), host_latents, control);
+  Communicator* cpu_group = group != nullptr && group->device().is_cpu() ? group : nullptr;
+  const Tensor decoded = vae_->decode(ctx.on_cpu(), host_latents, control, cpu_group);
   return decoded.defined() ? frames_of_decoded(decoded) : VideoFrames{};
 }
 
@@ -522,8 +525,9 @@ WanGenerationResult WanPipeline::finish(const ExecContext& ctx, WanDenoiseState&
   if (s.options.first_frame.defined()) put_first_frame(s.options.first_frame, s.latents.size(2), s.latents.data_as<float>());
   if (vae_ != nullptr && s.options.decode && !result.cancelled) {
     const WanDecodeControl control{s.options.on_decode_chunk, s.options.cancel};
-    result.frames = decode_on(ctx, s.latents, &control);
-    result.cancelled = control.cancelled() && result.frames.count == 0;
+    result.frames = decode_on(ctx, s.latents, &control, s.options.decode_group);
+    // A decode returns no frames only when cancelled, here or (agreed on by a decode group) on another rank.
+    result.cancelled = result.frames.count == 0;
   }
   result.latents = std::move(s.latents);
   if (s.options.cache) result.cache_stats = s.options.cache->stats();

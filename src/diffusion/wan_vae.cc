@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "tessel/core/error.h"
 #include "tessel/core/io/bounded_read.h"
 #include "wan_vae_blocks.h"
 #include "wan_vae_encoder.h"
 #include "wan_vae_layout.h"
+#include "wan_vae_split.h"
+#include "tessel/parallel/communicator.h"
 
 #ifdef TESSEL_VAE_CUDA
 #include "cuda/wan_vae_cuda.h"
@@ -29,6 +32,17 @@ void check_latents(const TensorView& latents, const WanVaeConfig& config) {
   for (int64_t d = 2; d < 5; ++d)
     if (latents.size(d) < 1 || latents.size(d) > kMaxLatentExtent)
       fail_argument("latents", detail::concat("frames, height and width in [1, ", kMaxLatentExtent, "]"), latents.describe());
+}
+
+// The group that splits a decode by height, or null when the decode runs whole on this rank: no
+// group, a group of one, or fewer latent rows than ranks. Checks the group's device against the
+// latents'.
+Communicator* splitting_group(Communicator* group, const TensorView& latents) {
+  if (group == nullptr) return nullptr;
+  if (group->device() != latents.device())
+    fail_argument("group", "a communicator of the latents' device " + latents.device().str(),
+                  detail::concat(group->engine(), " on ", group->device().str()));
+  return group->size() > 1 && latents.size(3) >= group->size() ? group : nullptr;
 }
 
 }  // namespace
@@ -186,16 +200,17 @@ Shape WanVae::decoded_shape(const Shape& latent_shape) const {
           latent_shape[3] * spatial, latent_shape[4] * spatial};
 }
 
-Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control) const {
+Tensor WanVae::decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control, Communicator* group) const {
   check_latents(latents, config_);
   Tensor video = Tensor::empty(decoded_shape(latents.shape()), DType::kF32, latents.device());
-  if (!decode(ctx, latents, video.view(), control)) return Tensor();
+  if (!decode(ctx, latents, video.view(), control, group)) return Tensor();
   return video;
 }
 
-bool WanVae::decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video, const WanDecodeControl* control) const {
+bool WanVae::decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video, const WanDecodeControl* control,
+                    Communicator* group) const {
   check_latents(latents, config_);
-  if (latents.device().is_cuda()) return decode_on_device(ctx, latents, video, control);
+  if (latents.device().is_cuda()) return decode_on_device(ctx, latents, video, control, group);
   if (ctx.device.is_cuda()) fail_argument("latents", "a tensor on the context's device " + ctx.device.str(), latents.describe());
   const Shape expected = decoded_shape(latents.shape());
   if (video.dtype() != DType::kF32 || !video.device().is_cpu() || !video.is_contiguous() || video.shape() != expected)
@@ -212,18 +227,28 @@ bool WanVae::decode(const ExecContext& ctx, const TensorView& latents, const Ten
         for (int64_t x = 0; x < width; ++x)
           denormalized.pixel(t, y, x)[c] = in[((c * frames + t) * height + y) * width + x] / inverse_std + mean;
   }
-  vae::FeatureCache cache(decoder_->slots.next);
+  std::optional<vae::RowSplit> split;
+  if (Communicator* splitting = splitting_group(group, latents)) split.emplace(*splitting, height);
+  vae::FeatureCache cache(decoder_->slots.next, split ? &*split : nullptr);
+  // post_quant_conv (1x1x1, no halo) runs over the whole latents on every rank: it is small next to
+  // a chunk.
   const vae::FeatureFrames quantized = decoder_->post_quant.forward(ctx, denormalized, cache);
+  // This rank's latent rows: the whole frame, or its band.
+  const int64_t first_row = split ? split->bands().begin(split->bands().rank()) : 0;
+  const int64_t rows = split ? split->bands().rows(split->bands().rank()) : height;
 
   const int64_t channels = expected[1], out_frames = expected[2], out_height = expected[3], out_width = expected[4];
   const int64_t patch = config_.patch_size;
   float* out = video.data_as<float>();
   int64_t written = 0;
   for (int64_t t = 0; t < frames; ++t) {
-    if (control != nullptr && control->cancelled()) return false;
-    vae::FeatureFrames latent(1, z, height, width);
-    std::memcpy(latent.frame(0), quantized.frame(t), static_cast<size_t>(latent.frame_size()) * sizeof(float));
-    const vae::FeatureFrames decoded = decoder_->chunk(ctx, latent, cache, t == 0);
+    const bool cancelled = control != nullptr && control->cancelled();
+    if (split ? split->any(cancelled) : cancelled) return false;
+    vae::FeatureFrames latent(1, z, rows, width);
+    for (int64_t y = 0; y < rows; ++y)
+      std::memcpy(latent.pixel(0, y, 0), quantized.pixel(t, first_row + y, 0), static_cast<size_t>(width * z) * sizeof(float));
+    vae::FeatureFrames decoded = decoder_->chunk(ctx, latent, cache, t == 0);
+    if (split) decoded = split->whole(ctx, decoded);  // every rank's band of the chunk
     // Unpatchified as diffusers' unpatchify: channel (c * patch + r) * patch + q of decoded pixel
     // (y, x) is channel c of video pixel (y * patch + q, x * patch + r); patch 1 copies.
     for (int64_t f = 0; f < decoded.count; ++f, ++written)
@@ -239,7 +264,7 @@ bool WanVae::decode(const ExecContext& ctx, const TensorView& latents, const Ten
 }
 
 bool WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
-                              const WanDecodeControl* control) const {
+                              const WanDecodeControl* control, Communicator* group) const {
   const Device device = latents.device();
   if (ctx.device.is_cuda() && ctx.device != device)
     fail_argument("latents", "a tensor on the context's device " + ctx.device.str(), latents.describe());
@@ -249,8 +274,9 @@ bool WanVae::decode_on_device(const ExecContext& ctx, const TensorView& latents,
 #ifdef TESSEL_VAE_CUDA
   const vae::cuda::CudaDecoder& decoder = device_models_->on(device_models_->decoders, config_, device);
   return decoder.decode(reinterpret_cast<cudaStream_t>(ctx.stream), latents.data_as<const float>(), latents.size(2), latents.size(3),
-                        latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_, control);
+                        latents.size(4), video.data_as<float>(), expected[2], cuda_tf32_, control, splitting_group(group, latents));
 #else
+  static_cast<void>(group);
   fail_without_device_vae("latents", latents, "decodes");
 #endif
 }

@@ -4,6 +4,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/kernels/attention.h"
+#include "wan_vae_split.h"
 
 namespace tessel::vae {
 namespace {
@@ -66,9 +67,18 @@ CausalConv::CausalConv(const WeightMap& weights, const std::string& name, int64_
 
 FeatureFrames CausalConv::forward(const ExecContext& ctx, const FeatureFrames& x, FeatureCache& cache) const {
   ConvHistory* history = slot_ >= 0 ? &cache.slot(slot_) : nullptr;
+  // A band's 3x3 convolution reads the neighbours' rows in its border: a copy of x with them (x's
+  // own border stays zero for the element-wise work that reads it whole).
+  FeatureFrames haloed;
+  const FeatureFrames* input = &x;
+  if (cache.split() != nullptr && conv_.kh > 1) {
+    haloed = x;
+    cache.split()->fill_halo(ctx, haloed);
+    input = &haloed;
+  }
   FeatureFrames out(x.count, conv_.out_channels, x.height, x.width);
-  causal_frames(ctx, conv_, causal_inputs(history, x, conv_.kt), x, out, 0, 1);
-  if (history) remember(*history, x, conv_.kt);
+  causal_frames(ctx, conv_, causal_inputs(history, *input, conv_.kt), *input, out, 0, 1);
+  if (history) remember(*history, *input, conv_.kt);
   return out;
 }
 
@@ -129,7 +139,13 @@ MidBlock::MidBlock(const WeightMap& weights, const std::string& prefix, int64_t 
 
 FeatureFrames MidBlock::forward(const ExecContext& ctx, const FeatureFrames& x, FeatureCache& cache) const {
   FeatureFrames h = first_.forward(ctx, x, cache);
-  attention_.forward(ctx, h);
+  if (cache.split() == nullptr) {
+    attention_.forward(ctx, h);
+  } else {
+    FeatureFrames whole = cache.split()->whole(ctx, h);
+    attention_.forward(ctx, whole);
+    h = cache.split()->band_of(whole);
+  }
   return second_.forward(ctx, h, cache);
 }
 
@@ -167,6 +183,7 @@ FeatureFrames Upsampler::forward(const ExecContext& ctx, const FeatureFrames& x,
   FeatureFrames out(frames->count, spatial_.out_channels, upsampled.height, upsampled.width);
   for (int64_t t = 0; t < frames->count; ++t) {
     upsample_nearest_2x(ctx, *frames, t, upsampled, 0);
+    if (cache.split() != nullptr) cache.split()->fill_halo(ctx, upsampled);
     conv_frame(ctx, spatial_, {upsampled.frame(0)}, upsampled.height, upsampled.width, out.frame(t));
   }
   return out;

@@ -24,14 +24,19 @@ struct ConvHistory {
   bool started = false;
 };
 
-// The feature cache of one decode (or encode): a history per causal convolution, by slot.
+class RowSplit;
+
+// The feature cache of one decode (or encode): a history per causal convolution, by slot, and the
+// decode's split by height over a group (null: whole frames), which every module of the chunk reads.
 class FeatureCache {
  public:
-  explicit FeatureCache(int64_t slots) : histories_(static_cast<size_t>(slots)) {}
+  explicit FeatureCache(int64_t slots, const RowSplit* split = nullptr) : histories_(static_cast<size_t>(slots)), split_(split) {}
   ConvHistory& slot(int64_t index) { return histories_.at(static_cast<size_t>(index)); }
+  const RowSplit* split() const { return split_; }
 
  private:
   std::vector<ConvHistory> histories_;
+  const RowSplit* split_ = nullptr;
 };
 
 // Hands out one cache slot per causal convolution while a model is built.
@@ -42,7 +47,9 @@ struct SlotCounter {
 
 // WanCausalConv3d: spatial padding kh / 2, kw / 2; in time each output frame reads the kt - 1 frames
 // before it, from the history of earlier chunks and then zeros, so chunk after chunk equals one
-// causal convolution over the whole video. A kernel of one frame keeps no history.
+// causal convolution over the whole video. A kernel of one frame keeps no history. Under a split by
+// height (FeatureCache::split) a kernel of 3 rows reads the band's halo rows, remembered with the
+// frames.
 class CausalConv {
  public:
   CausalConv() = default;
@@ -79,7 +86,8 @@ class AttentionBlock {
   PackedConv qkv_, proj_;
 };
 
-// WanMidBlock: residual block, attention, residual block.
+// WanMidBlock: residual block, attention, residual block. Under a split by height the attention runs
+// on the whole frames gathered from the bands, and each rank keeps its rows.
 class MidBlock {
  public:
   MidBlock(const WeightMap& weights, const std::string& prefix, int64_t dim, SlotCounter& slots);

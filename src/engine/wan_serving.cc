@@ -139,7 +139,9 @@ class WanRunner final : public PipelineRunner {
     load.transformer_file = config_.transformer_file;
     load.transformer_2_file = config_.transformer_2_file;
     load.load_text_encoder = config_.embeddings_file.empty();
-    load.load_vae = setup.rank == 0;  // only rank 0 decodes: the others' latents are the same and nobody reads them
+    // Every rank loads the VAE: each sequence group shares the decode, a band of rows per rank
+    // (WanLoadOptions::split_decode); rank 0's whole video is the output.
+    load.load_vae = true;
     generator_.emplace(WanGenerator::load(ExecContext{}, setup.model_dir, load));
   }
 
@@ -194,8 +196,8 @@ class WanRunner final : public PipelineRunner {
         j.report(++j.steps_reported, p.step_seconds, true, scheduled_density(transformer, p.step - 1, steps));
         if (first) j.agreed_cancel = agree_on_cancel(j.control);
       };
-      // Only rank 0 decodes, so during the decode it reads its own cancel flag (no collective: the
-      // other ranks are done).
+      // During the decode each rank reads its own cancel flag; the decode's group agrees on it
+      // between chunks (WanVae::decode), so every rank stops at the same chunk.
       w.on_decode_chunk = [&j, i](int64_t done, int64_t chunks) {
         const int64_t n = j.request.num_outputs;
         j.phase = n > 1 ? detail::concat("decoding output ", i + 1, " of ", n, ": ", done, "/", chunks)

@@ -47,6 +47,21 @@ void check_ring_exchange(const Communicator& comm, const TensorView& send, const
     fail_argument("recv", "a buffer other than send", "the same memory");
 }
 
+size_t check_neighbour_exchange(const Communicator& comm, const TensorView& to_previous, const TensorView& to_next,
+                                const TensorView& from_previous, const TensorView& from_next) {
+  const TensorView* views[] = {&to_previous, &to_next, &from_previous, &from_next};
+  const char* names[] = {"to_previous", "to_next", "from_previous", "from_next"};
+  for (int i = 0; i < 4; ++i) {
+    check_comm_tensor(comm, *views[i], names[i]);
+    if (views[i]->nbytes() != to_previous.nbytes())
+      fail_argument(names[i], detail::concat(to_previous.nbytes(), " bytes (as to_previous)"), views[i]->nbytes());
+    for (int j = 0; j < i; ++j)
+      if (views[i]->data() == views[j]->data() && views[i]->nbytes() > 0)
+        fail_argument(names[i], detail::concat("a buffer other than ", names[j]), "the same memory");
+  }
+  return to_previous.nbytes();
+}
+
 int checked_count(size_t bytes, const std::string& what) {
   if (bytes > static_cast<size_t>(INT_MAX))
     fail_argument(what, detail::concat("at most ", INT_MAX, " bytes per message"), bytes);

@@ -15,6 +15,9 @@ void check_comm_tensor(const Communicator& comm, const TensorView& t, const std:
 size_t check_all_to_all(const Communicator& comm, const TensorView& send, const TensorView& recv);
 void check_all_gather(const Communicator& comm, const TensorView& send, const TensorView& recv);
 void check_ring_exchange(const Communicator& comm, const TensorView& send, const TensorView& recv);
+// All four checked as above, of one byte size, none the same memory as another; returns the bytes.
+size_t check_neighbour_exchange(const Communicator& comm, const TensorView& to_previous, const TensorView& to_next,
+                                const TensorView& from_previous, const TensorView& from_next);
 // Throws Error when `bytes` does not fit the int count an engine takes.
 int checked_count(size_t bytes, const std::string& what);
 

@@ -69,6 +69,13 @@ class MeteredCommunicator final : public Communicator {
     const MeteredScope scope(*meter_);
     return std::make_unique<MeteredPendingExchange>(inner_->ring_exchange_async(ctx, send, recv), meter_);
   }
+  void neighbour_exchange(const ExecContext& ctx, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    const int neighbours = (rank() > 0 ? 1 : 0) + (rank() + 1 < size() ? 1 : 0);
+    count(static_cast<double>(to_previous.nbytes()) * neighbours);
+    const MeteredScope scope(*meter_);
+    inner_->neighbour_exchange(ctx, to_previous, to_next, from_previous, from_next);
+  }
   void barrier(const ExecContext& ctx) override {
     const MeteredScope scope(*meter_);
     inner_->barrier(ctx);

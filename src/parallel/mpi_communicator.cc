@@ -114,6 +114,38 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiPendingExchange>(std::move(requests));
   }
 
+  // Messages travelling to the next rank carry kDownTag, to the previous kUpTag.
+  void neighbour_exchange(const ExecContext&, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    const int bytes = checked_count(parallel_detail::check_neighbour_exchange(*this, to_previous, to_next, from_previous, from_next),
+                                    "neighbour exchange");
+    std::vector<MPI_Request> requests;
+    requests.reserve(4);  // MPI writes each handle through its address
+    // A failed post withdraws what was posted (nothing will match it), as the ring exchange does.
+    const auto post = [&](int status, const char* call) {
+      if (status == MPI_SUCCESS) return;
+      for (MPI_Request& request : requests)
+        if (request != MPI_REQUEST_NULL) {
+          MPI_Cancel(&request);
+          MPI_Request_free(&request);
+        }
+      check_mpi(status, call);
+    };
+    if (rank_ > 0) {
+      requests.push_back(MPI_REQUEST_NULL);
+      post(MPI_Irecv(from_previous.data(), bytes, MPI_BYTE, rank_ - 1, kDownTag, comm_, &requests.back()), "MPI_Irecv");
+      requests.push_back(MPI_REQUEST_NULL);
+      post(MPI_Isend(to_previous.data(), bytes, MPI_BYTE, rank_ - 1, kUpTag, comm_, &requests.back()), "MPI_Isend");
+    }
+    if (rank_ + 1 < size_) {
+      requests.push_back(MPI_REQUEST_NULL);
+      post(MPI_Irecv(from_next.data(), bytes, MPI_BYTE, rank_ + 1, kUpTag, comm_, &requests.back()), "MPI_Irecv");
+      requests.push_back(MPI_REQUEST_NULL);
+      post(MPI_Isend(to_next.data(), bytes, MPI_BYTE, rank_ + 1, kDownTag, comm_, &requests.back()), "MPI_Isend");
+    }
+    check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall (neighbour exchange)");
+  }
+
   void barrier(const ExecContext&) override { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
 
   std::unique_ptr<Communicator> split(int color, int key, const SplitOptions&) const override {
@@ -124,7 +156,7 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static constexpr int kRingTag = 7301;
+  static constexpr int kRingTag = 7301, kDownTag = 7302, kUpTag = 7303;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };

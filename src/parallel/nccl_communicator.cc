@@ -142,6 +142,22 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclPendingExchange>(exchange_done_);
   }
 
+  void neighbour_exchange(const ExecContext& ctx, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    const size_t bytes = parallel_detail::check_neighbour_exchange(*this, to_previous, to_next, from_previous, from_next);
+    cuda::DeviceGuard guard(device_.index);
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    if (rank_ > 0) {
+      ncclSend(to_previous.data(), bytes, ncclUint8, rank_ - 1, comm_, stream_of(ctx));
+      ncclRecv(from_previous.data(), bytes, ncclUint8, rank_ - 1, comm_, stream_of(ctx));
+    }
+    if (rank_ + 1 < size_) {
+      ncclSend(to_next.data(), bytes, ncclUint8, rank_ + 1, comm_, stream_of(ctx));
+      ncclRecv(from_next.data(), bytes, ncclUint8, rank_ + 1, comm_, stream_of(ctx));
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd (neighbour exchange)");
+  }
+
   void barrier(const ExecContext& ctx) override {
     cuda::DeviceGuard guard(device_.index);
     check_nccl(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_of(ctx)), "ncclAllReduce (barrier)");

@@ -153,6 +153,24 @@ class ShmCommunicator final : public Communicator {
     return std::make_unique<DonePendingExchange>();
   }
 
+  // Each rank stages [to_previous | to_next] in its slot (half a slot each, in pieces) and reads its
+  // neighbours' halves meant for it.
+  void neighbour_exchange(const ExecContext&, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    const size_t total = parallel_detail::check_neighbour_exchange(*this, to_previous, to_next, from_previous, from_next);
+    if (members_.size() == 1) return;
+    const size_t half = slot_bytes() / 2 / 64 * 64;
+    const bool has_previous = index_ > 0, has_next = static_cast<size_t>(index_) + 1 < members_.size();
+    for_each_piece(total, half, [&](size_t offset, size_t bytes) {
+      std::memcpy(own_slot(), static_cast<const uint8_t*>(to_previous.data()) + offset, bytes);
+      std::memcpy(own_slot() + half, static_cast<const uint8_t*>(to_next.data()) + offset, bytes);
+      wait_for_group();
+      if (has_previous) std::memcpy(static_cast<uint8_t*>(from_previous.data()) + offset, member_slot(static_cast<size_t>(index_) - 1) + half, bytes);
+      if (has_next) std::memcpy(static_cast<uint8_t*>(from_next.data()) + offset, member_slot(static_cast<size_t>(index_) + 1), bytes);
+      wait_for_group();
+    });
+  }
+
   void barrier(const ExecContext&) override { wait_for_group(); }
 
   // Two all-gathers over this group: every rank's (color, key), then the barrier each new group's

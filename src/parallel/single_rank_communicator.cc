@@ -46,6 +46,11 @@ class SingleRankCommunicator final : public Communicator {
     if (send.data() != recv.data()) parallel_detail::copy_rows(ctx, bytes_of(send), bytes_of(recv));
     return std::make_unique<DonePendingExchange>();
   }
+  // One rank has neither neighbour: nothing moves.
+  void neighbour_exchange(const ExecContext&, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    parallel_detail::check_neighbour_exchange(*this, to_previous, to_next, from_previous, from_next);
+  }
   void barrier(const ExecContext& ctx) override {
     if (!device_.is_cuda()) return;
 #ifdef TESSEL_WITH_CUDA

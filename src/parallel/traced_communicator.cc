@@ -51,6 +51,11 @@ class TracedCommunicator final : public Communicator {
     const SyncTraceScope trace(what);
     return std::make_unique<TracedPendingExchange>(inner_->ring_exchange_async(ctx, send, recv), std::move(what));
   }
+  void neighbour_exchange(const ExecContext& ctx, const TensorView& to_previous, const TensorView& to_next, const TensorView& from_previous,
+                          const TensorView& from_next) override {
+    const SyncTraceScope trace(describe("neighbour_exchange", to_previous.nbytes()));
+    inner_->neighbour_exchange(ctx, to_previous, to_next, from_previous, from_next);
+  }
   void barrier(const ExecContext& ctx) override {
     const SyncTraceScope trace(describe("barrier", 0));
     inner_->barrier(ctx);

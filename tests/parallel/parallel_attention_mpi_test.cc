@@ -75,6 +75,39 @@ TEST(WorldCommunicator, AllToAllAllGatherAllReduceRingAndSplit) {
   EXPECT_NE(error_of([&] { world().all_to_all(ctx, odd, odd); }).find("divisible by the group size"), std::string::npos);
 }
 
+// Each rank's edges reach its neighbours in the rank order (not around a ring), in a group whose
+// order reverses the world's as well; 100,003 bytes pass the shared-memory slots in pieces. The
+// first rank's previous side and the last rank's next side stay untouched.
+TEST(WorldCommunicator, NeighbourExchangeSendsEachEdgeToItsNeighbour) {
+  const ExecContext ctx;
+  const auto reversed = world().split(0, world().size() - 1 - world().rank());
+  for (Communicator* group : {&world(), reversed.get()}) {
+    const int n = group->size(), me = group->rank();
+    const int64_t count = 100003;
+    const auto bytes_of = [&](int rank, int side) {
+      Tensor t = Tensor::empty({count}, DType::kU8);
+      for (int64_t i = 0; i < count; ++i) t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rank * 7 + side * 3 + i * 13);
+      return t;
+    };
+    const Tensor to_previous = bytes_of(me, 0), to_next = bytes_of(me, 1);
+    Tensor from_previous = Tensor::empty({count}, DType::kU8), from_next = Tensor::empty({count}, DType::kU8);
+    std::fill_n(from_previous.data_as<uint8_t>(), count, uint8_t{0xEE});
+    std::fill_n(from_next.data_as<uint8_t>(), count, uint8_t{0xEE});
+    group->neighbour_exchange(ctx, to_previous, to_next, from_previous, from_next);
+    const Tensor untouched = Tensor::empty({count}, DType::kU8);
+    std::fill_n(untouched.data_as<uint8_t>(), count, uint8_t{0xEE});
+    const auto same = [&](const Tensor& a, const Tensor& b) { return std::equal(a.data_as<uint8_t>(), a.data_as<uint8_t>() + count, b.data_as<uint8_t>()); };
+    EXPECT_TRUE(same(from_previous, me > 0 ? bytes_of(me - 1, 1) : untouched)) << "rank " << me << " of " << n;
+    EXPECT_TRUE(same(from_next, me + 1 < n ? bytes_of(me + 1, 0) : untouched)) << "rank " << me << " of " << n;
+  }
+  Tensor small = Tensor::empty({4}, DType::kU8), other = Tensor::empty({4}, DType::kU8), large = Tensor::empty({5}, DType::kU8);
+  const std::string message = error_of([&] { world().neighbour_exchange(ctx, small, large, other, other); });
+  EXPECT_NE(message.find("to_next"), std::string::npos) << message;
+  Tensor previous = Tensor::empty({4}, DType::kU8);
+  const std::string aliased = error_of([&] { world().neighbour_exchange(ctx, small, other, previous, small); });
+  EXPECT_NE(aliased.find("from_next"), std::string::npos) << aliased;
+}
+
 struct Case {
   ParallelConfig config;
   int64_t batch = 2, seq = 37, heads = 8, kv_heads = 4, head_dim = 16;
@@ -279,6 +312,11 @@ TEST(MeteredCommunicator, CountsWhatThisRankSendsInEveryGroupSplitFromIt) {
   EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * (n - 1) * 2 + (pair->size() > 1 ? 16.0 : 0.0));
   EXPECT_EQ(meter->calls, 3);
   EXPECT_GE(meter->seconds, 0.0);
+  // A neighbour exchange sends to one neighbour at the ends of the line, to two inside it.
+  meter->reset();
+  metered->neighbour_exchange(ctx, floats({4}), floats({4}), floats({4}), floats({4}));
+  const int neighbours = (metered->rank() > 0 ? 1 : 0) + (metered->rank() + 1 < n ? 1 : 0);
+  EXPECT_DOUBLE_EQ(meter->bytes, 16.0 * neighbours);
   meter->reset();
   EXPECT_EQ(meter->bytes, 0.0);
 }

@@ -153,6 +153,24 @@ TEST(SingleRankCommunicator, OneRankGroupsRunTheLocalPathOfParallelAttention) {
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.data_as<float>()[i], expected.data_as<float>()[i]) << i;
 }
 
+// One rank has neither neighbour: the exchange reads and writes nothing (the arguments are still checked).
+TEST(SingleRankCommunicator, ANeighbourExchangeMovesNothing) {
+  const ExecContext ctx;
+  const auto world = make_single_rank_communicator(Device::cpu());
+  Tensor to_previous = Tensor::empty({3}, DType::kF32), to_next = Tensor::empty({3}, DType::kF32);
+  Tensor from_previous = Tensor::empty({3}, DType::kF32), from_next = Tensor::empty({3}, DType::kF32);
+  fill(to_previous, 1.0f);
+  fill(to_next, 2.0f);
+  fill(from_previous, -1.0f);
+  fill(from_next, -1.0f);
+  world->neighbour_exchange(ctx, to_previous, to_next, from_previous, from_next);
+  EXPECT_EQ(from_previous.data_as<float>()[2], -1.0f);
+  EXPECT_EQ(from_next.data_as<float>()[0], -1.0f);
+  Tensor shorter = Tensor::empty({2}, DType::kF32);
+  EXPECT_NE(error_of([&] { world->neighbour_exchange(ctx, to_previous, to_next, shorter, from_next); }).find("from_previous"),
+            std::string::npos);
+}
+
 TEST(MpiCommunicator, SaysWhenTesselWasBuiltWithoutMpi) {
   if (mpi_compiled()) GTEST_SKIP() << "built with MPI: the multi-process tests cover it";
   EXPECT_NE(error_of([] { make_mpi_world_communicator(); }).find("built without MPI"), std::string::npos);

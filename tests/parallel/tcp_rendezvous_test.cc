@@ -1,11 +1,7 @@
 // The TCP rendezvous of ranks launched without mpirun: four ranks (threads here) get rank 0's
 // payload whichever arrives first, a missing rank 0 ends in an Error after the timeout, and bad
 // fields are named.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -13,6 +9,7 @@
 #include <vector>
 
 #include "error_of.h"
+#include "free_port.h"
 #include "tessel/core/error.h"
 #include "tessel/parallel/communicator.h"
 
@@ -20,21 +17,7 @@ namespace tessel {
 namespace {
 
 using testing::error_of;
-
-// A port nobody listens on now: the kernel's choice for a socket bound to port 0 (concurrent test
-// processes on one machine must not meet at a port derived from something they share).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0)
-    throw Error("free_port: no socket");
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+using testing::free_port;
 
 TcpRendezvous rendezvous(int rank, int size, int port) {
   TcpRendezvous r;

@@ -4,8 +4,10 @@
 #   with and without --cfg-parallel (exit 1 when a layout's output differs from one rank's);
 #   dit-bench --check (a tiny random model) under Ulysses, Ring, USP and CFG-parallel, dense, radial
 #   and dynamic top-k;
-#   generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, and a
-#   degree product that is not the process count is an error naming both.
+#   generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, latents and decoded
+#   frames (the VAE decode split over the ring); vae-bench --check: the split decode of the tiny VAE
+#   equals one rank's bit for bit; a degree product that is not the process count is an error
+#   naming both.
 # Usage: parallel_cli_check.sh MPIEXEC RANKS TESSEL WORK_DIR
 set -euo pipefail
 MPIEXEC="$1" RANKS="$2" TESSEL="$3" WORK="$4"
@@ -46,6 +48,15 @@ common=(generate --model "$WORK/tiny" --prompt "a cat" --size 32x32 --frames 5 -
 echo "== generate --cfg-parallel --ulysses $half"
 run "$TESSEL" "${common[@]}" --cfg-parallel --ulysses "$half" --out "$WORK/parallel.safetensors"
 test -s "$WORK/parallel.safetensors"
+
+echo "== generate --ring $RANKS, frames decoded over the ring"
+run "$TESSEL" "${common[@]}" --ring "$RANKS" --out "$WORK/split.png"
+test -s "$WORK/split_00000.png" && test -s "$WORK/split_00004.png"
+
+echo "== vae-bench --ring $RANKS --check"
+run "$TESSEL" vae-bench --device cpu --preset tiny --ring "$RANKS" --check --frames 9 --height 56 --width 24 --iters 1 --warmup 0 \
+  --threads 1 | tee "$WORK/vae.log"
+grep -q "check: rel-L2 0 .* ok" "$WORK/vae.log"
 
 echo "== a degree product that is not the process count"
 if run "$TESSEL" "${common[@]}" --ring $((RANKS + 1)) --out "$WORK/bad.safetensors" >"$WORK/bad.log" 2>&1; then

@@ -89,6 +89,10 @@ struct WanLoadOptions {
   CacheConfig cache_config;
   // Sequence parallelism and CFG-parallel (not owned; outlive the generator). Null: one process.
   const ParallelGroups* parallel = nullptr;
+  // With `parallel`: the ranks of each sequence group share the VAE decode, each a band of the rows
+  // (WanVae::decode's group; every rank loads the VAE and gets the whole video; each CFG branch's
+  // group decodes the same video). false: each rank that loaded the VAE decodes whole frames alone.
+  bool split_decode = true;
   // LoRA adapters and weight diffs merged into the transformers' weights at load (WanLora: the
   // formats and the merge). `loras` change `transformer` (Wan 2.2's high-noise expert), `loras_2`
   // the low-noise `transformer_2` (as diffusers' load_into_transformer_2; Wan 2.2's distilled LoRAs

@@ -85,6 +85,11 @@ struct WanGenerationOptions {
   // cfg_branch set), and the two noise predictions are gathered on both; every rank passes the same
   // arguments and gets the same latents. Null or a group of one: both branches here, as batch 2.
   Communicator* cfg_group = nullptr;
+  // The ranks that share the VAE decode (not owned; WanVae::decode's group): each decodes a band of
+  // the rows and every rank gets the whole video. A communicator of the decode's device (on a CUDA
+  // context, should the CUDA decoder be unavailable, each rank decodes whole frames on the CPU).
+  // Every rank of it calls finish with the same latents. Null: this rank decodes alone.
+  Communicator* decode_group = nullptr;
   // Image-to-video (diffusers' WanImageToVideoPipeline), fp32 CPU, empty for text-to-video:
   // `condition` (1, in_channels - out_channels, latent frames, latent height, latent width) is what
   // every forward takes after the noisy latents on the channel axis (the 4-channel frame mask and
@@ -224,7 +229,8 @@ class WanPipeline {
 
  private:
   // Empty frames when `control` cancelled the decode.
-  VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control = nullptr) const;
+  VideoFrames decode_on(const ExecContext& ctx, const Tensor& host_latents, const WanDecodeControl* control = nullptr,
+                        Communicator* group = nullptr) const;
   const WanTransformer& transformer_;
   Scheduler* scheduler_ = nullptr;  // borrowed; null: every begin brings one
   const WanVae* vae_;

@@ -94,6 +94,7 @@ struct WanDecodeControl {
 namespace vae {
 class Encoder;
 }
+class Communicator;
 
 // Which halves of the VAE a WanVae builds: text to video only decodes, and the encoder's weights
 // (about 214 MB in fp32 for Wan 2.1's VAE, 600 MB for Wan 2.2's) are then neither read nor kept.
@@ -137,9 +138,23 @@ class WanVae {
   // reads control->cancel (set: the decode stops and returns false, the video incomplete; the
   // Tensor form returns an empty tensor) and calls control->on_chunk(chunks done, chunks). With a
   // callback a CUDA decode waits for each chunk, so that the count is what the device finished.
+  //
+  // `group` (optional, not owned): the ranks of a sequence-parallel group share the decode, split
+  // by height. Every rank of the group calls decode with the same latents and gets the whole video;
+  // each decodes a band of the latent rows (balanced, the first height % size ranks one row
+  // taller), exchanging one row above and below its band with its neighbours before every 3x3
+  // convolution (zeros only at the frame's true top and bottom) and gathering the whole frame for
+  // the mid block's attention, so the video equals the one-rank decode up to fp32 summation order
+  // (on the CPU it is bit-equal). The decoded bands of each chunk are gathered on every rank. The
+  // causal feature cache stays per rank (the split is spatial only). A cancel (control->cancel) is
+  // agreed on by the group between chunks: every rank stops at the same chunk. The group's
+  // communicator must move tensors of the latents' device (CPU: MPI or shared memory; CUDA: NCCL on
+  // that device). A group of one rank, or latents of fewer rows than the group has ranks, decodes
+  // whole frames on each rank, as without a group.
   bool decode(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
-              const WanDecodeControl* control = nullptr) const;
-  Tensor decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control = nullptr) const;
+              const WanDecodeControl* control = nullptr, Communicator* group = nullptr) const;
+  Tensor decode(const ExecContext& ctx, const TensorView& latents, const WanDecodeControl* control = nullptr,
+                Communicator* group = nullptr) const;
 
   // The latent shape encoded from a video of `video_shape` (B, colours, F, H, W): (B, z_dim, 1 + (F - 1) / 4,
   // H / s, W / s), s = spatial_compression() (for Wan's VAEs, whose temporal_compression() is 4).
@@ -184,7 +199,7 @@ class WanVae {
   struct Decoder;
   struct DeviceModels;  // the CUDA decoders and encoders, one per device, made by its first decode / encode
   bool decode_on_device(const ExecContext& ctx, const TensorView& latents, const TensorView& video,
-                        const WanDecodeControl* control) const;
+                        const WanDecodeControl* control, Communicator* group) const;
   bool encode_on_device(const ExecContext& ctx, const TensorView& video, const TensorView& mu,
                         const WanDecodeControl* control) const;
   WanVaeConfig config_;

@@ -63,6 +63,14 @@ class Communicator {
   virtual std::unique_ptr<PendingExchange> ring_exchange_async(const ExecContext& ctx, const TensorView& send,
                                                                const TensorView& recv) = 0;
   void ring_exchange(const ExecContext& ctx, const TensorView& send, const TensorView& recv);
+  // The halo exchange of ranks in a line (rank order, not a ring: a split by rows, where each rank
+  // needs its neighbours' edge rows): sends `to_previous` to rank()-1 and `to_next` to rank()+1, and
+  // receives into `from_previous` what rank()-1 sent as its to_next and into `from_next` what
+  // rank()+1 sent as its to_previous. The first rank has no previous and the last no next: their
+  // buffers on that side are neither read nor written. All four have the same byte size on every
+  // rank, distinct memory. On CUDA enqueued on ctx.stream, as the collectives.
+  virtual void neighbour_exchange(const ExecContext& ctx, const TensorView& to_previous, const TensorView& to_next,
+                                  const TensorView& from_previous, const TensorView& from_next) = 0;
   // Returns when every rank has called it (on CUDA: after ctx.stream's work before it is done).
   virtual void barrier(const ExecContext& ctx) = 0;
 

@@ -68,7 +68,7 @@ const CudnnConvolutions::Plan& CudnnConvolutions::plan_for(const ConvGeometry& g
                                        as_int(g.out_height(), "output height"), as_int(g.out_width(), "output width")};
   const std::array<int, 5> filter_dims = {out_dims[1], in_dims[1], as_int(g.kt, "kt"), as_int(g.kh, "kh"), as_int(g.kw, "kw")};
   const std::array<int, 5> in_strides = packed_strides(in_dims), out_strides = packed_strides(out_dims);
-  const std::array<int, 3> padding = {0, g.pad_space ? static_cast<int>(g.kh / 2) : 0, g.pad_space ? static_cast<int>(g.kw / 2) : 0};
+  const std::array<int, 3> padding = {0, static_cast<int>(g.row_padding()), g.pad_space ? static_cast<int>(g.kw / 2) : 0};
   const std::array<int, 3> strides = {as_int(g.time_stride, "time stride"), as_int(g.space_stride, "space stride"),
                                       as_int(g.space_stride, "space stride")};
   const std::array<int, 3> ones = {1, 1, 1};

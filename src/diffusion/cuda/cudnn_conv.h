@@ -30,12 +30,16 @@ struct ConvGeometry {
   bool tf32 = true;
   int64_t time_stride = 1, space_stride = 1;
   bool pad_space = true;  // kh / 2 and kw / 2 zeros around each frame; false: none
+  // With pad_space, false pads the width only: the caller laid out the rows above and below (a
+  // band's halo under a decode split by height).
+  bool pad_rows = true;
   auto tie() const {
-    return std::tie(in_channels, out_channels, kt, kh, kw, frames, height, width, tf32, time_stride, space_stride, pad_space);
+    return std::tie(in_channels, out_channels, kt, kh, kw, frames, height, width, tf32, time_stride, space_stride, pad_space, pad_rows);
   }
   bool operator<(const ConvGeometry& other) const { return tie() < other.tie(); }
+  int64_t row_padding() const { return pad_space && pad_rows ? kh / 2 : 0; }
   int64_t out_frames() const { return (frames - kt) / time_stride + 1; }
-  int64_t out_height() const { return (height + (pad_space ? kh / 2 * 2 : 0) - kh) / space_stride + 1; }
+  int64_t out_height() const { return (height + row_padding() * 2 - kh) / space_stride + 1; }
   int64_t out_width() const { return (width + (pad_space ? kw / 2 * 2 : 0) - kw) / space_stride + 1; }
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cuda/vae_kernels.h"
+#include "cuda/vae_row_split.h"
 #include "tessel/core/error.h"
 
 namespace tessel::vae::cuda {
@@ -32,10 +33,17 @@ DeviceConv::DeviceConv(const WeightMap& weights, const std::string& name, int64_
       kw_(kw),
       slot_(kt > 1 ? slots.take() : -1) {}
 
-DeviceFrames DeviceConv::forward(const DecodeContext& dc, const DeviceFrames& x, DeviceCache& cache, const float* residual) const {
+DeviceFrames DeviceConv::forward(const DecodeContext& dc, const DeviceFrames& band, DeviceCache& cache, const float* residual) const {
+  // A band's 3x3 convolution reads the neighbours' rows: its input has them above and below, and
+  // cuDNN pads only the width.
+  DeviceFrames haloed;
+  const bool halo = dc.split != nullptr && kh_ > 1;
+  if (halo) haloed = dc.split->with_halo(dc, band);
+  const DeviceFrames& x = halo ? haloed : band;
   const int64_t plane = x.plane(), causal = kt_ - 1;
-  DeviceFrames y = dc.frames(out_channels_, x.frames, x.height, x.width);
+  DeviceFrames y = dc.frames(out_channels_, band.frames, band.height, band.width);
   ConvGeometry geometry{in_channels_, out_channels_, kt_, kh_, kw_, x.frames + causal, x.height, x.width, dc.tf32};
+  geometry.pad_rows = !halo;
   if (causal == 0) {
     dc.convolutions.forward(geometry, x.data(), weight_.data_as<const float>(), y.data(), dc.buffers, dc.stream);
   } else {
@@ -55,7 +63,7 @@ DeviceFrames DeviceConv::forward(const DecodeContext& dc, const DeviceFrames& x,
                        dc.stream);
     history.frames = std::move(next);
   }
-  launch_add_bias(y.data(), bias_.data_as<const float>(), residual, out_channels_, y.frames * plane, dc.stream);
+  launch_add_bias(y.data(), bias_.data_as<const float>(), residual, out_channels_, y.frames * y.plane(), dc.stream);
   check_launch("convolution");
   return y;
 }
@@ -148,7 +156,9 @@ DeviceMidBlock::DeviceMidBlock(const WeightMap& weights, const std::string& pref
 
 DeviceFrames DeviceMidBlock::forward(const DecodeContext& dc, const DeviceFrames& x, DeviceCache& cache) const {
   const DeviceFrames h = first_.forward(dc, x, cache);
-  return second_.forward(dc, attention_.forward(dc, h), cache);
+  if (dc.split == nullptr) return second_.forward(dc, attention_.forward(dc, h), cache);
+  const DeviceFrames attended = attention_.forward(dc, dc.split->whole(dc, h));
+  return second_.forward(dc, dc.split->band_of(dc, attended), cache);
 }
 
 DeviceUpsampler::DeviceUpsampler(const WeightMap& weights, const std::string& prefix, bool temporal, SlotCounter& slots,

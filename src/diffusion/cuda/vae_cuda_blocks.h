@@ -27,13 +27,16 @@ struct DeviceFrames {
   int64_t plane() const { return height * width; }
 };
 
+class DeviceRowSplit;
+
 // What one decode's modules share: cuDNN, the buffer pool, the stream, whether convolutions may use
-// TF32.
+// TF32, and the decode's split by height over a group (null: whole frames; vae_row_split.h).
 struct DecodeContext {
   CudnnConvolutions& convolutions;
   DeviceBufferPool& buffers;
   cudaStream_t stream;
   bool tf32;
+  const DeviceRowSplit* split = nullptr;
   DeviceFrames frames(int64_t channels, int64_t count, int64_t height, int64_t width) const;
 };
 
@@ -50,6 +53,7 @@ Tensor upload(const WeightMap& weights, const std::string& name, Device device);
 
 // WanCausalConv3d (and the plain 1x1x1 and per-frame 3x3 convolutions, kt = 1): output frame j
 // reads the kt - 1 frames before it from the history of earlier chunks (zeros before the first).
+// Under a split by height a kernel of 3 rows reads the band's halo rows (remembered with the frames).
 class DeviceConv {
  public:
   DeviceConv() = default;
@@ -97,7 +101,8 @@ class DeviceAttentionBlock {
   int64_t dim_ = 0;
 };
 
-// WanMidBlock: residual block, attention, residual block.
+// WanMidBlock: residual block, attention, residual block; under a split by height the attention runs
+// on the whole frames gathered from the bands, and each rank keeps its rows.
 class DeviceMidBlock {
  public:
   DeviceMidBlock(const WeightMap& weights, const std::string& prefix, int64_t dim, SlotCounter& slots, Device device);

@@ -1,6 +1,7 @@
 #include "cuda/wan_vae_cuda.h"
 
 #include "cuda/vae_kernels.h"
+#include "cuda/vae_row_split.h"
 #include "tessel/core/error.h"
 #include "tessel/kernels/cuda/device_guard.h"
 #include "wan_vae_layout.h"
@@ -51,14 +52,16 @@ CudaDecoder::~CudaDecoder() {
 }
 
 bool CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
-                         int64_t video_frames, bool tf32, const WanDecodeControl* control) const {
+                         int64_t video_frames, bool tf32, const WanDecodeControl* control, Communicator* group) const {
   const std::lock_guard lock(mutex_);
   const tessel::cuda::DeviceGuard guard(device_.index);
   // Buffers kept for another latent size would not be asked for again: give them back first.
   if (last_latent_size_ != std::pair{height, width}) buffers_.free_kept();
   last_latent_size_ = std::pair{height, width};
   {
-    const DecodeContext dc{*convolutions_, buffers_, stream, tf32};
+    std::optional<DeviceRowSplit> split;
+    if (group != nullptr) split.emplace(*group, device_, height);
+    const DecodeContext dc{*convolutions_, buffers_, stream, tf32, split ? &*split : nullptr};
     DeviceCache cache(static_cast<size_t>(slots_));
     DeviceFrames denormalized = dc.frames(z_dim_, frames, height, width);
     launch_denormalize(latents, mean_.data_as<const float>(), inverse_std_.data_as<const float>(), denormalized.data(), z_dim_,
@@ -68,12 +71,14 @@ bool CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t fram
     denormalized = DeviceFrames();
     int64_t written = 0;
     for (int64_t t = 0; t < frames; ++t) {
-      if (control != nullptr && control->cancelled()) {
+      const bool cancelled = control != nullptr && control->cancelled();
+      if (split ? split->any(dc, cancelled) : cancelled) {
         check_cuda(cudaStreamSynchronize(stream), "the decode on the device");
         return false;
       }
       DeviceFrames x = dc.frames(z_dim_, 1, height, width);
       launch_copy_frames(quantized.data(), frames, t, x.data(), 1, 0, 1, z_dim_, height * width, stream);
+      if (split) x = split->band_of(dc, x);  // this rank's latent rows
       x = mid_->forward(dc, conv_in_.forward(dc, x, cache), cache);
       for (const UpStage& stage : stages_) {
         // Only a residual up block reads its input after its blocks: elsewhere the input's buffer
@@ -101,7 +106,8 @@ bool CudaDecoder::decode(cudaStream_t stream, const float* latents, int64_t fram
         }
       }
       launch_rms_norm(x.data(), x.data(), norm_out_.data_as<const float>(), x.channels, x.frames * x.plane(), true, stream);
-      const DeviceFrames decoded = conv_out_.forward(dc, x, cache);
+      DeviceFrames decoded = conv_out_.forward(dc, x, cache);
+      if (split) decoded = split->whole(dc, decoded);  // every rank's band of the chunk
       if (written + decoded.frames > video_frames)
         throw Error(detail::concat("Wan VAE CUDA decode: chunk ", t, " decoded ", decoded.frames, " frames past the video's ", video_frames));
       launch_unpatchify_clamp_into(decoded.data(), video, decoded.channels / (patch_ * patch_), decoded.frames, video_frames, written,

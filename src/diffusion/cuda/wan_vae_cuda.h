@@ -19,6 +19,7 @@
 #include "cuda/vae_cuda_blocks.h"
 #include "tessel/core/device.h"
 #include "tessel/diffusion/wan_vae.h"
+#include "tessel/parallel/communicator.h"
 
 namespace tessel::vae::cuda {
 
@@ -34,8 +35,11 @@ class CudaDecoder {
   // contiguous on this decoder's device (shapes checked by the caller).
   // Enqueues on `stream` and waits for it: the decoder's buffers are reused by the next decode,
   // which may come on another stream. `control` as WanVae::decode's: false when cancelled.
+  // `group` (null: whole frames): a communicator of more than one rank on this device, at most
+  // `height` ranks, over which the decode is split by height (vae_row_split.h); every rank gets the
+  // whole video.
   bool decode(cudaStream_t stream, const float* latents, int64_t frames, int64_t height, int64_t width, float* video,
-              int64_t video_frames, bool tf32, const WanDecodeControl* control = nullptr) const;
+              int64_t video_frames, bool tf32, const WanDecodeControl* control = nullptr, Communicator* group = nullptr) const;
 
   Device device() const { return device_; }
 
