@@ -41,6 +41,7 @@
 #include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_weights.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/registry.h"
 #include "tessel/core/finite_check.h"
@@ -73,6 +74,7 @@ struct DitBenchOptions {
   std::string offload = "none";
   std::string weights = "bf16";
   std::string attention_dtype = "bf16";
+  std::string attention_kernel_variant;  // empty: the tuned or default one
   std::string transformer_file;
   double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
   // Per-request LoRA: random adapters of this rank on every linear layer (0: none), the batch's
@@ -320,6 +322,16 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
     if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
   }
+  if (!o.attention_kernel_variant.empty()) {
+    // Every attention call of this head dim and precision in the run (process-wide).
+    if (!device.is_cuda())
+      fail_argument("--attention-kernel-variant", "--device cuda[:N] (the CPU has no kernel variants)", device.str());
+    try {
+      force_attention_kernel_variant(device, config.attention_head_dim, o.attention_kernel_variant, attention.precision);
+    } catch (const Error& e) {
+      throw Error(std::string("--attention-kernel-variant: ") + e.what());
+    }
+  }
   const WanWeightResidency residency = offload_residency(o.offload, device);
   const WanWeightPrecision precision = weights_precision(o.weights, device);
   std::shared_ptr<void> held_memory;  // what a smaller card would not have, held until the end
@@ -480,6 +492,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       {"sent_mb_per_step", communication.bytes / n / 1e6},
       {"weights", o.weights},
       {"attention_dtype", o.attention_dtype},
+      {"attention_kernel_variant", o.attention_kernel_variant.empty() ? "default" : o.attention_kernel_variant},
       {"weights_bytes", model.weight_bytes()},
       {"offloaded_weights_bytes", model.offloaded_weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
@@ -602,6 +615,10 @@ CommandRegistration registration{
       add_offload_flag(app, options->offload);
       add_weights_flag(app, options->weights);
       add_attention_dtype_flag(app, options->attention_dtype);
+      app.add_option("--attention-kernel-variant", options->attention_kernel_variant,
+                     "force the attention kernel variant of the run's head dim and precision (the names `tessel bench "
+                     "--kernel-variants` takes; with --attention-dtype fp8 an FP8 one, e.g. fp8+smoothk+lazy+pingpong, whose K "
+                     "smoothing the fused q/k quantisation leaves out); CUDA only");
       app.add_option("--lora-rank", options->lora_rank,
                      "per-request LoRA: random adapters of this rank on every linear layer, applied unmerged in each forward (0: none)")
           ->capture_default_str()

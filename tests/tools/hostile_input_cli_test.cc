@@ -279,6 +279,8 @@ TEST(HostileInputCli, WeightFlagsAndBudgetsNameTheInput) {
       {"--weights fp8 on the CPU", with(dit, "--weights fp8"), {"--weights fp8", "--device cuda"}},
       {"--attention-dtype fp16", with(dit, "--attention-dtype fp16"), {"--attention-dtype", "'fp16'"}},
       {"--attention-dtype fp8 on the CPU", with(dit, "--attention-dtype fp8"), {"--attention-dtype fp8", "--device cuda"}},
+      {"--attention-kernel-variant on the CPU", with(dit, "--attention-kernel-variant fp8+lazy"),
+       {"--attention-kernel-variant", "--device cuda"}},
       {"serve --attention-dtype int8", "serve --model /nonexistent --attention-dtype int8", {"--attention-dtype", "'int8'"}},
       {"generate --attention-dtype e5m2", "generate --model /nonexistent --prompt x --out x.png --attention-dtype e5m2",
        {"--attention-dtype", "'e5m2'"}},
