@@ -59,6 +59,9 @@ bool fp8_attention_gpu() {
 
 bool bit_equal(const Tensor& a, const Tensor& b) { return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0; }
 
+#ifdef TESSEL_WITH_CUDA
+using dit::cuda::bf16;
+
 int64_t differing_bytes(const Tensor& a, const Tensor& b) {
   const auto* x = static_cast<const uint8_t*>(a.data());
   const auto* y = static_cast<const uint8_t*>(b.data());
@@ -69,9 +72,6 @@ int64_t differing_bytes(const Tensor& a, const Tensor& b) {
 
 // The bf16 attention output (B, S, H, D) as fp32 on the host.
 Tensor host_f32(const Tensor& bf16_device) { return bf16_device.to(Device::cpu()).to(DType::kF32); }
-
-#ifdef TESSEL_WITH_CUDA
-using dit::cuda::bf16;
 
 struct NormCase {
   int64_t batch, frames, height, width, heads;
