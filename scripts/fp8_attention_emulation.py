@@ -11,6 +11,10 @@ norm and the max error over the largest output (`tessel bench`'s max_rel_err).
     python3 scripts/fp8_attention_emulation.py [--seq 2048] [--seq-kv 0] [--heads 4] [--causal]
         [--window L,R] [--k-bias 0,4] [--thresholds 0,8] [--v normal|uniform]
     python3 scripts/fp8_attention_emulation.py --test-cases   # the GPU tests' shapes, many draws
+    python3 scripts/fp8_attention_emulation.py --wan-grid 8,16,16 [--k-bias 0,4]
+        # q and k as the Wan runtime makes them: RMSNorm across all heads of a token (weights
+        # around 1), then Wan's 3-D RoPE on a frames x height x width grid, the channel offsets
+        # added before the norm (what its fused FP8 path, which does not smooth K, quantizes)
 
 `tessel bench` fills v from a standard normal, the GPU tests (tests/kernels/attention_fp8_gpu_test.cc,
 whose bounds come from --test-cases) from a uniform on [-1, 1].
@@ -104,6 +108,51 @@ def inputs(g, heads, seq, seq_kv, bias, v_dist):
     return q, k, v.bfloat16().float()
 
 
+def wan_norm_rope(x, grid, g):
+    """x (H, S, 128) with S = frames * height * width: RMSNorm over each token's H * 128 values
+    times weights drawn in [0.5, 1.5), then each pair (2i, 2i+1) rotated by Wan's 3-D RoPE angle
+    (44 channels for frames, 42 each for height and width), rounded to bf16 as the kernel stores."""
+    h, s, d = x.shape
+    t = x.permute(1, 0, 2).reshape(s, h * d).double()
+    w = 0.5 + torch.rand(h * d, generator=g, dtype=torch.float64)
+    t = t * torch.rsqrt(t.pow(2).mean(dim=1, keepdim=True) + 1e-6) * w
+    t = t.view(s, h, d // 2, 2)
+    frames, height, width = grid
+    f = torch.arange(s) // (height * width)
+    y = (torch.arange(s) // width) % height
+    xpos = torch.arange(s) % width
+    spatial = 2 * (d // 6)
+    frame_dim = d - 2 * spatial
+    angles = []
+    for pos, axis_dim in ((f, frame_dim), (y, spatial), (xpos, spatial)):
+        j = torch.arange(axis_dim // 2, dtype=torch.float64)
+        angles.append(pos[:, None].double() / torch.pow(10000.0, 2 * j / axis_dim))
+    angle = torch.cat(angles, dim=1)[:, None, :]  # (S, 1, 64)
+    c, sn = torch.cos(angle), torch.sin(angle)
+    a, b = t[..., 0], t[..., 1]
+    out = torch.stack((a * c - b * sn, a * sn + b * c), dim=-1).view(s, h, d)
+    return out.permute(1, 0, 2).float().bfloat16().float()
+
+
+def wan_cases(grid, heads, biases, seed):
+    """Smoothing's effect on q and k made by Wan's norm + RoPE from projections with channel
+    offsets (fp8 without lazy rescaling, as the fused path runs it by default)."""
+    g = torch.Generator().manual_seed(seed)
+    seq = grid[0] * grid[1] * grid[2]
+    for bias in biases:
+        q, k, v = inputs(g, heads, seq, seq, bias, "normal")
+        q = q + bias * torch.randn(heads, 1, 128, generator=g)
+        q, k = wan_norm_rope(q, grid, g), wan_norm_rope(k, grid, g)
+        ref = reference(q, k, v)
+        kmean = k.mean(dim=1).norm(dim=1).mean() / k.norm(dim=2).mean()  # per head
+        line = f"Wan norm + RoPE, grid {grid[0]}x{grid[1]}x{grid[2]}, H={heads}, channel offsets std {bias:g} before the norm " \
+               f"(|mean k| / mean |k| after it: {kmean:.3f}):"
+        for smooth in (False, True):
+            l2, mx = errors(fp8_attention(q, k, v, smooth, None), ref)
+            line += f" smooth_k={int(smooth)} rel-L2 {l2:.4f} max {mx:.4f};"
+        print(line.rstrip(";"))
+
+
 def test_cases(draws):
     """The ranges over the GPU tests' kinds of shapes (uniform v), per (key offsets, smoothing,
     lazy rescaling)."""
@@ -139,9 +188,12 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--test-cases", action="store_true", help="the GPU tests' shapes over --draws draws")
     ap.add_argument("--draws", type=int, default=4)
+    ap.add_argument("--wan-grid", default="", help="F,H,W: q and k through Wan's RMSNorm + 3-D RoPE on this grid")
     a = ap.parse_args()
     if a.test_cases:
         return test_cases(a.draws)
+    if a.wan_grid:
+        return wan_cases(tuple(int(x) for x in a.wan_grid.split(",")), a.heads, [float(x) for x in a.k_bias.split(",")], a.seed)
     window = tuple(int(x) for x in a.window.split(",")) if a.window else None
     seq_kv = a.seq_kv or a.seq
     g = torch.Generator().manual_seed(a.seed)

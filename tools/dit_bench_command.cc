@@ -26,6 +26,7 @@
 #include "device_memory.h"
 #include "offload_flags.h"
 #include "weights_flags.h"
+#include "attention_dtype_flag.h"
 #include "option_checks.h"
 #include "parallel_flags.h"
 #include "work_budget.h"
@@ -40,6 +41,7 @@
 #include "tessel/dit/wan_lora_bank.h"
 #include "tessel/dit/wan_model.h"
 #include "tessel/dit/wan_weights.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "tessel/parallel/cfg_parallel.h"
 #include "tessel/sparse/registry.h"
 #include "tessel/core/finite_check.h"
@@ -71,6 +73,8 @@ struct DitBenchOptions {
   std::string save_output;    // safetensors to write the last timed step's output to
   std::string offload = "none";
   std::string weights = "bf16";
+  std::string attention_dtype = "bf16";
+  std::string attention_kernel_variant;  // empty: the tuned or default one
   std::string transformer_file;
   double device_memory_limit_gib = 0.0;  // > 0: the run sees a card of this many GiB
   // Per-request LoRA: random adapters of this rank on every linear layer (0: none), the batch's
@@ -244,7 +248,8 @@ WorkEstimate dit_bench_estimate(const DitBenchOptions& o, const WanConfig& confi
   WorkEstimate e;
   if (device.is_cuda()) {
     const bool fp8 = o.weights == "fp8";
-    e.device_bytes = wan_cuda_weight_bytes(config, fp8) + wan_cuda_activation_bytes(config, rank_rows, fp8) +
+    const bool fp8_attention = o.attention_dtype == "fp8";
+    e.device_bytes = wan_cuda_weight_bytes(config, fp8) + wan_cuda_activation_bytes(config, rank_rows, fp8, fp8_attention) +
                      (whole ? wan_cuda_activation_bytes(config, batch * tokens, fp8) : 0.0) + 2.0 * inputs + 2.0 * lora_elements;
     e.host_bytes = 2.0 * inputs;
   } else {
@@ -264,9 +269,10 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
   if (!o.layer_configs.empty() && !sparse)
     fail_argument("--sparse-attn-layers", "given with a sparse configuration for the other blocks (a --sparse-attn-* flag)",
                   "no sparse configuration");
-  if (o.compare_dense && !sparse)
-    fail_argument("--compare-dense", "a sparse configuration to compare (a --sparse-attn-* flag or its environment variable)",
-                  "dense attention already");
+  if (o.compare_dense && !sparse && o.attention_dtype == "bf16")
+    fail_argument("--compare-dense",
+                  "a sparse configuration (a --sparse-attn-* flag or its environment variable) or --attention-dtype fp8 to compare",
+                  "dense bf16 attention already");
   if (o.layers > 0 && !o.from_dir.empty())
     fail_argument("--layers", "not given with --from-dir (a checkpoint has all its layers)", o.layers);
   if (!o.transformer_file.empty() && o.from_dir.empty())
@@ -304,6 +310,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                          (latent.width / config.patch_size[2]);
   WanAttentionOptions attention;
   attention.parallel = groups;
+  attention.precision = attention_precision(o.attention_dtype, device);
   std::unique_ptr<BackendRegistry> registry;
   if (sparse) {
     registry = make_cli_registry();
@@ -314,6 +321,16 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     if (!attention.config.geometry.spatial_layout && config.patch_size[1] == config.patch_size[2])
       attention.config.geometry.spatial_layout = wan_spatial_layout(config, latent.frames, latent.height, latent.width);
     if (!o.layer_configs.empty()) attention.layer_configs = parse_layer_configs(o.layer_configs, attention.config, config.num_layers);
+  }
+  if (!o.attention_kernel_variant.empty()) {
+    // Every attention call of this head dim and precision in the run (process-wide).
+    if (!device.is_cuda())
+      fail_argument("--attention-kernel-variant", "--device cuda[:N] (the CPU has no kernel variants)", device.str());
+    try {
+      force_attention_kernel_variant(device, config.attention_head_dim, o.attention_kernel_variant, attention.precision);
+    } catch (const Error& e) {
+      throw Error(std::string("--attention-kernel-variant: ") + e.what());
+    }
   }
   const WanWeightResidency residency = offload_residency(o.offload, device);
   const WanWeightPrecision precision = weights_precision(o.weights, device);
@@ -474,6 +491,8 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
                                           : nlohmann::json()},
       {"sent_mb_per_step", communication.bytes / n / 1e6},
       {"weights", o.weights},
+      {"attention_dtype", o.attention_dtype},
+      {"attention_kernel_variant", o.attention_kernel_variant.empty() ? "default" : o.attention_kernel_variant},
       {"weights_bytes", model.weight_bytes()},
       {"offloaded_weights_bytes", model.offloaded_weight_bytes()},
       {"workspace_bytes", workspace.capacity()},
@@ -497,7 +516,9 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     std::cout << report.dump() << "\n";
     return check_pass ? 0 : 1;
   }
-  const std::string where = device.is_cuda() ? device.str() + (o.weights == "fp8" ? " bf16, fp8 block weights and GEMMs" : " bf16") : detail::concat("cpu fp32, ", ctx.threads(), " threads");
+  const std::string where = device.is_cuda() ? device.str() + (o.weights == "fp8" ? " bf16, fp8 block weights and GEMMs" : " bf16") +
+                                                  (o.attention_dtype == "fp8" ? ", fp8 self-attention" : "")
+                                            : detail::concat("cpu fp32, ", ctx.threads(), " threads");
   std::printf("Wan transformer %s: %lld layers, dim %lld, %lld heads; %s; attention: %s\n", report["model"].get<std::string>().c_str(),
               static_cast<long long>(config.num_layers), static_cast<long long>(config.inner_dim()),
               static_cast<long long>(config.num_attention_heads), where.c_str(), backend.c_str());
@@ -537,7 +558,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
     }
     std::printf("\n");
   }
-  if (o.compare_dense) std::printf("last step's output vs dense attention: rel-L2 %.3e\n", rel_l2_vs_dense);
+  if (o.compare_dense) std::printf("last step's output vs dense bf16 attention: rel-L2 %.3e\n", rel_l2_vs_dense);
   if (o.check)
     std::printf("last step's output vs one process: rel-L2 %.3e (tolerance %.0e) %s\n", rel_l2_vs_one_process, parallel_tolerance(device),
                 check_pass ? "ok" : "FAIL");
@@ -593,6 +614,11 @@ CommandRegistration registration{
           ->check(writable_file_path());
       add_offload_flag(app, options->offload);
       add_weights_flag(app, options->weights);
+      add_attention_dtype_flag(app, options->attention_dtype);
+      app.add_option("--attention-kernel-variant", options->attention_kernel_variant,
+                     "force the attention kernel variant of the run's head dim and precision (the names `tessel bench "
+                     "--kernel-variants` takes; with --attention-dtype fp8 an FP8 one, e.g. fp8+smoothk+lazy+pingpong, whose K "
+                     "smoothing the fused q/k quantisation leaves out); CUDA only");
       app.add_option("--lora-rank", options->lora_rank,
                      "per-request LoRA: random adapters of this rank on every linear layer, applied unmerged in each forward (0: none)")
           ->capture_default_str()
@@ -606,7 +632,8 @@ CommandRegistration registration{
                      "GiB: hold the rest of the GPU's memory for the run, as on a card of this size (with --device cuda)")
           ->check(number_in(0.25, 1e6));
       app.add_flag("--compare-dense", options->compare_dense,
-                   "also run the last step with dense attention and report the output's relative L2 difference");
+                   "also run the last step with dense bf16 attention and report the output's relative L2 difference (the "
+                   "sparse configuration's or --attention-dtype fp8's error)");
       app.add_flag("--check", options->check,
                    "parallel runs: also run the last step in one process and compare the whole output (exit 1 beyond the tolerance)");
       add_sparse_attn_flags(app, *flags);

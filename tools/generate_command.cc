@@ -22,6 +22,7 @@
 #include "lora_flags.h"
 #include "offload_flags.h"
 #include "weights_flags.h"
+#include "attention_dtype_flag.h"
 #include "command.h"
 #include "device_memory.h"
 #include "generate_output.h"
@@ -71,6 +72,7 @@ struct GenerateOptions {
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
   std::string weights = "bf16";
+  std::string attention_dtype = "bf16";
   std::string transformer_file;
   std::string transformer_2_file;
   std::string out;
@@ -244,7 +246,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   const Device asked = transformer_device(o);
   const int64_t encoded_frames = o.image.empty() ? 0 : model.task == WanTask::kImageToVideo ? size.frames : 1;
   const GenerateShape shape{size, o.steps, o.num_outputs, guided, prompt_set, output != GenerateOutput::kLatents, encoded_frames,
-                            o.weights == "fp8"};
+                            o.weights == "fp8", o.attention_dtype == "fp8"};
   const int ranks = parallel.ulysses * parallel.ring * (parallel.cfg_parallel ? 2 : 1);
   const WorkEstimate estimate = generate_estimate(model, shape, parallel, asked);
   if (!check_work_budget(estimate, o.budget, asked, static_cast<int>(o.threads),
@@ -301,6 +303,7 @@ int run_generate(const GenerateOptions& o, const SparseAttnFlags& flags, const L
   load.device = device;
   load.residency = offload_residency(o.offload, device);
   load.precision = weights_precision(o.weights, device);
+  load.attention_precision = attention_precision(o.attention_dtype, device);
   load.transformer_file = o.transformer_file;
   load.transformer_2_file = o.transformer_2_file;
   if (sparse_attn_requested(flags, env)) load.sparse.config = sparse_attn_config_from(flags, env);
@@ -462,6 +465,7 @@ CommandRegistration registration{
       add_lora_flags(app, *lora);
       add_offload_flag(app, options->offload);
       add_weights_flag(app, options->weights);
+      add_attention_dtype_flag(app, options->attention_dtype);
       add_transformer_file_flags(app, options->transformer_file, &options->transformer_2_file);
       auto parallel = std::make_shared<ParallelFlags>();
       add_parallel_flags(app, *parallel);

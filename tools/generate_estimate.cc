@@ -40,7 +40,7 @@ WorkEstimate generate_estimate(const WanModelDir& model, const GenerateShape& sh
     transformers += cuda ? wan_cuda_weight_bytes(*model.transformer_2, fp8) : wan_cpu_weight_bytes(*model.transformer_2);
   // The files are bf16: twice that in fp32 on the CPU, as they are on CUDA.
   const double text_encoder = shape.text_encoder && model.has_text_encoder ? (cuda ? 1.0 : 2.0) * text_encoder_file_bytes(model) : 0.0;
-  const double activations = cuda ? wan_cuda_activation_bytes(config, rows, fp8) : wan_cpu_activation_bytes(config, rows);
+  const double activations = cuda ? wan_cuda_activation_bytes(config, rows, fp8, shape.fp8_attention) : wan_cpu_activation_bytes(config, rows);
 
   // The VAE: its weights on the host (and the decoder's on the device for a CUDA decode), then the
   // decode's activations and the video (fp32, and its 8-bit frames) per output.

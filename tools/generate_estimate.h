@@ -23,6 +23,7 @@ struct GenerateShape {
   // TI2V's first frame: 1); 0 without an image.
   int64_t encoded_frames = 0;
   bool fp8_weights = false;  // --weights fp8 (CUDA): the block linears in e4m3
+  bool fp8_attention = false;  // --attention-dtype fp8 (CUDA): the self-attention's e4m3 operands
 };
 
 // One rank's share under sequence parallelism and CFG-parallel (`parallel`). On the CPU: the

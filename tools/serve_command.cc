@@ -20,6 +20,7 @@
 #include "lora_flags.h"
 #include "offload_flags.h"
 #include "weights_flags.h"
+#include "attention_dtype_flag.h"
 #include "command.h"
 #include "option_checks.h"
 #include "text_embeddings.h"
@@ -71,6 +72,7 @@ struct ServeOptions {
   CacheConfig cache_config;  // --teacache-thresh and the --dbcache-* flags
   std::string offload = "none";
   std::string weights = "bf16";
+  std::string attention_dtype = "bf16";
   std::string transformer_file;
   std::string transformer_2_file;
   std::string request_timeout = "auto";  // "auto", or whole seconds (0: none): request_timeout_value()
@@ -227,6 +229,7 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   runner.device = device.str();
   runner.offload_blocks = offload_residency(o.offload, device) == WanWeightResidency::kOffloadBlocks;
   runner.fp8_weights = weights_precision(o.weights, device) == WanWeightPrecision::kFp8;
+  runner.fp8_attention = attention_precision(o.attention_dtype, device) == AttentionPrecision::kFp8;
   if (!model.two_experts && !o.transformer_2_file.empty())
     fail_argument("--transformer-2-file", "a model with transformer_2 (Wan 2.2's low-noise expert)", quoted_excerpt(o.transformer_2_file));
   // Absolute: the workers may start in another directory.
@@ -431,6 +434,7 @@ CommandRegistration registration{
       add_lora_adapter_flag(app, *lora);
       add_offload_flag(app, o->offload);
       add_weights_flag(app, o->weights);
+      add_attention_dtype_flag(app, o->attention_dtype);
       add_transformer_file_flags(app, o->transformer_file, &o->transformer_2_file);
       return CommandRunner([o, flags, lora] { return run_serve(*o, *flags, *lora); });
     }};

@@ -33,9 +33,9 @@ double wan_cuda_weight_bytes(const WanConfig& config, bool fp8) {
   return bytes;
 }
 
-double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8) {
+double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8, bool fp8_attention) {
   const double dim = static_cast<double>(config.inner_dim()), ffn = static_cast<double>(config.ffn_dim);
-  return rows * (4.0 * dim + 2.0 * 5.0 * dim + 2.0 * ffn + (fp8 ? std::max(dim, ffn) + 4.0 : 0.0));
+  return rows * (4.0 * dim + 2.0 * 5.0 * dim + 2.0 * ffn + (fp8 ? std::max(dim, ffn) + 4.0 : 0.0) + (fp8_attention ? 3.0 * dim : 0.0));
 }
 
 namespace {

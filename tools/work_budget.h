@@ -43,9 +43,10 @@ double wan_cpu_activation_bytes(const WanConfig& config, double rows);
 // The same on a CUDA device (bf16 weights; the workspace of one forward over `rows` tokens: the fp32
 // residual stream, the bf16 normed input, q, k, v and attention output, and the FFN's hidden rows).
 // With fp8 weights (`fp8`): the block linears in e4m3 with an fp32 scale per output channel, and the
-// workspace's e4m3 copy of each GEMM's input rows with their scales.
+// workspace's e4m3 copy of each GEMM's input rows with their scales. With fp8 self-attention
+// (`fp8_attention`): the attention's e4m3 q, k and transposed v (a byte per value each).
 double wan_cuda_weight_bytes(const WanConfig& config, bool fp8 = false);
-double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8 = false);
+double wan_cuda_activation_bytes(const WanConfig& config, double rows, bool fp8 = false, bool fp8_attention = false);
 // The arithmetic of one forward: the library's wan_forward_flop (tessel/dit/wan_flop.h).
 
 // The peak resident memory of this process so far (getrusage), which the reports print beside the

@@ -165,6 +165,7 @@ struct WanGenerator::Impl {
   WanAttentionOptions attention_for(const std::optional<SparseAttnConfig>& config, const WanConfig& transformer) const {
     WanAttentionOptions attention;
     attention.parallel = options.parallel;
+    attention.precision = options.attention_precision;
     if (!config) return attention;
     if (options.registry == nullptr)
       fail_argument("WanLoadOptions.registry", "a backend registry (a sparse setting is configured)", "none");

@@ -17,6 +17,7 @@
 #include "tessel/dit/checkpoint.h"
 #include "tessel/dit/wan_weights.h"
 #include "tessel/kernels/attention.h"
+#include "tessel/kernels/attention_tuning.h"
 #include "wan_lora_rows.h"
 #include "wan_rope.h"
 #ifdef TESSEL_WITH_CUDA
@@ -140,11 +141,28 @@ void check_weights(const WanConfig& config, const std::map<std::string, Tensor>&
     if (!expected.count(name)) throw Error("Wan weights: unexpected tensor " + quoted_excerpt(name, 120));
 }
 
+// WanAttentionOptions::precision against the model and device, before any weight loads.
+void check_attention_precision(const WanConfig& config, const WanAttentionOptions& attention, Device device) {
+  if (attention.precision != AttentionPrecision::kFp8) return;
+  const char* field = "WanAttentionOptions::precision fp8 (--attention-dtype fp8)";
+  if (!device.is_cuda()) fail_argument(field, "a CUDA device (the CPU model attends in fp32)", device.str());
+  if (config.attention_head_dim != 128)
+    fail_argument(field, "a model of head dim 128 (the FP8 attention's)", detail::concat("head dim ", config.attention_head_dim));
+  if (attention_kernel_variants(device, config.attention_head_dim, AttentionPrecision::kFp8).empty())
+    fail_argument(field, "a GPU of compute capability 9.0 and a build with sm_90a code (the FP8 attention kernel's)",
+                  device.str() + ", which has neither or not both");
+  if (attention.registry != nullptr)
+    fail_argument(field, "dense self-attention (FP8 with a sparse configuration is not supported yet)", "a sparse configuration");
+  if (attention.parallel != nullptr && attention.parallel->config.sequence_parallel_size() > 1)
+    fail_argument(field, "one process per sequence (FP8 under sequence parallelism is not supported yet)",
+                  detail::concat("sequence-parallel degree ", attention.parallel->config.sequence_parallel_size()));
+}
 
 #ifndef TESSEL_WITH_CUDA
 [[noreturn]] void fail_without_cuda(Device device) {
   fail_argument("WanTransformer device", "cpu (tessel was built without CUDA)", device.str());
 }
+
 #endif
 
 }  // namespace
@@ -176,6 +194,7 @@ struct WanTransformer::Impl {
   // weights' handles (never their data) and makes modules of its own.
   std::vector<std::shared_ptr<SparseAttention>> self_attention;
   const ParallelGroups* parallel = nullptr;
+  AttentionPrecision self_attention_precision = AttentionPrecision::kInput;  // WanAttentionOptions::precision
   // The sharding, attention strategy and buffers of the last forward's sizes under `parallel`,
   // kept across forwards (a CUDA one allocates device buffers). Forwards under sequence
   // parallelism are collective, so their caller runs them one at a time.
@@ -192,6 +211,7 @@ struct WanTransformer::Impl {
   WanForwardShapeAndShards cuda_shape(int64_t batch, int64_t frames, int64_t height, int64_t width, int64_t text_len,
                                       int64_t image_len, int64_t timesteps_per_entry) const {
     dit::cuda::WanForwardShape shape{batch, frames, height, width, text_len, image_len, timesteps_per_entry};
+    shape.self_attention_precision = self_attention_precision;
     const int64_t seq = frames / config.patch_size[0] * (height / config.patch_size[1]) * (width / config.patch_size[2]);
     WanSequenceParallel* const sp = sequence_parallel_for(batch, seq);
     if (sp) {
@@ -214,6 +234,7 @@ struct WanTransformer::Impl {
 WanTransformer::WanTransformer(WanConfig config, const std::map<std::string, Tensor>& weights,
                                const WanAttentionOptions& attention, Device device)
     : impl_(std::make_unique<Impl>()) {
+  check_attention_precision(config, attention, device);
   check_weights(config, weights);
   impl_->config = config;
   impl_->device = device;
@@ -275,6 +296,7 @@ void WanTransformer::Impl::load_cpu_weights(const std::map<std::string, Tensor>&
 }
 
 void WanTransformer::Impl::make_self_attention(const WanAttentionOptions& attention) {
+  self_attention_precision = attention.precision;
   parallel = attention.parallel;
   if (parallel != nullptr && config.num_attention_heads % parallel->config.sp_ulysses_degree != 0)
     fail_argument("WanAttentionOptions::parallel sp_ulysses_degree",
@@ -318,6 +340,7 @@ WanSequenceParallel* WanTransformer::Impl::sequence_parallel_for(int64_t batch, 
 void WanTransformer::set_phase_timeline(PhaseTimeline* timeline) const { impl_->timeline = timeline; }
 
 WanTransformer WanTransformer::with_attention(const WanAttentionOptions& attention) const {
+  check_attention_precision(impl_->config, attention, impl_->device);
   auto impl = std::make_unique<Impl>(*impl_);
   impl->self_attention.clear();
   return WanTransformer(std::move(impl), attention);
@@ -344,6 +367,7 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
                                    const std::string& weights_file) {
   check_residency(residency, precision, device);
   const WanConfig config = load_wan_config(checkpoint_dir);
+  check_attention_precision(config, attention, device);
   if (lora != nullptr && lora->empty()) lora = nullptr;
   // The weights: the directory's diffusers checkpoint, or one file in the original Wan names
   // (FP8 or not); either is checked whole against the config before anything is converted.
@@ -400,6 +424,7 @@ WanTransformer WanTransformer::load(const std::string& checkpoint_dir, const Wan
 WanTransformer WanTransformer::random(const WanConfig& config, uint64_t seed, const WanAttentionOptions& attention, Device device,
                                      WanWeightResidency residency, WanWeightPrecision precision) {
   check_residency(residency, precision, device);
+  check_attention_precision(config, attention, device);
   if (device.is_cuda()) {
 #ifdef TESSEL_WITH_CUDA
     auto impl = std::make_unique<Impl>();

@@ -136,6 +136,7 @@ class WanRunner final : public PipelineRunner {
     load.lora_adapters = config_.lora_adapters;
     load.residency = config_.offload_blocks ? WanWeightResidency::kOffloadBlocks : WanWeightResidency::kDevice;
     load.precision = config_.fp8_weights ? WanWeightPrecision::kFp8 : WanWeightPrecision::kBf16;
+    load.attention_precision = config_.fp8_attention ? AttentionPrecision::kFp8 : AttentionPrecision::kInput;
     load.transformer_file = config_.transformer_file;
     load.transformer_2_file = config_.transformer_2_file;
     load.load_text_encoder = config_.embeddings_file.empty();
@@ -361,7 +362,7 @@ void set_image_limits(WanRequestLimits& limits, const WanModelDir& model) {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
                                                 sparse_attn_config_2_json, sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
                                                 cache_config, flow_shift, ulysses, ring, cfg_parallel, loras, loras_2,
-                                                lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights, transformer_file,
+                                                lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights, fp8_attention, transformer_file,
                                                 transformer_2_file)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }

@@ -75,6 +75,8 @@ Dims check_attention_args(const TensorView& q, const TensorView& k, const Tensor
   if (options.sm_margin < 0) fail_argument("options.sm_margin", ">= 0 (multiprocessors left free)", options.sm_margin);
   if (options.precision == AttentionPrecision::kFp8 && device.is_cpu())
     fail_argument("options.precision", "the inputs' precision on CPU (FP8 runs on CUDA, compute capability 9.0)", "fp8");
+  if (options.fp8_query_key_given && options.precision != AttentionPrecision::kFp8)
+    fail_argument("options.fp8_query_key_given", "false unless options.precision is fp8", "true");
   return d;
 }
 
@@ -146,6 +148,15 @@ size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const At
   if (mask_block_kv < 0) fail_argument("mask_block_kv", ">= 0 (0 = dense only)", mask_block_kv);
   return cpu::workspace_bytes(ctx.threads(), dims.batch, dims.seq_kv, dims.heads, dims.kv_heads, dims.head_dim,
                               mask_block_kv);
+}
+
+Fp8QueryKey fp8_attention_query_key(const ExecContext& ctx, Device device, const AttentionDims& dims) {
+#ifdef TESSEL_WITH_CUDA
+  if (device.is_cuda()) return cuda::fp8_attention_query_key(ctx, device, dims);
+#endif
+  (void)ctx;
+  (void)dims;
+  fail_argument("device", "a CUDA device of a build with CUDA (FP8 attention)", device.str());
 }
 
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,

@@ -233,6 +233,30 @@ TEST(WanModel, WeightsAreCheckedAtConstruction) {
   }
 }
 
+// FP8 self-attention (WanAttentionOptions::precision) runs on CUDA only: the CPU model refuses it
+// before any weight is made, naming the field and the CLI flag, at every door (random, the
+// weights' constructor, with_attention).
+TEST(WanModel, Fp8AttentionIsRefusedOnTheCpu) {
+  WanConfig config = load_wan_config(wan_fixture_dir() / "checkpoint");
+  WanAttentionOptions fp8;
+  fp8.precision = AttentionPrecision::kFp8;
+  const auto expect_refusal = [](const char* door, const auto& call) {
+    try {
+      call();
+      ADD_FAILURE() << door << ": no Error for fp8 attention on the CPU";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("WanAttentionOptions::precision"), std::string::npos) << door << ": " << message;
+      EXPECT_NE(message.find("--attention-dtype"), std::string::npos) << door << ": " << message;
+      EXPECT_NE(message.find("CUDA"), std::string::npos) << door << ": " << message;
+    }
+  };
+  expect_refusal("random", [&] { WanTransformer::random(config, 7, fp8); });
+  expect_refusal("constructor", [&] { WanTransformer(config, random_wan_weights(config, 7), fp8); });
+  const WanTransformer bf16 = WanTransformer::random(config, 7);
+  expect_refusal("with_attention", [&] { bf16.with_attention(fp8); });
+}
+
 TEST(WanModel, RandomWeightsGiveAFiniteOutput) {
   WanConfig config = load_wan_config(wan_fixture_dir() / "checkpoint");
   const WanTransformer model = WanTransformer::random(config, 7);

@@ -29,6 +29,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   config.lora_adapters = {{"style", {"/s.safetensors", 0.5}}};
   config.offload_blocks = true;
   config.fp8_weights = true;
+  config.fp8_attention = true;
   config.transformer_file = "/models/wan_fp8_scaled.safetensors";
   config.transformer_2_file = "/models/wan_low_noise_fp8.safetensors";
   const WanRunnerConfig back = wan_runner_config_from_json(wan_runner_config_to_json(config));
@@ -58,6 +59,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   EXPECT_EQ(back.lora_adapters[0].second.scale, 0.5);
   EXPECT_TRUE(back.offload_blocks);
   EXPECT_TRUE(back.fp8_weights);
+  EXPECT_TRUE(back.fp8_attention);
   EXPECT_EQ(back.transformer_file, config.transformer_file);
   EXPECT_EQ(back.transformer_2_file, config.transformer_2_file);
 
@@ -66,6 +68,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   EXPECT_FALSE(defaults.lora_ignore_unmatched);
   EXPECT_FALSE(defaults.offload_blocks);
   EXPECT_FALSE(defaults.fp8_weights);
+  EXPECT_FALSE(defaults.fp8_attention);
   EXPECT_TRUE(defaults.transformer_file.empty() && defaults.transformer_2_file.empty());
   EXPECT_EQ(defaults.device, "cpu");
 }

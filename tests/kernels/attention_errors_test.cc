@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 #include "kernels/attention_test_util.h"
 #include "tessel/core/device.h"
+#include "tessel/core/error.h"
+#include "tessel/kernels/attention.h"
 #include "tessel/sparse/block_mask.h"
 
 namespace tessel {
@@ -45,6 +48,21 @@ TEST(AttentionErrors, Fp8PrecisionIsCudaOnly) {
   const BlockMask mask = BlockMask::full(shape);
   expect_error([&] { block_sparse_attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, mask.view(), f.out, f.lse, fp8); },
                "options.precision", f.out);
+}
+
+// Pre-quantized q and k (AttentionOptions::fp8_query_key_given) belong to FP8 calls only, and
+// their workspace slices exist on CUDA only.
+TEST(AttentionErrors, GivenFp8QueryKeyNeedsFp8OnCuda) {
+  Fixture f;
+  AttentionOptions given;
+  given.fp8_query_key_given = true;
+  expect_error([&] { attention_forward(ExecContext{}, f.t.q, f.t.k, f.t.v, f.out, f.lse, given); }, "options.fp8_query_key_given", f.out);
+  try {
+    fp8_attention_query_key(ExecContext{}, Device::cpu(), AttentionDims{1, 64, 64, 1, 1, 128, AttentionPrecision::kFp8});
+    ADD_FAILURE() << "fp8_attention_query_key accepted a CPU device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device"), std::string::npos) << e.what();
+  }
 }
 
 TEST(AttentionErrors, NegativeSmMarginIsRefused) {

@@ -27,7 +27,7 @@ TEST(DitBenchCli, HelpNamesEveryFlag) {
   const TesselRun run = dit_bench("--help");
   EXPECT_EQ(run.status, 0) << run.out;
   for (const char* flag : {"--model", "--from-dir", "--frames", "--height", "--width", "--batch", "--text-tokens", "--image-tokens", "--layers", "--steps",
-                           "--warmup", "--threads", "--seed", "--json", "--compare-dense", "--sparse-attn-layers", "--sparse-attn-backend", "--sparse-attn-topk",
+                           "--warmup", "--threads", "--seed", "--json", "--compare-dense", "--attention-dtype", "--attention-kernel-variant", "--sparse-attn-layers", "--sparse-attn-backend", "--sparse-attn-topk",
                            "--sparse-attn-schedule", "--sparse-attn-pattern", "--sparse-attn-config"})
     EXPECT_NE(run.out.find(flag), std::string::npos) << flag << " missing from:\n" << run.out;
 }

@@ -257,7 +257,7 @@ TEST(HostileInputCli, FormerSilentAcceptsAreErrors) {
 }
 
 // Inputs that failed with a message that did not name them.
-// The weights' flags (--transformer-file, --weights, --fp8-format, per-request LoRA) and the
+// The weights' flags (--transformer-file, --weights, --fp8-format, per-request LoRA), --attention-dtype and the
 // budgets of bench, eval, mask and prefill-bench: each bad value or lone flag an error naming it.
 TEST(HostileInputCli, WeightFlagsAndBudgetsNameTheInput) {
   const fs::path loop = test_dir() / "loop.safetensors";
@@ -277,6 +277,13 @@ TEST(HostileInputCli, WeightFlagsAndBudgetsNameTheInput) {
        {"--transformer-file", "--from-dir"}},
       {"--weights fp16", with(dit, "--weights fp16"), {"--weights", "'fp16'"}},
       {"--weights fp8 on the CPU", with(dit, "--weights fp8"), {"--weights fp8", "--device cuda"}},
+      {"--attention-dtype fp16", with(dit, "--attention-dtype fp16"), {"--attention-dtype", "'fp16'"}},
+      {"--attention-dtype fp8 on the CPU", with(dit, "--attention-dtype fp8"), {"--attention-dtype fp8", "--device cuda"}},
+      {"--attention-kernel-variant on the CPU", with(dit, "--attention-kernel-variant fp8+lazy"),
+       {"--attention-kernel-variant", "--device cuda"}},
+      {"serve --attention-dtype int8", "serve --model /nonexistent --attention-dtype int8", {"--attention-dtype", "'int8'"}},
+      {"generate --attention-dtype e5m2", "generate --model /nonexistent --prompt x --out x.png --attention-dtype e5m2",
+       {"--attention-dtype", "'e5m2'"}},
       {"--fp8-format without --weights fp8", "init-model --preset tiny --out " + quote((test_dir() / "fp8").string()) + " --fp8-format comfyui",
        {"--fp8-format", "--weights fp8"}},
       {"--fp8-format bogus", "init-model --preset tiny --out x --weights fp8 --fp8-format bogus", {"--fp8-format", "'bogus'"}},

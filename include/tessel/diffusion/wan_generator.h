@@ -109,6 +109,9 @@ struct WanLoadOptions {
   // The transformers' block linear weights in bf16 or quantised to FP8 with FP8 GEMMs
   // (WanWeightPrecision; CUDA only).
   WanWeightPrecision precision = WanWeightPrecision::kBf16;
+  // What the transformers' self-attention computes in (WanAttentionOptions::precision: kFp8 on
+  // CUDA with dense attention; the transformers refuse the rest, naming it).
+  AttentionPrecision attention_precision = AttentionPrecision::kInput;
   // A single-file checkpoint replacing a transformer's weights (its config.json still gives the
   // model): the original Wan names, bf16 / fp32 or FP8 as ComfyUI and LightX2V publish them
   // (WanTransformer::load's weights_file; tessel/dit/wan_transformer_file.h). Empty: the

@@ -36,6 +36,7 @@
 #include "tessel/core/exec_context.h"
 #include "tessel/core/tensor.h"
 #include "tessel/dit/wan_config.h"
+#include "tessel/kernels/attention.h"
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/parallel/phase_timeline.h"
 #include "tessel/sparse/backend.h"
@@ -66,6 +67,14 @@ struct WanAttentionOptions {
   // self-attention through ParallelAttention: Ulysses, Ring or USP by the degrees) and gets the
   // whole output. CFG-parallel is the pipeline's (WanPipeline).
   const ParallelGroups* parallel = nullptr;
+  // What the self-attention's matrix products run in: kInput (the model's dtype: bf16 on CUDA) or
+  // kFp8 (tessel/kernels/attention.h: e4m3 q, k, v and P with fp32 accumulation, about 5 % relative
+  // L2 error on the attention output, docs/dit.md gives the block's). kFp8 needs a CUDA device of
+  // compute capability 9.0 in a build with sm_90a code, head dim 128, dense self-attention (no
+  // registry) and no sequence parallelism; anything else is an Error naming this field at
+  // construction, before any weight loads. q and k are quantized by the RMSNorm + RoPE that makes
+  // them (no pass reads them again), v by the attention; the cross-attention stays in bf16.
+  AttentionPrecision precision = AttentionPrecision::kInput;
 };
 
 // Seconds spent per kind of work, summed over forwards (for benchmarks).

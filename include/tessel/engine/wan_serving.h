@@ -66,6 +66,8 @@ struct WanRunnerConfig {
   bool offload_blocks = false;
   // The transformers' block linear weights in FP8 with FP8 GEMMs (WanWeightPrecision::kFp8).
   bool fp8_weights = false;
+  // The self-attention in FP8 (WanLoadOptions::attention_precision kFp8).
+  bool fp8_attention = false;
   // Single-file checkpoints replacing the transformers' weights (WanLoadOptions::transformer_file /
   // transformer_2_file); empty: the directory's.
   std::string transformer_file, transformer_2_file;

@@ -36,6 +36,12 @@ struct AttentionOptions {
   // block-sparse steps while its K/V exchange is in flight (ParallelConfig::ring_sm_margin). Values
   // past the device's count leave one multiprocessor; ignored on CPU.
   int sm_margin = 0;
+  // kFp8 only: q and k are in ctx.workspace already, as the e4m3 operands fp8_attention_query_key
+  // names, written by the kernel that made them (the Wan runtime's RMSNorm + RoPE quantizes them on
+  // its way out, so no pass reads q and k again); the call quantizes v alone. q and k still give
+  // the call's shapes and device, their values are not read. K smoothing (a forced "+smoothk" FP8
+  // variant) is then skipped: it needs k's channel means over every key before k's block scales.
+  bool fp8_query_key_given = false;
 
   // Query i may see key j iff lo(i) <= j <= hi(i) where, with shift = S_kv - S_q,
   //   hi = causal ? min(i + shift, i + shift + window_right) : i + shift + window_right (if >= 0)
@@ -62,6 +68,25 @@ struct AttentionDims {
 // bytes), which FP8 calls require.
 size_t attention_workspace_bytes(const ExecContext& ctx, Device device, const AttentionDims& dims,
                                  int64_t mask_block_kv = 0);
+
+// Where an FP8 call of `dims` (precision kFp8) on the CUDA `device` keeps the e4m3 copies of q and
+// k in ctx.workspace (sized by attention_workspace_bytes for those dims), for a kernel that makes q
+// and k to write them itself (AttentionOptions::fp8_query_key_given):
+//   q (B, S_q, H_q, D) and k (B, S_kv, H_kv, D) contiguous e4m3 bytes, each value x * 448 / m
+//   rounded to nearest (saturating), where m is the absolute maximum of the kFp8TokenBlock tokens
+//   x's token belongs to (tokens [64 j, 64 j + 64) of one batch entry and head);
+//   q_scales (B, H_q, ceil(S_q / 64)) and k_scales (B, H_kv, ceil(S_kv / 64)) fp32: m / 448, 1 for
+//   an all-zero block.
+// Throws Error naming ctx.workspace when it is missing, short or on another device, and naming the
+// device on a CPU device or a build without CUDA.
+inline constexpr int64_t kFp8TokenBlock = 64;
+struct Fp8QueryKey {
+  uint8_t* q = nullptr;
+  float* q_scales = nullptr;
+  uint8_t* k = nullptr;
+  float* k_scales = nullptr;
+};
+Fp8QueryKey fp8_attention_query_key(const ExecContext& ctx, Device device, const AttentionDims& dims);
 
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options = {});

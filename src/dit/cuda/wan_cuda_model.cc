@@ -446,8 +446,14 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   // every layer's attention reserves at this step (the block schedule of sparse kernels, the
   // permuted copies of token-permuted patterns) is made here, before slicing.
   const AttentionShape self_shape{batch, heads, heads, head_dim, seq, seq, DType::kBF16, device_};
+  // FP8 self-attention (WanAttentionOptions::precision, checked at construction: dense, one
+  // process): the RMSNorm + RoPE kernel writes q and k's e4m3 operands where the attention reads them.
+  const bool fp8_self_attention = shape.self_attention_precision == AttentionPrecision::kFp8;
+  if (fp8_self_attention && (sp != nullptr || !self_attention.empty()))
+    fail_argument("WanForwardShape::self_attention_precision", "fp8 with dense self-attention in one process", "a sparse or sharded one");
+  const AttentionDims self_dims{batch, seq, seq, heads, heads, head_dim, shape.self_attention_precision};
   size_t attention_bytes = std::max(
-      attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, seq, heads, heads, head_dim}),
+      attention_workspace_bytes(ctx, device_, self_dims),
       attention_workspace_bytes(ctx, device_, AttentionDims{batch, seq, text_len, heads, heads, head_dim}));
   if (image_len > 0)
     attention_bytes = std::max(attention_bytes,
@@ -470,6 +476,7 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
   const Activations a = take_activations(taker, c, shape, precision_ == WanWeightPrecision::kFp8);
   Workspace attention_workspace = slicer.rest();
   const ExecContext attention_ctx = ctx.with_workspace(&attention_workspace);
+  const Fp8QueryKey fp8_query_key = fp8_self_attention ? fp8_attention_query_key(attention_ctx, device_, self_dims) : Fp8QueryKey{};
 
   const auto w = [&](const std::string& name) { return weight(name); };
   if (lora_bank != nullptr && shape.lora_rank < lora_bank->max_rank())
@@ -673,11 +680,24 @@ void WanCudaModel::forward(const ExecContext& ctx, const StepInfo& step, const W
     block_linear(block("attn1.to_k"), a.normed, normed_fp8, rows, dim, dim, a.k);
     block_linear(block("attn1.to_v"), a.normed, normed_fp8, rows, dim, dim, a.v);
     timeline.charge(&WanForwardProfile::gemm_s);
-    launch_rms_norm_rope(a.q, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), rope_cos, rope_sin, stream);
-    launch_rms_norm_rope(a.k, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), rope_cos, rope_sin, stream);
+    if (fp8_self_attention) {
+      // Nothing else reads the bf16 q and k: only their e4m3 copies are stored.
+      launch_rms_norm_rope_fp8(a.q, batch, tokens, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), rope_cos, rope_sin, false,
+                               {fp8_query_key.q, fp8_query_key.q_scales}, stream);
+      launch_rms_norm_rope_fp8(a.k, batch, tokens, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), rope_cos, rope_sin, false,
+                               {fp8_query_key.k, fp8_query_key.k_scales}, stream);
+    } else {
+      launch_rms_norm_rope(a.q, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_q.weight")), rope_cos, rope_sin, stream);
+      launch_rms_norm_rope(a.k, rows, tokens, heads, head_dim, eps, f32(block("attn1.norm_k.weight")), rope_cos, rope_sin, stream);
+    }
     timeline.charge(&WanForwardProfile::norm_rope_s);
     AttentionStepReport report;
-    if (sp) {
+    if (fp8_self_attention) {
+      AttentionOptions options;
+      options.precision = AttentionPrecision::kFp8;
+      options.fp8_query_key_given = true;
+      attention_forward(attention_ctx, bshd(a.q, seq), bshd(a.k, seq), bshd(a.v, seq), bshd(a.attended, seq), TensorView{}, options);
+    } else if (sp) {
       StepInfo layer_step = step;
       layer_step.layer = layer;
       report = sp->attend(attention_ctx, self_attention.empty() ? nullptr : self_attention[static_cast<size_t>(layer)].get(),

@@ -12,8 +12,9 @@
 //     context), then FP8 GEMMs (CublasLtGemm::linear_fp8);
 //   - the residual stream in fp32, what feeds a GEMM or attention rounded once to bf16 by a fused
 //     kernel (LayerNorm + AdaLN modulation, RMSNorm + 3-D RoPE, gate + residual);
-//   - self-attention through tessel's dense kernel or the blocks' SparseAttention modules,
-//     cross-attention through the dense kernel;
+//   - self-attention through tessel's dense kernel or the blocks' SparseAttention modules (with
+//     AttentionPrecision::kFp8: the dense kernel's FP8 mode, q and k quantised by the RMSNorm + RoPE
+//     kernel straight into the attention's workspace), cross-attention through the dense kernel;
 //   - with an image branch (Wan 2.1 I2V / FLF2V): the image embedder's norms, GELU and position
 //     table in fp32 around bf16 GEMMs, and in every block the image tokens' keys and values
 //     (RMSNorm on the keys) attended to by the cross-attention's queries, the result added to the
@@ -79,6 +80,9 @@ struct WanForwardShape {
   // Per-request LoRA: the largest rank of the bank's adapters (0 without), the width of the scratch
   // their rank-wide intermediates take.
   int64_t lora_rank = 0;
+  // The self-attention's precision (WanAttentionOptions::precision, checked there): kFp8 runs the
+  // dense self-attention in FP8 with q and k quantized by their RMSNorm + RoPE kernel.
+  AttentionPrecision self_attention_precision = AttentionPrecision::kInput;
 };
 
 class WanCudaModel {
@@ -95,7 +99,8 @@ class WanCudaModel {
   WanCudaModel& operator=(const WanCudaModel&) = delete;
 
   // Bytes of ctx.workspace one forward of this shape takes (activations, rotary tables, the GEMM
-  // scratch; the attention kernels take none on CUDA).
+  // scratch). The attention's room after them (a block schedule, FP8's e4m3 q, k, v) is reserved by
+  // forward on top.
   size_t workspace_bytes(const WanForwardShape& shape) const;
   size_t weight_bytes() const;            // on the device: the arena (and the block slots)
   size_t offloaded_weight_bytes() const;  // in pinned host memory (offloaded blocks), else 0

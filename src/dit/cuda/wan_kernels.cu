@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "tessel/core/error.h"
 #include "tessel/kernels/cuda/fp8_rows.h"
 
 namespace tessel::dit::cuda {
@@ -202,28 +203,128 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, bf16* __restrict_
     fp8[i] = __nv_cvt_float_to_fp8(__bfloat162float(out[i]) * factor, __NV_SATFINITE, __NV_E4M3);
 }
 
+// One pair's contribution to a row's sum of squares, and the pair (2i, 2i + 1) normalized, times
+// the weights w[0], w[1], then rotated by the angle of table entry i (no rotation without a table).
+// Both RMSNorm + RoPE kernels compute through these, so their bf16 values are the same bits: the
+// explicitly rounded operations keep the compiler from contracting them into FMAs differently in
+// the two kernels.
+__device__ __forceinline__ float add_pair_squares(float squares, float2 v) {
+  return __fadd_rn(squares, __fadd_rn(__fmul_rn(v.x, v.x), __fmul_rn(v.y, v.y)));
+}
+__device__ __forceinline__ float2 normed_rotated_pair(float2 v, float inv_rms, const float* w, const float* cos_table,
+                                                      const float* sin_table, int64_t i) {
+  const float a = __fmul_rn(__fmul_rn(v.x, inv_rms), w[0]), b = __fmul_rn(__fmul_rn(v.y, inv_rms), w[1]);
+  if (cos_table == nullptr) return float2{a, b};
+  const float c = cos_table[i], sn = sin_table[i];
+  return float2{__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)), __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c))};
+}
+
 __global__ void rms_norm_rope_kernel(bf16* __restrict__ x, int64_t seq, int64_t heads, int64_t head_dim, float eps,
                                      const float* __restrict__ weight, const float* __restrict__ cos_table,
                                      const float* __restrict__ sin_table) {
   const int64_t row = blockIdx.x, dim = heads * head_dim, pairs = dim / 2, head_pairs = head_dim / 2;
   __nv_bfloat162* values = reinterpret_cast<__nv_bfloat162*>(x + row * dim);
   float squares = 0.0f;
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const float2 v = __bfloat1622float2(values[p]);
-    squares += v.x * v.x + v.y * v.y;
-  }
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) squares = add_pair_squares(squares, __bfloat1622float2(values[p]));
   const float inv_rms = rsqrtf(block_sum(squares) / static_cast<float>(dim) + eps);
   const int64_t s = row % seq;
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const float2 v = __bfloat1622float2(values[p]);
-    const float a = v.x * inv_rms * weight[2 * p], b = v.y * inv_rms * weight[2 * p + 1];
-    float2 result{a, b};
-    if (cos_table != nullptr) {
-      const int64_t i = s * head_pairs + p % head_pairs;
-      const float c = cos_table[i], sn = sin_table[i];
-      result = float2{a * c - b * sn, a * sn + b * c};
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x)
+    values[p] = __float22bfloat162_rn(
+        normed_rotated_pair(__bfloat1622float2(values[p]), inv_rms, weight + 2 * p, cos_table, sin_table, s * head_pairs + p % head_pairs));
+}
+
+// The FP8 variant: one CTA of kRowThreads per (64-token block, batch entry), since a q/k scale
+// covers the 64 tokens of one head while the norm spans all heads of a token.
+//   1. Each row's inverse RMS, 8 rows at a time: the row's pairs summed per thread and folded
+//      exactly as block_sum folds them in rms_norm_rope_kernel (warp shuffles, then the 8 warp sums
+//      in warp 0's shuffle order), so both kernels get the same bits.
+//   2. Head by head, the block's 64 x 128 tile (4 chunks of 8 values per thread, a row's 16 chunks
+//      on 16 consecutive threads): normalized, rotated and rounded to bf16 in registers (stored
+//      back only when `store_bf16`), the tile's absolute maximum, then the e4m3 bytes of those
+//      bf16 values and the block's scale: the bytes fp8_quantize.cu makes of rms_norm_rope_kernel's
+//      output, without a pass that reads it again.
+// The rows are read twice (phase 2 mostly from L2).
+constexpr int kFp8HeadDim = 128;
+constexpr int kTokenBlock = 64;  // tessel::kFp8TokenBlock
+__global__ void __launch_bounds__(kRowThreads) rms_norm_rope_fp8_kernel(bf16* __restrict__ x, int64_t seq, int64_t heads, float eps,
+                                                                        const float* __restrict__ weight,
+                                                                        const float* __restrict__ cos_table,
+                                                                        const float* __restrict__ sin_table, bool store_bf16,
+                                                                        uint8_t* __restrict__ fp8, float* __restrict__ scales) {
+  constexpr int kWarps = kRowThreads / 32, kGroupRows = 8;
+  static_assert(kWarps == 8, "the fold below is block_sum's for 8 warps");
+  __shared__ float inv_rms[kTokenBlock];
+  __shared__ float warp_squares[kGroupRows][kWarps];
+  const int64_t dim = heads * kFp8HeadDim, pairs = dim / 2, head_pairs = kFp8HeadDim / 2;
+  const int64_t block = blockIdx.x, batch = blockIdx.y, blocks = gridDim.x, s0 = block * kTokenBlock;
+  const int rows = static_cast<int>(seq - s0 < kTokenBlock ? seq - s0 : kTokenBlock);
+  bf16* const base = x + (batch * seq + s0) * dim;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r0 = 0; r0 < rows; r0 += kGroupRows) {
+    float squares[kGroupRows];
+#pragma unroll
+    for (int g = 0; g < kGroupRows; ++g) {
+      squares[g] = 0.0f;
+      if (r0 + g >= rows) continue;
+      const __nv_bfloat162* values = reinterpret_cast<const __nv_bfloat162*>(base + (r0 + g) * dim);
+      for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) squares[g] = add_pair_squares(squares[g], __bfloat1622float2(values[p]));
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) squares[g] += __shfl_xor_sync(0xffffffffu, squares[g], offset);
+      if (lane == 0) warp_squares[g][warp] = squares[g];
     }
-    values[p] = __float22bfloat162_rn(result);
+    __syncthreads();
+    if (threadIdx.x < kGroupRows && r0 + static_cast<int>(threadIdx.x) < rows) {
+      // block_sum's second stage: lanes 0..7 hold the warp sums, the others 0; xor 16 and 8 add
+      // zeros, then xor 4, 2, 1.
+      const float* w = warp_squares[threadIdx.x];
+      const float total = ((w[0] + w[4]) + (w[2] + w[6])) + ((w[1] + w[5]) + (w[3] + w[7]));
+      inv_rms[r0 + threadIdx.x] = rsqrtf(total / static_cast<float>(dim) + eps);
+    }
+    __syncthreads();
+  }
+  constexpr int kChunksPerRow = kFp8HeadDim / 8;
+  constexpr int kThreadChunks = kTokenBlock * kChunksPerRow / kRowThreads;
+  for (int64_t h = 0; h < heads; ++h) {
+    uint4 tile[kThreadChunks];
+    float absmax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kThreadChunks; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kRowThreads, r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      tile[i] = make_uint4(0, 0, 0, 0);
+      if (r >= rows) continue;
+      uint4* const at = reinterpret_cast<uint4*>(base + r * dim + h * kFp8HeadDim + chunk * 8);
+      const uint4 raw = *at;
+      const __nv_bfloat162* in = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(&tile[i]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t pair = chunk * 4 + j;  // within the head
+        out[j] = __float22bfloat162_rn(normed_rotated_pair(__bfloat1622float2(in[j]), inv_rms[r], weight + 2 * (h * head_pairs + pair),
+                                                           cos_table, sin_table, (s0 + r) * head_pairs + pair));
+        const float2 rounded = __bfloat1622float2(out[j]);
+        absmax = fmaxf(absmax, fmaxf(fabsf(rounded.x), fabsf(rounded.y)));
+      }
+      if (store_bf16) *at = tile[i];
+    }
+    absmax = block_max(absmax);
+    const float factor = tessel::cuda::fp8_row_factor(absmax);
+    if (threadIdx.x == 0) scales[(batch * heads + h) * blocks + block] = tessel::cuda::fp8_row_scale(absmax);
+#pragma unroll
+    for (int i = 0; i < kThreadChunks; ++i) {
+      const int c = static_cast<int>(threadIdx.x) + i * kRowThreads, r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      if (r >= rows) continue;
+      const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&tile[i]);
+      uint32_t words[2];
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const float2 lo = __bfloat1622float2(v[2 * w]), hi = __bfloat1622float2(v[2 * w + 1]);
+        words[w] = __nv_cvt_float2_to_fp8x2(make_float2(lo.x * factor, lo.y * factor), __NV_SATFINITE, __NV_E4M3) |
+                   (static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(hi.x * factor, hi.y * factor), __NV_SATFINITE,
+                                                                   __NV_E4M3))
+                    << 16);
+      }
+      *reinterpret_cast<uint2*>(fp8 + ((batch * seq + s0 + r) * heads + h) * kFp8HeadDim + chunk * 8) = make_uint2(words[0], words[1]);
+    }
   }
 }
 
@@ -336,6 +437,16 @@ void launch_rms_norm_rope(bf16* x, int64_t rows, int64_t seq, int64_t heads, int
                           const float* cos, const float* sin, cudaStream_t stream) {
   if (rows == 0) return;
   rms_norm_rope_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, seq, heads, head_dim, eps, weight, cos, sin);
+}
+
+void launch_rms_norm_rope_fp8(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, float eps,
+                              const float* weight, const float* cos, const float* sin, bool store_bf16, const Fp8TokenBlocks& fp8,
+                              cudaStream_t stream) {
+  if (head_dim != kFp8HeadDim)
+    throw Error(tessel::detail::concat("RMSNorm + RoPE into FP8 attention operands: head dim ", head_dim, ", expected ", kFp8HeadDim));
+  if (batch == 0 || seq == 0) return;
+  const dim3 grid(static_cast<unsigned>((seq + kTokenBlock - 1) / kTokenBlock), static_cast<unsigned>(batch));
+  rms_norm_rope_fp8_kernel<<<grid, kRowThreads, 0, stream>>>(x, seq, heads, eps, weight, cos, sin, store_bf16, fp8.values, fp8.scales);
 }
 
 void launch_gated_residual(float* x, const bf16* y, int64_t rows, int64_t dim, int64_t group_rows, const ModulationVector& gate,

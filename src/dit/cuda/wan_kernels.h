@@ -88,6 +88,20 @@ void launch_layer_norm(const float* x, bf16* y, int64_t rows, int64_t dim, int64
 void launch_rms_norm_rope(bf16* x, int64_t rows, int64_t seq, int64_t heads, int64_t head_dim, float eps, const float* weight,
                           const float* cos, const float* sin, cudaStream_t stream);
 
+// The same RMSNorm + RoPE on x (batch * seq rows, heads * 128: head dim 128 only, else Error), its
+// values also quantized to e4m3 as FP8 attention reads q and k (tessel/kernels/attention.h,
+// fp8_attention_query_key): one scale per 64 tokens per head over the bf16 values this kernel
+// rounds to, the bytes the attention's own quantizer would make of launch_rms_norm_rope's output.
+// `fp8.values` (batch, seq, heads, 128) e4m3, `fp8.scales` (batch, heads, ceil(seq / 64)). The bf16
+// values go back to x only when `store_bf16` (someone else reads them); otherwise x keeps its input.
+struct Fp8TokenBlocks {
+  uint8_t* values = nullptr;
+  float* scales = nullptr;
+};
+void launch_rms_norm_rope_fp8(bf16* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, float eps,
+                              const float* weight, const float* cos, const float* sin, bool store_bf16, const Fp8TokenBlocks& fp8,
+                              cudaStream_t stream);
+
 // x (rows, dim) fp32 += y (bf16) * gate, the gate a modulation vector; gate.table null adds y unscaled.
 void launch_gated_residual(float* x, const bf16* y, int64_t rows, int64_t dim, int64_t group_rows, const ModulationVector& gate,
                            cudaStream_t stream);

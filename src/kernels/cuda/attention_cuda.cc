@@ -130,12 +130,12 @@ void check_fp8_supported(const TensorView& q, const BlockMaskView* mask) {
 }
 
 // The quantized operands' slices of ctx.workspace, after the schedule's room.
-detail::Fp8Operands fp8_operands_in_workspace(const ExecContext& ctx, const TensorView& q, const TensorView& k) {
-  const AttentionDims dims{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), AttentionPrecision::kFp8};
+detail::Fp8Operands fp8_operands_in_workspace(const ExecContext& ctx, Device device, AttentionDims dims) {
+  dims.precision = AttentionPrecision::kFp8;
   const size_t needed = fp8_attention_workspace_bytes(dims);
-  if (ctx.workspace == nullptr || ctx.workspace->device() != q.device() || ctx.workspace->capacity() < needed)
+  if (ctx.workspace == nullptr || ctx.workspace->device() != device || ctx.workspace->capacity() < needed)
     fail_argument("ctx.workspace",
-                  tessel::detail::concat("a workspace on ", q.device().str(), " of at least ", needed,
+                  tessel::detail::concat("a workspace on ", device.str(), " of at least ", needed,
                                          " bytes for fp8 (attention_workspace_bytes with dims.precision fp8)"),
                   ctx.workspace == nullptr ? std::string("none")
                                            : tessel::detail::concat(ctx.workspace->capacity(), " bytes on ",
@@ -143,6 +143,11 @@ detail::Fp8Operands fp8_operands_in_workspace(const ExecContext& ctx, const Tens
   WorkspaceSlicer slicer(*ctx.workspace);
   slicer.take_bytes(detail::work_order_bytes(dims.batch, dims.seq_q, dims.heads), "work order");
   return detail::take_fp8_operands(slicer.rest(), fp8_shape_of(dims));
+}
+
+detail::Fp8Operands fp8_operands_in_workspace(const ExecContext& ctx, const TensorView& q, const TensorView& k) {
+  return fp8_operands_in_workspace(ctx, q.device(),
+                                   AttentionDims{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)});
 }
 
 // The Hopper kernel variant this call's class was tuned to (attention_tuning.h).
@@ -162,6 +167,12 @@ size_t fp8_attention_workspace_bytes(const AttentionDims& dims) {
          detail::fp8_operand_bytes(fp8_shape_of(dims));
 }
 
+Fp8QueryKey fp8_attention_query_key(const ExecContext& ctx, Device device, const AttentionDims& dims) {
+  if (dims.head_dim != 128) fail_argument("dims.head_dim", "128 (the FP8 mode's head dim)", dims.head_dim);
+  const detail::Fp8Operands o = fp8_operands_in_workspace(ctx, device, dims);
+  return Fp8QueryKey{o.q, o.q_scale, o.k, o.k_scale};
+}
+
 void attention_forward(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                        const TensorView& lse, const AttentionOptions& options) {
   const detail::FlashParams p = make_params(q, k, v, out, lse, options, nullptr);
@@ -172,7 +183,8 @@ void attention_forward(const ExecContext& ctx, const TensorView& q, const Tensor
   const int head_dim = static_cast<int>(q.size(3)), batch = static_cast<int>(q.size(0));
   if (fp8)
     detail::launch_flash_forward_hopper_fp8(p, q.dtype(), false, batch, static_cast<int>(k.size(2)), {}, fp8_operands,
-                                            detail::chosen_hopper_fp8_variant(q.device().index), ctx.stream);
+                                            detail::chosen_hopper_fp8_variant(q.device().index),
+                                            !options.fp8_query_key_given, ctx.stream);
   else if (detail::flash_forward_hopper_fits(head_dim, false, 0))
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, false, batch, static_cast<int>(k.size(2)), {},
                                         chosen_variant(q, k, p, false), ctx.stream);
@@ -215,7 +227,8 @@ void block_sparse_attention_forward(const ExecContext& ctx, const TensorView& q,
   if (fp8) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper_fp8(p, q.dtype(), true, batch, static_cast<int>(heads_kv), order, fp8_operands,
-                                            detail::chosen_hopper_fp8_variant(q.device().index), ctx.stream);
+                                            detail::chosen_hopper_fp8_variant(q.device().index),
+                                            !options.fp8_query_key_given, ctx.stream);
   } else if (mask.sub_block_bits == nullptr && detail::flash_forward_hopper_fits(head_dim, true, p.block_q)) {
     const detail::WorkOrder order = detail::take_work_order(ctx, q.device(), batch, p.seq_q, p.heads_q);
     detail::launch_flash_forward_hopper(p, q.dtype(), head_dim, true, batch, static_cast<int>(heads_kv), order,

@@ -18,5 +18,7 @@ size_t block_sparse_attention_workspace_bytes(const AttentionDims& dims);
 // Workspace bytes of FP8 calls (AttentionPrecision::kFp8), dense or block-sparse: the schedule's
 // room, then the quantized q, k, v and their scales. FP8 calls throw Error without them.
 size_t fp8_attention_workspace_bytes(const AttentionDims& dims);
+// attention.h's fp8_attention_query_key on a CUDA device.
+Fp8QueryKey fp8_attention_query_key(const ExecContext& ctx, Device device, const AttentionDims& dims);
 
 }  // namespace tessel::cuda

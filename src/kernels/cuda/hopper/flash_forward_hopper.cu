@@ -142,13 +142,15 @@ std::vector<HopperFp8Variant> hopper_fp8_variants() {
 
 void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
                                      const WorkOrder& order, const Fp8Operands& operands,
-                                     const HopperFp8Variant& variant, cudaStream_t stream) {
+                                     const HopperFp8Variant& variant, bool quantize_query_key, cudaStream_t stream) {
   const Fp8Shape shape{batch, params.seq_q, params.seq_kv, params.heads_q, heads_kv, 128};
-  launch_fp8_quantize(params, dtype, shape, operands, variant.smooth_k, stream);
+  HopperFp8Variant used = variant;
+  used.smooth_k = variant.smooth_k && quantize_query_key;
+  launch_fp8_quantize(params, dtype, shape, operands, used.smooth_k, quantize_query_key, stream);
   if (dtype == DType::kBF16)
-    launch_flash_forward_hopper_fp8_typed<__nv_bfloat16>(params, sparse, batch, heads_kv, order, operands, variant, stream);
+    launch_flash_forward_hopper_fp8_typed<__nv_bfloat16>(params, sparse, batch, heads_kv, order, operands, used, stream);
   else
-    launch_flash_forward_hopper_fp8_typed<__half>(params, sparse, batch, heads_kv, order, operands, variant, stream);
+    launch_flash_forward_hopper_fp8_typed<__half>(params, sparse, batch, heads_kv, order, operands, used, stream);
 }
 
 }  // namespace tessel::cuda::detail

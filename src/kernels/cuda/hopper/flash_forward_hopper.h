@@ -27,9 +27,10 @@ void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int hea
 
 // The FP8 mode (AttentionPrecision::kFp8; head dim 128, dtype kBF16 or kF16 in and out): quantizes
 // params.q/k/v into `operands` (fp8_operands.h), then runs `variant`'s kernel on them, both on
-// `stream`.
+// `stream`. Without `quantize_query_key` the operands' q and k (and scales) were written by the
+// caller: only v is quantized, and `variant` runs without K smoothing.
 void launch_flash_forward_hopper_fp8(const FlashParams& params, DType dtype, bool sparse, int batch, int heads_kv,
                                      const WorkOrder& order, const Fp8Operands& operands,
-                                     const HopperFp8Variant& variant, cudaStream_t stream);
+                                     const HopperFp8Variant& variant, bool quantize_query_key, cudaStream_t stream);
 
 }  // namespace tessel::cuda::detail

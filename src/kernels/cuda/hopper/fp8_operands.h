@@ -62,9 +62,10 @@ size_t fp8_operand_bytes(const Fp8Shape& shape);
 Fp8Operands take_fp8_operands(const Workspace& workspace, const Fp8Shape& shape);
 
 // Quantizes params.q/k/v (dtype bf16 or fp16, head dim 128) into `operands` on `stream`, with K
-// smoothing when `smooth_k` (the operands always have its room).
+// smoothing when `smooth_k` (the operands always have its room). Without `quantize_query_key` only
+// v is quantized (q and k came quantized from their producer; smooth_k must then be false).
 void launch_fp8_quantize(const FlashParams& params, DType dtype, const Fp8Shape& shape, const Fp8Operands& operands,
-                         bool smooth_k, cudaStream_t stream);
+                         bool smooth_k, bool quantize_query_key, cudaStream_t stream);
 
 // The key whose P value sits at position `slot` (0..31) of a 32-key group of an FP8 A fragment
 // built from the S accumulators without shuffles: slot 4q + i of the low (high) 16 holds column

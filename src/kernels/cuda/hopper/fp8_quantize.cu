@@ -220,7 +220,8 @@ void for_each_slice(const Fp8Shape& s, Fn&& fn) {
 }
 
 template <typename T>
-void launch_typed(const FlashParams& p, const Fp8Shape& s, const Fp8Operands& o, bool smooth_k, cudaStream_t stream) {
+void launch_typed(const FlashParams& p, const Fp8Shape& s, const Fp8Operands& o, bool smooth_k, bool quantize_query_key,
+                  cudaStream_t stream) {
   const int batch = static_cast<int>(s.batch), heads_q = static_cast<int>(s.heads_q);
   const int heads_kv = static_cast<int>(s.heads_kv);
   cudaMemsetAsync(o.v_absmax, 0, static_cast<size_t>(s.batch * s.heads_kv * kHeadDim) * sizeof(uint32_t), stream);
@@ -242,13 +243,15 @@ void launch_typed(const FlashParams& p, const Fp8Shape& s, const Fp8Operands& o,
       q_smoothing.row_dot = o.lse_shift;
     }
   }
-  const dim3 q_grid(static_cast<unsigned>(blocks_of(s.seq_q, kFp8ScaleBlock)), heads_q, batch);
-  const dim3 kv_grid(static_cast<unsigned>(blocks_of(s.seq_kv, kFp8ScaleBlock)), heads_kv, batch);
-  quantize_token_blocks_kernel<T><<<q_grid, kBlockThreads, 0, stream>>>(static_cast<const T*>(p.q), p.q_stride_b,
-                                                                        p.q_stride_s, p.q_stride_h, p.seq_q, heads_q, o.q,
-                                                                        o.q_scale, q_smoothing);
-  quantize_token_blocks_kernel<T><<<kv_grid, kBlockThreads, 0, stream>>>(k, p.k_stride_b, p.k_stride_s, p.k_stride_h,
-                                                                         p.seq_kv, heads_kv, o.k, o.k_scale, k_smoothing);
+  if (quantize_query_key) {
+    const dim3 q_grid(static_cast<unsigned>(blocks_of(s.seq_q, kFp8ScaleBlock)), heads_q, batch);
+    const dim3 kv_grid(static_cast<unsigned>(blocks_of(s.seq_kv, kFp8ScaleBlock)), heads_kv, batch);
+    quantize_token_blocks_kernel<T><<<q_grid, kBlockThreads, 0, stream>>>(static_cast<const T*>(p.q), p.q_stride_b,
+                                                                          p.q_stride_s, p.q_stride_h, p.seq_q, heads_q,
+                                                                          o.q, o.q_scale, q_smoothing);
+    quantize_token_blocks_kernel<T><<<kv_grid, kBlockThreads, 0, stream>>>(k, p.k_stride_b, p.k_stride_s, p.k_stride_h,
+                                                                           p.seq_kv, heads_kv, o.k, o.k_scale, k_smoothing);
+  }
   const dim3 transpose_grid(static_cast<unsigned>(o.seq_kv_padded / kFp8ScaleBlock), heads_kv, batch);
   transpose_values_kernel<T><<<transpose_grid, 256, 0, stream>>>(static_cast<const T*>(p.v), p.v_stride_b,
                                                                  p.v_stride_s, p.v_stride_h, p.seq_kv, heads_kv,
@@ -283,13 +286,15 @@ Fp8Operands take_fp8_operands(const Workspace& workspace, const Fp8Shape& shape)
 }
 
 void launch_fp8_quantize(const FlashParams& params, DType dtype, const Fp8Shape& shape, const Fp8Operands& operands,
-                         bool smooth_k, cudaStream_t stream) {
+                         bool smooth_k, bool quantize_query_key, cudaStream_t stream) {
   if (shape.head_dim != kHeadDim)
     throw Error(tessel::detail::concat("FP8 quantization: head dim ", shape.head_dim, ", expected ", kHeadDim));
+  if (smooth_k && !quantize_query_key)
+    throw Error("FP8 quantization: K smoothing needs k quantized here (its channel means come before its block scales)");
   if (dtype == DType::kBF16)
-    launch_typed<__nv_bfloat16>(params, shape, operands, smooth_k, stream);
+    launch_typed<__nv_bfloat16>(params, shape, operands, smooth_k, quantize_query_key, stream);
   else
-    launch_typed<__half>(params, shape, operands, smooth_k, stream);
+    launch_typed<__half>(params, shape, operands, smooth_k, quantize_query_key, stream);
 }
 
 }  // namespace tessel::cuda::detail
