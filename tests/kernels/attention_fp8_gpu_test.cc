@@ -114,7 +114,7 @@ double relative_l2_between(const Tensor& a_host, const Tensor& b_host) {
   return ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
 }
 
-// The FP8 variants the device offers (the default, "fp8", first).
+// The FP8 variants the device offers (the plain "fp8" first).
 std::vector<std::string> fp8_variants() {
   return attention_kernel_variants(Device::cuda(), kDim, AttentionPrecision::kFp8);
 }

@@ -157,10 +157,10 @@ HopperVariant chosen_hopper_variant(const CallClass& call) {
 
 HopperFp8Variant chosen_hopper_fp8_variant(int device) {
   Table& t = table();
-  if (!t.any_choice.load(std::memory_order_acquire)) return HopperFp8Variant{};
+  if (!t.any_choice.load(std::memory_order_acquire)) return default_hopper_fp8_variant();
   const std::lock_guard lock(t.mutex);
   const auto f = t.forced_fp8.find(device);
-  return f != t.forced_fp8.end() ? f->second : HopperFp8Variant{};
+  return f != t.forced_fp8.end() ? f->second : default_hopper_fp8_variant();
 }
 
 }  // namespace detail

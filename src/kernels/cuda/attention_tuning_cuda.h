@@ -36,7 +36,7 @@ struct CallClass {
 // The variant a call of `call` runs: a variant being timed by tune_attention on this thread, a
 // forced one, the tuned one, else the default.
 HopperVariant chosen_hopper_variant(const CallClass& call);
-// The FP8 variant an FP8 call on `device` runs: the forced one, else the default ("fp8").
+// The FP8 variant an FP8 call on `device` runs: the forced one, else default_hopper_fp8_variant().
 HopperFp8Variant chosen_hopper_fp8_variant(int device);
 
 }  // namespace detail

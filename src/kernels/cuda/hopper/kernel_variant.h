@@ -35,7 +35,13 @@ struct HopperFp8Variant {
 
 // "fp8" then "+smoothk", "+poly", "+lazy", "+pingpong" for each choice taken, in that order.
 std::string hopper_fp8_variant_name(const HopperFp8Variant& variant);
-// The FP8 variants with instantiations (the default, today's "fp8", first).
+// The FP8 variants with instantiations (the plain "fp8" first).
 std::vector<HopperFp8Variant> hopper_fp8_variants();
+// What an FP8 call runs unless a variant is forced: "fp8+smoothk+lazy+pingpong", the fastest in
+// every H200 measurement (3-12 % ahead of plain "fp8" at S = 6,630 to 29,700; benchmarks.md), and
+// the smoothing keeps DiT keys' channel offsets out of e4m3's range.
+inline HopperFp8Variant default_hopper_fp8_variant() {
+  return HopperFp8Variant{.smooth_k = true, .poly_exp2 = false, .lazy_rescale = true, .ping_pong = true};
+}
 
 }  // namespace tessel::cuda::detail
