@@ -117,14 +117,17 @@ void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int hea
 
 std::string hopper_variant_name(const HopperVariant& variant) {
   return std::string(variant.narrow ? "narrow" : "wide") + (variant.ping_pong ? "+pingpong" : "") +
-         (variant.lazy_rescale ? "+lazy" : "");
+         (variant.lazy_rescale ? "+lazy" : "") + (variant.tma_store ? "+tmastore" : "");
 }
 
 std::vector<HopperVariant> hopper_variants_for(int head_dim) {
   if (head_dim != 64 && head_dim != 128) return {HopperVariant{}};
-  // {narrow, ping_pong, lazy_rescale}; lazy rescaling is instantiated with wide stages only.
-  return {HopperVariant{false, false, false}, HopperVariant{false, true, false}, HopperVariant{true, false, false},
-          HopperVariant{true, true, false},   HopperVariant{false, false, true}, HopperVariant{false, true, true}};
+  // {narrow, ping_pong, lazy_rescale, tma_store}; lazy rescaling and the stores through shared
+  // memory are instantiated with wide stages only, each without the other.
+  return {HopperVariant{false, false, false, false}, HopperVariant{false, true, false, false},
+          HopperVariant{true, false, false, false},  HopperVariant{true, true, false, false},
+          HopperVariant{false, false, true, false},  HopperVariant{false, true, true, false},
+          HopperVariant{false, false, false, true},  HopperVariant{false, true, false, true}};
 }
 
 std::string hopper_fp8_variant_name(const HopperFp8Variant& variant) {
