@@ -200,6 +200,8 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   static_assert(kFp8 || !kPolyExp2, "polynomial exp2: FP8 mode only");
   static_assert(!kTmaStore || (!kFp8 && !kNarrow && kPaddedD == D && D <= 128),
                 "O through shared memory: 16-bit operands, wide stages, head dims 64 and 128");
+  static_assert(!kTmaStore || 2 * (kPaddedD / 64) * kBoxBytes <= SharedLayout::kStageBytes,
+                "the two warpgroups' O tiles fit in the K half of a stage");
   constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
   constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
   constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
