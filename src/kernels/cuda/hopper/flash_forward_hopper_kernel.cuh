@@ -182,10 +182,14 @@ inline constexpr float kRescaleThreshold = 8.0f;
 // 128-byte rows instead of 4-byte stores from the accumulator layout, and the warpgroup goes on
 // to the next item while the copy engine writes. That thread hands the stage back to the producer
 // only once the copy engine has read the tile, after the next item's first QK^T is issued.
+// kOverlapEpilogue (with kTmaStore): the next item's first QK^T is issued right after the current
+// item's last PV product, before its epilogue, so that it runs on the tensor cores during the
+// epilogue and the wait for the next Q overlaps the last PV product (the tile is then handed back
+// after the next item's first softmax).
 // fp8_lse_shift (FP8 with K smoothing, else nullptr): per (batch, head, row), what the LSE lost
 // when the quantizer subtracted K's channel means (softmax scale x q . mean), added back.
 template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false,
-          bool kPolyExp2 = false, bool kLazyRescale = false, bool kTmaStore = false>
+          bool kPolyExp2 = false, bool kLazyRescale = false, bool kTmaStore = false, bool kOverlapEpilogue = false>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -202,6 +206,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
                 "O through shared memory: 16-bit operands, wide stages, head dims 64 and 128");
   static_assert(!kTmaStore || 2 * (kPaddedD / 64) * kBoxBytes <= SharedLayout::kStageBytes,
                 "the two warpgroups' O tiles fit in the K half of a stage");
+  static_assert(!kOverlapEpilogue || kTmaStore, "the early QK^T relies on the tile's late hand-back");
   constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
   constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
   constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
@@ -587,109 +592,11 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     return Stage{stage_info[stage].n0, stage_info[stage].n1, stage_info[stage].item, stage_info[stage].last != 0};
   };
 
-  // Software pipeline inside the warpgroup: the scores of stage j+1 and the PV product of stage j
-  // are issued together; the softmax of j+1 runs while the PV product is on the tensor cores.
-  int iteration = 0;  // stages consumed so far
-  int q_loads = 0;    // Q tiles consumed so far
-  for (;;) {
-    Stage info = wait_stage(iteration);
-    if (info.item < 0) {  // the producer has no more items
-      release_stored_stage();
-      if (kTmaStore && ctid == 0) bulk_wait_group();  // the output tiles are written before the CTA ends
-      break;
-    }
-    const WorkItem w = work_item_at(info.item, q_blocks, p.heads_q);
-    wg_row0 = w.m0 + 64 * consumer;
-    const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
-    all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
-    all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
-    if constexpr (kFp8) {
-      const int q_blocks64 = (p.seq_q + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
-      const int kv_blocks64 = (p.seq_kv + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
-      // A second warpgroup wholly past the sequence end computes rows that are never stored: it
-      // reads the last block's scale rather than past the row of scales.
-      const int q_block = min(wg_row0 / kFp8ScaleBlock, q_blocks64 - 1);
-      q_dequant = p.fp8_q_scale[(static_cast<int64_t>(w.batch) * p.heads_q + w.head) * q_blocks64 + q_block];
-      k_scales = p.fp8_k_scale + (static_cast<int64_t>(w.batch) * (p.heads_q / p.group) + w.head / p.group) * kv_blocks64;
-    }
-#pragma unroll
-    for (int c = 0; c < kOChunks; ++c)
-#pragma unroll
-      for (int i = 0; i < kOChunkN / 2; ++i) o_acc[c][i] = 0.f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.f;
-
-    int held = iteration % kStages;  // the stage whose V the pending PV product reads
-    if (info.n0 < 0) {
-      // No tiles (and no Q): the epilogue writes output 0 and LSE -inf (kTmaStore: through the
-      // stage, which carries no bytes, and hands it back then).
-      release_stored_stage();
-      if constexpr (!kTmaStore) mbarrier_arrive(bar_empty + 8 * held);
-      ++iteration;
-    } else {
-      const int q_buffer = q_loads % kQBuffers;
-      mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
-      q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
-      wait_turn();
-      issue_scores(iteration % kStages);
-      pass_turn();
-      release_stored_stage();  // the previous item's tiles: read while this QK^T runs
-      load_k_factors(info.n0, info.n1);
-      wgmma_wait<0>();
-      wgmma_fence_operands(s_acc);
-      // The last product with this Q is done: the producer may load another item's into it
-      // while this one's softmax, PV product and epilogue run.
-      if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
-      float alpha[2];
-      softmax(info.n0, info.n1, alpha);  // O is still zero: nothing to rescale
-      pack_probabilities();
-      while (!info.last) {
-        info = wait_stage(++iteration);
-        const int stage = iteration % kStages;
-        wait_turn();
-        issue_scores(stage);
-        issue_values(held);
-        pass_turn();
-        load_k_factors(info.n0, info.n1);
-        wgmma_wait<1>();
-        wgmma_fence_operands(s_acc);
-        if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
-        softmax(info.n0, info.n1, alpha);
-        wgmma_wait<0>();
-#pragma unroll
-        for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
-#pragma unroll
-        for (int kk = 0; kk < kPSlices; ++kk) wgmma_fence_operands(p_frag[kk]);
-        mbarrier_arrive(bar_empty + 8 * held);
-        // kLazyRescale: most stages keep every row's maximum, and the warp (16 rows) skips O's
-        // multiplies, which sit between the PV product's end and the next stage's issue.
-        if (!kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < kOutTiles; ++j) {
-            o_at(j, 0) *= alpha[0];
-            o_at(j, 1) *= alpha[0];
-            o_at(j, 2) *= alpha[1];
-            o_at(j, 3) *= alpha[1];
-          }
-        }
-        pack_probabilities();
-        held = stage;
-      }
-      wait_turn();
-      issue_values(held);
-      pass_turn();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
-      if constexpr (!kTmaStore) mbarrier_arrive(bar_empty + 8 * held);
-      ++iteration;
-      ++q_loads;
-    }
-
-    // Epilogue: row sums across the quad, LSE, normalized O stored from registers (kTmaStore:
-    // written to this warpgroup's tile in stage `held`, kHalves boxes of 64 rows x 128 bytes in the
-    // copy engine's 128-byte swizzle, where a row's 16-byte chunk c sits at c ^ (row % 8): a warp's
-    // 4-byte writes of one n8 tile hit 32 different banks).
+  // Epilogue: row sums across the quad, LSE, normalized O stored from registers (kTmaStore:
+  // written to this warpgroup's tile in stage `held`, kHalves boxes of 64 rows x 128 bytes in the
+  // copy engine's 128-byte swizzle, where a row's 16-byte chunk c sits at c ^ (row % 8): a warp's
+  // 4-byte writes of one n8 tile hit 32 different banks).
+  auto store_output = [&](const WorkItem& w, int held) {
     T* out = static_cast<T*>(p.out) + w.batch * p.o_stride_b + w.head * p.o_stride_h;
     const uint32_t o_tile = s_k + held * kStageBytes + consumer * kHalves * kBoxBytes;
     if constexpr (kTmaStore) asm volatile("bar.sync %0, %1;\n" ::"n"(kStageDrainedBarrier), "n"(kConsumerThreads));
@@ -742,6 +649,146 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       }
       stored_stage = held;
     }
+  };
+
+  // Software pipeline inside the warpgroup: the scores of stage j+1 and the PV product of stage j
+  // are issued together; the softmax of j+1 runs while the PV product is on the tensor cores.
+  int iteration = 0;  // stages consumed so far
+  int q_loads = 0;    // Q tiles consumed so far
+  // kOverlapEpilogue: the previous item's tail has already waited for this item's first stage
+  // (next_info) and, where the item has tiles, issued its first QK^T.
+  bool next_waited = false, scores_issued = false;
+  Stage next_info{};
+  for (;;) {
+    Stage info = next_waited ? next_info : wait_stage(iteration);
+    next_waited = false;
+    if (info.item < 0) {  // the producer has no more items
+      release_stored_stage();
+      if (kTmaStore && ctid == 0) bulk_wait_group();  // the output tiles are written before the CTA ends
+      break;
+    }
+    const WorkItem w = work_item_at(info.item, q_blocks, p.heads_q);
+    wg_row0 = w.m0 + 64 * consumer;
+    const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
+    all_rows_lo = p.has_lo ? wg_row_last + p.lo_offset : -kNoLimit;
+    all_rows_hi = p.has_hi ? min(p.seq_kv - 1, wg_row0 + p.hi_offset) : p.seq_kv - 1;
+    if constexpr (kFp8) {
+      const int q_blocks64 = (p.seq_q + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+      const int kv_blocks64 = (p.seq_kv + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+      // A second warpgroup wholly past the sequence end computes rows that are never stored: it
+      // reads the last block's scale rather than past the row of scales.
+      const int q_block = min(wg_row0 / kFp8ScaleBlock, q_blocks64 - 1);
+      q_dequant = p.fp8_q_scale[(static_cast<int64_t>(w.batch) * p.heads_q + w.head) * q_blocks64 + q_block];
+      k_scales = p.fp8_k_scale + (static_cast<int64_t>(w.batch) * (p.heads_q / p.group) + w.head / p.group) * kv_blocks64;
+    }
+#pragma unroll
+    for (int c = 0; c < kOChunks; ++c)
+#pragma unroll
+      for (int i = 0; i < kOChunkN / 2; ++i) o_acc[c][i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    int held = iteration % kStages;  // the stage whose V the pending PV product reads
+    if (info.n0 < 0) {
+      // No tiles (and no Q): the epilogue writes output 0 and LSE -inf (kTmaStore: through the
+      // stage, which carries no bytes, and hands it back then).
+      release_stored_stage();
+      if constexpr (!kTmaStore) mbarrier_arrive(bar_empty + 8 * held);
+      ++iteration;
+    } else {
+      const int q_buffer = q_loads % kQBuffers;
+      if (!scores_issued) {
+        mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
+        q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
+        wait_turn();
+        issue_scores(iteration % kStages);
+        pass_turn();
+        // The previous item's tiles: read while this QK^T runs (kOverlapEpilogue: their store
+        // was issued after it, so after this item's first softmax).
+        if constexpr (!kOverlapEpilogue) release_stored_stage();
+        load_k_factors(info.n0, info.n1);
+        wgmma_wait<0>();
+        wgmma_fence_operands(s_acc);
+      }
+      scores_issued = false;
+      // The last product with this Q is done: the producer may load another item's into it
+      // while this one's softmax, PV product and epilogue run.
+      if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
+      float alpha[2];
+      softmax(info.n0, info.n1, alpha);  // O is still zero: nothing to rescale
+      if constexpr (kOverlapEpilogue) release_stored_stage();
+      pack_probabilities();
+      while (!info.last) {
+        info = wait_stage(++iteration);
+        const int stage = iteration % kStages;
+        wait_turn();
+        issue_scores(stage);
+        issue_values(held);
+        pass_turn();
+        load_k_factors(info.n0, info.n1);
+        wgmma_wait<1>();
+        wgmma_fence_operands(s_acc);
+        if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
+        softmax(info.n0, info.n1, alpha);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
+#pragma unroll
+        for (int kk = 0; kk < kPSlices; ++kk) wgmma_fence_operands(p_frag[kk]);
+        mbarrier_arrive(bar_empty + 8 * held);
+        // kLazyRescale: most stages keep every row's maximum, and the warp (16 rows) skips O's
+        // multiplies, which sit between the PV product's end and the next stage's issue.
+        if (!kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+          for (int j = 0; j < kOutTiles; ++j) {
+            o_at(j, 0) *= alpha[0];
+            o_at(j, 1) *= alpha[0];
+            o_at(j, 2) *= alpha[1];
+            o_at(j, 3) *= alpha[1];
+          }
+        }
+        pack_probabilities();
+        held = stage;
+      }
+      wait_turn();
+      issue_values(held);
+      pass_turn();
+      ++iteration;
+      ++q_loads;
+      if constexpr (kOverlapEpilogue) {
+        // The next item's first QK^T, if it has tiles, once its stage and Q are in (its Q loads
+        // since this item's last QK^T completed): it runs during the last PV product's tail and
+        // this epilogue, which touches O, not S.
+        next_info = wait_stage(iteration);
+        next_waited = true;
+        if (next_info.item >= 0 && next_info.n0 >= 0) {
+          const int next_buffer = q_loads % kQBuffers;
+          mbarrier_wait(bar_q_full + 8 * next_buffer, (q_loads / kQBuffers) & 1);
+          q_desc = wgmma_desc_k_major_sw128(s_q + next_buffer * kQTileBytes + consumer * kBoxBytes);
+          wait_turn();
+          issue_scores(iteration % kStages);
+          pass_turn();
+          scores_issued = true;
+          wgmma_wait<1>();  // the last PV product; the next QK^T may still run
+#pragma unroll
+          for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
+#pragma unroll
+          for (int kk = 0; kk < kPSlices; ++kk) wgmma_fence_operands(p_frag[kk]);
+          store_output(w, held);
+          // No product in flight where the paths join (the compiler would serialize the products
+          // otherwise): the next item starts from its finished scores.
+          wgmma_wait<0>();
+          wgmma_fence_operands(s_acc);
+          continue;
+        }
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
+      if constexpr (!kTmaStore) mbarrier_arrive(bar_empty + 8 * held);
+    }
+
+    store_output(w, held);
   }
 #else
   __trap();  // selected only on compute capability 9.0 devices of a build with sm_90a code

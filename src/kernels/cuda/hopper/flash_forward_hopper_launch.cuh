@@ -20,14 +20,15 @@ namespace tessel::cuda::detail {
 // (16-byte aligned base and strides, D contiguous) are what a map needs, so every out it accepts
 // has one.
 template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false,
-          bool kPolyExp2 = false, bool kLazyRescale = false, bool kTmaStore = false>
+          bool kPolyExp2 = false, bool kLazyRescale = false, bool kTmaStore = false, bool kOverlapEpilogue = false>
 void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
                           cudaStream_t stream, const Fp8Operands* fp8 = nullptr, bool fp8_smooth_k = false) {
   constexpr int kPaddedD = (D + 63) / 64 * 64;
   constexpr int kSmem =
       static_cast<int>(hopper::HopperConfig<kPaddedD, kFp8, kNarrow>::bytes(kSparse) + hopper::kAlignmentSlack);
   static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
-  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong, kPolyExp2, kLazyRescale, kTmaStore>;
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong, kPolyExp2, kLazyRescale, kTmaStore,
+                                            kOverlapEpilogue>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -67,17 +68,23 @@ void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType d
 template <typename T, int D, bool kPingPong>
 void launch_flash_forward_hopper_narrow(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                                         const WorkOrder& order, cudaStream_t stream);
-// Defined and instantiated in flash_forward_hopper_d{64,128}_tma_store.cu (TESSEL_INSTANTIATE_HOPPER_TMA_STORE).
+// Defined and instantiated in flash_forward_hopper_d{64,128}_tma_store.cu (TESSEL_INSTANTIATE_HOPPER_TMA_STORE)
+// and, with the next item's first QK^T before the epilogue, flash_forward_hopper_d{64,128}_overlap.cu
+// (TESSEL_INSTANTIATE_HOPPER_OVERLAP).
 template <typename T, int D, bool kPingPong>
 void launch_flash_forward_hopper_tma_store(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                                            const WorkOrder& order, cudaStream_t stream);
+template <typename T, int D, bool kPingPong>
+void launch_flash_forward_hopper_overlap(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                                         const WorkOrder& order, cudaStream_t stream);
 
-template <typename T, int D, bool kNarrow, bool kPingPong, bool kLazyRescale = false, bool kTmaStore = false>
+template <typename T, int D, bool kNarrow, bool kPingPong, bool kLazyRescale = false, bool kTmaStore = false,
+          bool kOverlapEpilogue = false>
 void launch_hopper_variant(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                            const WorkOrder& order, cudaStream_t stream) {
-  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong, false, kLazyRescale, kTmaStore>(
+  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong, false, kLazyRescale, kTmaStore, kOverlapEpilogue>(
                params, batch, heads_kv, dtype, order, stream)
-         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong, false, kLazyRescale, kTmaStore>(
+         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong, false, kLazyRescale, kTmaStore, kOverlapEpilogue>(
                params, batch, heads_kv, dtype, order, stream);
 }
 
@@ -91,6 +98,10 @@ void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, i
       return variant.ping_pong
                  ? launch_flash_forward_hopper_narrow<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
                  : launch_flash_forward_hopper_narrow<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
+    if (variant.overlap_epilogue)
+      return variant.ping_pong
+                 ? launch_flash_forward_hopper_overlap<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
+                 : launch_flash_forward_hopper_overlap<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
     if (variant.tma_store)
       return variant.ping_pong
                  ? launch_flash_forward_hopper_tma_store<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
@@ -137,14 +148,14 @@ void launch_hopper_fp8_kernel(const FlashParams& params, bool sparse, int batch,
       const FlashParams&, bool, int, int, DType, const WorkOrder&, const HopperVariant&, cudaStream_t)
 
 // A variant family of one head dim in its own file (inside the namespace): the definition of
-// LAUNCHER (with and without ping-pong) as launch_hopper_variant with the family's NARROW and
-// TMA_STORE choices, and its instantiations for both element types.
-#define TESSEL_INSTANTIATE_HOPPER_FAMILY(LAUNCHER, D, NARROW, TMA_STORE)                                              \
+// LAUNCHER (with and without ping-pong) as launch_hopper_variant with the family's NARROW,
+// TMA_STORE and OVERLAP choices, and its instantiations for both element types.
+#define TESSEL_INSTANTIATE_HOPPER_FAMILY(LAUNCHER, D, NARROW, TMA_STORE, OVERLAP)                                     \
   template <typename T, int kD, bool kPingPong>                                                                      \
   void LAUNCHER(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, const WorkOrder& order,  \
                 cudaStream_t stream) {                                                                               \
-    launch_hopper_variant<T, kD, NARROW, kPingPong, false, TMA_STORE>(params, sparse, batch, heads_kv, dtype, order,  \
-                                                                      stream);                                       \
+    launch_hopper_variant<T, kD, NARROW, kPingPong, false, TMA_STORE, OVERLAP>(params, sparse, batch, heads_kv, dtype, \
+                                                                               order, stream);                       \
   }                                                                                                                  \
   template void LAUNCHER<__nv_bfloat16, D, false>(const FlashParams&, bool, int, int, DType, const WorkOrder&,         \
                                                   cudaStream_t);                                                     \
@@ -154,7 +165,11 @@ void launch_hopper_fp8_kernel(const FlashParams& params, bool sparse, int batch,
   template void LAUNCHER<__half, D, true>(const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t)
 
 // The narrow-stage variants of one head dim (flash_forward_hopper_d*_narrow.cu).
-#define TESSEL_INSTANTIATE_HOPPER_NARROW(D) TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_narrow, D, true, false)
+#define TESSEL_INSTANTIATE_HOPPER_NARROW(D) \
+  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_narrow, D, true, false, false)
 // The variants storing O through shared memory (flash_forward_hopper_d*_tma_store.cu).
 #define TESSEL_INSTANTIATE_HOPPER_TMA_STORE(D) \
-  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_tma_store, D, false, true)
+  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_tma_store, D, false, true, false)
+// The same with the next item's first QK^T issued before the epilogue (flash_forward_hopper_d*_overlap.cu).
+#define TESSEL_INSTANTIATE_HOPPER_OVERLAP(D) \
+  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_overlap, D, false, true, true)
