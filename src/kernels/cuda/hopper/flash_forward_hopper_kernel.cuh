@@ -12,7 +12,9 @@
 //    current item finishes;
 //  - warpgroups 1 and 2, the consumers, take the registers and own 64 query rows each: per stage
 //    S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, then
-//    O += P V (wgmma with P from registers and V read transposed from shared memory).
+//    O += P V (wgmma with P from registers and V read transposed from shared memory); per item
+//    the normalized O, stored from registers or (kTmaStore) through shared memory by the copy
+//    engine.
 // A stage holds one or two 64-key sub-tiles (HopperConfig), each at its own key offset: for dense
 // attention they are adjacent, for a block mask they are the next 64-key pieces of the row's kept
 // blocks, so one kernel serves both. The producer writes each stage's StageInfo next to the barriers: the two
@@ -392,6 +394,7 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBarrier + (consumer ^ 1)), "n"(kConsumerThreads));
   };
   if (consumer == 1) pass_turn();
+  if (kTmaStore && ctid == 0) prefetch_tensor_map(&o_map);
   // kTmaStore: named barrier kStageDrainedBarrier (both warpgroups, 256 threads) says both are
   // done with the item's last stage; kTileWrittenBarrier + w (warpgroup w's 128 threads) that its
   // O tile is in shared memory.
