@@ -379,7 +379,8 @@ INSTANTIATE_TEST_SUITE_P(HopperShapes, LongAndOddGpu,
                          param_name);
 
 // Every variant of the Hopper kernel (attention_tuning.h: 64-key stages with two Q buffers, the
-// consumer warpgroups' ping-pong, lazy rescaling of O) forced in turn, over what stresses them: odd lengths around
+// consumer warpgroups' ping-pong, lazy rescaling of O, O stored through shared memory, the next
+// item's first QK^T before the epilogue) forced in turn, over what stresses them: odd lengths around
 // the tiles, GQA, causal and window edges, rows of every kept-block count including empty ones,
 // more items than multiprocessors (the ping-pong turns carry across items), both schedules.
 class VariantsGpu : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
@@ -390,7 +391,7 @@ TEST_P(VariantsGpu, EveryVariantMatchesReference) {
   if (!hopper_device()) GTEST_SKIP() << "kernel variants exist on compute capability 9.0 only";
   const auto [dtype, dim] = GetParam();
   const std::vector<std::string> variants = attention_kernel_variants(Device::cuda(), dim);
-  ASSERT_EQ(variants.size(), 6u);
+  ASSERT_EQ(variants.size(), 10u);
   AttentionOptions causal;
   causal.causal = true;
   AttentionOptions window;
@@ -448,6 +449,94 @@ TEST_P(VariantsGpu, SmallCasesEveryVariant) {
   }
 }
 
+// The variants storing O through shared memory with the copy engine ("+tmastore", with or without
+// the next item's first QK^T before the epilogue, "+overlap") against the same variant storing it
+// from registers: the same arithmetic, so the same bits of out and LSE, into an
+// out that is the middle third of a poisoned (B, S, 3, H, D) buffer (as a fused projection's input
+// would be): every element of the view written, every element between its rows still the poison
+// (the copy engine's boxes must stay inside the view), over odd lengths (rows past the end clipped,
+// a second warpgroup wholly past it), GQA, a causal edge, empty mask rows and more items than
+// multiprocessors — dense, and short mask rows of 0 to 3 blocks in a mixed order, so that CTAs
+// pass from empty to one-stage to longer items (the hand-back of the tile's stage and the early
+// QK^T cross those edges). (The register variants are checked against the fp64 oracle above.)
+TEST_P(VariantsGpu, StoresThroughSharedMemoryGiveTheRegisterStoresBits) {
+  SKIP_WITHOUT_GPU();
+  if (!hopper_device()) GTEST_SKIP() << "kernel variants exist on compute capability 9.0 only";
+  const auto [dtype, dim] = GetParam();
+  const Device gpu = Device::cuda();
+  AttentionOptions causal;
+  causal.causal = true;
+  const BlockMask every_length_mask = mask_of_every_row_length();
+  BlockMaskShape short_shape;
+  short_shape.mask_heads = 64;
+  short_shape.seq_q = 600;  // 5 query blocks x 64 heads: 320 items
+  short_shape.seq_kv = 600;
+  std::vector<std::vector<int32_t>> short_rows;
+  for (int h = 0; h < 64; ++h)
+    for (int qb = 0; qb < 5; ++qb) {
+      std::vector<int32_t> row;
+      for (int kb = 0; kb < (h + 3 * qb) % 4; ++kb) row.push_back(static_cast<int32_t>((3 * kb + h + qb) % 10));
+      std::sort(row.begin(), row.end());
+      row.erase(std::unique(row.begin(), row.end()), row.end());
+      short_rows.push_back(row);
+    }
+  const BlockMask short_rows_mask = BlockMask::from_rows(short_shape, short_rows);
+  struct StoreCase {
+    Case c;
+    const BlockMask* mask;
+  };
+  const std::vector<StoreCase> cases = {{{1, 1, 1, 1, 1, dim, dtype, {}}, nullptr},
+                                        {{2, 65, 300, 4, 2, dim, dtype, {}}, nullptr},
+                                        {{3, 200, 257, 8, 1, dim, dtype, causal}, nullptr},
+                                        {{2, 260, 140, 40, 8, dim, dtype, {}}, nullptr},
+                                        {{1, 1240, 1240, 2, 1, dim, dtype, {}}, &every_length_mask},
+                                        {{1, 600, 600, 64, 8, dim, dtype, {}}, &short_rows_mask}};
+  std::vector<std::string> store_variants;
+  for (const std::string& variant : attention_kernel_variants(gpu, dim))
+    if (variant.find("+tmastore") != std::string::npos) store_variants.push_back(variant);
+  ASSERT_EQ(store_variants.size(), 4u);
+  uint64_t seed = 971;
+  for (const StoreCase& sc : cases) {
+    const Case& c = sc.c;
+    SCOPED_TRACE(describe(c) + (sc.mask != nullptr ? " block-sparse" : " dense"));
+    const Qkv host = testing::random_qkv(c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.dim, c.dtype, seed++);
+    const Tensor q = host.q.to(gpu), k = host.k.to(gpu), v = host.v.to(gpu);
+    const int64_t row = c.heads * c.dim;  // elements of one token's heads
+    // Runs `variant` into the middle third of a fresh poisoned packed buffer; the buffer and LSE.
+    auto run = [&](const std::string& variant) {
+      const ForcedVariant forced(dim, variant);
+      Tensor packed = testing::poisoned({c.batch, c.seq_q, 3, c.heads, c.dim}, dtype).to(gpu);
+      Tensor lse = testing::poisoned({c.batch, c.heads, c.seq_q}, DType::kF32).to(gpu);
+      const TensorView out(static_cast<uint16_t*>(packed.data()) + row, dtype, gpu, {c.batch, c.seq_q, c.heads, c.dim},
+                           {c.seq_q * 3 * row, 3 * row, c.dim, 1});
+      if (sc.mask == nullptr) {
+        attention_forward(ExecContext{}, q, k, v, out, lse, c.options);
+      } else {
+        const BlockMask::DeviceCopy device_mask = sc.mask->to_device(gpu);
+        block_sparse_attention_forward(ExecContext{}, q, k, v, device_mask.view(), out, lse, c.options);
+      }
+      return std::make_pair(packed.to(Device::cpu()), lse.to(Device::cpu()));
+    };
+    for (const std::string& variant : store_variants) {
+      const std::string register_variant = variant.substr(0, variant.find("+tmastore"));
+      SCOPED_TRACE("variant " + variant + " against " + register_variant);
+      const auto [want, want_lse] = run(register_variant);
+      const auto [got, got_lse] = run(variant);
+      bool view_written = true, gaps_poisoned = true;
+      for (int64_t n = 0; n < got.numel(); ++n) {
+        const bool in_view = (n / row) % 3 == 1;
+        const bool is_nan = std::isnan(element_as_double(got, n));
+        if (in_view && is_nan) view_written = false;
+        if (!in_view && !is_nan) gaps_poisoned = false;
+      }
+      EXPECT_TRUE(view_written) << "an element of the out view was left unwritten";
+      EXPECT_TRUE(gaps_poisoned) << "an element outside the out view was written";
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.nbytes()), 0) << "out differs from " << register_variant;
+      EXPECT_EQ(std::memcmp(got_lse.data(), want_lse.data(), got_lse.nbytes()), 0) << "LSE differs from " << register_variant;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(HopperVariants, VariantsGpu,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kF16), ::testing::Values(64, 128)),
                          param_name);
@@ -464,7 +553,7 @@ TEST(AttentionGpu, TuningChoosesOnceAndCallsRunTheChoice) {
   ExecContext ctx;
   ctx.device = Device::cuda();
   const AttentionTuning first = tune_attention(ctx, Device::cuda(), DType::kBF16, dims);
-  ASSERT_EQ(first.median_ms.size(), 6u);
+  ASSERT_EQ(first.median_ms.size(), 10u);
   EXPECT_FALSE(first.cached);
   bool listed = false;
   for (const auto& [name, ms] : first.median_ms) {
@@ -481,7 +570,7 @@ TEST(AttentionGpu, TuningChoosesOnceAndCallsRunTheChoice) {
   sparse.rounds = 3;
   const AttentionTuning sparse_tuning = tune_attention(ctx, Device::cuda(), DType::kBF16, dims, sparse);
   EXPECT_FALSE(sparse_tuning.cached);
-  EXPECT_EQ(sparse_tuning.median_ms.size(), 6u);
+  EXPECT_EQ(sparse_tuning.median_ms.size(), 10u);
   // Calls of the tuned classes run the choice and match the oracle.
   check_case({1, 3000, 3000, 2, 1, 128, DType::kBF16, {}}, 951);
   BlockMaskShape shape;

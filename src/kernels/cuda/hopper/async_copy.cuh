@@ -65,6 +65,24 @@ __device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int c
                : "memory");
 }
 
+// Copies `src` (shared memory, laid out as the map's box with its swizzle) to the box at (c0, c1,
+// c2, c3) of a rank-4 tensor map; elements outside the tensor are not written. Completes in the
+// issuing thread's bulk async-group (bulk_commit_group, then bulk_wait_group_read before `src`
+// is written again). Generic-proxy writes of `src` need fence_proxy_async_shared first.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until the thread's committed bulk stores have read their shared-memory sources (the
+// writes to global memory may still be in flight).
+__device__ __forceinline__ void bulk_wait_group_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Waits until the thread's committed bulk stores are complete.
+__device__ __forceinline__ void bulk_wait_group() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 #endif  // __CUDA_ARCH__ >= 900
 
 }  // namespace tessel::cuda::detail

@@ -117,14 +117,20 @@ void launch_flash_forward_hopper(const FlashParams& params, DType dtype, int hea
 
 std::string hopper_variant_name(const HopperVariant& variant) {
   return std::string(variant.narrow ? "narrow" : "wide") + (variant.ping_pong ? "+pingpong" : "") +
-         (variant.lazy_rescale ? "+lazy" : "");
+         (variant.lazy_rescale ? "+lazy" : "") + (variant.tma_store ? "+tmastore" : "") +
+         (variant.overlap_epilogue ? "+overlap" : "");
 }
 
 std::vector<HopperVariant> hopper_variants_for(int head_dim) {
   if (head_dim != 64 && head_dim != 128) return {HopperVariant{}};
-  // {narrow, ping_pong, lazy_rescale}; lazy rescaling is instantiated with wide stages only.
-  return {HopperVariant{false, false, false}, HopperVariant{false, true, false}, HopperVariant{true, false, false},
-          HopperVariant{true, true, false},   HopperVariant{false, false, true}, HopperVariant{false, true, true}};
+  // {narrow, ping_pong, lazy_rescale, tma_store, overlap_epilogue}; lazy rescaling and the stores
+  // through shared memory are instantiated with wide stages only, each without the other; the
+  // early QK^T only with the stores through shared memory.
+  return {HopperVariant{false, false, false, false, false}, HopperVariant{false, true, false, false, false},
+          HopperVariant{true, false, false, false, false},  HopperVariant{true, true, false, false, false},
+          HopperVariant{false, false, true, false, false},  HopperVariant{false, true, true, false, false},
+          HopperVariant{false, false, false, true, false},  HopperVariant{false, true, false, true, false},
+          HopperVariant{false, false, false, true, true},   HopperVariant{false, true, false, true, true}};
 }
 
 std::string hopper_fp8_variant_name(const HopperFp8Variant& variant) {

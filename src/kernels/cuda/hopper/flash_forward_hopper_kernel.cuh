@@ -12,7 +12,9 @@
 //    current item finishes;
 //  - warpgroups 1 and 2, the consumers, take the registers and own 64 query rows each: per stage
 //    S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers, then
-//    O += P V (wgmma with P from registers and V read transposed from shared memory).
+//    O += P V (wgmma with P from registers and V read transposed from shared memory); per item
+//    the normalized O, stored from registers or (kTmaStore) through shared memory by the copy
+//    engine.
 // A stage holds one or two 64-key sub-tiles (HopperConfig), each at its own key offset: for dense
 // attention they are adjacent, for a block mask they are the next 64-key pieces of the row's kept
 // blocks, so one kernel serves both. The producer writes each stage's StageInfo next to the barriers: the two
@@ -175,14 +177,26 @@ inline constexpr float kRescaleThreshold = 8.0f;
 // FlashAttention-3 schedules its warpgroups), so one warpgroup's softmax, first product of an item
 // and epilogue run while the other's GEMMs hold the tensor cores; without it both issue at once and
 // their softmaxes coincide. Whether that pays depends on the shape: the plan-time tuning decides.
+// kTmaStore (16-bit operands, wide stages): the epilogue writes each warpgroup's normalized O tile
+// into shared memory, in the K half of the item's last stage (free once both warpgroups' last
+// products on it are done), and one thread stores it with the copy engine through o_map (the
+// output as a (D, S_q, H, B) map of 64 x 64 boxes, 128-byte swizzle; unused otherwise): full
+// 128-byte rows instead of 4-byte stores from the accumulator layout, and the warpgroup goes on
+// to the next item while the copy engine writes. That thread hands the stage back to the producer
+// only once the copy engine has read the tile, after the next item's first QK^T is issued.
+// kOverlapEpilogue (with kTmaStore): the next item's first QK^T is issued right after the current
+// item's last PV product, before its epilogue, so that it runs on the tensor cores during the
+// epilogue and the wait for the next Q overlaps the last PV product (the tile is then handed back
+// after the next item's first softmax).
 // fp8_lse_shift (FP8 with K smoothing, else nullptr): per (batch, head, row), what the LSE lost
 // when the quantizer subtracted K's channel means (softmax scale x q . mean), added back.
 template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false,
-          bool kPolyExp2 = false, bool kLazyRescale = false>
+          bool kPolyExp2 = false, bool kLazyRescale = false, bool kTmaStore = false, bool kOverlapEpilogue = false>
 __global__ void __launch_bounds__(hopper::kThreads, 1)
     flash_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                                const __grid_constant__ CUtensorMap v_map, const FlashParams p, int batch_count,
-                                const WorkOrder work_order, const float* __restrict__ fp8_lse_shift) {
+                                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
+                                const FlashParams p, int batch_count, const WorkOrder work_order,
+                                const float* __restrict__ fp8_lse_shift) {
 #if TESSEL_WGMMA_AVAILABLE
   using namespace hopper;
   using Operands = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, Bf16Operands, F16Operands>;
@@ -190,6 +204,11 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
   static_assert(D % 16 == 0 && kPaddedD <= 256, "head dims 64, 96, 128, 192 and 256");
   using SharedLayout = hopper::HopperConfig<kPaddedD, kFp8, kNarrow>;
   static_assert(kFp8 || !kPolyExp2, "polynomial exp2: FP8 mode only");
+  static_assert(!kTmaStore || (!kFp8 && !kNarrow && kPaddedD == D && D <= 128),
+                "O through shared memory: 16-bit operands, wide stages, head dims 64 and 128");
+  static_assert(!kTmaStore || 2 * (kPaddedD / 64) * kBoxBytes <= SharedLayout::kStageBytes,
+                "the two warpgroups' O tiles fit in the K half of a stage");
+  static_assert(!kOverlapEpilogue || kTmaStore, "the early QK^T relies on the tile's late hand-back");
   constexpr uint32_t kQTileBytes = SharedLayout::kQTileBytes;
   constexpr uint32_t kStageBytes = SharedLayout::kStageBytes;
   constexpr uint32_t kStageHalfBytes = SharedLayout::kStageHalfBytes;
@@ -375,6 +394,23 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     if constexpr (kPingPong) asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBarrier + (consumer ^ 1)), "n"(kConsumerThreads));
   };
   if (consumer == 1) pass_turn();
+  if (kTmaStore && ctid == 0) prefetch_tensor_map(&o_map);
+  // kTmaStore: named barrier kStageDrainedBarrier (both warpgroups, 256 threads) says both are
+  // done with the item's last stage; kTileWrittenBarrier + w (warpgroup w's 128 threads) that its
+  // O tile is in shared memory.
+  constexpr int kStageDrainedBarrier = 3, kTileWrittenBarrier = 4;
+  // The stage holding O tiles the copy engine may still be reading (-1: none): this warpgroup's
+  // thread 0, which issued the store, arrives at its "empty" barrier once they are read.
+  int stored_stage = -1;
+  auto release_stored_stage = [&] {
+    if constexpr (kTmaStore) {
+      if (ctid == 0 && stored_stage >= 0) {
+        bulk_wait_group_read();
+        mbarrier_arrive(bar_empty + 8 * stored_stage);
+      }
+      stored_stage = -1;
+    }
+  };
   // The current item's rows: [wg_row0, wg_row0 + 63] for this warpgroup; keys in
   // [all_rows_lo, all_rows_hi] are visible to all of them (tiles inside need no mask).
   int wg_row0 = 0, all_rows_lo = 0, all_rows_hi = 0;
@@ -572,13 +608,81 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     return Stage{stage_info[stage].n0, stage_info[stage].n1, stage_info[stage].item, stage_info[stage].last != 0};
   };
 
+  // Epilogue: row sums across the quad, LSE, normalized O stored from registers (kTmaStore:
+  // written to this warpgroup's tile in stage `held`, kHalves boxes of 64 rows x 128 bytes in the
+  // copy engine's 128-byte swizzle, where a row's 16-byte chunk c sits at c ^ (row % 8): a warp's
+  // 4-byte writes of one n8 tile hit 32 different banks).
+  auto store_output = [&](const WorkItem& w, int held) {
+    T* out = static_cast<T*>(p.out) + w.batch * p.o_stride_b + w.head * p.o_stride_h;
+    const uint32_t o_tile = s_k + held * kStageBytes + consumer * kHalves * kBoxBytes;
+    if constexpr (kTmaStore) asm volatile("bar.sync %0, %1;\n" ::"n"(kStageDrainedBarrier), "n"(kConsumerThreads));
+    // FP8: the channel maxima of the item's kv head (the V scales).
+    const uint32_t* v_channels =
+        kFp8 ? p.fp8_v_absmax + (static_cast<int64_t>(w.batch) * (p.heads_q / p.group) + w.head / p.group) * D : nullptr;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const int r = warp * 16 + group + 8 * h;  // the row in this warpgroup's tile
+      const int i = wg_row0 + r;
+      // Rows past the sequence end: kTmaStore writes them to the tile, which the copy engine clips.
+      if (!kTmaStore && i >= p.seq_q) continue;
+      if (p.lse != nullptr && quad == 0 && i < p.seq_q) {
+        const int64_t lse_index = (static_cast<int64_t>(w.batch) * p.heads_q + w.head) * p.seq_q + i;
+        float lse =
+            sum > 0.f ? (row_max[h] * score_scale + __log2f(sum) - kLog2PFactor) * 0.69314718055994531f : -INFINITY;
+        if (kFp8 && fp8_lse_shift != nullptr) lse += fp8_lse_shift[lse_index];  // -inf stays
+        p.lse[lse_index] = lse;
+      }
+      T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j) {
+        float scale0 = inv, scale1 = inv;
+        if constexpr (kFp8) {
+          scale0 *= fp8_dequantization(__uint_as_float(__ldg(v_channels + 8 * j + 2 * quad)));
+          scale1 *= fp8_dequantization(__uint_as_float(__ldg(v_channels + 8 * j + 2 * quad + 1)));
+        }
+        const uint32_t packed = MmaType<T>::pack(o_at(j, 2 * h) * scale0, o_at(j, 2 * h + 1) * scale1);
+        if constexpr (kTmaStore) {
+          const uint32_t at = o_tile + (j / 8) * kBoxBytes + r * 128 + (((j & 7) ^ group) << 4) + quad * 4;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(packed) : "memory");
+        } else {
+          *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
+        }
+      }
+    }
+    if constexpr (kTmaStore) {
+      fence_proxy_async_shared();
+      asm volatile("bar.sync %0, %1;\n" ::"r"(kTileWrittenBarrier + consumer), "n"(128));
+      if (ctid == 0) {
+        for (int half = 0; half < kHalves; ++half)
+          tma_store_4d(&o_map, o_tile + half * kBoxBytes, half * 64, wg_row0, w.head, w.batch);
+        bulk_commit_group();
+      } else {
+        mbarrier_arrive(bar_empty + 8 * held);
+      }
+      stored_stage = held;
+    }
+  };
+
   // Software pipeline inside the warpgroup: the scores of stage j+1 and the PV product of stage j
   // are issued together; the softmax of j+1 runs while the PV product is on the tensor cores.
   int iteration = 0;  // stages consumed so far
   int q_loads = 0;    // Q tiles consumed so far
+  // kOverlapEpilogue: the previous item's tail has already waited for this item's first stage
+  // (next_info) and, where the item has tiles, issued its first QK^T.
+  bool next_waited = false, scores_issued = false;
+  Stage next_info{};
   for (;;) {
-    Stage info = wait_stage(iteration);
-    if (info.item < 0) break;  // the producer has no more items
+    Stage info = next_waited ? next_info : wait_stage(iteration);
+    next_waited = false;
+    if (info.item < 0) {  // the producer has no more items
+      release_stored_stage();
+      if (kTmaStore && ctid == 0) bulk_wait_group();  // the output tiles are written before the CTA ends
+      break;
+    }
     const WorkItem w = work_item_at(info.item, q_blocks, p.heads_q);
     wg_row0 = w.m0 + 64 * consumer;
     const int wg_row_last = min(wg_row0 + 63, p.seq_q - 1);
@@ -600,27 +704,36 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
+    int held = iteration % kStages;  // the stage whose V the pending PV product reads
     if (info.n0 < 0) {
-      // No tiles (and no Q): the epilogue writes output 0 and LSE -inf.
-      mbarrier_arrive(bar_empty + 8 * (iteration % kStages));
+      // No tiles (and no Q): the epilogue writes output 0 and LSE -inf (kTmaStore: through the
+      // stage, which carries no bytes, and hands it back then).
+      release_stored_stage();
+      if constexpr (!kTmaStore) mbarrier_arrive(bar_empty + 8 * held);
       ++iteration;
     } else {
       const int q_buffer = q_loads % kQBuffers;
-      mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
-      q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
-      wait_turn();
-      issue_scores(iteration % kStages);
-      pass_turn();
-      load_k_factors(info.n0, info.n1);
-      wgmma_wait<0>();
-      wgmma_fence_operands(s_acc);
+      if (!scores_issued) {
+        mbarrier_wait(bar_q_full + 8 * q_buffer, (q_loads / kQBuffers) & 1);
+        q_desc = wgmma_desc_k_major_sw128(s_q + q_buffer * kQTileBytes + consumer * kBoxBytes);
+        wait_turn();
+        issue_scores(iteration % kStages);
+        pass_turn();
+        // The previous item's tiles: read while this QK^T runs (kOverlapEpilogue: their store
+        // was issued after it, so after this item's first softmax).
+        if constexpr (!kOverlapEpilogue) release_stored_stage();
+        load_k_factors(info.n0, info.n1);
+        wgmma_wait<0>();
+        wgmma_fence_operands(s_acc);
+      }
+      scores_issued = false;
       // The last product with this Q is done: the producer may load another item's into it
       // while this one's softmax, PV product and epilogue run.
       if (info.last) mbarrier_arrive(bar_q_empty + 8 * q_buffer);
       float alpha[2];
       softmax(info.n0, info.n1, alpha);  // O is still zero: nothing to rescale
+      if constexpr (kOverlapEpilogue) release_stored_stage();
       pack_probabilities();
-      int held = iteration % kStages;  // the stage whose V the pending PV product reads
       while (!info.last) {
         info = wait_stage(++iteration);
         const int stage = iteration % kStages;
@@ -656,46 +769,42 @@ __global__ void __launch_bounds__(hopper::kThreads, 1)
       wait_turn();
       issue_values(held);
       pass_turn();
+      ++iteration;
+      ++q_loads;
+      if constexpr (kOverlapEpilogue) {
+        // The next item's first QK^T, if it has tiles, once its stage and Q are in (its Q loads
+        // since this item's last QK^T completed): it runs during the last PV product's tail and
+        // this epilogue, which touches O, not S.
+        next_info = wait_stage(iteration);
+        next_waited = true;
+        if (next_info.item >= 0 && next_info.n0 >= 0) {
+          const int next_buffer = q_loads % kQBuffers;
+          mbarrier_wait(bar_q_full + 8 * next_buffer, (q_loads / kQBuffers) & 1);
+          q_desc = wgmma_desc_k_major_sw128(s_q + next_buffer * kQTileBytes + consumer * kBoxBytes);
+          wait_turn();
+          issue_scores(iteration % kStages);
+          pass_turn();
+          scores_issued = true;
+          wgmma_wait<1>();  // the last PV product; the next QK^T may still run
+#pragma unroll
+          for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
+#pragma unroll
+          for (int kk = 0; kk < kPSlices; ++kk) wgmma_fence_operands(p_frag[kk]);
+          store_output(w, held);
+          // No product in flight where the paths join (the compiler would serialize the products
+          // otherwise): the next item starts from its finished scores.
+          wgmma_wait<0>();
+          wgmma_fence_operands(s_acc);
+          continue;
+        }
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int c = 0; c < kOChunks; ++c) wgmma_fence_operands(o_acc[c]);
-      mbarrier_arrive(bar_empty + 8 * held);
-      ++iteration;
-      ++q_loads;
+      if constexpr (!kTmaStore) mbarrier_arrive(bar_empty + 8 * held);
     }
 
-    // Epilogue: row sums across the quad, LSE, normalized O stored from registers.
-    T* out = static_cast<T*>(p.out) + w.batch * p.o_stride_b + w.head * p.o_stride_h;
-    // FP8: the channel maxima of the item's kv head (the V scales).
-    const uint32_t* v_channels =
-        kFp8 ? p.fp8_v_absmax + (static_cast<int64_t>(w.batch) * (p.heads_q / p.group) + w.head / p.group) * D : nullptr;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = row_sum[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const int i = wg_row0 + warp * 16 + group + 8 * h;
-      if (i >= p.seq_q) continue;
-      if (p.lse != nullptr && quad == 0) {
-        const int64_t lse_index = (static_cast<int64_t>(w.batch) * p.heads_q + w.head) * p.seq_q + i;
-        float lse =
-            sum > 0.f ? (row_max[h] * score_scale + __log2f(sum) - kLog2PFactor) * 0.69314718055994531f : -INFINITY;
-        if (kFp8 && fp8_lse_shift != nullptr) lse += fp8_lse_shift[lse_index];  // -inf stays
-        p.lse[lse_index] = lse;
-      }
-      T* row = out + static_cast<int64_t>(i) * p.o_stride_s;
-#pragma unroll
-      for (int j = 0; j < kOutTiles; ++j) {
-        float scale0 = inv, scale1 = inv;
-        if constexpr (kFp8) {
-          scale0 *= fp8_dequantization(__uint_as_float(__ldg(v_channels + 8 * j + 2 * quad)));
-          scale1 *= fp8_dequantization(__uint_as_float(__ldg(v_channels + 8 * j + 2 * quad + 1)));
-        }
-        const uint32_t packed = MmaType<T>::pack(o_at(j, 2 * h) * scale0, o_at(j, 2 * h + 1) * scale1);
-        *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * quad) = packed;
-      }
-    }
+    store_output(w, held);
   }
 #else
   __trap();  // selected only on compute capability 9.0 devices of a build with sm_90a code

@@ -16,22 +16,27 @@ namespace tessel::cuda::detail {
 
 // kFp8: the maps read the e4m3 operands of `fp8` (quantized before, in stream order) and the
 // kernel their scales (and, quantized with K smoothing, the LSE shifts); otherwise q, k, v of `p`
-// directly.
+// directly. kTmaStore: the kernel stores O through a map of `out` too; make_params' checks of out
+// (16-byte aligned base and strides, D contiguous) are what a map needs, so every out it accepts
+// has one.
 template <typename T, int D, bool kSparse, bool kFp8 = false, bool kNarrow = false, bool kPingPong = false,
-          bool kPolyExp2 = false, bool kLazyRescale = false>
+          bool kPolyExp2 = false, bool kLazyRescale = false, bool kTmaStore = false, bool kOverlapEpilogue = false>
 void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType dtype, const WorkOrder& order,
                           cudaStream_t stream, const Fp8Operands* fp8 = nullptr, bool fp8_smooth_k = false) {
   constexpr int kPaddedD = (D + 63) / 64 * 64;
   constexpr int kSmem =
       static_cast<int>(hopper::HopperConfig<kPaddedD, kFp8, kNarrow>::bytes(kSparse) + hopper::kAlignmentSlack);
   static_assert(kSmem <= static_cast<int>(hopper::kMaxSharedBytes));
-  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong, kPolyExp2, kLazyRescale>;
+  auto kernel = flash_forward_hopper_kernel<T, D, kSparse, kFp8, kNarrow, kPingPong, kPolyExp2, kLazyRescale, kTmaStore,
+                                            kOverlapEpilogue>;
   // Above 48 KB a kernel must opt in; done once per instantiation (cheap and graph-safe after).
   static const cudaError_t attribute_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   (void)attribute_status;
   FlashParams params = p;
-  CUtensorMap q_map, k_map, v_map;
+  CUtensorMap q_map, k_map, v_map, o_map{};
+  if constexpr (kTmaStore)
+    o_map = make_bshd_map(p.out, dtype, D, p.seq_q, p.heads_q, batch, p.o_stride_s, p.o_stride_h, p.o_stride_b);
   if constexpr (kFp8) {
     q_map = make_fp8_token_map(fp8->q, D, p.seq_q, p.heads_q, batch);
     k_map = make_fp8_token_map(fp8->k, D, p.seq_kv, heads_kv, batch);
@@ -56,21 +61,31 @@ void launch_hopper_kernel(const FlashParams& p, int batch, int heads_kv, DType d
   const WorkOrder used = kSparse ? order : WorkOrder{};
   if (used.enabled()) launch_longest_first_order(p, batch, used, stream);
   const float* lse_shift = kFp8 && fp8_smooth_k ? fp8->lse_shift : nullptr;
-  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, params, batch, used, lse_shift);
+  kernel<<<grid, hopper::kThreads, kSmem, stream>>>(q_map, k_map, v_map, o_map, params, batch, used, lse_shift);
 }
 
 // Defined and instantiated in flash_forward_hopper_d{64,128}_narrow.cu (TESSEL_INSTANTIATE_HOPPER_NARROW).
 template <typename T, int D, bool kPingPong>
 void launch_flash_forward_hopper_narrow(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                                         const WorkOrder& order, cudaStream_t stream);
+// Defined and instantiated in flash_forward_hopper_d{64,128}_tma_store.cu (TESSEL_INSTANTIATE_HOPPER_TMA_STORE)
+// and, with the next item's first QK^T before the epilogue, flash_forward_hopper_d{64,128}_overlap.cu
+// (TESSEL_INSTANTIATE_HOPPER_OVERLAP).
+template <typename T, int D, bool kPingPong>
+void launch_flash_forward_hopper_tma_store(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                                           const WorkOrder& order, cudaStream_t stream);
+template <typename T, int D, bool kPingPong>
+void launch_flash_forward_hopper_overlap(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
+                                         const WorkOrder& order, cudaStream_t stream);
 
-template <typename T, int D, bool kNarrow, bool kPingPong, bool kLazyRescale = false>
+template <typename T, int D, bool kNarrow, bool kPingPong, bool kLazyRescale = false, bool kTmaStore = false,
+          bool kOverlapEpilogue = false>
 void launch_hopper_variant(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype,
                            const WorkOrder& order, cudaStream_t stream) {
-  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong, false, kLazyRescale>(params, batch, heads_kv,
-                                                                                            dtype, order, stream)
-         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong, false, kLazyRescale>(params, batch, heads_kv,
-                                                                                             dtype, order, stream);
+  sparse ? launch_hopper_kernel<T, D, true, false, kNarrow, kPingPong, false, kLazyRescale, kTmaStore, kOverlapEpilogue>(
+               params, batch, heads_kv, dtype, order, stream)
+         : launch_hopper_kernel<T, D, false, false, kNarrow, kPingPong, false, kLazyRescale, kTmaStore, kOverlapEpilogue>(
+               params, batch, heads_kv, dtype, order, stream);
 }
 
 // Head dims 64 and 128 have every variant (kernel_variant.h), each in its own file so that they
@@ -83,6 +98,14 @@ void launch_flash_forward_hopper_typed(const FlashParams& params, bool sparse, i
       return variant.ping_pong
                  ? launch_flash_forward_hopper_narrow<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
                  : launch_flash_forward_hopper_narrow<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
+    if (variant.overlap_epilogue)
+      return variant.ping_pong
+                 ? launch_flash_forward_hopper_overlap<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
+                 : launch_flash_forward_hopper_overlap<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
+    if (variant.tma_store)
+      return variant.ping_pong
+                 ? launch_flash_forward_hopper_tma_store<T, D, true>(params, sparse, batch, heads_kv, dtype, order, stream)
+                 : launch_flash_forward_hopper_tma_store<T, D, false>(params, sparse, batch, heads_kv, dtype, order, stream);
     if (variant.lazy_rescale)
       return variant.ping_pong
                  ? launch_hopper_variant<T, D, false, true, true>(params, sparse, batch, heads_kv, dtype, order, stream)
@@ -124,19 +147,29 @@ void launch_hopper_fp8_kernel(const FlashParams& params, bool sparse, int batch,
   template void tessel::cuda::detail::launch_flash_forward_hopper_typed<__half, D>(                            \
       const FlashParams&, bool, int, int, DType, const WorkOrder&, const HopperVariant&, cudaStream_t)
 
-// The narrow-stage variants of one head dim (flash_forward_hopper_d*_narrow.cu, inside the
-// namespace): the definition of launch_flash_forward_hopper_narrow and its instantiations.
-#define TESSEL_INSTANTIATE_HOPPER_NARROW(D)                                                                           \
+// A variant family of one head dim in its own file (inside the namespace): the definition of
+// LAUNCHER (with and without ping-pong) as launch_hopper_variant with the family's NARROW,
+// TMA_STORE and OVERLAP choices, and its instantiations for both element types.
+#define TESSEL_INSTANTIATE_HOPPER_FAMILY(LAUNCHER, D, NARROW, TMA_STORE, OVERLAP)                                     \
   template <typename T, int kD, bool kPingPong>                                                                      \
-  void launch_flash_forward_hopper_narrow(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, \
-                                          const WorkOrder& order, cudaStream_t stream) {                             \
-    launch_hopper_variant<T, kD, true, kPingPong>(params, sparse, batch, heads_kv, dtype, order, stream);            \
+  void LAUNCHER(const FlashParams& params, bool sparse, int batch, int heads_kv, DType dtype, const WorkOrder& order,  \
+                cudaStream_t stream) {                                                                               \
+    launch_hopper_variant<T, kD, NARROW, kPingPong, false, TMA_STORE, OVERLAP>(params, sparse, batch, heads_kv, dtype, \
+                                                                               order, stream);                       \
   }                                                                                                                  \
-  template void launch_flash_forward_hopper_narrow<__nv_bfloat16, D, false>(const FlashParams&, bool, int, int, DType, \
-                                                                            const WorkOrder&, cudaStream_t);         \
-  template void launch_flash_forward_hopper_narrow<__nv_bfloat16, D, true>(const FlashParams&, bool, int, int, DType,  \
-                                                                           const WorkOrder&, cudaStream_t);          \
-  template void launch_flash_forward_hopper_narrow<__half, D, false>(const FlashParams&, bool, int, int, DType,        \
-                                                                     const WorkOrder&, cudaStream_t);                \
-  template void launch_flash_forward_hopper_narrow<__half, D, true>(const FlashParams&, bool, int, int, DType,         \
-                                                                    const WorkOrder&, cudaStream_t)
+  template void LAUNCHER<__nv_bfloat16, D, false>(const FlashParams&, bool, int, int, DType, const WorkOrder&,         \
+                                                  cudaStream_t);                                                     \
+  template void LAUNCHER<__nv_bfloat16, D, true>(const FlashParams&, bool, int, int, DType, const WorkOrder&,          \
+                                                 cudaStream_t);                                                      \
+  template void LAUNCHER<__half, D, false>(const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t); \
+  template void LAUNCHER<__half, D, true>(const FlashParams&, bool, int, int, DType, const WorkOrder&, cudaStream_t)
+
+// The narrow-stage variants of one head dim (flash_forward_hopper_d*_narrow.cu).
+#define TESSEL_INSTANTIATE_HOPPER_NARROW(D) \
+  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_narrow, D, true, false, false)
+// The variants storing O through shared memory (flash_forward_hopper_d*_tma_store.cu).
+#define TESSEL_INSTANTIATE_HOPPER_TMA_STORE(D) \
+  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_tma_store, D, false, true, false)
+// The same with the next item's first QK^T issued before the epilogue (flash_forward_hopper_d*_overlap.cu).
+#define TESSEL_INSTANTIATE_HOPPER_OVERLAP(D) \
+  TESSEL_INSTANTIATE_HOPPER_FAMILY(launch_flash_forward_hopper_overlap, D, false, true, true)

@@ -1,7 +1,9 @@
 // The variants of the Hopper forward kernel that the plan-time tuning chooses among
 // (variant_tuning.h): the tile shape of the K/V stages, whether the consumer warpgroups take
-// turns issuing their GEMMs, and (wide stages) whether O is rescaled lazily. Head dims 64 and 128
-// (bf16, fp16) have all six; the others only the default. The FP8 mode has its own variants
+// turns issuing their GEMMs, and (wide stages) whether O is rescaled lazily or stored through
+// shared memory by the copy engine (then, optionally, with the next item's first QK^T issued
+// before the epilogue). Head dims 64 and 128 (bf16, fp16) have all ten; the others only the
+// default. The FP8 mode has its own variants
 // (HopperFp8Variant), chosen only by force_attention_kernel_variant (benchmarks, tests), never by
 // the tuning.
 #pragma once
@@ -15,10 +17,13 @@ struct HopperVariant {
   bool narrow = false;     // 64-key stages: more of them and two Q buffers (HopperConfig kNarrow)
   bool ping_pong = false;  // the consumer warpgroups alternate their GEMMs (kernel kPingPong)
   bool lazy_rescale = false;  // O rescaled only when a row max grows past a threshold (kLazyRescale)
+  bool tma_store = false;     // O stored from shared memory by the copy engine (kTmaStore)
+  bool overlap_epilogue = false;  // (with tma_store) the next item's first QK^T before the epilogue
   bool operator==(const HopperVariant&) const = default;
 };
 
-// "wide", "wide+pingpong", "narrow", "narrow+pingpong", "wide+lazy", "wide+pingpong+lazy".
+// "wide", "wide+pingpong", "narrow", "narrow+pingpong", "wide+lazy", "wide+pingpong+lazy",
+// "wide+tmastore", "wide+pingpong+tmastore", "wide+tmastore+overlap", "wide+pingpong+tmastore+overlap".
 std::string hopper_variant_name(const HopperVariant& variant);
 // The variants a head dim has instantiations of (the default first).
 std::vector<HopperVariant> hopper_variants_for(int head_dim);
