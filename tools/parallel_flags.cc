@@ -19,8 +19,17 @@ ParallelConfig ParallelFlags::config() const {
   config.sp_ring_degree = ring;
   config.cfg_parallel_size = cfg_parallel ? 2 : 1;
   config.ring_sm_margin = ring_sm_margin;
+  config.ulysses_head_groups = ulysses_head_groups;
   check_ring_sm_margin_used(ring > 1);
+  check_ulysses_head_groups_used(ulysses > 1 && ring == 1);
   return config;
+}
+
+void ParallelFlags::check_ulysses_head_groups_used(bool any_ulysses_alone) const {
+  if (ulysses_head_groups > 1 && !any_ulysses_alone)
+    fail_argument("--ulysses-head-groups",
+                  "1 unless Ulysses runs alone (--ulysses > 1 without --ring): the groups pipeline its all-to-alls",
+                  detail::concat(ulysses_head_groups, " with ", describe()));
 }
 
 void ParallelFlags::check_ring_sm_margin_used(bool any_ring) const {
@@ -43,6 +52,11 @@ void add_parallel_flags(CLI::App& app, ParallelFlags& flags) {
                  "multiprocessors Ring attention leaves free for its K/V exchange (changes timing only)")
       ->capture_default_str()
       ->check(integer_in(0, 1024));
+  app.add_option("--ulysses-head-groups", flags.ulysses_head_groups,
+                 "Ulysses alone: pipeline its all-to-alls with the attention in this many groups of each rank's heads "
+                 "(divides them; changes timing only)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "tessel/parallel/communicator.h"
@@ -15,6 +16,8 @@ void check_comm_tensor(const Communicator& comm, const TensorView& t, const std:
 size_t check_all_to_all(const Communicator& comm, const TensorView& send, const TensorView& recv);
 void check_all_gather(const Communicator& comm, const TensorView& send, const TensorView& recv);
 void check_ring_exchange(const Communicator& comm, const TensorView& send, const TensorView& recv);
+// A transfer that completed before it was returned (engines without asynchronous transfers).
+std::unique_ptr<PendingExchange> make_done_exchange();
 // Throws Error when `bytes` does not fit the int count an engine takes.
 int checked_count(size_t bytes, const std::string& what);
 

@@ -63,6 +63,12 @@ void ParallelConfig::validate(int world_size_) const {
     fail_argument("ParallelConfig.tensor_parallel_size", "1 (tensor parallelism is not implemented)", tensor_parallel_size);
   if (ring_sm_margin < 0 || ring_sm_margin > 1024)
     fail_argument("ParallelConfig.ring_sm_margin", "in [0, 1024] (multiprocessors left free)", ring_sm_margin);
+  if (ulysses_head_groups < 1 || ulysses_head_groups > 1024)
+    fail_argument("ParallelConfig.ulysses_head_groups", "in [1, 1024]", ulysses_head_groups);
+  if (ulysses_head_groups > 1 && (sp_ulysses_degree == 1 || sp_ring_degree > 1))
+    fail_argument("ParallelConfig.ulysses_head_groups",
+                  "1 unless Ulysses runs alone (sp_ulysses_degree > 1 and sp_ring_degree 1): the groups pipeline its all-to-alls",
+                  detail::concat(ulysses_head_groups, " with ulysses ", sp_ulysses_degree, " x ring ", sp_ring_degree));
   if (cfg_parallel_size > 2)
     fail_argument("ParallelConfig.cfg_parallel_size", "1 or 2 (one rank per guidance branch)", cfg_parallel_size);
   for (const auto& [name, degree] : degrees)
