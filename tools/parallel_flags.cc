@@ -26,10 +26,14 @@ ParallelConfig ParallelFlags::config() const {
 }
 
 void ParallelFlags::check_ulysses_head_groups_used(bool any_ulysses_alone) const {
-  if (ulysses_head_groups > 1 && !any_ulysses_alone)
+  check_ulysses_head_groups_flag(ulysses_head_groups, any_ulysses_alone, describe());
+}
+
+void check_ulysses_head_groups_flag(int groups, bool any_ulysses_alone, const std::string& layout) {
+  if (groups > 1 && !any_ulysses_alone)
     fail_argument("--ulysses-head-groups",
                   "1 unless Ulysses runs alone (--ulysses > 1 without --ring): the groups pipeline its all-to-alls",
-                  detail::concat(ulysses_head_groups, " with ", describe()));
+                  detail::concat(groups, " with ", layout));
 }
 
 void ParallelFlags::check_ring_sm_margin_used(bool any_ring) const {

@@ -44,6 +44,10 @@ struct ParallelFlags {
 
 void add_parallel_flags(CLI::App& app, ParallelFlags& flags);
 
+// Throws Error naming --ulysses-head-groups when `groups` is above 1 and no layout of the run is
+// Ulysses alone (`layout` describes the run's degrees in the message). serve's worker group too.
+void check_ulysses_head_groups_flag(int groups, bool any_ulysses_alone, const std::string& layout);
+
 // The ranks of a run. One rank (every degree 1): no MPI at all, groups() is null. Otherwise an MPI
 // session, the world communicator (metered: meter() counts every group's traffic) and the groups.
 class ParallelRun {
