@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "attention_test_inputs.h"
 #include "error_of.h"
 #include "multi_process_test_main.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
-#include "tessel/core/random.h"
 #include "tessel/core/sync_trace.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/parallel/cfg_parallel.h"
@@ -32,7 +32,6 @@
 #include "tessel/parallel/parallel_config.h"
 #include "tessel/parallel/sequence_sharding.h"
 #include "tessel/parallel/traced_communicator.h"
-#include "tessel/sparse/planners/static_patterns.h"
 
 namespace tessel {
 namespace {
@@ -41,12 +40,13 @@ Communicator& world() { return testing::test_world(); }
 
 using testing::error_of;
 
-struct Case {
-  int64_t batch = 2, seq = 37, heads = 16, kv_heads = 8, head_dim = 16;
-  int64_t block_q = 0, block_kv = 0;  // 0: dense
-  int64_t mask_batch = 1, mask_heads = 1;
-  bool radial = false;  // Radial Attention's plan for a 5x3x3 latent grid (seq 45)
-  DType dtype = DType::kF32;
+// Twice the heads of the other attention tests, so that 2 and 4 groups divide a rank's heads at
+// Ulysses 2 (8 and 4 kv heads per rank) and 2 groups at Ulysses 4.
+struct Case : testing::AttentionCase {
+  Case() {
+    heads = 16;
+    kv_heads = 8;
+  }
 };
 
 std::string describe(const Case& c, const ParallelConfig& config) {
@@ -72,43 +72,11 @@ std::vector<ParallelConfig> ulysses_layouts(int groups) {
   return all;
 }
 
-struct Inputs {
-  Tensor q, k, v;
-  BlockMask mask;
-};
+using Inputs = testing::AttentionInputs;
+using testing::max_abs_difference;
 
 // The same tensors on every rank of a CFG branch (seeded by the branch).
-Inputs make_inputs(const Case& c, int branch) {
-  Inputs in{Tensor::empty({c.batch, c.seq, c.heads, c.head_dim}, DType::kF32),
-            Tensor::empty({c.batch, c.seq, c.kv_heads, c.head_dim}, DType::kF32),
-            Tensor::empty({c.batch, c.seq, c.kv_heads, c.head_dim}, DType::kF32), {}};
-  const uint64_t seed = 2000 + 10 * static_cast<uint64_t>(branch);
-  fill_normal(in.q, seed + 1);
-  fill_normal(in.k, seed + 2);
-  fill_uniform(in.v, seed + 3);
-  if (c.radial) {
-    StaticPlanRequest request;
-    request.layout.grid = {5, 3, 3};
-    request.block_q = c.block_q;
-    request.block_kv = c.block_kv;
-    in.mask = plan_static_pattern(StaticPattern{RadialPattern{}}, request).mask;
-  } else if (c.block_q > 0) {
-    in.mask = BlockMask::random({c.mask_batch, c.mask_heads, c.seq, c.seq, c.block_q, c.block_kv}, 0.3, seed + 4);
-  }
-  if (c.dtype != DType::kF32) {
-    in.q = in.q.to(c.dtype);
-    in.k = in.k.to(c.dtype);
-    in.v = in.v.to(c.dtype);
-  }
-  return in;
-}
-
-double max_abs_difference(const TensorView& a, const TensorView& b) {
-  double worst = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i)
-    worst = std::max(worst, std::abs(element_as_double(a, i) - element_as_double(b, i)));
-  return worst;
-}
+Inputs make_inputs(const Case& c, int branch) { return testing::make_attention_inputs(c, 2000 + 10 * static_cast<uint64_t>(branch)); }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
@@ -118,17 +86,10 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 Tensor parallel_shard(const Case& c, const ParallelGroups& groups, const Inputs& in) {
   const ExecContext ctx;
   ParallelAttention attention(groups, {c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.dtype, Device::cpu(), c.block_q, c.block_kv});
-  const SequenceSharding& sharding = attention.sharding();
-  const int64_t part = groups.coordinates.sequence, L = sharding.shard_length;
-  Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype), out = Tensor::empty(q.shape(), c.dtype);
-  Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype), v = Tensor::empty(k.shape(), c.dtype);
-  fill(out, std::nan(""));
-  take_shard(ctx, sharding, part, in.q, q);
-  take_shard(ctx, sharding, part, in.k, k);
-  take_shard(ctx, sharding, part, in.v, v);
+  const testing::AttentionShards s = testing::take_attention_shards(c, attention.sharding(), groups.coordinates.sequence, in);
   const std::shared_ptr<const ParallelMaskPlan> plan = c.block_q > 0 ? attention.plan_mask(in.mask) : nullptr;
-  attention.forward(ctx, q, k, v, out, plan.get());
-  return out;
+  attention.forward(ctx, s.q, s.k, s.v, s.out, plan.get());
+  return s.out;
 }
 
 // One process's attention, cut to this rank's shard (padding rows zero).
@@ -229,13 +190,7 @@ TEST(UlyssesHeadGroups, LocalAttentionSeesEveryHeadAndPlansMustMatchTheGroups) {
     const ParallelGroups groups = initialize_parallel_groups(world(), config);
     const Inputs in = make_inputs(c, cfg_branch(*groups.cfg));
     ParallelAttention grouped(groups, {c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.dtype, Device::cpu(), c.block_q, c.block_kv});
-    const int64_t L = grouped.sharding().shard_length, part = groups.coordinates.sequence;
-    Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, DType::kF32), out = Tensor::empty(q.shape(), DType::kF32);
-    Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, DType::kF32), v = Tensor::empty(k.shape(), DType::kF32);
-    take_shard(ctx, grouped.sharding(), part, in.q, q);
-    take_shard(ctx, grouped.sharding(), part, in.k, k);
-    take_shard(ctx, grouped.sharding(), part, in.v, v);
-    fill(out, std::nan(""));
+    const auto [q, k, v, out] = testing::take_attention_shards(c, grouped.sharding(), groups.coordinates.sequence, in);
     int64_t seen_heads = 0;
     grouped.forward_with_local_attention(ctx, q, k, v, out, [&](const TensorView& qh, const TensorView& kh, const TensorView& vh, const TensorView& oh) {
       seen_heads = qh.size(2);
