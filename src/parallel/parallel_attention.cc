@@ -298,7 +298,8 @@ void ParallelAttention::ulysses_head_group_pipeline(const ExecContext& ctx, cons
   copy_rows(ctx, shard_by_head_group_and_rank(v, G, U), staged(send_, q_piece + kv_piece, kv_heads));
   mark(ctx, "ulysses pack");
   std::vector<std::unique_ptr<PendingExchange>> inputs(static_cast<size_t>(G)), outputs(static_cast<size_t>(G));
-  for (int64_t g = 0; g < G; ++g) inputs[static_cast<size_t>(g)] = ulysses_.all_to_all_async(ctx, whole_slot(send_, g), whole_slot(recv_, g));
+  for (int64_t g = 0; g < G; ++g)
+    inputs[static_cast<size_t>(g)] = ulysses_.all_to_all_async(ctx, whole_slot(send_, g), whole_slot(recv_, g));
   mark(ctx, "ulysses all_to_all");  // on CUDA only enqueued; on the CPU the exchanges themselves
   for (int64_t g = 0; g < G; ++g) {
     inputs[static_cast<size_t>(g)]->wait(ctx);

@@ -1,9 +1,9 @@
 // Multi-process tests, launched by ctest through mpirun with 2 and 4 ranks: the Wan transformer
-// under sequence parallelism (Ulysses, also with its heads in two pipelined groups, Ring, USP) and the Wan pipeline under CFG-parallel (alone
-// and with sequence parallelism), dense and sparse (a sliding-window block mask, radial, dynamic
-// top-k), on a random 2-block model over an odd 5 x 3 x 3 patch grid (45 tokens), against the
-// same model run by one process. Every rank computes the one-process result itself, so nothing
-// but the parallel path crosses ranks.
+// under sequence parallelism (Ulysses, also with its heads in two pipelined groups, Ring, USP) and
+// the Wan pipeline under CFG-parallel (alone and with sequence parallelism), dense and sparse (a
+// sliding-window block mask, radial, dynamic top-k), on a random 2-block model over an odd
+// 5 x 3 x 3 patch grid (45 tokens), against the same model run by one process. Every rank
+// computes the one-process result itself, so nothing but the parallel path crosses ranks.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
