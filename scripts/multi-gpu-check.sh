@@ -23,8 +23,8 @@
 #      (bf16, batch 2, 16 heads / 8 kv heads, odd length) with every G that divides a rank's heads
 #      among 2 and 4 (the pipelined path against one GPU and fp32), then the 14B 720p attention shape
 #      (75,600 tokens, 40 heads of 128, dense) under Ulysses N with G = 1, 2 and 4 (5 where 4 does not
-#      divide the 40/N heads): step time and the exposed share of the all-to-alls (the waits
-#      ctx.stream made for them, sp-bench's comm_ms);
+#      divide the 40/N heads), G > 1 also with --ulysses-sm-margin 32: step time and the exposed
+#      share of the all-to-alls (the waits ctx.stream made for them, sp-bench's comm_ms);
 #   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs, 14B 720p 81 frames and
 #      1.3B 480p, for each attention of --dit-attn (dense, radial, dynamic_topk: top-k 0.2, every row
 #      ranked) under each layout of --dit-layouts (ulysses: Ulysses N; ulysses-g2: Ulysses N with
@@ -350,18 +350,22 @@ if [[ $RUN_HEAD_GROUPS -eq 1 ]]; then
         HEAD_GROUP_ROWS+=("| check 4093 tokens | $n | $groups | $check | | |")
       done < <(json_rows "$OUTDIR/$name.log" sp)
     done
-    for groups in 1 2 4 5; do  # 14B 720p: 40 heads, 40/N per rank
+    # 14B 720p: 40 heads, 40/N per rank; G > 1 also with 32 multiprocessors left to the exchanges
+    for run in 1:0 2:0 2:32 4:0 4:32 5:0 5:32; do
+      groups="${run%%:*}" margin="${run#*:}"
       (( (40 / n) % groups == 0 )) || continue
       [[ "$groups" -eq 5 && $(( (40 / n) % 4 )) -eq 0 ]] && continue
-      name="head-groups-14b-720p-n$n-g$groups"
+      name="head-groups-14b-720p-n$n-g$groups-m$margin"
       echo "== $name"
+      margin_flags=()
+      [[ "$margin" -gt 0 ]] && margin_flags=(--ulysses-sm-margin "$margin")
       if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 --seq 75600 --heads 40 --head-dim 128 \
-           --mask dense --ulysses "$n" --ulysses-head-groups "$groups" --steps "$STEPS" --warmup 1 --json; then
-        HEAD_GROUP_ROWS+=("| 14b-720p dense | $n | $groups | run failed (see $name.log) | | |")
+           --mask dense --ulysses "$n" --ulysses-head-groups "$groups" "${margin_flags[@]}" --steps "$STEPS" --warmup 1 --json; then
+        HEAD_GROUP_ROWS+=("| 14b-720p dense | $n | $groups (sm margin $margin) | run failed (see $name.log) | | |")
         continue
       fi
       while IFS='|' read -r layout step one speedup sent check comm; do
-        HEAD_GROUP_ROWS+=("| 14b-720p dense | $n | $groups | $step ms (one GPU $one ms, ${speedup}x) | $comm | $sent |")
+        HEAD_GROUP_ROWS+=("| 14b-720p dense | $n | $groups (sm margin $margin) | $step ms (one GPU $one ms, ${speedup}x) | $comm | $sent |")
       done < <(json_rows "$OUTDIR/$name.log" sp)
     done
   done

@@ -466,6 +466,7 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
       {"ranks", run.world_size()},
       {"ulysses", parallel.ulysses},
       {"ulysses_head_groups", parallel.ulysses_head_groups},
+      {"ulysses_sm_margin", parallel.ulysses_sm_margin},
       {"ring", parallel.ring},
       {"cfg", cfg_split ? 2 : 1},
       // CPU: the seconds a rank was blocked in communication; CUDA: the device time of the

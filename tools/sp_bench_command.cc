@@ -133,7 +133,10 @@ std::vector<ParallelConfig> layouts_of(const SpBenchOptions& o, const ParallelFl
     config.sp_ring_degree = sequence / ulysses;
     config.cfg_parallel_size = cfg;
     config.ring_sm_margin = flags.ring_sm_margin;
-    if (ulysses > 1 && config.sp_ring_degree == 1) config.ulysses_head_groups = flags.ulysses_head_groups;
+    if (ulysses > 1 && config.sp_ring_degree == 1) {
+      config.ulysses_head_groups = flags.ulysses_head_groups;
+      config.ulysses_sm_margin = flags.ulysses_sm_margin;
+    }
     all.push_back(config);
   }
   flags.check_ring_sm_margin_used(std::any_of(all.begin(), all.end(), [](const ParallelConfig& c) { return c.sp_ring_degree > 1; }));
@@ -344,6 +347,7 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
     const double step = median(step_s), steps = static_cast<double>(o.steps);
     nlohmann::json row = {{"ulysses", config.sp_ulysses_degree},
                           {"ulysses_head_groups", config.ulysses_head_groups},
+                          {"ulysses_sm_margin", config.ulysses_sm_margin},
                           {"ring", config.sp_ring_degree},
                           {"cfg", config.cfg_parallel_size},
                           {"strategy", std::string(parallel_strategy_name(attention.strategy()))},

@@ -142,6 +142,7 @@ ParallelAttention::ParallelAttention(const ParallelGroups& groups, const Paralle
   ring_rank_ = ring_.rank();
   ring_sm_margin_ = groups.config.ring_sm_margin;
   head_groups_ = groups.config.ulysses_head_groups;
+  ulysses_sm_margin_ = groups.config.ulysses_sm_margin;
 
   const int64_t B = shape.batch, D = shape.head_dim, heads = shape.heads / ulysses, kv_heads = shape.kv_heads / ulysses;
   // A group of query heads attends to the kv heads of its own group (GQA), so G divides both.
@@ -310,7 +311,10 @@ void ParallelAttention::ulysses_head_group_pipeline(const ExecContext& ctx, cons
     copy_rows(ctx, select_first(staged(recv_, q_piece, kv_heads), g), gathered_by_shard(k_g, U));
     copy_rows(ctx, select_first(staged(recv_, q_piece + kv_piece, kv_heads), g), gathered_by_shard(v_g, U));
     mark(ctx, "ulysses unpack");
-    ring_attention(ctx, q_g, k_g, v_g, out_g, mask != nullptr ? &mask->head_group_steps_[static_cast<size_t>(g)] : nullptr);
+    // Another group's exchange is in flight beside every group's attention (the next group's input,
+    // the previous group's output): the attention leaves it ulysses_sm_margin multiprocessors.
+    ring_attention(ctx, q_g, k_g, v_g, out_g, mask != nullptr ? &mask->head_group_steps_[static_cast<size_t>(g)] : nullptr,
+                   ulysses_sm_margin_);
     // The slot is free: the wait above saw its q/k/v exchange end, the unpack above read it.
     const TensorView out_send = view_at(send_, g * slot, {U, B, L, heads, D}, {q_piece, L * heads * D, heads * D, D, 1});
     copy_rows(ctx, gathered_by_shard(out_g, U), out_send);
@@ -437,10 +441,11 @@ void ParallelAttention::ulysses_to_sequence(const ExecContext& ctx, const Tensor
 }
 
 // q, out (B, chunk, H, D) of this ring position; k, v (B, chunk, H_kv, D). With one ring rank this
-// is plain attention over the real tokens.
+// is plain attention over the real tokens. Every step leaves `sm_margin` multiprocessors free (a
+// Ulysses head group's exchange beside it), a block-sparse step beside a K/V exchange ring_sm_margin.
 void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k,
                                        const TensorView& v, const TensorView& out,
-                                       const std::vector<ParallelMaskPlan::Step>* mask) {
+                                       const std::vector<ParallelMaskPlan::Step>* mask, int sm_margin) {
   const int ring = ring_.size();
   const int64_t B = q.size(0), H = q.size(2);
   const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
@@ -483,6 +488,7 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
     // are long enough that the exchange, started first, finishes while a few CTAs wait; reserving
     // SMs for the whole step costs more (docs/benchmarks.md, "Ring's exchange beside the attention").
     AttentionOptions step_options = options_;
+    step_options.sm_margin = sm_margin;
     if (pending && mask != nullptr) step_options.sm_margin = ring_sm_margin_;
     if (attends[static_cast<size_t>(step)]) {
       const TensorView k_step = ring > 1 ? select_first(kv_ring_[step % 2], 0) : k;

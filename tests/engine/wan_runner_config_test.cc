@@ -24,6 +24,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   config.ring = 2;
   config.cfg_parallel = true;
   config.ulysses_head_groups = 4;
+  config.ulysses_sm_margin = 24;
   config.loras = {{"/a.safetensors", 0.75}, {"/b.safetensors", -1.0}};
   config.loras_2 = {{"/c.safetensors", 1.0}};
   config.lora_ignore_unmatched = true;
@@ -47,6 +48,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   EXPECT_EQ(back.ring, 2);
   EXPECT_TRUE(back.cfg_parallel);
   EXPECT_EQ(back.ulysses_head_groups, 4);
+  EXPECT_EQ(back.ulysses_sm_margin, 24);
   ASSERT_EQ(back.loras.size(), 2u);
   EXPECT_EQ(back.loras[0].path, "/a.safetensors");
   EXPECT_EQ(back.loras[0].scale, 0.75);

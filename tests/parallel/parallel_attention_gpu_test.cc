@@ -133,7 +133,8 @@ TEST(ParallelAttentionGpu, OneRankNcclGroupRunsRadialAndTopkMasks) {
   EXPECT_EQ(meter->bytes, 0.0);
 }
 
-// Ulysses 2 on two GPUs with G = 1, 2 and 4 head groups (16 heads, 8 kv heads: 8 and 4 per rank),
+// Ulysses 2 on two GPUs with G = 1, 2 and 4 head groups (16 heads, 8 kv heads: 8 and 4 per rank; G = 2
+// also with --ulysses-sm-margin 32),
 // bf16, batch 2, an odd sequence (a padded shard), dense, radial and a random block mask of per-head
 // rows: G > 1 gives the bits of G = 1 (the same kernels on the same heads; only the all-to-alls move
 // to the communicator's stream and overlap the attention), and G = 1 equals one GPU's kernel on the
@@ -178,10 +179,12 @@ TEST(ParallelAttentionGpu, UlyssesHeadGroupsOnTwoGpusGiveTheBitsOfOneGroup) {
       }
       wholes.push_back(std::move(whole));
     }
-    for (const int head_groups : {1, 2, 4}) {
+    // (head groups, multiprocessors each group's attention leaves to the exchanges beside it)
+    for (const auto& [head_groups, sm_margin] : {std::pair{1, 0}, {2, 0}, {4, 0}, {2, 32}}) {
       ParallelConfig config;
       config.sp_ulysses_degree = 2;
       config.ulysses_head_groups = head_groups;
+      config.ulysses_sm_margin = sm_margin;
       const ParallelGroups groups = initialize_parallel_groups(*world, config);
       ParallelAttention attention(groups, {batch, seq, heads, kv_heads, dim, DType::kBF16, gpu, 128, 64});
       const SequenceSharding& sharding = attention.sharding();
@@ -193,7 +196,7 @@ TEST(ParallelAttentionGpu, UlyssesHeadGroupsOnTwoGpusGiveTheBitsOfOneGroup) {
       take_shard(ctx, sharding, rank, v, vs);
       for (size_t m = 0; m < masks.size(); ++m) {
         const BlockMask& mask = masks[m].second;
-        SCOPED_TRACE(detail::concat("rank ", rank, " ", masks[m].first, ", ", head_groups, " head groups"));
+        SCOPED_TRACE(detail::concat("rank ", rank, " ", masks[m].first, ", ", head_groups, " head groups, sm margin ", sm_margin));
         Tensor poison = Tensor::empty(qs.shape(), DType::kBF16);
         fill(poison, std::nan(""));
         const Tensor out = poison.to(gpu);

@@ -220,6 +220,16 @@ TEST(UlyssesHeadGroups, ConfigurationsWithoutUlyssesAloneAreRefused) {
             std::string::npos);
   c.ulysses_head_groups = 2;
   EXPECT_NO_THROW(c.validate(n));
+  c.ulysses_sm_margin = 1025;
+  EXPECT_NE(error_of([&] { c.validate(n); }).find("ParallelConfig.ulysses_sm_margin: expected in [0, 1024] (multiprocessors left free), got 1025"),
+            std::string::npos);
+  c.ulysses_sm_margin = 16;
+  EXPECT_NO_THROW(c.validate(n));
+  c.ulysses_head_groups = 1;
+  EXPECT_NE(error_of([&] { c.validate(n); }).find("ParallelConfig.ulysses_sm_margin: expected 0 without Ulysses head groups"),
+            std::string::npos);
+  c.ulysses_sm_margin = 0;
+  c.ulysses_head_groups = 2;
   c.sp_ulysses_degree = 1;
   c.sp_ring_degree = n;
   EXPECT_NE(error_of([&] { initialize_parallel_groups(world(), c); })

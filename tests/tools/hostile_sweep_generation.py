@@ -743,6 +743,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("sp-bench ring-sm-margin without ring", sp(["--ring-sm-margin", "16"]), ["--ring-sm-margin", "--ring"])
     err("sp-bench ulysses-head-groups without ulysses", sp(["--ulysses-head-groups", "2"]), ["--ulysses-head-groups", "--ulysses"])
     opts("sp-bench", sbase, "--ulysses-head-groups", ["0", "x"])
+    err("sp-bench ulysses-sm-margin without head groups", sp(["--ulysses-sm-margin", "16"]), ["--ulysses-sm-margin", "--ulysses-head-groups"])
+    opts("sp-bench", sbase, "--ulysses-sm-margin", ["-1", "1025", "x"])
     opts("sp-bench", sbase, "--ulysses", ["2", "0"])
     opts("sp-bench", sbase, "--ring", ["2"])
     err("sp-bench cfg-parallel without mpirun", sp(["--cfg-parallel"]), ["--cfg-parallel", "mpirun", "processes"])

@@ -129,7 +129,7 @@ class ParallelAttention {
                        const TensorView& target);
   void cut_rows_mask_on_device(const ExecContext& ctx, const BlockMaskView& rows, int64_t queries, ParallelMaskPlan& plan);
   void ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const std::vector<ParallelMaskPlan::Step>* mask);
+                      const TensorView& out, const std::vector<ParallelMaskPlan::Step>* mask, int sm_margin = 0);
   void ulysses_head_group_pipeline(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const ParallelMaskPlan* mask);
 
@@ -143,6 +143,7 @@ class ParallelAttention {
   int ulysses_rank_ = 0, ring_rank_ = 0;
   int ring_sm_margin_ = 0;  // ParallelConfig::ring_sm_margin
   int head_groups_ = 1;     // ParallelConfig::ulysses_head_groups
+  int ulysses_sm_margin_ = 0;  // ParallelConfig::ulysses_sm_margin
   // Buffers (planned at construction).
   Tensor q_heads_, k_heads_, v_heads_, out_heads_;  // (B, chunk, H/U, D) after the Ulysses all-to-all
   Tensor send_, recv_;                              // all-to-all staging (head groups: q, k and v of every group)

@@ -37,13 +37,18 @@ struct ParallelConfig {
   // serialised with the attention. It must divide the query and the kv heads of each Ulysses rank
   // (checked where the heads are known: ParallelAttention's constructor). Changes no result.
   int ulysses_head_groups = 1;
+  // With ulysses_head_groups > 1: multiprocessors each group's attention leaves free for the
+  // all-to-alls in flight beside it, and the most thread blocks the Ulysses group's NCCL kernels
+  // take (as ring_sm_margin for Ring). 0: no reservation. Changes no result, only the overlap.
+  int ulysses_sm_margin = 0;
 
   int sequence_parallel_size() const { return sp_ulysses_degree * sp_ring_degree; }
   // The number of ranks the configuration spans (the product of every degree).
   int world_size() const;
   // Throws Error naming the degree when one is below 1, tensor_parallel_size is not 1,
   // cfg_parallel_size is not 1 or 2, or the degrees' product is not `world_size`; naming
-  // ulysses_head_groups when it is below 1 or above 1 without Ulysses alone.
+  // ulysses_head_groups when it is below 1 or above 1 without Ulysses alone, and ulysses_sm_margin
+  // when it is out of range or set without head groups.
   void validate(int world_size) const;
 };
 
