@@ -1,7 +1,6 @@
 // The NCCL communicator for CUDA tensors. Collectives run on ctx.stream; a ring exchange and an
 // asynchronous all-to-all run on the communicator's own stream so that attention on ctx.stream
-// overlaps them. Compiled to a clear
-// run-time error when tessel is built without NCCL.
+// overlaps them. Compiled to a clear run-time error when tessel is built without NCCL.
 #include "communicator_checks.h"
 #include "tessel/core/error.h"
 
