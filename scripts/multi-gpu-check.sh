@@ -19,9 +19,16 @@
 #   2e. (--serve-bar) `tessel serve --device cuda` on the Wan 1.3B random model (init-model --preset
 #      wan-1.3b, ~14 GB on disk): one 480p 81-frame 50-step video (POST /v1/videos/sync) with one
 #      worker and with --ulysses 2, after a 1-step warm-up request each (bar: Ulysses 2 <= 0.65x);
+#   2f. Ulysses head groups (--ulysses-head-groups G): `sp-bench --check` at the correctness shape
+#      (bf16, batch 2, 16 heads / 8 kv heads, odd length) with every G that divides a rank's heads
+#      among 2 and 4 (the pipelined path against one GPU and fp32), then the 14B 720p attention shape
+#      (75,600 tokens, 40 heads of 128, dense) under Ulysses N with G = 1, 2 and 4 (5 where 4 does not
+#      divide the 40/N heads), G > 1 also with --ulysses-sm-margin 32: step time and the exposed
+#      share of the all-to-alls (the waits ctx.stream made for them, sp-bench's comm_ms);
 #   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs, 14B 720p 81 frames and
 #      1.3B 480p, for each attention of --dit-attn (dense, radial, dynamic_topk: top-k 0.2, every row
-#      ranked) under each layout of --dit-layouts (ulysses: Ulysses N; ring: Ring N; cfg: CFG-parallel
+#      ranked) under each layout of --dit-layouts (ulysses: Ulysses N; ulysses-g2: Ulysses N with
+#      --ulysses-head-groups 2, where 2 divides a rank's heads; ring: Ring N; cfg: CFG-parallel
 #      x Ulysses N/2), the memory per GPU (nvidia-smi's peak during the run), the bytes sent, and
 #      (N > 1, --check) the last step against one GPU's;
 #   4. prints the table last (also written to OUT/table.md).
@@ -29,7 +36,7 @@
 #          --gpus "2 4" (world sizes to run; those above the visible GPU count are skipped),
 #          --launcher mpirun|env (default: mpirun when on PATH, else one process per GPU started
 #          here with TESSEL_RANK / TESSEL_WORLD_SIZE and a TCP rendezvous),
-#          --skip-correctness (1, 2b and 2c), --skip-attention, --skip-dit, --steps N (timed steps, default 3),
+#          --skip-correctness (1, 2b and 2c), --skip-attention, --skip-dit, --skip-head-groups (2f), --steps N (timed steps, default 3),
 #          --dit-models "wan-14b wan-1.3b" (the models of 3), --dit-attn "dense radial" (its attentions),
 #          --dit-layouts "ulysses" (its layouts: ulysses ring cfg), --serve-bar (2e), --skip-sp-check (1 alone), --skip-dit-check (2b alone),
 #          --run-timeout S (each multi-rank run is stopped after S seconds, default 300: a hang fails
@@ -39,7 +46,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build-cuda/bin" OUTDIR="$PWD/multi-gpu-out" GPUS="2 4" LAUNCHER="" STEPS=3
-RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1 RUN_SP_CHECK=1 RUN_DIT_CHECK=1 DIT_MODELS="wan-14b wan-1.3b" RUN_TIMEOUT=300
+RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1 RUN_HEAD_GROUPS=1 RUN_SP_CHECK=1 RUN_DIT_CHECK=1 DIT_MODELS="wan-14b wan-1.3b" RUN_TIMEOUT=300
 DIT_ATTN="dense radial" DIT_LAYOUTS="ulysses" RUN_SERVE_BAR=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -58,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     --skip-correctness) RUN_CORRECTNESS=0; shift ;;
     --skip-attention) RUN_ATTENTION=0; shift ;;
     --skip-dit) RUN_DIT=0; shift ;;
+    --skip-head-groups) RUN_HEAD_GROUPS=0; shift ;;
     *) echo "multi-gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -112,7 +120,10 @@ if kind == "sp":
         extra = ""
         if "pass" in row:
             extra = f"{row['rel_l2_vs_fp32']:.2e} (1 GPU {row['one_rank_rel_l2_vs_fp32']:.2e}) {'ok' if row['pass'] else 'FAIL'}"
-        print(f"{layout}|{row['step_ms']:.3f}|{row['one_rank_ms']:.3f}|{row['speedup']:.2f}|{row['sent_mb']:.1f}|{extra}")
+        if row.get("ulysses_head_groups", 1) > 1:
+            layout += f" (head groups {row['ulysses_head_groups']})"
+        comm = f"{row['comm_ms']:.3f} ({100 * row['comm_share']:.1f} %)" if row.get("comm_ms") is not None else ""
+        print(f"{layout}|{row['step_ms']:.3f}|{row['one_rank_ms']:.3f}|{row['speedup']:.2f}|{row['sent_mb']:.1f}|{extra}|{comm}")
 else:
     check = ""
     if "check_pass" in report:
@@ -124,7 +135,7 @@ EOF
 }
 
 TABLE="$OUTDIR/table.md"
-CORRECTNESS_ROWS=() DIT_CHECK_ROWS=() ATTENTION_ROWS=() DIT_ROWS=()
+CORRECTNESS_ROWS=() DIT_CHECK_ROWS=() ATTENTION_ROWS=() DIT_ROWS=() HEAD_GROUP_ROWS=()
 FAILED=0
 MASKS=("dense" "block_sparse" "radial" "dynamic_topk")
 mask_flags() {  # the sp-bench flags of a mask kind at the correctness shape (odd length, GQA)
@@ -150,7 +161,7 @@ if [[ $RUN_CORRECTNESS -eq 1 && $RUN_SP_CHECK -eq 1 ]]; then
           CORRECTNESS_ROWS+=("| $n | $mask | ${cfg:+cfg-parallel} | run failed (see $name.log) | | | | | |")
           continue
         fi
-        while IFS='|' read -r layout step one speedup sent check; do
+        while IFS='|' read -r layout step one speedup sent check _comm; do
           [[ "$check" == *FAIL* ]] && FAILED=1
           CORRECTNESS_ROWS+=("| $n | $mask | $layout | $check |")
         done < <(json_rows "$OUTDIR/$name.log" sp)
@@ -312,10 +323,50 @@ if [[ $RUN_ATTENTION -eq 1 ]]; then
           ATTENTION_ROWS+=("| $label | $mask | $n | run failed (see $name.log) | | | | |")
           continue
         fi
-        while IFS='|' read -r layout step one speedup sent check; do
+        while IFS='|' read -r layout step one speedup sent check _comm; do
           ATTENTION_ROWS+=("| $label | $mask | $n | $layout | $one | $step | $speedup | $(python3 -c "print(f'{$speedup / $n:.2f}')") | $sent |")
         done < <(json_rows "$OUTDIR/$name.log" sp)
       done
+    done
+  done
+fi
+
+# ---- 2f. Ulysses head groups ------------------------------------------------------------------------
+if [[ $RUN_HEAD_GROUPS -eq 1 ]]; then
+  for n in $GPUS; do
+    [[ "$n" -le "$VISIBLE" ]] || continue
+    for groups in 2 4; do  # the correctness shape: 16 heads / 8 kv heads, 16/N and 8/N of them per rank
+      (( (8 / n) % groups == 0 && 8 % n == 0 )) || continue
+      name="head-groups-check-n$n-g$groups"
+      echo "== $name"
+      if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 --batch 2 --heads 16 --kv-heads 8 \
+           --head-dim 128 --mask dense --seq 4093 --ulysses "$n" --ulysses-head-groups "$groups" --steps 1 --warmup 0 --check --json; then
+        FAILED=1
+        HEAD_GROUP_ROWS+=("| check 4093 tokens | $n | $groups | run failed or FAIL (see $name.log) | | |")
+        continue
+      fi
+      while IFS='|' read -r layout step one speedup sent check comm; do
+        [[ "$check" == *ok* ]] || FAILED=1
+        HEAD_GROUP_ROWS+=("| check 4093 tokens | $n | $groups | $check | | |")
+      done < <(json_rows "$OUTDIR/$name.log" sp)
+    done
+    # 14B 720p: 40 heads, 40/N per rank; G > 1 also with 32 multiprocessors left to the exchanges
+    for run in 1:0 2:0 2:32 4:0 4:32 5:0 5:32; do
+      groups="${run%%:*}" margin="${run#*:}"
+      (( (40 / n) % groups == 0 )) || continue
+      [[ "$groups" -eq 5 && $(( (40 / n) % 4 )) -eq 0 ]] && continue
+      name="head-groups-14b-720p-n$n-g$groups-m$margin"
+      echo "== $name"
+      margin_flags=()
+      [[ "$margin" -gt 0 ]] && margin_flags=(--ulysses-sm-margin "$margin")
+      if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" sp-bench --device cuda --dtype bf16 --seq 75600 --heads 40 --head-dim 128 \
+           --mask dense --ulysses "$n" --ulysses-head-groups "$groups" "${margin_flags[@]}" --steps "$STEPS" --warmup 1 --json; then
+        HEAD_GROUP_ROWS+=("| 14b-720p dense | $n | $groups (sm margin $margin) | run failed (see $name.log) | | |")
+        continue
+      fi
+      while IFS='|' read -r layout step one speedup sent check comm; do
+        HEAD_GROUP_ROWS+=("| 14b-720p dense | $n | $groups (sm margin $margin) | $step ms (one GPU $one ms, ${speedup}x) | $comm | $sent |")
+      done < <(json_rows "$OUTDIR/$name.log" sp)
     done
   done
 fi
@@ -342,6 +393,9 @@ if [[ $RUN_DIT -eq 1 ]]; then
           for layout in $DIT_LAYOUTS; do
             case "$layout" in
               ulysses) runs+=("$n|--ulysses $n") ;;
+              ulysses-g2)  # the pipelined all-to-alls, where 2 divides a rank's heads (14B: 40, 1.3B: 12)
+                heads=$([[ "$name_model" == wan-14b ]] && echo 40 || echo 12)
+                (( (heads / n) % 2 == 0 )) && runs+=("$n|--ulysses $n --ulysses-head-groups 2") ;;
               ring) runs+=("$n|--ring $n") ;;
               cfg) runs+=("$n|--cfg-parallel$([[ $n -gt 2 ]] && echo " --ulysses $((n / 2))")") ;;
               *) echo "multi-gpu-check: unknown --dit-layouts entry $layout" >&2; exit 2 ;;
@@ -421,6 +475,13 @@ fi
   echo "| shape | mask | GPUs | layout | 1 GPU ms | N GPUs ms | speedup | efficiency | MB sent per rank |"
   echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${ATTENTION_ROWS[@]}"
+  echo
+  echo "Ulysses head groups (sp-bench, bf16, --ulysses N --ulysses-head-groups G): the check against one GPU and fp32, and the"
+  echo "14B 720p attention (75,600 tokens, 40 heads of 128, dense, batch 1); exposed all-to-all: the waits for the exchanges"
+  echo
+  echo "| case | GPUs | head groups | step (or check) | exposed all-to-all ms (share) | MB sent per rank |"
+  echo "|---|---|---|---|---|---|"
+  printf '%s\n' "${HEAD_GROUP_ROWS[@]}"
   echo
   echo "Wan denoising step (dit-bench, batch 2, random weights)"
   echo

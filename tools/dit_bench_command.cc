@@ -482,10 +482,13 @@ int run_dit_bench(const DitBenchOptions& o, const SparseAttnFlags& flags, const 
         {"norm_rope", profile.norm_rope_s / n}, {"other", profile.other_s / n}}},
       {"ranks", run.world_size()},
       {"ulysses", parallel.ulysses},
+      {"ulysses_head_groups", parallel.ulysses_head_groups},
+      {"ulysses_sm_margin", parallel.ulysses_sm_margin},
       {"ring", parallel.ring},
       {"cfg", cfg_split ? 2 : 1},
       // CPU: the seconds a rank was blocked in communication; CUDA: the device time of the
-      // attention's all-to-alls and unhidden ring exchanges (waiting for slower ranks included).
+      // attention's all-to-alls (with head groups: the waits the attention did not hide) and
+      // unhidden ring exchanges (waiting for slower ranks included).
       {"comm_s_per_step", device.is_cpu() ? nlohmann::json(communication.seconds / n)
                           : timeline      ? nlohmann::json(exchange_ms / 1000.0 / n)
                                           : nlohmann::json()},

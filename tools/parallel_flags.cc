@@ -19,8 +19,25 @@ ParallelConfig ParallelFlags::config() const {
   config.sp_ring_degree = ring;
   config.cfg_parallel_size = cfg_parallel ? 2 : 1;
   config.ring_sm_margin = ring_sm_margin;
+  config.ulysses_head_groups = ulysses_head_groups;
+  config.ulysses_sm_margin = ulysses_sm_margin;
   check_ring_sm_margin_used(ring > 1);
+  check_ulysses_head_groups_used(ulysses > 1 && ring == 1);
   return config;
+}
+
+void ParallelFlags::check_ulysses_head_groups_used(bool any_ulysses_alone) const {
+  check_ulysses_head_groups_flag(ulysses_head_groups, ulysses_sm_margin, any_ulysses_alone, describe());
+}
+
+void check_ulysses_head_groups_flag(int groups, int sm_margin, bool any_ulysses_alone, const std::string& layout) {
+  if (groups > 1 && !any_ulysses_alone)
+    fail_argument("--ulysses-head-groups",
+                  "1 unless Ulysses runs alone (--ulysses > 1 without --ring): the groups pipeline its all-to-alls",
+                  detail::concat(groups, " with ", layout));
+  if (sm_margin > 0 && groups == 1)
+    fail_argument("--ulysses-sm-margin", "together with --ulysses-head-groups > 1: it only changes their overlap",
+                  detail::concat(sm_margin, " without head groups"));
 }
 
 void ParallelFlags::check_ring_sm_margin_used(bool any_ring) const {
@@ -41,6 +58,16 @@ void add_parallel_flags(CLI::App& app, ParallelFlags& flags) {
   app.add_flag("--cfg-parallel", flags.cfg_parallel, "the two guidance branches on two ranks (launch with mpirun)");
   flags.ring_sm_margin_option = app.add_option("--ring-sm-margin", flags.ring_sm_margin,
                  "multiprocessors Ring attention leaves free for its K/V exchange (changes timing only)")
+      ->capture_default_str()
+      ->check(integer_in(0, 1024));
+  app.add_option("--ulysses-head-groups", flags.ulysses_head_groups,
+                 "Ulysses alone: pipeline its all-to-alls with the attention in this many groups of each rank's heads "
+                 "(divides them; changes timing only)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1024));
+  app.add_option("--ulysses-sm-margin", flags.ulysses_sm_margin,
+                 "with --ulysses-head-groups: multiprocessors each group's attention leaves to the all-to-alls beside it "
+                 "(changes timing only)")
       ->capture_default_str()
       ->check(integer_in(0, 1024));
 }

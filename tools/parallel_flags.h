@@ -2,6 +2,11 @@
 //   --ulysses N      Ulysses degree of the sequence parallelism (divides the attention heads)
 //   --ring M         Ring degree
 //   --cfg-parallel   the two classifier-free guidance branches on two ranks
+//   --ring-sm-margin N          multiprocessors Ring attention leaves to its exchange
+//   --ulysses-head-groups G     Ulysses alone: its all-to-alls pipelined with the attention in G
+//                               groups of each rank's heads (divides the heads of a Ulysses rank)
+//   --ulysses-sm-margin N       with head groups: multiprocessors each group's attention leaves to
+//                               the all-to-alls beside it
 // and the process group they start. More than one rank needs the job launched by mpirun with
 // exactly N x M (x 2 with --cfg-parallel) processes: `mpirun -n 4 tessel dit-bench --ulysses 2 --ring 2`.
 //
@@ -29,14 +34,23 @@ struct ParallelFlags {
   bool cfg_parallel = false;
   int ring_sm_margin = ParallelConfig{}.ring_sm_margin;
   const CLI::Option* ring_sm_margin_option = nullptr;  // set by add_parallel_flags: given or not
+  int ulysses_head_groups = ParallelConfig{}.ulysses_head_groups;
+  int ulysses_sm_margin = ParallelConfig{}.ulysses_sm_margin;
 
-  // Throws when --ring-sm-margin is given to a run without a ring (it would change nothing).
+  // Throws when --ring-sm-margin is given to a run without a ring (it would change nothing), and
+  // when --ulysses-head-groups is above 1 without Ulysses alone (--ulysses > 1, no --ring).
   ParallelConfig config() const;
   void check_ring_sm_margin_used(bool any_ring) const;
+  void check_ulysses_head_groups_used(bool any_ulysses_alone) const;
   std::string describe() const;  // "ulysses 2 x ring 2 x cfg 2"
 };
 
 void add_parallel_flags(CLI::App& app, ParallelFlags& flags);
+
+// Throws Error naming --ulysses-head-groups when `groups` is above 1 and no layout of the run is
+// Ulysses alone (`layout` describes the run's degrees in the message), and naming
+// --ulysses-sm-margin when `sm_margin` is set with `groups` 1. serve's worker group too.
+void check_ulysses_head_groups_flag(int groups, int sm_margin, bool any_ulysses_alone, const std::string& layout);
 
 // The ranks of a run. One rank (every degree 1): no MPI at all, groups() is null. Otherwise an MPI
 // session, the world communicator (metered: meter() counts every group's traffic) and the groups.

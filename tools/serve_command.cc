@@ -19,6 +19,7 @@
 #include "cache_flags.h"
 #include "lora_flags.h"
 #include "offload_flags.h"
+#include "parallel_flags.h"
 #include "weights_flags.h"
 #include "attention_dtype_flag.h"
 #include "command.h"
@@ -55,6 +56,8 @@ struct ServeOptions {
   int ulysses = 1;
   int ring = 1;
   bool cfg_parallel = false;
+  int ulysses_head_groups = ParallelConfig{}.ulysses_head_groups;
+  int ulysses_sm_margin = ParallelConfig{}.ulysses_sm_margin;
   int64_t max_queue = 8;
   std::optional<int64_t> max_batch;  // unset: kDefaultMaxBatch for one worker, 1 for a group
   int64_t batch_join_ms = 0;
@@ -252,6 +255,10 @@ int run_serve(ServeOptions o, const SparseAttnFlags& flags, const LoraFlags& lor
   runner.ulysses = o.ulysses;
   runner.ring = o.ring;
   runner.cfg_parallel = o.cfg_parallel;
+  runner.ulysses_head_groups = o.ulysses_head_groups;
+  runner.ulysses_sm_margin = o.ulysses_sm_margin;
+  check_ulysses_head_groups_flag(o.ulysses_head_groups, o.ulysses_sm_margin, o.ulysses > 1 && o.ring == 1,
+                                 detail::concat("ulysses ", o.ulysses, " x ring ", o.ring, " x cfg ", o.cfg_parallel ? 2 : 1));
   const int64_t workers = static_cast<int64_t>(o.ulysses) * o.ring * (o.cfg_parallel ? 2 : 1);
   if (o.num_gpus && *o.num_gpus != workers)
     fail_argument("--num-gpus", detail::concat(workers, ": --ulysses x --ring (x 2 with --cfg-parallel), which say how the ",
@@ -385,6 +392,16 @@ CommandRegistration registration{
           ->check(integer_in(1, 64));
       app.add_option("--ring", o->ring, "Ring sequence-parallel degree of the worker group")->capture_default_str()->check(integer_in(1, 64));
       app.add_flag("--cfg-parallel", o->cfg_parallel, "the two guidance branches on two workers");
+      app.add_option("--ulysses-head-groups", o->ulysses_head_groups,
+                     "Ulysses alone: pipeline its all-to-alls with the attention in this many groups of each worker's heads "
+                     "(divides them; changes timing only)")
+          ->capture_default_str()
+          ->check(integer_in(1, 1024));
+      app.add_option("--ulysses-sm-margin", o->ulysses_sm_margin,
+                     "with --ulysses-head-groups: multiprocessors each group's attention leaves to the all-to-alls beside it "
+                     "(changes timing only)")
+          ->capture_default_str()
+          ->check(integer_in(0, 1024));
       app.add_option("--threads", o->threads, "CPU threads per worker (default: all)")->check(integer_in(1, 4096));
       app.add_option("--device", o->device,
                      "where each worker runs the transformer and the text encoder: cpu (fp32) or cuda[:N] (bf16)")

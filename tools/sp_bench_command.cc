@@ -133,9 +133,15 @@ std::vector<ParallelConfig> layouts_of(const SpBenchOptions& o, const ParallelFl
     config.sp_ring_degree = sequence / ulysses;
     config.cfg_parallel_size = cfg;
     config.ring_sm_margin = flags.ring_sm_margin;
+    if (ulysses > 1 && config.sp_ring_degree == 1) {
+      config.ulysses_head_groups = flags.ulysses_head_groups;
+      config.ulysses_sm_margin = flags.ulysses_sm_margin;
+    }
     all.push_back(config);
   }
   flags.check_ring_sm_margin_used(std::any_of(all.begin(), all.end(), [](const ParallelConfig& c) { return c.sp_ring_degree > 1; }));
+  flags.check_ulysses_head_groups_used(
+      std::any_of(all.begin(), all.end(), [](const ParallelConfig& c) { return c.sp_ulysses_degree > 1 && c.sp_ring_degree == 1; }));
   return all;
 }
 
@@ -152,11 +158,12 @@ WorkEstimate sp_bench_estimate(const SpBenchOptions& o, const ParallelFlags& fla
   const double blocks = static_cast<double>((o.seq + o.block_q - 1) / o.block_q) * static_cast<double>((o.seq + o.block_kv - 1) / o.block_kv);
   const double mask = o.mask == "dense" ? 0.0 : 4.0 * blocks * density * (o.mask == "radial" ? 1.0 : static_cast<double>(o.heads));
   // The layout of the fewest shards has the largest: q, k, v and out, and about as much again in
-  // the exchange buffers.
+  // the exchange buffers (with Ulysses head groups these also stage k and v).
   int fewest = 0;
   for (const ParallelConfig& config : layouts)
     fewest = fewest == 0 ? config.sp_ulysses_degree * config.sp_ring_degree : std::min(fewest, config.sp_ulysses_degree * config.sp_ring_degree);
-  const double exchange = 2.0 * element * (2.0 * q + 2.0 * kv) / static_cast<double>(std::max(fewest, 1));
+  const double staged_kv = flags.ulysses_head_groups > 1 ? 2.0 * kv : 0.0;
+  const double exchange = element * (2.0 * (2.0 * q + 2.0 * kv) + 2.0 * staged_kv) / static_cast<double>(std::max(fewest, 1));
   const double inputs_host = 4.0 * (q + 2.0 * kv) + mask;
   const double inputs_device = element * (q + 2.0 * kv) + element * q + (device.is_cuda() ? mask : 0.0);
   const double gathered = o.check ? element * q * (2.0 + branches) : 0.0;
@@ -339,14 +346,17 @@ int run_sp_bench(SpBenchOptions o, const ParallelFlags& flags) {
     }
     const double step = median(step_s), steps = static_cast<double>(o.steps);
     nlohmann::json row = {{"ulysses", config.sp_ulysses_degree},
+                          {"ulysses_head_groups", config.ulysses_head_groups},
+                          {"ulysses_sm_margin", config.ulysses_sm_margin},
                           {"ring", config.sp_ring_degree},
                           {"cfg", config.cfg_parallel_size},
                           {"strategy", std::string(parallel_strategy_name(attention.strategy()))},
                           {"step_ms", 1e3 * step},
                           {"one_rank_ms", 1e3 * one_rank_time},
                           {"speedup", step > 0 ? one_rank_time / step : 0.0},
-                          // CPU: host time blocked in calls; CUDA: the all-to-alls' and the exposed ring
-                          // exchanges' device time in the profiled step.
+                          // CPU: host time blocked in calls; CUDA: the all-to-alls' (with head groups:
+                          // the waits for them) and the exposed ring exchanges' device time in the
+                          // profiled step.
                           {"comm_ms", device.is_cpu() ? 1e3 * comm_s / steps : exposed_comm_ms},
                           {"comm_share", step > 0 ? (device.is_cpu() ? comm_s / steps : 1e-3 * exposed_comm_ms) / step : 0.0},
                           {"sent_mb", comm_bytes / steps / 1e6},

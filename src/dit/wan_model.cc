@@ -302,6 +302,14 @@ void WanTransformer::Impl::make_self_attention(const WanAttentionOptions& attent
     fail_argument("WanAttentionOptions::parallel sp_ulysses_degree",
                   detail::concat("a divisor of the model's ", config.num_attention_heads, " attention heads"),
                   parallel->config.sp_ulysses_degree);
+  // The head groups must split each rank's heads too (ParallelAttention checks it again when the
+  // first forward of a size builds it; here a bad value fails at load, before any request).
+  if (parallel != nullptr && parallel->config.ulysses_head_groups > 1 &&
+      (config.num_attention_heads / parallel->config.sp_ulysses_degree) % parallel->config.ulysses_head_groups != 0)
+    fail_argument("WanAttentionOptions::parallel ulysses_head_groups",
+                  detail::concat("a divisor of the ", config.num_attention_heads / parallel->config.sp_ulysses_degree,
+                                 " attention heads of each Ulysses rank"),
+                  parallel->config.ulysses_head_groups);
   sequence_parallel.reset();
   for (const auto& [layer, layer_config] : attention.layer_configs)
     if (layer < 0 || layer >= config.num_layers)

@@ -246,6 +246,8 @@ class WanRunner final : public PipelineRunner {
     layout.sp_ulysses_degree = config_.ulysses;
     layout.sp_ring_degree = config_.ring;
     layout.cfg_parallel_size = config_.cfg_parallel ? 2 : 1;
+    layout.ulysses_head_groups = config_.ulysses_head_groups;
+    layout.ulysses_sm_margin = config_.ulysses_sm_margin;
     if (layout.world_size() != setup.world_size)
       fail_argument("number of workers for WanPipeline",
                     detail::concat("ulysses x ring (x 2 with cfg_parallel) = ", layout.world_size()), setup.world_size);
@@ -361,8 +363,9 @@ void set_image_limits(WanRequestLimits& limits, const WanModelDir& model) {
 // coefficients passes them on).
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(WanRunnerConfig, embeddings_file, num_threads, device, sparse_attn_config_json,
                                                 sparse_attn_config_2_json, sparse_attention_settings, backend_override, plugin_dirs, scheduler, cache,
-                                                cache_config, flow_shift, ulysses, ring, cfg_parallel, loras, loras_2,
-                                                lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights, fp8_attention, transformer_file,
+                                                cache_config, flow_shift, ulysses, ring, cfg_parallel, ulysses_head_groups, ulysses_sm_margin,
+                                                loras, loras_2, lora_ignore_unmatched, lora_adapters, offload_blocks, fp8_weights, fp8_attention,
+                                                transformer_file,
                                                 transformer_2_file)
 
 std::string wan_runner_config_to_json(const WanRunnerConfig& c) { return nlohmann::json(c).dump(); }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "tessel/parallel/communicator.h"
@@ -18,6 +19,8 @@ void check_ring_exchange(const Communicator& comm, const TensorView& send, const
 // All four checked as above, of one byte size, none the same memory as another; returns the bytes.
 size_t check_neighbour_exchange(const Communicator& comm, const TensorView& to_previous, const TensorView& to_next,
                                 const TensorView& from_previous, const TensorView& from_next);
+// A transfer that completed before it was returned (engines without asynchronous transfers).
+std::unique_ptr<PendingExchange> make_done_exchange();
 // Throws Error when `bytes` does not fit the int count an engine takes.
 int checked_count(size_t bytes, const std::string& what);
 

@@ -63,6 +63,12 @@ class MeteredCommunicator final : public Communicator {
     const MeteredScope scope(*meter_);
     inner_->all_reduce_sum(ctx, tensor);
   }
+  std::unique_ptr<PendingExchange> all_to_all_async(const ExecContext& ctx, const TensorView& send,
+                                                    const TensorView& recv) override {
+    count(static_cast<double>(send.nbytes()) * (size() - 1) / size());
+    const MeteredScope scope(*meter_);
+    return std::make_unique<MeteredPendingExchange>(inner_->all_to_all_async(ctx, send, recv), meter_);
+  }
   std::unique_ptr<PendingExchange> ring_exchange_async(const ExecContext& ctx, const TensorView& send,
                                                        const TensorView& recv) override {
     count(size() > 1 ? static_cast<double>(send.nbytes()) : 0.0);

@@ -93,6 +93,22 @@ TensorView gathered_by_shard(const TensorView& gathered, int64_t groups) {
                     {length * gathered.stride(1), gathered.stride(0), gathered.stride(1), gathered.stride(2), gathered.stride(3)});
 }
 
+// The view of `shape` and `strides` that starts `offset` elements into `buffer`.
+TensorView view_at(const TensorView& buffer, int64_t offset, const Shape& shape, const Shape& strides) {
+  auto* data = static_cast<char*>(buffer.data()) + offset * static_cast<int64_t>(dtype_size(buffer.dtype()));
+  return TensorView(data, buffer.dtype(), buffer.device(), shape, strides);
+}
+
+// A shard (B, L, H, D) as (G, U, B, L, H/(U*G), D): index (g, u) is head group g of the heads that
+// Ulysses rank u attends to (heads u*H/U + g*H/(U*G) ...).
+TensorView shard_by_head_group_and_rank(const TensorView& shard, int64_t head_groups, int64_t ranks) {
+  const int64_t per_rank = shard.size(2) / ranks, heads = per_rank / head_groups;
+  return TensorView(shard.data(), shard.dtype(), shard.device(),
+                    {head_groups, ranks, shard.size(0), shard.size(1), heads, shard.size(3)},
+                    {heads * shard.stride(2), per_rank * shard.stride(2), shard.stride(0), shard.stride(1), shard.stride(2),
+                     shard.stride(3)});
+}
+
 }  // namespace
 
 // One all-to-all over the Ulysses group: `source` (U, ...) is packed into `send` (piece u goes to
@@ -125,15 +141,25 @@ ParallelAttention::ParallelAttention(const ParallelGroups& groups, const Paralle
   ulysses_rank_ = ulysses_.rank();
   ring_rank_ = ring_.rank();
   ring_sm_margin_ = groups.config.ring_sm_margin;
+  head_groups_ = groups.config.ulysses_head_groups;
+  ulysses_sm_margin_ = groups.config.ulysses_sm_margin;
 
   const int64_t B = shape.batch, D = shape.head_dim, heads = shape.heads / ulysses, kv_heads = shape.kv_heads / ulysses;
+  // A group of query heads attends to the kv heads of its own group (GQA), so G divides both.
+  if (head_groups_ > 1 && (heads % head_groups_ != 0 || kv_heads % head_groups_ != 0))
+    fail_argument("ParallelConfig.ulysses_head_groups",
+                  detail::concat("a divisor of the ", heads, " query heads and the ", kv_heads,
+                                 " kv heads of each Ulysses rank (a group's query heads need their kv heads)"),
+                  head_groups_);
   if (ulysses > 1) {
     q_heads_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
     out_heads_ = Tensor::empty({B, chunk_, heads, D}, shape.dtype, shape.device);
     k_heads_ = Tensor::empty({B, chunk_, kv_heads, D}, shape.dtype, shape.device);
     v_heads_ = Tensor::empty({B, chunk_, kv_heads, D}, shape.dtype, shape.device);
-    send_ = Tensor::empty({B * sharding_.shard_length * shape.heads * D}, shape.dtype, shape.device);
-    recv_ = Tensor::empty({B * sharding_.shard_length * shape.heads * D}, shape.dtype, shape.device);
+    // Head groups stage q, k and v of every group at once (their exchanges are in flight together).
+    const int64_t staged_heads = head_groups_ > 1 ? shape.heads + 2 * shape.kv_heads : shape.heads;
+    send_ = Tensor::empty({B * sharding_.shard_length * staged_heads * D}, shape.dtype, shape.device);
+    recv_ = Tensor::empty({B * sharding_.shard_length * staged_heads * D}, shape.dtype, shape.device);
   }
   if (ring > 1) {
     for (Tensor& buffer : kv_ring_) buffer = Tensor::empty({2, B, chunk_, kv_heads, D}, shape.dtype, shape.device);
@@ -172,19 +198,32 @@ std::shared_ptr<const ParallelMaskPlan> ParallelAttention::plan_mask(const Block
   auto plan = std::make_shared<ParallelMaskPlan>();
   const int ring = ring_.size();
   const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
-  plan->steps_.resize(static_cast<size_t>(ring));
-  for (int step = 0; step < ring; ++step) {
-    const int source = (ring_rank_ - step + ring) % ring;  // the K/V shard held at this step
-    const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
-    if (queries == 0 || keys == 0) continue;
-    ParallelMaskPlan::Step& slot = plan->steps_[static_cast<size_t>(step)];
-    slot.mask = slice_block_mask(global_mask, heads, {ring_rank_ * chunk_, queries}, {source * chunk_, keys});
+  // The slice of `head_range` for the step whose K/V shard is `source`'s.
+  const auto cut = [&](ParallelMaskPlan::Step& slot, TokenRange head_range, int source, int64_t keys) {
+    slot.mask = slice_block_mask(global_mask, head_range, {ring_rank_ * chunk_, queries}, {source * chunk_, keys});
     slot.has_blocks = slot.mask.nnz() > 0;
     if (shape_.device.is_cuda()) {
       slot.copy = slot.mask.to_device(shape_.device);
       slot.view = slot.copy.view();
     } else {
       slot.view = slot.mask.view();
+    }
+  };
+  plan->steps_.resize(static_cast<size_t>(ring));
+  for (int step = 0; step < ring; ++step) {
+    const int source = (ring_rank_ - step + ring) % ring;  // the K/V shard held at this step
+    const int64_t keys = chunk_valid(shape_.seq, chunk_, source);
+    if (queries == 0 || keys == 0) continue;
+    cut(plan->steps_[static_cast<size_t>(step)], heads, source, keys);
+  }
+  if (head_groups_ > 1) {  // Ulysses alone: one step, every key; each group its share of the mask heads
+    plan->head_group_steps_.resize(static_cast<size_t>(head_groups_));
+    const int64_t group_heads = heads.count / head_groups_;
+    for (int group = 0; group < head_groups_; ++group) {
+      const TokenRange range = m.mask_heads == 1 ? heads : TokenRange{heads.begin + group * group_heads, group_heads};
+      std::vector<ParallelMaskPlan::Step>& steps = plan->head_group_steps_[static_cast<size_t>(group)];
+      steps.resize(1);
+      if (queries > 0) cut(steps[0], range, 0, queries);
     }
   }
   return plan;
@@ -220,12 +259,78 @@ void ParallelAttention::forward(const ExecContext& ctx, const TensorView& q, con
   if (mask != nullptr && mask->steps().size() != static_cast<size_t>(ring_.size()))
     fail_argument("mask", detail::concat("a plan of ", ring_.size(), " ring steps (from this attention's plan_mask)"),
                   mask->steps().size());
-  if (ulysses_.size() == 1) return ring_attention(ctx, q, k, v, out, mask);
+  if (mask != nullptr && mask->head_group_steps_.size() != static_cast<size_t>(head_groups_ > 1 ? head_groups_ : 0))
+    fail_argument("mask", detail::concat("a plan for ", head_groups_, " Ulysses head groups (from this attention's plan_mask)"),
+                  mask->head_group_steps_.size());
+  const std::vector<ParallelMaskPlan::Step>* steps = mask != nullptr ? &mask->steps() : nullptr;
+  if (ulysses_.size() == 1) return ring_attention(ctx, q, k, v, out, steps);
+  if (head_groups_ > 1) return ulysses_head_group_pipeline(ctx, q, k, v, out, mask);
   ulysses_to_heads(ctx, q, q_heads_);
   ulysses_to_heads(ctx, k, k_heads_);
   ulysses_to_heads(ctx, v, v_heads_);
-  ring_attention(ctx, q_heads_, k_heads_, v_heads_, out_heads_, mask);
+  ring_attention(ctx, q_heads_, k_heads_, v_heads_, out_heads_, steps);
   ulysses_to_sequence(ctx, out_heads_, out);
+}
+
+// Ulysses alone, each rank's heads in G groups. Group g's staging slot (in send_ and recv_) holds
+// one piece per rank, each piece that group's q, k and v heads one after the other, so that one
+// all-to-all per group moves all three; once they are unpacked the slot carries the group's output
+// back. Every group's q/k/v exchange is issued before any attention: they run in that order on the
+// communicator's stream, group g+1's under group g's attention, and group g's output exchange under
+// group g+1's. Each rank issues the same collectives in the same order (2 G all-to-alls).
+void ParallelAttention::ulysses_head_group_pipeline(const ExecContext& ctx, const TensorView& q, const TensorView& k,
+                                                    const TensorView& v, const TensorView& out, const ParallelMaskPlan* mask) {
+  const int64_t G = head_groups_, U = ulysses_.size();
+  const int64_t B = shape_.batch, L = sharding_.shard_length, D = shape_.head_dim;
+  const int64_t heads = shape_.heads / (U * G), kv_heads = shape_.kv_heads / (U * G);  // of one group
+  const int64_t q_piece = B * L * heads * D, kv_piece = B * L * kv_heads * D;
+  const int64_t piece = q_piece + 2 * kv_piece, slot = U * piece;
+  // (G, U, B, L, h, D): every group's pieces of one tensor, `offset` elements into each piece.
+  const auto staged = [&](const Tensor& buffer, int64_t offset, int64_t h) {
+    return view_at(buffer, offset, {G, U, B, L, h, D}, {slot, piece, L * h * D, h * D, D, 1});
+  };
+  const auto whole_slot = [&](const Tensor& buffer, int64_t group) { return view_at(buffer, group * slot, {slot}, {1}); };
+  // Group g's heads after the exchange: (B, chunk, h, D), contiguous, the g-th part of the buffer.
+  const auto group_of = [&](const Tensor& buffer, int64_t group, int64_t h) {
+    return view_at(buffer, group * B * chunk_ * h * D, {B, chunk_, h, D}, {chunk_ * h * D, h * D, D, 1});
+  };
+  copy_rows(ctx, shard_by_head_group_and_rank(q, G, U), staged(send_, 0, heads));
+  copy_rows(ctx, shard_by_head_group_and_rank(k, G, U), staged(send_, q_piece, kv_heads));
+  copy_rows(ctx, shard_by_head_group_and_rank(v, G, U), staged(send_, q_piece + kv_piece, kv_heads));
+  mark(ctx, "ulysses pack");
+  std::vector<std::unique_ptr<PendingExchange>> inputs(static_cast<size_t>(G)), outputs(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g)
+    inputs[static_cast<size_t>(g)] = ulysses_.all_to_all_async(ctx, whole_slot(send_, g), whole_slot(recv_, g));
+  mark(ctx, "ulysses all_to_all");  // on CUDA only enqueued; on the CPU the exchanges themselves
+  for (int64_t g = 0; g < G; ++g) {
+    inputs[static_cast<size_t>(g)]->wait(ctx);
+    mark(ctx, "ulysses all_to_all");  // what the previous group's attention did not hide
+    const TensorView q_g = group_of(q_heads_, g, heads), k_g = group_of(k_heads_, g, kv_heads);
+    const TensorView v_g = group_of(v_heads_, g, kv_heads), out_g = group_of(out_heads_, g, heads);
+    copy_rows(ctx, select_first(staged(recv_, 0, heads), g), gathered_by_shard(q_g, U));
+    copy_rows(ctx, select_first(staged(recv_, q_piece, kv_heads), g), gathered_by_shard(k_g, U));
+    copy_rows(ctx, select_first(staged(recv_, q_piece + kv_piece, kv_heads), g), gathered_by_shard(v_g, U));
+    mark(ctx, "ulysses unpack");
+    // Another group's exchange is in flight beside every group's attention (the next group's input,
+    // the previous group's output): the attention leaves it ulysses_sm_margin multiprocessors.
+    ring_attention(ctx, q_g, k_g, v_g, out_g, mask != nullptr ? &mask->head_group_steps_[static_cast<size_t>(g)] : nullptr,
+                   ulysses_sm_margin_);
+    // The slot is free: the wait above saw its q/k/v exchange end, the unpack above read it.
+    const TensorView out_send = view_at(send_, g * slot, {U, B, L, heads, D}, {q_piece, L * heads * D, heads * D, D, 1});
+    copy_rows(ctx, gathered_by_shard(out_g, U), out_send);
+    mark(ctx, "ulysses pack");
+    outputs[static_cast<size_t>(g)] = ulysses_.all_to_all_async(ctx, view_at(send_, g * slot, {U * q_piece}, {1}),
+                                           view_at(recv_, g * slot, {U * q_piece}, {1}));
+    mark(ctx, "ulysses all_to_all");
+  }
+  const TensorView out_by_group = shard_by_head_group_and_rank(out, G, U);
+  for (int64_t g = 0; g < G; ++g) {
+    outputs[static_cast<size_t>(g)]->wait(ctx);
+    mark(ctx, "ulysses all_to_all");
+    copy_rows(ctx, view_at(recv_, g * slot, {U, B, L, heads, D}, {q_piece, L * heads * D, heads * D, D, 1}),
+              select_first(out_by_group, g));
+    mark(ctx, "ulysses unpack");
+  }
 }
 
 void ParallelAttention::forward_with_rows_mask(const ExecContext& ctx, const TensorView& q, const TensorView& k,
@@ -265,7 +370,7 @@ void ParallelAttention::forward_with_rows_mask(const ExecContext& ctx, const Ten
   } else {
     cut_rows_mask_on_device(ctx, rows, queries, plan);
   }
-  ring_attention(ctx, q, k, v, out, &plan);
+  ring_attention(ctx, q, k, v, out, &plan.steps_);
 }
 
 // The per-step CSRs of `rows` cut by two kernels into ring_mask_slices_ (grown to the largest
@@ -336,9 +441,11 @@ void ParallelAttention::ulysses_to_sequence(const ExecContext& ctx, const Tensor
 }
 
 // q, out (B, chunk, H, D) of this ring position; k, v (B, chunk, H_kv, D). With one ring rank this
-// is plain attention over the real tokens.
+// is plain attention over the real tokens. Every step leaves `sm_margin` multiprocessors free (a
+// Ulysses head group's exchange beside it), a block-sparse step beside a K/V exchange ring_sm_margin.
 void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k,
-                                       const TensorView& v, const TensorView& out, const ParallelMaskPlan* mask) {
+                                       const TensorView& v, const TensorView& out,
+                                       const std::vector<ParallelMaskPlan::Step>* mask, int sm_margin) {
   const int ring = ring_.size();
   const int64_t B = q.size(0), H = q.size(2);
   const int64_t queries = chunk_valid(shape_.seq, chunk_, ring_rank_);
@@ -350,7 +457,7 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
   int attending = 0;
   for (int step = 0; step < ring; ++step) {
     const int64_t keys = chunk_valid(shape_.seq, chunk_, (ring_rank_ - step + ring) % ring);
-    const bool has_blocks = mask == nullptr || mask->steps()[static_cast<size_t>(step)].has_blocks;
+    const bool has_blocks = mask == nullptr || (*mask)[static_cast<size_t>(step)].has_blocks;
     attends[static_cast<size_t>(step)] = queries > 0 && keys > 0 && has_blocks;
     attending += attends[static_cast<size_t>(step)];
   }
@@ -381,6 +488,7 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
     // are long enough that the exchange, started first, finishes while a few CTAs wait; reserving
     // SMs for the whole step costs more (docs/benchmarks.md, "Ring's exchange beside the attention").
     AttentionOptions step_options = options_;
+    step_options.sm_margin = sm_margin;
     if (pending && mask != nullptr) step_options.sm_margin = ring_sm_margin_;
     if (attends[static_cast<size_t>(step)]) {
       const TensorView k_step = ring > 1 ? select_first(kv_ring_[step % 2], 0) : k;
@@ -389,7 +497,7 @@ void ParallelAttention::ring_attention(const ExecContext& ctx, const TensorView&
       const TensorView target_out = attended == 0 ? first_out : partial_out;
       const TensorView target_lse = attended == 0 ? lse : partial_lse;
       if (mask != nullptr)
-        block_sparse_attention_forward(ctx, q_real, k_real, v_real, mask->steps()[static_cast<size_t>(step)].view,
+        block_sparse_attention_forward(ctx, q_real, k_real, v_real, (*mask)[static_cast<size_t>(step)].view,
                                        target_out, target_lse, step_options);
       else
         attention_forward(ctx, q_real, k_real, v_real, target_out, target_lse, step_options);

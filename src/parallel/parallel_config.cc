@@ -63,6 +63,17 @@ void ParallelConfig::validate(int world_size_) const {
     fail_argument("ParallelConfig.tensor_parallel_size", "1 (tensor parallelism is not implemented)", tensor_parallel_size);
   if (ring_sm_margin < 0 || ring_sm_margin > 1024)
     fail_argument("ParallelConfig.ring_sm_margin", "in [0, 1024] (multiprocessors left free)", ring_sm_margin);
+  if (ulysses_head_groups < 1 || ulysses_head_groups > 1024)
+    fail_argument("ParallelConfig.ulysses_head_groups", "in [1, 1024]", ulysses_head_groups);
+  if (ulysses_head_groups > 1 && (sp_ulysses_degree == 1 || sp_ring_degree > 1))
+    fail_argument("ParallelConfig.ulysses_head_groups",
+                  "1 unless Ulysses runs alone (sp_ulysses_degree > 1 and sp_ring_degree 1): the groups pipeline its all-to-alls",
+                  detail::concat(ulysses_head_groups, " with ulysses ", sp_ulysses_degree, " x ring ", sp_ring_degree));
+  if (ulysses_sm_margin < 0 || ulysses_sm_margin > 1024)
+    fail_argument("ParallelConfig.ulysses_sm_margin", "in [0, 1024] (multiprocessors left free)", ulysses_sm_margin);
+  if (ulysses_sm_margin > 0 && ulysses_head_groups == 1)
+    fail_argument("ParallelConfig.ulysses_sm_margin", "0 without Ulysses head groups (ulysses_head_groups 1: nothing overlaps)",
+                  ulysses_sm_margin);
   if (cfg_parallel_size > 2)
     fail_argument("ParallelConfig.cfg_parallel_size", "1 or 2 (one rank per guidance branch)", cfg_parallel_size);
   for (const auto& [name, degree] : degrees)
@@ -116,7 +127,8 @@ ParallelGroups initialize_parallel_groups(const Communicator& world, const Paral
     return world.split(/*color=*/ranks.front(), key, options);  // the group's first rank names it
   };
   groups.tensor = split(ParallelDim::kTensor);
-  groups.ulysses = split(ParallelDim::kUlysses);
+  // Under head groups the all-to-alls run beside the attention, which leaves them ulysses_sm_margin.
+  groups.ulysses = split(ParallelDim::kUlysses, SplitOptions{config.ulysses_sm_margin});
   // The ring's exchange runs beside the attention, which leaves it ring_sm_margin multiprocessors.
   groups.ring = split(ParallelDim::kRing, SplitOptions{config.ring_sm_margin});
   groups.sequence = split(ParallelDim::kSequence);

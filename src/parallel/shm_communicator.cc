@@ -76,11 +76,6 @@ struct ShmMapping {
   }
 };
 
-class DonePendingExchange final : public PendingExchange {
- public:
-  void wait(const ExecContext&) override {}
-};
-
 class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(std::shared_ptr<const ShmMapping> mapping, std::vector<int> members, int index, int barrier)
@@ -150,7 +145,7 @@ class ShmCommunicator final : public Communicator {
         wait_for_group();
       });
     }
-    return std::make_unique<DonePendingExchange>();
+    return parallel_detail::make_done_exchange();
   }
 
   // Each rank stages [to_previous | to_next] in its slot (half a slot each, in pieces) and reads its

@@ -45,6 +45,12 @@ class TracedCommunicator final : public Communicator {
     const SyncTraceScope trace(describe("all_reduce_sum", tensor.nbytes()));
     inner_->all_reduce_sum(ctx, tensor);
   }
+  std::unique_ptr<PendingExchange> all_to_all_async(const ExecContext& ctx, const TensorView& send,
+                                                    const TensorView& recv) override {
+    std::string what = describe("all_to_all_async", send.nbytes());
+    const SyncTraceScope trace(what);
+    return std::make_unique<TracedPendingExchange>(inner_->all_to_all_async(ctx, send, recv), std::move(what));
+  }
   std::unique_ptr<PendingExchange> ring_exchange_async(const ExecContext& ctx, const TensorView& send,
                                                        const TensorView& recv) override {
     std::string what = describe("ring_exchange", send.nbytes());

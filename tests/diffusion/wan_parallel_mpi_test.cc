@@ -1,9 +1,9 @@
 // Multi-process tests, launched by ctest through mpirun with 2 and 4 ranks: the Wan transformer
-// under sequence parallelism (Ulysses, Ring, USP) and the Wan pipeline under CFG-parallel (alone
-// and with sequence parallelism), dense and sparse (a sliding-window block mask, radial, dynamic
-// top-k), on a random 2-block model over an odd 5 x 3 x 3 patch grid (45 tokens), against the
-// same model run by one process. Every rank computes the one-process result itself, so nothing
-// but the parallel path crosses ranks.
+// under sequence parallelism (Ulysses, also with its heads in two pipelined groups, Ring, USP) and
+// the Wan pipeline under CFG-parallel (alone and with sequence parallelism), dense and sparse (a
+// sliding-window block mask, radial, dynamic top-k), on a random 2-block model over an odd
+// 5 x 3 x 3 patch grid (45 tokens), against the same model run by one process. Every rank
+// computes the one-process result itself, so nothing but the parallel path crosses ranks.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -56,11 +56,12 @@ WanConfig tiny_config() {
 constexpr int64_t kFrames = 5, kHeight = 6, kWidth = 6, kTextTokens = 7;
 
 std::string layout_name(const ParallelConfig& c) {
-  return detail::concat("ulysses ", c.sp_ulysses_degree, " x ring ", c.sp_ring_degree, " x cfg ", c.cfg_parallel_size);
+  return detail::concat("ulysses ", c.sp_ulysses_degree, " x ring ", c.sp_ring_degree, " x cfg ", c.cfg_parallel_size,
+                        c.ulysses_head_groups > 1 ? detail::concat(" (", c.ulysses_head_groups, " head groups)") : "");
 }
 
 // Every layout of the world: CFG 1 or 2, the rest split between Ulysses (a divisor of the 4 heads)
-// and Ring.
+// and Ring; Ulysses alone also with two head groups (ParallelConfig::ulysses_head_groups).
 std::vector<ParallelConfig> layouts() {
   std::vector<ParallelConfig> all;
   for (int cfg = 1; cfg <= 2; ++cfg) {
@@ -73,6 +74,11 @@ std::vector<ParallelConfig> layouts() {
       config.sp_ulysses_degree = ulysses;
       config.sp_ring_degree = sequence / ulysses;
       all.push_back(config);
+      // Ulysses alone with its heads pipelined in two groups, where a rank has an even number of them.
+      if (ulysses > 1 && config.sp_ring_degree == 1 && (4 / ulysses) % 2 == 0) {
+        config.ulysses_head_groups = 2;
+        all.push_back(config);
+      }
     }
   }
   return all;
@@ -256,7 +262,8 @@ TEST(WanGeneratorParallel, TheTextRootsEmbeddingsReachEveryRank) {
   options.load_vae = false;
   const Tensor expected = WanGenerator::load(ExecContext{}, dir, options).generate(ExecContext{}, request).generation.latents;
   for (const ParallelConfig& config : layouts()) {
-    if (config.sp_ulysses_degree > 2) continue;  // the tiny preset has 2 heads
+    // The tiny preset has 2 heads: at most 2 Ulysses ranks, one head each (no head groups).
+    if (config.sp_ulysses_degree > 2 || config.ulysses_head_groups > 1) continue;
     const ParallelGroups groups = initialize_parallel_groups(world(), config);
     WanLoadOptions parallel_options = options;
     parallel_options.parallel = &groups;

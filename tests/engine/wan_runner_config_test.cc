@@ -23,6 +23,8 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   config.ulysses = 2;
   config.ring = 2;
   config.cfg_parallel = true;
+  config.ulysses_head_groups = 4;
+  config.ulysses_sm_margin = 24;
   config.loras = {{"/a.safetensors", 0.75}, {"/b.safetensors", -1.0}};
   config.loras_2 = {{"/c.safetensors", 1.0}};
   config.lora_ignore_unmatched = true;
@@ -46,6 +48,8 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   EXPECT_EQ(back.ulysses, 2);
   EXPECT_EQ(back.ring, 2);
   EXPECT_TRUE(back.cfg_parallel);
+  EXPECT_EQ(back.ulysses_head_groups, 4);
+  EXPECT_EQ(back.ulysses_sm_margin, 24);
   ASSERT_EQ(back.loras.size(), 2u);
   EXPECT_EQ(back.loras[0].path, "/a.safetensors");
   EXPECT_EQ(back.loras[0].scale, 0.75);
@@ -69,6 +73,7 @@ TEST(WanRunnerConfig, EveryFieldSurvivesTheJsonTrip) {
   EXPECT_FALSE(defaults.offload_blocks);
   EXPECT_FALSE(defaults.fp8_weights);
   EXPECT_FALSE(defaults.fp8_attention);
+  EXPECT_EQ(defaults.ulysses_head_groups, 1);
   EXPECT_TRUE(defaults.transformer_file.empty() && defaults.transformer_2_file.empty());
   EXPECT_EQ(defaults.device, "cpu");
 }

@@ -1,13 +1,22 @@
 // One GPU: groups of one rank (the single-rank communicator, and NCCL when built with it) run the
 // parallel attention path, dense and block-sparse, and equal the attention kernels called directly;
 // the NCCL communicator's operations run on one rank. The multi-GPU layouts are the MPI test's, run
-// on several GPUs.
+// on several GPUs. Two GPUs (skipped with fewer): Ulysses 2 with its heads pipelined in groups, one
+// thread per rank over a TCP-bootstrapped NCCL world.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include "tessel/core/current_device.h"
+#include "tessel/core/error.h"
+#include "tessel/parallel/sequence_sharding.h"
 
 #include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
@@ -122,6 +131,101 @@ TEST(ParallelAttentionGpu, OneRankNcclGroupRunsRadialAndTopkMasks) {
     EXPECT_EQ(max_abs_difference(out, expected), 0.0);
   }
   EXPECT_EQ(meter->bytes, 0.0);
+}
+
+// Ulysses 2 on two GPUs with G = 1, 2 and 4 head groups (16 heads, 8 kv heads: 8 and 4 per rank; G = 2
+// also with --ulysses-sm-margin 32),
+// bf16, batch 2, an odd sequence (a padded shard), dense, radial and a random block mask of per-head
+// rows: G > 1 gives the bits of G = 1 (the same kernels on the same heads; only the all-to-alls move
+// to the communicator's stream and overlap the attention), and G = 1 equals one GPU's kernel on the
+// whole sequence within bf16 rounding (2e-2, as the MPI test's bf16 cases).
+TEST(ParallelAttentionGpu, UlyssesHeadGroupsOnTwoGpusGiveTheBitsOfOneGroup) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU visible (or tessel built without CUDA): GPU test skipped";
+  if (!nccl_compiled()) GTEST_SKIP() << "tessel built without NCCL: two-GPU test skipped";
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs, " << cuda_device_count() << " visible: two-GPU test skipped";
+  const int64_t batch = 2, heads = 16, kv_heads = 8, dim = 128;
+  StaticPlanRequest radial_request;
+  radial_request.layout.grid = {7, 11, 13};  // 1001 tokens: shards of 501, the second padded
+  const int64_t seq = radial_request.layout.grid.numel();
+  Tensor q_host = Tensor::empty({batch, seq, heads, dim}, DType::kF32), k_host = Tensor::empty({batch, seq, kv_heads, dim}, DType::kF32);
+  Tensor v_host = Tensor::empty(k_host.shape(), DType::kF32);
+  fill_normal(q_host, 21);
+  fill_normal(k_host, 22);
+  fill_normal(v_host, 23);
+  const std::vector<std::pair<const char*, BlockMask>> masks = {
+      {"dense", BlockMask{}},
+      {"radial", plan_static_pattern(StaticPattern{RadialPattern{}}, radial_request).mask},
+      {"random per-head rows", BlockMask::random({batch, heads, seq, seq, 128, 64}, 0.3, 24)}};
+  TcpRendezvous rendezvous;
+  rendezvous.size = 2;
+  rendezvous.port = 29700 + static_cast<int>(getpid() % 200);
+  auto rank_steps = [&](int rank) {
+    const Device gpu = Device::cuda(rank);
+    make_current_device(gpu);
+    const ExecContext ctx{gpu};
+    TcpRendezvous mine = rendezvous;
+    mine.rank = rank;
+    const std::unique_ptr<Communicator> world = make_nccl_communicator(ctx, mine, gpu);
+    const Tensor q = q_host.to(DType::kBF16).to(gpu), k = k_host.to(DType::kBF16).to(gpu), v = v_host.to(DType::kBF16).to(gpu);
+    // One kernel call on the whole sequence per mask: what every grouping must reproduce.
+    std::vector<Tensor> wholes, one_group(masks.size());
+    for (const auto& [name, mask] : masks) {
+      Tensor whole = Tensor::empty(q.shape(), DType::kBF16, gpu);
+      if (mask.nnz() > 0) {
+        const BlockMask::DeviceCopy device_mask = mask.to_device(gpu);
+        block_sparse_attention_forward(ctx, q, k, v, device_mask.view(), whole, TensorView{});
+      } else {
+        attention_forward(ctx, q, k, v, whole, TensorView{});
+      }
+      wholes.push_back(std::move(whole));
+    }
+    // (head groups, multiprocessors each group's attention leaves to the exchanges beside it)
+    for (const auto& [head_groups, sm_margin] : {std::pair{1, 0}, {2, 0}, {4, 0}, {2, 32}}) {
+      ParallelConfig config;
+      config.sp_ulysses_degree = 2;
+      config.ulysses_head_groups = head_groups;
+      config.ulysses_sm_margin = sm_margin;
+      const ParallelGroups groups = initialize_parallel_groups(*world, config);
+      ParallelAttention attention(groups, {batch, seq, heads, kv_heads, dim, DType::kBF16, gpu, 128, 64});
+      const SequenceSharding& sharding = attention.sharding();
+      const int64_t L = sharding.shard_length;
+      Tensor qs = Tensor::empty({batch, L, heads, dim}, DType::kBF16, gpu);
+      Tensor ks = Tensor::empty({batch, L, kv_heads, dim}, DType::kBF16, gpu), vs = Tensor::empty(ks.shape(), DType::kBF16, gpu);
+      take_shard(ctx, sharding, rank, q, qs);
+      take_shard(ctx, sharding, rank, k, ks);
+      take_shard(ctx, sharding, rank, v, vs);
+      for (size_t m = 0; m < masks.size(); ++m) {
+        const BlockMask& mask = masks[m].second;
+        SCOPED_TRACE(detail::concat("rank ", rank, " ", masks[m].first, ", ", head_groups, " head groups, sm margin ", sm_margin));
+        Tensor poison = Tensor::empty(qs.shape(), DType::kBF16);
+        fill(poison, std::nan(""));
+        const Tensor out = poison.to(gpu);
+        const auto plan = mask.nnz() > 0 ? attention.plan_mask(mask) : nullptr;
+        attention.forward(ctx, qs, ks, vs, out, plan.get());
+        Tensor expected = Tensor::empty(out.shape(), DType::kBF16, gpu);
+        take_shard(ctx, sharding, rank, wholes[m], expected);
+        const Tensor got = out.to(Device::cpu());
+        if (head_groups == 1) {
+          EXPECT_LE(max_abs_difference(got, expected), 2e-2);
+          one_group[m] = got;
+        } else {
+          EXPECT_EQ(std::memcmp(got.data(), one_group[m].data(), got.nbytes()), 0) << "differs from one group's output";
+        }
+      }
+    }
+  };
+  // An error on one rank fails the test instead of ending the process (the other rank's NCCL calls
+  // then wait for it: the test's timeout ends them).
+  auto rank_body = [&](int rank) {
+    try {
+      rank_steps(rank);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << rank << ": " << e.what();
+    }
+  };
+  std::thread second(rank_body, 1);
+  rank_body(0);
+  second.join();
 }
 
 }  // namespace

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "attention_test_inputs.h"
 #include "block_mask_slicing.h"
 #include "multi_process_test_main.h"
 #include "error_of.h"
 #include "tessel/core/error.h"
-#include "tessel/core/random.h"
 #include "tessel/kernels/attention.h"
 #include "tessel/parallel/cfg_parallel.h"
 #include "tessel/parallel/communicator.h"
@@ -29,7 +29,6 @@
 #include "tessel/parallel/traced_communicator.h"
 #include "tessel/core/log.h"
 #include "tessel/core/sync_trace.h"
-#include "tessel/sparse/planners/static_patterns.h"
 
 namespace tessel {
 namespace {
@@ -108,13 +107,8 @@ TEST(WorldCommunicator, NeighbourExchangeSendsEachEdgeToItsNeighbour) {
   EXPECT_NE(aliased.find("from_next"), std::string::npos) << aliased;
 }
 
-struct Case {
+struct Case : testing::AttentionCase {
   ParallelConfig config;
-  int64_t batch = 2, seq = 37, heads = 8, kv_heads = 4, head_dim = 16;
-  int64_t block_q = 0, block_kv = 0;  // 0: dense
-  int64_t mask_batch = 1, mask_heads = 1;
-  DType dtype = DType::kF32;
-  bool radial = false;  // the mask is Radial Attention's plan for a 5x3x3 latent grid (seq 45)
   // Largest difference allowed from the single-process result: fp32 rounding; for fp16/bf16 the
   // ring's partial outputs are rounded to the dtype before they are merged (in fp32).
   double tolerance() const { return dtype == DType::kF32 ? 2e-6 : 2e-2; }
@@ -127,41 +121,11 @@ std::string describe(const Case& c) {
                         c.mask_heads, " mask batch ", c.mask_batch);
 }
 
-struct Inputs {
-  Tensor q, k, v;
-  BlockMask mask;
-};
+using Inputs = testing::AttentionInputs;
+using testing::max_abs_difference;
 
 // The same tensors on every rank (seeded); `branch` selects the CFG branch's inputs.
-Inputs make_inputs(const Case& c, int branch) {
-  Inputs in{Tensor::empty({c.batch, c.seq, c.heads, c.head_dim}, DType::kF32),
-            Tensor::empty({c.batch, c.seq, c.kv_heads, c.head_dim}, DType::kF32),
-            Tensor::empty({c.batch, c.seq, c.kv_heads, c.head_dim}, DType::kF32), {}};
-  const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(branch);
-  fill_normal(in.q, seed + 1);
-  fill_normal(in.k, seed + 2);
-  fill_uniform(in.v, seed + 3);
-  if (c.radial) {
-    StaticPlanRequest request;
-    request.layout.grid = {5, 3, 3};
-    request.block_q = c.block_q;
-    request.block_kv = c.block_kv;
-    in.mask = plan_static_pattern(StaticPattern{RadialPattern{}}, request).mask;
-  } else if (c.block_q > 0) {
-    const BlockMaskShape shape{c.mask_batch, c.mask_heads, c.seq, c.seq, c.block_q, c.block_kv};
-    std::vector<uint8_t> dense = BlockMask::random(shape, 0.25, seed + 4).to_dense();
-    // One query block of mask head 0 sees nothing: its rows must come out 0 on every strategy.
-    const int64_t kv_blocks = shape.kv_blocks();
-    std::fill(dense.begin() + kv_blocks, dense.begin() + 2 * kv_blocks, 0);
-    in.mask = BlockMask::from_dense(shape, dense);
-  }
-  if (c.dtype != DType::kF32) {
-    in.q = in.q.to(c.dtype);
-    in.k = in.k.to(c.dtype);
-    in.v = in.v.to(c.dtype);
-  }
-  return in;
-}
+Inputs make_inputs(const Case& c, int branch) { return testing::make_attention_inputs(c, 1000 + 10 * static_cast<uint64_t>(branch)); }
 
 Tensor single_process_attention(const Case& c, const Inputs& in) {
   Tensor out = Tensor::empty(in.q.shape(), c.dtype);
@@ -170,13 +134,6 @@ Tensor single_process_attention(const Case& c, const Inputs& in) {
   else
     attention_forward(ExecContext{}, in.q, in.k, in.v, out, TensorView{});
   return out;
-}
-
-double max_abs_difference(const TensorView& a, const TensorView& b) {
-  double worst = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i)
-    worst = std::max(worst, std::abs(element_as_double(a, i) - element_as_double(b, i)));
-  return worst;
 }
 
 void expect_matches_single_process(const Case& c) {
@@ -191,14 +148,7 @@ void expect_matches_single_process(const Case& c) {
   ParallelAttention attention(groups, shape);
   const SequenceSharding& sharding = attention.sharding();
   const int64_t part = groups.coordinates.sequence, L = sharding.shard_length;
-  Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype);
-  Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype);
-  Tensor v = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype);
-  Tensor out = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype);
-  fill(out, std::nan(""));
-  take_shard(ctx, sharding, part, in.q, q);
-  take_shard(ctx, sharding, part, in.k, k);
-  take_shard(ctx, sharding, part, in.v, v);
+  const auto [q, k, v, out] = testing::take_attention_shards(c, sharding, part, in);
   std::shared_ptr<const ParallelMaskPlan> plan;
   if (c.block_q > 0) plan = attention.plan_mask(in.mask);
   attention.forward(ctx, q, k, v, out, plan.get());
@@ -357,13 +307,8 @@ TEST(ParallelAttention, UnevenPerRankWorkKeepsTheCollectivesInStep) {
     const BlockMask mask = BlockMask::from_dense(shape, dense);
     ParallelAttention attention(groups, {c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, c.dtype, Device::cpu(), c.block_q, c.block_kv});
     const SequenceSharding& sharding = attention.sharding();
-    const int64_t L = sharding.shard_length, part = groups.coordinates.sequence;
-    Tensor q = Tensor::empty({c.batch, L, c.heads, c.head_dim}, c.dtype), out = Tensor::empty(q.shape(), c.dtype);
-    Tensor k = Tensor::empty({c.batch, L, c.kv_heads, c.head_dim}, c.dtype), v = Tensor::empty(k.shape(), c.dtype);
-    fill(out, std::nan(""));
-    take_shard(ctx, sharding, part, in.q, q);
-    take_shard(ctx, sharding, part, in.k, k);
-    take_shard(ctx, sharding, part, in.v, v);
+    const int64_t part = groups.coordinates.sequence;
+    const auto [q, k, v, out] = testing::take_attention_shards(c, sharding, part, in);
     meter->reset();
     attention.forward(ctx, q, k, v, out, attention.plan_mask(mask).get());
     const int64_t calls = meter->calls;

@@ -676,6 +676,8 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("dit-bench check without parallel", dit(["--check"]), ["--check"])
     err("dit-bench ring-sm-margin without ring", dit(["--ring-sm-margin", "32"]), ["--ring-sm-margin", "--ring"])
     opts("dit-bench", dbase, "--ring-sm-margin", ["-1", "1025", "x"])
+    err("dit-bench ulysses-head-groups without ulysses", dit(["--ulysses-head-groups", "2"]), ["--ulysses-head-groups", "--ulysses"])
+    opts("dit-bench", dbase, "--ulysses-head-groups", ["0", "1025", "x"])
     err("dit-bench model and from-dir", dit(["--model", "wan-1.3b"]), ["--model", "--from-dir"])
     err("dit-bench model bogus", ["dit-bench"] + hs.strip_option(dbase, "--from-dir") + ["--model", "bogus"], ["--model"])
     for value, names in (("/nonexistent/t", ["/nonexistent/t"]), (fx["m_file"], ["m_file"]), (fx["m_empty"], ["m_empty", "config.json"]),
@@ -739,6 +741,10 @@ def build_cases(fx: dict[str, str], root: Path) -> list[Case]:
     err("sp-bench out of memory names its size flags", sp(["--seq", "2000000", "--heads", "64", "--head-dim", "256", "--batch", "64"]),
         ["memory", "--seq 2000000", "--heads 64", "--head-dim 256", "--batch 64"])
     err("sp-bench ring-sm-margin without ring", sp(["--ring-sm-margin", "16"]), ["--ring-sm-margin", "--ring"])
+    err("sp-bench ulysses-head-groups without ulysses", sp(["--ulysses-head-groups", "2"]), ["--ulysses-head-groups", "--ulysses"])
+    opts("sp-bench", sbase, "--ulysses-head-groups", ["0", "x"])
+    err("sp-bench ulysses-sm-margin without head groups", sp(["--ulysses-sm-margin", "16"]), ["--ulysses-sm-margin", "--ulysses-head-groups"])
+    opts("sp-bench", sbase, "--ulysses-sm-margin", ["-1", "1025", "x"])
     opts("sp-bench", sbase, "--ulysses", ["2", "0"])
     opts("sp-bench", sbase, "--ring", ["2"])
     err("sp-bench cfg-parallel without mpirun", sp(["--cfg-parallel"]), ["--cfg-parallel", "mpirun", "processes"])

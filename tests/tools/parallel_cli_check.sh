@@ -2,6 +2,8 @@
 # The CLI's parallel flags under mpirun (ctest parallel_cli_np2 / _np4, label mpi):
 #   sp-bench --check over every layout of the ranks, dense, block-sparse, radial and dynamic top-k,
 #   with and without --cfg-parallel (exit 1 when a layout's output differs from one rank's);
+#   sp-bench --check under Ulysses with its heads pipelined in 2 groups (--ulysses-head-groups 2), and
+#   the flag refused without Ulysses alone or when it does not divide a rank's heads;
 #   dit-bench --check (a tiny random model) under Ulysses, Ring, USP and CFG-parallel, dense, radial
 #   and dynamic top-k;
 #   generate (a tiny random model) with --ulysses / --ring / --cfg-parallel, latents and decoded
@@ -23,6 +25,27 @@ for mask in "dense" "block_sparse --density 0.3" "radial --grid 5x7x9" "dynamic_
     grep -q " ok" "$WORK/sp.log"
     if grep -q "FAIL" "$WORK/sp.log"; then exit 1; fi
   done
+done
+
+echo "== sp-bench --ulysses $RANKS --ulysses-head-groups 2"
+for mask in "dense" "radial --grid 5x7x9"; do
+  # shellcheck disable=SC2086
+  run "$TESSEL" sp-bench --seq 203 --heads 16 --kv-heads 8 --head-dim 32 --block-q 16 --block-kv 8 --mask $mask \
+    --steps 1 --warmup 0 --threads 1 --check --ulysses "$RANKS" --ulysses-head-groups 2 | tee "$WORK/sp.log"
+  grep -q " ok" "$WORK/sp.log"
+  if grep -q "FAIL" "$WORK/sp.log"; then exit 1; fi
+done
+for bad in "--ring $RANKS --ulysses-head-groups 2|--ulysses-head-groups: expected 1 unless Ulysses runs alone" \
+           "--ulysses $RANKS --ulysses-head-groups 3|ParallelConfig.ulysses_head_groups: expected a divisor of the"; do
+  flags="${bad%%|*}" expected="${bad#*|}"
+  echo "== sp-bench $flags (an error)"
+  # shellcheck disable=SC2086
+  if run "$TESSEL" sp-bench --seq 203 --heads 16 --kv-heads 8 --head-dim 32 --steps 1 --warmup 0 --threads 1 $flags \
+       >"$WORK/bad.log" 2>&1; then
+    echo "expected an error for $flags" >&2
+    exit 1
+  fi
+  grep -q -- "$expected" "$WORK/bad.log"
 done
 
 half=$((RANKS / 2))

@@ -57,6 +57,8 @@ struct WanRunnerConfig {
   int ulysses = 1;
   int ring = 1;
   bool cfg_parallel = false;
+  int ulysses_head_groups = 1;  // ParallelConfig::ulysses_head_groups (Ulysses alone)
+  int ulysses_sm_margin = 0;    // ParallelConfig::ulysses_sm_margin
   // LoRAs merged into every request's transformers at start-up (WanLoadOptions::loras / loras_2).
   std::vector<LoraFile> loras, loras_2;
   bool lora_ignore_unmatched = false;

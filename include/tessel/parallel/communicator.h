@@ -23,9 +23,10 @@
 
 namespace tessel {
 
-// A ring exchange in flight (ring_exchange_async). wait() makes the received data visible to work
-// run under ctx: on the CPU it blocks until the transfer is done, on CUDA it makes ctx.stream wait
-// for it. Destroying a pending exchange without wait() waits.
+// A transfer in flight (ring_exchange_async, all_to_all_async). wait() makes the received data
+// visible to work run under ctx: on the CPU it blocks until the transfer is done, on CUDA it makes
+// ctx.stream wait for it (no host synchronization). Destroying a pending exchange without wait()
+// waits on the CPU; on CUDA nothing waits for it then (the caller must not read recv).
 class PendingExchange {
  public:
   virtual ~PendingExchange() = default;
@@ -53,6 +54,14 @@ class Communicator {
   // send holds size() equal chunks (bytes); chunk i goes to rank i, and recv's chunk i comes from
   // rank i. recv has send's byte size.
   virtual void all_to_all(const ExecContext& ctx, const TensorView& send, const TensorView& recv) = 0;
+  // all_to_all that returns at once so that work on ctx.stream can overlap it: on NCCL it runs on
+  // the communicator's own stream (the one of ring exchanges), after the work already on
+  // ctx.stream; several may be in flight and they run in the order they were issued, so every rank
+  // must issue them (and the collectives on ctx.stream) in the same order. send must stay
+  // untouched and recv unread until wait(). Engines without a second stream (MPI, shared memory,
+  // single rank) run it to completion here and wait() returns at once.
+  virtual std::unique_ptr<PendingExchange> all_to_all_async(const ExecContext& ctx, const TensorView& send,
+                                                            const TensorView& recv);
   // recv = the send tensors of ranks 0 .. size()-1, concatenated (size() times send's bytes).
   virtual void all_gather(const ExecContext& ctx, const TensorView& send, const TensorView& recv) = 0;
   // Elementwise sum over the ranks, in place (fp32 or fp64; NCCL also fp16 and bf16).

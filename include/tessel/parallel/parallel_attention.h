@@ -9,6 +9,10 @@
 //                      outputs are merged by their LSE (merge_attention_states).
 //   USP     (U x R)    Ulysses inside each ring position, Ring across them.
 //   local   (1 rank)   plain attention.
+// Ulysses alone with ParallelConfig::ulysses_head_groups G > 1 pipelines G groups of each rank's
+// heads: the q/k/v all-to-all of every group is issued at once on the communicator's own stream
+// (Communicator::all_to_all_async), group g's attention waits only for its own, and its output's
+// all-to-all runs while group g+1 attends. The same per-head attention: the same bits as G = 1.
 // Block-sparse attention composes with all of them: the mask is planned for the global sequence
 // (plan_mask) and every rank attends with the slice of it that matches its heads, its query shard
 // and the key shard of each ring step; steps whose slice keeps no block are skipped. Padding tokens
@@ -59,14 +63,18 @@ class ParallelMaskPlan {
  private:
   friend class ParallelAttention;
   std::vector<Step> steps_;
+  // ulysses_head_groups > 1: the one step of each head group, its slice cut to the group's heads.
+  std::vector<std::vector<Step>> head_group_steps_;
 };
 
 class ParallelAttention {
  public:
   // Plans the strategy for `groups` (its Ulysses and Ring communicators, which must outlive this
   // object and move tensors of shape.device) and allocates its buffers. Throws Error naming the
-  // argument when the Ulysses degree does not divide the heads or the kv heads, when the device is
-  // not the communicators', or when options ask for causal or windowed attention under Ring.
+  // argument when the Ulysses degree does not divide the heads or the kv heads, when
+  // groups.config.ulysses_head_groups does not divide the query and the kv heads of a Ulysses rank,
+  // when the device is not the communicators', or when options ask for causal or windowed
+  // attention under Ring.
   ParallelAttention(const ParallelGroups& groups, const ParallelAttentionShape& shape, const AttentionOptions& options = {});
 
   ParallelStrategy strategy() const { return strategy_; }
@@ -88,7 +96,9 @@ class ParallelAttention {
   // instead of estimating on q and k gathered from every rank. `attend` gets this rank's q, k, v
   // and out (B, seq, H/U, D) (the real tokens; views into this object's buffers, contiguous when
   // the shards have no padding) and writes out. Otherwise as forward(). Throws Error naming the
-  // strategy for Ring and USP.
+  // strategy for Ring and USP. Runs without head groups whatever ulysses_head_groups says: `attend`
+  // is one call of a sparse module per layer (its estimate, plan cache and report cover every head
+  // of the rank), which per-group calls would split.
   using LocalAttentionFn =
       std::function<void(const TensorView& q_heads, const TensorView& k_heads, const TensorView& v_heads, const TensorView& out_heads)>;
   void forward_with_local_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -119,7 +129,9 @@ class ParallelAttention {
                        const TensorView& target);
   void cut_rows_mask_on_device(const ExecContext& ctx, const BlockMaskView& rows, int64_t queries, ParallelMaskPlan& plan);
   void ring_attention(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
-                      const TensorView& out, const ParallelMaskPlan* mask);
+                      const TensorView& out, const std::vector<ParallelMaskPlan::Step>* mask, int sm_margin = 0);
+  void ulysses_head_group_pipeline(const ExecContext& ctx, const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const ParallelMaskPlan* mask);
 
   Communicator& ulysses_;
   Communicator& ring_;
@@ -130,9 +142,11 @@ class ParallelAttention {
   int64_t chunk_ = 0;  // tokens of one ring position: U shards
   int ulysses_rank_ = 0, ring_rank_ = 0;
   int ring_sm_margin_ = 0;  // ParallelConfig::ring_sm_margin
+  int head_groups_ = 1;     // ParallelConfig::ulysses_head_groups
+  int ulysses_sm_margin_ = 0;  // ParallelConfig::ulysses_sm_margin
   // Buffers (planned at construction).
   Tensor q_heads_, k_heads_, v_heads_, out_heads_;  // (B, chunk, H/U, D) after the Ulysses all-to-all
-  Tensor send_, recv_;                              // all-to-all staging
+  Tensor send_, recv_;                              // all-to-all staging (head groups: q, k and v of every group)
   Tensor kv_ring_[2];                               // (2, B, chunk, H_kv/U, D): K and V travelling together
   Tensor partial_out_, partial_lse_, lse_;          // one ring step's result, and the running LSE
   Tensor first_out_, running_out_;                  // fp16/bf16 only: the first step's result, the fp32 running one

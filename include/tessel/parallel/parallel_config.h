@@ -31,12 +31,24 @@ struct ParallelConfig {
   // Ring 4 lose 3.5 and 5.6 % at 32), while attention alone at batch 1 gains 15 % at 32 (8 and 16
   // starve the exchange); docs/benchmarks.md, "Ring's exchange beside the attention".
   int ring_sm_margin = 0;
+  // Ulysses alone (sp_ulysses_degree > 1, sp_ring_degree 1): each rank's heads are split into this
+  // many groups that are pipelined, the all-to-alls of one group on the communicator's own stream
+  // while another group's attention runs (ParallelAttention). 1: one all-to-all per tensor,
+  // serialised with the attention. It must divide the query and the kv heads of each Ulysses rank
+  // (checked where the heads are known: ParallelAttention's constructor). Changes no result.
+  int ulysses_head_groups = 1;
+  // With ulysses_head_groups > 1: multiprocessors each group's attention leaves free for the
+  // all-to-alls in flight beside it, and the most thread blocks the Ulysses group's NCCL kernels
+  // take (as ring_sm_margin for Ring). 0: no reservation. Changes no result, only the overlap.
+  int ulysses_sm_margin = 0;
 
   int sequence_parallel_size() const { return sp_ulysses_degree * sp_ring_degree; }
   // The number of ranks the configuration spans (the product of every degree).
   int world_size() const;
   // Throws Error naming the degree when one is below 1, tensor_parallel_size is not 1,
-  // cfg_parallel_size is not 1 or 2, or the degrees' product is not `world_size`.
+  // cfg_parallel_size is not 1 or 2, or the degrees' product is not `world_size`; naming
+  // ulysses_head_groups when it is below 1 or above 1 without Ulysses alone, and ulysses_sm_margin
+  // when it is out of range or set without head groups.
   void validate(int world_size) const;
 };
 

@@ -1,7 +1,7 @@
 // A communicator that writes every call to the synchronisation trace (tessel/core/sync_trace.h):
 // "<label> rank r/n #seq <call> <bytes>: start" before it and ": done" after, the call's sequence
-// number counted per communicator, and for a ring exchange also when its wait returns. Groups split
-// from it are traced too, labelled "<label>/split(color)". Two ranks whose last lines name different
+// number counted per communicator, and for a ring exchange or an asynchronous all-to-all also when
+// its wait returns. Groups split from it are traced too, labelled "<label>/split(color)". Two ranks whose last lines name different
 // calls or sequence numbers disagree on the order or the count of collectives.
 #pragma once
 
