@@ -37,7 +37,8 @@
 #      (bench/serve_batching.py: 8 images at once against one after another, videos, head-of-line,
 #      100 mixed requests) — --skip-offload, --skip-serve;
 #   9. weights as users load them (docs/dit.md): Wan 14B 720p, 4 blocks, bf16 against --weights fp8
-#      (dense and dynamic top-k 0.2) and against rank-64 per-request LoRA adapters (one, and a mixed
+#      (dense and dynamic top-k 0.2), --attention-dtype fp8 (alone and with --weights fp8) and
+#      rank-64 per-request LoRA adapters (one, and a mixed
 #      batch of two), beside PyTorch's bf16 and row-wise FP8 linears (bench/torch_fp8_linear.py) —
 #      --skip-weights;
 #  10. print the side-by-side table last.
@@ -308,13 +309,14 @@ if [[ $RUN_OFFLOAD == 1 ]]; then
   done
 fi
 
-# Weights as users load them (docs/dit.md): FP8 block weights and per-request LoRA adapters on Wan
-# 14B 720p (4 of the 40 blocks), and PyTorch's linears at the same shapes.
+# Weights as users load them (docs/dit.md): FP8 block weights, FP8 self-attention (--attention-dtype
+# fp8) and per-request LoRA adapters on Wan 14B 720p (4 of the 40 blocks), and PyTorch's linears at the same shapes.
 if [[ $RUN_WEIGHTS == 1 ]]; then
   echo "== Wan 14B weights: --weights fp8, per-request LoRA (dit-bench, 4 blocks, 720p)"
   : >"$OUTDIR/weights.txt"
   TOPK='{"backend": "dynamic_topk", "pattern": {"type": "dynamic_topk"}, "selection": {"topk_ratio": 0.2}, "options": {"similarity_threshold": "-2"}}'
   for run in "--batch 2" "--batch 2 --weights fp8" "--batch 2 --topk" "--batch 2 --weights fp8 --topk" \
+             "--batch 2 --attention-dtype fp8" "--batch 2 --attention-dtype fp8 --weights fp8" \
              "--batch 2 --lora-rank 64 --lora-adapters 1" "--batch 4" "--batch 4 --lora-rank 64 --lora-adapters 2"; do
     # shellcheck disable=SC2206  # the run's words are its flags
     args=(${run/--topk/})
