@@ -94,6 +94,13 @@ Tensor from_device(const void* data, const Shape& shape, DType dtype) {
 TEST(WanFp8Attention, FusedQuantizationGivesTheAttentionQuantizersBytes) {
   SKIP_WITHOUT_FP8_ATTENTION_GPU();
   const Device gpu = Device::cuda();
+  // The call given q and k cannot smooth K (the fused kernel has no channel means), so the call that
+  // quantizes for itself runs a variant without smoothing too: plain "fp8" (the default smooths).
+  force_attention_kernel_variant(gpu, 128, "fp8", AttentionPrecision::kFp8);
+  struct LiftForcedVariant {
+    Device device;
+    ~LiftForcedVariant() { force_attention_kernel_variant(device, 128, "", AttentionPrecision::kFp8); }
+  } lift{gpu};
   constexpr int64_t kD = 128;
   constexpr float kEps = 1e-6f;
   uint64_t seed = 900;

@@ -148,11 +148,11 @@ namespace detail {
 HopperVariant chosen_hopper_variant(const CallClass& call) {
   if (trial_variant) return *trial_variant;
   Table& t = table();
-  if (!t.any_choice.load(std::memory_order_acquire)) return HopperVariant{};
+  if (!t.any_choice.load(std::memory_order_acquire)) return default_hopper_variant(call.head_dim);
   const std::lock_guard lock(t.mutex);
   if (const auto f = t.forced.find({call.device, call.head_dim}); f != t.forced.end()) return f->second;
   if (const auto found = t.tuned.find(key_of(call)); found != t.tuned.end()) return found->second;
-  return HopperVariant{};
+  return default_hopper_variant(call.head_dim);
 }
 
 HopperFp8Variant chosen_hopper_fp8_variant(int device) {

@@ -25,8 +25,15 @@ struct HopperVariant {
 // "wide", "wide+pingpong", "narrow", "narrow+pingpong", "wide+lazy", "wide+pingpong+lazy",
 // "wide+tmastore", "wide+pingpong+tmastore", "wide+tmastore+overlap", "wide+pingpong+tmastore+overlap".
 std::string hopper_variant_name(const HopperVariant& variant);
-// The variants a head dim has instantiations of (the default first).
+// The variants a head dim has instantiations of (plain "wide" first).
 std::vector<HopperVariant> hopper_variants_for(int head_dim);
+// What an untuned call runs: at head dim 128 "wide+pingpong+tmastore", faster than "wide" in every
+// H200 measurement of session 18 (dense 2-4 %, block-sparse 3-10 % at S = 6,630 and 12,870) and
+// bit-identical to it (the stores through shared memory write the same values, the turns change no
+// arithmetic); elsewhere "wide" (the other head dims were not measured with it).
+inline HopperVariant default_hopper_variant(int head_dim) {
+  return head_dim == 128 ? HopperVariant{.ping_pong = true, .tma_store = true} : HopperVariant{};
+}
 
 // The FP8 mode's variants (docs/cuda-kernels.md, "FP8 attention"): independent choices, of which
 // hopper_fp8_variants() lists the instantiated combinations.
