@@ -25,6 +25,9 @@
 #      (75,600 tokens, 40 heads of 128, dense) under Ulysses N with G = 1, 2 and 4 (5 where 4 does not
 #      divide the 40/N heads), G > 1 also with --ulysses-sm-margin 32: step time and the exposed
 #      share of the all-to-alls (the waits ctx.stream made for them, sp-bench's comm_ms);
+#   2g. the Wan VAE decode split by height over N GPUs (`tessel vae-bench --ulysses N --check`, 480p
+#      81 frames, random Wan 2.1 weights, --no-tf32 so the check's bound is 1e-4): its time against one
+#      GPU's whole-frame decode, and the video against this rank's own whole-frame decode;
 #   3. Wan step times with `tessel dit-bench --device cuda` on 1, 2 and 4 GPUs, 14B 720p 81 frames and
 #      1.3B 480p, for each attention of --dit-attn (dense, radial, dynamic_topk: top-k 0.2, every row
 #      ranked) under each layout of --dit-layouts (ulysses: Ulysses N; ulysses-g2: Ulysses N with
@@ -36,7 +39,7 @@
 #          --gpus "2 4" (world sizes to run; those above the visible GPU count are skipped),
 #          --launcher mpirun|env (default: mpirun when on PATH, else one process per GPU started
 #          here with TESSEL_RANK / TESSEL_WORLD_SIZE and a TCP rendezvous),
-#          --skip-correctness (1, 2b and 2c), --skip-attention, --skip-dit, --skip-head-groups (2f), --steps N (timed steps, default 3),
+#          --skip-correctness (1, 2b and 2c), --skip-attention, --skip-dit, --skip-head-groups (2f), --skip-vae (2g), --steps N (timed steps, default 3),
 #          --dit-models "wan-14b wan-1.3b" (the models of 3), --dit-attn "dense radial" (its attentions),
 #          --dit-layouts "ulysses" (its layouts: ulysses ring cfg), --serve-bar (2e), --skip-sp-check (1 alone), --skip-dit-check (2b alone),
 #          --run-timeout S (each multi-rank run is stopped after S seconds, default 300: a hang fails
@@ -46,7 +49,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build-cuda/bin" OUTDIR="$PWD/multi-gpu-out" GPUS="2 4" LAUNCHER="" STEPS=3
-RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1 RUN_HEAD_GROUPS=1 RUN_SP_CHECK=1 RUN_DIT_CHECK=1 DIT_MODELS="wan-14b wan-1.3b" RUN_TIMEOUT=300
+RUN_CORRECTNESS=1 RUN_ATTENTION=1 RUN_DIT=1 RUN_HEAD_GROUPS=1 RUN_VAE=1 RUN_SP_CHECK=1 RUN_DIT_CHECK=1 DIT_MODELS="wan-14b wan-1.3b" RUN_TIMEOUT=300
 DIT_ATTN="dense radial" DIT_LAYOUTS="ulysses" RUN_SERVE_BAR=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -66,6 +69,7 @@ while [[ $# -gt 0 ]]; do
     --skip-attention) RUN_ATTENTION=0; shift ;;
     --skip-dit) RUN_DIT=0; shift ;;
     --skip-head-groups) RUN_HEAD_GROUPS=0; shift ;;
+    --skip-vae) RUN_VAE=0; shift ;;
     *) echo "multi-gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -135,7 +139,7 @@ EOF
 }
 
 TABLE="$OUTDIR/table.md"
-CORRECTNESS_ROWS=() DIT_CHECK_ROWS=() ATTENTION_ROWS=() DIT_ROWS=() HEAD_GROUP_ROWS=()
+CORRECTNESS_ROWS=() DIT_CHECK_ROWS=() ATTENTION_ROWS=() DIT_ROWS=() HEAD_GROUP_ROWS=() VAE_ROWS=()
 FAILED=0
 MASKS=("dense" "block_sparse" "radial" "dynamic_topk")
 mask_flags() {  # the sp-bench flags of a mask kind at the correctness shape (odd length, GQA)
@@ -371,6 +375,27 @@ if [[ $RUN_HEAD_GROUPS -eq 1 ]]; then
   done
 fi
 
+# ---- 2g. the VAE decode split by height -----------------------------------------------------------
+if [[ $RUN_VAE -eq 1 ]]; then
+  VAE_ARGS=(vae-bench --device cuda --frames 81 --height 480 --width 832 --iters 3 --warmup 1 --no-tf32 --json)
+  vae_field() { python3 -c 'import json,sys; r=json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1]); print(r.get(sys.argv[2], ""))' "$1" "$2" 2>/dev/null; }
+  echo "== vae-decode-n1"
+  if launch 1 "$OUTDIR/vae-decode-n1.log" "$TESSEL" "${VAE_ARGS[@]}"; then VAE_ONE="$(vae_field "$OUTDIR/vae-decode-n1.log" median_s)"; else VAE_ONE=""; fi
+  for n in $GPUS; do
+    [[ "$n" -le "$VISIBLE" ]] || continue
+    name="vae-decode-n$n"
+    echo "== $name"
+    if ! launch "$n" "$OUTDIR/$name.log" "$TESSEL" "${VAE_ARGS[@]}" --ulysses "$n" --check; then
+      FAILED=1
+      VAE_ROWS+=("| $n | run failed or check FAIL (see $name.log) | $VAE_ONE | | |")
+      continue
+    fi
+    split="$(vae_field "$OUTDIR/$name.log" median_s)" error="$(vae_field "$OUTDIR/$name.log" rel_l2_vs_one_rank)"
+    speedup="$(python3 -c "print(f'{float(\"$VAE_ONE\") / float(\"$split\"):.2f}')" 2>/dev/null)"
+    VAE_ROWS+=("| $n | $split | $VAE_ONE | $speedup | $error |")
+  done
+fi
+
 # ---- 3. Wan step times ------------------------------------------------------------------------------
 # Peak memory per GPU: nvidia-smi sampled every second during each run (MiB, the largest GPU).
 peak_memory_file="$OUTDIR/memory.samples"
@@ -482,6 +507,12 @@ fi
   echo "| case | GPUs | head groups | step (or check) | exposed all-to-all ms (share) | MB sent per rank |"
   echo "|---|---|---|---|---|---|"
   printf '%s\n' "${HEAD_GROUP_ROWS[@]}"
+  echo
+  echo "Wan VAE decode split by height (vae-bench, 480p 81 frames, fp32 without TF32, random Wan 2.1 weights; median of 3)"
+  echo
+  echo "| GPUs | split decode s | one GPU s | speedup | rel-L2 vs the rank's whole-frame decode |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${VAE_ROWS[@]}"
   echo
   echo "Wan denoising step (dit-bench, batch 2, random weights)"
   echo
