@@ -504,10 +504,10 @@ TEST_P(VariantsGpu, StoresThroughSharedMemoryGiveTheRegisterStoresBits) {
     const int64_t row = c.heads * c.dim;  // elements of one token's heads
     // Runs `variant` into the middle third of a fresh poisoned packed buffer; the buffer and LSE.
     auto run = [&](const std::string& variant) {
-      const ForcedVariant forced(dim, variant);
-      Tensor packed = testing::poisoned({c.batch, c.seq_q, 3, c.heads, c.dim}, dtype).to(gpu);
+      const ForcedVariant forced(c.dim, variant);
+      Tensor packed = testing::poisoned({c.batch, c.seq_q, 3, c.heads, c.dim}, c.dtype).to(gpu);
       Tensor lse = testing::poisoned({c.batch, c.heads, c.seq_q}, DType::kF32).to(gpu);
-      const TensorView out(static_cast<uint16_t*>(packed.data()) + row, dtype, gpu, {c.batch, c.seq_q, c.heads, c.dim},
+      const TensorView out(static_cast<uint16_t*>(packed.data()) + row, c.dtype, gpu, {c.batch, c.seq_q, c.heads, c.dim},
                            {c.seq_q * 3 * row, 3 * row, c.dim, 1});
       if (sc.mask == nullptr) {
         attention_forward(ExecContext{}, q, k, v, out, lse, c.options);
